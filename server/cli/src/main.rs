@@ -1,1 +1,88 @@
-fn main() {}
+//! `composer`: the server, its dev mode, and admin subcommands.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use composer_cli::{
+    config::{BackendArgs, LogFormat, ServerArgs},
+    dev::{self, DevArgs},
+    logging, serve,
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "composer",
+    version,
+    about = "Composer: a distributed workflow engine"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve gRPC and grpc-web against Postgres and Redis.
+    Serve {
+        #[command(flatten)]
+        backend: BackendArgs,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+    /// Start a private Postgres and Redis, migrate, and serve; Ctrl-C stops all.
+    Dev(DevArgs),
+    /// Apply the database migrations and exit.
+    Migrate {
+        #[command(flatten)]
+        backend: BackendArgs,
+        #[command(flatten)]
+        server: ServerArgs,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(&error),
+    };
+    let result: anyhow::Result<()> = runtime.block_on(async move {
+        match cli.command {
+            Command::Serve { backend, server } => {
+                logging::init(server.log_format, &server.log);
+                let backends = serve::connect_backends(&backend, &server).await?;
+                let listener = serve::bind(server.listen).await?;
+                serve::run(&server, backends, listener, serve::shutdown_signal()).await?;
+            }
+            Command::Dev(args) => {
+                let format = match std::env::var_os("COMPOSER_LOG_FORMAT") {
+                    Some(_) => args.server.log_format,
+                    None => LogFormat::Text,
+                };
+                logging::init(format, &args.server.log);
+                dev::run(args).await?;
+            }
+            Command::Migrate { backend, server } => {
+                logging::init(server.log_format, &server.log);
+                serve::migrate(&backend, &server).await?;
+                println!("migrations applied");
+            }
+        }
+        Ok(())
+    });
+    // Do not wait for tasks still parked on long polls or timers.
+    runtime.shutdown_background();
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => fail(&*error),
+    }
+}
+
+/// Prints one line, never a backtrace: the error names what to fix.
+fn fail(error: &dyn std::fmt::Display) -> ExitCode {
+    eprintln!("composer: error: {error}");
+    ExitCode::FAILURE
+}

@@ -1,1 +1,92 @@
-//! composer-store
+//! The Postgres repository: the one place where SQL lives. Postgres is the
+//! truth of every run; everything else (Redis, caches) can be rebuilt from it.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+
+/// The migrations in `migrations/`, embedded at compile time and applied by
+/// the server at start (forward-only, each once).
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("../../migrations");
+
+/// Errors of the store, by meaning rather than by driver text.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database URL could not be parsed.
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(String),
+    /// Postgres did not answer.
+    #[error("cannot reach Postgres: {0}")]
+    Unreachable(String),
+    /// A migration failed to apply.
+    #[error("migration failed: {0}")]
+    Migration(String),
+    /// Any other database failure.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}
+
+/// How to connect to Postgres.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// `postgres://user:password@host:port/database`.
+    pub database_url: String,
+    /// Size of the connection pool.
+    pub max_connections: u32,
+    /// How long to wait for a first connection before giving up.
+    pub connect_timeout: Duration,
+}
+
+/// A handle on the database: a connection pool. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+impl Store {
+    /// Connects to Postgres and checks that it answers.
+    pub async fn connect(config: &StoreConfig) -> Result<Self, StoreError> {
+        let options: PgConnectOptions = config
+            .database_url
+            .parse()
+            .map_err(|e: sqlx::Error| StoreError::InvalidUrl(e.to_string()))?;
+        let options = options.application_name("composer");
+        let pool = PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(config.connect_timeout)
+            .connect_with(options)
+            .await
+            .map_err(|e| StoreError::Unreachable(e.to_string()))?;
+        Ok(Self { pool })
+    }
+
+    /// Wraps an existing pool (tests).
+    pub fn from_pool(pool: PgPool) -> Self {
+        Self { pool }
+    }
+
+    /// The underlying pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Applies every migration not applied yet. Running it again is a no-op.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        MIGRATOR
+            .run(&self.pool)
+            .await
+            .map_err(|e| StoreError::Migration(e.to_string()))
+    }
+
+    /// Checks that Postgres answers a trivial query.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        // ping: proves a pooled connection can run a statement now
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    /// Closes the pool, waiting for connections in use to be returned.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}

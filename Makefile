@@ -1,0 +1,52 @@
+# Composer: the two commands are `make dev` and `make test`.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+BUF := .tools/node_modules/.bin/buf
+CARGO_TEST_FLAGS ?=
+
+.PHONY: help setup build dev test test-rust test-sdks verify lint fmt clippy buf-lint buf-breaking generate generate-check purity
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+setup: ## install what is missing (Postgres, Redis, buf, plugins, grpcurl)
+	@scripts/setup.sh
+
+build: setup ## build the composer binary
+	cargo build -p composer-cli
+
+dev: build ## run Composer: private Postgres + Redis, the server; Ctrl-C stops all
+	target/debug/composer dev $(ARGS)
+
+test: setup ## every test in every language (what CI runs)
+	scripts/with-services.sh cargo test --workspace $(CARGO_TEST_FLAGS)
+	scripts/smoke-sdks.sh
+	scripts/check-engine-purity.sh
+
+lint: setup fmt clippy buf-lint buf-breaking generate-check purity ## every check that is not a test
+
+verify: lint test ## fmt, clippy, buf lint + breaking, generated code, all tests
+
+fmt: ## check formatting
+	cargo fmt --all --check
+
+clippy: ## clippy, warnings denied
+	cargo clippy --workspace --all-targets -- -D warnings
+
+buf-lint: ## lint the API
+	$(BUF) lint
+
+buf-breaking: ## refuse breaking API changes against main
+	@if git rev-parse --verify -q main >/dev/null; then \
+	  $(BUF) breaking --against '.git#branch=main'; \
+	else echo "buf-breaking: no main branch here, nothing to compare"; fi
+
+generate: ## regenerate the SDKs' code from api/
+	scripts/generate.sh
+
+generate-check: ## fail when generated code differs from what is committed
+	scripts/generate-check.sh
+
+purity: ## the engine crate imports no I/O crate
+	scripts/check-engine-purity.sh

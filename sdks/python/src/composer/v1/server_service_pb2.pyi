@@ -1,0 +1,21 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable
+from typing import ClassVar as _ClassVar, Optional as _Optional
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class GetServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetServerInfoResponse(_message.Message):
+    __slots__ = ("server_version", "protocol_version", "features")
+    SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FEATURES_FIELD_NUMBER: _ClassVar[int]
+    server_version: str
+    protocol_version: str
+    features: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, server_version: _Optional[str] = ..., protocol_version: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -1,0 +1,104 @@
+//! Server configuration: every setting is a flag and a `COMPOSER_*`
+//! environment variable, named after each other, so an error can name both.
+
+use std::{net::SocketAddr, time::Duration};
+
+use clap::{Args, ValueEnum};
+
+/// How logs are written to standard error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line (for machines and log pipelines).
+    Json,
+    /// Human-readable lines.
+    Text,
+}
+
+/// Settings of a serving process (`composer serve`).
+#[derive(Debug, Clone, Args)]
+pub struct ServerArgs {
+    /// Address to listen on for gRPC and grpc-web (port 0: any free port).
+    #[arg(long, env = "COMPOSER_LISTEN", default_value = "127.0.0.1:7070")]
+    pub listen: SocketAddr,
+
+    /// Size of the Postgres connection pool.
+    #[arg(long, env = "COMPOSER_DATABASE_MAX_CONNECTIONS", default_value_t = 20)]
+    pub database_max_connections: u32,
+
+    /// How long to wait for Postgres and Redis at start, e.g. `10s`.
+    #[arg(long, env = "COMPOSER_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+
+    /// Browser origins allowed to call over grpc-web, comma-separated.
+    #[arg(long, env = "COMPOSER_CORS_ORIGINS", value_delimiter = ',')]
+    pub cors_origins: Vec<String>,
+
+    /// After SIGTERM, keep answering (health NOT_SERVING) this long, e.g. `1s`.
+    #[arg(long, env = "COMPOSER_DRAIN_DELAY", default_value = "1s", value_parser = parse_duration)]
+    pub drain_delay: Duration,
+
+    /// After SIGTERM, exit anyway once this much time has passed, e.g. `30s`.
+    #[arg(long, env = "COMPOSER_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// How often health re-checks Postgres and Redis, e.g. `5s`.
+    #[arg(long, env = "COMPOSER_HEALTH_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub health_interval: Duration,
+
+    /// Log format on standard error.
+    #[arg(long, env = "COMPOSER_LOG_FORMAT", value_enum, default_value = "json")]
+    pub log_format: LogFormat,
+
+    /// Log filter, in `tracing` env-filter syntax.
+    #[arg(long, env = "COMPOSER_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// Where the backends are (`composer serve`, `composer migrate`).
+#[derive(Debug, Clone, Args)]
+pub struct BackendArgs {
+    /// Postgres URL, e.g. `postgres://user:password@127.0.0.1:5432/composer`.
+    #[arg(long, env = "COMPOSER_DATABASE_URL")]
+    pub database_url: String,
+
+    /// Redis URL, e.g. `redis://127.0.0.1:6379/0`.
+    #[arg(long, env = "COMPOSER_REDIS_URL")]
+    pub redis_url: String,
+}
+
+/// Parses `500ms`, `10s`, `5m`, `2h` or a bare number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration like 500ms, 10s, 5m or 2h"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        _ => return Err(format!("`{text}` has an unknown unit (use ms, s, m or h)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("`{text}`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_in_every_unit_and_refuse_garbage() {
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("10x").is_err());
+        assert!(parse_duration("abc").is_err());
+        assert!(parse_duration("-1s").is_err());
+    }
+}

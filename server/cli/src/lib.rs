@@ -1,0 +1,9 @@
+//! The `composer` binary's library half: configuration, wiring and the local
+//! services that `composer dev` and the test harness start. Wiring only: the
+//! behaviour lives in the layer crates.
+
+pub mod config;
+pub mod dev;
+pub mod local_services;
+pub mod logging;
+pub mod serve;

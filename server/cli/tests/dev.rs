@@ -1,0 +1,100 @@
+//! End-to-end: `composer dev`, the README's run command.
+
+use std::{
+    path::PathBuf,
+    process::Stdio,
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::Command,
+};
+use tonic_health::pb::{
+    HealthCheckRequest, health_check_response::ServingStatus, health_client::HealthClient,
+};
+
+fn composer_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_composer"))
+}
+
+fn field<'a>(line: &'a str, label: &str) -> Option<&'a str> {
+    line.trim()
+        .strip_prefix(label)
+        .map(|rest| rest.trim().split(' ').next().unwrap_or_default())
+}
+
+#[tokio::test]
+async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
+    let mut child = Command::new(composer_binary())
+        .args(["dev", "--listen", "127.0.0.1:0"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn composer dev");
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let (mut url, mut data) = (None, None);
+    let started = Instant::now();
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout(Duration::from_secs(120), stdout.next_line()).await
+    {
+        url = url.or(field(&line, "gRPC + grpc-web").map(str::to_owned));
+        data = data.or(field(&line, "data").map(PathBuf::from));
+        if line.starts_with("Press Ctrl-C") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "dev never started"
+        );
+    }
+    let url = url.expect("dev printed its address");
+    let data = data.expect("dev printed its data folder");
+    assert!(
+        data.join("postgres/PG_VERSION").is_file(),
+        "postgres data in {data:?}"
+    );
+
+    let channel = tonic::transport::Channel::from_shared(url.clone())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut health = HealthClient::new(channel);
+    let status = health
+        .check(HealthCheckRequest::default())
+        .await
+        .expect("health")
+        .into_inner()
+        .status();
+    assert_eq!(status, ServingStatus::Serving);
+
+    let pid = child.id().and_then(|p| i32::try_from(p).ok()).expect("pid");
+    kill(Pid::from_raw(pid), Signal::SIGINT).expect("ctrl-c");
+    let exit = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .expect("dev stopped within 30 s")
+        .expect("exit status");
+    assert!(exit.success(), "{exit:?}");
+    assert!(!data.exists(), "the temporary folder {data:?} was removed");
+}
+
+#[test]
+fn a_missing_redis_gets_one_line_with_the_install_command() {
+    let output = std::process::Command::new(composer_binary())
+        .args(["dev", "--listen", "127.0.0.1:0"])
+        .env("PATH", "/nonexistent")
+        .output()
+        .expect("composer runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(lines[0].contains("apt-get install -y"), "{stderr}");
+}

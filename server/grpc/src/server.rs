@@ -1,0 +1,136 @@
+//! Wires the services onto one port that speaks gRPC (HTTP/2) and grpc-web
+//! (HTTP/1.1 or HTTP/2), with health and reflection beside them.
+
+use std::{future::Future, time::Duration};
+
+use composer_coordinator::Backends;
+use composer_proto::v1::{
+    run_service_server::RunServiceServer, server_service_server::ServerServiceServer,
+    worker_service_server::WorkerServiceServer, workflow_service_server::WorkflowServiceServer,
+};
+use http::{HeaderName, HeaderValue, Method};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::Server;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
+use crate::{
+    health::HealthMonitor,
+    services::{
+        run::RunApi, server_info::ServerInfoService, worker::WorkerApi, workflow::WorkflowApi,
+    },
+};
+
+/// What the gRPC layer needs to know beyond the backends.
+#[derive(Debug, Clone)]
+pub struct GrpcConfig {
+    /// Browser origins allowed to call over grpc-web (CORS). Empty: none.
+    pub cors_allowed_origins: Vec<String>,
+    /// How long the server keeps answering, NOT_SERVING, after a shutdown
+    /// signal, so load balancers can take it out of rotation first.
+    pub drain_delay: Duration,
+    /// How often the health service re-checks Postgres and Redis.
+    pub health_check_interval: Duration,
+}
+
+/// Why serving failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The reflection service could not load the descriptors.
+    #[error("reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// An origin in the CORS list is not a valid header value.
+    #[error("invalid CORS origin {0:?}")]
+    InvalidOrigin(String),
+    /// The HTTP server failed.
+    #[error("transport: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves every service on `listener` until `shutdown` resolves; then reports
+/// NOT_SERVING, keeps answering for the drain delay, and stops gracefully.
+pub async fn serve(
+    config: GrpcConfig,
+    backends: Backends,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServeError> {
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let monitor = HealthMonitor::new(reporter);
+    monitor.refresh(&backends).await;
+    tokio::spawn(
+        monitor
+            .clone()
+            .run(backends.clone(), config.health_check_interval),
+    );
+
+    let reflection_v1 = reflection_builder().build_v1()?;
+    let reflection_v1alpha = reflection_builder().build_v1alpha()?;
+    let cors = cors_layer(&config.cors_allowed_origins)?;
+
+    let draining = monitor.clone();
+    let drain_delay = config.drain_delay;
+    let stop = async move {
+        shutdown.await;
+        tracing::info!(?drain_delay, "draining");
+        draining.start_draining().await;
+        tokio::time::sleep(drain_delay).await;
+    };
+
+    let features = vec![
+        "grpc-web".to_owned(),
+        "reflection".to_owned(),
+        "health".to_owned(),
+    ];
+    Server::builder()
+        .accept_http1(true)
+        .layer(tower::util::option_layer(cors))
+        .layer(tonic_web::GrpcWebLayer::new())
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(ServerServiceServer::new(ServerInfoService { features }))
+        .add_service(WorkflowServiceServer::new(WorkflowApi))
+        .add_service(RunServiceServer::new(RunApi))
+        .add_service(WorkerServiceServer::new(WorkerApi))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
+        .await?;
+    tracing::info!("stopped serving");
+    Ok(())
+}
+
+fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(composer_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}
+
+/// CORS for grpc-web from browsers: only the configured origins, only what
+/// grpc-web needs. No origins configured: no CORS at all (same-origin only).
+fn cors_layer(origins: &[String]) -> Result<Option<CorsLayer>, ServeError> {
+    if origins.is_empty() {
+        return Ok(None);
+    }
+    let origins = origins
+        .iter()
+        .map(|origin| {
+            HeaderValue::from_str(origin).map_err(|_| ServeError::InvalidOrigin(origin.clone()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let request_headers = [
+        "authorization",
+        "content-type",
+        "x-grpc-web",
+        "x-user-agent",
+        "grpc-timeout",
+    ];
+    let exposed_headers = ["grpc-status", "grpc-message", "grpc-status-details-bin"];
+    Ok(Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::list(origins))
+            .allow_methods([Method::POST, Method::OPTIONS])
+            .allow_headers(request_headers.map(HeaderName::from_static))
+            .expose_headers(exposed_headers.map(HeaderName::from_static))
+            .max_age(Duration::from_secs(3600)),
+    ))
+}
