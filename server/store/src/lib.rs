@@ -1,6 +1,12 @@
 //! The Postgres repository: the one place where SQL lives. Postgres is the
 //! truth of every run; everything else (Redis, caches) can be rebuilt from it.
 
+pub mod events;
+pub mod runs;
+pub mod tasks;
+pub mod timers;
+pub mod workflows;
+
 use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -83,6 +89,20 @@ impl Store {
         // ping: proves a pooled connection can run a statement now
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    /// Starts a transaction.
+    pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
+        Ok(self.pool.begin().await?)
+    }
+
+    /// Creates the history partitions for today and the next `days` days.
+    pub async fn ensure_history_partitions(&self, days: i32) -> Result<i32, StoreError> {
+        // ensure_history_partitions: idempotent, safe from many servers
+        Ok(sqlx::query_scalar("SELECT composer_ensure_history_partitions($1)")
+            .bind(days)
+            .fetch_one(&self.pool)
+            .await?)
     }
 
     /// Closes the pool, waiting for connections in use to be returned.

@@ -1,0 +1,504 @@
+//! Runs, their node states and their history.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value as Json;
+use sqlx::{PgConnection, PgPool, Row, postgres::PgRow};
+use uuid::Uuid;
+
+use crate::StoreError;
+
+/// A run as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunRow {
+    /// The run's id.
+    pub id: Uuid,
+    /// Its namespace.
+    pub namespace: String,
+    /// The workflow it runs.
+    pub workflow_name: String,
+    /// The version it is pinned to.
+    pub workflow_version: i32,
+    /// RUNNING, COMPENSATING, COMPLETED, FAILED or CANCELLED.
+    pub status: String,
+    /// The input.
+    pub input: Json,
+    /// The output once completed.
+    pub output: Option<Json>,
+    /// The error once failed or cancelled.
+    pub error: Option<Json>,
+    /// Labels, a JSON object of strings.
+    pub labels: Json,
+    /// The idempotency key given at start.
+    pub idempotency_key: Option<String>,
+    /// The parent run, for child runs.
+    pub parent_run_id: Option<Uuid>,
+    /// The parent's node, for child runs.
+    pub parent_node: Option<String>,
+    /// The engine's run record.
+    pub record: Json,
+    /// Created.
+    pub created_at: DateTime<Utc>,
+    /// Last changed.
+    pub updated_at: DateTime<Utc>,
+    /// Ended.
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+const RUN_COLUMNS: &str = "id, namespace, workflow_name, workflow_version, status, input, output, \
+     error, labels, idempotency_key, parent_run_id, parent_node, record, created_at, updated_at, \
+     ended_at";
+
+fn run_from_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {
+    Ok(RunRow {
+        id: row.try_get("id")?,
+        namespace: row.try_get("namespace")?,
+        workflow_name: row.try_get("workflow_name")?,
+        workflow_version: row.try_get("workflow_version")?,
+        status: row.try_get("status")?,
+        input: row.try_get("input")?,
+        output: row.try_get("output")?,
+        error: row.try_get("error")?,
+        labels: row.try_get("labels")?,
+        idempotency_key: row.try_get("idempotency_key")?,
+        parent_run_id: row.try_get("parent_run_id")?,
+        parent_node: row.try_get("parent_node")?,
+        record: row.try_get("record")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        ended_at: row.try_get("ended_at")?,
+    })
+}
+
+/// A run to create.
+#[derive(Debug, Clone)]
+pub struct NewRun<'a> {
+    /// The run's id.
+    pub id: Uuid,
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// The workflow.
+    pub workflow_name: &'a str,
+    /// The version.
+    pub workflow_version: i32,
+    /// Initial status.
+    pub status: &'a str,
+    /// The input.
+    pub input: &'a Json,
+    /// Labels (a JSON object).
+    pub labels: &'a Json,
+    /// Optional idempotency key.
+    pub idempotency_key: Option<&'a str>,
+    /// Parent run, for child runs.
+    pub parent_run_id: Option<Uuid>,
+    /// Parent node, for child runs.
+    pub parent_node: Option<&'a str>,
+    /// The engine's initial run record.
+    pub record: &'a Json,
+}
+
+/// Inserts a run and locks it (the inserting transaction holds the row).
+/// Returns `false`, inserting nothing, when the idempotency key is taken.
+pub async fn insert_run(conn: &mut PgConnection, run: &NewRun<'_>) -> Result<bool, StoreError> {
+    // insert_run: a new run; an idempotency key already used in the namespace inserts nothing
+    let inserted = sqlx::query(
+        "INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
+           idempotency_key, parent_run_id, parent_node, record) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+         ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
+    )
+    .bind(run.id)
+    .bind(run.namespace)
+    .bind(run.workflow_name)
+    .bind(run.workflow_version)
+    .bind(run.status)
+    .bind(run.input)
+    .bind(run.labels)
+    .bind(run.idempotency_key)
+    .bind(run.parent_run_id)
+    .bind(run.parent_node)
+    .bind(run.record)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(inserted == 1)
+}
+
+/// The id of the run an idempotency key names.
+pub async fn run_id_by_idempotency_key(
+    conn: &mut PgConnection,
+    namespace: &str,
+    key: &str,
+) -> Result<Option<Uuid>, StoreError> {
+    // run_by_idempotency_key: served by runs_idempotency_key
+    Ok(
+        sqlx::query_scalar("SELECT id FROM runs WHERE namespace = $1 AND idempotency_key = $2")
+            .bind(namespace)
+            .bind(key)
+            .fetch_optional(conn)
+            .await?,
+    )
+}
+
+/// Locks a run's row for the rest of the transaction and returns it. Every
+/// event on a run starts here, so a run's events are applied one at a time.
+/// `namespace` None: any namespace (internal callers that hold a run id).
+pub async fn lock_run(
+    conn: &mut PgConnection,
+    namespace: Option<&str>,
+    run_id: Uuid,
+) -> Result<Option<RunRow>, StoreError> {
+    // lock_run: the row lock that serialises the run's events
+    let row = sqlx::query(&format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE id = $1 AND ($2::text IS NULL OR namespace = $2) \
+         FOR UPDATE"
+    ))
+    .bind(run_id)
+    .bind(namespace)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.as_ref().map(run_from_row).transpose()?)
+}
+
+/// Reads a run without locking it.
+pub async fn get_run(
+    pool: &PgPool,
+    namespace: Option<&str>,
+    run_id: Uuid,
+) -> Result<Option<RunRow>, StoreError> {
+    // get_run: one run by primary key, in its namespace
+    let row = sqlx::query(&format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE id = $1 AND ($2::text IS NULL OR namespace = $2)"
+    ))
+    .bind(run_id)
+    .bind(namespace)
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.as_ref().map(run_from_row).transpose()?)
+}
+
+/// What an event changed on the run row.
+#[derive(Debug, Clone)]
+pub struct RunUpdate<'a> {
+    /// New status.
+    pub status: &'a str,
+    /// New engine record.
+    pub record: &'a Json,
+    /// Output, once completed.
+    pub output: Option<&'a Json>,
+    /// Error, once failed or cancelled.
+    pub error: Option<&'a Json>,
+    /// True when the run just reached a final status.
+    pub ended: bool,
+}
+
+/// Writes the run row after an event.
+pub async fn update_run(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    update: &RunUpdate<'_>,
+) -> Result<(), StoreError> {
+    // update_run: the run's new status and record, under the run lock
+    sqlx::query(
+        "UPDATE runs SET status = $2, record = $3, output = COALESCE($4, output), \
+           error = COALESCE($5, error), updated_at = now(), \
+           ended_at = CASE WHEN $6 THEN now() ELSE ended_at END \
+         WHERE id = $1",
+    )
+    .bind(run_id)
+    .bind(update.status)
+    .bind(update.record)
+    .bind(update.output)
+    .bind(update.error)
+    .bind(update.ended)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Loads the states of the given nodes; keys without a row are absent.
+pub async fn load_nodes(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    keys: &[String],
+) -> Result<Vec<(String, Json)>, StoreError> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    // load_nodes: only the node rows an event touches (primary key lookups)
+    let rows = sqlx::query("SELECT node_key, state FROM run_nodes WHERE run_id = $1 AND node_key = ANY($2)")
+        .bind(run_id)
+        .bind(keys)
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get("node_key")?, row.try_get("state")?)))
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// A node state to write.
+#[derive(Debug, Clone)]
+pub struct NodeWrite {
+    /// The node key.
+    pub key: String,
+    /// Its status.
+    pub status: String,
+    /// The engine's node state.
+    pub state: Json,
+    /// True when the node is now in a final status.
+    pub ended: bool,
+}
+
+/// Upserts node states in one statement.
+pub async fn upsert_nodes(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    nodes: &[NodeWrite],
+) -> Result<(), StoreError> {
+    if nodes.is_empty() {
+        return Ok(());
+    }
+    let keys: Vec<&str> = nodes.iter().map(|n| n.key.as_str()).collect();
+    let statuses: Vec<&str> = nodes.iter().map(|n| n.status.as_str()).collect();
+    let states: Vec<&Json> = nodes.iter().map(|n| &n.state).collect();
+    let ended: Vec<bool> = nodes.iter().map(|n| n.ended).collect();
+    // upsert_nodes: the touched node states, one statement for all of them
+    sqlx::query(
+        "INSERT INTO run_nodes (run_id, node_key, status, state, started_at, ended_at) \
+         SELECT $1, k, s, st, now(), CASE WHEN e THEN now() END \
+           FROM UNNEST($2::text[], $3::text[], $4::jsonb[], $5::bool[]) AS t(k, s, st, e) \
+         ON CONFLICT (run_id, node_key) DO UPDATE SET status = EXCLUDED.status, \
+           state = EXCLUDED.state, updated_at = now(), \
+           ended_at = CASE WHEN EXCLUDED.ended_at IS NOT NULL THEN now() END",
+    )
+    .bind(run_id)
+    .bind(&keys)
+    .bind(&statuses)
+    .bind(&states)
+    .bind(&ended)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Every node state of a run (GetRun, WatchRun), ordered by first start.
+pub async fn list_nodes(pool: &PgPool, run_id: Uuid) -> Result<Vec<NodeRow>, StoreError> {
+    // list_nodes: all node rows of one run (primary key prefix)
+    let rows = sqlx::query(
+        "SELECT node_key, status, state, started_at, ended_at FROM run_nodes \
+         WHERE run_id = $1 ORDER BY started_at, node_key",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(NodeRow {
+                key: row.try_get("node_key")?,
+                status: row.try_get("status")?,
+                state: row.try_get("state")?,
+                started_at: row.try_get("started_at")?,
+                ended_at: row.try_get("ended_at")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// A node state as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeRow {
+    /// The node key.
+    pub key: String,
+    /// Its status.
+    pub status: String,
+    /// The engine's node state.
+    pub state: Json,
+    /// When it first started.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When it ended.
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+/// A history entry to append.
+#[derive(Debug, Clone)]
+pub struct HistoryWrite {
+    /// What happened.
+    pub event_type: String,
+    /// The node, if any.
+    pub node_key: Option<String>,
+    /// The attempt, if any.
+    pub attempt: Option<i32>,
+    /// Who caused it.
+    pub actor: String,
+    /// Details.
+    pub details: Json,
+}
+
+/// Appends history entries with the run's next sequence numbers. Runs under
+/// the run lock, so sequence numbers are gap-free and ordered.
+pub async fn append_history(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    namespace: &str,
+    entries: &[HistoryWrite],
+) -> Result<(), StoreError> {
+    if entries.is_empty() {
+        return Ok(());
+    }
+    let count = i64::try_from(entries.len()).unwrap_or(i64::MAX);
+    let types: Vec<&str> = entries.iter().map(|e| e.event_type.as_str()).collect();
+    let nodes: Vec<Option<&str>> = entries.iter().map(|e| e.node_key.as_deref()).collect();
+    let attempts: Vec<Option<i32>> = entries.iter().map(|e| e.attempt).collect();
+    let actors: Vec<&str> = entries.iter().map(|e| e.actor.as_str()).collect();
+    let details: Vec<&Json> = entries.iter().map(|e| &e.details).collect();
+    // append_history: reserve `count` sequence numbers on the run row and
+    // insert the entries with them, in one statement
+    sqlx::query(
+        "WITH reserved AS ( \
+           UPDATE runs SET history_seq = history_seq + $3 WHERE id = $1 \
+           RETURNING history_seq - $3 AS base) \
+         INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, details) \
+         SELECT $1, reserved.base + t.ord, $2, t.ty, t.node, t.attempt, t.actor, t.details \
+           FROM reserved, UNNEST($4::text[], $5::text[], $6::int[], $7::text[], $8::jsonb[]) \
+             WITH ORDINALITY AS t(ty, node, attempt, actor, details, ord)",
+    )
+    .bind(run_id)
+    .bind(namespace)
+    .bind(count)
+    .bind(&types)
+    .bind(&nodes)
+    .bind(&attempts)
+    .bind(&actors)
+    .bind(&details)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A history entry as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HistoryRow {
+    /// Position in the run's history, from 1.
+    pub seq: i64,
+    /// When.
+    pub created_at: DateTime<Utc>,
+    /// What happened.
+    pub event_type: String,
+    /// The node, if any.
+    pub node_key: Option<String>,
+    /// The attempt, if any.
+    pub attempt: Option<i32>,
+    /// Who caused it.
+    pub actor: String,
+    /// Details.
+    pub details: Json,
+}
+
+/// History entries of a run after `after_seq`, oldest first.
+pub async fn history_page(
+    pool: &PgPool,
+    run_id: Uuid,
+    after_seq: i64,
+    limit: i64,
+) -> Result<Vec<HistoryRow>, StoreError> {
+    // history_page: keyset page by (run_id, seq), every partition's primary key
+    let rows = sqlx::query(
+        "SELECT seq, created_at, event_type, node_key, attempt, actor, details FROM run_events \
+         WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+    )
+    .bind(run_id)
+    .bind(after_seq)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(HistoryRow {
+                seq: row.try_get("seq")?,
+                created_at: row.try_get("created_at")?,
+                event_type: row.try_get("event_type")?,
+                node_key: row.try_get("node_key")?,
+                attempt: row.try_get("attempt")?,
+                actor: row.try_get("actor")?,
+                details: row.try_get("details")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// Filters of ListRuns.
+#[derive(Debug, Clone, Default)]
+pub struct RunFilter {
+    /// Only this workflow.
+    pub workflow_name: Option<String>,
+    /// Only these statuses (empty: any).
+    pub statuses: Vec<String>,
+    /// Only runs carrying these labels (a JSON object; empty object: any).
+    pub labels: Option<Json>,
+    /// Created at or after.
+    pub created_after: Option<DateTime<Utc>>,
+    /// Created before.
+    pub created_before: Option<DateTime<Utc>>,
+    /// Only children of this run.
+    pub parent_run_id: Option<Uuid>,
+}
+
+/// Runs matching `filter`, newest first, strictly after the keyset cursor
+/// `(created_at, id)` when given; at most `limit`.
+pub async fn list_runs(
+    pool: &PgPool,
+    namespace: &str,
+    filter: &RunFilter,
+    cursor: Option<(DateTime<Utc>, Uuid)>,
+    limit: i64,
+) -> Result<Vec<RunRow>, StoreError> {
+    let (cursor_time, cursor_id) = cursor.unzip();
+    // list_runs: keyset page newest first; runs_by_workflow / runs_by_status /
+    // runs_by_created / runs_by_labels serve the filters
+    let rows = sqlx::query(&format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 \
+           AND ($2::text IS NULL OR workflow_name = $2) \
+           AND (cardinality($3::text[]) = 0 OR status = ANY($3)) \
+           AND ($4::jsonb IS NULL OR labels @> $4) \
+           AND ($5::timestamptz IS NULL OR created_at >= $5) \
+           AND ($6::timestamptz IS NULL OR created_at < $6) \
+           AND ($7::uuid IS NULL OR parent_run_id = $7) \
+           AND ($8::timestamptz IS NULL OR (created_at, id) < ($8, $9)) \
+         ORDER BY created_at DESC, id DESC LIMIT $10"
+    ))
+    .bind(namespace)
+    .bind(&filter.workflow_name)
+    .bind(&filter.statuses)
+    .bind(&filter.labels)
+    .bind(filter.created_after)
+    .bind(filter.created_before)
+    .bind(filter.parent_run_id)
+    .bind(cursor_time)
+    .bind(cursor_id)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(run_from_row)
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// Ids of the children of a run that have not ended.
+pub async fn active_children(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    parent_node: Option<&str>,
+) -> Result<Vec<Uuid>, StoreError> {
+    // active_children: served by runs_by_parent
+    Ok(sqlx::query_scalar(
+        "SELECT id FROM runs WHERE parent_run_id = $1 AND ended_at IS NULL \
+           AND ($2::text IS NULL OR parent_node = $2 OR parent_node LIKE $2 || '[%')",
+    )
+    .bind(run_id)
+    .bind(parent_node)
+    .fetch_all(conn)
+    .await?)
+}

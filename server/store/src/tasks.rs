@@ -1,0 +1,474 @@
+//! Tasks, their leases, and the outbox that dispatches them.
+//!
+//! Fencing: every change of a leased task says `WHERE id = $1 AND attempt =
+//! $2 AND lease_token = $3`; zero rows means the lease is not the caller's.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value as Json;
+use sqlx::{PgConnection, PgPool, Row, postgres::PgRow};
+use uuid::Uuid;
+
+use crate::StoreError;
+
+/// Task statuses as stored.
+pub mod status {
+    /// Armed, an outbox row written, waiting for a worker to lease it.
+    pub const DISPATCHED: &str = "DISPATCHED";
+    /// A worker holds the lease.
+    pub const LEASED: &str = "LEASED";
+    /// The attempt completed.
+    pub const COMPLETED: &str = "COMPLETED";
+    /// The attempt failed.
+    pub const FAILED: &str = "FAILED";
+    /// The lease expired before a report.
+    pub const EXPIRED: &str = "EXPIRED";
+    /// The run was cancelled (or the node no longer needs the task).
+    pub const CANCELLED: &str = "CANCELLED";
+}
+
+/// A task attempt to arm: inserted, or the existing row of the same
+/// `(run_id, node_key)` re-armed for the new attempt.
+#[derive(Debug, Clone)]
+pub struct TaskArm<'a> {
+    /// The id to use if the task is new.
+    pub new_id: Uuid,
+    /// Namespace.
+    pub namespace: &'a str,
+    /// Run.
+    pub run_id: Uuid,
+    /// Node key.
+    pub node_key: &'a str,
+    /// Workflow.
+    pub workflow_name: &'a str,
+    /// Version.
+    pub workflow_version: i32,
+    /// Queue.
+    pub queue: &'a str,
+    /// Task name.
+    pub task_name: &'a str,
+    /// Attempt, from 1.
+    pub attempt: i32,
+    /// Rendered input.
+    pub input: &'a Json,
+    /// Lease length.
+    pub heartbeat_timeout_ms: i64,
+    /// Attempt timeout.
+    pub attempt_timeout_ms: Option<i64>,
+}
+
+/// Arms a task for an attempt and writes its outbox row, in one statement.
+/// Returns the task id (stable across attempts).
+pub async fn arm_task(conn: &mut PgConnection, task: &TaskArm<'_>) -> Result<Uuid, StoreError> {
+    // arm_task: upsert the task as DISPATCHED for this attempt (clearing any
+    // lease) and enqueue it; the task id survives re-arming
+    let id: Uuid = sqlx::query_scalar(
+        "WITH armed AS ( \
+           INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
+             queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
+             dispatched_at) \
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'DISPATCHED', $9, $10, $11, $12, now()) \
+           ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
+             task_name = EXCLUDED.task_name, status = 'DISPATCHED', attempt = EXCLUDED.attempt, \
+             input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
+             attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
+             lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
+             outcome = NULL, dispatched_at = now(), updated_at = now() \
+           RETURNING id, namespace, queue, attempt, run_id), \
+         queued AS ( \
+           INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
+           SELECT namespace, queue, id, attempt, run_id FROM armed) \
+         SELECT id FROM armed",
+    )
+    .bind(task.new_id)
+    .bind(task.namespace)
+    .bind(task.run_id)
+    .bind(task.node_key)
+    .bind(task.workflow_name)
+    .bind(task.workflow_version)
+    .bind(task.queue)
+    .bind(task.task_name)
+    .bind(task.attempt)
+    .bind(task.input)
+    .bind(task.heartbeat_timeout_ms)
+    .bind(task.attempt_timeout_ms)
+    .fetch_one(conn)
+    .await?;
+    Ok(id)
+}
+
+/// Cancels the live tasks of one node (and of its MAP elements).
+pub async fn cancel_node_tasks(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    node_key: &str,
+) -> Result<u64, StoreError> {
+    // cancel_node_tasks: DISPATCHED or LEASED tasks of the node or its elements
+    Ok(sqlx::query(
+        "UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
+         WHERE run_id = $1 AND (node_key = $2 OR node_key LIKE $2 || '[%') \
+           AND status IN ('DISPATCHED', 'LEASED')",
+    )
+    .bind(run_id)
+    .bind(node_key)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
+/// Cancels every live task of a run.
+pub async fn cancel_all_tasks(conn: &mut PgConnection, run_id: Uuid) -> Result<u64, StoreError> {
+    // cancel_all_tasks: DISPATCHED or LEASED tasks of the run
+    Ok(sqlx::query(
+        "UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
+         WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED')",
+    )
+    .bind(run_id)
+    .execute(conn)
+    .await?
+    .rows_affected())
+}
+
+/// A task handed to a worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeasedTask {
+    /// Task id.
+    pub id: Uuid,
+    /// Namespace.
+    pub namespace: String,
+    /// Run.
+    pub run_id: Uuid,
+    /// Node key.
+    pub node_key: String,
+    /// Workflow.
+    pub workflow_name: String,
+    /// Version.
+    pub workflow_version: i32,
+    /// Queue.
+    pub queue: String,
+    /// Task name.
+    pub task_name: String,
+    /// Attempt.
+    pub attempt: i32,
+    /// Input.
+    pub input: Json,
+    /// Fencing token.
+    pub lease_token: Uuid,
+    /// Lease deadline.
+    pub lease_expires_at: DateTime<Utc>,
+    /// Lease length.
+    pub heartbeat_timeout_ms: i64,
+    /// Attempt deadline.
+    pub attempt_deadline: Option<DateTime<Utc>>,
+}
+
+fn leased_from_row(row: &PgRow) -> Result<LeasedTask, sqlx::Error> {
+    Ok(LeasedTask {
+        id: row.try_get("id")?,
+        namespace: row.try_get("namespace")?,
+        run_id: row.try_get("run_id")?,
+        node_key: row.try_get("node_key")?,
+        workflow_name: row.try_get("workflow_name")?,
+        workflow_version: row.try_get("workflow_version")?,
+        queue: row.try_get("queue")?,
+        task_name: row.try_get("task_name")?,
+        attempt: row.try_get("attempt")?,
+        input: row.try_get("input")?,
+        lease_token: row.try_get("lease_token")?,
+        lease_expires_at: row.try_get("lease_expires_at")?,
+        heartbeat_timeout_ms: row.try_get("heartbeat_timeout_ms")?,
+        attempt_deadline: row.try_get("attempt_deadline")?,
+    })
+}
+
+/// Leases the given `(task_id, attempt)` pairs to `owner`, each only if it
+/// is still DISPATCHED at that attempt (a duplicate or stale message loses
+/// here), in one statement. Returns what was leased.
+pub async fn lease_tasks(
+    pool: &PgPool,
+    candidates: &[(Uuid, i32)],
+    owner: &str,
+) -> Result<Vec<LeasedTask>, StoreError> {
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = candidates.iter().map(|c| c.0).collect();
+    let attempts: Vec<i32> = candidates.iter().map(|c| c.1).collect();
+    // lease_tasks: conditional DISPATCHED -> LEASED with a fresh fencing token
+    let rows = sqlx::query(
+        "UPDATE tasks t SET status = 'LEASED', lease_token = gen_random_uuid(), \
+           lease_owner = $3, \
+           lease_expires_at = now() + make_interval(secs => t.heartbeat_timeout_ms / 1000.0), \
+           attempt_deadline = CASE WHEN t.attempt_timeout_ms IS NULL THEN NULL \
+             ELSE now() + make_interval(secs => t.attempt_timeout_ms / 1000.0) END, \
+           updated_at = now() \
+         FROM UNNEST($1::uuid[], $2::int[]) AS c(id, attempt) \
+         WHERE t.id = c.id AND t.attempt = c.attempt AND t.status = 'DISPATCHED' \
+         RETURNING t.id, t.namespace, t.run_id, t.node_key, t.workflow_name, t.workflow_version, \
+           t.queue, t.task_name, t.attempt, t.input, t.lease_token, t.lease_expires_at, \
+           t.heartbeat_timeout_ms, t.attempt_deadline",
+    )
+    .bind(&ids)
+    .bind(&attempts)
+    .bind(owner)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(leased_from_row)
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// The answer to a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HeartbeatOutcome {
+    /// The lease now runs until this time.
+    Extended(DateTime<Utc>),
+    /// The lease is the caller's but the task was cancelled.
+    Cancelled,
+    /// The lease is not the caller's (expired, reassigned, unknown).
+    Lost,
+}
+
+/// Extends a lease by its length: one small update of a non-indexed column
+/// (a HOT update), fenced by `(id, attempt, lease_token)`.
+pub async fn heartbeat(
+    pool: &PgPool,
+    namespace: Option<&str>,
+    task_id: Uuid,
+    attempt: i32,
+    lease_token: Uuid,
+) -> Result<HeartbeatOutcome, StoreError> {
+    // heartbeat: extend the caller's lease, and only the caller's
+    let extended: Option<DateTime<Utc>> = sqlx::query_scalar(
+        "UPDATE tasks SET lease_expires_at = now() + make_interval(secs => heartbeat_timeout_ms / 1000.0) \
+         WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND status = 'LEASED' \
+           AND ($4::text IS NULL OR namespace = $4) \
+         RETURNING lease_expires_at",
+    )
+    .bind(task_id)
+    .bind(attempt)
+    .bind(lease_token)
+    .bind(namespace)
+    .fetch_optional(pool)
+    .await?;
+    if let Some(until) = extended {
+        return Ok(HeartbeatOutcome::Extended(until));
+    }
+    // heartbeat_refused: was the caller's lease cancelled rather than lost?
+    let cancelled: Option<bool> = sqlx::query_scalar(
+        "SELECT status = 'CANCELLED' FROM tasks \
+         WHERE id = $1 AND attempt = $2 AND lease_token = $3 \
+           AND ($4::text IS NULL OR namespace = $4)",
+    )
+    .bind(task_id)
+    .bind(attempt)
+    .bind(lease_token)
+    .bind(namespace)
+    .fetch_optional(pool)
+    .await?;
+    Ok(match cancelled {
+        Some(true) => HeartbeatOutcome::Cancelled,
+        _ => HeartbeatOutcome::Lost,
+    })
+}
+
+/// Which run and node a task belongs to (no lock: the caller then locks the
+/// run and re-checks the task under that lock).
+pub async fn task_owner(
+    pool: &PgPool,
+    namespace: Option<&str>,
+    task_id: Uuid,
+) -> Result<Option<(Uuid, String)>, StoreError> {
+    // task_owner: primary key lookup
+    let row = sqlx::query(
+        "SELECT run_id, node_key FROM tasks WHERE id = $1 AND ($2::text IS NULL OR namespace = $2)",
+    )
+    .bind(task_id)
+    .bind(namespace)
+    .fetch_optional(pool)
+    .await?;
+    row.map(|row| Ok((row.try_get("run_id")?, row.try_get("node_key")?)))
+        .transpose()
+        .map_err(|e: sqlx::Error| StoreError::from(e))
+}
+
+/// What a report found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReportCheck {
+    /// The lease was the caller's: the task now has its outcome.
+    Applied,
+    /// The same report was applied before: change nothing, answer OK.
+    Repeat,
+    /// The lease is not the caller's: change nothing, refuse.
+    Stale,
+}
+
+/// Records a report's outcome (COMPLETED or FAILED), fenced by the lease.
+/// Call under the run's lock.
+pub async fn finish_task(
+    conn: &mut PgConnection,
+    task_id: Uuid,
+    attempt: i32,
+    lease_token: Uuid,
+    outcome: &str,
+) -> Result<ReportCheck, StoreError> {
+    // finish_task: LEASED -> COMPLETED/FAILED for the caller's lease only
+    let applied = sqlx::query(
+        "UPDATE tasks SET status = $4, outcome = $4, lease_expires_at = NULL, updated_at = now() \
+         WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND status = 'LEASED'",
+    )
+    .bind(task_id)
+    .bind(attempt)
+    .bind(lease_token)
+    .bind(outcome)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if applied == 1 {
+        return Ok(ReportCheck::Applied);
+    }
+    // report_repeat: the same lease already reported this outcome
+    let repeat: Option<bool> = sqlx::query_scalar(
+        "SELECT outcome = $4 FROM tasks WHERE id = $1 AND attempt = $2 AND lease_token = $3",
+    )
+    .bind(task_id)
+    .bind(attempt)
+    .bind(lease_token)
+    .bind(outcome)
+    .fetch_optional(&mut *conn)
+    .await?;
+    Ok(match repeat {
+        Some(true) => ReportCheck::Repeat,
+        _ => ReportCheck::Stale,
+    })
+}
+
+/// A lease past its deadline.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpiredLease {
+    /// Task.
+    pub task_id: Uuid,
+    /// Run.
+    pub run_id: Uuid,
+    /// Node key.
+    pub node_key: String,
+    /// Attempt.
+    pub attempt: i32,
+}
+
+/// Leased tasks whose lease ran out, oldest first (partial index
+/// `tasks_leased`; the expiry is read from the heap).
+pub async fn expired_leases(pool: &PgPool, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
+    // expired_leases: candidates only; each is re-checked under its run lock
+    let rows = sqlx::query(
+        "SELECT id, run_id, node_key, attempt FROM tasks \
+         WHERE status = 'LEASED' AND lease_expires_at < now() \
+         ORDER BY lease_expires_at LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(ExpiredLease {
+                task_id: row.try_get("id")?,
+                run_id: row.try_get("run_id")?,
+                node_key: row.try_get("node_key")?,
+                attempt: row.try_get("attempt")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// Marks a lease expired if it still is; under the run lock. `false`: a
+/// heartbeat or report got there first.
+pub async fn expire_lease(
+    conn: &mut PgConnection,
+    task_id: Uuid,
+    attempt: i32,
+) -> Result<bool, StoreError> {
+    // expire_lease: LEASED and past its deadline -> EXPIRED
+    Ok(sqlx::query(
+        "UPDATE tasks SET status = 'EXPIRED', updated_at = now() \
+         WHERE id = $1 AND attempt = $2 AND status = 'LEASED' AND lease_expires_at < now()",
+    )
+    .bind(task_id)
+    .bind(attempt)
+    .execute(conn)
+    .await?
+    .rows_affected()
+        == 1)
+}
+
+/// Writes fresh outbox rows for tasks dispatched longer than `grace_ms` ago
+/// and never leased (a lost or never-sent message), same attempt.
+pub async fn republish_lost_dispatches(
+    pool: &PgPool,
+    grace_ms: i64,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    // republish_lost_dispatches: partial index tasks_dispatched; the
+    // dispatched_at bump keeps other servers from republishing it again now
+    Ok(sqlx::query(
+        "WITH lost AS ( \
+           SELECT id FROM tasks WHERE status = 'DISPATCHED' \
+             AND dispatched_at < now() - make_interval(secs => $1 / 1000.0) \
+           ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+         bumped AS ( \
+           UPDATE tasks t SET dispatched_at = now() FROM lost WHERE t.id = lost.id \
+           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id) \
+         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
+         SELECT namespace, queue, id, attempt, run_id FROM bumped",
+    )
+    .bind(grace_ms as f64)
+    .bind(limit)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// An outbox row taken for sending.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxMessage {
+    /// Namespace.
+    pub namespace: String,
+    /// Queue.
+    pub queue: String,
+    /// Task.
+    pub task_id: Uuid,
+    /// Attempt.
+    pub attempt: i32,
+    /// What picks the stream shard (the run id).
+    pub shard_key: Uuid,
+}
+
+/// Takes up to `limit` outbox rows, deleting them in the caller's
+/// transaction: commit after the messages are in Redis, roll back if not.
+/// `= ANY(ARRAY(...))` runs the locking subquery once (DESIGN.md's trap).
+pub async fn take_outbox(
+    conn: &mut PgConnection,
+    limit: i64,
+) -> Result<Vec<OutboxMessage>, StoreError> {
+    // take_outbox: a batch other servers skip, deleted on commit
+    let rows = sqlx::query(
+        "DELETE FROM outbox WHERE id = ANY(ARRAY( \
+           SELECT id FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+         RETURNING namespace, queue, task_id, attempt, shard_key",
+    )
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(OutboxMessage {
+                namespace: row.try_get("namespace")?,
+                queue: row.try_get("queue")?,
+                task_id: row.try_get("task_id")?,
+                attempt: row.try_get("attempt")?,
+                shard_key: row.try_get("shard_key")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
