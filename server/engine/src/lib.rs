@@ -19,3 +19,14 @@ pub use definition::{
     Definition, Edge, EdgeOn, HttpSpec, MAX_DEFINITION_BYTES, MAX_NODES, Node, NodeType, RetrySpec, ValidationError,
     ValidationErrors, parse_definition,
 };
+mod decide;
+mod state;
+
+pub use decide::{codes, decide, prefetch};
+pub use state::{
+    Action, ChildStatus, Compensation, DecideError, Decision, Ending, ErrorInfo, Event, MapProgress, NodeKey, NodeState,
+    NodeStatus, RunRecord, RunState, RunStatus, StateChange, TimerId, TimerKind, Timestamp,
+};
+pub mod simulate;
+
+pub use simulate::{Outcomes, SimOptions, SimulationError, SimulationReport, simulate, simulate_with};
