@@ -284,12 +284,14 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
 
     // Ids first: everything else refers to them.
     let mut index: HashMap<String, usize> = HashMap::with_capacity(def.nodes.len());
+    let mut invalid_ids: Vec<&str> = Vec::new();
     for (i, node) in def.nodes.iter().enumerate() {
         if broken.nodes.contains(&i) {
             continue;
         }
         if !valid_id(&node.id) {
             errors.push(format!("nodes[{i}].id"), format!("'{}' {ID_RULE}", node.id));
+            invalid_ids.push(&node.id);
             continue;
         }
         if let Some(first) = index.get(&node.id) {
@@ -298,7 +300,9 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
         }
         index.insert(node.id.clone(), i);
     }
-    let known = |id: &str| index.contains_key(id) || broken.ids.iter().any(|b| b == id);
+    // Nodes that did not parse or have a bad id are still "known": an edge to
+    // them is not a second problem.
+    let known = |id: &str| index.contains_key(id) || broken.ids.iter().any(|b| b == id) || invalid_ids.contains(&id);
 
     // Compensation nodes.
     let mut is_compensation = vec![false; def.nodes.len()];
@@ -507,6 +511,7 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
 
     // Edges.
     let mut edges = Vec::with_capacity(def.edges.len());
+    let mut unresolved_edges = !broken.edges.is_empty();
     let mut seen_pairs: HashMap<(usize, usize), usize> = HashMap::new();
     for (i, edge) in def.edges.iter().enumerate() {
         if broken.edges.contains(&i) {
@@ -536,7 +541,10 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
                 None
             }
         });
-        let (Some(from), Some(to)) = (from, to) else { continue };
+        let (Some(from), Some(to)) = (from, to) else {
+            unresolved_edges = true;
+            continue;
+        };
         for n in [from, to] {
             if is_compensation[n] {
                 errors.push(path.clone(), format!("compensation node '{}' cannot have edges", def.nodes[n].id));
@@ -626,7 +634,8 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
         }
     }
     let start = 0usize;
-    if n > 0 && !broken.nodes.contains(&0) {
+    // With edges that did not resolve, reachability would only repeat them.
+    if n > 0 && !broken.nodes.contains(&0) && !unresolved_edges {
         if nodes[0].is_compensation {
             errors.push("nodes[0]", "the first node starts the run and cannot be a compensation node");
         }
