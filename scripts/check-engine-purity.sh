@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# The engine is pure: no I/O crate may enter its normal dependency tree.
+# The engine is pure: it must not depend on any I/O crate (DESIGN.md, "engine
+# depends on no I/O crate"). Fails, naming the crate, if one shows up in the
+# normal (non-dev) dependency tree of composer-engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tree=$(cargo tree -p composer-engine -e normal --prefix none)
-bad=$(grep -E '^(tokio|sqlx|redis|tonic|hyper|reqwest|mio)( |-)' <<<"$tree" || true)
-if [[ -n $bad ]]; then
-  echo "check-engine-purity: FAIL: composer-engine depends on I/O crates:" >&2
-  echo "$bad" >&2
-  exit 1
+forbidden='^(tokio|sqlx|redis|tonic|hyper|reqwest|mio)(-|$)'
+tree="$(cargo tree -p composer-engine -e normal --prefix none --format '{p}')"
+found="$(printf '%s\n' "$tree" | awk '{print $1}' | grep -E "$forbidden" | sort -u || true)"
+if [ -n "$found" ]; then
+    echo "composer-engine must stay pure, but depends on:" >&2
+    printf '  %s\n' $found >&2
+    exit 1
 fi
-echo "check-engine-purity: ok"
+echo "composer-engine is pure: no tokio, sqlx, redis, tonic, hyper, reqwest or mio"

@@ -1,0 +1,686 @@
+//! Validation and the compiled, indexed form of a definition.
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::cel::{NodeField, Program, Scope, Ty};
+use crate::definition::{Broken, Definition, EdgeOn, MAX_NODES, Node, NodeType, ValidationErrors};
+use crate::duration::parse_duration;
+use crate::template::{self, Template};
+
+/// Most edges one definition may have.
+pub const MAX_EDGES: usize = 50_000;
+/// Default lease length.
+pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 30_000;
+/// Default MAP concurrency.
+pub const DEFAULT_MAP_CONCURRENCY: u32 = 100;
+/// Queue of the engine's own HTTP worker.
+pub const HTTP_QUEUE: &str = "_http";
+
+/// Retry policy of a node, defaults applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    pub max_attempts: u32,
+    pub initial_interval_ms: u64,
+    pub backoff: f64,
+    pub max_interval_ms: u64,
+    pub jitter: bool,
+    pub non_retryable: Vec<String>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 3,
+            initial_interval_ms: 1_000,
+            backoff: 2.0,
+            max_interval_ms: 300_000,
+            jitter: false,
+            non_retryable: Vec::new(),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Delay before attempt `failed + 1`, after attempt `failed` (1-based)
+    /// failed: `min(initial * backoff^(failed-1), max)`; with jitter, a value
+    /// in `[0, that]` drawn from `seed` (full jitter, deterministic).
+    pub fn delay_ms(&self, failed: u32, seed: u64) -> u64 {
+        let exp = i32::try_from(failed.saturating_sub(1)).unwrap_or(i32::MAX);
+        let raw = self.initial_interval_ms as f64 * self.backoff.powi(exp);
+        let capped = if raw.is_finite() { raw.min(self.max_interval_ms as f64) } else { self.max_interval_ms as f64 };
+        let delay = capped.max(0.0) as u64;
+        if !self.jitter || delay == 0 {
+            return delay;
+        }
+        splitmix64(seed ^ u64::from(failed).wrapping_mul(0x9E37_79B9_7F4A_7C15)) % (delay + 1)
+    }
+}
+
+/// A small, well-mixed deterministic hash (used for jitter from a seed).
+pub fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// What a MAP runs per element.
+#[derive(Debug, Clone)]
+pub enum MapElement {
+    Task { queue: String, task: String },
+    Workflow { workflow: String, version: Option<u32> },
+}
+
+/// The type-specific part of a compiled node.
+#[derive(Debug, Clone)]
+pub enum Kind {
+    Task { queue: String, task: String },
+    Http { request: Template },
+    Code { language: String, code: String },
+    Switch,
+    Fork,
+    Join,
+    Wait { duration_ms: Option<u64>, until: Option<Program> },
+    WaitForEvent { event: String, correlation: Option<Program> },
+    SubWorkflow { workflow: String, version: Option<u32> },
+    Map { items: Program, concurrency: u32, element: MapElement },
+}
+
+/// A compiled node.
+#[derive(Debug, Clone)]
+pub struct CNode {
+    pub id: String,
+    pub node_type: NodeType,
+    pub kind: Kind,
+    pub retry: RetryPolicy,
+    pub timeout_ms: Option<u64>,
+    pub heartbeat_timeout_ms: u64,
+    pub compensate: Option<usize>,
+    pub input: Option<Template>,
+    /// Outgoing edges, in file order (SWITCH takes the first that holds).
+    pub out_edges: Vec<usize>,
+    /// Incoming edges, in file order.
+    pub in_edges: Vec<usize>,
+    /// Named by some `compensate`: no edges, runs only when compensating.
+    pub is_compensation: bool,
+    /// Nodes that this node's templates and expressions read (for prefetch).
+    pub refs: Vec<usize>,
+}
+
+/// A compiled edge.
+#[derive(Debug, Clone)]
+pub struct CEdge {
+    pub from: usize,
+    pub to: usize,
+    pub when: Option<Program>,
+    pub on_error: bool,
+    /// Nodes `when` reads.
+    pub refs: Vec<usize>,
+}
+
+/// A validated definition with its DAG index and compiled expressions.
+/// Immutable and `Send + Sync`: cache one per (workflow, version) in an `Arc`.
+#[derive(Debug, Clone)]
+pub struct CompiledWorkflow {
+    definition: Definition,
+    pub(crate) nodes: Vec<CNode>,
+    pub(crate) edges: Vec<CEdge>,
+    index: HashMap<String, usize>,
+    topo: Vec<usize>,
+    pub(crate) start: usize,
+    pub(crate) output: Option<Template>,
+    pub(crate) output_refs: Vec<usize>,
+    pub(crate) run_timeout_ms: Option<u64>,
+}
+
+impl CompiledWorkflow {
+    /// Validates `definition` and builds the index; every problem is reported.
+    pub fn compile(definition: Definition) -> Result<CompiledWorkflow, ValidationErrors> {
+        build(&definition, &Broken::default()).map(|parts| CompiledWorkflow { definition, ..parts })
+    }
+
+    /// Parses and compiles text (YAML or JSON).
+    pub fn from_text(text: &str) -> Result<CompiledWorkflow, ValidationErrors> {
+        let definition = crate::definition::parse_definition(text)?;
+        CompiledWorkflow::compile(definition)
+    }
+
+    pub fn definition(&self) -> &Definition {
+        &self.definition
+    }
+
+    pub fn name(&self) -> &str {
+        &self.definition.name
+    }
+
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub(crate) fn node_index(&self, id: &str) -> Option<usize> {
+        self.index.get(id).copied()
+    }
+
+    /// The compiled node `id`.
+    pub fn node(&self, id: &str) -> Option<&CNode> {
+        self.node_index(id).map(|i| &self.nodes[i])
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.index.contains_key(id)
+    }
+
+    /// Where a run starts: the first node of the file.
+    pub fn start_node(&self) -> &str {
+        &self.nodes[self.start].id
+    }
+
+    /// Successor ids in edge (file) order.
+    pub fn successors(&self, id: &str) -> Vec<&str> {
+        self.node(id).map_or_else(Vec::new, |n| n.out_edges.iter().map(|e| self.nodes[self.edges[*e].to].id.as_str()).collect())
+    }
+
+    /// Predecessor ids in edge (file) order.
+    pub fn predecessors(&self, id: &str) -> Vec<&str> {
+        self.node(id).map_or_else(Vec::new, |n| n.in_edges.iter().map(|e| self.nodes[self.edges[*e].from].id.as_str()).collect())
+    }
+
+    /// Node ids in a topological order (compensation nodes excluded).
+    pub fn topological_order(&self) -> Vec<&str> {
+        self.topo.iter().map(|i| self.nodes[*i].id.as_str()).collect()
+    }
+}
+
+const ID_RULE: &str = "must start with a letter or '_' and contain only letters, digits and '_'";
+
+fn valid_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && id != "nodes"
+}
+
+fn duration_field(value: &Option<String>, path: String, errors: &mut ValidationErrors) -> Option<u64> {
+    let text = value.as_ref()?;
+    match parse_duration(text) {
+        Ok(ms) => Some(ms),
+        Err(e) => {
+            errors.push(path, e);
+            None
+        }
+    }
+}
+
+fn refs_of(template: &Template, index: &HashMap<String, usize>, out: &mut Vec<usize>) {
+    let mut r = Vec::new();
+    template.node_refs(&mut r);
+    add_refs(r, index, out);
+}
+
+fn add_refs(r: Vec<(String, NodeField)>, index: &HashMap<String, usize>, out: &mut Vec<usize>) {
+    for (id, _) in r {
+        if let Some(i) = index.get(&id)
+            && !out.contains(i)
+        {
+            out.push(*i);
+        }
+    }
+}
+
+/// Which type-specific fields each node type takes.
+fn check_fields(node: &Node, path: &str, errors: &mut ValidationErrors) {
+    use NodeType::*;
+    let t = node.node_type;
+    let fields: [(&str, bool, &[NodeType]); 12] = [
+        ("queue", node.queue.is_some(), &[Task, Map]),
+        ("task", node.task.is_some(), &[Task, Map]),
+        ("http", node.http.is_some(), &[Http]),
+        ("language", node.language.is_some(), &[Code]),
+        ("code", node.code.is_some(), &[Code]),
+        ("duration", node.duration.is_some(), &[Wait]),
+        ("until", node.until.is_some(), &[Wait]),
+        ("event", node.event.is_some(), &[WaitForEvent]),
+        ("correlation", node.correlation.is_some(), &[WaitForEvent]),
+        ("workflow", node.workflow.is_some(), &[SubWorkflow, Map]),
+        ("version", node.version.is_some(), &[SubWorkflow, Map]),
+        ("items", node.items.is_some(), &[Map]),
+    ];
+    for (name, present, allowed) in fields {
+        if present && !allowed.contains(&t) {
+            errors.push(format!("{path}.{name}"), format!("not allowed on a {t} node"));
+        }
+    }
+    if node.concurrency.is_some() && t != Map {
+        errors.push(format!("{path}.concurrency"), format!("not allowed on a {t} node"));
+    }
+}
+
+/// Validates `def` (skipping what `broken` says did not parse) and builds
+/// the compiled parts. The returned workflow's `definition` is empty: the
+/// caller moves the definition in.
+pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflow, ValidationErrors> {
+    let mut errors = ValidationErrors::default();
+    if def.name.trim().is_empty() && !def.name.is_empty() || def.name.is_empty() {
+        errors.push("name", "must not be empty");
+    }
+    if def.nodes.len() > MAX_NODES {
+        errors.push("nodes", format!("too many nodes: {} (at most {MAX_NODES})", def.nodes.len()));
+        return Err(errors);
+    }
+    if def.edges.len() > MAX_EDGES {
+        errors.push("edges", format!("too many edges: {} (at most {MAX_EDGES})", def.edges.len()));
+        return Err(errors);
+    }
+    if def.nodes.is_empty() && broken.nodes.is_empty() {
+        errors.push("nodes", "a workflow needs at least one node");
+    }
+    if let Some(schema) = &def.input_schema
+        && !schema.is_object()
+        && !schema.is_boolean()
+    {
+        errors.push("input_schema", "must be a JSON Schema object");
+    }
+    let run_timeout_ms = duration_field(&def.timeout, "timeout".into(), &mut errors);
+
+    // Ids first: everything else refers to them.
+    let mut index: HashMap<String, usize> = HashMap::with_capacity(def.nodes.len());
+    let mut invalid_ids: Vec<&str> = Vec::new();
+    for (i, node) in def.nodes.iter().enumerate() {
+        if broken.nodes.contains(&i) {
+            continue;
+        }
+        if !valid_id(&node.id) {
+            errors.push(format!("nodes[{i}].id"), format!("'{}' {ID_RULE}", node.id));
+            invalid_ids.push(&node.id);
+            continue;
+        }
+        if let Some(first) = index.get(&node.id) {
+            errors.push(format!("nodes[{i}].id"), format!("duplicate id '{}' (first at nodes[{first}])", node.id));
+            continue;
+        }
+        index.insert(node.id.clone(), i);
+    }
+    // Nodes that did not parse or have a bad id are still "known": an edge to
+    // them is not a second problem.
+    let known = |id: &str| index.contains_key(id) || broken.ids.iter().any(|b| b == id) || invalid_ids.contains(&id);
+
+    // Compensation nodes.
+    let mut is_compensation = vec![false; def.nodes.len()];
+    for (i, node) in def.nodes.iter().enumerate() {
+        let Some(target) = &node.compensate else { continue };
+        match index.get(target) {
+            None if !known(target) => errors.push(format!("nodes[{i}].compensate"), format!("unknown node '{target}'")),
+            None => {}
+            Some(&t) if t == i => errors.push(format!("nodes[{i}].compensate"), "a node cannot compensate itself"),
+            Some(&t) => {
+                is_compensation[t] = true;
+                let tt = def.nodes[t].node_type;
+                if !matches!(tt, NodeType::Task | NodeType::Http | NodeType::Code | NodeType::SubWorkflow) {
+                    errors.push(
+                        format!("nodes[{i}].compensate"),
+                        format!("'{target}' is a {tt} node; a compensation must be a TASK, HTTP, CODE or SUB_WORKFLOW node"),
+                    );
+                }
+                if def.nodes[t].compensate.is_some() {
+                    errors.push(format!("nodes[{t}].compensate"), "a compensation node cannot have a compensation of its own");
+                }
+            }
+        }
+    }
+
+    // Per-node fields and expressions.
+    let all_nodes = |id: &str| known(id);
+    let plain = Scope { node_ids: &all_nodes, map_element: false };
+    let element = Scope { node_ids: &all_nodes, map_element: true };
+    let mut nodes: Vec<CNode> = Vec::with_capacity(def.nodes.len());
+    let mut expr_errors = Vec::new();
+    for (i, node) in def.nodes.iter().enumerate() {
+        let path = format!("nodes[{i}]");
+        let skip = broken.nodes.contains(&i);
+        if !skip {
+            check_fields(node, &path, &mut errors);
+        }
+        let retry = match &node.retry {
+            None => RetryPolicy::default(),
+            Some(spec) => {
+                let mut policy = RetryPolicy::default();
+                if let Some(n) = spec.max_attempts {
+                    if n == 0 {
+                        errors.push(format!("{path}.retry.max_attempts"), "must be at least 1");
+                    }
+                    policy.max_attempts = n.max(1);
+                }
+                if let Some(ms) = duration_field(&spec.initial_interval, format!("{path}.retry.initial_interval"), &mut errors) {
+                    policy.initial_interval_ms = ms;
+                }
+                if let Some(ms) = duration_field(&spec.max_interval, format!("{path}.retry.max_interval"), &mut errors) {
+                    policy.max_interval_ms = ms;
+                }
+                if let Some(b) = spec.backoff {
+                    if !(b.is_finite() && (1.0..=100.0).contains(&b)) {
+                        errors.push(format!("{path}.retry.backoff"), "must be between 1.0 and 100.0");
+                    } else {
+                        policy.backoff = b;
+                    }
+                }
+                policy.jitter = spec.jitter.unwrap_or(false);
+                policy.non_retryable = spec.non_retryable.clone().unwrap_or_default();
+                policy
+            }
+        };
+        let timeout_ms = duration_field(&node.timeout, format!("{path}.timeout"), &mut errors);
+        let heartbeat_timeout_ms = duration_field(&node.heartbeat_timeout, format!("{path}.heartbeat_timeout"), &mut errors)
+            .unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT_MS);
+        if heartbeat_timeout_ms == 0 {
+            errors.push(format!("{path}.heartbeat_timeout"), "must be longer than 0");
+        }
+        let is_map = node.node_type == NodeType::Map;
+        let input = node
+            .input
+            .as_ref()
+            .map(|v| template::compile(v, &format!("{path}.input"), if is_map { &element } else { &plain }, &mut expr_errors));
+        let mut expression = |src: &Option<String>, field: &str, want: &[Ty]| -> Option<Program> {
+            let src = src.as_ref()?;
+            match template::compile_expression(src, &plain) {
+                Ok(p) => {
+                    if !want.is_empty() && p.ty() != Ty::Dyn && !want.contains(&p.ty()) {
+                        let names: Vec<String> = want.iter().map(|t| t.to_string()).collect();
+                        expr_errors.push((format!("{path}.{field}"), format!("must be a {} expression, not {}", names.join(" or "), p.ty())));
+                    }
+                    Some(p)
+                }
+                Err(e) => {
+                    expr_errors.push((format!("{path}.{field}"), e));
+                    None
+                }
+            }
+        };
+        let required = |present: bool, field: &str, errors: &mut ValidationErrors| {
+            if !present && !skip {
+                errors.push(format!("{path}.{field}"), format!("is required on a {} node", node.node_type));
+            }
+        };
+        let kind = match node.node_type {
+            NodeType::Task => {
+                required(node.queue.is_some(), "queue", &mut errors);
+                required(node.task.is_some(), "task", &mut errors);
+                Kind::Task { queue: node.queue.clone().unwrap_or_default(), task: node.task.clone().unwrap_or_default() }
+            }
+            NodeType::Http => {
+                required(node.http.is_some(), "http", &mut errors);
+                let mut request = serde_json::Map::new();
+                if let Some(http) = &node.http {
+                    const METHODS: [&str; 7] = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
+                    if !METHODS.contains(&http.method.to_ascii_uppercase().as_str()) {
+                        errors.push(format!("{path}.http.method"), format!("unknown method '{}' (one of {})", http.method, METHODS.join(", ")));
+                    }
+                    if http.url.trim().is_empty() {
+                        errors.push(format!("{path}.http.url"), "must not be empty");
+                    }
+                    let timeout = duration_field(&http.timeout, format!("{path}.http.timeout"), &mut errors);
+                    request.insert("method".into(), http.method.to_ascii_uppercase().into());
+                    request.insert("url".into(), http.url.clone().into());
+                    request.insert("headers".into(), http.headers.clone().unwrap_or_else(|| serde_json::json!({})));
+                    request.insert("body".into(), http.body.clone().unwrap_or(serde_json::Value::Null));
+                    request.insert("timeout_ms".into(), timeout.map_or(serde_json::Value::Null, Into::into));
+                }
+                let request = template::compile(&serde_json::Value::Object(request), &format!("{path}.http"), &plain, &mut expr_errors);
+                Kind::Http { request }
+            }
+            NodeType::Code => {
+                required(node.code.is_some(), "code", &mut errors);
+                required(node.language.is_some(), "language", &mut errors);
+                if let Some(lang) = &node.language
+                    && lang != "python"
+                    && lang != "javascript"
+                {
+                    errors.push(format!("{path}.language"), format!("must be python or javascript, not '{lang}'"));
+                }
+                Kind::Code { language: node.language.clone().unwrap_or_default(), code: node.code.clone().unwrap_or_default() }
+            }
+            NodeType::Switch => Kind::Switch,
+            NodeType::Fork => Kind::Fork,
+            NodeType::Join => Kind::Join,
+            NodeType::Wait => {
+                if node.duration.is_some() == node.until.is_some() && !skip {
+                    errors.push(path.clone(), "a WAIT node needs exactly one of duration or until");
+                }
+                let duration_ms = duration_field(&node.duration, format!("{path}.duration"), &mut errors);
+                let until = expression(&node.until, "until", &[Ty::Timestamp, Ty::String, Ty::Int]);
+                Kind::Wait { duration_ms, until }
+            }
+            NodeType::WaitForEvent => {
+                required(node.event.is_some(), "event", &mut errors);
+                let correlation = expression(&node.correlation, "correlation", &[]);
+                Kind::WaitForEvent { event: node.event.clone().unwrap_or_default(), correlation }
+            }
+            NodeType::SubWorkflow => {
+                required(node.workflow.is_some(), "workflow", &mut errors);
+                Kind::SubWorkflow { workflow: node.workflow.clone().unwrap_or_default(), version: node.version }
+            }
+            NodeType::Map => {
+                required(node.items.is_some(), "items", &mut errors);
+                let items = expression(&node.items, "items", &[Ty::List]);
+                let by_task = node.queue.is_some() || node.task.is_some();
+                if by_task == node.workflow.is_some() && !skip {
+                    errors.push(path.clone(), "a MAP node needs either queue and task, or workflow");
+                } else if by_task {
+                    required(node.queue.is_some(), "queue", &mut errors);
+                    required(node.task.is_some(), "task", &mut errors);
+                }
+                if node.concurrency == Some(0) {
+                    errors.push(format!("{path}.concurrency"), "must be at least 1");
+                }
+                let element = match &node.workflow {
+                    Some(w) => MapElement::Workflow { workflow: w.clone(), version: node.version },
+                    None => MapElement::Task { queue: node.queue.clone().unwrap_or_default(), task: node.task.clone().unwrap_or_default() },
+                };
+                let concurrency = node.concurrency.unwrap_or(DEFAULT_MAP_CONCURRENCY).max(1);
+                match items {
+                    Some(items) => Kind::Map { items, concurrency, element },
+                    None => Kind::Fork,
+                }
+            }
+        };
+        let mut refs = Vec::new();
+        if let Some(t) = &input {
+            refs_of(t, &index, &mut refs);
+        }
+        match &kind {
+            Kind::Http { request } => refs_of(request, &index, &mut refs),
+            Kind::Wait { until: Some(p), .. } | Kind::WaitForEvent { correlation: Some(p), .. } | Kind::Map { items: p, .. } => {
+                add_refs(p.node_refs(), &index, &mut refs)
+            }
+            _ => {}
+        }
+        nodes.push(CNode {
+            id: node.id.clone(),
+            node_type: node.node_type,
+            kind,
+            retry,
+            timeout_ms,
+            heartbeat_timeout_ms,
+            compensate: node.compensate.as_ref().and_then(|c| index.get(c).copied()),
+            input,
+            out_edges: Vec::new(),
+            in_edges: Vec::new(),
+            is_compensation: is_compensation[i],
+            refs,
+        });
+    }
+
+    // Edges.
+    let mut edges = Vec::with_capacity(def.edges.len());
+    let mut unresolved_edges = !broken.edges.is_empty();
+    let mut seen_pairs: HashMap<(usize, usize), usize> = HashMap::new();
+    for (i, edge) in def.edges.iter().enumerate() {
+        if broken.edges.contains(&i) {
+            continue;
+        }
+        let path = format!("edges[{i}]");
+        let mut end = |field: &str, id: &str| match index.get(id) {
+            Some(&n) => Some(n),
+            None => {
+                if !known(id) {
+                    errors.push(format!("{path}.{field}"), format!("unknown node '{id}'"));
+                }
+                None
+            }
+        };
+        let from = end("from", &edge.from);
+        let to = end("to", &edge.to);
+        let when = edge.when.as_ref().and_then(|src| match template::compile_expression(src, &plain) {
+            Ok(p) => {
+                if !matches!(p.ty(), Ty::Bool | Ty::Dyn) {
+                    expr_errors.push((format!("{path}.when"), format!("must be a bool expression, not {}", p.ty())));
+                }
+                Some(p)
+            }
+            Err(e) => {
+                expr_errors.push((format!("{path}.when"), e));
+                None
+            }
+        });
+        let (Some(from), Some(to)) = (from, to) else {
+            unresolved_edges = true;
+            continue;
+        };
+        for n in [from, to] {
+            if is_compensation[n] {
+                errors.push(path.clone(), format!("compensation node '{}' cannot have edges", def.nodes[n].id));
+            }
+        }
+        if let Some(first) = seen_pairs.insert((from, to), i) {
+            errors.push(path.clone(), format!("duplicate edge {} -> {} (first at edges[{first}])", edge.from, edge.to));
+            continue;
+        }
+        let mut refs = Vec::new();
+        if let Some(p) = &when {
+            add_refs(p.node_refs(), &index, &mut refs);
+        }
+        let e = edges.len();
+        edges.push(CEdge { from, to, when, on_error: edge.on == Some(EdgeOn::Error), refs });
+        nodes[from].out_edges.push(e);
+        nodes[to].in_edges.push(e);
+    }
+    for (path, message) in expr_errors {
+        errors.push(path, message);
+    }
+
+    // Shape rules.
+    for (i, node) in nodes.iter().enumerate() {
+        if broken.nodes.contains(&i) || node.is_compensation {
+            continue;
+        }
+        match node.node_type {
+            NodeType::Join if node.in_edges.len() < 2 => {
+                errors.push(format!("nodes[{i}]"), format!("a JOIN needs at least two incoming edges (has {})", node.in_edges.len()))
+            }
+            NodeType::Switch if node.out_edges.is_empty() => errors.push(format!("nodes[{i}]"), "a SWITCH needs at least one outgoing edge"),
+            _ => {}
+        }
+    }
+
+    // Cycles (Kahn), then reachability from the start node.
+    let n = nodes.len();
+    let mut indegree: Vec<usize> = nodes.iter().map(|x| x.in_edges.len()).collect();
+    let mut queue: VecDeque<usize> = (0..n).filter(|&i| indegree[i] == 0).collect();
+    let mut topo = Vec::with_capacity(n);
+    while let Some(v) = queue.pop_front() {
+        topo.push(v);
+        for &e in &nodes[v].out_edges {
+            let t = edges[e].to;
+            indegree[t] -= 1;
+            if indegree[t] == 0 {
+                queue.push_back(t);
+            }
+        }
+    }
+    let mut in_cycle = vec![false; n];
+    if topo.len() < n {
+        // Walk backwards from a node left over until a node repeats: that is a cycle.
+        let mut reported = vec![false; n];
+        for first in (0..n).filter(|&i| indegree[i] > 0) {
+            if reported[first] {
+                continue;
+            }
+            let mut path_nodes = vec![first];
+            let mut pos: HashMap<usize, usize> = HashMap::from([(first, 0)]);
+            let mut v = first;
+            let cycle_start = loop {
+                let Some(&e) = nodes[v].in_edges.iter().find(|&&e| indegree[edges[e].from] > 0) else { break None };
+                v = edges[e].from;
+                if let Some(&p) = pos.get(&v) {
+                    break Some(p);
+                }
+                pos.insert(v, path_nodes.len());
+                path_nodes.push(v);
+            };
+            let Some(p) = cycle_start else { continue };
+            let mut cycle: Vec<usize> = path_nodes[p..].to_vec();
+            cycle.reverse();
+            if cycle.iter().any(|&c| reported[c]) {
+                continue;
+            }
+            for &c in &cycle {
+                reported[c] = true;
+                in_cycle[c] = true;
+            }
+            let min_pos = (0..cycle.len()).min_by_key(|&k| cycle[k]).unwrap_or(0);
+            cycle.rotate_left(min_pos);
+            let mut names: Vec<&str> = cycle.iter().map(|&c| nodes[c].id.as_str()).collect();
+            names.push(names[0]);
+            errors.push(format!("nodes[{}]", cycle[0]), format!("cycle: {}", names.join(" -> ")));
+        }
+    }
+    let start = 0usize;
+    // With edges that did not resolve, reachability would only repeat them.
+    if n > 0 && !broken.nodes.contains(&0) && !unresolved_edges {
+        if nodes[0].is_compensation {
+            errors.push("nodes[0]", "the first node starts the run and cannot be a compensation node");
+        }
+        let mut reachable = vec![false; n];
+        let mut stack = vec![start];
+        reachable[start] = true;
+        while let Some(v) = stack.pop() {
+            for &e in &nodes[v].out_edges {
+                let t = edges[e].to;
+                if !reachable[t] {
+                    reachable[t] = true;
+                    stack.push(t);
+                }
+            }
+        }
+        for (i, node) in nodes.iter().enumerate() {
+            if !reachable[i] && !node.is_compensation && !in_cycle[i] && !broken.nodes.contains(&i) && index.get(&node.id) == Some(&i) {
+                errors.push(format!("nodes[{i}]"), format!("unreachable: no path from the start node '{}'", nodes[start].id));
+            }
+        }
+    }
+
+    let mut output_refs = Vec::new();
+    let output = def.output.as_ref().map(|v| {
+        let mut out_errors = Vec::new();
+        let t = template::compile(v, "output", &plain, &mut out_errors);
+        for (p, m) in out_errors {
+            errors.push(p, m);
+        }
+        refs_of(&t, &index, &mut output_refs);
+        t
+    });
+
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    Ok(CompiledWorkflow {
+        definition: Definition::default(),
+        nodes,
+        edges,
+        index,
+        topo,
+        start,
+        output,
+        output_refs,
+        run_timeout_ms,
+    })
+}

@@ -1,0 +1,1178 @@
+//! The state machine: `decide(workflow, state, event, now) -> Decision`.
+//!
+//! Pure: the same inputs give the same decision. The cost of one event is
+//! bounded by the node states it touches: JOIN and MAP keep counters in their
+//! own state, the run's completion is read from its active counter, and
+//! cancellation is run-scoped (`CancelAll*`), so nothing scans the run.
+
+use std::collections::{BTreeMap, HashSet, VecDeque};
+
+use serde_json::{Value as Json, json};
+
+use crate::cel::{Env, NodeField, Val};
+use crate::compile::{CompiledWorkflow, HTTP_QUEUE, Kind, MapElement};
+use crate::definition::NodeType;
+use crate::duration::{format_duration, parse_timestamp};
+use crate::state::{
+    Action, ChildStatus, Compensation, DecideError, Decision, Ending, ErrorInfo, Event, MapProgress, NodeKey,
+    NodeState, NodeStatus, RunState, RunStatus, StateChange, TimerId, TimerKind, Timestamp,
+};
+
+/// Error codes the engine itself produces.
+pub mod codes {
+    pub const TIMEOUT: &str = "TIMEOUT";
+    pub const LEASE_EXPIRED: &str = "LEASE_EXPIRED";
+    pub const RUN_TIMEOUT: &str = "RUN_TIMEOUT";
+    pub const INPUT_ERROR: &str = "INPUT_ERROR";
+    pub const OUTPUT_ERROR: &str = "OUTPUT_ERROR";
+    pub const CHILD_FAILED: &str = "CHILD_FAILED";
+    pub const CHILD_CANCELLED: &str = "CHILD_CANCELLED";
+}
+
+/// Decides what `event` does to the run. On `Err(NeedNodes(keys))`, load
+/// those node states into `state` and call again.
+pub fn decide(wf: &CompiledWorkflow, state: &RunState, event: &Event, now: Timestamp) -> Result<Decision, DecideError> {
+    let mut ctx = Ctx {
+        wf,
+        state,
+        now,
+        run: state.run.clone(),
+        touched: BTreeMap::new(),
+        actions: Vec::new(),
+        work: VecDeque::new(),
+    };
+    ctx.handle(event)?;
+    Ok(ctx.finish())
+}
+
+/// Node keys an event will likely touch, not yet in `state`: load them
+/// before calling [`decide`] so that one call usually suffices.
+pub fn prefetch(wf: &CompiledWorkflow, state: &RunState, event: &Event) -> Vec<NodeKey> {
+    let mut keys: Vec<NodeKey> = Vec::new();
+    let mut add = |k: NodeKey, keys: &mut Vec<NodeKey>| {
+        if !state.nodes.contains_key(&k) && !keys.contains(&k) {
+            keys.push(k);
+        }
+    };
+    let around = |idx: usize, keys: &mut Vec<NodeKey>, add: &mut dyn FnMut(NodeKey, &mut Vec<NodeKey>)| {
+        let node = &wf.nodes[idx];
+        for &e in &node.out_edges {
+            let edge = &wf.edges[e];
+            add(NodeKey::node(wf.nodes[edge.to].id.clone()), keys);
+            for &r in edge.refs.iter().chain(&wf.nodes[edge.to].refs) {
+                add(NodeKey::node(wf.nodes[r].id.clone()), keys);
+            }
+        }
+    };
+    match event {
+        Event::RunStarted => {
+            let start = wf.start;
+            add(NodeKey::node(wf.nodes[start].id.clone()), &mut keys);
+            for &r in &wf.nodes[start].refs {
+                add(NodeKey::node(wf.nodes[r].id.clone()), &mut keys);
+            }
+            around(start, &mut keys, &mut add);
+        }
+        Event::CancelRequested { .. } | Event::TimerFired { timer: TimerId { kind: TimerKind::RunTimeout, .. }, .. } => {
+            for id in state.run.compensable.iter().rev() {
+                if let Some(comp) = wf.node(id).and_then(|n| n.compensate) {
+                    add(NodeKey::node(wf.nodes[comp].id.clone()), &mut keys);
+                    for &r in &wf.nodes[comp].refs {
+                        add(NodeKey::node(wf.nodes[r].id.clone()), &mut keys);
+                    }
+                }
+            }
+        }
+        Event::RetryRequested { interrupted } => {
+            for k in state.run.failed.iter().chain(interrupted) {
+                add(k.clone(), &mut keys);
+                add(k.parent(), &mut keys);
+            }
+        }
+        Event::EventReceived { name, node: None, .. } => {
+            for n in &wf.nodes {
+                if matches!(&n.kind, Kind::WaitForEvent { event, .. } if event == name) {
+                    add(NodeKey::node(n.id.clone()), &mut keys);
+                }
+            }
+        }
+        _ => {}
+    }
+    if let Some(key) = event.node() {
+        add(key.clone(), &mut keys);
+        if key.index.is_some() {
+            add(key.parent(), &mut keys);
+        }
+        if let Some(idx) = wf.node_index(&key.node) {
+            around(idx, &mut keys, &mut add);
+        }
+    }
+    if let Some(Compensation { remaining, .. }) = &state.run.compensation {
+        // The next compensation starts after this one's report.
+        if let Some(comp) = remaining.first().and_then(|id| wf.node(id)).and_then(|n| n.compensate) {
+            add(NodeKey::node(wf.nodes[comp].id.clone()), &mut keys);
+        }
+    }
+    keys
+}
+
+enum Work {
+    Arrive { to: usize, from: usize },
+    Skip { to: usize },
+}
+
+struct Ctx<'a> {
+    wf: &'a CompiledWorkflow,
+    state: &'a RunState,
+    now: Timestamp,
+    run: crate::state::RunRecord,
+    touched: BTreeMap<NodeKey, NodeState>,
+    actions: Vec<Action>,
+    work: VecDeque<Work>,
+}
+
+type R<T = ()> = Result<T, DecideError>;
+
+struct EvalEnv<'c, 'a> {
+    ctx: &'c Ctx<'a>,
+    item: Option<&'c Json>,
+    index: Option<u32>,
+}
+
+impl Env for EvalEnv<'_, '_> {
+    fn input(&self) -> Val {
+        Val::from_json(&self.ctx.run.input)
+    }
+
+    fn run(&self) -> Val {
+        let mut m = BTreeMap::new();
+        m.insert("id".into(), Val::Str(self.ctx.run.run_id.clone()));
+        m.insert("workflow".into(), Val::Str(self.ctx.run.workflow.clone()));
+        m.insert("version".into(), Val::Int(i64::from(self.ctx.run.version)));
+        m.insert("started_at".into(), Val::Timestamp(self.ctx.run.started_at.unwrap_or(self.ctx.now).0));
+        Val::Map(m)
+    }
+
+    fn item(&self) -> Val {
+        self.item.map_or(Val::Null, Val::from_json)
+    }
+
+    fn index(&self) -> Val {
+        self.index.map_or(Val::Null, |i| Val::Int(i64::from(i)))
+    }
+
+    fn node(&self, id: &str, field: NodeField) -> Val {
+        let key = NodeKey::node(id);
+        let st = self.ctx.peek(&key);
+        match field {
+            NodeField::Status => Val::Str(st.map_or("PENDING", |s| s.status.as_str()).to_owned()),
+            NodeField::Error => st.and_then(|s| s.error.as_ref()).map_or(Val::Null, |e| {
+                Val::from_json(&json!({"code": e.code, "message": e.message}))
+            }),
+            NodeField::Output => match st {
+                Some(s) if s.status == NodeStatus::Completed => Val::from_json(&self.ctx.output_of(id, s)),
+                _ => Val::Null,
+            },
+        }
+    }
+}
+
+fn ignored(reason: &str) -> Json {
+    json!({ "reason": reason })
+}
+
+impl<'a> Ctx<'a> {
+    // ------------------------------------------------------------ state access
+
+    /// A loaded state (touched first), `None` if not loaded or not existing.
+    fn peek(&self, key: &NodeKey) -> Option<&NodeState> {
+        self.touched.get(key).or_else(|| self.state.nodes.get(key).and_then(Option::as_ref))
+    }
+
+    fn is_loaded(&self, key: &NodeKey) -> bool {
+        self.touched.contains_key(key) || self.state.nodes.contains_key(key)
+    }
+
+    /// The state of `key`; asks for it (and what it leads to) if not loaded.
+    fn load(&self, key: &NodeKey) -> R<Option<NodeState>> {
+        if let Some(s) = self.touched.get(key) {
+            return Ok(Some(s.clone()));
+        }
+        match self.state.nodes.get(key) {
+            Some(s) => Ok(s.clone()),
+            None => {
+                let mut keys = vec![key.clone()];
+                if let Some(idx) = self.wf.node_index(&key.node) {
+                    for &e in &self.wf.nodes[idx].out_edges {
+                        let k = NodeKey::node(self.wf.nodes[self.wf.edges[e].to].id.clone());
+                        if !self.is_loaded(&k) && !keys.contains(&k) {
+                            keys.push(k);
+                        }
+                    }
+                }
+                Err(DecideError::NeedNodes(keys))
+            }
+        }
+    }
+
+    fn put(&mut self, key: NodeKey, st: NodeState) {
+        self.touched.insert(key, st);
+    }
+
+    fn key(&self, idx: usize) -> NodeKey {
+        NodeKey::node(self.wf.nodes[idx].id.clone())
+    }
+
+    /// Makes sure every node in `refs`, and for JOIN/MAP outputs their
+    /// branches, is loaded: one `NeedNodes` with all that is missing.
+    fn ensure_loaded(&self, refs: &[usize]) -> R {
+        let mut missing = Vec::new();
+        for &r in refs {
+            let key = self.key(r);
+            if !self.is_loaded(&key) {
+                missing.push(key);
+                continue;
+            }
+            let Some(st) = self.peek(&key) else { continue };
+            if st.status != NodeStatus::Completed {
+                continue;
+            }
+            match self.wf.nodes[r].node_type {
+                NodeType::Join => {
+                    for &e in &self.wf.nodes[r].in_edges {
+                        let k = self.key(self.wf.edges[e].from);
+                        if !self.is_loaded(&k) {
+                            missing.push(k);
+                        }
+                    }
+                }
+                NodeType::Map => {
+                    let total = st.map.as_ref().map_or(0, |m| m.total);
+                    for i in 0..total {
+                        let k = NodeKey::element(self.wf.nodes[r].id.clone(), i);
+                        if !self.is_loaded(&k) {
+                            missing.push(k);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if missing.is_empty() { Ok(()) } else { Err(DecideError::NeedNodes(missing)) }
+    }
+
+    /// A completed node's output; JOIN and MAP outputs are assembled from
+    /// their branches (loaded by `ensure_loaded`).
+    fn output_of(&self, id: &str, st: &NodeState) -> Json {
+        let Some(node) = self.wf.node(id) else { return Json::Null };
+        match node.node_type {
+            NodeType::Join => {
+                let mut m = serde_json::Map::new();
+                for &e in &node.in_edges {
+                    let from = &self.wf.nodes[self.wf.edges[e].from].id;
+                    if let Some(s) = self.peek(&NodeKey::node(from.clone()))
+                        && s.status == NodeStatus::Completed
+                    {
+                        m.insert(from.clone(), self.output_of(from, s));
+                    }
+                }
+                Json::Object(m)
+            }
+            NodeType::Map => {
+                let total = st.map.as_ref().map_or(0, |m| m.total);
+                Json::Array(
+                    (0..total)
+                        .map(|i| {
+                            self.peek(&NodeKey::element(id, i)).and_then(|s| s.output.clone()).unwrap_or(Json::Null)
+                        })
+                        .collect(),
+                )
+            }
+            _ => st.output.clone().unwrap_or(Json::Null),
+        }
+    }
+
+    fn history(&mut self, kind: &str, node: Option<&NodeKey>, attempt: Option<u32>, detail: Json) {
+        self.actions.push(Action::AppendHistory { kind: kind.to_owned(), node: node.cloned(), attempt, detail });
+    }
+
+    fn ignore(&mut self, node: Option<&NodeKey>, attempt: Option<u32>, reason: &str) {
+        self.history("event_ignored", node, attempt, ignored(reason));
+    }
+
+    fn finish(self) -> Decision {
+        let run = (self.run != self.state.run).then_some(self.run);
+        let nodes = self
+            .touched
+            .into_iter()
+            .filter(|(k, s)| self.state.nodes.get(k).and_then(Option::as_ref) != Some(s))
+            .collect();
+        Decision { change: StateChange { run, nodes }, actions: self.actions }
+    }
+
+    // ------------------------------------------------------------ events
+
+    fn handle(&mut self, event: &Event) -> R {
+        match event {
+            Event::RunStarted => self.run_started()?,
+            Event::TaskCompleted { node, attempt, output } => {
+                if let Some((idx, st)) = self.current_attempt(node, *attempt, &[NodeType::Task, NodeType::Http, NodeType::Code, NodeType::Map], false)? {
+                    self.attempt_succeeded(node, idx, st, output.clone())?;
+                }
+            }
+            Event::TaskFailed { node, attempt, code, message, retryable, seed } => {
+                if let Some((idx, st)) = self.current_attempt(node, *attempt, &[NodeType::Task, NodeType::Http, NodeType::Code, NodeType::Map], false)? {
+                    self.attempt_failed(node, idx, st, ErrorInfo::new(code.clone(), message.clone()), *retryable, *seed)?;
+                }
+            }
+            Event::LeaseExpired { node, attempt, seed } => {
+                if let Some((idx, st)) = self.current_attempt(node, *attempt, &[NodeType::Task, NodeType::Http, NodeType::Code, NodeType::Map], false)? {
+                    let error = ErrorInfo::new(codes::LEASE_EXPIRED, format!("attempt {attempt} lost its lease: no heartbeat or report in time"));
+                    self.attempt_failed(node, idx, st, error, true, *seed)?;
+                }
+            }
+            Event::ChildRunFinished { node, attempt, status, output, error, seed } => {
+                if let Some((idx, st)) = self.current_attempt(node, *attempt, &[NodeType::SubWorkflow, NodeType::Map], true)? {
+                    match status {
+                        ChildStatus::Completed => self.attempt_succeeded(node, idx, st, output.clone())?,
+                        ChildStatus::Failed => {
+                            let e = error.clone().unwrap_or_else(|| ErrorInfo::new(codes::CHILD_FAILED, "the child run failed"));
+                            self.attempt_failed(node, idx, st, e, true, *seed)?
+                        }
+                        ChildStatus::Cancelled => {
+                            let e = ErrorInfo::new(codes::CHILD_CANCELLED, "the child run was cancelled");
+                            self.attempt_failed(node, idx, st, e, false, *seed)?
+                        }
+                    }
+                }
+            }
+            Event::TimerFired { timer, seed } => self.timer_fired(timer, *seed)?,
+            Event::EventReceived { name, payload, node } => self.event_received(name, payload, node.as_ref())?,
+            Event::CancelRequested { reason } => match self.run.status {
+                RunStatus::Pending | RunStatus::Running => {
+                    self.history("cancel_requested", None, None, json!({ "reason": reason }));
+                    self.end_run(Ending::Cancelled(reason.clone()))?;
+                }
+                _ => self.ignore(None, None, "the run is not running"),
+            },
+            Event::RetryRequested { interrupted } => self.retry_run(interrupted)?,
+        }
+        self.drain()?;
+        self.check_completion()
+    }
+
+    /// Whether the event names the current attempt of a running node key; if
+    /// not, it is recorded as ignored and nothing changes.
+    fn current_attempt(&mut self, key: &NodeKey, attempt: u32, types: &[NodeType], child: bool) -> R<Option<(usize, NodeState)>> {
+        let Some(idx) = self.wf.node_index(&key.node) else {
+            self.ignore(Some(key), Some(attempt), "unknown node");
+            return Ok(None);
+        };
+        let node = &self.wf.nodes[idx];
+        let kind_ok = types.contains(&node.node_type)
+            && match (&node.kind, key.index) {
+                (Kind::Map { element, .. }, Some(_)) => matches!(element, MapElement::Workflow { .. }) == child,
+                (Kind::Map { .. }, None) => false,
+                (_, Some(_)) => false,
+                _ => true,
+            };
+        if !kind_ok {
+            self.ignore(Some(key), Some(attempt), "the event does not apply to this node type");
+            return Ok(None);
+        }
+        let compensating = self.run.status == RunStatus::Compensating;
+        if compensating {
+            let current = self.current_compensation();
+            if current.as_ref() != Some(key) {
+                self.ignore(Some(key), Some(attempt), "the run is compensating");
+                return Ok(None);
+            }
+        } else if self.run.status != RunStatus::Running {
+            self.ignore(Some(key), Some(attempt), "the run is not running");
+            return Ok(None);
+        }
+        let Some(st) = self.load(key)? else {
+            self.ignore(Some(key), Some(attempt), "no such attempt");
+            return Ok(None);
+        };
+        if attempt != st.attempt {
+            self.ignore(Some(key), Some(attempt), &format!("stale attempt (current attempt is {})", st.attempt));
+            return Ok(None);
+        }
+        if st.status != NodeStatus::Running {
+            let reason = if matches!(st.status, NodeStatus::Completed | NodeStatus::Failed) { "duplicate: attempt already finished" } else { "the attempt is not running" };
+            self.ignore(Some(key), Some(attempt), reason);
+            return Ok(None);
+        }
+        if key.index.is_some() && !compensating {
+            let parent = self.load(&key.parent())?;
+            if parent.map(|p| p.status) != Some(NodeStatus::Running) {
+                self.ignore(Some(key), Some(attempt), "the MAP is no longer running");
+                return Ok(None);
+            }
+        }
+        Ok(Some((idx, st)))
+    }
+
+    fn current_compensation(&self) -> Option<NodeKey> {
+        let c = self.run.compensation.as_ref()?.current.as_ref()?;
+        let comp = self.wf.node(c)?.compensate?;
+        Some(self.key(comp))
+    }
+
+    fn run_started(&mut self) -> R {
+        if self.run.status != RunStatus::Pending {
+            self.ignore(None, None, "duplicate: the run already started");
+            return Ok(());
+        }
+        self.run.status = RunStatus::Running;
+        self.run.started_at = Some(self.now);
+        self.history("run_started", None, None, json!({ "input": self.run.input }));
+        if let Some(ms) = self.wf.run_timeout_ms {
+            self.actions.push(Action::ScheduleTimer { timer: TimerId::run_timeout(), fire_at: self.now.plus_ms(ms) });
+        }
+        let start = self.wf.start;
+        let key = self.key(start);
+        let mut st = self.load(&key)?.unwrap_or_else(NodeState::pending);
+        st.arrived += 1;
+        self.start_node(start, st)
+    }
+
+    fn timer_fired(&mut self, timer: &TimerId, seed: u64) -> R {
+        if timer.kind == TimerKind::RunTimeout {
+            if self.run.status != RunStatus::Running {
+                self.ignore(None, None, "the run is not running");
+                return Ok(());
+            }
+            let limit = self.wf.run_timeout_ms.map(|ms| format_duration(ms as i64)).unwrap_or_default();
+            return self.end_run(Ending::Failed(ErrorInfo::new(codes::RUN_TIMEOUT, format!("the run exceeded its timeout of {limit}"))));
+        }
+        let Some(key) = &timer.node else {
+            self.ignore(None, timer.attempt, "timer without a node");
+            return Ok(());
+        };
+        match timer.kind {
+            TimerKind::AttemptTimeout => {
+                let attempt = timer.attempt.unwrap_or(0);
+                let types = [NodeType::Task, NodeType::Http, NodeType::Code, NodeType::Map, NodeType::SubWorkflow];
+                let child = self.wf.node(&key.node).is_some_and(|n| {
+                    n.node_type == NodeType::SubWorkflow || matches!(&n.kind, Kind::Map { element: MapElement::Workflow { .. }, .. })
+                });
+                if let Some((idx, st)) = self.current_attempt(key, attempt, &types, child)? {
+                    let ms = self.wf.nodes[idx].timeout_ms.unwrap_or(0) as i64;
+                    if child {
+                        self.actions.push(Action::CancelChildRun { node: key.clone() });
+                    } else {
+                        self.actions.push(Action::CancelTask { node: key.clone() });
+                    }
+                    let error = ErrorInfo::new(codes::TIMEOUT, format!("attempt {attempt} exceeded its timeout of {}", format_duration(ms)));
+                    self.attempt_failed(key, idx, st, error, true, seed)?;
+                }
+            }
+            TimerKind::Retry => {
+                let attempt = timer.attempt.unwrap_or(0);
+                let Some(idx) = self.wf.node_index(&key.node) else {
+                    self.ignore(Some(key), Some(attempt), "unknown node");
+                    return Ok(());
+                };
+                let running = match self.run.status {
+                    RunStatus::Running => true,
+                    RunStatus::Compensating => self.current_compensation().as_ref() == Some(key),
+                    _ => false,
+                };
+                let st = if running { self.load(key)? } else { None };
+                match st {
+                    Some(st) if st.status == NodeStatus::RetryScheduled && st.attempt + 1 == attempt => {
+                        self.dispatch(key, idx, st, attempt)?;
+                    }
+                    _ => self.ignore(Some(key), Some(attempt), "no retry is due for this attempt"),
+                }
+            }
+            TimerKind::Wait | TimerKind::EventTimeout => {
+                let Some(idx) = self.wf.node_index(&key.node) else {
+                    self.ignore(Some(key), None, "unknown node");
+                    return Ok(());
+                };
+                let want = if timer.kind == TimerKind::Wait { NodeType::Wait } else { NodeType::WaitForEvent };
+                let st = if self.run.status == RunStatus::Running && self.wf.nodes[idx].node_type == want { self.load(key)? } else { None };
+                match st {
+                    Some(st) if st.status == NodeStatus::Waiting => {
+                        if timer.kind == TimerKind::Wait {
+                            self.history("wait_elapsed", Some(key), None, json!({}));
+                            self.complete_node(idx, st, Some(json!({ "fired_at": self.now.0 })))?;
+                        } else {
+                            let ms = self.wf.nodes[idx].timeout_ms.unwrap_or(0) as i64;
+                            let error = ErrorInfo::new(codes::TIMEOUT, format!("no event within {}", format_duration(ms)));
+                            self.node_failed(idx, key, st, error)?;
+                        }
+                    }
+                    _ => self.ignore(Some(key), None, "the node is not waiting"),
+                }
+            }
+            TimerKind::RunTimeout => {}
+        }
+        Ok(())
+    }
+
+    fn event_received(&mut self, name: &str, payload: &Json, node: Option<&NodeKey>) -> R {
+        if self.run.status != RunStatus::Running {
+            self.ignore(node, None, "the run is not running");
+            return Ok(());
+        }
+        let candidates: Vec<usize> = match node {
+            Some(k) => self.wf.node_index(&k.node).into_iter().collect(),
+            None => (0..self.wf.nodes.len())
+                .filter(|&i| matches!(&self.wf.nodes[i].kind, Kind::WaitForEvent { event, .. } if event == name))
+                .collect(),
+        };
+        let mut missing = Vec::new();
+        for &c in &candidates {
+            let k = self.key(c);
+            if !self.is_loaded(&k) {
+                missing.push(k);
+            }
+        }
+        if !missing.is_empty() {
+            return Err(DecideError::NeedNodes(missing));
+        }
+        for c in candidates {
+            let Kind::WaitForEvent { event, .. } = &self.wf.nodes[c].kind else { continue };
+            if event != name {
+                continue;
+            }
+            let key = self.key(c);
+            let Some(st) = self.load(&key)? else { continue };
+            if st.status != NodeStatus::Waiting {
+                continue;
+            }
+            if self.wf.nodes[c].timeout_ms.is_some() {
+                self.actions.push(Action::CancelTimer { timer: TimerId::node(TimerKind::EventTimeout, key.clone(), None) });
+            }
+            self.history("event_received", Some(&key), None, json!({ "name": name }));
+            return self.complete_node(c, st, Some(payload.clone()));
+        }
+        self.history("event_ignored", node, None, json!({ "reason": "no node is waiting for this event", "name": name }));
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ nodes
+
+    /// Starts node `idx` (its first arrival, or a restart).
+    fn start_node(&mut self, idx: usize, mut st: NodeState) -> R {
+        let wf = self.wf;
+        let node = &wf.nodes[idx];
+        let key = self.key(idx);
+        self.ensure_loaded(&node.refs)?;
+        self.history("node_started", Some(&key), None, json!({ "type": node.node_type }));
+        match &node.kind {
+            Kind::Switch | Kind::Fork | Kind::Join => {
+                let output = if node.node_type == NodeType::Join { None } else { Some(Json::Null) };
+                self.complete_node(idx, st, output)
+            }
+            Kind::Task { .. } | Kind::Http { .. } | Kind::Code { .. } | Kind::SubWorkflow { .. } => {
+                let input = match self.render_input(idx, None) {
+                    Ok(input) => input,
+                    Err(message) => return self.fail_at_start(idx, st, message),
+                };
+                st.input = Some(input);
+                st.first_attempt = st.attempt + 1;
+                st.error = None;
+                self.activate(&st);
+                let attempt = st.attempt + 1;
+                self.dispatch(&key, idx, st, attempt)
+            }
+            Kind::Wait { duration_ms, until } => {
+                let fire_at = match (duration_ms, until) {
+                    (Some(ms), _) => self.now.plus_ms(*ms),
+                    (None, Some(p)) => {
+                        let env = EvalEnv { ctx: self, item: None, index: None };
+                        match p.eval(&env) {
+                            Ok(Val::Timestamp(ms)) | Ok(Val::Int(ms)) => Timestamp(ms),
+                            Ok(Val::Str(s)) => match parse_timestamp(&s) {
+                                Ok(ms) => Timestamp(ms),
+                                Err(e) => return self.fail_at_start(idx, st, format!("until: {e}")),
+                            },
+                            Ok(other) => return self.fail_at_start(idx, st, format!("until must be a timestamp, not {:?}", other.to_json())),
+                            Err(e) => return self.fail_at_start(idx, st, format!("until: {e}")),
+                        }
+                    }
+                    (None, None) => self.now,
+                };
+                self.activate(&st);
+                st.status = NodeStatus::Waiting;
+                self.put(key.clone(), st);
+                self.actions.push(Action::ScheduleTimer { timer: TimerId::node(TimerKind::Wait, key, None), fire_at });
+                Ok(())
+            }
+            Kind::WaitForEvent { event, correlation } => {
+                let correlation = match correlation {
+                    None => None,
+                    Some(p) => match p.eval(&EvalEnv { ctx: self, item: None, index: None }) {
+                        Ok(v) => Some(v.to_json()),
+                        Err(e) => return self.fail_at_start(idx, st, format!("correlation: {e}")),
+                    },
+                };
+                self.activate(&st);
+                st.status = NodeStatus::Waiting;
+                self.put(key.clone(), st);
+                if let Some(ms) = node.timeout_ms {
+                    self.actions.push(Action::ScheduleTimer {
+                        timer: TimerId::node(TimerKind::EventTimeout, key.clone(), None),
+                        fire_at: self.now.plus_ms(ms),
+                    });
+                }
+                self.actions.push(Action::AwaitEvent { node: key, name: event.clone(), correlation });
+                Ok(())
+            }
+            Kind::Map { items, concurrency, .. } => {
+                let items = match items.eval(&EvalEnv { ctx: self, item: None, index: None }) {
+                    Ok(Val::List(items)) => items,
+                    Ok(other) => return self.fail_at_start(idx, st, format!("items must be a list, not {}", other.to_json())),
+                    Err(e) => return self.fail_at_start(idx, st, format!("items: {e}")),
+                };
+                let Ok(total) = u32::try_from(items.len()) else {
+                    return self.fail_at_start(idx, st, "items has too many elements".into());
+                };
+                // Every element's input is rendered now, once: later starts
+                // read one element row, never the whole list.
+                let mut inputs = Vec::with_capacity(items.len());
+                for (i, item) in items.iter().enumerate() {
+                    match self.render_input(idx, Some((&item.to_json(), i as u32))) {
+                        Ok(input) => inputs.push(input),
+                        Err(message) => return self.fail_at_start(idx, st, format!("element {i}: {message}")),
+                    }
+                }
+                self.activate(&st);
+                st.status = NodeStatus::Running;
+                st.attempt += 1;
+                st.first_attempt = st.attempt;
+                let first = total.min(*concurrency);
+                st.map = Some(MapProgress { total, next: first, in_flight: first, done: 0 });
+                for (i, input) in inputs.into_iter().enumerate() {
+                    let mut el = NodeState::pending();
+                    el.input = Some(input);
+                    let ek = NodeKey::element(node.id.clone(), i as u32);
+                    if (i as u32) < first {
+                        el.first_attempt = 1;
+                        self.dispatch(&ek, idx, el, 1)?;
+                    } else {
+                        self.put(ek, el);
+                    }
+                }
+                if total == 0 {
+                    return self.complete_node(idx, st, None);
+                }
+                self.put(key, st);
+                Ok(())
+            }
+        }
+    }
+
+    fn fail_at_start(&mut self, idx: usize, st: NodeState, message: String) -> R {
+        let key = self.key(idx);
+        self.node_failed(idx, &key, st, ErrorInfo::new(codes::INPUT_ERROR, message))
+    }
+
+    fn activate(&mut self, st: &NodeState) {
+        if !st.status.is_active() && self.run.status == RunStatus::Running {
+            self.run.active += 1;
+        }
+    }
+
+    fn deactivate(&mut self, key: &NodeKey, st: &NodeState) {
+        if key.index.is_none() && st.status.is_active() && self.run.status == RunStatus::Running {
+            self.run.active = self.run.active.saturating_sub(1);
+        }
+    }
+
+    fn render_input(&self, idx: usize, element: Option<(&Json, u32)>) -> Result<Json, String> {
+        let node = &self.wf.nodes[idx];
+        let env = EvalEnv { ctx: self, item: element.map(|e| e.0), index: element.map(|e| e.1) };
+        let input = match (&node.input, element) {
+            (Some(t), _) => t.render(&env).map_err(|e| format!("input: {e}"))?,
+            (None, Some((item, _))) => item.clone(),
+            (None, None) => self.run.input.clone(),
+        };
+        Ok(match &node.kind {
+            Kind::Http { request } => request.render(&env).map_err(|e| format!("http: {e}"))?,
+            Kind::Code { code, .. } => json!({ "code": code, "input": input }),
+            _ => input,
+        })
+    }
+
+    /// Sends out attempt `attempt` of `key` (a task or a child run).
+    fn dispatch(&mut self, key: &NodeKey, idx: usize, mut st: NodeState, attempt: u32) -> R {
+        let node = &self.wf.nodes[idx];
+        st.attempt = attempt;
+        st.status = NodeStatus::Running;
+        let input = st.input.clone().unwrap_or(Json::Null);
+        let task = |queue: &str, task_name: &str| Action::CreateTask {
+            node: key.clone(),
+            attempt,
+            queue: queue.to_owned(),
+            task_name: task_name.to_owned(),
+            input: input.clone(),
+            heartbeat_timeout_ms: node.heartbeat_timeout_ms,
+            timeout_ms: node.timeout_ms,
+        };
+        let child = |workflow: &str, version: Option<u32>| Action::StartChildRun {
+            node: key.clone(),
+            attempt,
+            workflow: workflow.to_owned(),
+            version,
+            input: input.clone(),
+        };
+        let action = match &node.kind {
+            Kind::Task { queue, task: name } => task(queue, name),
+            Kind::Http { .. } => task(HTTP_QUEUE, "http"),
+            Kind::Code { language, .. } => task(&format!("code.{language}"), "code"),
+            Kind::SubWorkflow { workflow, version } => child(workflow, *version),
+            Kind::Map { element: MapElement::Task { queue, task: name }, .. } => task(queue, name),
+            Kind::Map { element: MapElement::Workflow { workflow, version }, .. } => child(workflow, *version),
+            _ => return Err(DecideError::Inconsistent(format!("node '{}' has no task to dispatch", node.id))),
+        };
+        self.actions.push(action);
+        if let Some(ms) = node.timeout_ms {
+            self.actions.push(Action::ScheduleTimer {
+                timer: TimerId::node(TimerKind::AttemptTimeout, key.clone(), Some(attempt)),
+                fire_at: self.now.plus_ms(ms),
+            });
+        }
+        self.put(key.clone(), st);
+        Ok(())
+    }
+
+    fn attempt_succeeded(&mut self, key: &NodeKey, idx: usize, mut st: NodeState, output: Json) -> R {
+        if self.wf.nodes[idx].timeout_ms.is_some() {
+            self.actions.push(Action::CancelTimer { timer: TimerId::node(TimerKind::AttemptTimeout, key.clone(), Some(st.attempt)) });
+        }
+        if self.run.status == RunStatus::Compensating {
+            self.history("compensation_completed", Some(key), Some(st.attempt), json!({ "output": output }));
+            st.status = NodeStatus::Completed;
+            st.output = Some(output);
+            self.put(key.clone(), st);
+            return self.next_compensation();
+        }
+        if key.index.is_some() {
+            return self.element_completed(key, idx, st, output);
+        }
+        self.complete_node(idx, st, Some(output))
+    }
+
+    fn attempt_failed(&mut self, key: &NodeKey, idx: usize, mut st: NodeState, error: ErrorInfo, retryable: bool, seed: u64) -> R {
+        let node = &self.wf.nodes[idx];
+        if node.timeout_ms.is_some() && error.code != codes::TIMEOUT {
+            self.actions.push(Action::CancelTimer { timer: TimerId::node(TimerKind::AttemptTimeout, key.clone(), Some(st.attempt)) });
+        }
+        let tries = st.attempt.saturating_sub(st.first_attempt) + 1;
+        let policy = &node.retry;
+        let non_retryable = !retryable || policy.non_retryable.contains(&error.code);
+        self.history(
+            "attempt_failed",
+            Some(key),
+            Some(st.attempt),
+            json!({ "code": error.code, "message": error.message, "retryable": !non_retryable }),
+        );
+        if non_retryable || tries >= policy.max_attempts {
+            return self.node_failed(idx, key, st, error);
+        }
+        let delay = policy.delay_ms(tries, seed);
+        let next = st.attempt + 1;
+        st.status = NodeStatus::RetryScheduled;
+        st.error = Some(error);
+        self.history("retry_scheduled", Some(key), Some(next), json!({ "delay_ms": delay }));
+        self.actions.push(Action::ScheduleTimer {
+            timer: TimerId::node(TimerKind::Retry, key.clone(), Some(next)),
+            fire_at: self.now.plus_ms(delay),
+        });
+        self.put(key.clone(), st);
+        Ok(())
+    }
+
+    fn element_completed(&mut self, key: &NodeKey, idx: usize, mut st: NodeState, output: Json) -> R {
+        st.status = NodeStatus::Completed;
+        st.output = Some(output);
+        self.put(key.clone(), st);
+        let parent_key = key.parent();
+        let Some(mut parent) = self.load(&parent_key)? else {
+            return Err(DecideError::Inconsistent(format!("element {key} without its MAP state")));
+        };
+        let Some(mut progress) = parent.map.clone() else {
+            return Err(DecideError::Inconsistent(format!("MAP {parent_key} without progress")));
+        };
+        progress.done += 1;
+        progress.in_flight = progress.in_flight.saturating_sub(1);
+        if progress.next < progress.total {
+            let ek = NodeKey::element(parent_key.node.clone(), progress.next);
+            let mut el = self.load(&ek)?.unwrap_or_else(NodeState::pending);
+            el.first_attempt = el.attempt + 1;
+            let attempt = el.attempt + 1;
+            self.dispatch(&ek, idx, el, attempt)?;
+            progress.next += 1;
+            progress.in_flight += 1;
+        }
+        let finished = progress.done == progress.total;
+        parent.map = Some(progress);
+        if finished {
+            return self.complete_node(idx, parent, None);
+        }
+        self.put(parent_key, parent);
+        Ok(())
+    }
+
+    /// Node `idx` completed (`output` None: assembled when read, JOIN/MAP).
+    fn complete_node(&mut self, idx: usize, mut st: NodeState, output: Option<Json>) -> R {
+        let key = self.key(idx);
+        self.deactivate(&key, &st);
+        st.status = NodeStatus::Completed;
+        st.output = output;
+        st.error = None;
+        let node = &self.wf.nodes[idx];
+        if node.compensate.is_some() && !self.run.compensable.contains(&node.id) {
+            self.run.compensable.push(node.id.clone());
+        }
+        self.history("node_completed", Some(&key), (st.attempt > 0).then_some(st.attempt), json!({}));
+        self.put(key, st);
+        self.route(idx, true).map(|_| ())
+    }
+
+    /// A node key failed for good: an element fails its MAP; a node takes its
+    /// error edges, or fails the run.
+    fn node_failed(&mut self, idx: usize, key: &NodeKey, mut st: NodeState, error: ErrorInfo) -> R {
+        if self.run.status == RunStatus::Compensating {
+            self.history("compensation_failed", Some(key), Some(st.attempt), json!({ "code": error.code, "message": error.message }));
+            st.status = NodeStatus::Failed;
+            st.error = Some(error);
+            self.put(key.clone(), st);
+            return self.next_compensation();
+        }
+        if let Some(i) = key.index {
+            st.status = NodeStatus::Failed;
+            st.error = Some(error.clone());
+            self.put(key.clone(), st);
+            let parent_key = key.parent();
+            let Some(parent) = self.load(&parent_key)? else {
+                return Err(DecideError::Inconsistent(format!("element {key} without its MAP state")));
+            };
+            self.actions.push(Action::CancelTask { node: parent_key.clone() });
+            if matches!(&self.wf.nodes[idx].kind, Kind::Map { element: MapElement::Workflow { .. }, .. }) {
+                self.actions.push(Action::CancelChildRun { node: parent_key.clone() });
+            }
+            let error = ErrorInfo::new(error.code, format!("element {i}: {}", error.message));
+            return self.fail_node(idx, &parent_key, parent, error, key.clone());
+        }
+        self.fail_node(idx, key, st, error, key.clone())
+    }
+
+    fn fail_node(&mut self, idx: usize, key: &NodeKey, mut st: NodeState, error: ErrorInfo, failed_key: NodeKey) -> R {
+        self.deactivate(key, &st);
+        st.status = NodeStatus::Failed;
+        st.error = Some(error.clone());
+        self.history("node_failed", Some(key), None, json!({ "code": error.code, "message": error.message }));
+        self.put(key.clone(), st);
+        let handled = self.route(idx, false)?;
+        if handled == 0 {
+            if !self.run.failed.contains(&failed_key) {
+                self.run.failed.push(failed_key);
+            }
+            self.end_run(Ending::Failed(error))?;
+        }
+        Ok(())
+    }
+
+    /// Resolves the outgoing edges of `idx`; returns how many were taken.
+    fn route(&mut self, idx: usize, completed: bool) -> R<usize> {
+        let wf = self.wf;
+        let node = &wf.nodes[idx];
+        let refs: Vec<usize> = node.out_edges.iter().flat_map(|&e| wf.edges[e].refs.iter().copied()).collect();
+        self.ensure_loaded(&refs)?;
+        let mut taken = vec![false; node.out_edges.len()];
+        let holds = |ctx: &mut Ctx<'_>, e: usize| -> bool {
+            let Some(p) = &wf.edges[e].when else { return true };
+            match p.eval(&EvalEnv { ctx, item: None, index: None }) {
+                Ok(Val::Bool(b)) => b,
+                Ok(other) => {
+                    let detail = json!({ "edge": e, "error": format!("when is not a bool: {}", other.to_json()) });
+                    ctx.history("expression_error", Some(&ctx.key(idx)), None, detail);
+                    false
+                }
+                Err(err) => {
+                    let detail = json!({ "edge": e, "error": err.to_string() });
+                    ctx.history("expression_error", Some(&ctx.key(idx)), None, detail);
+                    false
+                }
+            }
+        };
+        if node.node_type == NodeType::Switch && completed {
+            let mut chosen = None;
+            for (i, &e) in node.out_edges.iter().enumerate() {
+                if !wf.edges[e].on_error && wf.edges[e].when.is_some() && holds(self, e) {
+                    chosen = Some(i);
+                    break;
+                }
+            }
+            if chosen.is_none() {
+                chosen = node.out_edges.iter().position(|&e| !wf.edges[e].on_error && wf.edges[e].when.is_none());
+            }
+            if let Some(i) = chosen {
+                taken[i] = true;
+            }
+        } else {
+            for (i, &e) in node.out_edges.iter().enumerate() {
+                taken[i] = wf.edges[e].on_error != completed && holds(self, e);
+            }
+        }
+        let unhandled_failure = !completed && !taken.iter().any(|t| *t);
+        for (i, &e) in node.out_edges.iter().enumerate() {
+            let to = wf.edges[e].to;
+            if taken[i] {
+                self.work.push_back(Work::Arrive { to, from: idx });
+            } else if !unhandled_failure {
+                // A failure nobody handles leaves its edges open: RetryRequested
+                // resumes from here.
+                self.work.push_back(Work::Skip { to });
+            }
+        }
+        Ok(taken.iter().filter(|t| **t).count())
+    }
+
+    /// Arrivals and skip marks, breadth first (no recursion: a long skipped
+    /// chain must not grow the stack).
+    fn drain(&mut self) -> R {
+        while let Some(work) = self.work.pop_front() {
+            if self.run.status != RunStatus::Running {
+                self.work.clear();
+                break;
+            }
+            match work {
+                Work::Arrive { to, from } => {
+                    let key = self.key(to);
+                    let mut st = self.load(&key)?.unwrap_or_else(NodeState::pending);
+                    if self.wf.nodes[to].node_type == NodeType::Join {
+                        if st.status != NodeStatus::Pending {
+                            self.history("arrival_ignored", Some(&key), None, json!({ "from": self.wf.nodes[from].id }));
+                            continue;
+                        }
+                        st.arrived += 1;
+                        self.check_join(to, st)?;
+                    } else if st.status != NodeStatus::Pending {
+                        self.history(
+                            "arrival_ignored",
+                            Some(&key),
+                            None,
+                            json!({ "from": self.wf.nodes[from].id, "reason": "the node already started" }),
+                        );
+                    } else {
+                        st.arrived += 1;
+                        self.start_node(to, st)?;
+                    }
+                }
+                Work::Skip { to } => {
+                    let key = self.key(to);
+                    let mut st = self.load(&key)?.unwrap_or_else(NodeState::pending);
+                    if st.status != NodeStatus::Pending {
+                        continue;
+                    }
+                    st.skipped += 1;
+                    if self.wf.nodes[to].node_type == NodeType::Join {
+                        self.check_join(to, st)?;
+                    } else if st.skipped as usize >= self.wf.nodes[to].in_edges.len() {
+                        self.skip_node(to, st);
+                    } else {
+                        self.put(key, st);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_join(&mut self, idx: usize, st: NodeState) -> R {
+        let incoming = self.wf.nodes[idx].in_edges.len();
+        if (st.arrived + st.skipped) as usize >= incoming {
+            if st.arrived > 0 {
+                return self.start_node(idx, st);
+            }
+            self.skip_node(idx, st);
+            return Ok(());
+        }
+        let key = self.key(idx);
+        self.put(key, st);
+        Ok(())
+    }
+
+    fn skip_node(&mut self, idx: usize, mut st: NodeState) {
+        let key = self.key(idx);
+        st.status = NodeStatus::Skipped;
+        self.history("node_skipped", Some(&key), None, json!({}));
+        self.put(key, st);
+        for &e in &self.wf.nodes[idx].out_edges {
+            self.work.push_back(Work::Skip { to: self.wf.edges[e].to });
+        }
+    }
+
+    // ------------------------------------------------------------ run
+
+    fn check_completion(&mut self) -> R {
+        if self.run.status != RunStatus::Running || self.run.active > 0 {
+            return Ok(());
+        }
+        self.ensure_loaded(&self.wf.output_refs)?;
+        let output = match &self.wf.output {
+            None => Ok(Json::Null),
+            Some(t) => t.render(&EvalEnv { ctx: self, item: None, index: None }),
+        };
+        match output {
+            Ok(output) => {
+                if self.wf.run_timeout_ms.is_some() {
+                    self.actions.push(Action::CancelTimer { timer: TimerId::run_timeout() });
+                }
+                self.run.status = RunStatus::Completed;
+                self.run.output = Some(output.clone());
+                self.history("run_completed", None, None, json!({ "output": output }));
+                self.actions.push(Action::CompleteRun { output });
+                Ok(())
+            }
+            Err(e) => self.end_run(Ending::Failed(ErrorInfo::new(codes::OUTPUT_ERROR, format!("output: {e}")))),
+        }
+    }
+
+    /// Fails or cancels the run: everything in flight is cancelled (run-scoped,
+    /// O(1) here), then compensations run, then the final status.
+    fn end_run(&mut self, ending: Ending) -> R {
+        if !matches!(self.run.status, RunStatus::Running | RunStatus::Pending) {
+            return Ok(());
+        }
+        self.actions.push(Action::CancelAllTasks);
+        self.actions.push(Action::CancelAllTimers);
+        self.actions.push(Action::CancelAllChildRuns);
+        self.run.active = 0;
+        if let Ending::Failed(e) = &ending {
+            self.run.error = Some(e.clone());
+        }
+        if self.run.compensable.is_empty() {
+            return self.finalize(ending);
+        }
+        let remaining: Vec<String> = self.run.compensable.iter().rev().cloned().collect();
+        self.history("compensation_started", None, None, json!({ "nodes": remaining }));
+        self.run.status = RunStatus::Compensating;
+        self.run.compensation = Some(Compensation { remaining, current: None, ending });
+        self.next_compensation()
+    }
+
+    /// Starts the next compensation, or ends the run when none is left.
+    fn next_compensation(&mut self) -> R {
+        loop {
+            let Some(comp) = self.run.compensation.as_mut() else { return Ok(()) };
+            comp.current = None;
+            if comp.remaining.is_empty() {
+                let ending = comp.ending.clone();
+                self.run.compensation = None;
+                return self.finalize(ending);
+            }
+            let done = comp.remaining.remove(0);
+            let Some(c) = self.wf.node(&done).and_then(|n| n.compensate) else { continue };
+            let key = self.key(c);
+            self.ensure_loaded(&self.wf.nodes[c].refs)?;
+            let mut st = self.load(&key)?.unwrap_or_else(NodeState::pending);
+            if let Some(comp) = self.run.compensation.as_mut() {
+                comp.current = Some(done.clone());
+            }
+            self.history("compensation_node_started", Some(&key), None, json!({ "for": done }));
+            match self.render_input(c, None) {
+                Ok(input) => {
+                    st.input = Some(input);
+                    st.first_attempt = st.attempt + 1;
+                    st.error = None;
+                    let attempt = st.attempt + 1;
+                    return self.dispatch(&key, c, st, attempt);
+                }
+                Err(message) => {
+                    self.history("compensation_failed", Some(&key), None, json!({ "code": codes::INPUT_ERROR, "message": message }));
+                }
+            }
+        }
+    }
+
+    fn finalize(&mut self, ending: Ending) -> R {
+        match ending {
+            Ending::Failed(error) => {
+                self.run.status = RunStatus::Failed;
+                self.run.error = Some(error.clone());
+                self.history("run_failed", None, None, json!({ "code": error.code, "message": error.message }));
+                self.actions.push(Action::FailRun { error });
+            }
+            Ending::Cancelled(reason) => {
+                self.run.status = RunStatus::Cancelled;
+                self.history("run_cancelled", None, None, json!({ "reason": reason }));
+                self.actions.push(Action::CancelRun { reason });
+            }
+        }
+        Ok(())
+    }
+
+    fn retry_run(&mut self, interrupted: &[NodeKey]) -> R {
+        if self.run.status != RunStatus::Failed {
+            self.ignore(None, None, "only a failed run can be retried");
+            return Ok(());
+        }
+        let mut keys: Vec<NodeKey> = Vec::new();
+        for k in self.run.failed.iter().chain(interrupted) {
+            if self.wf.contains(&k.node) && !keys.contains(k) {
+                keys.push(k.clone());
+            }
+        }
+        let mut missing = Vec::new();
+        for k in &keys {
+            for k in [k.clone(), k.parent()] {
+                if !self.is_loaded(&k) && !missing.contains(&k) {
+                    missing.push(k);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            return Err(DecideError::NeedNodes(missing));
+        }
+        self.history("run_retried", None, None, json!({ "nodes": keys.iter().map(|k| k.to_string()).collect::<Vec<_>>() }));
+        self.run.status = RunStatus::Running;
+        self.run.error = None;
+        self.run.failed.clear();
+        self.run.active = 0;
+        if let Some(ms) = self.wf.run_timeout_ms {
+            self.actions.push(Action::ScheduleTimer { timer: TimerId::run_timeout(), fire_at: self.now.plus_ms(ms) });
+        }
+        let mut counted: HashSet<String> = HashSet::new();
+        for key in keys {
+            let Some(idx) = self.wf.node_index(&key.node) else { continue };
+            let Some(st) = self.load(&key)? else { continue };
+            let is_map = self.wf.nodes[idx].node_type == NodeType::Map;
+            if key.index.is_some() || (is_map && st.map.is_some()) {
+                // The MAP goes on: it counts once as active, its element restarts.
+                if counted.insert(key.node.clone()) {
+                    let parent_key = key.parent();
+                    if let Some(mut parent) = self.load(&parent_key)? {
+                        parent.status = NodeStatus::Running;
+                        parent.error = None;
+                        self.run.active += 1;
+                        self.put(parent_key, parent);
+                    }
+                }
+                if key.index.is_some() && st.status != NodeStatus::Completed {
+                    let mut st = st;
+                    st.first_attempt = st.attempt + 1;
+                    st.error = None;
+                    let attempt = st.attempt + 1;
+                    self.dispatch(&key, idx, st, attempt)?;
+                }
+                continue;
+            }
+            if matches!(st.status, NodeStatus::Completed | NodeStatus::Skipped) {
+                continue;
+            }
+            let mut st = st;
+            st.status = NodeStatus::Pending;
+            self.start_node(idx, st)?;
+        }
+        Ok(())
+    }
+}

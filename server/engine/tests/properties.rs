@@ -1,0 +1,220 @@
+//! Property tests over random valid DAGs and random event orders.
+
+mod common;
+
+use std::collections::HashMap;
+
+use composer_engine::{Action, CompiledWorkflow, Outcomes, RunStatus, SimOptions, SimulationReport, simulate_with, splitmix64};
+use proptest::prelude::*;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = splitmix64(self.0);
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A random valid workflow (YAML) and a random script for it.
+fn random_workflow(n: usize, seed: u64) -> (String, String, Vec<String>) {
+    let mut rng = Rng(seed);
+    let mut types = vec!["FORK".to_string()];
+    let mut edges: Vec<(usize, usize, Option<String>, bool)> = Vec::new();
+    for i in 1..n {
+        let t = match rng.below(10) {
+            0..=4 => "TASK",
+            5 | 6 => "FORK",
+            7 => "SWITCH",
+            _ if i >= 2 => "JOIN",
+            _ => "TASK",
+        };
+        types.push(t.to_string());
+        let wanted = if t == "JOIN" { 2 + rng.below(2) as usize } else { 1 + rng.below(2) as usize };
+        let mut preds: Vec<usize> = Vec::new();
+        while preds.len() < wanted.min(i) {
+            let p = rng.below(i as u64) as usize;
+            if !preds.contains(&p) {
+                preds.push(p);
+            }
+        }
+        for p in preds {
+            let on_error = types[p] == "TASK" && rng.chance(20);
+            let when = match rng.below(6) {
+                0 => Some("input.flag".to_string()),
+                1 => Some("!input.flag".to_string()),
+                2 if types[p] == "TASK" && !on_error => Some(format!("nodes.n{p}.output.ok == true")),
+                3 => Some("true".to_string()),
+                _ => None,
+            };
+            edges.push((p, i, when, on_error));
+        }
+    }
+    // A SWITCH needs an outgoing edge; a JOIN at least two incoming.
+    for i in 0..n {
+        let outs = edges.iter().filter(|e| e.0 == i).count();
+        let ins = edges.iter().filter(|e| e.1 == i).count();
+        if types[i] == "SWITCH" && outs == 0 {
+            types[i] = "TASK".into();
+        }
+        if types[i] == "JOIN" && ins < 2 {
+            types[i] = "TASK".into();
+        }
+    }
+    let mut yaml = String::from("name: random\nnodes:\n");
+    for (i, t) in types.iter().enumerate() {
+        if t == "TASK" {
+            yaml.push_str(&format!("  - {{ id: n{i}, type: TASK, queue: q, task: t, retry: {{ max_attempts: {}, initial_interval: 1s }} }}\n", 1 + rng.below(2)));
+        } else {
+            yaml.push_str(&format!("  - {{ id: n{i}, type: {t} }}\n"));
+        }
+    }
+    yaml.push_str("edges:\n");
+    for (from, to, when, on_error) in &edges {
+        let mut e = format!("  - {{ from: n{from}, to: n{to}");
+        if let Some(w) = when {
+            e.push_str(&format!(", when: '{w}'"));
+        }
+        if *on_error {
+            e.push_str(", on: error");
+        }
+        e.push_str(" }\n");
+        yaml.push_str(&e);
+    }
+    yaml.push_str("output:\n");
+    for i in 0..n {
+        yaml.push_str(&format!("  n{i}: '${{nodes.n{i}.status}}/${{nodes.n{i}.output}}'\n"));
+    }
+    let mut outcomes = format!("input: {{ flag: {} }}\ntasks:\n", rng.chance(50));
+    for (i, t) in types.iter().enumerate() {
+        if t != "TASK" {
+            continue;
+        }
+        let mut list = Vec::new();
+        for attempt in 0..2 {
+            if rng.chance(20) {
+                list.push(format!("{{ fail: {{ code: E{i}_{attempt}, retryable: {} }} }}", rng.chance(70)));
+            } else {
+                list.push(format!("{{ complete: {{ ok: {}, v: {i} }} }}", rng.chance(50)));
+            }
+        }
+        outcomes.push_str(&format!("  n{i}: [ {} ]\n", list.join(", ")));
+    }
+    (yaml, outcomes, types)
+}
+
+fn run(wf: &CompiledWorkflow, outcomes: &str, shuffle: Option<u64>) -> SimulationReport {
+    let outcomes = Outcomes::parse(outcomes).expect("outcomes parse");
+    let opts = SimOptions { check_idempotence: true, shuffle_seed: shuffle, ..SimOptions::default() };
+    simulate_with(wf, &outcomes, &opts).expect("simulation runs")
+}
+
+fn check_invariants(wf: &CompiledWorkflow, types: &[String], r: &SimulationReport) -> Result<(), TestCaseError> {
+    // Exactly one terminal status.
+    prop_assert!(r.status.is_terminal(), "run ended {:?}", r.status);
+    let terminal = r.actions().filter(|a| matches!(a, Action::CompleteRun { .. } | Action::FailRun { .. } | Action::CancelRun { .. })).count();
+    prop_assert_eq!(terminal, 1);
+    // An event applied twice equals once.
+    prop_assert!(r.violations.is_empty(), "{:?}", r.violations);
+    // No action names a node that does not exist.
+    for a in r.actions() {
+        if let Some(k) = a.node() {
+            prop_assert!(wf.contains(&k.node), "action names unknown node {k}");
+        }
+    }
+    // Order facts from the history.
+    let mut first_done: HashMap<String, usize> = HashMap::new();
+    let mut first_resolved: HashMap<String, usize> = HashMap::new();
+    let mut starts: HashMap<String, usize> = HashMap::new();
+    let mut completions: HashMap<String, usize> = HashMap::new();
+    for (i, a) in r.actions().enumerate() {
+        let Action::AppendHistory { kind, node: Some(node), .. } = a else { continue };
+        let id = node.node.clone();
+        match kind.as_str() {
+            "node_completed" | "node_failed" => {
+                first_done.entry(id.clone()).or_insert(i);
+                first_resolved.entry(id.clone()).or_insert(i);
+                if kind == "node_completed" {
+                    *completions.entry(id).or_default() += 1;
+                }
+            }
+            "node_skipped" => {
+                first_resolved.entry(id).or_insert(i);
+            }
+            "node_started" => {
+                prop_assert!(starts.insert(id.clone(), i).is_none(), "{id} started twice");
+                let preds = wf.predecessors(&id);
+                if types.iter().enumerate().any(|(n, t)| t == "JOIN" && format!("n{n}") == id) {
+                    // A JOIN fires once every incoming branch resolved, one arrived.
+                    for p in &preds {
+                        prop_assert!(first_resolved.get(*p).is_some_and(|&d| d < i), "JOIN {id} fired before {p} resolved");
+                    }
+                }
+                if !preds.is_empty() {
+                    prop_assert!(preds.iter().any(|p| first_done.get(*p).is_some_and(|&d| d < i)), "{id} started before any of {preds:?} finished");
+                }
+            }
+            _ => {}
+        }
+    }
+    // A JOIN fires at most once (and no node completes twice).
+    for (id, n) in &completions {
+        prop_assert!(*n <= 1, "{id} completed {n} times");
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_dags_keep_the_invariants_in_any_event_order(n in 2usize..14, seed in any::<u64>(), order_a in any::<u64>(), order_b in any::<u64>()) {
+        let (yaml, outcomes, types) = random_workflow(n, seed);
+        let wf = CompiledWorkflow::from_text(&yaml).map_err(|e| TestCaseError::fail(format!("{e}\n{yaml}")))?;
+        let a = run(&wf, &outcomes, Some(order_a));
+        check_invariants(&wf, &types, &a)?;
+        let b = run(&wf, &outcomes, Some(order_b));
+        check_invariants(&wf, &types, &b)?;
+        // The same run whatever the order of independent completions.
+        prop_assert_eq!(a.status, b.status);
+        if a.status == RunStatus::Completed {
+            prop_assert_eq!(&a.output, &b.output, "\n{}\n{}", yaml, outcomes);
+        }
+    }
+}
+
+/// The generator must reach the interesting cases, or the property above
+/// proves little: completed and failed runs, JOINs that fire and are skipped,
+/// ignored arrivals, skipped nodes, handled failures.
+#[test]
+fn random_workflows_cover_the_interesting_cases() {
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for seed in 0..300u64 {
+        let (yaml, outcomes, types) = random_workflow(2 + (seed % 12) as usize, seed);
+        let wf = CompiledWorkflow::from_text(&yaml).expect("valid");
+        let r = run(&wf, &outcomes, None);
+        *seen.entry(if r.status == RunStatus::Completed { "completed" } else { "failed" }).or_default() += 1;
+        for a in r.actions() {
+            if let Action::AppendHistory { kind, node: Some(node), .. } = a {
+                let is_join = types.iter().enumerate().any(|(n, t)| t == "JOIN" && format!("n{n}") == node.node);
+                let label = match (kind.as_str(), is_join) {
+                    ("node_completed", true) => "join fired",
+                    ("node_skipped", true) => "join skipped",
+                    ("node_skipped", false) => "skipped",
+                    ("arrival_ignored", _) => "arrival ignored",
+                    ("retry_scheduled", _) => "retried",
+                    _ => continue,
+                };
+                *seen.entry(label).or_default() += 1;
+            }
+        }
+    }
+    for want in ["completed", "failed", "join fired", "join skipped", "skipped", "arrival ignored", "retried"] {
+        assert!(seen.get(want).copied().unwrap_or(0) > 0, "never saw {want}: {seen:?}");
+    }
+}

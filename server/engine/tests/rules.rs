@@ -1,0 +1,837 @@
+//! One test per rule of LANGUAGE.md, named after the rule.
+
+mod common;
+
+use common::*;
+use composer_engine::{
+    Action, ChildStatus, ErrorInfo, Event, NodeStatus, RetryPolicy, RunStatus, TimerId, TimerKind, Timestamp, codes,
+};
+use serde_json::json;
+
+const TASK: &str = "type: TASK\n    queue: q\n    task: t";
+
+// ------------------------------------------------------------------ routing
+
+#[test]
+fn routing_non_switch_node_follows_every_outgoing_edge_whose_when_holds() {
+    let yaml = format!(
+        "name: r
+nodes:
+  - id: a
+    {TASK}
+  - id: b
+    {TASK}
+  - id: c
+    {TASK}
+  - id: d
+    {TASK}
+edges:
+  - {{ from: a, to: b, when: 'nodes.a.output.n > 1' }}
+  - {{ from: a, to: c, when: 'nodes.a.output.n > 5' }}
+  - {{ from: a, to: d }}
+"
+    );
+    let r = simulate(&yaml, "tasks: { a: [ { complete: { n: 3 } } ] }");
+    assert_eq!(r.status, RunStatus::Completed);
+    assert_eq!(started_tasks(&r), vec!["a", "b", "d"]);
+    assert_eq!(node_status(&r, "c"), Some(NodeStatus::Skipped));
+}
+
+#[test]
+fn switch_takes_the_first_matching_edge_in_file_order() {
+    let yaml = format!(
+        "name: s
+nodes:
+  - id: sw
+    type: SWITCH
+  - id: low
+    {TASK}
+  - id: high
+    {TASK}
+  - id: fallback
+    {TASK}
+edges:
+  - {{ from: sw, to: fallback }}
+  - {{ from: sw, to: low, when: 'input.n > 1' }}
+  - {{ from: sw, to: high, when: 'input.n > 2' }}
+"
+    );
+    let r = simulate(&yaml, "input: { n: 5 }");
+    assert_eq!(started_tasks(&r), vec!["low"], "first true edge in file order wins, even over a later one");
+    assert_eq!(node_status(&r, "high"), Some(NodeStatus::Skipped));
+    assert_eq!(node_status(&r, "fallback"), Some(NodeStatus::Skipped), "the default is not taken when an edge matched");
+}
+
+#[test]
+fn switch_takes_the_default_edge_when_no_when_holds() {
+    let yaml = format!(
+        "name: s
+nodes:
+  - id: sw
+    type: SWITCH
+  - id: yes
+    {TASK}
+  - id: other
+    {TASK}
+edges:
+  - {{ from: sw, to: other }}
+  - {{ from: sw, to: yes, when: 'input.ok' }}
+"
+    );
+    let r = simulate(&yaml, "input: { ok: false }");
+    assert_eq!(started_tasks(&r), vec!["other"]);
+    assert_eq!(node_status(&r, "yes"), Some(NodeStatus::Skipped));
+    assert_eq!(r.status, RunStatus::Completed);
+}
+
+#[test]
+fn error_edge_is_taken_only_after_the_last_attempt_and_may_read_the_error_code() {
+    let yaml = format!(
+        "name: e
+nodes:
+  - id: a
+    {TASK}
+    retry: {{ max_attempts: 2, initial_interval: 1s }}
+  - id: ok
+    {TASK}
+  - id: on_busy
+    {TASK}
+  - id: on_other
+    {TASK}
+edges:
+  - {{ from: a, to: ok }}
+  - {{ from: a, to: on_busy, on: error, when: \"nodes.a.error.code == 'BUSY'\" }}
+  - {{ from: a, to: on_other, on: error, when: \"nodes.a.error.code != 'BUSY'\" }}
+"
+    );
+    // Fails once, then completes: no error edge.
+    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: BUSY } }, { complete: 1 } ] }");
+    assert_eq!(started_tasks(&r), vec!["a", "ok"]);
+    assert_eq!(r.status, RunStatus::Completed);
+    // Fails on both attempts: the matching error edge, normal edge skipped.
+    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: BUSY } }, { fail: { code: BUSY } } ] }");
+    assert_eq!(started_tasks(&r), vec!["a", "on_busy"]);
+    assert_eq!(node_status(&r, "a"), Some(NodeStatus::Failed));
+    assert_eq!(node_status(&r, "ok"), Some(NodeStatus::Skipped));
+    assert_eq!(node_status(&r, "on_other"), Some(NodeStatus::Skipped));
+    assert_eq!(r.status, RunStatus::Completed, "a handled failure does not fail the run");
+}
+
+#[test]
+fn unhandled_failure_fails_the_run() {
+    let yaml = format!(
+        "name: u
+nodes:
+  - id: f
+    type: FORK
+  - id: a
+    {TASK}
+    retry: {{ max_attempts: 1 }}
+  - id: slow
+    {TASK}
+  - id: handler
+    {TASK}
+edges:
+  - {{ from: f, to: a }}
+  - {{ from: f, to: slow }}
+  - {{ from: a, to: handler, on: error, when: \"nodes.a.error.code == 'OTHER'\" }}
+"
+    );
+    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: BOOM, message: it broke } } ], slow: [ { complete: 1, after: 1h } ] }");
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(r.error, Some(ErrorInfo::new("BOOM", "it broke")));
+    let last = &r.history.last().expect("history").actions;
+    assert!(last.iter().any(|a| matches!(a, Action::FailRun { .. })));
+    // The other branch is cancelled with the run, not waited for.
+    assert!(r.actions().any(|a| matches!(a, Action::CancelAllTasks)));
+    assert!(r.history.last().expect("step").at < Timestamp(T0.0 + 3_600_000));
+}
+
+#[test]
+fn dead_path_elimination_skips_nodes_whose_incoming_edges_are_all_skipped() {
+    let yaml = format!(
+        "name: d
+nodes:
+  - id: sw
+    type: SWITCH
+  - id: left
+    {TASK}
+  - id: l2
+    {TASK}
+  - id: l3
+    {TASK}
+  - id: right
+    {TASK}
+edges:
+  - {{ from: sw, to: left, when: 'false' }}
+  - {{ from: left, to: l2 }}
+  - {{ from: l2, to: l3 }}
+  - {{ from: sw, to: right }}
+"
+    );
+    let r = simulate(&yaml, "{}");
+    for k in ["left", "l2", "l3"] {
+        assert_eq!(node_status(&r, k), Some(NodeStatus::Skipped), "{k}");
+    }
+    assert_eq!(started_tasks(&r), vec!["right"]);
+    assert_eq!(r.history_of("node_skipped").count(), 3);
+}
+
+const JOIN_YAML: &str = "name: j
+nodes:
+  - id: sw
+    type: FORK
+  - id: a
+    type: TASK
+    queue: q
+    task: t
+  - id: b
+    type: TASK
+    queue: q
+    task: t
+  - id: c
+    type: TASK
+    queue: q
+    task: t
+  - id: j
+    type: JOIN
+  - id: after
+    type: TASK
+    queue: q
+    task: t
+    input: '${nodes.j.output}'
+edges:
+  - { from: sw, to: a, when: 'input.a' }
+  - { from: sw, to: b, when: 'input.b' }
+  - { from: sw, to: c, when: 'input.c' }
+  - { from: a, to: j }
+  - { from: b, to: j }
+  - { from: c, to: j }
+  - { from: j, to: after }
+output: '${nodes.j.output}'
+";
+
+#[test]
+fn join_fires_when_every_incoming_edge_arrived_or_was_skipped_with_at_least_one_arrival() {
+    let mut d = Driver::new(JOIN_YAML, json!({"a": true, "b": true, "c": false}));
+    let acts = d.send(Event::RunStarted);
+    assert_eq!(created(&acts), vec![("a".to_string(), 1), ("b".to_string(), 1)]);
+    let acts = d.send(completed("a", 1, json!("A")));
+    assert!(created(&acts).is_empty(), "the JOIN waits for b");
+    assert_eq!(d.node("j").map(|s| (s.arrived, s.skipped)), Some((1, 1)));
+    let acts = d.send(completed("b", 1, json!("B")));
+    assert_eq!(created(&acts), vec![("after".to_string(), 1)]);
+    let input = acts.iter().find_map(|a| match a {
+        Action::CreateTask { input, .. } => Some(input.clone()),
+        _ => None,
+    });
+    assert_eq!(input, Some(json!({"a": "A", "b": "B"})), "JOIN output maps each arrived node to its output");
+    // All branches skipped: the JOIN is skipped, not fired.
+    let r = simulate(JOIN_YAML, "input: { a: false, b: false, c: false }");
+    assert_eq!(node_status(&r, "j"), Some(NodeStatus::Skipped));
+    assert_eq!(node_status(&r, "after"), Some(NodeStatus::Skipped));
+    assert_eq!(r.status, RunStatus::Completed);
+}
+
+#[test]
+fn join_fires_once() {
+    let r = simulate(JOIN_YAML, "input: { a: true, b: true, c: true }");
+    let fired = r.history_of("node_completed").filter(|a| a.node().is_some_and(|n| n.node == "j")).count();
+    assert_eq!(fired, 1);
+    assert_eq!(started_tasks(&r).iter().filter(|n| *n == "after").count(), 1);
+    assert_eq!(r.output, Some(json!({"a": null, "b": null, "c": null})));
+}
+
+#[test]
+fn merge_node_starts_on_first_arrival_and_a_later_arrival_is_ignored_and_recorded() {
+    let yaml = format!(
+        "name: m
+nodes:
+  - id: f
+    type: FORK
+  - id: a
+    {TASK}
+  - id: b
+    {TASK}
+  - id: merge
+    {TASK}
+edges:
+  - {{ from: f, to: a }}
+  - {{ from: f, to: b }}
+  - {{ from: a, to: merge }}
+  - {{ from: b, to: merge }}
+"
+    );
+    let r = simulate(&yaml, "tasks: { a: [ { complete: 1, after: 1s } ], b: [ { complete: 2, after: 5s } ], merge: [ { complete: 3, after: 10s } ] }");
+    assert_eq!(started_tasks(&r).iter().filter(|n| *n == "merge").count(), 1);
+    let ignored: Vec<_> = r.history_of("arrival_ignored").collect();
+    assert_eq!(ignored.len(), 1);
+    assert_eq!(ignored[0].node().map(|n| n.to_string()), Some("merge".into()));
+    assert_eq!(r.status, RunStatus::Completed);
+}
+
+#[test]
+fn run_completes_when_nothing_is_running_and_then_evaluates_output() {
+    let yaml = format!(
+        "name: c
+nodes:
+  - id: a
+    {TASK}
+  - id: w
+    type: WAIT
+    duration: 1h
+edges:
+  - {{ from: a, to: w }}
+output: {{ a: '${{nodes.a.output}}', waited: '${{nodes.w.status}}' }}
+"
+    );
+    let mut d = Driver::new(&yaml, json!(null));
+    d.send(Event::RunStarted);
+    let acts = d.send(completed("a", 1, json!({"x": 1})));
+    assert!(!acts.iter().any(|a| matches!(a, Action::CompleteRun { .. })), "the WAIT is still active");
+    assert_eq!(d.state.run.active, 1);
+    let acts = d.at(3_600_000).send(Event::TimerFired { timer: TimerId::node(TimerKind::Wait, key("w"), None), seed: 0 });
+    let out = acts.iter().find_map(|a| match a {
+        Action::CompleteRun { output } => Some(output.clone()),
+        _ => None,
+    });
+    assert_eq!(out, Some(json!({"a": {"x": 1}, "waited": "COMPLETED"})));
+    assert_eq!(d.state.run.status, RunStatus::Completed);
+}
+
+// ------------------------------------------------------------------ node types
+
+#[test]
+fn task_node_hands_its_input_to_its_queue() {
+    let yaml = "name: t
+nodes:
+  - id: a
+    type: TASK
+    queue: inventory
+    task: reserve
+    heartbeat_timeout: 10s
+    timeout: 1m
+    input: { sku: '${input.sku}' }
+";
+    let mut d = Driver::new(yaml, json!({"sku": "X"}));
+    let acts = d.send(Event::RunStarted);
+    assert!(acts.contains(&Action::CreateTask {
+        node: key("a"),
+        attempt: 1,
+        queue: "inventory".into(),
+        task_name: "reserve".into(),
+        input: json!({"sku": "X"}),
+        heartbeat_timeout_ms: 10_000,
+        timeout_ms: Some(60_000),
+    }));
+    assert!(acts.contains(&Action::ScheduleTimer {
+        timer: TimerId::node(TimerKind::AttemptTimeout, key("a"), Some(1)),
+        fire_at: Timestamp(T0.0 + 60_000),
+    }));
+}
+
+#[test]
+fn http_node_is_a_task_on_the_http_queue_with_the_rendered_request() {
+    let yaml = "name: h
+nodes:
+  - id: call
+    type: HTTP
+    http:
+      method: post
+      url: 'https://api/${input.id}'
+      headers: { X-Trace: '${run.id}' }
+      body: { amount: '${input.amount}' }
+      timeout: 5s
+";
+    let mut d = Driver::new(yaml, json!({"id": 7, "amount": 12.5}));
+    let acts = d.send(Event::RunStarted);
+    let task = acts.iter().find_map(|a| match a {
+        Action::CreateTask { queue, task_name, input, .. } => Some((queue.clone(), task_name.clone(), input.clone())),
+        _ => None,
+    });
+    assert_eq!(
+        task,
+        Some((
+            "_http".into(),
+            "http".into(),
+            json!({"method": "POST", "url": "https://api/7", "headers": {"X-Trace": "run-1"}, "body": {"amount": 12.5}, "timeout_ms": 5000})
+        ))
+    );
+}
+
+#[test]
+fn code_node_runs_on_its_language_queue_with_code_and_input() {
+    let yaml = "name: c
+nodes:
+  - id: py
+    type: CODE
+    language: python
+    code: 'def main(i): return i'
+    input: { n: '${input.n}' }
+";
+    let mut d = Driver::new(yaml, json!({"n": 2}));
+    let acts = d.send(Event::RunStarted);
+    let task = acts.iter().find_map(|a| match a {
+        Action::CreateTask { queue, input, .. } => Some((queue.clone(), input.clone())),
+        _ => None,
+    });
+    assert_eq!(task, Some(("code.python".into(), json!({"code": "def main(i): return i", "input": {"n": 2}}))));
+}
+
+#[test]
+fn wait_node_is_a_durable_timer_for_a_duration_or_until_a_timestamp() {
+    let yaml = "name: w
+nodes:
+  - id: d
+    type: WAIT
+    duration: 24h
+  - id: u
+    type: WAIT
+    until: 'timestamp(input.at) + duration(\"1h\")'
+edges:
+  - { from: d, to: u }
+";
+    let mut d = Driver::new(yaml, json!({"at": "2026-03-01T00:00:00Z"}));
+    let acts = d.send(Event::RunStarted);
+    assert!(acts.contains(&Action::ScheduleTimer {
+        timer: TimerId::node(TimerKind::Wait, key("d"), None),
+        fire_at: Timestamp(T0.0 + 86_400_000)
+    }));
+    let acts = d.at(86_400_000).send(Event::TimerFired { timer: TimerId::node(TimerKind::Wait, key("d"), None), seed: 0 });
+    assert!(acts.contains(&Action::ScheduleTimer {
+        timer: TimerId::node(TimerKind::Wait, key("u"), None),
+        fire_at: Timestamp(1_772_326_800_000)
+    }));
+    assert_eq!(d.state.run.status, RunStatus::Running);
+}
+
+#[test]
+fn wait_for_event_awaits_its_correlation_key_and_outputs_the_payload() {
+    let yaml = "name: e
+nodes:
+  - id: approval
+    type: WAIT_FOR_EVENT
+    event: approved
+    correlation: \"'order-' + string(input.id)\"
+    timeout: 2h
+output: '${nodes.approval.output.by}'
+";
+    let mut d = Driver::new(yaml, json!({"id": 9}));
+    let acts = d.send(Event::RunStarted);
+    assert!(acts.contains(&Action::AwaitEvent { node: key("approval"), name: "approved".into(), correlation: Some(json!("order-9")) }));
+    // An event of another name changes nothing.
+    let acts = d.send(Event::EventReceived { name: "other".into(), payload: json!({}), node: None });
+    assert_eq!(history_kinds(&acts), vec!["event_ignored"]);
+    let acts = d.send(Event::EventReceived { name: "approved".into(), payload: json!({"by": "ana"}), node: None });
+    assert!(acts.contains(&Action::CancelTimer { timer: TimerId::node(TimerKind::EventTimeout, key("approval"), None) }));
+    assert!(acts.contains(&Action::CompleteRun { output: json!("ana") }));
+    // Timeout without an event fails the node with TIMEOUT.
+    let r = simulate(yaml, "input: { id: 1 }");
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(r.error.map(|e| e.code), Some(codes::TIMEOUT.into()));
+}
+
+#[test]
+fn sub_workflow_starts_a_child_run_and_outputs_its_output() {
+    let yaml = "name: p
+nodes:
+  - id: child
+    type: SUB_WORKFLOW
+    workflow: billing
+    version: 3
+    input: { account: '${input.account}' }
+output: '${nodes.child.output}'
+";
+    let mut d = Driver::new(yaml, json!({"account": "A1"}));
+    let acts = d.send(Event::RunStarted);
+    assert!(acts.contains(&Action::StartChildRun {
+        node: key("child"),
+        attempt: 1,
+        workflow: "billing".into(),
+        version: Some(3),
+        input: json!({"account": "A1"})
+    }));
+    let acts = d.send(Event::ChildRunFinished {
+        node: key("child"),
+        attempt: 1,
+        status: ChildStatus::Completed,
+        output: json!({"invoice": 5}),
+        error: None,
+        seed: 0,
+    });
+    assert!(acts.contains(&Action::CompleteRun { output: json!({"invoice": 5}) }));
+    // Cancelling the parent cancels the child.
+    let mut d = Driver::new(yaml, json!({"account": "A1"}));
+    d.send(Event::RunStarted);
+    let acts = d.send(Event::CancelRequested { reason: "user".into() });
+    assert!(acts.contains(&Action::CancelAllChildRuns));
+    assert!(acts.contains(&Action::CancelRun { reason: "user".into() }));
+}
+
+#[test]
+fn map_runs_each_element_at_most_concurrency_at_a_time_and_outputs_results_in_order() {
+    let yaml = "name: m
+nodes:
+  - id: m
+    type: MAP
+    items: input.xs
+    concurrency: 2
+    queue: q
+    task: double
+    input: { x: '${item}', i: '${index}' }
+output: '${nodes.m.output}'
+";
+    let mut d = Driver::new(yaml, json!({"xs": [10, 20, 30]}));
+    let acts = d.send(Event::RunStarted);
+    assert_eq!(created(&acts), vec![("m[0]".to_string(), 1), ("m[1]".to_string(), 1)]);
+    let acts = d.send(completed("m[1]", 1, json!(40)));
+    assert_eq!(created(&acts), vec![("m[2]".to_string(), 1)], "a free slot starts the next element");
+    let third_input = acts.iter().find_map(|a| match a {
+        Action::CreateTask { input, .. } => Some(input.clone()),
+        _ => None,
+    });
+    assert_eq!(third_input, Some(json!({"x": 30, "i": 2})));
+    d.send(completed("m[2]", 1, json!(60)));
+    let acts = d.send(completed("m[0]", 1, json!(20)));
+    assert!(acts.contains(&Action::CompleteRun { output: json!([20, 40, 60]) }));
+    // An empty list completes at once with [].
+    let r = simulate(yaml, "input: { xs: [] }");
+    assert_eq!(r.output, Some(json!([])));
+    // A MAP of child workflows.
+    let child = "name: mc
+nodes:
+  - id: m
+    type: MAP
+    items: '[1, 2]'
+    workflow: per_item
+output: '${nodes.m.output}'
+";
+    let r = simulate(child, "children: { 'm[0]': [ { complete: a } ], 'm[1]': [ { complete: b } ] }");
+    assert_eq!(r.output, Some(json!(["a", "b"])));
+}
+
+#[test]
+fn fork_starts_every_outgoing_edge_in_parallel() {
+    let r = simulate(JOIN_YAML, "input: { a: true, b: true, c: true }");
+    let first_step = &r.history[0].actions;
+    assert_eq!(created(first_step).len(), 3, "all three branches start on the same event");
+}
+
+// ------------------------------------------------------------------ retries and time
+
+#[test]
+fn retry_delay_is_min_of_initial_times_backoff_to_the_n_minus_1_and_max_interval() {
+    let p = RetryPolicy { initial_interval_ms: 1_000, backoff: 2.0, max_interval_ms: 5_000, ..RetryPolicy::default() };
+    let delays: Vec<u64> = (1..=5).map(|n| p.delay_ms(n, 0)).collect();
+    assert_eq!(delays, vec![1_000, 2_000, 4_000, 5_000, 5_000]);
+    // And through the state machine: the retry timers fire at those delays.
+    let yaml = format!("name: r\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 4, initial_interval: 1s, backoff: 3, max_interval: 5s }}\n");
+    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: X } }, { fail: { code: X } }, { fail: { code: X } }, { complete: 1 } ] }");
+    let waits: Vec<i64> = r
+        .history
+        .iter()
+        .flat_map(|s| s.actions.iter().map(move |a| (s.at, a)))
+        .filter_map(|(at, a)| match a {
+            Action::ScheduleTimer { timer, fire_at } if timer.kind == TimerKind::Retry => Some(fire_at.0 - at.0),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(waits, vec![1_000, 3_000, 5_000]);
+    assert_eq!(r.status, RunStatus::Completed);
+}
+
+#[test]
+fn retry_jitter_stays_within_bounds_and_is_deterministic_from_the_seed() {
+    let p = RetryPolicy { initial_interval_ms: 1_000, backoff: 2.0, max_interval_ms: 60_000, jitter: true, ..RetryPolicy::default() };
+    let mut distinct = std::collections::HashSet::new();
+    for seed in 0..200u64 {
+        let d = p.delay_ms(3, seed);
+        assert!(d <= 4_000, "full jitter stays within [0, 4000], got {d}");
+        assert_eq!(d, p.delay_ms(3, seed), "same seed, same delay");
+        distinct.insert(d);
+    }
+    assert!(distinct.len() > 50, "the seed actually spreads delays");
+}
+
+#[test]
+fn non_retryable_codes_are_final_at_once() {
+    let yaml = format!("name: n\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 5, non_retryable: [BAD_INPUT] }}\n");
+    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: BAD_INPUT } } ] }");
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(started_tasks(&r).len(), 1);
+    assert_eq!(r.actions().filter(|a| matches!(a, Action::CreateTask { .. })).count(), 1);
+}
+
+#[test]
+fn worker_marked_non_retryable_error_is_final_at_once() {
+    let yaml = format!("name: n\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 5 }}\n");
+    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: HTTP_404, retryable: false } } ] }");
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(r.error.clone().map(|e| e.code), Some("HTTP_404".into()));
+    assert_eq!(r.actions().filter(|a| matches!(a, Action::CreateTask { .. })).count(), 1);
+    // A retryable one is retried up to max_attempts.
+    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: E } }, { fail: { code: E } }, { fail: { code: E } }, { fail: { code: E } }, { fail: { code: E } } ] }");
+    assert_eq!(r.actions().filter(|a| matches!(a, Action::CreateTask { .. })).count(), 5);
+}
+
+#[test]
+fn attempt_timeout_fails_the_attempt_with_code_timeout() {
+    let yaml = format!("name: t\nnodes:\n  - id: a\n    {TASK}\n    timeout: 10s\n    retry: {{ max_attempts: 2, initial_interval: 1s }}\n");
+    let r = simulate(&yaml, "tasks: { a: [ { complete: late, after: 1m }, { complete: ok, after: 1s } ] }");
+    let failures: Vec<_> = r.history_of("attempt_failed").collect();
+    assert_eq!(failures.len(), 1);
+    assert!(matches!(failures[0], Action::AppendHistory { detail, .. } if detail["code"] == "TIMEOUT"));
+    assert!(r.actions().any(|a| matches!(a, Action::CancelTask { node } if node.node == "a")), "the timed-out task is cancelled");
+    assert_eq!(r.status, RunStatus::Completed);
+    assert_eq!(r.nodes.get(&key("a")).and_then(|s| s.output.clone()), Some(json!("ok")));
+}
+
+#[test]
+fn lease_expiry_fails_the_attempt_with_code_lease_expired() {
+    let yaml = format!("name: l\nnodes:\n  - id: a\n    {TASK}\n    heartbeat_timeout: 15s\n    retry: {{ max_attempts: 1 }}\n");
+    let r = simulate(&yaml, "tasks: { a: [ hang ] }");
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(r.error.as_ref().map(|e| e.code.as_str()), Some(codes::LEASE_EXPIRED));
+    assert_eq!(r.history.last().map(|s| s.at), Some(Timestamp(T0.0 + 15_000)));
+}
+
+#[test]
+fn run_timeout_fails_the_run() {
+    let yaml = format!("name: t\ntimeout: 1h\nnodes:\n  - id: a\n    {TASK}\n");
+    let r = simulate(&yaml, "tasks: { a: [ { complete: 1, after: 2h } ] }");
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(r.error.as_ref().map(|e| e.code.as_str()), Some(codes::RUN_TIMEOUT));
+    assert_eq!(r.history.last().map(|s| s.at), Some(Timestamp(T0.0 + 3_600_000)));
+    // Finishing in time cancels the run timer.
+    let r = simulate(&yaml, "tasks: { a: [ { complete: 1, after: 1m } ] }");
+    assert_eq!(r.status, RunStatus::Completed);
+    assert!(r.actions().any(|a| matches!(a, Action::CancelTimer { timer } if timer.kind == TimerKind::RunTimeout)));
+}
+
+// ------------------------------------------------------------------ compensation, cancel, retry
+
+const SAGA: &str = "name: saga
+nodes:
+  - id: a
+    type: TASK
+    queue: q
+    task: a
+    compensate: undo_a
+  - id: b
+    type: TASK
+    queue: q
+    task: b
+    compensate: undo_b
+  - id: c
+    type: TASK
+    queue: q
+    task: c
+    retry: { max_attempts: 1 }
+  - id: undo_a
+    type: TASK
+    queue: q
+    task: undo_a
+    input: { id: '${nodes.a.output.id}' }
+  - id: undo_b
+    type: TASK
+    queue: q
+    task: undo_b
+    retry: { max_attempts: 2, initial_interval: 1s }
+edges:
+  - { from: a, to: b }
+  - { from: b, to: c }
+";
+
+#[test]
+fn compensation_runs_for_every_completed_node_in_reverse_completion_order() {
+    let r = simulate(SAGA, "tasks: { a: [ { complete: { id: A1 } } ], c: [ { fail: { code: NOPE } } ] }");
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(started_tasks(&r), vec!["a", "b", "c", "undo_b", "undo_a"]);
+    let undo_a_input = r.actions().find_map(|a| match a {
+        Action::CreateTask { node, input, .. } if node.node == "undo_a" => Some(input.clone()),
+        _ => None,
+    });
+    assert_eq!(undo_a_input, Some(json!({"id": "A1"})));
+    assert_eq!(r.history_of("compensation_completed").count(), 2);
+    // The final status comes after the compensations.
+    let fail_step = r.history.iter().position(|s| s.actions.iter().any(|a| matches!(a, Action::FailRun { .. })));
+    let last_comp = r.history.iter().rposition(|s| s.actions.iter().any(|a| matches!(a, Action::AppendHistory { kind, .. } if kind == "compensation_completed")));
+    assert_eq!(fail_step, last_comp);
+}
+
+#[test]
+fn failing_compensation_is_retried_then_recorded_and_never_hides_the_original_error() {
+    let r = simulate(
+        SAGA,
+        "tasks: { a: [ { complete: { id: A1 } } ], c: [ { fail: { code: ORIGINAL, message: first } } ], undo_b: [ { fail: { code: UNDO } }, { fail: { code: UNDO } } ] }",
+    );
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(r.error, Some(ErrorInfo::new("ORIGINAL", "first")));
+    assert_eq!(r.actions().filter(|a| matches!(a, Action::CreateTask { node, .. } if node.node == "undo_b")).count(), 2);
+    assert_eq!(r.history_of("compensation_failed").count(), 1);
+    assert!(started_tasks(&r).contains(&"undo_a".to_string()), "later compensations still run");
+}
+
+#[test]
+fn cancellation_cancels_tasks_timers_and_children_runs_compensations_and_ends_cancelled() {
+    let mut d = Driver::new(SAGA, json!(null));
+    d.send(Event::RunStarted);
+    d.send(completed("a", 1, json!({"id": "A"})));
+    let acts = d.send(Event::CancelRequested { reason: "changed my mind".into() });
+    for a in [Action::CancelAllTasks, Action::CancelAllTimers, Action::CancelAllChildRuns] {
+        assert!(acts.contains(&a), "{a:?}");
+    }
+    assert_eq!(created(&acts), vec![("undo_a".to_string(), 1)]);
+    assert_eq!(d.state.run.status, RunStatus::Compensating);
+    // A late report from the cancelled task changes nothing.
+    let acts = d.send(completed("b", 1, json!(1)));
+    assert_eq!(history_kinds(&acts), vec!["event_ignored:b"]);
+    let acts = d.send(completed("undo_a", 1, json!("voided")));
+    assert!(acts.contains(&Action::CancelRun { reason: "changed my mind".into() }));
+    assert_eq!(d.state.run.status, RunStatus::Cancelled);
+    // Cancelling again: ignored.
+    let acts = d.send(Event::CancelRequested { reason: "again".into() });
+    assert_eq!(history_kinds(&acts), vec!["event_ignored"]);
+}
+
+#[test]
+fn retry_requested_resumes_a_failed_run_from_its_failed_nodes() {
+    let yaml = format!(
+        "name: r
+nodes:
+  - id: a
+    {TASK}
+  - id: b
+    {TASK}
+    retry: {{ max_attempts: 1 }}
+  - id: c
+    {TASK}
+edges:
+  - {{ from: a, to: b }}
+  - {{ from: b, to: c }}
+output: '${{nodes.c.output}}'
+"
+    );
+    let mut d = Driver::new(&yaml, json!(null));
+    d.send(Event::RunStarted);
+    d.send(completed("a", 1, json!(1)));
+    d.send(failed("b", 1, "DOWN", true));
+    assert_eq!(d.state.run.status, RunStatus::Failed);
+    assert_eq!(d.state.run.failed, vec![key("b")]);
+    let acts = d.send(Event::RetryRequested { interrupted: vec![] });
+    assert_eq!(created(&acts), vec![("b".to_string(), 2)], "only the failed node restarts, as a new attempt");
+    assert_eq!(d.state.run.status, RunStatus::Running);
+    // The old attempt's late report is stale now.
+    let acts = d.send(completed("b", 1, json!("late")));
+    assert_eq!(history_kinds(&acts), vec!["event_ignored:b"]);
+    d.send(completed("b", 2, json!(2)));
+    let acts = d.send(completed("c", 1, json!("done")));
+    assert!(acts.contains(&Action::CompleteRun { output: json!("done") }));
+    // A run that did not fail cannot be retried.
+    let acts = d.send(Event::RetryRequested { interrupted: vec![] });
+    assert_eq!(history_kinds(&acts), vec!["event_ignored"]);
+}
+
+// ------------------------------------------------------------------ events
+
+#[test]
+fn stale_event_for_another_attempt_is_ignored_and_recorded() {
+    let yaml = format!("name: s\nnodes:\n  - id: a\n    {TASK}\n");
+    let mut d = Driver::new(&yaml, json!(null));
+    d.send(Event::RunStarted);
+    d.send(failed("a", 1, "X", true));
+    d.at(1_000).send(Event::TimerFired { timer: TimerId::node(TimerKind::Retry, key("a"), Some(2)), seed: 0 });
+    let before = d.state.clone();
+    let decision = d.decide(&completed("a", 1, json!("stale")));
+    assert!(decision.change.is_empty());
+    assert_eq!(
+        decision.actions,
+        vec![Action::AppendHistory {
+            kind: "event_ignored".into(),
+            node: Some(key("a")),
+            attempt: Some(1),
+            detail: json!({"reason": "stale attempt (current attempt is 2)"}),
+        }]
+    );
+    let decision = d.decide(&completed("a", 3, json!("future")));
+    assert!(decision.change.is_empty());
+    assert_eq!(d.state, before);
+    // A report for a node that does not exist is recorded, not applied.
+    let decision = d.decide(&completed("ghost", 1, json!(1)));
+    assert!(decision.change.is_empty());
+    assert_eq!(history_kinds(&decision.actions), vec!["event_ignored:ghost"]);
+}
+
+#[test]
+fn duplicate_event_is_applied_once() {
+    let yaml = format!("name: d\nnodes:\n  - id: a\n    {TASK}\n  - id: b\n    {TASK}\nedges:\n  - {{ from: a, to: b }}\n");
+    let mut d = Driver::new(&yaml, json!(null));
+    d.send(Event::RunStarted);
+    let first = d.send(completed("a", 1, json!(1)));
+    assert_eq!(created(&first), vec![("b".to_string(), 1)]);
+    let after_once = d.state.clone();
+    let second = d.decide(&completed("a", 1, json!(1)));
+    assert!(second.change.is_empty());
+    assert!(created(&second.actions).is_empty());
+    assert_eq!(history_kinds(&second.actions), vec!["event_ignored:a"]);
+    d.send(completed("a", 1, json!(1)));
+    assert_eq!(d.state, after_once);
+    let dup_start = d.decide(&Event::RunStarted);
+    assert!(dup_start.change.is_empty());
+}
+
+// ------------------------------------------------------------------ templating
+
+#[test]
+fn templating_whole_string_keeps_the_type_and_mixed_text_interpolates() {
+    let yaml = "name: t
+nodes:
+  - id: a
+    type: TASK
+    queue: q
+    task: t
+    input:
+      number: '${input.n}'
+      list: '${input.xs}'
+      map: '${ {\"k\": input.n + 1} }'
+      text: 'n=${input.n}, xs=${input.xs}, name=${input.name}'
+      literal: plain text
+      nested: [ '${input.n * 2}', { deep: '${input.name}' } ]
+";
+    let mut d = Driver::new(yaml, json!({"n": 3, "xs": [1, 2], "name": "ada"}));
+    let acts = d.send(Event::RunStarted);
+    let input = acts.iter().find_map(|a| match a {
+        Action::CreateTask { input, .. } => Some(input.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        input,
+        Some(json!({
+            "number": 3,
+            "list": [1, 2],
+            "map": {"k": 4},
+            "text": "n=3, xs=[1,2], name=ada",
+            "literal": "plain text",
+            "nested": [6, {"deep": "ada"}],
+        }))
+    );
+}
+
+#[test]
+fn a_bad_input_expression_at_run_time_fails_the_node_with_input_error() {
+    let yaml = "name: t\nnodes:\n  - id: a\n    type: TASK\n    queue: q\n    task: t\n    input: '${input.missing.deeper}'\n";
+    let r = simulate(yaml, "input: {}");
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(r.error.map(|e| e.code), Some(codes::INPUT_ERROR.into()));
+}
+
+#[test]
+fn decide_is_a_pure_function_of_its_inputs() {
+    let mut d = Driver::new(SAGA, json!({"x": 1}));
+    let a = d.decide(&Event::RunStarted);
+    let b = d.decide(&Event::RunStarted);
+    assert_eq!(a, b);
+    d.send(Event::RunStarted);
+    let e = failed("a", 1, "X", true);
+    assert_eq!(d.decide(&e), d.decide(&e));
+}
