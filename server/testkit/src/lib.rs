@@ -76,6 +76,7 @@ pub struct ServerProcess {
     /// `127.0.0.1:<port>` the server listens on.
     pub addr: String,
     stderr: Arc<Mutex<Vec<String>>>,
+    reader: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl ServerProcess {
@@ -109,7 +110,7 @@ impl ServerProcess {
         let lines = Arc::new(Mutex::new(Vec::new()));
         let (addr_tx, mut addr_rx) = watch::channel(None::<String>);
         let collected = Arc::clone(&lines);
-        tokio::spawn(async move {
+        let reader = tokio::spawn(async move {
             let mut reader = BufReader::new(stderr).lines();
             while let Ok(Some(line)) = reader.next_line().await {
                 if let Some(addr) = listening_addr(&line) {
@@ -134,6 +135,7 @@ impl ServerProcess {
             child,
             addr,
             stderr: lines,
+            reader: Some(reader),
         }
     }
 
@@ -156,12 +158,17 @@ impl ServerProcess {
             .expect("signal the server");
     }
 
-    /// Waits for the process to exit, at most `timeout`.
+    /// Waits for the process to exit, at most `timeout`, then for its last
+    /// stderr lines to be collected.
     pub async fn wait(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
-        tokio::time::timeout(timeout, self.child.wait())
+        let status = tokio::time::timeout(timeout, self.child.wait())
             .await
             .ok()
-            .and_then(Result::ok)
+            .and_then(Result::ok)?;
+        if let Some(reader) = self.reader.take() {
+            let _ = tokio::time::timeout(Duration::from_secs(5), reader).await;
+        }
+        Some(status)
     }
 
     /// Every line the server wrote to stderr so far.
