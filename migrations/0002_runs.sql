@@ -18,6 +18,7 @@ CREATE TABLE runs (
     idempotency_key  TEXT,
     parent_run_id    UUID,
     parent_node      TEXT,
+    parent_attempt   INTEGER,
     record           JSONB       NOT NULL,
     history_seq      BIGINT      NOT NULL DEFAULT 0,
     created_at       TIMESTAMPTZ NOT NULL DEFAULT now(),

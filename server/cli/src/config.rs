@@ -45,6 +45,30 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_HEALTH_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub health_interval: Duration,
 
+    /// Largest input, output or event payload, in bytes of JSON.
+    #[arg(long, env = "COMPOSER_MAX_PAYLOAD_BYTES", default_value_t = 2 * 1024 * 1024)]
+    pub max_payload_bytes: usize,
+
+    /// Streams per queue in Redis (a run's tasks go to one of them).
+    #[arg(long, env = "COMPOSER_STREAM_SHARDS", default_value_t = 4)]
+    pub stream_shards: u32,
+
+    /// A task dispatched but not leased after this long is republished, e.g. `15s`.
+    #[arg(long, env = "COMPOSER_LOST_DISPATCH_GRACE", default_value = "15s", value_parser = parse_duration)]
+    pub lost_dispatch_grace: Duration,
+
+    /// Let HTTP nodes call private networks (10/8, 172.16/12, 192.168/16, ...).
+    #[arg(long, env = "COMPOSER_HTTP_ALLOW_PRIVATE")]
+    pub http_allow_private: bool,
+
+    /// Let HTTP nodes call loopback addresses (127/8, ::1).
+    #[arg(long, env = "COMPOSER_HTTP_ALLOW_LOOPBACK")]
+    pub http_allow_loopback: bool,
+
+    /// HTTP node requests in flight at once in this server.
+    #[arg(long, env = "COMPOSER_HTTP_CONCURRENCY", default_value_t = 64)]
+    pub http_concurrency: usize,
+
     /// Log format on standard error.
     #[arg(long, env = "COMPOSER_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,

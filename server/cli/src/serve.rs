@@ -1,9 +1,16 @@
 //! `composer serve`: connect, migrate, serve until a signal, drain, exit.
 
-use std::{future::Future, net::SocketAddr};
+use std::{future::Future, net::SocketAddr, sync::Arc};
 
-use composer_coordinator::{Backends, Broker, BrokerError};
-use composer_grpc::{GrpcConfig, ServeError};
+use composer_coordinator::{
+    Backends, Broker, BrokerError, Coordinator, CoordinatorConfig,
+    dispatch::{self, DispatchConfig, PollHub},
+    http::{HttpExecutor, HttpExecutorConfig},
+    http_worker::{HttpWorkerConfig, run_http_worker},
+    recovery::RecoveryConfig,
+    watch::RunChanges,
+};
+use composer_grpc::{GrpcConfig, ServeError, Services};
 use composer_store::{Store, StoreConfig, StoreError};
 use tokio::{net::TcpListener, sync::watch};
 
@@ -33,6 +40,12 @@ pub enum StartError {
     /// Serving failed.
     #[error("serving: {0}")]
     Serve(#[from] ServeError),
+    /// The poll hub could not be built.
+    #[error("COMPOSER_REDIS_URL (--redis-url): {0}")]
+    Hub(composer_coordinator::CoordinatorError),
+    /// The HTTP client could not be built.
+    #[error("http worker: {0}")]
+    Http(String),
     /// Draining took longer than the shutdown timeout.
     #[error("did not stop within COMPOSER_SHUTDOWN_TIMEOUT (--shutdown-timeout) {0:?}")]
     ShutdownTimeout(std::time::Duration),
@@ -71,9 +84,12 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, StartError> {
 }
 
 /// Serves on `listener` until `shutdown` resolves, then drains and stops,
-/// giving up after the shutdown timeout.
+/// giving up after the shutdown timeout. Starts this server's share of the
+/// background work: the outbox enqueuer, the recovery loops, the run-change
+/// listener.
 pub async fn run(
     server: &ServerArgs,
+    backend: &BackendArgs,
     backends: Backends,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -83,19 +99,17 @@ pub async fn run(
         drain_delay: server.drain_delay,
         health_check_interval: server.health_interval,
     };
-    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let (stop_tx, stop_rx) = watch::channel(false);
     let mut deadline_rx = stop_tx.subscribe();
     tokio::spawn(async move {
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let stopped = async move {
-        let _ = stop_rx.wait_for(|stop| *stop).await;
-    };
+    let services = start_background(server, backend, &backends, &stop_rx)?;
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "listening");
     }
-    let serving = composer_grpc::serve(config, backends.clone(), listener, stopped);
+    let serving = composer_grpc::serve(config, backends.clone(), services, listener, stop_rx);
     let timeout = server.shutdown_timeout + server.drain_delay;
     let deadline = async move {
         let _ = deadline_rx.wait_for(|stop| *stop).await;
@@ -108,6 +122,64 @@ pub async fn run(
     backends.store.close().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+fn start_background(
+    server: &ServerArgs,
+    backend: &BackendArgs,
+    backends: &Backends,
+    stop: &watch::Receiver<bool>,
+) -> Result<Services, StartError> {
+    let store = backends.store.clone();
+    let coordinator = Coordinator::new(
+        store.clone(),
+        CoordinatorConfig {
+            max_payload_bytes: server.max_payload_bytes,
+            ..CoordinatorConfig::default()
+        },
+    );
+    let dispatch_config = DispatchConfig {
+        shards: server.stream_shards,
+        ..DispatchConfig::default()
+    };
+    let recovery = RecoveryConfig {
+        lost_dispatch_grace: server.lost_dispatch_grace,
+        ..RecoveryConfig::default()
+    };
+    let hub = PollHub::new(store.clone(), &backend.redis_url, dispatch_config.clone())
+        .map_err(StartError::Hub)?;
+    let changes = RunChanges::new();
+    tokio::spawn(dispatch::run_enqueuer(
+        store.clone(),
+        backend.redis_url.clone(),
+        dispatch_config,
+        stop.clone(),
+    ));
+    tokio::spawn(coordinator.clone().run_timer_loop(recovery.clone(), stop.clone()));
+    tokio::spawn(coordinator.clone().run_lease_loop(recovery.clone(), stop.clone()));
+    tokio::spawn(coordinator.clone().run_reconcile_loop(recovery, stop.clone()));
+    tokio::spawn(changes.clone().run(store, stop.clone()));
+    let executor = HttpExecutor::new(HttpExecutorConfig {
+        allow_private_networks: server.http_allow_private,
+        allow_loopback: server.http_allow_loopback,
+        ..HttpExecutorConfig::default()
+    })
+    .map_err(|e| StartError::Http(e.to_string()))?;
+    tokio::spawn(run_http_worker(
+        coordinator.clone(),
+        Arc::clone(&hub),
+        Arc::new(executor),
+        HttpWorkerConfig {
+            namespaces: vec!["default".to_owned()],
+            concurrency: server.http_concurrency,
+        },
+        stop.clone(),
+    ));
+    Ok(Services {
+        coordinator,
+        hub,
+        changes,
+    })
 }
 
 /// Resolves at the first SIGTERM or SIGINT. A second one exits the process at

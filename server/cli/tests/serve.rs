@@ -79,14 +79,12 @@ async fn serve_starts_on_an_ephemeral_port_and_reports_serving() {
     assert_eq!(info.server_version, env!("CARGO_PKG_VERSION"));
     assert!(info.features.iter().any(|f| f == "grpc-web"));
 
-    let started = RunServiceClient::new(channel)
+    let refused = RunServiceClient::new(channel)
         .start_run(StartRunRequest::default())
-        .await;
-    assert!(started.is_err(), "StartRun is not built yet");
-    assert_eq!(
-        started.err().map(|status| status.code()),
-        Some(tonic::Code::Unimplemented)
-    );
+        .await
+        .expect_err("a StartRun without a workflow is refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("workflow_name"), "{}", refused.message());
 }
 
 #[tokio::test]

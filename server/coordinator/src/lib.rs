@@ -1,11 +1,27 @@
 //! The coordinator: applies each event in one Postgres transaction (lock →
 //! decide → persist → commit) and moves dispatch through Redis Streams.
 
+mod apply;
 pub mod broker;
+pub mod dispatch;
+pub mod error;
+pub mod http;
+pub mod http_worker;
+pub mod recovery;
+mod reports;
+mod runs;
+pub mod watch;
+pub mod workflows;
 
+use std::sync::Arc;
+
+pub use apply::{SYSTEM, correlation_text};
 pub use broker::{Broker, BrokerError};
-
 use composer_store::Store;
+pub use error::{CoordinatorError, FieldProblem};
+pub use reports::{HeartbeatAnswer, TaskReport};
+pub use runs::{EventTarget, RunView, SendEventResult, StartRun};
+use workflows::WorkflowCache;
 
 /// The backends every server needs: Postgres (the truth) and Redis (dispatch).
 #[derive(Debug, Clone)]
@@ -32,6 +48,70 @@ impl Backends {
     pub async fn check_ready(&self) -> Result<(), ReadinessError> {
         self.store.ping().await?;
         self.broker.ping().await?;
+        Ok(())
+    }
+}
+
+/// Limits and tunables of the coordinator.
+#[derive(Debug, Clone)]
+pub struct CoordinatorConfig {
+    /// Largest input, output or event payload, in bytes of JSON.
+    pub max_payload_bytes: usize,
+    /// How long an event sent to a correlation key waits for a run.
+    pub correlation_retention_secs: f64,
+}
+
+impl Default for CoordinatorConfig {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 2 * 1024 * 1024,
+            correlation_retention_secs: 24.0 * 3600.0,
+        }
+    }
+}
+
+/// Applies events to runs. Cheap to clone; holds no run state of its own.
+#[derive(Clone)]
+pub struct Coordinator {
+    store: Store,
+    workflows: Arc<WorkflowCache>,
+    config: CoordinatorConfig,
+}
+
+impl Coordinator {
+    /// A coordinator over `store`.
+    pub fn new(store: Store, config: CoordinatorConfig) -> Self {
+        Self {
+            store,
+            workflows: Arc::new(WorkflowCache::default()),
+            config,
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The compiled-workflow cache.
+    pub fn workflows(&self) -> &WorkflowCache {
+        &self.workflows
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &CoordinatorConfig {
+        &self.config
+    }
+
+    fn check_payload(&self, field: &str, value: &serde_json::Value) -> Result<(), CoordinatorError> {
+        let size = serde_json::to_vec(value).map(|v| v.len()).unwrap_or(usize::MAX);
+        if size > self.config.max_payload_bytes {
+            return Err(CoordinatorError::PayloadTooLarge {
+                field: field.to_owned(),
+                size,
+                limit: self.config.max_payload_bytes,
+            });
+        }
         Ok(())
     }
 }

@@ -1,9 +1,12 @@
 //! Composer's gRPC surface: the services of `composer.v1`, health, reflection
 //! and grpc-web, all on one port.
 
+mod caller;
+mod convert;
 mod health;
 mod server;
 mod services;
+mod status;
 
 pub use health::HealthMonitor;
-pub use server::{GrpcConfig, ServeError, serve};
+pub use server::{GrpcConfig, ServeError, Services, serve};

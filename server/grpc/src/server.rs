@@ -1,15 +1,15 @@
 //! Wires the services onto one port that speaks gRPC (HTTP/2) and grpc-web
 //! (HTTP/1.1 or HTTP/2), with health and reflection beside them.
 
-use std::{future::Future, time::Duration};
+use std::{sync::Arc, time::Duration};
 
-use composer_coordinator::Backends;
+use composer_coordinator::{Backends, Coordinator, dispatch::PollHub, watch::RunChanges};
 use composer_proto::v1::{
     run_service_server::RunServiceServer, server_service_server::ServerServiceServer,
     worker_service_server::WorkerServiceServer, workflow_service_server::WorkflowServiceServer,
 };
 use http::{HeaderName, HeaderValue, Method};
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::watch};
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::transport::Server;
 use tower_http::cors::{AllowOrigin, CorsLayer};
@@ -33,6 +33,17 @@ pub struct GrpcConfig {
     pub health_check_interval: Duration,
 }
 
+/// The application state behind the services.
+#[derive(Clone)]
+pub struct Services {
+    /// Applies events to runs.
+    pub coordinator: Coordinator,
+    /// Hands dispatched tasks to waiting polls.
+    pub hub: Arc<PollHub>,
+    /// Run-change notifications for WatchRun.
+    pub changes: RunChanges,
+}
+
 /// Why serving failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
@@ -47,13 +58,15 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves every service on `listener` until `shutdown` resolves; then reports
-/// NOT_SERVING, keeps answering for the drain delay, and stops gracefully.
+/// Serves every service on `listener` until `shutdown` turns true; then
+/// reports NOT_SERVING, answers waiting polls at once, keeps answering for
+/// the drain delay, and stops gracefully.
 pub async fn serve(
     config: GrpcConfig,
     backends: Backends,
+    services: Services,
     listener: TcpListener,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: watch::Receiver<bool>,
 ) -> Result<(), ServeError> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let monitor = HealthMonitor::new(reporter);
@@ -70,8 +83,9 @@ pub async fn serve(
 
     let draining = monitor.clone();
     let drain_delay = config.drain_delay;
+    let mut stop_signal = shutdown.clone();
     let stop = async move {
-        shutdown.await;
+        let _ = stop_signal.wait_for(|stop| *stop).await;
         tracing::info!(?drain_delay, "draining");
         draining.start_draining().await;
         tokio::time::sleep(drain_delay).await;
@@ -90,9 +104,18 @@ pub async fn serve(
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(ServerServiceServer::new(ServerInfoService { features }))
-        .add_service(WorkflowServiceServer::new(WorkflowApi))
-        .add_service(RunServiceServer::new(RunApi))
-        .add_service(WorkerServiceServer::new(WorkerApi))
+        .add_service(WorkflowServiceServer::new(WorkflowApi {
+            coordinator: services.coordinator.clone(),
+        }))
+        .add_service(RunServiceServer::new(RunApi {
+            coordinator: services.coordinator.clone(),
+            changes: services.changes.clone(),
+        }))
+        .add_service(WorkerServiceServer::new(WorkerApi {
+            coordinator: services.coordinator,
+            hub: services.hub,
+            draining: shutdown,
+        }))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
         .await?;
     tracing::info!("stopped serving");

@@ -37,15 +37,18 @@ pub async fn take_wait(
     conn: &mut PgConnection,
     run_id: Uuid,
     event_name: &str,
+    correlation_key: Option<&str>,
 ) -> Result<Option<String>, StoreError> {
-    // take_wait: the oldest wait of the run for this event
+    // take_wait: the oldest wait of the run for this event (and key)
     Ok(sqlx::query_scalar(
         "DELETE FROM event_waits WHERE (run_id, node_key) = ( \
            SELECT run_id, node_key FROM event_waits WHERE run_id = $1 AND event_name = $2 \
+             AND ($3::text IS NULL OR correlation_key = $3) \
            ORDER BY created_at LIMIT 1) RETURNING node_key",
     )
     .bind(run_id)
     .bind(event_name)
+    .bind(correlation_key)
     .fetch_optional(conn)
     .await?)
 }

@@ -34,6 +34,8 @@ pub struct RunRow {
     pub parent_run_id: Option<Uuid>,
     /// The parent's node, for child runs.
     pub parent_node: Option<String>,
+    /// The parent node's attempt that started this child.
+    pub parent_attempt: Option<i32>,
     /// The engine's run record.
     pub record: Json,
     /// Created.
@@ -45,8 +47,8 @@ pub struct RunRow {
 }
 
 const RUN_COLUMNS: &str = "id, namespace, workflow_name, workflow_version, status, input, output, \
-     error, labels, idempotency_key, parent_run_id, parent_node, record, created_at, updated_at, \
-     ended_at";
+     error, labels, idempotency_key, parent_run_id, parent_node, parent_attempt, record, \
+     created_at, updated_at, ended_at";
 
 fn run_from_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {
     Ok(RunRow {
@@ -62,6 +64,7 @@ fn run_from_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {
         idempotency_key: row.try_get("idempotency_key")?,
         parent_run_id: row.try_get("parent_run_id")?,
         parent_node: row.try_get("parent_node")?,
+        parent_attempt: row.try_get("parent_attempt")?,
         record: row.try_get("record")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
@@ -92,6 +95,8 @@ pub struct NewRun<'a> {
     pub parent_run_id: Option<Uuid>,
     /// Parent node, for child runs.
     pub parent_node: Option<&'a str>,
+    /// The parent node's attempt, for child runs.
+    pub parent_attempt: Option<i32>,
     /// The engine's initial run record.
     pub record: &'a Json,
 }
@@ -102,8 +107,8 @@ pub async fn insert_run(conn: &mut PgConnection, run: &NewRun<'_>) -> Result<boo
     // insert_run: a new run; an idempotency key already used in the namespace inserts nothing
     let inserted = sqlx::query(
         "INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
-           idempotency_key, parent_run_id, parent_node, record) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+           idempotency_key, parent_run_id, parent_node, parent_attempt, record) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
          ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
     )
     .bind(run.id)
@@ -116,6 +121,7 @@ pub async fn insert_run(conn: &mut PgConnection, run: &NewRun<'_>) -> Result<boo
     .bind(run.idempotency_key)
     .bind(run.parent_run_id)
     .bind(run.parent_node)
+    .bind(run.parent_attempt)
     .bind(run.record)
     .execute(conn)
     .await?
@@ -501,4 +507,57 @@ pub async fn active_children(
     .bind(parent_node)
     .fetch_all(conn)
     .await?)
+}
+
+/// Node keys that were running, waiting or between attempts (what a failed
+/// run left interrupted, for RetryRun).
+pub async fn interrupted_nodes(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+) -> Result<Vec<String>, StoreError> {
+    // interrupted_nodes: the run's node rows still in an active status
+    Ok(sqlx::query_scalar(
+        "SELECT node_key FROM run_nodes WHERE run_id = $1 \
+           AND status IN ('RUNNING', 'WAITING', 'RETRY_SCHEDULED')",
+    )
+    .bind(run_id)
+    .fetch_all(conn)
+    .await?)
+}
+
+/// Deletes what a finished run no longer needs: waits and pending events.
+pub async fn release_finished_run(conn: &mut PgConnection, run_id: Uuid) -> Result<(), StoreError> {
+    // release_finished_run: waits and events kept for the run go with it
+    sqlx::query(
+        "WITH w AS (DELETE FROM event_waits WHERE run_id = $1) \
+         DELETE FROM pending_events WHERE run_id = $1",
+    )
+    .bind(run_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Channel NOTIFYed (payload: run id) when a run changes, for WatchRun.
+pub const RUN_CHANNEL: &str = "composer_runs";
+/// Channel NOTIFYed when outbox rows were written, to wake the enqueuers.
+pub const OUTBOX_CHANNEL: &str = "composer_outbox";
+
+/// Tells listeners, on commit, that the run changed and (if so) that the
+/// outbox has rows.
+pub async fn notify_changed(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    outbox: bool,
+) -> Result<(), StoreError> {
+    // notify_changed: delivered at commit, dropped on rollback
+    sqlx::query(
+        "SELECT pg_notify('composer_runs', $1::text), \
+           CASE WHEN $2 THEN pg_notify('composer_outbox', '') END",
+    )
+    .bind(run_id)
+    .bind(outbox)
+    .execute(conn)
+    .await?;
+    Ok(())
 }

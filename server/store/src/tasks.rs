@@ -472,3 +472,29 @@ pub async fn take_outbox(
         .collect::<Result<_, sqlx::Error>>()
         .map_err(StoreError::from)
 }
+
+/// Hands leased tasks back (their poll went away before it got them): back to
+/// DISPATCHED at the same attempt, with a fresh outbox row. Fenced by token.
+pub async fn release_leases(pool: &PgPool, leases: &[(Uuid, Uuid)]) -> Result<u64, StoreError> {
+    if leases.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<Uuid> = leases.iter().map(|l| l.0).collect();
+    let tokens: Vec<Uuid> = leases.iter().map(|l| l.1).collect();
+    // release_leases: LEASED -> DISPATCHED for these exact leases, re-enqueued
+    Ok(sqlx::query(
+        "WITH released AS ( \
+           UPDATE tasks t SET status = 'DISPATCHED', lease_token = NULL, lease_owner = NULL, \
+             lease_expires_at = NULL, attempt_deadline = NULL, dispatched_at = now(), updated_at = now() \
+           FROM UNNEST($1::uuid[], $2::uuid[]) AS l(id, token) \
+           WHERE t.id = l.id AND t.lease_token = l.token AND t.status = 'LEASED' \
+           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id) \
+         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
+         SELECT namespace, queue, id, attempt, run_id FROM released",
+    )
+    .bind(&ids)
+    .bind(&tokens)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}

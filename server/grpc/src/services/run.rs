@@ -1,10 +1,414 @@
-//! `RunService`: run control. Every RPC answers UNIMPLEMENTED until the
-//! durable-execution issue lands (the generated default stubs).
+//! `RunService`: run control.
 
-use composer_proto::v1::run_service_server::RunService;
+use std::{pin::Pin, time::Duration};
+
+use composer_coordinator::{Coordinator, EventTarget, RunView, StartRun, watch::RunChanges};
+use composer_proto::v1::{
+    CancelRunRequest, CancelRunResponse, Failure, GetRunHistoryRequest, GetRunHistoryResponse, GetRunRequest,
+    GetRunResponse, HistoryEvent, ListRunsRequest, ListRunsResponse, NodeState, NodeStatus, RetryRunRequest,
+    RetryRunResponse, Run, RunStatus, SendEventRequest, SendEventResponse, StartRunRequest, StartRunResponse,
+    WatchRunRequest, WatchRunResponse, run_service_server::RunService, send_event_request::Target,
+};
+use composer_store::runs::{HistoryRow, NodeRow, RunFilter, RunRow};
+use serde_json::{Value as Json, json};
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+use uuid::Uuid;
+
+use crate::{
+    caller::caller,
+    convert::{from_json, from_json_opt, from_timestamp, page_size, timestamp, to_json},
+    status::{from_coordinator, invalid_field},
+};
 
 /// The RunService implementation.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct RunApi;
+#[derive(Clone)]
+pub(crate) struct RunApi {
+    pub(crate) coordinator: Coordinator,
+    pub(crate) changes: RunChanges,
+}
 
-impl RunService for RunApi {}
+fn run_status(text: &str) -> RunStatus {
+    match text {
+        "PENDING" | "RUNNING" => RunStatus::Running,
+        "COMPENSATING" => RunStatus::Compensating,
+        "COMPLETED" => RunStatus::Completed,
+        "FAILED" => RunStatus::Failed,
+        "CANCELLED" => RunStatus::Cancelled,
+        _ => RunStatus::Unspecified,
+    }
+}
+
+fn status_text(status: RunStatus) -> Option<&'static str> {
+    match status {
+        RunStatus::Running => Some("RUNNING"),
+        RunStatus::Compensating => Some("COMPENSATING"),
+        RunStatus::Completed => Some("COMPLETED"),
+        RunStatus::Failed => Some("FAILED"),
+        RunStatus::Cancelled => Some("CANCELLED"),
+        RunStatus::Unspecified => None,
+    }
+}
+
+fn node_status(text: &str) -> NodeStatus {
+    match text {
+        "PENDING" | "RETRY_SCHEDULED" => NodeStatus::Scheduled,
+        "RUNNING" => NodeStatus::Running,
+        "WAITING" => NodeStatus::Waiting,
+        "COMPLETED" => NodeStatus::Completed,
+        "FAILED" => NodeStatus::Failed,
+        "SKIPPED" => NodeStatus::Skipped,
+        "CANCELLED" => NodeStatus::Cancelled,
+        _ => NodeStatus::Unspecified,
+    }
+}
+
+fn failure(error: Option<&Json>, node_id: &str) -> Option<Failure> {
+    let error = error?;
+    Some(Failure {
+        code: error["code"].as_str().unwrap_or_default().to_owned(),
+        message: error["message"].as_str().unwrap_or_default().to_owned(),
+        node_id: node_id.to_owned(),
+        details: error.get("details").map(from_json),
+    })
+}
+
+fn node_message(row: NodeRow) -> NodeState {
+    let node_id = row.key.clone();
+    let node_type = node_id.split('[').next().unwrap_or_default().to_owned();
+    NodeState {
+        status: node_status(&row.status) as i32,
+        attempt: row.state["attempt"].as_i64().and_then(|a| i32::try_from(a).ok()).unwrap_or(0),
+        output: row.state.get("output").map(from_json),
+        error: failure(row.state.get("error"), &node_id),
+        start_time: row.started_at.map(timestamp),
+        end_time: row.ended_at.map(timestamp),
+        node_type,
+        node_id,
+    }
+}
+
+fn run_message(run: RunRow, nodes: Vec<NodeRow>) -> Run {
+    let labels = run
+        .labels
+        .as_object()
+        .map(|map| {
+            map.iter()
+                .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned()))
+                .collect()
+        })
+        .unwrap_or_default();
+    Run {
+        run_id: run.id.to_string(),
+        namespace: run.namespace,
+        workflow_name: run.workflow_name,
+        workflow_version: run.workflow_version,
+        status: run_status(&run.status) as i32,
+        input: Some(from_json(&run.input)),
+        output: from_json_opt(run.output.as_ref()),
+        error: failure(run.error.as_ref(), ""),
+        labels,
+        idempotency_key: run.idempotency_key.unwrap_or_default(),
+        parent_run_id: run.parent_run_id.map(|id| id.to_string()).unwrap_or_default(),
+        parent_node_id: run.parent_node.unwrap_or_default(),
+        create_time: Some(timestamp(run.created_at)),
+        update_time: Some(timestamp(run.updated_at)),
+        end_time: run.ended_at.map(timestamp),
+        nodes: nodes.into_iter().map(node_message).collect(),
+    }
+}
+
+fn view_message(view: RunView) -> Run {
+    run_message(view.run, view.nodes)
+}
+
+fn history_message(row: HistoryRow) -> HistoryEvent {
+    HistoryEvent {
+        sequence: row.seq,
+        event_time: Some(timestamp(row.created_at)),
+        event_type: row.event_type,
+        node_id: row.node_key.unwrap_or_default(),
+        attempt: row.attempt.unwrap_or_default(),
+        actor: row.actor,
+        details: Some(from_json(&row.details)),
+    }
+}
+
+fn require_run_id(run_id: &str) -> Result<(), Status> {
+    if run_id.is_empty() {
+        return Err(invalid_field("run_id", "must not be empty"));
+    }
+    Ok(())
+}
+
+fn runs_cursor(token: &str) -> Result<Option<(chrono::DateTime<chrono::Utc>, Uuid)>, Status> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    let bad = || invalid_field("page_token", "not a token this server issued");
+    let (micros, id) = token.split_once('_').ok_or_else(bad)?;
+    let micros: i64 = micros.parse().map_err(|_| bad())?;
+    let time = chrono::DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;
+    Ok(Some((time, Uuid::parse_str(id).map_err(|_| bad())?)))
+}
+
+type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchRunResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RunService for RunApi {
+    async fn start_run(&self, request: Request<StartRunRequest>) -> Result<Response<StartRunResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        if request.workflow_name.is_empty() {
+            return Err(invalid_field("workflow_name", "must not be empty"));
+        }
+        if request.version < 0 {
+            return Err(invalid_field("version", "must be 0 (latest) or a version number"));
+        }
+        let input = to_json(request.input, "input")?;
+        let (run, created) = self
+            .coordinator
+            .start_run(StartRun {
+                namespace: caller.namespace,
+                workflow_name: request.workflow_name,
+                version: (request.version > 0).then_some(request.version),
+                input,
+                idempotency_key: Some(request.idempotency_key).filter(|k| !k.is_empty()),
+                labels: json!(request.labels),
+                actor: caller.subject,
+            })
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(StartRunResponse {
+            run: Some(run_message(run, Vec::new())),
+            created,
+        }))
+    }
+
+    async fn get_run(&self, request: Request<GetRunRequest>) -> Result<Response<GetRunResponse>, Status> {
+        let caller = caller(&request);
+        let run_id = request.into_inner().run_id;
+        require_run_id(&run_id)?;
+        let view = self
+            .coordinator
+            .get_run(Some(&caller.namespace), &run_id, true)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(GetRunResponse {
+            run: Some(view_message(view)),
+        }))
+    }
+
+    async fn list_runs(&self, request: Request<ListRunsRequest>) -> Result<Response<ListRunsResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        let limit = page_size(request.page_size)?;
+        let statuses = request
+            .statuses()
+            .map(|s| status_text(s).ok_or_else(|| invalid_field("statuses", "RUN_STATUS_UNSPECIFIED matches nothing")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let parent_run_id = match request.parent_run_id.as_str() {
+            "" => None,
+            id => Some(Uuid::parse_str(id).map_err(|_| invalid_field("parent_run_id", "not a run id"))?),
+        };
+        let filter = RunFilter {
+            workflow_name: Some(request.workflow_name).filter(|n| !n.is_empty()),
+            statuses: statuses.into_iter().map(str::to_owned).collect(),
+            labels: (!request.labels.is_empty()).then(|| json!(request.labels)),
+            created_after: request
+                .create_time_after
+                .as_ref()
+                .map(|t| from_timestamp(t, "create_time_after"))
+                .transpose()?,
+            created_before: request
+                .create_time_before
+                .as_ref()
+                .map(|t| from_timestamp(t, "create_time_before"))
+                .transpose()?,
+            parent_run_id,
+        };
+        let cursor = runs_cursor(&request.page_token)?;
+        let rows = self
+            .coordinator
+            .list_runs(&caller.namespace, &filter, cursor, limit + 1)
+            .await
+            .map_err(from_coordinator)?;
+        let more = rows.len() as i64 > limit;
+        let page: Vec<RunRow> = rows.into_iter().take(limit as usize).collect();
+        let next_page_token = match (more, page.last()) {
+            (true, Some(last)) => format!("{}_{}", last.created_at.timestamp_micros(), last.id),
+            _ => String::new(),
+        };
+        Ok(Response::new(ListRunsResponse {
+            runs: page.into_iter().map(|run| run_message(run, Vec::new())).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn cancel_run(&self, request: Request<CancelRunRequest>) -> Result<Response<CancelRunResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        require_run_id(&request.run_id)?;
+        let reason = if request.reason.is_empty() {
+            "cancelled".to_owned()
+        } else {
+            request.reason
+        };
+        let run = self
+            .coordinator
+            .cancel_run(Some(&caller.namespace), &request.run_id, &reason, &caller.subject)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(CancelRunResponse {
+            run: Some(run_message(run, Vec::new())),
+        }))
+    }
+
+    async fn retry_run(&self, request: Request<RetryRunRequest>) -> Result<Response<RetryRunResponse>, Status> {
+        let caller = caller(&request);
+        let run_id = request.into_inner().run_id;
+        require_run_id(&run_id)?;
+        let run = self
+            .coordinator
+            .retry_run(Some(&caller.namespace), &run_id, &caller.subject)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(RetryRunResponse {
+            run: Some(run_message(run, Vec::new())),
+        }))
+    }
+
+    async fn send_event(&self, request: Request<SendEventRequest>) -> Result<Response<SendEventResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        if request.event_name.is_empty() {
+            return Err(invalid_field("event_name", "must not be empty"));
+        }
+        let target = match request.target {
+            Some(Target::RunId(id)) => EventTarget::Run(
+                Uuid::parse_str(&id).map_err(|_| Status::not_found(format!("run {id} not found")))?,
+            ),
+            Some(Target::CorrelationKey(key)) if !key.is_empty() => EventTarget::Correlation(key),
+            _ => return Err(invalid_field("target", "set run_id or correlation_key")),
+        };
+        let payload = to_json(request.payload, "payload")?;
+        let request_id = Some(request.request_id.as_str()).filter(|r| !r.is_empty());
+        let result = self
+            .coordinator
+            .send_event(&caller.namespace, target, &request.event_name, payload, request_id, &caller.subject)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(SendEventResponse {
+            delivered_run_ids: result.delivered.iter().map(Uuid::to_string).collect(),
+            stored: result.stored,
+        }))
+    }
+
+    async fn get_run_history(
+        &self,
+        request: Request<GetRunHistoryRequest>,
+    ) -> Result<Response<GetRunHistoryResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        require_run_id(&request.run_id)?;
+        let limit = page_size(request.page_size)?;
+        let after: i64 = match request.page_token.as_str() {
+            "" => 0,
+            token => token
+                .parse()
+                .map_err(|_| invalid_field("page_token", "not a token this server issued"))?,
+        };
+        let rows = self
+            .coordinator
+            .history(Some(&caller.namespace), &request.run_id, after, limit + 1)
+            .await
+            .map_err(from_coordinator)?;
+        let more = rows.len() as i64 > limit;
+        let page: Vec<HistoryRow> = rows.into_iter().take(limit as usize).collect();
+        let next_page_token = match (more, page.last()) {
+            (true, Some(last)) => last.seq.to_string(),
+            _ => String::new(),
+        };
+        Ok(Response::new(GetRunHistoryResponse {
+            events: page.into_iter().map(history_message).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn watch_run(&self, request: Request<WatchRunRequest>) -> Result<Response<WatchStream>, Status> {
+        let caller = caller(&request);
+        let run_id = request.into_inner().run_id;
+        require_run_id(&run_id)?;
+        let coordinator = self.coordinator.clone();
+        let mut changes = self.changes.subscribe();
+        // the first snapshot proves the run exists before the stream opens
+        let first = coordinator
+            .get_run(Some(&caller.namespace), &run_id, true)
+            .await
+            .map_err(from_coordinator)?;
+        let id = first.run.id;
+        let namespace = caller.namespace;
+        let stream = async_stream(move |sender| async move {
+            let mut last_seq = 0_i64;
+            let mut view = first;
+            loop {
+                let events = coordinator
+                    .history(Some(&namespace), &run_id, last_seq, 1000)
+                    .await
+                    .unwrap_or_default();
+                if let Some(last) = events.last() {
+                    last_seq = last.seq;
+                }
+                let finished = matches!(view.run.status.as_str(), "COMPLETED" | "FAILED" | "CANCELLED");
+                let message = WatchRunResponse {
+                    run: Some(view_message(view)),
+                    events: events.into_iter().map(history_message).collect(),
+                };
+                if sender.send(Ok(message)).await.is_err() || finished {
+                    return;
+                }
+                wait_for_change(&mut changes, id).await;
+                view = match coordinator.get_run(Some(&namespace), &run_id, true).await {
+                    Ok(view) => view,
+                    Err(error) => {
+                        let _ = sender.send(Err(from_coordinator(error))).await;
+                        return;
+                    }
+                };
+            }
+        });
+        Ok(Response::new(stream))
+    }
+}
+
+/// Waits for a change of `run_id`, or a second (a lost notification only
+/// delays the watcher).
+async fn wait_for_change(changes: &mut tokio::sync::broadcast::Receiver<Uuid>, run_id: Uuid) {
+    let deadline = tokio::time::sleep(Duration::from_secs(1));
+    tokio::pin!(deadline);
+    loop {
+        tokio::select! {
+            () = &mut deadline => return,
+            changed = changes.recv() => match changed {
+                Ok(id) if id == run_id => return,
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    deadline.as_mut().await;
+                    return;
+                }
+            },
+        }
+    }
+}
+
+/// A stream fed by a task through a bounded channel.
+fn async_stream<F, Fut>(produce: F) -> WatchStream
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<WatchRunResponse, Status>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (sender, receiver) = tokio::sync::mpsc::channel(16);
+    tokio::spawn(produce(sender));
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))
+}

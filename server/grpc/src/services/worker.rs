@@ -1,10 +1,173 @@
-//! `WorkerService`: the lease protocol. Every RPC answers UNIMPLEMENTED until
-//! the durable-execution issue lands (the generated default stubs).
+//! `WorkerService`: the lease protocol. Reports and heartbeats are fenced by
+//! `(task_id, attempt, lease_token)`; a stale one is FAILED_PRECONDITION
+//! with ErrorInfo reason LEASE_LOST and changes nothing.
 
-use composer_proto::v1::worker_service_server::WorkerService;
+use std::{sync::Arc, time::Duration};
+
+use composer_coordinator::{Coordinator, TaskReport, dispatch::PollHub};
+use composer_proto::v1::{
+    CompleteTaskRequest, CompleteTaskResponse, FailTaskRequest, FailTaskResponse, HeartbeatRequest,
+    HeartbeatResponse, PollTasksRequest, PollTasksResponse, Task, worker_service_server::WorkerService,
+};
+use composer_store::tasks::LeasedTask;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    caller::caller,
+    convert::{from_json, timestamp, to_json},
+    status::{from_coordinator, invalid_field},
+};
+
+const DEFAULT_WAIT: Duration = Duration::from_secs(20);
+const MAX_WAIT: Duration = Duration::from_secs(60);
+const MAX_TASKS: i32 = 100;
 
 /// The WorkerService implementation.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct WorkerApi;
+#[derive(Clone)]
+pub(crate) struct WorkerApi {
+    pub(crate) coordinator: Coordinator,
+    pub(crate) hub: Arc<PollHub>,
+    /// Flips to true when the server drains: waiting polls answer at once.
+    pub(crate) draining: watch::Receiver<bool>,
+}
 
-impl WorkerService for WorkerApi {}
+fn task_message(task: LeasedTask) -> Task {
+    Task {
+        task_id: task.id.to_string(),
+        attempt: task.attempt,
+        lease_token: task.lease_token.to_string(),
+        lease_expire_time: Some(timestamp(task.lease_expires_at)),
+        lease_duration: Some(prost_types::Duration {
+            seconds: task.heartbeat_timeout_ms / 1000,
+            nanos: i32::try_from((task.heartbeat_timeout_ms % 1000) * 1_000_000).unwrap_or(0),
+        }),
+        run_id: task.run_id.to_string(),
+        node_id: task.node_key,
+        workflow_name: task.workflow_name,
+        workflow_version: task.workflow_version,
+        queue: task.queue,
+        task_name: task.task_name,
+        input: Some(from_json(&task.input)),
+        attempt_deadline: task.attempt_deadline.map(timestamp),
+        namespace: task.namespace,
+    }
+}
+
+fn lease_fields(task_id: &str, lease_token: &str, attempt: i32) -> Result<(), Status> {
+    if task_id.is_empty() {
+        return Err(invalid_field("task_id", "must not be empty"));
+    }
+    if lease_token.is_empty() {
+        return Err(invalid_field("lease_token", "must not be empty"));
+    }
+    if attempt < 1 {
+        return Err(invalid_field("attempt", "must be at least 1"));
+    }
+    Ok(())
+}
+
+fn wait_of(wait: Option<prost_types::Duration>) -> Result<Duration, Status> {
+    let Some(wait) = wait else {
+        return Ok(DEFAULT_WAIT);
+    };
+    if wait.seconds < 0 || wait.nanos < 0 {
+        return Err(invalid_field("wait", "must not be negative"));
+    }
+    let wait = Duration::new(wait.seconds.unsigned_abs(), wait.nanos.unsigned_abs());
+    Ok(wait.min(MAX_WAIT))
+}
+
+#[tonic::async_trait]
+impl WorkerService for WorkerApi {
+    async fn poll_tasks(&self, request: Request<PollTasksRequest>) -> Result<Response<PollTasksResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        if request.worker_id.is_empty() {
+            return Err(invalid_field("worker_id", "must not be empty"));
+        }
+        if request.queues.is_empty() || request.queues.iter().any(String::is_empty) {
+            return Err(invalid_field("queues", "name at least one queue, none empty"));
+        }
+        if request.max_tasks < 0 || request.max_tasks > MAX_TASKS {
+            return Err(invalid_field("max_tasks", format!("must be 0 (one) to {MAX_TASKS}")));
+        }
+        let max = usize::try_from(request.max_tasks.max(1)).unwrap_or(1);
+        let wait = wait_of(request.wait)?;
+        let mut draining = self.draining.clone();
+        if *draining.borrow() {
+            return Ok(Response::new(PollTasksResponse { tasks: Vec::new() }));
+        }
+        let hub = Arc::clone(&self.hub);
+        let poll = hub.poll(&caller.namespace, &request.queues, &request.worker_id, max, wait);
+        let tasks = tokio::select! {
+            tasks = poll => tasks,
+            _ = draining.wait_for(|d| *d) => Vec::new(),
+        };
+        Ok(Response::new(PollTasksResponse {
+            tasks: tasks.into_iter().map(task_message).collect(),
+        }))
+    }
+
+    async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        lease_fields(&request.task_id, &request.lease_token, request.attempt)?;
+        let answer = self
+            .coordinator
+            .heartbeat(Some(&caller.namespace), &request.task_id, request.attempt, &request.lease_token)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(HeartbeatResponse {
+            lease_expire_time: answer.lease_expires_at.map(timestamp),
+            cancel_requested: answer.cancel_requested,
+        }))
+    }
+
+    async fn complete_task(
+        &self,
+        request: Request<CompleteTaskRequest>,
+    ) -> Result<Response<CompleteTaskResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        lease_fields(&request.task_id, &request.lease_token, request.attempt)?;
+        let output = to_json(request.output, "output")?;
+        self.coordinator
+            .report(
+                Some(&caller.namespace),
+                &request.task_id,
+                request.attempt,
+                &request.lease_token,
+                TaskReport::Completed { output },
+                &format!("worker:{}", caller.subject),
+            )
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(CompleteTaskResponse {}))
+    }
+
+    async fn fail_task(&self, request: Request<FailTaskRequest>) -> Result<Response<FailTaskResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        lease_fields(&request.task_id, &request.lease_token, request.attempt)?;
+        if request.error_code.is_empty() {
+            return Err(invalid_field("error_code", "must not be empty"));
+        }
+        self.coordinator
+            .report(
+                Some(&caller.namespace),
+                &request.task_id,
+                request.attempt,
+                &request.lease_token,
+                TaskReport::Failed {
+                    code: request.error_code,
+                    message: request.message,
+                    retryable: request.retryable,
+                },
+                &format!("worker:{}", caller.subject),
+            )
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(FailTaskResponse {}))
+    }
+}

@@ -1,10 +1,204 @@
-//! `WorkflowService`: registered definitions. Every RPC answers UNIMPLEMENTED
-//! until the workflow-language issue lands (the generated default stubs).
+//! `WorkflowService`: registered definitions.
 
-use composer_proto::v1::workflow_service_server::WorkflowService;
+use composer_coordinator::{Coordinator, workflows};
+use composer_proto::v1::{
+    GetWorkflowRequest, GetWorkflowResponse, ListWorkflowVersionsRequest, ListWorkflowVersionsResponse,
+    ListWorkflowsRequest, ListWorkflowsResponse, RegisterWorkflowRequest, RegisterWorkflowResponse,
+    ValidateWorkflowRequest, ValidateWorkflowResponse, ValidationProblem, WorkflowSummary, WorkflowVersion,
+    workflow_service_server::WorkflowService,
+};
+use composer_store::workflows::WorkflowRow;
+use tonic::{Request, Response, Status};
+
+use crate::{
+    caller::caller,
+    convert::{from_json, page_size, timestamp},
+    status::{from_coordinator, invalid_field},
+};
+
+/// Largest definition text accepted, before parsing.
+const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
 
 /// The WorkflowService implementation.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct WorkflowApi;
+#[derive(Clone)]
+pub(crate) struct WorkflowApi {
+    pub(crate) coordinator: Coordinator,
+}
 
-impl WorkflowService for WorkflowApi {}
+fn version_message(row: WorkflowRow, with_source: bool) -> WorkflowVersion {
+    WorkflowVersion {
+        namespace: row.namespace,
+        name: row.name,
+        version: row.version,
+        description: row.description,
+        source: if with_source { row.source } else { String::new() },
+        definition: with_source.then(|| from_json(&row.definition)),
+        content_hash: row.content_hash,
+        create_time: Some(timestamp(row.created_at)),
+    }
+}
+
+fn check_source(source: &str) -> Result<(), Status> {
+    if source.trim().is_empty() {
+        return Err(invalid_field("source", "must not be empty"));
+    }
+    if source.len() > MAX_SOURCE_BYTES {
+        return Err(invalid_field(
+            "source",
+            format!("is {} bytes, over the limit of {MAX_SOURCE_BYTES}", source.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_name(name: &str) -> Result<(), Status> {
+    if name.is_empty() {
+        return Err(invalid_field("name", "must not be empty"));
+    }
+    Ok(())
+}
+
+#[tonic::async_trait]
+impl WorkflowService for WorkflowApi {
+    async fn register_workflow(
+        &self,
+        request: Request<RegisterWorkflowRequest>,
+    ) -> Result<Response<RegisterWorkflowResponse>, Status> {
+        let caller = caller(&request);
+        let source = request.into_inner().source;
+        check_source(&source)?;
+        let (row, created) = self
+            .coordinator
+            .workflows()
+            .register(self.coordinator.store(), &caller.namespace, &source)
+            .await
+            .map_err(from_coordinator)?;
+        tracing::info!(name = %row.name, version = row.version, created, "workflow registered");
+        Ok(Response::new(RegisterWorkflowResponse {
+            workflow: Some(version_message(row, true)),
+            created,
+        }))
+    }
+
+    async fn validate_workflow(
+        &self,
+        request: Request<ValidateWorkflowRequest>,
+    ) -> Result<Response<ValidateWorkflowResponse>, Status> {
+        let source = request.into_inner().source;
+        check_source(&source)?;
+        let problems = match workflows::validate(&source) {
+            Ok(_) => Vec::new(),
+            Err(problems) => problems
+                .into_iter()
+                .map(|p| ValidationProblem {
+                    path: p.field,
+                    message: p.description,
+                })
+                .collect(),
+        };
+        Ok(Response::new(ValidateWorkflowResponse {
+            valid: problems.is_empty(),
+            problems,
+        }))
+    }
+
+    async fn get_workflow(
+        &self,
+        request: Request<GetWorkflowRequest>,
+    ) -> Result<Response<GetWorkflowResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        check_name(&request.name)?;
+        if request.version < 0 {
+            return Err(invalid_field("version", "must be 0 (latest) or a version number"));
+        }
+        let version = (request.version > 0).then_some(request.version);
+        let row = self
+            .coordinator
+            .workflow_version(&caller.namespace, &request.name, version)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(GetWorkflowResponse {
+            workflow: Some(version_message(row, true)),
+        }))
+    }
+
+    async fn list_workflows(
+        &self,
+        request: Request<ListWorkflowsRequest>,
+    ) -> Result<Response<ListWorkflowsResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        let limit = page_size(request.page_size)?;
+        let rows = self
+            .coordinator
+            .list_workflows(
+            &caller.namespace,
+            &request.name_prefix,
+            &request.page_token,
+            limit + 1,
+        )
+        .await
+        .map_err(from_coordinator)?;
+        let more = rows.len() as i64 > limit;
+        let page: Vec<WorkflowRow> = rows.into_iter().take(limit as usize).collect();
+        let next_page_token = if more {
+            page.last().map(|r| r.name.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(ListWorkflowsResponse {
+            workflows: page
+                .into_iter()
+                .map(|row| WorkflowSummary {
+                    namespace: row.namespace,
+                    name: row.name,
+                    latest_version: row.version,
+                    description: row.description,
+                    update_time: Some(timestamp(row.created_at)),
+                })
+                .collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn list_workflow_versions(
+        &self,
+        request: Request<ListWorkflowVersionsRequest>,
+    ) -> Result<Response<ListWorkflowVersionsResponse>, Status> {
+        let caller = caller(&request);
+        let request = request.into_inner();
+        check_name(&request.name)?;
+        let limit = page_size(request.page_size)?;
+        let before = match request.page_token.as_str() {
+            "" => i32::MAX,
+            token => token
+                .parse::<i32>()
+                .map_err(|_| invalid_field("page_token", "not a token this server issued"))?,
+        };
+        let rows = self
+            .coordinator
+            .list_workflow_versions(
+            &caller.namespace,
+            &request.name,
+            before,
+            limit + 1,
+        )
+        .await
+        .map_err(from_coordinator)?;
+        if rows.is_empty() && request.page_token.is_empty() {
+            return Err(Status::not_found(format!("workflow {:?} not found", request.name)));
+        }
+        let more = rows.len() as i64 > limit;
+        let page: Vec<WorkflowRow> = rows.into_iter().take(limit as usize).collect();
+        let next_page_token = if more {
+            page.last().map(|r| r.version.to_string()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(ListWorkflowVersionsResponse {
+            versions: page.into_iter().map(|row| version_message(row, false)).collect(),
+            next_page_token,
+        }))
+    }
+}

@@ -1,0 +1,500 @@
+//! One event, one transaction: with the run's row locked, load what the
+//! event touches, `decide`, and persist the decision's state change and
+//! actions (tasks and their outbox rows, timers, waits, history, run status,
+//! hand-offs to other runs). The caller commits.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use chrono::{DateTime, TimeZone, Utc};
+use composer_engine::{
+    Action, ChildStatus, DecideError, ErrorInfo, Event, NodeKey, NodeState, RunRecord, RunState,
+    RunStatus, TimerId, TimerKind, Timestamp, decide, prefetch,
+};
+use composer_store::{
+    events,
+    runs::{self, HistoryWrite, NewRun, NodeWrite, RunRow, RunUpdate},
+    tasks::{self, TaskArm},
+    timers::{self, TimerWrite},
+};
+use serde_json::{Value as Json, json};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::{Coordinator, error::CoordinatorError, workflows::LoadedWorkflow};
+
+/// Who caused an event, for the history (`system` for timers and recovery).
+pub const SYSTEM: &str = "system";
+
+/// The engine needs node state for at most this many rounds per event; more
+/// means it keeps asking for keys it was given (a bug), not a big run.
+const MAX_LOAD_ROUNDS: usize = 64;
+
+/// What applying events to a run did, for the caller to act on after commit.
+#[derive(Debug, Default)]
+pub struct Applied {
+    /// Runs with new inbox messages (children to start or cancel, a parent
+    /// to tell): process them after commit.
+    pub inbox_runs: Vec<Uuid>,
+    /// True when tasks were armed (outbox rows written).
+    pub dispatched: bool,
+    /// The run's status after the events.
+    pub status: String,
+}
+
+/// Milliseconds since the epoch, the engine's clock.
+pub fn timestamp(time: DateTime<Utc>) -> Timestamp {
+    Timestamp(time.timestamp_millis())
+}
+
+fn to_datetime(ts: Timestamp) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(ts.0).single().unwrap_or_else(Utc::now)
+}
+
+/// A fresh seed for retry jitter (the engine itself draws no randomness).
+pub fn seed() -> u64 {
+    Uuid::new_v4().as_u64_pair().0
+}
+
+/// The stored text of an engine status.
+pub fn run_status_text(status: RunStatus) -> String {
+    serde_json::to_value(status)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| "UNKNOWN".to_owned())
+}
+
+/// A timer's row key: unique per run.
+pub fn timer_key(timer: &TimerId) -> String {
+    let kind = serde_json::to_value(timer.kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let node = timer.node.as_ref().map(ToString::to_string).unwrap_or_default();
+    let attempt = timer.attempt.map(|a| a.to_string()).unwrap_or_default();
+    format!("{kind}:{node}:{attempt}")
+}
+
+/// The text form of a correlation value (strings as they are, else JSON).
+pub fn correlation_text(value: &Json) -> String {
+    match value {
+        Json::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Applies events to one locked run.
+pub(crate) struct RunTxn<'a> {
+    coordinator: &'a Coordinator,
+    run: RunRow,
+    workflow: std::sync::Arc<LoadedWorkflow>,
+    state: RunState,
+    was_terminal: bool,
+    touched: BTreeMap<NodeKey, NodeState>,
+    timers: BTreeMap<String, Option<TimerWrite>>,
+    history: Vec<HistoryWrite>,
+    queue: VecDeque<(Event, String)>,
+    applied: Applied,
+}
+
+impl<'a> RunTxn<'a> {
+    /// Starts applying events to `run`, whose row the caller has locked.
+    pub(crate) async fn new(
+        coordinator: &'a Coordinator,
+        run: RunRow,
+    ) -> Result<RunTxn<'a>, CoordinatorError> {
+        let workflow = coordinator
+            .workflows
+            .get(
+                &coordinator.store,
+                &run.namespace,
+                &run.workflow_name,
+                Some(run.workflow_version),
+            )
+            .await?;
+        let record: RunRecord = serde_json::from_value(run.record.clone())?;
+        let was_terminal = record.status.is_terminal();
+        Ok(RunTxn {
+            coordinator,
+            workflow,
+            state: RunState {
+                run: record,
+                nodes: BTreeMap::new(),
+            },
+            was_terminal,
+            run,
+            touched: BTreeMap::new(),
+            timers: BTreeMap::new(),
+            history: Vec::new(),
+            queue: VecDeque::new(),
+            applied: Applied::default(),
+        })
+    }
+
+    /// Queues an event.
+    pub(crate) fn push(&mut self, event: Event, actor: &str) {
+        self.queue.push_back((event, actor.to_owned()));
+    }
+
+    /// Records a history entry that no decision makes (e.g. who asked).
+    pub(crate) fn note(&mut self, event_type: &str, actor: &str, details: Json) {
+        self.history.push(HistoryWrite {
+            event_type: event_type.to_owned(),
+            node_key: None,
+            attempt: None,
+            actor: actor.to_owned(),
+            details,
+        });
+    }
+
+    /// Applies every queued event (and the ones they cause), then writes the
+    /// result. The caller commits.
+    pub(crate) async fn finish(mut self, conn: &mut PgConnection) -> Result<Applied, CoordinatorError> {
+        while let Some((event, actor)) = self.queue.pop_front() {
+            self.apply_one(conn, &event, &actor).await?;
+        }
+        self.persist(conn).await?;
+        Ok(self.applied)
+    }
+
+    async fn load(&mut self, conn: &mut PgConnection, keys: Vec<NodeKey>) -> Result<(), CoordinatorError> {
+        let wanted: Vec<String> = keys
+            .iter()
+            .filter(|k| !self.state.nodes.contains_key(*k))
+            .map(ToString::to_string)
+            .collect();
+        let rows = runs::load_nodes(conn, self.run.id, &wanted).await?;
+        let mut found: BTreeMap<String, Json> = rows.into_iter().collect();
+        for key in keys {
+            let state = match found.remove(&key.to_string()) {
+                Some(json) => Some(serde_json::from_value::<NodeState>(json)?),
+                None => None,
+            };
+            self.state.nodes.entry(key).or_insert(state);
+        }
+        Ok(())
+    }
+
+    async fn apply_one(
+        &mut self,
+        conn: &mut PgConnection,
+        event: &Event,
+        actor: &str,
+    ) -> Result<(), CoordinatorError> {
+        let wf = std::sync::Arc::clone(&self.workflow);
+        let first = prefetch(&wf.compiled, &self.state, event);
+        self.load(conn, first).await?;
+        let now = timestamp(Utc::now());
+        let mut rounds = 0;
+        let decision = loop {
+            match decide(&wf.compiled, &self.state, event, now) {
+                Ok(decision) => break decision,
+                Err(DecideError::NeedNodes(keys)) if rounds < MAX_LOAD_ROUNDS => {
+                    rounds += 1;
+                    self.load(conn, keys).await?;
+                }
+                Err(error) => return Err(CoordinatorError::Corrupt(error.to_string())),
+            }
+        };
+        self.state.apply(&decision.change);
+        for (key, state) in &decision.change.nodes {
+            self.touched.insert(key.clone(), state.clone());
+        }
+        for action in decision.actions {
+            self.act(conn, action, actor).await?;
+        }
+        Ok(())
+    }
+
+    async fn act(&mut self, conn: &mut PgConnection, action: Action, actor: &str) -> Result<(), CoordinatorError> {
+        let run_id = self.run.id;
+        match action {
+            Action::CreateTask {
+                node,
+                attempt,
+                queue,
+                task_name,
+                input,
+                heartbeat_timeout_ms,
+                timeout_ms,
+            } => {
+                let key = node.to_string();
+                tasks::arm_task(
+                    conn,
+                    &TaskArm {
+                        new_id: Uuid::new_v4(),
+                        namespace: &self.run.namespace,
+                        run_id,
+                        node_key: &key,
+                        workflow_name: &self.run.workflow_name,
+                        workflow_version: self.run.workflow_version,
+                        queue: &queue,
+                        task_name: &task_name,
+                        attempt: i32::try_from(attempt).unwrap_or(i32::MAX),
+                        input: &input,
+                        heartbeat_timeout_ms: i64::try_from(heartbeat_timeout_ms).unwrap_or(i64::MAX),
+                        attempt_timeout_ms: timeout_ms.and_then(|t| i64::try_from(t).ok()),
+                    },
+                )
+                .await?;
+                self.applied.dispatched = true;
+            }
+            Action::ScheduleTimer { timer, fire_at } => {
+                let key = timer_key(&timer);
+                let write = TimerWrite {
+                    key: key.clone(),
+                    timer: serde_json::to_value(&timer)?,
+                    fire_at: to_datetime(fire_at),
+                };
+                self.timers.insert(key, Some(write));
+            }
+            Action::CancelTimer { timer } => {
+                if timer.kind == TimerKind::EventTimeout
+                    && let Some(node) = &timer.node
+                {
+                    events::delete_waits(conn, run_id, Some(&node.to_string())).await?;
+                }
+                self.timers.insert(timer_key(&timer), None);
+            }
+            Action::CancelTask { node } => {
+                tasks::cancel_node_tasks(conn, run_id, &node.to_string()).await?;
+            }
+            Action::CancelAllTasks => {
+                tasks::cancel_all_tasks(conn, run_id).await?;
+            }
+            Action::CancelAllTimers => {
+                timers::cancel_all_timers(conn, run_id).await?;
+                events::delete_waits(conn, run_id, None).await?;
+                self.timers.clear();
+            }
+            Action::AwaitEvent {
+                node,
+                name,
+                correlation,
+            } => {
+                let correlation = correlation.as_ref().map(correlation_text);
+                let pending = events::take_pending(
+                    conn,
+                    &self.run.namespace,
+                    run_id,
+                    correlation.as_deref(),
+                    &name,
+                )
+                .await?;
+                match pending {
+                    Some(payload) => self.queue.push_back((
+                        Event::EventReceived {
+                            name,
+                            payload,
+                            node: Some(node),
+                        },
+                        actor.to_owned(),
+                    )),
+                    None => {
+                        events::insert_wait(
+                            conn,
+                            run_id,
+                            &node.to_string(),
+                            &self.run.namespace,
+                            &name,
+                            correlation.as_deref(),
+                        )
+                        .await?
+                    }
+                }
+            }
+            Action::StartChildRun {
+                node,
+                attempt,
+                workflow,
+                version,
+                input,
+            } => {
+                self.start_child(conn, node, attempt, &workflow, version, input, actor)
+                    .await?;
+            }
+            Action::CancelChildRun { node } => {
+                self.cancel_children(conn, Some(&node.to_string())).await?;
+            }
+            Action::CancelAllChildRuns => {
+                self.cancel_children(conn, None).await?;
+            }
+            Action::CompleteRun { .. } | Action::FailRun { .. } | Action::CancelRun { .. } => {
+                // the status is in the state change; the run's end is
+                // handled once, in persist
+            }
+            Action::AppendHistory {
+                kind,
+                node,
+                attempt,
+                detail,
+            } => self.history.push(HistoryWrite {
+                event_type: kind,
+                node_key: node.map(|n| n.to_string()),
+                attempt: attempt.and_then(|a| i32::try_from(a).ok()),
+                actor: actor.to_owned(),
+                details: detail,
+            }),
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_child(
+        &mut self,
+        conn: &mut PgConnection,
+        node: NodeKey,
+        attempt: u32,
+        workflow: &str,
+        version: Option<u32>,
+        input: Json,
+        actor: &str,
+    ) -> Result<(), CoordinatorError> {
+        let version = version.and_then(|v| i32::try_from(v).ok());
+        let child_workflow = match self
+            .coordinator
+            .workflows
+            .get(&self.coordinator.store, &self.run.namespace, workflow, version)
+            .await
+        {
+            Ok(loaded) => loaded,
+            Err(CoordinatorError::WorkflowNotFound { name, version }) => {
+                let event = Event::ChildRunFinished {
+                    node,
+                    attempt,
+                    status: ChildStatus::Failed,
+                    output: Json::Null,
+                    error: Some(ErrorInfo::new(
+                        "WORKFLOW_NOT_FOUND",
+                        format!("workflow {name:?} {version} not found"),
+                    )),
+                    seed: seed(),
+                };
+                self.queue.push_back((event, actor.to_owned()));
+                return Ok(());
+            }
+            Err(other) => return Err(other),
+        };
+        let child_id = Uuid::new_v4();
+        let record = RunState::new(
+            child_id.to_string(),
+            &child_workflow.row.name,
+            u32::try_from(child_workflow.row.version).unwrap_or_default(),
+            input.clone(),
+        )
+        .run;
+        let node_key = node.to_string();
+        runs::insert_run(
+            conn,
+            &NewRun {
+                id: child_id,
+                namespace: &self.run.namespace,
+                workflow_name: &child_workflow.row.name,
+                workflow_version: child_workflow.row.version,
+                status: &run_status_text(RunStatus::Pending),
+                input: &input,
+                labels: &json!({}),
+                idempotency_key: None,
+                parent_run_id: Some(self.run.id),
+                parent_node: Some(&node_key),
+                parent_attempt: i32::try_from(attempt).ok(),
+                record: &serde_json::to_value(&record)?,
+            },
+        )
+        .await?;
+        let started = serde_json::to_value(Event::RunStarted)?;
+        events::push_inbox(conn, child_id, &started, &format!("run:{}", self.run.id)).await?;
+        self.applied.inbox_runs.push(child_id);
+        Ok(())
+    }
+
+    async fn cancel_children(&mut self, conn: &mut PgConnection, node: Option<&str>) -> Result<(), CoordinatorError> {
+        let children = runs::active_children(conn, self.run.id, node).await?;
+        let cancel = serde_json::to_value(Event::CancelRequested {
+            reason: "parent run cancelled".to_owned(),
+        })?;
+        for child in children {
+            events::push_inbox(conn, child, &cancel, &format!("run:{}", self.run.id)).await?;
+            self.applied.inbox_runs.push(child);
+        }
+        Ok(())
+    }
+
+    async fn persist(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
+        let run_id = self.run.id;
+        let nodes: Vec<NodeWrite> = std::mem::take(&mut self.touched)
+            .into_iter()
+            .map(|(key, state)| {
+                Ok(NodeWrite {
+                    key: key.to_string(),
+                    status: state.status.as_str().to_owned(),
+                    ended: !state.status.is_active()
+                        && !matches!(state.status, composer_engine::NodeStatus::Pending),
+                    state: serde_json::to_value(&state)?,
+                })
+            })
+            .collect::<Result<_, serde_json::Error>>()?;
+        runs::upsert_nodes(conn, run_id, &nodes).await?;
+
+        let (deletes, writes): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.timers).into_iter().partition(|(_, w)| w.is_none());
+        let deletes: Vec<String> = deletes.into_iter().map(|(k, _)| k).collect();
+        let writes: Vec<TimerWrite> = writes.into_iter().filter_map(|(_, w)| w).collect();
+        timers::cancel_timers(conn, run_id, &deletes).await?;
+        timers::schedule_timers(conn, run_id, &self.run.namespace, &writes).await?;
+
+        let record = &self.state.run;
+        let status = run_status_text(record.status);
+        let ended = record.status.is_terminal() && !self.was_terminal;
+        let error = record.error.as_ref().map(|e| json!({"code": e.code, "message": e.message}));
+        runs::update_run(
+            conn,
+            run_id,
+            &RunUpdate {
+                status: &status,
+                record: &serde_json::to_value(record)?,
+                output: record.output.as_ref(),
+                error: error.as_ref(),
+                ended,
+            },
+        )
+        .await?;
+        runs::append_history(conn, run_id, &self.run.namespace, &self.history).await?;
+        if ended {
+            self.end_run(conn).await?;
+        }
+        runs::notify_changed(conn, run_id, self.applied.dispatched).await?;
+        self.applied.status = status;
+        Ok(())
+    }
+
+    /// A run just ended: drop what only a live run needs, and tell its parent.
+    async fn end_run(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
+        let run_id = self.run.id;
+        timers::cancel_all_timers(conn, run_id).await?;
+        tasks::cancel_all_tasks(conn, run_id).await?;
+        runs::release_finished_run(conn, run_id).await?;
+        let (Some(parent), Some(parent_node)) = (self.run.parent_run_id, self.run.parent_node.as_deref()) else {
+            return Ok(());
+        };
+        let node: NodeKey = parent_node
+            .parse()
+            .map_err(|_| CoordinatorError::Corrupt(format!("parent node key {parent_node:?}")))?;
+        let record = &self.state.run;
+        let status = match record.status {
+            RunStatus::Completed => ChildStatus::Completed,
+            RunStatus::Cancelled => ChildStatus::Cancelled,
+            _ => ChildStatus::Failed,
+        };
+        let finished = Event::ChildRunFinished {
+            node,
+            attempt: self.run.parent_attempt.and_then(|a| u32::try_from(a).ok()).unwrap_or(1),
+            status,
+            output: record.output.clone().unwrap_or(Json::Null),
+            error: record.error.clone(),
+            seed: seed(),
+        };
+        events::push_inbox(conn, parent, &serde_json::to_value(&finished)?, &format!("run:{run_id}")).await?;
+        self.applied.inbox_runs.push(parent);
+        Ok(())
+    }
+}

@@ -1,0 +1,84 @@
+//! The coordinator's errors, by meaning. The gRPC layer maps each to a
+//! status; nothing here knows about gRPC.
+
+use composer_store::StoreError;
+
+/// A problem with one field of a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldProblem {
+    /// The field's path, e.g. `input.amount` or `nodes[3].retry`.
+    pub field: String,
+    /// What is wrong.
+    pub description: String,
+}
+
+/// Why a coordinator operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordinatorError {
+    /// The workflow (or that version) does not exist in the namespace.
+    #[error("workflow {name:?} {version} not found")]
+    WorkflowNotFound {
+        /// Name.
+        name: String,
+        /// `version N` or `latest`.
+        version: String,
+    },
+    /// The run does not exist in the namespace.
+    #[error("run {0} not found")]
+    RunNotFound(String),
+    /// The task does not exist in the namespace.
+    #[error("task {0} not found")]
+    TaskNotFound(String),
+    /// A definition did not validate.
+    #[error("invalid workflow definition")]
+    InvalidDefinition(Vec<FieldProblem>),
+    /// A request field is invalid.
+    #[error("invalid argument")]
+    InvalidArgument(Vec<FieldProblem>),
+    /// A payload is larger than the configured limit.
+    #[error("{field} is {size} bytes, over the limit of {limit} bytes (max_payload_bytes)")]
+    PayloadTooLarge {
+        /// The field.
+        field: String,
+        /// Its size.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// The report's lease is not the task's current lease.
+    #[error("lease lost: task {task_id} attempt {attempt} is no longer leased with this token")]
+    LeaseLost {
+        /// Task.
+        task_id: String,
+        /// Attempt.
+        attempt: i32,
+    },
+    /// The run is not in a status that allows the operation.
+    #[error("run {run_id} is {status}: {why}")]
+    WrongRunStatus {
+        /// Run.
+        run_id: String,
+        /// Its status.
+        status: String,
+        /// What was asked.
+        why: &'static str,
+    },
+    /// Stored state could not be read back (a bug or a manual edit).
+    #[error("corrupt stored state: {0}")]
+    Corrupt(String),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for CoordinatorError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Store(StoreError::from(error))
+    }
+}
+
+impl From<serde_json::Error> for CoordinatorError {
+    fn from(error: serde_json::Error) -> Self {
+        Self::Corrupt(error.to_string())
+    }
+}

@@ -1,0 +1,108 @@
+//! The server's own worker for HTTP nodes: it takes `_http` tasks through
+//! the same lease protocol as any SDK worker (poll, heartbeat, fenced
+//! report), so HTTP steps get leases, retries and recovery like the rest.
+
+use std::{sync::Arc, time::Duration};
+
+use composer_store::tasks::LeasedTask;
+use tokio::sync::{Semaphore, watch};
+
+use crate::{
+    Coordinator, TaskReport,
+    dispatch::PollHub,
+    http::{HTTP_QUEUE, HttpExecutor, HttpOutcome},
+};
+
+/// Settings of the HTTP worker.
+#[derive(Debug, Clone)]
+pub struct HttpWorkerConfig {
+    /// Namespaces whose `_http` queue this server serves.
+    pub namespaces: Vec<String>,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+}
+
+/// Serves `_http` tasks until `shutdown` flips; in-flight requests finish.
+pub async fn run_http_worker(
+    coordinator: Coordinator,
+    hub: Arc<PollHub>,
+    executor: Arc<HttpExecutor>,
+    config: HttpWorkerConfig,
+    shutdown: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
+    let worker_id = "composer-http-worker".to_owned();
+    let queues = vec![HTTP_QUEUE.to_owned()];
+    let mut polls = Vec::new();
+    for namespace in config.namespaces {
+        let (coordinator, hub, executor, slots, worker_id, queues, shutdown) = (
+            coordinator.clone(),
+            Arc::clone(&hub),
+            Arc::clone(&executor),
+            Arc::clone(&slots),
+            worker_id.clone(),
+            queues.clone(),
+            shutdown.clone(),
+        );
+        polls.push(tokio::spawn(async move {
+            while !*shutdown.borrow() {
+                let free = slots.available_permits().max(1);
+                let tasks = hub
+                    .poll(&namespace, &queues, &worker_id, free, Duration::from_secs(5))
+                    .await;
+                for task in tasks {
+                    let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+                        return;
+                    };
+                    let (coordinator, executor) = (coordinator.clone(), Arc::clone(&executor));
+                    tokio::spawn(async move {
+                        execute(&coordinator, &executor, task).await;
+                        drop(permit);
+                    });
+                }
+            }
+        }));
+    }
+    for poll in polls {
+        let _ = poll.await;
+    }
+}
+
+async fn execute(coordinator: &Coordinator, executor: &HttpExecutor, task: LeasedTask) {
+    let task_id = task.id.to_string();
+    let token = task.lease_token.to_string();
+    let request = executor.execute(&task.input, &task_id);
+    tokio::pin!(request);
+    let period = Duration::from_millis(u64::try_from(task.heartbeat_timeout_ms / 3).unwrap_or(1000).max(100));
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut request => break outcome,
+            () = tokio::time::sleep(period) => {
+                match coordinator.heartbeat(Some(&task.namespace), &task_id, task.attempt, &token).await {
+                    Ok(answer) if answer.cancel_requested => return,
+                    Ok(_) => {}
+                    Err(crate::CoordinatorError::LeaseLost { .. }) => return,
+                    Err(error) => tracing::warn!(%task_id, %error, "http heartbeat failed"),
+                }
+            }
+        }
+    };
+    let report = match outcome {
+        HttpOutcome::Completed(output) => TaskReport::Completed { output },
+        HttpOutcome::Failed {
+            code,
+            message,
+            retryable,
+        } => TaskReport::Failed {
+            code,
+            message,
+            retryable,
+        },
+    };
+    let reported = coordinator
+        .report(Some(&task.namespace), &task_id, task.attempt, &token, report, "worker:composer-http")
+        .await;
+    if let Err(error) = reported {
+        tracing::warn!(%task_id, attempt = task.attempt, %error, "http report not applied");
+    }
+}

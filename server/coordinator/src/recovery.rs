@@ -1,0 +1,170 @@
+//! Recovery loops, run in every server and safe with many: each candidate
+//! is re-checked under its run's lock, so two servers never apply one
+//! timer or one expiry twice.
+
+use std::time::Duration;
+
+use composer_engine::{Event, NodeKey, TimerId};
+use composer_store::{events, runs, tasks, timers};
+use tokio::sync::watch;
+
+use crate::{
+    Coordinator,
+    apply::{RunTxn, SYSTEM, seed},
+    error::CoordinatorError,
+};
+
+/// Periods and batch sizes of the recovery loops.
+#[derive(Debug, Clone)]
+pub struct RecoveryConfig {
+    /// How often to look for due timers when none were due.
+    pub timer_interval: Duration,
+    /// How often to look for expired leases.
+    pub lease_interval: Duration,
+    /// A task dispatched this long ago and not leased is republished.
+    pub lost_dispatch_grace: Duration,
+    /// How often to look for lost dispatches and stuck inboxes.
+    pub reconcile_interval: Duration,
+    /// Candidates per pass.
+    pub batch: i64,
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        Self {
+            timer_interval: Duration::from_millis(100),
+            lease_interval: Duration::from_millis(500),
+            lost_dispatch_grace: Duration::from_secs(15),
+            reconcile_interval: Duration::from_secs(2),
+            batch: 200,
+        }
+    }
+}
+
+impl Coordinator {
+    /// Fires one due timer, if it is still there and due.
+    pub async fn fire_timer(&self, run_id: uuid::Uuid, key: &str) -> Result<bool, CoordinatorError> {
+        let mut tx = self.store.begin().await?;
+        let Some(run) = runs::lock_run(&mut tx, None, run_id).await? else {
+            return Ok(false);
+        };
+        let Some(timer) = timers::take_timer(&mut tx, run_id, key).await? else {
+            return Ok(false);
+        };
+        let timer: TimerId = serde_json::from_value(timer)?;
+        if timer.kind == composer_engine::TimerKind::EventTimeout
+            && let Some(node) = &timer.node
+        {
+            events::delete_waits(&mut tx, run_id, Some(&node.to_string())).await?;
+        }
+        let mut txn = RunTxn::new(self, run).await?;
+        txn.push(Event::TimerFired { timer, seed: seed() }, SYSTEM);
+        let applied = txn.finish(&mut tx).await?;
+        tx.commit().await?;
+        self.after_commit(applied.inbox_runs).await;
+        Ok(true)
+    }
+
+    /// Expires one lease, if it is still leased and past its deadline.
+    pub async fn expire_lease(&self, lease: &tasks::ExpiredLease) -> Result<bool, CoordinatorError> {
+        let mut tx = self.store.begin().await?;
+        let Some(run) = runs::lock_run(&mut tx, None, lease.run_id).await? else {
+            return Ok(false);
+        };
+        if !tasks::expire_lease(&mut tx, lease.task_id, lease.attempt).await? {
+            return Ok(false);
+        }
+        let node: NodeKey = lease
+            .node_key
+            .parse()
+            .map_err(|_| CoordinatorError::Corrupt(format!("task node key {:?}", lease.node_key)))?;
+        let mut txn = RunTxn::new(self, run).await?;
+        txn.push(
+            Event::LeaseExpired {
+                node,
+                attempt: u32::try_from(lease.attempt).unwrap_or_default(),
+                seed: seed(),
+            },
+            SYSTEM,
+        );
+        let applied = txn.finish(&mut tx).await?;
+        tx.commit().await?;
+        self.after_commit(applied.inbox_runs).await;
+        Ok(true)
+    }
+
+    /// Fires due timers until none is due or `shutdown` flips.
+    pub async fn run_timer_loop(self, config: RecoveryConfig, mut shutdown: watch::Receiver<bool>) {
+        while !*shutdown.borrow() {
+            let fired = match timers::due_timers(self.store.pool(), config.batch).await {
+                Ok(due) => {
+                    let count = due.len();
+                    for timer in due {
+                        if let Err(error) = self.fire_timer(timer.run_id, &timer.key).await {
+                            tracing::warn!(run_id = %timer.run_id, key = %timer.key, %error, "timer not fired");
+                        }
+                    }
+                    count
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "timer loop");
+                    0
+                }
+            };
+            if fired == 0 {
+                sleep_or_stop(config.timer_interval, &mut shutdown).await;
+            }
+        }
+    }
+
+    /// Expires leases past their deadline.
+    pub async fn run_lease_loop(self, config: RecoveryConfig, mut shutdown: watch::Receiver<bool>) {
+        while !*shutdown.borrow() {
+            match tasks::expired_leases(self.store.pool(), config.batch).await {
+                Ok(expired) => {
+                    for lease in &expired {
+                        match self.expire_lease(lease).await {
+                            Ok(true) => tracing::info!(task_id = %lease.task_id, attempt = lease.attempt, "lease expired"),
+                            Ok(false) => {}
+                            Err(error) => tracing::warn!(task_id = %lease.task_id, %error, "lease not expired"),
+                        }
+                    }
+                }
+                Err(error) => tracing::warn!(%error, "lease loop"),
+            }
+            sleep_or_stop(config.lease_interval, &mut shutdown).await;
+        }
+    }
+
+    /// Republishes lost dispatches, applies stuck inboxes, keeps history
+    /// partitions ahead: so Redis and the hand-offs never drift for long.
+    pub async fn run_reconcile_loop(self, config: RecoveryConfig, mut shutdown: watch::Receiver<bool>) {
+        let grace_ms = i64::try_from(config.lost_dispatch_grace.as_millis()).unwrap_or(i64::MAX);
+        let mut last_partition_check: Option<tokio::time::Instant> = None;
+        while !*shutdown.borrow() {
+            match tasks::republish_lost_dispatches(self.store.pool(), grace_ms, config.batch).await {
+                Ok(0) => {}
+                Ok(count) => tracing::info!(count, "republished dispatches never leased"),
+                Err(error) => tracing::warn!(%error, "lost dispatch pass"),
+            }
+            match events::runs_with_inbox(self.store.pool(), config.batch).await {
+                Ok(runs) => self.after_commit(runs).await,
+                Err(error) => tracing::warn!(%error, "inbox pass"),
+            }
+            if last_partition_check.is_none_or(|at| at.elapsed() > Duration::from_secs(3600)) {
+                match self.store.ensure_history_partitions(7).await {
+                    Ok(_) => last_partition_check = Some(tokio::time::Instant::now()),
+                    Err(error) => tracing::warn!(%error, "history partitions"),
+                }
+            }
+            sleep_or_stop(config.reconcile_interval, &mut shutdown).await;
+        }
+    }
+}
+
+async fn sleep_or_stop(period: Duration, shutdown: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        () = tokio::time::sleep(period) => {},
+        _ = shutdown.changed() => {},
+    }
+}

@@ -1,0 +1,156 @@
+//! The worker side of a task's life: heartbeats and reports, fenced by the
+//! lease `(task_id, attempt, lease_token)`.
+
+use chrono::{DateTime, Utc};
+use composer_engine::{Event, NodeKey};
+use composer_store::{
+    runs,
+    tasks::{self, HeartbeatOutcome, ReportCheck},
+};
+use serde_json::Value as Json;
+use uuid::Uuid;
+
+use crate::{
+    Coordinator,
+    apply::{RunTxn, seed},
+    error::CoordinatorError,
+};
+
+/// How a worker ends an attempt.
+#[derive(Debug, Clone)]
+pub enum TaskReport {
+    /// Success, with the output.
+    Completed {
+        /// The output.
+        output: Json,
+    },
+    /// Failure.
+    Failed {
+        /// Machine-readable code.
+        code: String,
+        /// Message.
+        message: String,
+        /// False: final at once.
+        retryable: bool,
+    },
+}
+
+/// The answer to a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeartbeatAnswer {
+    /// The lease's new deadline (None once cancelled).
+    pub lease_expires_at: Option<DateTime<Utc>>,
+    /// True when the run was cancelled.
+    pub cancel_requested: bool,
+}
+
+fn parse_ids(task_id: &str, lease_token: &str, attempt: i32) -> Result<(Uuid, Uuid), CoordinatorError> {
+    let task = Uuid::parse_str(task_id).map_err(|_| CoordinatorError::TaskNotFound(task_id.to_owned()))?;
+    let token = Uuid::parse_str(lease_token).map_err(|_| CoordinatorError::LeaseLost {
+        task_id: task_id.to_owned(),
+        attempt,
+    })?;
+    Ok((task, token))
+}
+
+impl Coordinator {
+    /// Extends a lease; says whether the run was cancelled.
+    pub async fn heartbeat(
+        &self,
+        namespace: Option<&str>,
+        task_id: &str,
+        attempt: i32,
+        lease_token: &str,
+    ) -> Result<HeartbeatAnswer, CoordinatorError> {
+        let (task, token) = parse_ids(task_id, lease_token, attempt)?;
+        match tasks::heartbeat(self.store.pool(), namespace, task, attempt, token).await? {
+            HeartbeatOutcome::Extended(until) => Ok(HeartbeatAnswer {
+                lease_expires_at: Some(until),
+                cancel_requested: false,
+            }),
+            HeartbeatOutcome::Cancelled => Ok(HeartbeatAnswer {
+                lease_expires_at: None,
+                cancel_requested: true,
+            }),
+            HeartbeatOutcome::Lost => self.lost_or_unknown(namespace, task, attempt).await,
+        }
+    }
+
+    async fn lost_or_unknown<T>(
+        &self,
+        namespace: Option<&str>,
+        task: Uuid,
+        attempt: i32,
+    ) -> Result<T, CoordinatorError> {
+        match tasks::task_owner(self.store.pool(), namespace, task).await? {
+            None => Err(CoordinatorError::TaskNotFound(task.to_string())),
+            Some(_) => Err(CoordinatorError::LeaseLost {
+                task_id: task.to_string(),
+                attempt,
+            }),
+        }
+    }
+
+    /// Applies a worker's report. Stale lease: LeaseLost, nothing changes. A
+    /// repeat of an applied report: Ok, nothing changes.
+    pub async fn report(
+        &self,
+        namespace: Option<&str>,
+        task_id: &str,
+        attempt: i32,
+        lease_token: &str,
+        report: TaskReport,
+        actor: &str,
+    ) -> Result<(), CoordinatorError> {
+        let (task, token) = parse_ids(task_id, lease_token, attempt)?;
+        if let TaskReport::Completed { output } = &report {
+            self.check_payload("output", output)?;
+        }
+        let Some((run_id, node_key)) = tasks::task_owner(self.store.pool(), namespace, task).await? else {
+            return Err(CoordinatorError::TaskNotFound(task_id.to_owned()));
+        };
+        let node: NodeKey = node_key
+            .parse()
+            .map_err(|_| CoordinatorError::Corrupt(format!("task node key {node_key:?}")))?;
+        let mut tx = self.store.begin().await?;
+        let run = runs::lock_run(&mut tx, None, run_id)
+            .await?
+            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
+        let outcome = match report {
+            TaskReport::Completed { .. } => tasks::status::COMPLETED,
+            TaskReport::Failed { .. } => tasks::status::FAILED,
+        };
+        match tasks::finish_task(&mut tx, task, attempt, token, outcome).await? {
+            ReportCheck::Applied => {}
+            ReportCheck::Repeat => return Ok(()),
+            ReportCheck::Stale => {
+                return Err(CoordinatorError::LeaseLost {
+                    task_id: task_id.to_owned(),
+                    attempt,
+                });
+            }
+        }
+        let attempt = u32::try_from(attempt).unwrap_or_default();
+        let event = match report {
+            TaskReport::Completed { output } => Event::TaskCompleted { node, attempt, output },
+            TaskReport::Failed {
+                code,
+                message,
+                retryable,
+            } => Event::TaskFailed {
+                node,
+                attempt,
+                code,
+                message,
+                retryable,
+                seed: seed(),
+            },
+        };
+        let mut txn = RunTxn::new(self, run).await?;
+        txn.push(event, actor);
+        let applied = txn.finish(&mut tx).await?;
+        tx.commit().await?;
+        self.after_commit(applied.inbox_runs).await;
+        Ok(())
+    }
+}

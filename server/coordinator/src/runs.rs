@@ -1,0 +1,490 @@
+//! Run control: start, read, cancel, retry, send events.
+
+use composer_engine::{Event, NodeKey};
+use composer_store::{
+    events,
+    runs::{self, HistoryRow, NewRun, NodeRow, RunFilter, RunRow},
+};
+use serde_json::{Value as Json, json};
+use uuid::Uuid;
+
+use crate::{
+    Coordinator,
+    apply::{RunTxn, run_status_text, seed},
+    error::{CoordinatorError, FieldProblem},
+};
+
+/// A StartRun request.
+#[derive(Debug, Clone)]
+pub struct StartRun {
+    /// Namespace.
+    pub namespace: String,
+    /// Workflow.
+    pub workflow_name: String,
+    /// Version; None: the latest.
+    pub version: Option<i32>,
+    /// Input.
+    pub input: Json,
+    /// Optional idempotency key.
+    pub idempotency_key: Option<String>,
+    /// Labels (a JSON object of strings).
+    pub labels: Json,
+    /// Who asks.
+    pub actor: String,
+}
+
+/// A run with its node states.
+#[derive(Debug, Clone)]
+pub struct RunView {
+    /// The run.
+    pub run: RunRow,
+    /// Its nodes (empty when not asked for).
+    pub nodes: Vec<NodeRow>,
+}
+
+/// Where SendEvent delivers.
+#[derive(Debug, Clone)]
+pub enum EventTarget {
+    /// One run.
+    Run(Uuid),
+    /// Runs waiting on a correlation key.
+    Correlation(String),
+}
+
+/// What SendEvent did.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SendEventResult {
+    /// Runs whose wait consumed the event.
+    pub delivered: Vec<Uuid>,
+    /// True when the event was kept for a later wait.
+    pub stored: bool,
+}
+
+fn parse_run_id(text: &str) -> Result<Uuid, CoordinatorError> {
+    Uuid::parse_str(text).map_err(|_| CoordinatorError::RunNotFound(text.to_owned()))
+}
+
+impl Coordinator {
+    /// Starts a run, or returns the run an idempotency key already names.
+    pub async fn start_run(&self, request: StartRun) -> Result<(RunRow, bool), CoordinatorError> {
+        let workflow = self
+            .workflows
+            .get(&self.store, &request.namespace, &request.workflow_name, request.version)
+            .await?;
+        self.check_payload("input", &request.input)?;
+        if let Some(schema) = &workflow.input_schema {
+            let problems: Vec<FieldProblem> = schema
+                .iter_errors(&request.input)
+                .map(|e| FieldProblem {
+                    field: format!("input{}", pointer_to_path(&e.instance_path().to_string())),
+                    description: e.to_string(),
+                })
+                .collect();
+            if !problems.is_empty() {
+                return Err(CoordinatorError::InvalidArgument(problems));
+            }
+        }
+        let mut tx = self.store.begin().await?;
+        if let Some(key) = &request.idempotency_key
+            && let Some(existing) = runs::run_id_by_idempotency_key(&mut tx, &request.namespace, key).await?
+        {
+            tx.rollback().await?;
+            return Ok((self.expect_run(Some(&request.namespace), existing).await?, false));
+        }
+        let run_id = Uuid::now_v7();
+        let record = composer_engine::RunState::new(
+            run_id.to_string(),
+            &workflow.row.name,
+            u32::try_from(workflow.row.version).unwrap_or_default(),
+            request.input.clone(),
+        )
+        .run;
+        let inserted = runs::insert_run(
+            &mut tx,
+            &NewRun {
+                id: run_id,
+                namespace: &request.namespace,
+                workflow_name: &workflow.row.name,
+                workflow_version: workflow.row.version,
+                status: &run_status_text(record.status),
+                input: &request.input,
+                labels: &request.labels,
+                idempotency_key: request.idempotency_key.as_deref(),
+                parent_run_id: None,
+                parent_node: None,
+                parent_attempt: None,
+                record: &serde_json::to_value(&record)?,
+            },
+        )
+        .await?;
+        if !inserted {
+            // another StartRun with the same key committed first
+            tx.rollback().await?;
+            let key = request.idempotency_key.as_deref().unwrap_or_default();
+            let mut conn = self.store.pool().acquire().await?;
+            let existing = runs::run_id_by_idempotency_key(&mut conn, &request.namespace, key)
+                .await?
+                .ok_or_else(|| CoordinatorError::RunNotFound(key.to_owned()))?;
+            return Ok((self.expect_run(Some(&request.namespace), existing).await?, false));
+        }
+        let run = runs::lock_run(&mut tx, None, run_id)
+            .await?
+            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
+        let mut txn = RunTxn::new(self, run).await?;
+        txn.push(Event::RunStarted, &request.actor);
+        let applied = txn.finish(&mut tx).await?;
+        tx.commit().await?;
+        self.after_commit(applied.inbox_runs).await;
+        Ok((self.expect_run(Some(&request.namespace), run_id).await?, true))
+    }
+
+    async fn expect_run(&self, namespace: Option<&str>, run_id: Uuid) -> Result<RunRow, CoordinatorError> {
+        runs::get_run(self.store.pool(), namespace, run_id)
+            .await?
+            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))
+    }
+
+    /// A run and, if asked, its node states.
+    pub async fn get_run(
+        &self,
+        namespace: Option<&str>,
+        run_id: &str,
+        with_nodes: bool,
+    ) -> Result<RunView, CoordinatorError> {
+        let run = self.expect_run(namespace, parse_run_id(run_id)?).await?;
+        let nodes = if with_nodes {
+            runs::list_nodes(self.store.pool(), run.id).await?
+        } else {
+            Vec::new()
+        };
+        Ok(RunView { run, nodes })
+    }
+
+    /// One page of runs (see [`runs::list_runs`]).
+    pub async fn list_runs(
+        &self,
+        namespace: &str,
+        filter: &RunFilter,
+        cursor: Option<(chrono::DateTime<chrono::Utc>, Uuid)>,
+        limit: i64,
+    ) -> Result<Vec<RunRow>, CoordinatorError> {
+        Ok(runs::list_runs(self.store.pool(), namespace, filter, cursor, limit).await?)
+    }
+
+    /// One page of a run's history after `after_seq`.
+    pub async fn history(
+        &self,
+        namespace: Option<&str>,
+        run_id: &str,
+        after_seq: i64,
+        limit: i64,
+    ) -> Result<Vec<HistoryRow>, CoordinatorError> {
+        let run = self.expect_run(namespace, parse_run_id(run_id)?).await?;
+        Ok(runs::history_page(self.store.pool(), run.id, after_seq, limit).await?)
+    }
+
+    /// Cancels a run: tasks, timers and children; compensations; CANCELLED.
+    pub async fn cancel_run(
+        &self,
+        namespace: Option<&str>,
+        run_id: &str,
+        reason: &str,
+        actor: &str,
+    ) -> Result<RunRow, CoordinatorError> {
+        let run_id = parse_run_id(run_id)?;
+        let mut tx = self.store.begin().await?;
+        let run = runs::lock_run(&mut tx, namespace, run_id)
+            .await?
+            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
+        if is_final(&run.status) {
+            return Err(CoordinatorError::WrongRunStatus {
+                run_id: run_id.to_string(),
+                status: run.status,
+                why: "a run that ended cannot be cancelled",
+            });
+        }
+        let mut txn = RunTxn::new(self, run).await?;
+        txn.note("cancel_requested_by", actor, json!({"reason": reason, "by": actor}));
+        txn.push(
+            Event::CancelRequested {
+                reason: reason.to_owned(),
+            },
+            actor,
+        );
+        let applied = txn.finish(&mut tx).await?;
+        tx.commit().await?;
+        self.after_commit(applied.inbox_runs).await;
+        self.expect_run(namespace, run_id).await
+    }
+
+    /// Resumes a failed run from its failed (and interrupted) nodes.
+    pub async fn retry_run(
+        &self,
+        namespace: Option<&str>,
+        run_id: &str,
+        actor: &str,
+    ) -> Result<RunRow, CoordinatorError> {
+        let run_id = parse_run_id(run_id)?;
+        let mut tx = self.store.begin().await?;
+        let run = runs::lock_run(&mut tx, namespace, run_id)
+            .await?
+            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
+        if run.status != "FAILED" {
+            return Err(CoordinatorError::WrongRunStatus {
+                run_id: run_id.to_string(),
+                status: run.status,
+                why: "only a FAILED run can be retried",
+            });
+        }
+        let interrupted: Vec<NodeKey> = runs::interrupted_nodes(&mut tx, run_id)
+            .await?
+            .iter()
+            .filter_map(|k| k.parse().ok())
+            .collect();
+        let mut txn = RunTxn::new(self, run).await?;
+        txn.note("retry_requested_by", actor, json!({"by": actor}));
+        txn.push(Event::RetryRequested { interrupted }, actor);
+        let applied = txn.finish(&mut tx).await?;
+        tx.commit().await?;
+        self.after_commit(applied.inbox_runs).await;
+        self.expect_run(namespace, run_id).await
+    }
+
+    /// Delivers an event to a run or to the runs waiting on a correlation
+    /// key; keeps it when no wait matches yet.
+    pub async fn send_event(
+        &self,
+        namespace: &str,
+        target: EventTarget,
+        name: &str,
+        payload: Json,
+        request_id: Option<&str>,
+        actor: &str,
+    ) -> Result<SendEventResult, CoordinatorError> {
+        self.check_payload("payload", &payload)?;
+        if let Some(request_id) = request_id {
+            let mut conn = self.store.pool().acquire().await?;
+            if let Some(previous) =
+                events::idempotent_result(&mut conn, namespace, "send_event", request_id).await?
+            {
+                return Ok(result_from_json(&previous));
+            }
+        }
+        let result = match target {
+            EventTarget::Run(run_id) => self.send_to_run(namespace, run_id, name, payload, actor).await?,
+            EventTarget::Correlation(key) => {
+                self.send_to_correlation(namespace, &key, name, payload, actor).await?
+            }
+        };
+        if let Some(request_id) = request_id {
+            let mut conn = self.store.pool().acquire().await?;
+            let recorded = json!({
+                "delivered": result.delivered.iter().map(Uuid::to_string).collect::<Vec<_>>(),
+                "stored": result.stored,
+            });
+            events::record_idempotent_result(&mut conn, namespace, "send_event", request_id, &recorded)
+                .await?;
+        }
+        Ok(result)
+    }
+
+    async fn send_to_run(
+        &self,
+        namespace: &str,
+        run_id: Uuid,
+        name: &str,
+        payload: Json,
+        actor: &str,
+    ) -> Result<SendEventResult, CoordinatorError> {
+        let mut tx = self.store.begin().await?;
+        let run = runs::lock_run(&mut tx, Some(namespace), run_id)
+            .await?
+            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
+        if is_final(&run.status) {
+            return Err(CoordinatorError::WrongRunStatus {
+                run_id: run_id.to_string(),
+                status: run.status,
+                why: "a run that ended takes no events",
+            });
+        }
+        let Some(node) = events::take_wait(&mut tx, run_id, name, None).await? else {
+            events::store_pending(&mut tx, namespace, Some(run_id), None, name, &payload, None).await?;
+            runs::append_history(
+                &mut tx,
+                run_id,
+                namespace,
+                &[composer_store::runs::HistoryWrite {
+                    event_type: "event_stored".to_owned(),
+                    node_key: None,
+                    attempt: None,
+                    actor: actor.to_owned(),
+                    details: json!({"name": name}),
+                }],
+            )
+            .await?;
+            tx.commit().await?;
+            return Ok(SendEventResult {
+                delivered: Vec::new(),
+                stored: true,
+            });
+        };
+        let node = node
+            .parse::<NodeKey>()
+            .map_err(|_| CoordinatorError::Corrupt(format!("wait node key {node:?}")))?;
+        let mut txn = RunTxn::new(self, run).await?;
+        txn.push(
+            Event::EventReceived {
+                name: name.to_owned(),
+                payload,
+                node: Some(node),
+            },
+            actor,
+        );
+        let applied = txn.finish(&mut tx).await?;
+        tx.commit().await?;
+        self.after_commit(applied.inbox_runs).await;
+        Ok(SendEventResult {
+            delivered: vec![run_id],
+            stored: false,
+        })
+    }
+
+    async fn send_to_correlation(
+        &self,
+        namespace: &str,
+        key: &str,
+        name: &str,
+        payload: Json,
+        actor: &str,
+    ) -> Result<SendEventResult, CoordinatorError> {
+        let mut result = SendEventResult::default();
+        for run_id in events::runs_waiting_on(self.store.pool(), namespace, key, name).await? {
+            let mut tx = self.store.begin().await?;
+            let Some(run) = runs::lock_run(&mut tx, Some(namespace), run_id).await? else {
+                continue;
+            };
+            let Some(node) = events::take_wait(&mut tx, run_id, name, Some(key)).await? else {
+                continue;
+            };
+            let Ok(node) = node.parse::<NodeKey>() else {
+                continue;
+            };
+            let mut txn = RunTxn::new(self, run).await?;
+            txn.push(
+                Event::EventReceived {
+                    name: name.to_owned(),
+                    payload: payload.clone(),
+                    node: Some(node),
+                },
+                actor,
+            );
+            let applied = txn.finish(&mut tx).await?;
+            tx.commit().await?;
+            self.after_commit(applied.inbox_runs).await;
+            result.delivered.push(run_id);
+        }
+        if result.delivered.is_empty() {
+            let mut conn = self.store.pool().acquire().await?;
+            events::store_pending(
+                &mut conn,
+                namespace,
+                None,
+                Some(key),
+                name,
+                &payload,
+                Some(self.config.correlation_retention_secs),
+            )
+            .await?;
+            result.stored = true;
+        }
+        Ok(result)
+    }
+
+    /// Applies the inbox of each run (and of the runs that causes), each in
+    /// its own transaction. Failures are left for the recovery loop.
+    pub(crate) async fn after_commit(&self, mut pending: Vec<Uuid>) {
+        let mut rounds = 0;
+        while let Some(run_id) = pending.pop() {
+            rounds += 1;
+            if rounds > 10_000 {
+                tracing::warn!(%run_id, "inbox cascade too long; recovery continues it");
+                return;
+            }
+            match self.apply_inbox(run_id).await {
+                Ok(more) => pending.extend(more),
+                Err(error) => tracing::warn!(%run_id, %error, "inbox not applied; recovery retries"),
+            }
+        }
+    }
+
+    /// Applies one run's inbox in one transaction; returns runs to visit next.
+    pub(crate) async fn apply_inbox(&self, run_id: Uuid) -> Result<Vec<Uuid>, CoordinatorError> {
+        let mut tx = self.store.begin().await?;
+        let Some(run) = runs::lock_run(&mut tx, None, run_id).await? else {
+            return Ok(Vec::new());
+        };
+        let messages = events::take_inbox(&mut tx, run_id).await?;
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut txn = RunTxn::new(self, run).await?;
+        for (event, actor) in messages {
+            let event: Event = serde_json::from_value(event)?;
+            txn.push(with_fresh_seed(event), &actor);
+        }
+        let applied = txn.finish(&mut tx).await?;
+        tx.commit().await?;
+        Ok(applied.inbox_runs)
+    }
+}
+
+fn with_fresh_seed(event: Event) -> Event {
+    match event {
+        Event::ChildRunFinished {
+            node,
+            attempt,
+            status,
+            output,
+            error,
+            ..
+        } => Event::ChildRunFinished {
+            node,
+            attempt,
+            status,
+            output,
+            error,
+            seed: seed(),
+        },
+        other => other,
+    }
+}
+
+/// True for the statuses a run ends in.
+pub fn is_final(status: &str) -> bool {
+    matches!(status, "COMPLETED" | "FAILED" | "CANCELLED")
+}
+
+fn result_from_json(value: &Json) -> SendEventResult {
+    SendEventResult {
+        delivered: value["delivered"]
+            .as_array()
+            .map(|ids| ids.iter().filter_map(|id| id.as_str()?.parse().ok()).collect())
+            .unwrap_or_default(),
+        stored: value["stored"].as_bool().unwrap_or(false),
+    }
+}
+
+/// `/a/0/b` → `.a[0].b`.
+fn pointer_to_path(pointer: &str) -> String {
+    pointer
+        .split('/')
+        .filter(|part| !part.is_empty())
+        .map(|part| {
+            if part.chars().all(|c| c.is_ascii_digit()) {
+                format!("[{part}]")
+            } else {
+                format!(".{}", part.replace("~1", "/").replace("~0", "~"))
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,201 @@
+//! Registered workflows: validation, content-addressed versions, and a cache
+//! of compiled definitions (one compile per version per server).
+
+use std::{
+    collections::HashMap,
+    sync::{Arc, Mutex},
+};
+
+use composer_engine::{CompiledWorkflow, ValidationErrors, parse_definition};
+use composer_store::{
+    Store,
+    workflows::{self, NewWorkflow, WorkflowRow},
+};
+use sha2::{Digest, Sha256};
+
+use crate::error::{CoordinatorError, FieldProblem};
+
+/// A compiled version with its input schema, shared by every run of it.
+pub struct LoadedWorkflow {
+    /// The stored row.
+    pub row: WorkflowRow,
+    /// The compiled definition.
+    pub compiled: CompiledWorkflow,
+    /// The compiled `input_schema`, if any.
+    pub input_schema: Option<jsonschema::Validator>,
+}
+
+type CacheKey = (String, String, i32);
+
+/// Compiled versions by (namespace, name, version). Versions are immutable,
+/// so entries never go stale; the map is cleared when it grows too large.
+#[derive(Default)]
+pub struct WorkflowCache {
+    entries: Mutex<HashMap<CacheKey, Arc<LoadedWorkflow>>>,
+}
+
+const CACHE_LIMIT: usize = 4096;
+
+fn problems(errors: ValidationErrors) -> Vec<FieldProblem> {
+    errors
+        .iter()
+        .map(|e| FieldProblem {
+            field: e.path.clone(),
+            description: e.message.clone(),
+        })
+        .collect()
+}
+
+/// Parses and compiles a definition; every problem at once.
+pub fn validate(source: &str) -> Result<CompiledWorkflow, Vec<FieldProblem>> {
+    let definition = parse_definition(source).map_err(problems)?;
+    let schema_problem = definition
+        .input_schema
+        .as_ref()
+        .and_then(|schema| jsonschema::validator_for(schema).err())
+        .map(|e| FieldProblem {
+            field: "input_schema".to_owned(),
+            description: format!("not a valid JSON Schema: {e}"),
+        });
+    let compiled = CompiledWorkflow::compile(definition).map_err(problems);
+    match (compiled, schema_problem) {
+        (Ok(compiled), None) => Ok(compiled),
+        (Ok(_), Some(problem)) => Err(vec![problem]),
+        (Err(mut all), problem) => {
+            all.extend(problem);
+            Err(all)
+        }
+    }
+}
+
+fn load(row: WorkflowRow) -> Result<LoadedWorkflow, CoordinatorError> {
+    let compiled = validate(&row.source).map_err(|p| {
+        CoordinatorError::Corrupt(format!(
+            "stored workflow {} v{} no longer validates: {p:?}",
+            row.name, row.version
+        ))
+    })?;
+    let input_schema = compiled
+        .definition()
+        .input_schema
+        .as_ref()
+        .map(jsonschema::validator_for)
+        .transpose()
+        .map_err(|e| CoordinatorError::Corrupt(e.to_string()))?;
+    Ok(LoadedWorkflow {
+        row,
+        compiled,
+        input_schema,
+    })
+}
+
+impl WorkflowCache {
+    /// Registers a definition: a new version only when the content changed.
+    pub async fn register(
+        &self,
+        store: &Store,
+        namespace: &str,
+        source: &str,
+    ) -> Result<(WorkflowRow, bool), CoordinatorError> {
+        let compiled = validate(source).map_err(CoordinatorError::InvalidDefinition)?;
+        let definition = compiled.definition();
+        let canonical = definition.canonical_json();
+        let content_hash = hex(&Sha256::digest(&canonical));
+        let as_json: serde_json::Value = serde_json::from_slice(&canonical)?;
+        let (row, created) = workflows::register_workflow(
+            store.pool(),
+            NewWorkflow {
+                namespace,
+                name: &definition.name,
+                description: definition.description.as_deref().unwrap_or_default(),
+                source,
+                definition: &as_json,
+                content_hash: &content_hash,
+            },
+        )
+        .await?;
+        Ok((row, created))
+    }
+
+    /// The compiled version (the latest when `version` is None).
+    pub async fn get(
+        &self,
+        store: &Store,
+        namespace: &str,
+        name: &str,
+        version: Option<i32>,
+    ) -> Result<Arc<LoadedWorkflow>, CoordinatorError> {
+        if let Some(version) = version
+            && let Some(hit) = self.cached(namespace, name, version)
+        {
+            return Ok(hit);
+        }
+        let row = workflows::get_workflow(store.pool(), namespace, name, version)
+            .await?
+            .ok_or_else(|| CoordinatorError::WorkflowNotFound {
+                name: name.to_owned(),
+                version: version.map_or("latest".to_owned(), |v| format!("version {v}")),
+            })?;
+        if let Some(hit) = self.cached(namespace, name, row.version) {
+            return Ok(hit);
+        }
+        let key = (namespace.to_owned(), name.to_owned(), row.version);
+        let loaded = Arc::new(load(row)?);
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if entries.len() >= CACHE_LIMIT {
+            entries.clear();
+        }
+        entries.insert(key, Arc::clone(&loaded));
+        Ok(loaded)
+    }
+
+    fn cached(&self, namespace: &str, name: &str, version: i32) -> Option<Arc<LoadedWorkflow>> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        entries
+            .get(&(namespace.to_owned(), name.to_owned(), version))
+            .cloned()
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl crate::Coordinator {
+    /// One stored version (the latest when `version` is None).
+    pub async fn workflow_version(
+        &self,
+        namespace: &str,
+        name: &str,
+        version: Option<i32>,
+    ) -> Result<WorkflowRow, CoordinatorError> {
+        workflows::get_workflow(self.store.pool(), namespace, name, version)
+            .await?
+            .ok_or_else(|| CoordinatorError::WorkflowNotFound {
+                name: name.to_owned(),
+                version: version.map_or("latest".to_owned(), |v| format!("version {v}")),
+            })
+    }
+
+    /// Workflow names after `after_name`, each with its latest version.
+    pub async fn list_workflows(
+        &self,
+        namespace: &str,
+        name_prefix: &str,
+        after_name: &str,
+        limit: i64,
+    ) -> Result<Vec<WorkflowRow>, CoordinatorError> {
+        Ok(workflows::list_workflows(self.store.pool(), namespace, name_prefix, after_name, limit).await?)
+    }
+
+    /// Versions of one workflow below `before_version`, newest first.
+    pub async fn list_workflow_versions(
+        &self,
+        namespace: &str,
+        name: &str,
+        before_version: i32,
+        limit: i64,
+    ) -> Result<Vec<WorkflowRow>, CoordinatorError> {
+        Ok(workflows::list_workflow_versions(self.store.pool(), namespace, name, before_version, limit).await?)
+    }
+}

@@ -1,0 +1,99 @@
+//! JSON ↔ `google.protobuf.Value`, times, and page tokens.
+
+use chrono::{DateTime, Utc};
+use prost_types::{ListValue, Struct, Timestamp, Value, value::Kind};
+use serde_json::{Map, Number, Value as Json};
+use tonic::Status;
+
+use crate::status::invalid_field;
+
+/// Deepest nesting accepted in a payload (stack safety).
+const MAX_DEPTH: usize = 128;
+
+/// A protobuf Value as JSON; `field` names it in an error.
+pub fn to_json(value: Option<Value>, field: &str) -> Result<Json, Status> {
+    match value {
+        None => Ok(Json::Null),
+        Some(value) => value_to_json(value, 0).ok_or_else(|| {
+            invalid_field(field, format!("not representable as JSON (NaN, infinity or nested deeper than {MAX_DEPTH})"))
+        }),
+    }
+}
+
+fn value_to_json(value: Value, depth: usize) -> Option<Json> {
+    if depth > MAX_DEPTH {
+        return None;
+    }
+    Some(match value.kind? {
+        Kind::NullValue(_) => Json::Null,
+        Kind::BoolValue(b) => Json::Bool(b),
+        Kind::NumberValue(n) => number(n)?,
+        Kind::StringValue(s) => Json::String(s),
+        Kind::ListValue(list) => Json::Array(
+            list.values
+                .into_iter()
+                .map(|v| value_to_json(v, depth + 1))
+                .collect::<Option<_>>()?,
+        ),
+        Kind::StructValue(object) => Json::Object(
+            object
+                .fields
+                .into_iter()
+                .map(|(k, v)| Some((k, value_to_json(v, depth + 1)?)))
+                .collect::<Option<Map<_, _>>>()?,
+        ),
+    })
+}
+
+/// Integral doubles become JSON integers, so `3` stays `3`, not `3.0`.
+fn number(n: f64) -> Option<Json> {
+    if n.fract() == 0.0 && n.abs() < 9.007_199_254_740_992e15 {
+        return Some(Json::Number(Number::from(n as i64)));
+    }
+    Number::from_f64(n).map(Json::Number)
+}
+
+/// JSON as a protobuf Value.
+pub fn from_json(json: &Json) -> Value {
+    let kind = match json {
+        Json::Null => Kind::NullValue(0),
+        Json::Bool(b) => Kind::BoolValue(*b),
+        Json::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or(0.0)),
+        Json::String(s) => Kind::StringValue(s.clone()),
+        Json::Array(items) => Kind::ListValue(ListValue {
+            values: items.iter().map(from_json).collect(),
+        }),
+        Json::Object(map) => Kind::StructValue(Struct {
+            fields: map.iter().map(|(k, v)| (k.clone(), from_json(v))).collect(),
+        }),
+    };
+    Value { kind: Some(kind) }
+}
+
+/// Optional JSON as an optional Value.
+pub fn from_json_opt(json: Option<&Json>) -> Option<Value> {
+    json.map(from_json)
+}
+
+/// A time as a protobuf Timestamp.
+pub fn timestamp(time: DateTime<Utc>) -> Timestamp {
+    Timestamp {
+        seconds: time.timestamp(),
+        nanos: i32::try_from(time.timestamp_subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// A protobuf Timestamp as a time.
+pub fn from_timestamp(ts: &Timestamp, field: &str) -> Result<DateTime<Utc>, Status> {
+    let nanos = u32::try_from(ts.nanos).map_err(|_| invalid_field(field, "nanos must be 0..1e9"))?;
+    DateTime::from_timestamp(ts.seconds, nanos).ok_or_else(|| invalid_field(field, "out of range"))
+}
+
+/// `page_size` with its default and ceiling.
+pub fn page_size(requested: i32) -> Result<i64, Status> {
+    match requested {
+        0 => Ok(100),
+        n if n < 0 => Err(invalid_field("page_size", "must not be negative")),
+        n => Ok(i64::from(n.min(1000))),
+    }
+}

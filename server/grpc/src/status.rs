@@ -1,0 +1,79 @@
+//! The one place where domain errors become gRPC statuses: a small set of
+//! codes, field problems as google.rpc.BadRequest violations, lease
+//! problems as google.rpc.ErrorInfo. Database text never reaches a caller.
+
+use composer_coordinator::{CoordinatorError, FieldProblem};
+use tonic::{Code, Status};
+use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
+
+/// The ErrorInfo domain of Composer's errors.
+pub const DOMAIN: &str = "composer.dev";
+
+/// INVALID_ARGUMENT with one field violation.
+pub fn invalid_field(field: &str, description: impl Into<String>) -> Status {
+    let description = description.into();
+    Status::with_error_details(
+        Code::InvalidArgument,
+        format!("{field}: {description}"),
+        ErrorDetails::with_bad_request_violation(field, description),
+    )
+}
+
+fn bad_request(message: &str, problems: &[FieldProblem]) -> Status {
+    let violations: Vec<FieldViolation> = problems
+        .iter()
+        .map(|p| FieldViolation::new(p.field.clone(), p.description.clone()))
+        .collect();
+    let summary = problems
+        .iter()
+        .take(3)
+        .map(|p| format!("{}: {}", p.field, p.description))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let more = problems.len().saturating_sub(3);
+    let suffix = if more > 0 { format!(" (and {more} more)") } else { String::new() };
+    Status::with_error_details(
+        Code::InvalidArgument,
+        format!("{message}: {summary}{suffix}"),
+        ErrorDetails::with_bad_request(violations),
+    )
+}
+
+fn with_reason(code: Code, message: String, reason: &str) -> Status {
+    Status::with_error_details(
+        code,
+        message,
+        ErrorDetails::with_error_info(reason, DOMAIN, std::collections::HashMap::new()),
+    )
+}
+
+/// Maps a coordinator error onto a status.
+pub fn from_coordinator(error: CoordinatorError) -> Status {
+    match error {
+        CoordinatorError::WorkflowNotFound { .. }
+        | CoordinatorError::RunNotFound(_)
+        | CoordinatorError::TaskNotFound(_) => Status::not_found(error.to_string()),
+        CoordinatorError::InvalidDefinition(problems) => bad_request("invalid workflow definition", &problems),
+        CoordinatorError::InvalidArgument(problems) => bad_request("invalid argument", &problems),
+        CoordinatorError::PayloadTooLarge { ref field, .. } => {
+            let message = error.to_string();
+            Status::with_error_details(
+                Code::ResourceExhausted,
+                message.clone(),
+                ErrorDetails::with_bad_request_violation(field.clone(), message),
+            )
+        }
+        CoordinatorError::LeaseLost { .. } => with_reason(Code::FailedPrecondition, error.to_string(), "LEASE_LOST"),
+        CoordinatorError::WrongRunStatus { .. } => {
+            with_reason(Code::FailedPrecondition, error.to_string(), "WRONG_RUN_STATUS")
+        }
+        CoordinatorError::Corrupt(detail) => {
+            tracing::error!(%detail, "corrupt stored state");
+            Status::internal("internal error: stored state could not be read")
+        }
+        CoordinatorError::Store(store) => {
+            tracing::error!(error = %store, "database error");
+            Status::unavailable("database unavailable, retry later")
+        }
+    }
+}
