@@ -12,21 +12,24 @@ pub mod duration;
 pub mod template;
 
 pub use compile::{
-    CEdge, CNode, CompiledWorkflow, DEFAULT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAP_CONCURRENCY, HTTP_QUEUE, Kind, MAX_EDGES,
-    MapElement, RetryPolicy, splitmix64,
+    CEdge, CNode, CompiledWorkflow, DEFAULT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAP_CONCURRENCY,
+    HTTP_QUEUE, Kind, MAX_EDGES, MapElement, RetryPolicy, splitmix64,
 };
 pub use definition::{
-    Definition, Edge, EdgeOn, HttpSpec, MAX_DEFINITION_BYTES, MAX_NODES, Node, NodeType, RetrySpec, ValidationError,
-    ValidationErrors, parse_definition,
+    Definition, Edge, EdgeOn, HttpSpec, MAX_DEFINITION_BYTES, MAX_NODES, Node, NodeType, RetrySpec,
+    ValidationError, ValidationErrors, parse_definition,
 };
 mod decide;
 mod state;
 
 pub use decide::{codes, decide, prefetch};
 pub use state::{
-    Action, ChildStatus, Compensation, DecideError, Decision, Ending, ErrorInfo, Event, MapProgress, NodeKey, NodeState,
-    NodeStatus, RunRecord, RunState, RunStatus, StateChange, TimerId, TimerKind, Timestamp,
+    Action, ChildStatus, Compensation, DecideError, Decision, Ending, ErrorInfo, Event,
+    MapProgress, NodeKey, NodeState, NodeStatus, RunRecord, RunState, RunStatus, StateChange,
+    TimerId, TimerKind, Timestamp,
 };
 pub mod simulate;
 
-pub use simulate::{Outcomes, SimOptions, SimulationError, SimulationReport, simulate, simulate_with};
+pub use simulate::{
+    Outcomes, SimOptions, SimulationError, SimulationReport, simulate, simulate_with,
+};

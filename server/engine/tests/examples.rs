@@ -13,7 +13,10 @@ fn examples_dir() -> PathBuf {
 }
 
 fn workflow_for(outcomes: &Path) -> PathBuf {
-    let file = outcomes.file_name().and_then(|f| f.to_str()).unwrap_or_default();
+    let file = outcomes
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or_default();
     let mut name = file.trim_end_matches(".outcomes.yaml").to_owned();
     loop {
         let candidate = outcomes.with_file_name(format!("{name}.yaml"));
@@ -29,12 +32,23 @@ fn workflow_for(outcomes: &Path) -> PathBuf {
 
 #[test]
 fn every_example_validates_and_simulates_to_its_expected_output() {
-    let mut entries: Vec<PathBuf> =
-        std::fs::read_dir(examples_dir()).expect("examples dir").map(|e| e.expect("entry").path()).collect();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(examples_dir())
+        .expect("examples dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
     entries.sort();
-    let workflows: Vec<&PathBuf> =
-        entries.iter().filter(|p| p.extension().is_some_and(|e| e == "yaml") && !p.to_string_lossy().ends_with(".outcomes.yaml")).collect();
-    assert!(workflows.len() >= 5, "expected at least 5 example workflows, found {}", workflows.len());
+    let workflows: Vec<&PathBuf> = entries
+        .iter()
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "yaml")
+                && !p.to_string_lossy().ends_with(".outcomes.yaml")
+        })
+        .collect();
+    assert!(
+        workflows.len() >= 5,
+        "expected at least 5 example workflows, found {}",
+        workflows.len()
+    );
     for wf in &workflows {
         let text = std::fs::read_to_string(wf).expect("read workflow");
         if let Err(e) = CompiledWorkflow::from_text(&text) {
@@ -42,19 +56,43 @@ fn every_example_validates_and_simulates_to_its_expected_output() {
         }
     }
     let mut simulated = 0;
-    for path in entries.iter().filter(|p| p.to_string_lossy().ends_with(".outcomes.yaml")) {
+    for path in entries
+        .iter()
+        .filter(|p| p.to_string_lossy().ends_with(".outcomes.yaml"))
+    {
         let wf_path = workflow_for(path);
-        let wf = CompiledWorkflow::from_text(&std::fs::read_to_string(&wf_path).expect("read")).expect("compiles");
-        let outcomes = Outcomes::parse(&std::fs::read_to_string(path).expect("read")).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let expect = outcomes.expect.clone().unwrap_or_else(|| panic!("{} has no expect", path.display()));
-        let opts = SimOptions { check_idempotence: true, ..SimOptions::default() };
-        let report = simulate_with(&wf, &outcomes, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let wf = CompiledWorkflow::from_text(&std::fs::read_to_string(&wf_path).expect("read"))
+            .expect("compiles");
+        let outcomes = Outcomes::parse(&std::fs::read_to_string(path).expect("read"))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let expect = outcomes
+            .expect
+            .clone()
+            .unwrap_or_else(|| panic!("{} has no expect", path.display()));
+        let opts = SimOptions {
+            check_idempotence: true,
+            ..SimOptions::default()
+        };
+        let report = simulate_with(&wf, &outcomes, &opts)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         if let Err(why) = report.check(&expect) {
-            let kinds: Vec<String> = report.history.iter().map(|s| format!("{:?}", s.event)).collect();
+            let kinds: Vec<String> = report
+                .history
+                .iter()
+                .map(|s| format!("{:?}", s.event))
+                .collect();
             panic!("{}: {why}\nevents: {kinds:#?}", path.display());
         }
-        assert!(report.violations.is_empty(), "{}: {:?}", path.display(), report.violations);
+        assert!(
+            report.violations.is_empty(),
+            "{}: {:?}",
+            path.display(),
+            report.violations
+        );
         simulated += 1;
     }
-    assert!(simulated >= 8, "expected every outcomes file to run, ran {simulated}");
+    assert!(
+        simulated >= 8,
+        "expected every outcomes file to run, ran {simulated}"
+    );
 }

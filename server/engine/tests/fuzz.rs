@@ -31,7 +31,10 @@ fn any_node(_: &str) -> bool {
 }
 
 fn compile_and_eval(src: &str) {
-    let scope = Scope { node_ids: &any_node, map_element: true };
+    let scope = Scope {
+        node_ids: &any_node,
+        map_element: true,
+    };
     if let Ok(program) = cel::compile(src, &scope) {
         let _ = program.eval(&AnyEnv);
     }
@@ -85,7 +88,11 @@ proptest! {
 #[test]
 fn pathological_inputs_are_errors_not_crashes() {
     // Deep YAML nesting, deep CEL nesting, a huge integer, a billion laughs.
-    let deep_yaml = format!("name: x\nnodes: {}{}", "[".repeat(10_000), "]".repeat(10_000));
+    let deep_yaml = format!(
+        "name: x\nnodes: {}{}",
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
     assert!(parse_definition(&deep_yaml).is_err());
     let laughs = "name: x\na: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: [*f,*f,*f,*f,*f,*f,*f,*f,*f]\nnodes: []\n";
     assert!(parse_definition(laughs).is_err());

@@ -12,10 +12,17 @@ const A: &str = "  - { id: a, type: TASK, queue: q, task: t }";
 const B: &str = "  - { id: b, type: TASK, queue: q, task: t }";
 const AB: &str = "  - { from: a, to: b }";
 
+/// What is broken, the definition, the problems expected (path, message).
+type Row = (&'static str, String, Vec<(&'static str, String)>);
+
 fn errors(text: &str) -> Vec<(String, String)> {
     match parse_definition(text) {
         Ok(_) => Vec::new(),
-        Err(e) => e.0.into_iter().map(|ValidationError { path, message }| (path, message)).collect(),
+        Err(e) => {
+            e.0.into_iter()
+                .map(|ValidationError { path, message }| (path, message))
+                .collect()
+        }
     }
 }
 
@@ -27,8 +34,11 @@ fn broken_definitions_are_rejected_with_path_and_message() {
     for i in 0..10_001 {
         many_nodes.push_str(&format!("  - {{ id: n{i}, type: FORK }}\n"));
     }
-    let huge = format!("name: huge\ndescription: '{}'\nnodes: []\n", "x".repeat(4 * 1024 * 1024));
-    let rows: Vec<(&str, String, Vec<(&str, String)>)> = vec![
+    let huge = format!(
+        "name: huge\ndescription: '{}'\nnodes: []\n",
+        "x".repeat(4 * 1024 * 1024)
+    );
+    let rows: Vec<Row> = vec![
         ("unknown top-level field", format!("{}colour: red\n", base(&format!("{A}\n{B}"), AB)), vec![("colour", "unknown field `colour`".into())]),
         (
             "unknown node field",
@@ -171,12 +181,20 @@ fn broken_definitions_are_rejected_with_path_and_message() {
     let mut failures = Vec::new();
     for (what, text, expected) in &rows {
         let got = errors(text);
-        let want: Vec<(String, String)> = expected.iter().map(|(p, m)| (p.to_string(), m.clone())).collect();
+        let want: Vec<(String, String)> = expected
+            .iter()
+            .map(|(p, m)| (p.to_string(), m.clone()))
+            .collect();
         if got != want {
             failures.push(format!("{what}:\n  want {want:?}\n  got  {got:?}"));
         }
     }
-    assert!(failures.is_empty(), "{} rows differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} rows differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -194,7 +212,13 @@ edges:
 ";
     let got = errors(text);
     let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
-    for want in ["nodes[1].bogus", "nodes[3].id", "nodes[0].retry.max_attempts", "edges[0].when", "edges[2].to"] {
+    for want in [
+        "nodes[1].bogus",
+        "nodes[3].id",
+        "nodes[0].retry.max_attempts",
+        "edges[0].when",
+        "edges[2].to",
+    ] {
         assert!(paths.contains(&want), "missing {want} in {got:?}");
     }
     // b did not parse, but the edge from it is not reported as unknown.
@@ -203,7 +227,8 @@ edges:
 
 #[test]
 fn yaml_and_json_are_the_same_document_with_the_same_canonical_bytes() {
-    let yaml = "name: same\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, input: { y: 1, x: 2 } }\n";
+    let yaml =
+        "name: same\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, input: { y: 1, x: 2 } }\n";
     let json = r#"{"nodes": [{"task": "t", "queue": "q", "type": "TASK", "id": "a", "input": {"x": 2, "y": 1}}], "name": "same"}"#;
     let a = parse_definition(yaml).expect("yaml");
     let b = parse_definition(json).expect("json");

@@ -4,7 +4,10 @@ mod common;
 
 use std::collections::HashMap;
 
-use composer_engine::{Action, CompiledWorkflow, Outcomes, RunStatus, SimOptions, SimulationReport, simulate_with, splitmix64};
+use composer_engine::{
+    Action, CompiledWorkflow, Outcomes, RunStatus, SimOptions, SimulationReport, simulate_with,
+    splitmix64,
+};
 use proptest::prelude::*;
 
 struct Rng(u64);
@@ -35,7 +38,11 @@ fn random_workflow(n: usize, seed: u64) -> (String, String, Vec<String>) {
             _ => "TASK",
         };
         types.push(t.to_string());
-        let wanted = if t == "JOIN" { 2 + rng.below(2) as usize } else { 1 + rng.below(2) as usize };
+        let wanted = if t == "JOIN" {
+            2 + rng.below(2) as usize
+        } else {
+            1 + rng.below(2) as usize
+        };
         let mut preds: Vec<usize> = Vec::new();
         while preds.len() < wanted.min(i) {
             let p = rng.below(i as u64) as usize;
@@ -48,7 +55,9 @@ fn random_workflow(n: usize, seed: u64) -> (String, String, Vec<String>) {
             let when = match rng.below(6) {
                 0 => Some("input.flag".to_string()),
                 1 => Some("!input.flag".to_string()),
-                2 if types[p] == "TASK" && !on_error => Some(format!("nodes.n{p}.output.ok == true")),
+                2 if types[p] == "TASK" && !on_error => {
+                    Some(format!("nodes.n{p}.output.ok == true"))
+                }
                 3 => Some("true".to_string()),
                 _ => None,
             };
@@ -56,14 +65,11 @@ fn random_workflow(n: usize, seed: u64) -> (String, String, Vec<String>) {
         }
     }
     // A SWITCH needs an outgoing edge; a JOIN at least two incoming.
-    for i in 0..n {
+    for (i, t) in types.iter_mut().enumerate() {
         let outs = edges.iter().filter(|e| e.0 == i).count();
         let ins = edges.iter().filter(|e| e.1 == i).count();
-        if types[i] == "SWITCH" && outs == 0 {
-            types[i] = "TASK".into();
-        }
-        if types[i] == "JOIN" && ins < 2 {
-            types[i] = "TASK".into();
+        if (t == "SWITCH" && outs == 0) || (t == "JOIN" && ins < 2) {
+            *t = "TASK".into();
         }
     }
     let mut yaml = String::from("name: random\nnodes:\n");
@@ -88,7 +94,9 @@ fn random_workflow(n: usize, seed: u64) -> (String, String, Vec<String>) {
     }
     yaml.push_str("output:\n");
     for i in 0..n {
-        yaml.push_str(&format!("  n{i}: '${{nodes.n{i}.status}}/${{nodes.n{i}.output}}'\n"));
+        yaml.push_str(&format!(
+            "  n{i}: '${{nodes.n{i}.status}}/${{nodes.n{i}.output}}'\n"
+        ));
     }
     let mut outcomes = format!("input: {{ flag: {} }}\ntasks:\n", rng.chance(50));
     for (i, t) in types.iter().enumerate() {
@@ -98,9 +106,15 @@ fn random_workflow(n: usize, seed: u64) -> (String, String, Vec<String>) {
         let mut list = Vec::new();
         for attempt in 0..2 {
             if rng.chance(20) {
-                list.push(format!("{{ fail: {{ code: E{i}_{attempt}, retryable: {} }} }}", rng.chance(70)));
+                list.push(format!(
+                    "{{ fail: {{ code: E{i}_{attempt}, retryable: {} }} }}",
+                    rng.chance(70)
+                ));
             } else {
-                list.push(format!("{{ complete: {{ ok: {}, v: {i} }} }}", rng.chance(50)));
+                list.push(format!(
+                    "{{ complete: {{ ok: {}, v: {i} }} }}",
+                    rng.chance(50)
+                ));
             }
         }
         outcomes.push_str(&format!("  n{i}: [ {} ]\n", list.join(", ")));
@@ -110,14 +124,30 @@ fn random_workflow(n: usize, seed: u64) -> (String, String, Vec<String>) {
 
 fn run(wf: &CompiledWorkflow, outcomes: &str, shuffle: Option<u64>) -> SimulationReport {
     let outcomes = Outcomes::parse(outcomes).expect("outcomes parse");
-    let opts = SimOptions { check_idempotence: true, shuffle_seed: shuffle, ..SimOptions::default() };
+    let opts = SimOptions {
+        check_idempotence: true,
+        shuffle_seed: shuffle,
+        ..SimOptions::default()
+    };
     simulate_with(wf, &outcomes, &opts).expect("simulation runs")
 }
 
-fn check_invariants(wf: &CompiledWorkflow, types: &[String], r: &SimulationReport) -> Result<(), TestCaseError> {
+fn check_invariants(
+    wf: &CompiledWorkflow,
+    types: &[String],
+    r: &SimulationReport,
+) -> Result<(), TestCaseError> {
     // Exactly one terminal status.
     prop_assert!(r.status.is_terminal(), "run ended {:?}", r.status);
-    let terminal = r.actions().filter(|a| matches!(a, Action::CompleteRun { .. } | Action::FailRun { .. } | Action::CancelRun { .. })).count();
+    let terminal = r
+        .actions()
+        .filter(|a| {
+            matches!(
+                a,
+                Action::CompleteRun { .. } | Action::FailRun { .. } | Action::CancelRun { .. }
+            )
+        })
+        .count();
     prop_assert_eq!(terminal, 1);
     // An event applied twice equals once.
     prop_assert!(r.violations.is_empty(), "{:?}", r.violations);
@@ -133,7 +163,14 @@ fn check_invariants(wf: &CompiledWorkflow, types: &[String], r: &SimulationRepor
     let mut starts: HashMap<String, usize> = HashMap::new();
     let mut completions: HashMap<String, usize> = HashMap::new();
     for (i, a) in r.actions().enumerate() {
-        let Action::AppendHistory { kind, node: Some(node), .. } = a else { continue };
+        let Action::AppendHistory {
+            kind,
+            node: Some(node),
+            ..
+        } = a
+        else {
+            continue;
+        };
         let id = node.node.clone();
         match kind.as_str() {
             "node_completed" | "node_failed" => {
@@ -149,14 +186,26 @@ fn check_invariants(wf: &CompiledWorkflow, types: &[String], r: &SimulationRepor
             "node_started" => {
                 prop_assert!(starts.insert(id.clone(), i).is_none(), "{id} started twice");
                 let preds = wf.predecessors(&id);
-                if types.iter().enumerate().any(|(n, t)| t == "JOIN" && format!("n{n}") == id) {
+                if types
+                    .iter()
+                    .enumerate()
+                    .any(|(n, t)| t == "JOIN" && format!("n{n}") == id)
+                {
                     // A JOIN fires once every incoming branch resolved, one arrived.
                     for p in &preds {
-                        prop_assert!(first_resolved.get(*p).is_some_and(|&d| d < i), "JOIN {id} fired before {p} resolved");
+                        prop_assert!(
+                            first_resolved.get(*p).is_some_and(|&d| d < i),
+                            "JOIN {id} fired before {p} resolved"
+                        );
                     }
                 }
                 if !preds.is_empty() {
-                    prop_assert!(preds.iter().any(|p| first_done.get(*p).is_some_and(|&d| d < i)), "{id} started before any of {preds:?} finished");
+                    prop_assert!(
+                        preds
+                            .iter()
+                            .any(|p| first_done.get(*p).is_some_and(|&d| d < i)),
+                        "{id} started before any of {preds:?} finished"
+                    );
                 }
             }
             _ => {}
@@ -198,10 +247,24 @@ fn random_workflows_cover_the_interesting_cases() {
         let (yaml, outcomes, types) = random_workflow(2 + (seed % 12) as usize, seed);
         let wf = CompiledWorkflow::from_text(&yaml).expect("valid");
         let r = run(&wf, &outcomes, None);
-        *seen.entry(if r.status == RunStatus::Completed { "completed" } else { "failed" }).or_default() += 1;
+        *seen
+            .entry(if r.status == RunStatus::Completed {
+                "completed"
+            } else {
+                "failed"
+            })
+            .or_default() += 1;
         for a in r.actions() {
-            if let Action::AppendHistory { kind, node: Some(node), .. } = a {
-                let is_join = types.iter().enumerate().any(|(n, t)| t == "JOIN" && format!("n{n}") == node.node);
+            if let Action::AppendHistory {
+                kind,
+                node: Some(node),
+                ..
+            } = a
+            {
+                let is_join = types
+                    .iter()
+                    .enumerate()
+                    .any(|(n, t)| t == "JOIN" && format!("n{n}") == node.node);
                 let label = match (kind.as_str(), is_join) {
                     ("node_completed", true) => "join fired",
                     ("node_skipped", true) => "join skipped",
@@ -214,7 +277,18 @@ fn random_workflows_cover_the_interesting_cases() {
             }
         }
     }
-    for want in ["completed", "failed", "join fired", "join skipped", "skipped", "arrival ignored", "retried"] {
-        assert!(seen.get(want).copied().unwrap_or(0) > 0, "never saw {want}: {seen:?}");
+    for want in [
+        "completed",
+        "failed",
+        "join fired",
+        "join skipped",
+        "skipped",
+        "arrival ignored",
+        "retried",
+    ] {
+        assert!(
+            seen.get(want).copied().unwrap_or(0) > 0,
+            "never saw {want}: {seen:?}"
+        );
     }
 }
