@@ -1073,6 +1073,11 @@ fn collect_refs(e: &Expr, out: &mut Vec<(String, NodeField)>) {
 /// The variables an evaluation reads.
 pub trait Env {
     fn input(&self) -> Val;
+    /// The run input as JSON, if the environment has it: `input.a.b` then
+    /// converts only the selected value, not the whole input.
+    fn input_json(&self) -> Option<&Json> {
+        None
+    }
     fn run(&self) -> Val;
     fn item(&self) -> Val;
     fn index(&self) -> Val;
@@ -1153,7 +1158,46 @@ fn size_of(v: &Val) -> u64 {
     }
 }
 
+/// The variable a chain of field selections starts from.
+fn select_root(e: &Expr) -> Option<&Var> {
+    match e {
+        Expr::Var(v) => Some(v),
+        Expr::Select(base, _) => select_root(base),
+        _ => None,
+    }
+}
+
 impl Evaluator<'_> {
+    /// `input.a.b...`: walks the input JSON and converts only the result.
+    fn select_input(&mut self, base: &Expr, field: &str) -> Result<Val, EvalError> {
+        let mut keys = vec![field];
+        let mut e = base;
+        while let Expr::Select(inner, f) = e {
+            keys.push(f);
+            e = inner;
+        }
+        let Some(mut json) = self.env.input_json() else {
+            return rt("internal: no input");
+        };
+        for key in keys.iter().rev() {
+            self.charge(1)?;
+            json = match json {
+                Json::Object(map) => match map.get(*key) {
+                    Some(v) => v,
+                    None => return rt(format!("no such key: '{key}'")),
+                },
+                Json::Null => return rt(format!("cannot select '{key}' of null")),
+                Json::Bool(_) => return rt(format!("cannot select '{key}' of a bool")),
+                Json::Number(_) => return rt(format!("cannot select '{key}' of a number")),
+                Json::String(_) => return rt(format!("cannot select '{key}' of a string")),
+                Json::Array(_) => return rt(format!("cannot select '{key}' of a list")),
+            };
+        }
+        let v = Val::from_json(json);
+        self.charge(size_of(&v) / 64)?;
+        Ok(v)
+    }
+
     fn charge(&mut self, n: u64) -> Result<(), EvalError> {
         self.cost = self.cost.saturating_add(n);
         if self.cost > EVAL_COST_LIMIT {
@@ -1178,6 +1222,12 @@ impl Evaluator<'_> {
                 };
                 self.charge(size_of(&v) / 64)?;
                 Ok(v)
+            }
+            Expr::Select(base, field)
+                if matches!(select_root(base), Some(Var::Input))
+                    && self.env.input_json().is_some() =>
+            {
+                self.select_input(base, field)
             }
             Expr::Select(base, field) => match self.eval(base)? {
                 Val::Map(mut m) => match m.remove(field) {
@@ -1631,6 +1681,54 @@ mod tests {
         assert!(run(&deep).unwrap_err().contains("nests deeper than 32"));
         let long = "1 + ".repeat(1100) + "1";
         assert!(run(&long).unwrap_err().contains("longer than 4096"));
+    }
+
+    struct JsonEnv(Json);
+    impl Env for JsonEnv {
+        fn input(&self) -> Val {
+            Val::from_json(&self.0)
+        }
+        fn input_json(&self) -> Option<&Json> {
+            Some(&self.0)
+        }
+        fn run(&self) -> Val {
+            Val::Null
+        }
+        fn item(&self) -> Val {
+            Val::Null
+        }
+        fn index(&self) -> Val {
+            Val::Null
+        }
+        fn node(&self, _: &str, _: NodeField) -> Val {
+            Val::Null
+        }
+    }
+
+    #[test]
+    fn selecting_from_input_json_matches_the_full_conversion() {
+        let env = JsonEnv(serde_json::json!({"a": {"b": [1, 2]}, "s": "x", "n": null}));
+        let scope = Scope {
+            node_ids: &known,
+            map_element: false,
+        };
+        let eval = |src: &str| {
+            compile(src, &scope)
+                .map_err(|e| e.to_string())
+                .and_then(|p| p.eval(&env).map_err(|e| e.to_string()))
+        };
+        assert_eq!(eval("input.a.b[1]"), Ok(Val::Int(2)));
+        assert_eq!(eval("size(input.a.b)"), Ok(Val::Int(2)));
+        assert_eq!(
+            eval("has(input.a.b) && !has(input.zz)"),
+            Ok(Val::Bool(true))
+        );
+        assert_eq!(eval("input.zz"), Err("no such key: 'zz'".into()));
+        assert_eq!(
+            eval("input.s.t"),
+            Err("cannot select 't' of a string".into())
+        );
+        assert_eq!(eval("input.n.t"), Err("cannot select 't' of null".into()));
     }
 
     #[test]

@@ -238,6 +238,12 @@ impl CompiledWorkflow {
     }
 }
 
+// Cached in an `Arc` and shared across the coordinator's tasks.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<CompiledWorkflow>();
+};
+
 const ID_RULE: &str = "must start with a letter or '_' and contain only letters, digits and '_'";
 
 fn valid_id(id: &str) -> bool {

@@ -54,87 +54,119 @@ pub fn decide(
 /// Node keys an event will likely touch, not yet in `state`: load them
 /// before calling [`decide`] so that one call usually suffices.
 pub fn prefetch(wf: &CompiledWorkflow, state: &RunState, event: &Event) -> Vec<NodeKey> {
-    let mut keys: Vec<NodeKey> = Vec::new();
-    let mut add = |k: NodeKey, keys: &mut Vec<NodeKey>| {
-        if !state.nodes.contains_key(&k) && !keys.contains(&k) {
-            keys.push(k);
-        }
+    let mut p = Prefetch {
+        wf,
+        state,
+        keys: Vec::new(),
     };
-    let around =
-        |idx: usize, keys: &mut Vec<NodeKey>, add: &mut dyn FnMut(NodeKey, &mut Vec<NodeKey>)| {
-            let node = &wf.nodes[idx];
-            for &e in &node.out_edges {
-                let edge = &wf.edges[e];
-                add(NodeKey::node(wf.nodes[edge.to].id.clone()), keys);
-                for &r in edge.refs.iter().chain(&wf.nodes[edge.to].refs) {
-                    add(NodeKey::node(wf.nodes[r].id.clone()), keys);
-                }
-            }
-        };
+    let failure = matches!(
+        event,
+        Event::TaskFailed { .. }
+            | Event::LeaseExpired { .. }
+            | Event::CancelRequested { .. }
+            | Event::ChildRunFinished { .. }
+            | Event::TimerFired { .. }
+    );
     match event {
         Event::RunStarted => {
-            let start = wf.start;
-            add(NodeKey::node(wf.nodes[start].id.clone()), &mut keys);
-            for &r in &wf.nodes[start].refs {
-                add(NodeKey::node(wf.nodes[r].id.clone()), &mut keys);
-            }
-            around(start, &mut keys, &mut add);
-        }
-        Event::CancelRequested { .. }
-        | Event::TimerFired {
-            timer:
-                TimerId {
-                    kind: TimerKind::RunTimeout,
-                    ..
-                },
-            ..
-        } => {
-            for id in state.run.compensable.iter().rev() {
-                if let Some(comp) = wf.node(id).and_then(|n| n.compensate) {
-                    add(NodeKey::node(wf.nodes[comp].id.clone()), &mut keys);
-                    for &r in &wf.nodes[comp].refs {
-                        add(NodeKey::node(wf.nodes[r].id.clone()), &mut keys);
-                    }
-                }
-            }
+            p.node_and_refs(wf.start);
+            p.successors(wf.start, 3);
         }
         Event::RetryRequested { interrupted } => {
             for k in state.run.failed.iter().chain(interrupted) {
-                add(k.clone(), &mut keys);
-                add(k.parent(), &mut keys);
+                p.add(k.clone());
+                p.add(k.parent());
             }
         }
         Event::EventReceived {
             name, node: None, ..
         } => {
-            for n in &wf.nodes {
+            for (i, n) in wf.nodes.iter().enumerate() {
                 if matches!(&n.kind, Kind::WaitForEvent { event, .. } if event == name) {
-                    add(NodeKey::node(n.id.clone()), &mut keys);
+                    p.add(NodeKey::node(n.id.clone()));
+                    p.successors(i, 3);
                 }
             }
         }
         _ => {}
     }
     if let Some(key) = event.node() {
-        add(key.clone(), &mut keys);
+        p.add(key.clone());
         if key.index.is_some() {
-            add(key.parent(), &mut keys);
+            p.add(key.parent());
         }
         if let Some(idx) = wf.node_index(&key.node) {
-            around(idx, &mut keys, &mut add);
+            p.successors(idx, 3);
         }
     }
-    if let Some(Compensation { remaining, .. }) = &state.run.compensation {
-        // The next compensation starts after this one's report.
-        if let Some(comp) = remaining
+    // A failure or a cancellation may start the compensations.
+    if failure {
+        for id in state.run.compensable.iter().rev() {
+            if let Some(comp) = wf.node(id).and_then(|n| n.compensate) {
+                p.node_and_refs(comp);
+            }
+        }
+    }
+    // The next compensation starts after this one's report.
+    if let Some(Compensation { remaining, .. }) = &state.run.compensation
+        && let Some(comp) = remaining
             .first()
             .and_then(|id| wf.node(id))
             .and_then(|n| n.compensate)
-        {
-            add(NodeKey::node(wf.nodes[comp].id.clone()), &mut keys);
+    {
+        p.node_and_refs(comp);
+    }
+    // The event may end the run: the output reads these.
+    if state.run.active <= 1 {
+        for &r in &wf.output_refs {
+            p.add(p.key(r));
         }
     }
-    keys
+    p.keys
+}
+
+struct Prefetch<'a> {
+    wf: &'a CompiledWorkflow,
+    state: &'a RunState,
+    keys: Vec<NodeKey>,
+}
+
+impl Prefetch<'_> {
+    fn add(&mut self, k: NodeKey) {
+        if !self.state.nodes.contains_key(&k) && !self.keys.contains(&k) {
+            self.keys.push(k);
+        }
+    }
+
+    fn key(&self, idx: usize) -> NodeKey {
+        NodeKey::node(self.wf.nodes[idx].id.clone())
+    }
+
+    fn node_and_refs(&mut self, idx: usize) {
+        self.add(self.key(idx));
+        for &r in &self.wf.nodes[idx].refs {
+            self.add(self.key(r));
+        }
+    }
+
+    /// Successors and what their start reads; through SWITCH and FORK (which
+    /// complete as they start) up to `depth` levels. Not through a JOIN: it
+    /// fires on one event of many, and its successors need not be loaded for
+    /// the others.
+    fn successors(&mut self, idx: usize, depth: u32) {
+        let wf = self.wf;
+        for &e in &wf.nodes[idx].out_edges {
+            let edge = &wf.edges[e];
+            for &r in &edge.refs {
+                self.add(self.key(r));
+            }
+            self.node_and_refs(edge.to);
+            let instant = matches!(wf.nodes[edge.to].kind, Kind::Switch | Kind::Fork);
+            if instant && depth > 1 {
+                self.successors(edge.to, depth - 1);
+            }
+        }
+    }
 }
 
 enum Work {
@@ -163,6 +195,10 @@ struct EvalEnv<'c, 'a> {
 impl Env for EvalEnv<'_, '_> {
     fn input(&self) -> Val {
         Val::from_json(&self.ctx.run.input)
+    }
+
+    fn input_json(&self) -> Option<&Json> {
+        Some(&self.ctx.run.input)
     }
 
     fn run(&self) -> Val {
@@ -657,7 +693,13 @@ impl<'a> Ctx<'a> {
                     RunStatus::Compensating => self.current_compensation().as_ref() == Some(key),
                     _ => false,
                 };
-                let st = if running { self.load(key)? } else { None };
+                let mut st = if running { self.load(key)? } else { None };
+                if st.is_some() && key.index.is_some() && self.run.status == RunStatus::Running {
+                    let parent = self.load(&key.parent())?;
+                    if parent.map(|p| p.status) != Some(NodeStatus::Running) {
+                        st = None;
+                    }
+                }
                 match st {
                     Some(st)
                         if st.status == NodeStatus::RetryScheduled && st.attempt + 1 == attempt =>

@@ -189,6 +189,8 @@ pub struct Step {
     pub actions: Vec<Action>,
     /// How many node states were loaded to decide it.
     pub loaded: usize,
+    /// Load round trips after the prefetch (0: the prefetch sufficed).
+    pub extra_rounds: usize,
 }
 
 /// The result of a simulation.
@@ -402,14 +404,14 @@ impl Sim<'_> {
         event: &Event,
         now: Timestamp,
         step: usize,
-    ) -> Result<crate::Decision, SimulationError> {
+    ) -> Result<(crate::Decision, usize), SimulationError> {
         for k in prefetch(self.wf, state, event) {
             let s = self.store.get(&k).cloned();
             state.load(k, s);
         }
-        for _ in 0..10_000 {
+        for round in 0..10_000 {
             match decide(self.wf, state, event, now) {
-                Ok(d) => return Ok(d),
+                Ok(d) => return Ok((d, round)),
                 Err(DecideError::NeedNodes(keys)) => {
                     let before = state.nodes.len();
                     for k in keys {
@@ -445,7 +447,7 @@ impl Sim<'_> {
             run: self.run.run.clone(),
             nodes: BTreeMap::new(),
         };
-        let decision = self.decide_loaded(&mut state, &event, now, step)?;
+        let (decision, extra_rounds) = self.decide_loaded(&mut state, &event, now, step)?;
         let loaded = state.nodes.len();
         state.apply(&decision.change);
         self.run.run = state.run.clone();
@@ -457,7 +459,7 @@ impl Sim<'_> {
                 run: self.run.run.clone(),
                 nodes: BTreeMap::new(),
             };
-            let second = self.decide_loaded(&mut again, &event, now, step)?;
+            let (second, _) = self.decide_loaded(&mut again, &event, now, step)?;
             let effects: Vec<&Action> = second
                 .actions
                 .iter()
@@ -478,6 +480,7 @@ impl Sim<'_> {
             event,
             actions: decision.actions,
             loaded,
+            extra_rounds,
         });
         Ok(())
     }

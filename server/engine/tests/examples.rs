@@ -96,3 +96,38 @@ fn every_example_validates_and_simulates_to_its_expected_output() {
         "expected every outcomes file to run, ran {simulated}"
     );
 }
+
+/// The prefetch hint is good enough that most events decide in one call:
+/// the coordinator's round trips per event stay at one in the common case.
+#[test]
+fn prefetch_lets_most_events_decide_without_another_load() {
+    let dir = examples_dir();
+    let (mut events, mut first_try) = (0usize, 0usize);
+    for (wf, outcomes) in [
+        ("order", "order"),
+        ("order", "order-saga"),
+        ("fork-join", "fork-join"),
+        ("approval", "approval"),
+        ("linear", "linear"),
+    ] {
+        let wf = CompiledWorkflow::from_text(
+            &std::fs::read_to_string(dir.join(format!("{wf}.yaml"))).expect("read"),
+        )
+        .expect("compiles");
+        let outcomes = Outcomes::parse(
+            &std::fs::read_to_string(dir.join(format!("{outcomes}.outcomes.yaml"))).expect("read"),
+        )
+        .expect("parses");
+        let report = simulate_with(&wf, &outcomes, &SimOptions::default()).expect("runs");
+        events += report.history.len();
+        first_try += report
+            .history
+            .iter()
+            .filter(|s| s.extra_rounds == 0)
+            .count();
+    }
+    assert!(
+        first_try * 10 >= events * 9,
+        "only {first_try} of {events} events decided after the prefetch alone"
+    );
+}
