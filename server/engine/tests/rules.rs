@@ -1106,3 +1106,47 @@ fn cost_of_an_event_is_bounded_by_the_nodes_it_touches_not_by_the_run_size() {
         "an element completion loads the element, the next one and the MAP: {max_loaded:?}"
     );
 }
+
+#[test]
+fn retry_requested_also_restarts_the_branches_interrupted_by_the_failure() {
+    let mut d = Driver::new(JOIN_YAML, json!({"a": true, "b": true, "c": false}));
+    d.send(Event::RunStarted);
+    // a fails for good while b is still running: the run fails, b is cancelled.
+    for attempt in 1..=3 {
+        d.send(failed("a", attempt, "DOWN", true));
+        if attempt < 3 {
+            d.send(Event::TimerFired {
+                timer: TimerId::node(TimerKind::Retry, key("a"), Some(attempt + 1)),
+                seed: 0,
+            });
+        }
+    }
+    assert_eq!(d.state.run.status, RunStatus::Failed);
+    assert_eq!(d.status("b"), Some(NodeStatus::Running));
+    let acts = d.send(Event::RetryRequested {
+        interrupted: vec![key("b")],
+    });
+    assert_eq!(
+        created(&acts),
+        vec![("a".to_string(), 4), ("b".to_string(), 2)]
+    );
+    assert_eq!(d.state.run.active, 2);
+    d.send(completed("a", 4, json!("A")));
+    let acts = d.send(completed("b", 2, json!("B")));
+    assert_eq!(
+        created(&acts),
+        vec![("after".to_string(), 1)],
+        "the JOIN fires once both are back"
+    );
+    let acts = d.send(completed("after", 1, json!(null)));
+    assert!(acts.contains(&Action::CompleteRun {
+        output: json!({"a": "A", "b": "B"})
+    }));
+    // The simulator's retry_at computes the interrupted keys the same way.
+    let r = simulate(
+        JOIN_YAML,
+        "input: { a: true, b: true, c: false }\ntasks: { a: [ { fail: { code: X, retryable: false } } ], b: [ { complete: 1, after: 1h }, { complete: 2 } ] }\nretry_at: 1m\n",
+    );
+    assert_eq!(r.status, RunStatus::Completed);
+    assert_eq!(r.output, Some(json!({"a": null, "b": 2})));
+}
