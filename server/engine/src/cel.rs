@@ -721,6 +721,10 @@ impl Checker<'_, '_> {
                 let (left, lt) = self.resolve(*left)?;
                 let (right, rt) = self.resolve(*right)?;
                 let ty = binary_type(op, lt, rt)?;
+                if matches!(op, BinOp::Eq | BinOp::Ne) {
+                    check_status_literal(&left, &right)?;
+                    check_status_literal(&right, &left)?;
+                }
                 Ok((Expr::Binary(op, Box::new(left), Box::new(right)), ty))
             }
             Ast::Cond(cond, then, otherwise) => {
@@ -910,6 +914,30 @@ impl Checker<'_, '_> {
     }
 }
 
+/// The values `nodes.<id>.status` takes.
+pub const NODE_STATUSES: [&str; 7] = [
+    "PENDING",
+    "RUNNING",
+    "WAITING",
+    "RETRY_SCHEDULED",
+    "COMPLETED",
+    "FAILED",
+    "SKIPPED",
+];
+
+/// `nodes.x.status == 'COMPLETD'` can never hold: a registration error.
+fn check_status_literal(a: &Expr, b: &Expr) -> Result<(), String> {
+    if let (Expr::Var(Var::Node(id, NodeField::Status)), Expr::Lit(Val::Str(s))) = (a, b)
+        && !NODE_STATUSES.contains(&s.as_str())
+    {
+        return Err(format!(
+            "nodes.{id}.status is never '{s}' (it is one of {})",
+            NODE_STATUSES.join(", ")
+        ));
+    }
+    Ok(())
+}
+
 fn binary_type(op: BinOp, l: Ty, r: Ty) -> Result<Ty, String> {
     use Ty::*;
     let mismatch = || {
@@ -926,7 +954,14 @@ fn binary_type(op: BinOp, l: Ty, r: Ty) -> Result<Ty, String> {
             }
             Bool
         }
-        BinOp::Eq | BinOp::Ne => Bool,
+        BinOp::Eq | BinOp::Ne => {
+            let comparable =
+                dyn_either || l == r || (numeric(l) && numeric(r)) || l == Null || r == Null;
+            if !comparable {
+                return Err(mismatch());
+            }
+            Bool
+        }
         BinOp::In => {
             if !matches!(r, List | Map | Dyn) {
                 return Err(mismatch());

@@ -759,6 +759,20 @@ pub(crate) fn build(
         if let Some(p) = &when {
             add_refs(p.node_refs(), &index, &mut refs);
         }
+        if edge.on == Some(EdgeOn::Error)
+            && matches!(
+                def.nodes[from].node_type,
+                NodeType::Switch | NodeType::Fork | NodeType::Join
+            )
+        {
+            errors.push(
+                format!("{path}.on"),
+                format!(
+                    "a {} node never fails, so it has no error edges",
+                    def.nodes[from].node_type
+                ),
+            );
+        }
         let e = edges.len();
         edges.push(CEdge {
             from,

@@ -582,6 +582,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cel_knows_every_node_status() {
+        use NodeStatus::*;
+        let all = [
+            Pending,
+            Running,
+            Waiting,
+            RetryScheduled,
+            Completed,
+            Failed,
+            Skipped,
+        ];
+        let names: Vec<&str> = all.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, crate::cel::NODE_STATUSES.to_vec());
+        for s in all {
+            assert_eq!(
+                serde_json::to_value(s).ok(),
+                Some(serde_json::Value::from(s.as_str()))
+            );
+        }
+    }
+
+    #[test]
     fn node_keys_round_trip_as_text() {
         assert_eq!("charge".parse::<NodeKey>(), Ok(NodeKey::node("charge")));
         assert_eq!(

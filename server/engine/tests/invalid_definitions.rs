@@ -155,6 +155,16 @@ fn broken_definitions_are_rejected_with_path_and_message() {
             base(&format!("{A}\n  - {{ id: my-node, type: FORK }}"), "  - { from: a, to: my-node }"),
             vec![("nodes[1].id", "'my-node' must start with a letter or '_' and contain only letters, digits and '_'".into())],
         ),
+        (
+            "error edge from a node that never fails",
+            base(&format!("  - {{ id: a, type: FORK }}\n{B}"), "  - { from: a, to: b, on: error }"),
+            vec![("edges[0].on", "a FORK node never fails, so it has no error edges".into())],
+        ),
+        (
+            "status compared with a value it never has",
+            base(&format!("{A}\n{B}"), "  - { from: a, to: b, when: \"nodes.a.status == 'DONE'\" }"),
+            vec![("edges[0].when", "nodes.a.status is never 'DONE' (it is one of PENDING, RUNNING, WAITING, RETRY_SCHEDULED, COMPLETED, FAILED, SKIPPED)".into())],
+        ),
         ("missing name", format!("nodes:\n{A}\n"), vec![("name", "is required".into()), ("name", "must not be empty".into())]),
         ("no nodes", "name: empty\nnodes: []\n".into(), vec![("nodes", "a workflow needs at least one node".into())]),
         (
