@@ -828,10 +828,14 @@ pub(crate) fn build(
     if topo.len() < n {
         // Walk backwards from a node left over until a node repeats: that is a cycle.
         let mut reported = vec![false; n];
+        // Nodes walked by an earlier search: walking into one finds nothing new,
+        // which keeps the whole search linear.
+        let mut walked = vec![false; n];
         for first in (0..n).filter(|&i| indegree[i] > 0) {
-            if reported[first] {
+            if reported[first] || walked[first] {
                 continue;
             }
+            walked[first] = true;
             let mut path_nodes = vec![first];
             let mut pos: HashMap<usize, usize> = HashMap::from([(first, 0)]);
             let mut v = first;
@@ -847,6 +851,10 @@ pub(crate) fn build(
                 if let Some(&p) = pos.get(&v) {
                     break Some(p);
                 }
+                if walked[v] {
+                    break None;
+                }
+                walked[v] = true;
                 pos.insert(v, path_nodes.len());
                 path_nodes.push(v);
             };

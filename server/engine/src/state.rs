@@ -564,6 +564,16 @@ pub struct Decision {
     pub actions: Vec<Action>,
 }
 
+impl Decision {
+    /// Whether an `EventReceived` was consumed by a waiting node. If not, the
+    /// coordinator keeps the event pending for a wait that starts later.
+    pub fn event_consumed(&self) -> bool {
+        self.actions
+            .iter()
+            .any(|a| matches!(a, Action::AppendHistory { kind, .. } if kind == "event_received"))
+    }
+}
+
 /// Why `decide` could not decide.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DecideError {

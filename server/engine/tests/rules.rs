@@ -487,13 +487,21 @@ output: '${nodes.approval.output.by}'
         name: "approved".into(),
         correlation: Some(json!("order-9"))
     }));
-    // An event of another name changes nothing.
-    let acts = d.send(Event::EventReceived {
+    // An event of another name changes nothing; the coordinator keeps it.
+    let other = Event::EventReceived {
         name: "other".into(),
         payload: json!({}),
         node: None,
-    });
+    };
+    assert!(!d.decide(&other).event_consumed());
+    let acts = d.send(other);
     assert_eq!(history_kinds(&acts), vec!["event_ignored"]);
+    let approved = Event::EventReceived {
+        name: "approved".into(),
+        payload: json!({"by": "ana"}),
+        node: None,
+    };
+    assert!(d.decide(&approved).event_consumed());
     let acts = d.send(Event::EventReceived {
         name: "approved".into(),
         payload: json!({"by": "ana"}),
