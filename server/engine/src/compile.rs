@@ -326,8 +326,8 @@ pub(crate) fn build(
     broken: &Broken,
 ) -> Result<CompiledWorkflow, ValidationErrors> {
     let mut errors = ValidationErrors::default();
-    if def.name.trim().is_empty() && !def.name.is_empty() || def.name.is_empty() {
-        errors.push("name", "must not be empty");
+    if def.name.trim().is_empty() {
+        errors.push("name", "is required");
     }
     if def.nodes.len() > MAX_NODES {
         errors.push(

@@ -375,11 +375,9 @@ pub(crate) fn parse_structure(text: &str) -> (Option<Definition>, ValidationErro
     };
     let mut def = Definition::default();
     let mut broken = Broken::default();
-    let mut has_name = false;
     for (key, value) in &top {
         match key.as_str() {
             "name" => {
-                has_name = true;
                 def.name = typed(value, "name", &mut errors).unwrap_or_default();
             }
             "description" => def.description = typed(value, "description", &mut errors),
@@ -433,9 +431,6 @@ pub(crate) fn parse_structure(text: &str) -> (Option<Definition>, ValidationErro
             }
             other => errors.push(other, format!("unknown field `{other}`")),
         }
-    }
-    if !has_name {
-        errors.push("name", "is required");
     }
     (Some(def), errors, broken)
 }

@@ -165,7 +165,7 @@ fn broken_definitions_are_rejected_with_path_and_message() {
             base(&format!("{A}\n{B}"), "  - { from: a, to: b, when: \"nodes.a.status == 'DONE'\" }"),
             vec![("edges[0].when", "nodes.a.status is never 'DONE' (it is one of PENDING, RUNNING, WAITING, RETRY_SCHEDULED, COMPLETED, FAILED, SKIPPED)".into())],
         ),
-        ("missing name", format!("nodes:\n{A}\n"), vec![("name", "is required".into()), ("name", "must not be empty".into())]),
+        ("missing name", format!("nodes:\n{A}\n"), vec![("name", "is required".into())]),
         ("no nodes", "name: empty\nnodes: []\n".into(), vec![("nodes", "a workflow needs at least one node".into())]),
         (
             "output reading an unknown variable",
