@@ -169,6 +169,14 @@ impl Prefetch<'_> {
     }
 }
 
+/// Node types whose attempts are worker tasks (MAP: its task elements).
+const TASK_TYPES: [NodeType; 4] = [
+    NodeType::Task,
+    NodeType::Http,
+    NodeType::Code,
+    NodeType::Map,
+];
+
 enum Work {
     Arrive { to: usize, from: usize },
     Skip { to: usize },
@@ -400,17 +408,7 @@ impl<'a> Ctx<'a> {
                 attempt,
                 output,
             } => {
-                if let Some((idx, st)) = self.current_attempt(
-                    node,
-                    *attempt,
-                    &[
-                        NodeType::Task,
-                        NodeType::Http,
-                        NodeType::Code,
-                        NodeType::Map,
-                    ],
-                    false,
-                )? {
+                if let Some((idx, st)) = self.current_attempt(node, *attempt, &TASK_TYPES, false)? {
                     self.attempt_succeeded(node, idx, st, output.clone())?;
                 }
             }
@@ -422,17 +420,7 @@ impl<'a> Ctx<'a> {
                 retryable,
                 seed,
             } => {
-                if let Some((idx, st)) = self.current_attempt(
-                    node,
-                    *attempt,
-                    &[
-                        NodeType::Task,
-                        NodeType::Http,
-                        NodeType::Code,
-                        NodeType::Map,
-                    ],
-                    false,
-                )? {
+                if let Some((idx, st)) = self.current_attempt(node, *attempt, &TASK_TYPES, false)? {
                     self.attempt_failed(
                         node,
                         idx,
@@ -448,17 +436,7 @@ impl<'a> Ctx<'a> {
                 attempt,
                 seed,
             } => {
-                if let Some((idx, st)) = self.current_attempt(
-                    node,
-                    *attempt,
-                    &[
-                        NodeType::Task,
-                        NodeType::Http,
-                        NodeType::Code,
-                        NodeType::Map,
-                    ],
-                    false,
-                )? {
+                if let Some((idx, st)) = self.current_attempt(node, *attempt, &TASK_TYPES, false)? {
                     let error = ErrorInfo::new(
                         codes::LEASE_EXPIRED,
                         format!("attempt {attempt} lost its lease: no heartbeat or report in time"),
