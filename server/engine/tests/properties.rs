@@ -26,6 +26,12 @@ impl Rng {
 
 /// A random valid workflow (YAML) and a random script for it.
 fn random_workflow(n: usize, seed: u64) -> (String, String, Vec<String>) {
+    random_workflow_with(n, seed, false)
+}
+
+/// `saga`: some tasks carry a compensation (which may fail), tasks take
+/// 0-3s, and the run may be cancelled at a random time.
+fn random_workflow_with(n: usize, seed: u64, saga: bool) -> (String, String, Vec<String>) {
     let mut rng = Rng(seed);
     let mut types = vec!["FORK".to_string()];
     let mut edges: Vec<(usize, usize, Option<String>, bool)> = Vec::new();
@@ -73,12 +79,22 @@ fn random_workflow(n: usize, seed: u64) -> (String, String, Vec<String>) {
         }
     }
     let mut yaml = String::from("name: random\nnodes:\n");
+    let mut undo: Vec<usize> = Vec::new();
     for (i, t) in types.iter().enumerate() {
         if t == "TASK" {
-            yaml.push_str(&format!("  - {{ id: n{i}, type: TASK, queue: q, task: t, retry: {{ max_attempts: {}, initial_interval: 1s }} }}\n", 1 + rng.below(2)));
+            let compensate = if saga && rng.chance(50) {
+                undo.push(i);
+                format!(", compensate: undo_n{i}")
+            } else {
+                String::new()
+            };
+            yaml.push_str(&format!("  - {{ id: n{i}, type: TASK, queue: q, task: t, retry: {{ max_attempts: {}, initial_interval: 1s }}{compensate} }}\n", 1 + rng.below(2)));
         } else {
             yaml.push_str(&format!("  - {{ id: n{i}, type: {t} }}\n"));
         }
+    }
+    for i in &undo {
+        yaml.push_str(&format!("  - {{ id: undo_n{i}, type: TASK, queue: q, task: undo, retry: {{ max_attempts: 2, initial_interval: 1s }} }}\n"));
     }
     yaml.push_str("edges:\n");
     for (from, to, when, on_error) in &edges {
@@ -105,19 +121,37 @@ fn random_workflow(n: usize, seed: u64) -> (String, String, Vec<String>) {
         }
         let mut list = Vec::new();
         for attempt in 0..2 {
+            let after = if saga {
+                format!(", after: {}s", rng.below(4))
+            } else {
+                String::new()
+            };
             if rng.chance(20) {
                 list.push(format!(
-                    "{{ fail: {{ code: E{i}_{attempt}, retryable: {} }} }}",
+                    "{{ fail: {{ code: E{i}_{attempt}, retryable: {} }}{after} }}",
                     rng.chance(70)
                 ));
             } else {
                 list.push(format!(
-                    "{{ complete: {{ ok: {}, v: {i} }} }}",
+                    "{{ complete: {{ ok: {}, v: {i} }}{after} }}",
                     rng.chance(50)
                 ));
             }
         }
         outcomes.push_str(&format!("  n{i}: [ {} ]\n", list.join(", ")));
+    }
+    for i in &undo {
+        let first = if rng.chance(30) {
+            "{ fail: { code: UNDO_FAILED } }"
+        } else {
+            "{ complete: undone }"
+        };
+        outcomes.push_str(&format!(
+            "  undo_n{i}: [ {first}, {{ fail: {{ code: UNDO_FAILED }} }} ]\n"
+        ));
+    }
+    if saga && rng.chance(50) {
+        outcomes.push_str(&format!("cancel_at: {}ms\n", rng.below(5_000)));
     }
     (yaml, outcomes, types)
 }
@@ -237,6 +271,42 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_sagas_compensate_in_reverse_completion_order_and_keep_the_error(n in 2usize..12, seed in any::<u64>(), order in any::<u64>()) {
+        let (yaml, outcomes, types) = random_workflow_with(n, seed, true);
+        let wf = CompiledWorkflow::from_text(&yaml).map_err(|e| TestCaseError::fail(format!("{e}\n{yaml}")))?;
+        let r = run(&wf, &outcomes, Some(order));
+        check_invariants(&wf, &types, &r)?;
+        let mut completed_with_undo = Vec::new();
+        let mut compensated = Vec::new();
+        let mut ended = false;
+        for a in r.actions() {
+            match a {
+                Action::AppendHistory { kind, node: Some(node), detail, .. } => match kind.as_str() {
+                    "node_completed" if !ended && wf.node(&node.node).is_some_and(|n| n.compensate.is_some()) => {
+                        completed_with_undo.push(node.node.clone());
+                    }
+                    "compensation_node_started" => compensated.push(detail["for"].as_str().unwrap_or_default().to_owned()),
+                    _ => {}
+                },
+                Action::AppendHistory { kind, .. } if kind == "compensation_started" || kind == "run_completed" => ended = true,
+                _ => {}
+            }
+        }
+        if r.status == RunStatus::Completed {
+            prop_assert!(compensated.is_empty());
+        } else {
+            completed_with_undo.reverse();
+            prop_assert_eq!(&compensated, &completed_with_undo, "\n{}\n{}", yaml, outcomes);
+            // A failing compensation never replaces the run's error.
+            prop_assert!(r.error.as_ref().is_none_or(|e| e.code != "UNDO_FAILED"), "{:?}", r.error);
+        }
+    }
+}
+
 /// The generator must reach the interesting cases, or the property above
 /// proves little: completed and failed runs, JOINs that fire and are skipped,
 /// ignored arrivals, skipped nodes, handled failures.
@@ -277,6 +347,19 @@ fn random_workflows_cover_the_interesting_cases() {
             }
         }
     }
+    for seed in 0..300u64 {
+        let (yaml, outcomes, _) = random_workflow_with(2 + (seed % 10) as usize, seed, true);
+        let wf = CompiledWorkflow::from_text(&yaml).expect("valid");
+        let r = run(&wf, &outcomes, None);
+        if r.status == RunStatus::Cancelled {
+            *seen.entry("cancelled").or_default() += 1;
+        }
+        for kind in ["compensation_completed", "compensation_failed"] {
+            if r.history_of(kind).next().is_some() {
+                *seen.entry(kind).or_default() += 1;
+            }
+        }
+    }
     for want in [
         "completed",
         "failed",
@@ -285,6 +368,9 @@ fn random_workflows_cover_the_interesting_cases() {
         "skipped",
         "arrival ignored",
         "retried",
+        "cancelled",
+        "compensation_completed",
+        "compensation_failed",
     ] {
         assert!(
             seen.get(want).copied().unwrap_or(0) > 0,
