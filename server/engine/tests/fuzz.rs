@@ -130,7 +130,7 @@ mod decide_fuzz {
             i if i == ids.len() => "undo_charge".to_owned(),
             _ => "ghost".to_owned(),
         };
-        if index % 3 == 0 {
+        if index.is_multiple_of(3) {
             NodeKey::element(id, u32::from(index % 5))
         } else {
             NodeKey::node(id)
@@ -152,7 +152,7 @@ mod decide_fuzz {
                 attempt,
                 code: "E".into(),
                 message: "m".into(),
-                retryable: index % 2 == 0,
+                retryable: index.is_multiple_of(2),
                 seed: 7,
             },
             4 => Event::LeaseExpired {
@@ -182,7 +182,7 @@ mod decide_fuzz {
             6 => Event::EventReceived {
                 name: ["approval", "expense_decision", "nope"][index as usize % 3].into(),
                 payload: json!({"ok": true, "approved": true, "by": "x"}),
-                node: (index % 2 == 0).then_some(node),
+                node: index.is_multiple_of(2).then_some(node),
             },
             7 => Event::CancelRequested {
                 reason: "fuzz".into(),
