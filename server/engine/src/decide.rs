@@ -1452,6 +1452,7 @@ impl<'a> Ctx<'a> {
             json!({ "nodes": remaining }),
         );
         self.run.status = RunStatus::Compensating;
+        self.run.compensated = true;
         self.run.compensation = Some(Compensation {
             remaining,
             current: None,
@@ -1533,6 +1534,14 @@ impl<'a> Ctx<'a> {
     fn retry_run(&mut self, interrupted: &[NodeKey]) -> R {
         if self.run.status != RunStatus::Failed {
             self.ignore(None, None, "only a failed run can be retried");
+            return Ok(());
+        }
+        if self.run.compensated {
+            self.ignore(
+                None,
+                None,
+                "the run was compensated: its completed work was undone, start a new run",
+            );
             return Ok(());
         }
         let mut keys: Vec<NodeKey> = Vec::new();

@@ -258,6 +258,10 @@ pub struct RunRecord {
     pub output: Option<Json>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensation: Option<Compensation>,
+    /// Compensations ran: the run's completed work was undone, so it cannot
+    /// be resumed with RetryRequested.
+    #[serde(default)]
+    pub compensated: bool,
 }
 
 /// What `decide` sees: the run record plus the node states that were loaded.
@@ -292,6 +296,7 @@ impl RunState {
                 error: None,
                 output: None,
                 compensation: None,
+                compensated: false,
             },
             nodes: BTreeMap::new(),
         }

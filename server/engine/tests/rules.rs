@@ -874,6 +874,26 @@ fn failing_compensation_is_retried_then_recorded_and_never_hides_the_original_er
 }
 
 #[test]
+fn a_compensated_run_cannot_be_retried() {
+    let r = simulate(
+        SAGA,
+        "tasks: { a: [ { complete: { id: A1 } } ], c: [ { fail: { code: NOPE } } ] }\nretry_at: 1h\n",
+    );
+    assert_eq!(r.status, RunStatus::Failed);
+    let last = r.history.last().expect("history");
+    assert!(matches!(last.event, Event::RetryRequested { .. }));
+    assert_eq!(
+        last.actions,
+        vec![Action::AppendHistory {
+            kind: "event_ignored".into(),
+            node: None,
+            attempt: None,
+            detail: json!({"reason": "the run was compensated: its completed work was undone, start a new run"}),
+        }]
+    );
+}
+
+#[test]
 fn cancellation_cancels_tasks_timers_and_children_runs_compensations_and_ends_cancelled() {
     let mut d = Driver::new(SAGA, json!(null));
     d.send(Event::RunStarted);
