@@ -1178,3 +1178,33 @@ fn retry_requested_also_restarts_the_branches_interrupted_by_the_failure() {
     assert_eq!(r.status, RunStatus::Completed);
     assert_eq!(r.output, Some(json!({"a": null, "b": 2})));
 }
+
+#[test]
+fn cancellation_during_a_retry_back_off_removes_the_timer_and_a_late_firing_changes_nothing() {
+    let yaml = format!(
+        "name: c\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 3, initial_interval: 1h, max_interval: 2h }}\n"
+    );
+    let mut d = Driver::new(&yaml, json!(null));
+    d.send(Event::RunStarted);
+    let acts = d.send(failed("a", 1, "BUSY", true));
+    let retry = TimerId::node(TimerKind::Retry, key("a"), Some(2));
+    assert!(acts.contains(&Action::ScheduleTimer {
+        timer: retry.clone(),
+        fire_at: Timestamp(T0.0 + 3_600_000)
+    }));
+    assert_eq!(d.status("a"), Some(NodeStatus::RetryScheduled));
+    let acts = d.at(60_000).send(Event::CancelRequested {
+        reason: "stop".into(),
+    });
+    assert!(acts.contains(&Action::CancelAllTimers));
+    assert!(acts.contains(&Action::CancelRun {
+        reason: "stop".into()
+    }));
+    let late = d.at(3_600_000).decide(&Event::TimerFired {
+        timer: retry,
+        seed: 0,
+    });
+    assert!(late.change.is_empty());
+    assert!(created(&late.actions).is_empty());
+    assert_eq!(d.state.run.status, RunStatus::Cancelled);
+}
