@@ -218,6 +218,33 @@ impl SimulationReport {
             .filter(move |a| matches!(a, Action::AppendHistory { kind: k, .. } if k == kind))
     }
 
+    /// A readable timeline, one line per event and per action, times relative
+    /// to the run's start; what `composer workflow test` prints.
+    pub fn timeline(&self) -> String {
+        let start = self.history.first().map_or(0, |s| s.at.0);
+        let mut out = String::new();
+        for step in &self.history {
+            let at = offset(step.at.0 - start);
+            out.push_str(&format!("{at:>13}  {}\n", describe_event(&step.event)));
+            for a in &step.actions {
+                out.push_str(&format!("{:>13}    {}\n", "", describe_action(a, start)));
+            }
+        }
+        let result = match self.status {
+            RunStatus::Completed => format!(
+                "COMPLETED, output {}",
+                self.output.clone().unwrap_or(Json::Null)
+            ),
+            RunStatus::Failed => match &self.error {
+                Some(e) => format!("FAILED, {}: {}", e.code, e.message),
+                None => "FAILED".into(),
+            },
+            other => format!("{other:?}").to_uppercase(),
+        };
+        out.push_str(&format!("result: {result}\n"));
+        out
+    }
+
     /// Whether the expectation of the outcomes file holds; the message says why not.
     pub fn check(&self, expect: &Expectation) -> Result<(), String> {
         if self.status != expect.status {
@@ -690,6 +717,121 @@ impl Sim<'_> {
             | Action::AppendHistory { .. } => {}
         }
         Ok(())
+    }
+}
+
+fn describe_event(e: &Event) -> String {
+    match e {
+        Event::RunStarted => "run started".into(),
+        Event::TaskCompleted {
+            node,
+            attempt,
+            output,
+        } => format!("{node} #{attempt} completed: {output}"),
+        Event::TaskFailed {
+            node,
+            attempt,
+            code,
+            message,
+            retryable,
+            ..
+        } => {
+            format!(
+                "{node} #{attempt} failed: {code} {message}{}",
+                if *retryable { "" } else { " (not retryable)" }
+            )
+        }
+        Event::LeaseExpired { node, attempt, .. } => format!("{node} #{attempt} lease expired"),
+        Event::TimerFired { timer, .. } => format!("timer fired: {}", describe_timer(timer)),
+        Event::EventReceived { name, payload, .. } => format!("event {name}: {payload}"),
+        Event::CancelRequested { reason } => format!("cancel requested: {reason}"),
+        Event::RetryRequested { .. } => "retry requested".into(),
+        Event::ChildRunFinished {
+            node,
+            attempt,
+            status,
+            output,
+            error,
+            ..
+        } => match error {
+            Some(e) if *status != ChildStatus::Completed => format!(
+                "child {node} #{attempt} {status:?}: {} {}",
+                e.code, e.message
+            ),
+            _ => format!("child {node} #{attempt} {status:?}: {output}"),
+        },
+    }
+}
+
+/// `+h:mm:ss.mmm` after the run's start.
+fn offset(ms: i64) -> String {
+    let ms = ms.max(0);
+    format!(
+        "+{}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1_000 % 60,
+        ms % 1_000
+    )
+}
+
+fn describe_timer(t: &TimerId) -> String {
+    let node = t.node.as_ref().map(|n| format!(" {n}")).unwrap_or_default();
+    let attempt = t.attempt.map(|a| format!(" #{a}")).unwrap_or_default();
+    format!("{:?}{node}{attempt}", t.kind)
+}
+
+fn describe_action(a: &Action, start: i64) -> String {
+    match a {
+        Action::CreateTask {
+            node,
+            attempt,
+            queue,
+            input,
+            ..
+        } => format!("-> task {node} #{attempt} on {queue}: {input}"),
+        Action::ScheduleTimer { timer, fire_at } => {
+            format!(
+                "-> timer {} at {}",
+                describe_timer(timer),
+                offset(fire_at.0 - start)
+            )
+        }
+        Action::CancelTimer { timer } => format!("-> cancel timer {}", describe_timer(timer)),
+        Action::CancelTask { node } => format!("-> cancel task {node}"),
+        Action::CancelAllTasks => "-> cancel all tasks".into(),
+        Action::CancelAllTimers => "-> cancel all timers".into(),
+        Action::AwaitEvent {
+            node,
+            name,
+            correlation,
+        } => match correlation {
+            Some(c) => format!("-> {node} awaits event {name} (correlation {c})"),
+            None => format!("-> {node} awaits event {name}"),
+        },
+        Action::StartChildRun {
+            node,
+            attempt,
+            workflow,
+            input,
+            ..
+        } => format!("-> child run {node} #{attempt} of {workflow}: {input}"),
+        Action::CancelChildRun { node } => format!("-> cancel child run {node}"),
+        Action::CancelAllChildRuns => "-> cancel all child runs".into(),
+        Action::CompleteRun { output } => format!("-> run completed: {output}"),
+        Action::FailRun { error } => format!("-> run failed: {} {}", error.code, error.message),
+        Action::CancelRun { reason } => format!("-> run cancelled: {reason}"),
+        Action::AppendHistory {
+            kind, node, detail, ..
+        } => {
+            let node = node.as_ref().map(|n| format!(" {n}")).unwrap_or_default();
+            let detail = if detail.as_object().is_some_and(|m| m.is_empty()) {
+                String::new()
+            } else {
+                format!(" {detail}")
+            };
+            format!("   {kind}{node}{detail}")
+        }
     }
 }
 

@@ -131,3 +131,39 @@ fn prefetch_lets_most_events_decide_without_another_load() {
         "only {first_try} of {events} events decided after the prefetch alone"
     );
 }
+
+#[test]
+fn the_timeline_tells_the_run_as_it_happened() {
+    let dir = examples_dir();
+    let wf = CompiledWorkflow::from_text(
+        &std::fs::read_to_string(dir.join("order.yaml")).expect("read"),
+    )
+    .expect("compiles");
+    let outcomes =
+        Outcomes::parse(&std::fs::read_to_string(dir.join("order.outcomes.yaml")).expect("read"))
+            .expect("parses");
+    let text = simulate_with(&wf, &outcomes, &SimOptions::default())
+        .expect("runs")
+        .timeline();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.first().map(|l| l.trim()),
+        Some("+0:00:00.000  run started")
+    );
+    assert!(
+        text.contains("charge #1 failed: HTTP_503 service unavailable"),
+        "{text}"
+    );
+    assert!(
+        text.contains("-> timer Retry charge #2 at +0:00:01.000"),
+        "{text}"
+    );
+    assert!(
+        text.contains("+1:00:00.000  event approval: {\"ok\":true}"),
+        "{text}"
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some("result: COMPLETED, output {\"shipment\":{\"tracking\":\"T1\"}}")
+    );
+}
