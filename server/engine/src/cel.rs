@@ -54,7 +54,11 @@ impl Val {
             },
             Json::String(s) => Val::Str(s.clone()),
             Json::Array(items) => Val::List(items.iter().map(Val::from_json).collect()),
-            Json::Object(map) => Val::Map(map.iter().map(|(k, v)| (k.clone(), Val::from_json(v))).collect()),
+            Json::Object(map) => Val::Map(
+                map.iter()
+                    .map(|(k, v)| (k.clone(), Val::from_json(v)))
+                    .collect(),
+            ),
         }
     }
 
@@ -68,7 +72,9 @@ impl Val {
             Val::Double(d) => serde_json::Number::from_f64(*d).map_or(Json::Null, Json::Number),
             Val::Str(s) => Json::String(s.clone()),
             Val::List(items) => Json::Array(items.iter().map(Val::to_json).collect()),
-            Val::Map(map) => Json::Object(map.iter().map(|(k, v)| (k.clone(), v.to_json())).collect()),
+            Val::Map(map) => {
+                Json::Object(map.iter().map(|(k, v)| (k.clone(), v.to_json())).collect())
+            }
             Val::Timestamp(ms) => Json::String(format_timestamp(*ms)),
             Val::Duration(ms) => Json::String(format_duration(*ms)),
         }
@@ -203,7 +209,11 @@ enum Ast {
     Ident(String),
     Select(Box<Ast>, String),
     Index(Box<Ast>, Box<Ast>),
-    Call { target: Option<Box<Ast>>, name: String, args: Vec<Ast> },
+    Call {
+        target: Option<Box<Ast>>,
+        name: String,
+        args: Vec<Ast>,
+    },
     Unary(UnOp, Box<Ast>),
     Binary(BinOp, Box<Ast>, Box<Ast>),
     Cond(Box<Ast>, Box<Ast>, Box<Ast>),
@@ -225,7 +235,11 @@ enum Expr {
     Cond(Box<Expr>, Box<Expr>, Box<Expr>),
     List(Vec<Expr>),
     Map(Vec<(Expr, Expr)>),
-    Comprehension { kind: Macro, range: Box<Expr>, body: Box<Expr> },
+    Comprehension {
+        kind: Macro,
+        range: Box<Expr>,
+        body: Box<Expr>,
+    },
 }
 
 // ---------------------------------------------------------------- lexer
@@ -240,7 +254,8 @@ enum Tok {
 }
 
 const PUNCTS: [&str; 22] = [
-    "&&", "||", "<=", ">=", "==", "!=", "(", ")", "[", "]", "{", "}", ".", ",", ":", "?", "!", "-", "+", "*", "/", "%",
+    "&&", "||", "<=", ">=", "==", "!=", "(", ")", "[", "]", "{", "}", ".", ",", ":", "?", "!", "-",
+    "+", "*", "/", "%",
 ];
 
 fn lex(src: &str) -> Result<Vec<Tok>, String> {
@@ -283,9 +298,15 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
             }
             let text: String = chars[start..i].iter().collect();
             if is_double {
-                toks.push(Tok::Double(text.parse().map_err(|_| format!("invalid number '{text}'"))?));
+                toks.push(Tok::Double(
+                    text.parse()
+                        .map_err(|_| format!("invalid number '{text}'"))?,
+                ));
             } else {
-                toks.push(Tok::Int(text.parse().map_err(|_| format!("integer '{text}' is out of range"))?));
+                toks.push(Tok::Int(
+                    text.parse()
+                        .map_err(|_| format!("integer '{text}' is out of range"))?,
+                ));
             }
             if i < chars.len() && (chars[i] == 'u' || chars[i] == 'U') {
                 i += 1; // unsigned suffix: treated as int
@@ -323,7 +344,10 @@ fn lex(src: &str) -> Result<Vec<Tok>, String> {
                         't' => s.push('\t'),
                         '\\' | '"' | '\'' => s.push(esc),
                         'u' => {
-                            let hex: String = chars.get(i..i + 4).map(|h| h.iter().collect()).unwrap_or_default();
+                            let hex: String = chars
+                                .get(i..i + 4)
+                                .map(|h| h.iter().collect())
+                                .unwrap_or_default();
                             let code = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32);
                             match code {
                                 Some(ch) if hex.len() == 4 => {
@@ -505,7 +529,11 @@ impl Parser {
                 self.pos += 1;
                 if self.eat("(") {
                     let args = self.args(")")?;
-                    e = Ast::Call { target: Some(Box::new(e)), name, args };
+                    e = Ast::Call {
+                        target: Some(Box::new(e)),
+                        name,
+                        args,
+                    };
                 } else {
                     e = Ast::Select(Box::new(e), name);
                 }
@@ -551,7 +579,11 @@ impl Parser {
                 "null" => Ok(Ast::Lit(Val::Null)),
                 _ if self.eat("(") => {
                     let args = self.args(")")?;
-                    Ok(Ast::Call { target: None, name, args })
+                    Ok(Ast::Call {
+                        target: None,
+                        name,
+                        args,
+                    })
                 }
                 _ => Ok(Ast::Ident(name)),
             },
@@ -629,15 +661,23 @@ impl Checker<'_, '_> {
                 {
                     return self.node_ref(node, &field);
                 }
-                if matches!(base.as_ref(), Ast::Ident(n) if n == "nodes") && !self.locals.iter().any(|l| l == "nodes") {
+                if matches!(base.as_ref(), Ast::Ident(n) if n == "nodes")
+                    && !self.locals.iter().any(|l| l == "nodes")
+                {
                     return self.node_ref(&field, "");
                 }
-                if matches!(base.as_ref(), Ast::Ident(n) if n == "run") && !self.locals.iter().any(|l| l == "run") {
+                if matches!(base.as_ref(), Ast::Ident(n) if n == "run")
+                    && !self.locals.iter().any(|l| l == "run")
+                {
                     let ty = match field.as_str() {
                         "id" | "workflow" => Ty::String,
                         "version" => Ty::Int,
                         "started_at" => Ty::Timestamp,
-                        _ => return Err(format!("run has no field '{field}' (it has id, workflow, version, started_at)")),
+                        _ => {
+                            return Err(format!(
+                                "run has no field '{field}' (it has id, workflow, version, started_at)"
+                            ));
+                        }
                     };
                     return Ok((Expr::Select(Box::new(Expr::Var(Var::Run)), field), ty));
                 }
@@ -668,8 +708,12 @@ impl Checker<'_, '_> {
                 let out = match (op, ty) {
                     (UnOp::Not, Ty::Bool | Ty::Dyn) => Ty::Bool,
                     (UnOp::Neg, Ty::Int | Ty::Double | Ty::Duration | Ty::Dyn) => ty,
-                    (UnOp::Not, t) => return Err(format!("no matching overload for '!' applied to ({t})")),
-                    (UnOp::Neg, t) => return Err(format!("no matching overload for '-' applied to ({t})")),
+                    (UnOp::Not, t) => {
+                        return Err(format!("no matching overload for '!' applied to ({t})"));
+                    }
+                    (UnOp::Neg, t) => {
+                        return Err(format!("no matching overload for '-' applied to ({t})"));
+                    }
                 };
                 Ok((Expr::Unary(op, Box::new(inner)), out))
             }
@@ -677,6 +721,10 @@ impl Checker<'_, '_> {
                 let (left, lt) = self.resolve(*left)?;
                 let (right, rt) = self.resolve(*right)?;
                 let ty = binary_type(op, lt, rt)?;
+                if matches!(op, BinOp::Eq | BinOp::Ne) {
+                    check_status_literal(&left, &right)?;
+                    check_status_literal(&right, &left)?;
+                }
                 Ok((Expr::Binary(op, Box::new(left), Box::new(right)), ty))
             }
             Ast::Cond(cond, then, otherwise) => {
@@ -687,10 +735,16 @@ impl Checker<'_, '_> {
                 let (then, tt) = self.resolve(*then)?;
                 let (otherwise, ot) = self.resolve(*otherwise)?;
                 let ty = if tt == ot { tt } else { Ty::Dyn };
-                Ok((Expr::Cond(Box::new(cond), Box::new(then), Box::new(otherwise)), ty))
+                Ok((
+                    Expr::Cond(Box::new(cond), Box::new(then), Box::new(otherwise)),
+                    ty,
+                ))
             }
             Ast::List(items) => {
-                let items = items.into_iter().map(|i| self.resolve(i).map(|(e, _)| e)).collect::<Result<_, _>>()?;
+                let items = items
+                    .into_iter()
+                    .map(|i| self.resolve(i).map(|(e, _)| e))
+                    .collect::<Result<_, _>>()?;
                 Ok((Expr::List(items), Ty::List))
             }
             Ast::Map(entries) => {
@@ -715,15 +769,21 @@ impl Checker<'_, '_> {
         match name {
             "input" => Ok((Expr::Var(Var::Input), Ty::Dyn)),
             "run" => Ok((Expr::Var(Var::Run), Ty::Map)),
-            "item" | "index" if !self.scope.map_element => {
-                Err(format!("'{name}' is only in scope in the input of a MAP node"))
-            }
+            "item" | "index" if !self.scope.map_element => Err(format!(
+                "'{name}' is only in scope in the input of a MAP node"
+            )),
             "item" => Ok((Expr::Var(Var::Item), Ty::Dyn)),
             "index" => Ok((Expr::Var(Var::Index), Ty::Int)),
-            "nodes" => Err("'nodes' must be followed by .<id>.output, .<id>.error or .<id>.status".into()),
+            "nodes" => {
+                Err("'nodes' must be followed by .<id>.output, .<id>.error or .<id>.status".into())
+            }
             _ => Err(format!(
                 "undeclared reference to '{name}' (in scope: input, nodes, run{})",
-                if self.scope.map_element { ", item, index" } else { "" }
+                if self.scope.map_element {
+                    ", item, index"
+                } else {
+                    ""
+                }
             )),
         }
     }
@@ -741,7 +801,12 @@ impl Checker<'_, '_> {
         Ok((Expr::Var(Var::Node(node.to_owned(), field)), ty))
     }
 
-    fn call(&mut self, target: Option<Box<Ast>>, name: String, args: Vec<Ast>) -> Result<(Expr, Ty), String> {
+    fn call(
+        &mut self,
+        target: Option<Box<Ast>>,
+        name: String,
+        args: Vec<Ast>,
+    ) -> Result<(Expr, Ty), String> {
         let macro_kind = match name.as_str() {
             "all" => Some(Macro::All),
             "exists" => Some(Macro::Exists),
@@ -752,7 +817,9 @@ impl Checker<'_, '_> {
         };
         if let (Some(kind), Some(range)) = (macro_kind, &target) {
             let [Ast::Ident(var), body] = args.as_slice() else {
-                return Err(format!("{name}() takes a variable name and an expression, e.g. list.{name}(x, x > 0)"));
+                return Err(format!(
+                    "{name}() takes a variable name and an expression, e.g. list.{name}(x, x > 0)"
+                ));
             };
             let (range, rt) = self.resolve(range.as_ref().clone())?;
             if !matches!(rt, Ty::List | Ty::Map | Ty::Dyn) {
@@ -763,10 +830,23 @@ impl Checker<'_, '_> {
             self.locals.pop();
             let (body, bt) = body?;
             if kind != Macro::Map && !matches!(bt, Ty::Bool | Ty::Dyn) {
-                return Err(format!("the predicate of {name}() must be a bool, not a {bt}"));
+                return Err(format!(
+                    "the predicate of {name}() must be a bool, not a {bt}"
+                ));
             }
-            let ty = if matches!(kind, Macro::Map | Macro::Filter) { Ty::List } else { Ty::Bool };
-            return Ok((Expr::Comprehension { kind, range: Box::new(range), body: Box::new(body) }, ty));
+            let ty = if matches!(kind, Macro::Map | Macro::Filter) {
+                Ty::List
+            } else {
+                Ty::Bool
+            };
+            return Ok((
+                Expr::Comprehension {
+                    kind,
+                    range: Box::new(range),
+                    body: Box::new(body),
+                },
+                ty,
+            ));
         }
         if name == "has" && target.is_none() {
             let [Ast::Select(base, field)] = args.as_slice() else {
@@ -798,32 +878,74 @@ impl Checker<'_, '_> {
             "contains" | "startsWith" | "endsWith" => (2, Ty::Bool, &[Ty::String]),
             "lowerAscii" | "upperAscii" => (1, Ty::String, &[Ty::String]),
             "string" => (1, Ty::String, &[]),
-            "int" => (1, Ty::Int, &[Ty::Int, Ty::Double, Ty::String, Ty::Timestamp, Ty::Duration]),
+            "int" => (
+                1,
+                Ty::Int,
+                &[Ty::Int, Ty::Double, Ty::String, Ty::Timestamp, Ty::Duration],
+            ),
             "double" => (1, Ty::Double, &[Ty::Int, Ty::Double, Ty::String]),
             "timestamp" => (1, Ty::Timestamp, &[Ty::String, Ty::Int, Ty::Timestamp]),
             "duration" => (1, Ty::Duration, &[Ty::String, Ty::Duration]),
             _ => return Err(format!("unknown function '{name}'")),
         };
         if all.len() != arity {
-            return Err(format!("{name}() takes {} argument(s), got {}", arity, all.len()));
+            return Err(format!(
+                "{name}() takes {} argument(s), got {}",
+                arity,
+                all.len()
+            ));
         }
         if let Some(t) = types.first()
             && !first.is_empty()
             && *t != Ty::Dyn
             && !first.contains(t)
         {
-            return Err(format!("no matching overload for {name}() applied to ({t})"));
+            return Err(format!(
+                "no matching overload for {name}() applied to ({t})"
+            ));
         }
         if arity == 2 && !matches!(types[1], Ty::String | Ty::Dyn) {
-            return Err(format!("no matching overload for {name}() applied to ({}, {})", types[0], types[1]));
+            return Err(format!(
+                "no matching overload for {name}() applied to ({}, {})",
+                types[0], types[1]
+            ));
         }
         Ok((Expr::Call(name, all), ret))
     }
 }
 
+/// The values `nodes.<id>.status` takes.
+pub const NODE_STATUSES: [&str; 7] = [
+    "PENDING",
+    "RUNNING",
+    "WAITING",
+    "RETRY_SCHEDULED",
+    "COMPLETED",
+    "FAILED",
+    "SKIPPED",
+];
+
+/// `nodes.x.status == 'COMPLETD'` can never hold: a registration error.
+fn check_status_literal(a: &Expr, b: &Expr) -> Result<(), String> {
+    if let (Expr::Var(Var::Node(id, NodeField::Status)), Expr::Lit(Val::Str(s))) = (a, b)
+        && !NODE_STATUSES.contains(&s.as_str())
+    {
+        return Err(format!(
+            "nodes.{id}.status is never '{s}' (it is one of {})",
+            NODE_STATUSES.join(", ")
+        ));
+    }
+    Ok(())
+}
+
 fn binary_type(op: BinOp, l: Ty, r: Ty) -> Result<Ty, String> {
     use Ty::*;
-    let mismatch = || format!("no matching overload for '{}' applied to ({l}, {r})", op.symbol());
+    let mismatch = || {
+        format!(
+            "no matching overload for '{}' applied to ({l}, {r})",
+            op.symbol()
+        )
+    };
     let dyn_either = l == Dyn || r == Dyn;
     Ok(match op {
         BinOp::And | BinOp::Or => {
@@ -832,7 +954,14 @@ fn binary_type(op: BinOp, l: Ty, r: Ty) -> Result<Ty, String> {
             }
             Bool
         }
-        BinOp::Eq | BinOp::Ne => Bool,
+        BinOp::Eq | BinOp::Ne => {
+            let comparable =
+                dyn_either || l == r || (numeric(l) && numeric(r)) || l == Null || r == Null;
+            if !comparable {
+                return Err(mismatch());
+            }
+            Bool
+        }
         BinOp::In => {
             if !matches!(r, List | Map | Dyn) {
                 return Err(mismatch());
@@ -840,7 +969,9 @@ fn binary_type(op: BinOp, l: Ty, r: Ty) -> Result<Ty, String> {
             Bool
         }
         BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge => {
-            if !(dyn_either || l == r || (numeric(l) && numeric(r))) || matches!(l, List | Map | Null) {
+            if !(dyn_either || l == r || (numeric(l) && numeric(r)))
+                || matches!(l, List | Map | Null)
+            {
                 return Err(mismatch());
             }
             Bool
@@ -886,17 +1017,34 @@ pub struct Program {
 /// ready for a validation error.
 pub fn compile(src: &str, scope: &Scope<'_>) -> Result<Program, String> {
     if src.len() > MAX_EXPRESSION_LEN {
-        return Err(format!("expression is longer than {MAX_EXPRESSION_LEN} characters ({})", src.len()));
+        return Err(format!(
+            "expression is longer than {MAX_EXPRESSION_LEN} characters ({})",
+            src.len()
+        ));
     }
     let toks = lex(src).map_err(|e| format!("syntax error: {e}"))?;
-    let mut parser = Parser { toks, pos: 0, depth: 0 };
+    let mut parser = Parser {
+        toks,
+        pos: 0,
+        depth: 0,
+    };
     let ast = parser.expr().map_err(|e| format!("syntax error: {e}"))?;
     if parser.pos != parser.toks.len() {
-        return Err(format!("syntax error: unexpected text after the expression {}", parser.found()));
+        return Err(format!(
+            "syntax error: unexpected text after the expression {}",
+            parser.found()
+        ));
     }
-    let mut checker = Checker { scope, locals: Vec::new() };
+    let mut checker = Checker {
+        scope,
+        locals: Vec::new(),
+    };
     let (expr, ty) = checker.resolve(ast)?;
-    Ok(Program { expr, ty, source: src.to_owned() })
+    Ok(Program {
+        expr,
+        ty,
+        source: src.to_owned(),
+    })
 }
 
 impl Program {
@@ -918,7 +1066,11 @@ impl Program {
 
     /// Evaluates with a cost limit: a runaway expression is an error.
     pub fn eval(&self, env: &dyn Env) -> Result<Val, EvalError> {
-        let mut ev = Evaluator { env, cost: 0, locals: Vec::new() };
+        let mut ev = Evaluator {
+            env,
+            cost: 0,
+            locals: Vec::new(),
+        };
         ev.eval(&self.expr)
     }
 }
@@ -956,6 +1108,11 @@ fn collect_refs(e: &Expr, out: &mut Vec<(String, NodeField)>) {
 /// The variables an evaluation reads.
 pub trait Env {
     fn input(&self) -> Val;
+    /// The run input as JSON, if the environment has it: `input.a.b` then
+    /// converts only the selected value, not the whole input.
+    fn input_json(&self) -> Option<&Json> {
+        None
+    }
     fn run(&self) -> Val;
     fn item(&self) -> Val;
     fn index(&self) -> Val;
@@ -988,9 +1145,13 @@ fn type_name(v: &Val) -> Ty {
 fn val_eq(a: &Val, b: &Val) -> bool {
     match (a, b) {
         (Val::Int(x), Val::Double(y)) | (Val::Double(y), Val::Int(x)) => (*x as f64) == *y,
-        (Val::List(x), Val::List(y)) => x.len() == y.len() && x.iter().zip(y).all(|(p, q)| val_eq(p, q)),
+        (Val::List(x), Val::List(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(p, q)| val_eq(p, q))
+        }
         (Val::Map(x), Val::Map(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| val_eq(v, w)))
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| val_eq(v, w)))
         }
         _ => a == b,
     }
@@ -1004,7 +1165,9 @@ fn compare(a: &Val, b: &Val) -> Option<std::cmp::Ordering> {
         (Val::Double(x), Val::Double(y)) => x.partial_cmp(y),
         (Val::Str(x), Val::Str(y)) => Some(x.cmp(y)),
         (Val::Bool(x), Val::Bool(y)) => Some(x.cmp(y)),
-        (Val::Timestamp(x), Val::Timestamp(y)) | (Val::Duration(x), Val::Duration(y)) => Some(x.cmp(y)),
+        (Val::Timestamp(x), Val::Timestamp(y)) | (Val::Duration(x), Val::Duration(y)) => {
+            Some(x.cmp(y))
+        }
         _ => None,
     }
 }
@@ -1014,7 +1177,10 @@ fn map_key(v: &Val) -> Result<String, EvalError> {
         Val::Str(s) => Ok(s.clone()),
         Val::Int(i) => Ok(i.to_string()),
         Val::Bool(b) => Ok(b.to_string()),
-        other => rt(format!("a map key must be a string, not a {}", type_name(other))),
+        other => rt(format!(
+            "a map key must be a string, not a {}",
+            type_name(other)
+        )),
     }
 }
 
@@ -1027,10 +1193,53 @@ fn size_of(v: &Val) -> u64 {
     }
 }
 
+/// The variable a chain of field selections starts from.
+fn select_root(e: &Expr) -> Option<&Var> {
+    match e {
+        Expr::Var(v) => Some(v),
+        Expr::Select(base, _) => select_root(base),
+        _ => None,
+    }
+}
+
 impl Evaluator<'_> {
+    /// `input.a.b...`: walks the input JSON and converts only the result.
+    fn select_input(&mut self, base: &Expr, field: &str) -> Result<Val, EvalError> {
+        let mut keys = vec![field];
+        let mut e = base;
+        while let Expr::Select(inner, f) = e {
+            keys.push(f);
+            e = inner;
+        }
+        let Some(mut json) = self.env.input_json() else {
+            return rt("internal: no input");
+        };
+        for key in keys.iter().rev() {
+            self.charge(1)?;
+            json = match json {
+                Json::Object(map) => match map.get(*key) {
+                    Some(v) => v,
+                    None => return rt(format!("no such key: '{key}'")),
+                },
+                Json::Null => return rt(format!("cannot select '{key}' of null")),
+                Json::Bool(_) => return rt(format!("cannot select '{key}' of a bool")),
+                Json::Number(_) => return rt(format!("cannot select '{key}' of a number")),
+                Json::String(_) => return rt(format!("cannot select '{key}' of a string")),
+                Json::Array(_) => return rt(format!("cannot select '{key}' of a list")),
+            };
+        }
+        let v = Val::from_json(json);
+        self.charge(size_of(&v) / 64)?;
+        Ok(v)
+    }
+
     fn charge(&mut self, n: u64) -> Result<(), EvalError> {
         self.cost = self.cost.saturating_add(n);
-        if self.cost > EVAL_COST_LIMIT { Err(EvalError::CostLimit) } else { Ok(()) }
+        if self.cost > EVAL_COST_LIMIT {
+            Err(EvalError::CostLimit)
+        } else {
+            Ok(())
+        }
     }
 
     fn eval(&mut self, e: &Expr) -> Result<Val, EvalError> {
@@ -1049,13 +1258,22 @@ impl Evaluator<'_> {
                 self.charge(size_of(&v) / 64)?;
                 Ok(v)
             }
+            Expr::Select(base, field)
+                if matches!(select_root(base), Some(Var::Input))
+                    && self.env.input_json().is_some() =>
+            {
+                self.select_input(base, field)
+            }
             Expr::Select(base, field) => match self.eval(base)? {
                 Val::Map(mut m) => match m.remove(field) {
                     Some(v) => Ok(v),
                     None => rt(format!("no such key: '{field}'")),
                 },
                 Val::Null => rt(format!("cannot select '{field}' of null")),
-                other => rt(format!("cannot select '{field}' of a {}", type_name(&other))),
+                other => rt(format!(
+                    "cannot select '{field}' of a {}",
+                    type_name(&other)
+                )),
             },
             Expr::Has(base, field) => match self.eval(base)? {
                 Val::Map(m) => Ok(Val::Bool(m.get(field).is_some_and(|v| *v != Val::Null))),
@@ -1072,7 +1290,9 @@ impl Evaluator<'_> {
                             None => rt(format!("index {i} out of range (size {len})")),
                         }
                     }
-                    (Val::List(mut l), Val::Double(d)) if d.fract() == 0.0 && d >= 0.0 && (d as usize) < l.len() => {
+                    (Val::List(mut l), Val::Double(d))
+                        if d.fract() == 0.0 && d >= 0.0 && (d as usize) < l.len() =>
+                    {
                         Ok(l.swap_remove(d as usize))
                     }
                     (Val::Map(mut m), key) => {
@@ -1082,15 +1302,25 @@ impl Evaluator<'_> {
                             None => rt(format!("no such key: '{k}'")),
                         }
                     }
-                    (b, i) => rt(format!("cannot index a {} with a {}", type_name(&b), type_name(&i))),
+                    (b, i) => rt(format!(
+                        "cannot index a {} with a {}",
+                        type_name(&b),
+                        type_name(&i)
+                    )),
                 }
             }
             Expr::Unary(op, inner) => match (op, self.eval(inner)?) {
                 (UnOp::Not, Val::Bool(b)) => Ok(Val::Bool(!b)),
-                (UnOp::Neg, Val::Int(i)) => i.checked_neg().map(Val::Int).ok_or(EvalError::Runtime("int overflow".into())),
+                (UnOp::Neg, Val::Int(i)) => i
+                    .checked_neg()
+                    .map(Val::Int)
+                    .ok_or(EvalError::Runtime("int overflow".into())),
                 (UnOp::Neg, Val::Double(d)) => Ok(Val::Double(-d)),
                 (UnOp::Neg, Val::Duration(d)) => Ok(Val::Duration(d.saturating_neg())),
-                (_, v) => rt(format!("no matching overload for unary operator on a {}", type_name(&v))),
+                (_, v) => rt(format!(
+                    "no matching overload for unary operator on a {}",
+                    type_name(&v)
+                )),
             },
             Expr::Binary(BinOp::And, l, r) => {
                 // CEL's commutative logic: false && error = false.
@@ -1102,7 +1332,9 @@ impl Evaluator<'_> {
                 match (left, right) {
                     (_, Ok(Val::Bool(false))) => Ok(Val::Bool(false)),
                     (Ok(Val::Bool(true)), Ok(Val::Bool(true))) => Ok(Val::Bool(true)),
-                    (Err(EvalError::CostLimit), _) | (_, Err(EvalError::CostLimit)) => Err(EvalError::CostLimit),
+                    (Err(EvalError::CostLimit), _) | (_, Err(EvalError::CostLimit)) => {
+                        Err(EvalError::CostLimit)
+                    }
                     (Err(e), _) | (_, Err(e)) => Err(e),
                     _ => rt("no matching overload for '&&' on non-bool values"),
                 }
@@ -1116,7 +1348,9 @@ impl Evaluator<'_> {
                 match (left, right) {
                     (_, Ok(Val::Bool(true))) => Ok(Val::Bool(true)),
                     (Ok(Val::Bool(false)), Ok(Val::Bool(false))) => Ok(Val::Bool(false)),
-                    (Err(EvalError::CostLimit), _) | (_, Err(EvalError::CostLimit)) => Err(EvalError::CostLimit),
+                    (Err(EvalError::CostLimit), _) | (_, Err(EvalError::CostLimit)) => {
+                        Err(EvalError::CostLimit)
+                    }
                     (Err(e), _) | (_, Err(e)) => Err(e),
                     _ => rt("no matching overload for '||' on non-bool values"),
                 }
@@ -1129,9 +1363,17 @@ impl Evaluator<'_> {
             Expr::Cond(c, t, f) => match self.eval(c)? {
                 Val::Bool(true) => self.eval(t),
                 Val::Bool(false) => self.eval(f),
-                other => rt(format!("the condition of '?:' must be a bool, not a {}", type_name(&other))),
+                other => rt(format!(
+                    "the condition of '?:' must be a bool, not a {}",
+                    type_name(&other)
+                )),
             },
-            Expr::List(items) => Ok(Val::List(items.iter().map(|i| self.eval(i)).collect::<Result<_, _>>()?)),
+            Expr::List(items) => Ok(Val::List(
+                items
+                    .iter()
+                    .map(|i| self.eval(i))
+                    .collect::<Result<_, _>>()?,
+            )),
             Expr::Map(entries) => {
                 let mut m = BTreeMap::new();
                 for (k, v) in entries {
@@ -1142,7 +1384,10 @@ impl Evaluator<'_> {
                 Ok(Val::Map(m))
             }
             Expr::Call(name, args) => {
-                let args = args.iter().map(|a| self.eval(a)).collect::<Result<Vec<_>, _>>()?;
+                let args = args
+                    .iter()
+                    .map(|a| self.eval(a))
+                    .collect::<Result<Vec<_>, _>>()?;
                 self.call(name, args)
             }
             Expr::Comprehension { kind, range, body } => {
@@ -1166,7 +1411,12 @@ impl Evaluator<'_> {
                         (Macro::Exists, Val::Bool(true)) => return Ok(Val::Bool(true)),
                         (Macro::ExistsOne, Val::Bool(true)) => count += 1,
                         (_, Val::Bool(_)) => {}
-                        (_, v) => return rt(format!("a predicate returned a {}, not a bool", type_name(&v))),
+                        (_, v) => {
+                            return rt(format!(
+                                "a predicate returned a {}, not a bool",
+                                type_name(&v)
+                            ));
+                        }
                     }
                 }
                 Ok(match kind {
@@ -1224,7 +1474,9 @@ impl Evaluator<'_> {
                     a.extend(b);
                     List(a)
                 }
-                (Timestamp(a), Duration(b)) | (Duration(b), Timestamp(a)) => Timestamp(a.checked_add(b).ok_or_else(overflow)?),
+                (Timestamp(a), Duration(b)) | (Duration(b), Timestamp(a)) => {
+                    Timestamp(a.checked_add(b).ok_or_else(overflow)?)
+                }
                 (Duration(a), Duration(b)) => Duration(a.checked_add(b).ok_or_else(overflow)?),
                 (l, r) => return Err(mismatch(&l, &r)),
             },
@@ -1234,7 +1486,9 @@ impl Evaluator<'_> {
                 (Int(a), Double(b)) => Double(a as f64 - b),
                 (Double(a), Int(b)) => Double(a - b as f64),
                 (Timestamp(a), Duration(b)) => Timestamp(a.checked_sub(b).ok_or_else(overflow)?),
-                (Timestamp(a), Timestamp(b)) | (Duration(a), Duration(b)) => Duration(a.checked_sub(b).ok_or_else(overflow)?),
+                (Timestamp(a), Timestamp(b)) | (Duration(a), Duration(b)) => {
+                    Duration(a.checked_sub(b).ok_or_else(overflow)?)
+                }
                 (l, r) => return Err(mismatch(&l, &r)),
             },
             BinOp::Mul => match (l, r) {
@@ -1262,9 +1516,18 @@ impl Evaluator<'_> {
     }
 
     fn call(&mut self, name: &str, mut args: Vec<Val>) -> Result<Val, EvalError> {
-        let first = if args.is_empty() { Val::Null } else { args.swap_remove(0) };
+        let first = if args.is_empty() {
+            Val::Null
+        } else {
+            args.swap_remove(0)
+        };
         let second = args.pop();
-        let bad = |v: &Val| EvalError::Runtime(format!("no matching overload for {name}() applied to ({})", type_name(v)));
+        let bad = |v: &Val| {
+            EvalError::Runtime(format!(
+                "no matching overload for {name}() applied to ({})",
+                type_name(v)
+            ))
+        };
         Ok(match (name, first) {
             ("has_node", v) => Val::Bool(v != Val::Null),
             ("size", v @ (Val::Str(_) | Val::List(_) | Val::Map(_))) => match v {
@@ -1295,21 +1558,34 @@ impl Evaluator<'_> {
                 other @ (Val::List(_) | Val::Map(_)) => other.to_json().to_string(),
             }),
             ("int", Val::Int(i)) => Val::Int(i),
-            ("int", Val::Double(d)) if d.is_finite() && d.abs() < 9.2e18 => Val::Int(d.trunc() as i64),
-            ("int", Val::Str(s)) => Val::Int(s.trim().parse().map_err(|_| EvalError::Runtime(format!("cannot convert '{s}' to int")))?),
+            ("int", Val::Double(d)) if d.is_finite() && d.abs() < 9.2e18 => {
+                Val::Int(d.trunc() as i64)
+            }
+            ("int", Val::Str(s)) => Val::Int(
+                s.trim()
+                    .parse()
+                    .map_err(|_| EvalError::Runtime(format!("cannot convert '{s}' to int")))?,
+            ),
             ("int", Val::Timestamp(t)) => Val::Int(t / 1000),
             ("int", Val::Duration(d)) => Val::Int(d),
             ("double", Val::Int(i)) => Val::Double(i as f64),
             ("double", Val::Double(d)) => Val::Double(d),
-            ("double", Val::Str(s)) => {
-                Val::Double(s.trim().parse().map_err(|_| EvalError::Runtime(format!("cannot convert '{s}' to double")))?)
+            ("double", Val::Str(s)) => Val::Double(
+                s.trim()
+                    .parse()
+                    .map_err(|_| EvalError::Runtime(format!("cannot convert '{s}' to double")))?,
+            ),
+            ("timestamp", Val::Str(s)) => {
+                Val::Timestamp(parse_timestamp(&s).map_err(EvalError::Runtime)?)
             }
-            ("timestamp", Val::Str(s)) => Val::Timestamp(parse_timestamp(&s).map_err(EvalError::Runtime)?),
-            ("timestamp", Val::Int(secs)) => Val::Timestamp(secs.checked_mul(1000).ok_or_else(|| bad(&Val::Int(secs)))?),
+            ("timestamp", Val::Int(secs)) => {
+                Val::Timestamp(secs.checked_mul(1000).ok_or_else(|| bad(&Val::Int(secs)))?)
+            }
             ("timestamp", Val::Timestamp(t)) => Val::Timestamp(t),
             ("duration", Val::Str(s)) => {
                 let negative = s.starts_with('-');
-                let ms = parse_duration(s.trim_start_matches('-')).map_err(EvalError::Runtime)? as i64;
+                let ms =
+                    parse_duration(s.trim_start_matches('-')).map_err(EvalError::Runtime)? as i64;
                 Val::Duration(if negative { -ms } else { ms })
             }
             ("duration", Val::Duration(d)) => Val::Duration(d),
@@ -1325,7 +1601,9 @@ mod tests {
     struct TestEnv;
     impl Env for TestEnv {
         fn input(&self) -> Val {
-            Val::from_json(&serde_json::json!({"n": 3, "name": "ada", "items": [1, 2, 3], "big": 1.5}))
+            Val::from_json(
+                &serde_json::json!({"n": 3, "name": "ada", "items": [1, 2, 3], "big": 1.5}),
+            )
         }
         fn run(&self) -> Val {
             Val::from_json(&serde_json::json!({"id": "r1", "workflow": "w", "version": 2}))
@@ -1338,7 +1616,9 @@ mod tests {
         }
         fn node(&self, id: &str, field: NodeField) -> Val {
             match (id, field) {
-                ("a", NodeField::Output) => Val::from_json(&serde_json::json!({"ok": true, "n": 2})),
+                ("a", NodeField::Output) => {
+                    Val::from_json(&serde_json::json!({"ok": true, "n": 2}))
+                }
                 ("a", NodeField::Status) => Val::Str("COMPLETED".into()),
                 _ => Val::Null,
             }
@@ -1350,7 +1630,10 @@ mod tests {
     }
 
     fn run(src: &str) -> Result<Val, String> {
-        let scope = Scope { node_ids: &known, map_element: true };
+        let scope = Scope {
+            node_ids: &known,
+            map_element: true,
+        };
         let p = compile(src, &scope)?;
         p.eval(&TestEnv).map_err(|e| e.to_string())
     }
@@ -1359,16 +1642,34 @@ mod tests {
     fn expressions_evaluate_with_cel_semantics() {
         assert_eq!(run("input.n * 2 + 1"), Ok(Val::Int(7)));
         assert_eq!(run("input.name + '!'"), Ok(Val::Str("ada!".into())));
-        assert_eq!(run("nodes.a.output.ok == true && nodes.a.status == 'COMPLETED'"), Ok(Val::Bool(true)));
-        assert_eq!(run("input.items.map(x, x * x)"), Ok(Val::List(vec![Val::Int(1), Val::Int(4), Val::Int(9)])));
+        assert_eq!(
+            run("nodes.a.output.ok == true && nodes.a.status == 'COMPLETED'"),
+            Ok(Val::Bool(true))
+        );
+        assert_eq!(
+            run("input.items.map(x, x * x)"),
+            Ok(Val::List(vec![Val::Int(1), Val::Int(4), Val::Int(9)]))
+        );
         assert_eq!(run("input.items.exists(x, x > 2)"), Ok(Val::Bool(true)));
-        assert_eq!(run("size(input.items) == 3 ? 'three' : 'other'"), Ok(Val::Str("three".into())));
-        assert_eq!(run("has(input.n) && !has(input.missing)"), Ok(Val::Bool(true)));
+        assert_eq!(
+            run("size(input.items) == 3 ? 'three' : 'other'"),
+            Ok(Val::Str("three".into()))
+        );
+        assert_eq!(
+            run("has(input.n) && !has(input.missing)"),
+            Ok(Val::Bool(true))
+        );
         assert_eq!(run("2 in input.items"), Ok(Val::Bool(true)));
         assert_eq!(run("item + index"), Ok(Val::Int(7)));
         assert_eq!(run("input.big > 1"), Ok(Val::Bool(true)));
-        assert_eq!(run("timestamp('2026-01-01T00:00:00Z') + duration('1h')"), Ok(Val::Timestamp(1_767_229_200_000)));
-        assert_eq!(run("{'a': [1, {'b': 'c'}]}.a[1].b"), Ok(Val::Str("c".into())));
+        assert_eq!(
+            run("timestamp('2026-01-01T00:00:00Z') + duration('1h')"),
+            Ok(Val::Timestamp(1_767_229_200_000))
+        );
+        assert_eq!(
+            run("{'a': [1, {'b': 'c'}]}.a[1].b"),
+            Ok(Val::Str("c".into()))
+        );
         assert_eq!(run("false && (1 / 0 == 1)"), Ok(Val::Bool(false)));
         assert!(run("1 / 0").unwrap_err().contains("division by zero"));
         assert!(run("input.missing").unwrap_err().contains("no such key"));
@@ -1376,18 +1677,93 @@ mod tests {
 
     #[test]
     fn compile_rejects_bad_scope_and_types() {
-        assert!(run("foo.bar").unwrap_err().contains("undeclared reference to 'foo'"));
-        assert!(run("nodes.zzz.output").unwrap_err().contains("unknown node 'zzz'"));
-        assert!(run("nodes.a.result").unwrap_err().contains("only output, error and status"));
-        assert!(run("1 + 'a'").unwrap_err().contains("no matching overload for '+' applied to (int, string)"));
+        assert!(
+            run("foo.bar")
+                .unwrap_err()
+                .contains("undeclared reference to 'foo'")
+        );
+        assert!(
+            run("nodes.zzz.output")
+                .unwrap_err()
+                .contains("unknown node 'zzz'")
+        );
+        assert!(
+            run("nodes.a.result")
+                .unwrap_err()
+                .contains("only output, error and status")
+        );
+        assert!(
+            run("1 + 'a'")
+                .unwrap_err()
+                .contains("no matching overload for '+' applied to (int, string)")
+        );
         assert!(run("(1 == ").unwrap_err().starts_with("syntax error"));
-        assert!(run("run.nope").unwrap_err().contains("run has no field 'nope'"));
-        let scope = Scope { node_ids: &known, map_element: false };
-        assert!(compile("item", &scope).unwrap_err().contains("only in scope in the input of a MAP"));
+        assert!(
+            run("run.nope")
+                .unwrap_err()
+                .contains("run has no field 'nope'")
+        );
+        let scope = Scope {
+            node_ids: &known,
+            map_element: false,
+        };
+        assert!(
+            compile("item", &scope)
+                .unwrap_err()
+                .contains("only in scope in the input of a MAP")
+        );
         let deep = format!("{}1{}", "(".repeat(40), ")".repeat(40));
         assert!(run(&deep).unwrap_err().contains("nests deeper than 32"));
         let long = "1 + ".repeat(1100) + "1";
         assert!(run(&long).unwrap_err().contains("longer than 4096"));
+    }
+
+    struct JsonEnv(Json);
+    impl Env for JsonEnv {
+        fn input(&self) -> Val {
+            Val::from_json(&self.0)
+        }
+        fn input_json(&self) -> Option<&Json> {
+            Some(&self.0)
+        }
+        fn run(&self) -> Val {
+            Val::Null
+        }
+        fn item(&self) -> Val {
+            Val::Null
+        }
+        fn index(&self) -> Val {
+            Val::Null
+        }
+        fn node(&self, _: &str, _: NodeField) -> Val {
+            Val::Null
+        }
+    }
+
+    #[test]
+    fn selecting_from_input_json_matches_the_full_conversion() {
+        let env = JsonEnv(serde_json::json!({"a": {"b": [1, 2]}, "s": "x", "n": null}));
+        let scope = Scope {
+            node_ids: &known,
+            map_element: false,
+        };
+        let eval = |src: &str| {
+            compile(src, &scope)
+                .map_err(|e| e.to_string())
+                .and_then(|p| p.eval(&env).map_err(|e| e.to_string()))
+        };
+        assert_eq!(eval("input.a.b[1]"), Ok(Val::Int(2)));
+        assert_eq!(eval("size(input.a.b)"), Ok(Val::Int(2)));
+        assert_eq!(
+            eval("has(input.a.b) && !has(input.zz)"),
+            Ok(Val::Bool(true))
+        );
+        assert_eq!(eval("input.zz"), Err("no such key: 'zz'".into()));
+        assert_eq!(
+            eval("input.s.t"),
+            Err("cannot select 't' of a string".into())
+        );
+        assert_eq!(eval("input.n.t"), Err("cannot select 't' of null".into()));
     }
 
     #[test]

@@ -47,7 +47,11 @@ impl RetryPolicy {
     pub fn delay_ms(&self, failed: u32, seed: u64) -> u64 {
         let exp = i32::try_from(failed.saturating_sub(1)).unwrap_or(i32::MAX);
         let raw = self.initial_interval_ms as f64 * self.backoff.powi(exp);
-        let capped = if raw.is_finite() { raw.min(self.max_interval_ms as f64) } else { self.max_interval_ms as f64 };
+        let capped = if raw.is_finite() {
+            raw.min(self.max_interval_ms as f64)
+        } else {
+            self.max_interval_ms as f64
+        };
         let delay = capped.max(0.0) as u64;
         if !self.jitter || delay == 0 {
             return delay;
@@ -67,23 +71,50 @@ pub fn splitmix64(mut x: u64) -> u64 {
 /// What a MAP runs per element.
 #[derive(Debug, Clone)]
 pub enum MapElement {
-    Task { queue: String, task: String },
-    Workflow { workflow: String, version: Option<u32> },
+    Task {
+        queue: String,
+        task: String,
+    },
+    Workflow {
+        workflow: String,
+        version: Option<u32>,
+    },
 }
 
 /// The type-specific part of a compiled node.
 #[derive(Debug, Clone)]
 pub enum Kind {
-    Task { queue: String, task: String },
-    Http { request: Template },
-    Code { language: String, code: String },
+    Task {
+        queue: String,
+        task: String,
+    },
+    Http {
+        request: Template,
+    },
+    Code {
+        language: String,
+        code: String,
+    },
     Switch,
     Fork,
     Join,
-    Wait { duration_ms: Option<u64>, until: Option<Program> },
-    WaitForEvent { event: String, correlation: Option<Program> },
-    SubWorkflow { workflow: String, version: Option<u32> },
-    Map { items: Program, concurrency: u32, element: MapElement },
+    Wait {
+        duration_ms: Option<u64>,
+        until: Option<Program>,
+    },
+    WaitForEvent {
+        event: String,
+        correlation: Option<Program>,
+    },
+    SubWorkflow {
+        workflow: String,
+        version: Option<u32>,
+    },
+    Map {
+        items: Program,
+        concurrency: u32,
+        element: MapElement,
+    },
 }
 
 /// A compiled node.
@@ -136,7 +167,10 @@ pub struct CompiledWorkflow {
 impl CompiledWorkflow {
     /// Validates `definition` and builds the index; every problem is reported.
     pub fn compile(definition: Definition) -> Result<CompiledWorkflow, ValidationErrors> {
-        build(&definition, &Broken::default()).map(|parts| CompiledWorkflow { definition, ..parts })
+        build(&definition, &Broken::default()).map(|parts| CompiledWorkflow {
+            definition,
+            ..parts
+        })
     }
 
     /// Parses and compiles text (YAML or JSON).
@@ -177,19 +211,38 @@ impl CompiledWorkflow {
 
     /// Successor ids in edge (file) order.
     pub fn successors(&self, id: &str) -> Vec<&str> {
-        self.node(id).map_or_else(Vec::new, |n| n.out_edges.iter().map(|e| self.nodes[self.edges[*e].to].id.as_str()).collect())
+        self.node(id).map_or_else(Vec::new, |n| {
+            n.out_edges
+                .iter()
+                .map(|e| self.nodes[self.edges[*e].to].id.as_str())
+                .collect()
+        })
     }
 
     /// Predecessor ids in edge (file) order.
     pub fn predecessors(&self, id: &str) -> Vec<&str> {
-        self.node(id).map_or_else(Vec::new, |n| n.in_edges.iter().map(|e| self.nodes[self.edges[*e].from].id.as_str()).collect())
+        self.node(id).map_or_else(Vec::new, |n| {
+            n.in_edges
+                .iter()
+                .map(|e| self.nodes[self.edges[*e].from].id.as_str())
+                .collect()
+        })
     }
 
     /// Node ids in a topological order (compensation nodes excluded).
     pub fn topological_order(&self) -> Vec<&str> {
-        self.topo.iter().map(|i| self.nodes[*i].id.as_str()).collect()
+        self.topo
+            .iter()
+            .map(|i| self.nodes[*i].id.as_str())
+            .collect()
     }
 }
+
+// Cached in an `Arc` and shared across the coordinator's tasks.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<CompiledWorkflow>();
+};
 
 const ID_RULE: &str = "must start with a letter or '_' and contain only letters, digits and '_'";
 
@@ -200,7 +253,11 @@ fn valid_id(id: &str) -> bool {
         && id != "nodes"
 }
 
-fn duration_field(value: &Option<String>, path: String, errors: &mut ValidationErrors) -> Option<u64> {
+fn duration_field(
+    value: &Option<String>,
+    path: String,
+    errors: &mut ValidationErrors,
+) -> Option<u64> {
     let text = value.as_ref()?;
     match parse_duration(text) {
         Ok(ms) => Some(ms),
@@ -247,28 +304,43 @@ fn check_fields(node: &Node, path: &str, errors: &mut ValidationErrors) {
     ];
     for (name, present, allowed) in fields {
         if present && !allowed.contains(&t) {
-            errors.push(format!("{path}.{name}"), format!("not allowed on a {t} node"));
+            errors.push(
+                format!("{path}.{name}"),
+                format!("not allowed on a {t} node"),
+            );
         }
     }
     if node.concurrency.is_some() && t != Map {
-        errors.push(format!("{path}.concurrency"), format!("not allowed on a {t} node"));
+        errors.push(
+            format!("{path}.concurrency"),
+            format!("not allowed on a {t} node"),
+        );
     }
 }
 
 /// Validates `def` (skipping what `broken` says did not parse) and builds
 /// the compiled parts. The returned workflow's `definition` is empty: the
 /// caller moves the definition in.
-pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflow, ValidationErrors> {
+pub(crate) fn build(
+    def: &Definition,
+    broken: &Broken,
+) -> Result<CompiledWorkflow, ValidationErrors> {
     let mut errors = ValidationErrors::default();
-    if def.name.trim().is_empty() && !def.name.is_empty() || def.name.is_empty() {
-        errors.push("name", "must not be empty");
+    if def.name.trim().is_empty() {
+        errors.push("name", "is required");
     }
     if def.nodes.len() > MAX_NODES {
-        errors.push("nodes", format!("too many nodes: {} (at most {MAX_NODES})", def.nodes.len()));
+        errors.push(
+            "nodes",
+            format!("too many nodes: {} (at most {MAX_NODES})", def.nodes.len()),
+        );
         return Err(errors);
     }
     if def.edges.len() > MAX_EDGES {
-        errors.push("edges", format!("too many edges: {} (at most {MAX_EDGES})", def.edges.len()));
+        errors.push(
+            "edges",
+            format!("too many edges: {} (at most {MAX_EDGES})", def.edges.len()),
+        );
         return Err(errors);
     }
     if def.nodes.is_empty() && broken.nodes.is_empty() {
@@ -295,34 +367,53 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
             continue;
         }
         if let Some(first) = index.get(&node.id) {
-            errors.push(format!("nodes[{i}].id"), format!("duplicate id '{}' (first at nodes[{first}])", node.id));
+            errors.push(
+                format!("nodes[{i}].id"),
+                format!("duplicate id '{}' (first at nodes[{first}])", node.id),
+            );
             continue;
         }
         index.insert(node.id.clone(), i);
     }
     // Nodes that did not parse or have a bad id are still "known": an edge to
     // them is not a second problem.
-    let known = |id: &str| index.contains_key(id) || broken.ids.iter().any(|b| b == id) || invalid_ids.contains(&id);
+    let known = |id: &str| {
+        index.contains_key(id) || broken.ids.iter().any(|b| b == id) || invalid_ids.contains(&id)
+    };
 
     // Compensation nodes.
     let mut is_compensation = vec![false; def.nodes.len()];
     for (i, node) in def.nodes.iter().enumerate() {
-        let Some(target) = &node.compensate else { continue };
+        let Some(target) = &node.compensate else {
+            continue;
+        };
         match index.get(target) {
-            None if !known(target) => errors.push(format!("nodes[{i}].compensate"), format!("unknown node '{target}'")),
+            None if !known(target) => errors.push(
+                format!("nodes[{i}].compensate"),
+                format!("unknown node '{target}'"),
+            ),
             None => {}
-            Some(&t) if t == i => errors.push(format!("nodes[{i}].compensate"), "a node cannot compensate itself"),
+            Some(&t) if t == i => errors.push(
+                format!("nodes[{i}].compensate"),
+                "a node cannot compensate itself",
+            ),
             Some(&t) => {
                 is_compensation[t] = true;
                 let tt = def.nodes[t].node_type;
-                if !matches!(tt, NodeType::Task | NodeType::Http | NodeType::Code | NodeType::SubWorkflow) {
+                if !matches!(
+                    tt,
+                    NodeType::Task | NodeType::Http | NodeType::Code | NodeType::SubWorkflow
+                ) {
                     errors.push(
                         format!("nodes[{i}].compensate"),
                         format!("'{target}' is a {tt} node; a compensation must be a TASK, HTTP, CODE or SUB_WORKFLOW node"),
                     );
                 }
                 if def.nodes[t].compensate.is_some() {
-                    errors.push(format!("nodes[{t}].compensate"), "a compensation node cannot have a compensation of its own");
+                    errors.push(
+                        format!("nodes[{t}].compensate"),
+                        "a compensation node cannot have a compensation of its own",
+                    );
                 }
             }
         }
@@ -330,8 +421,14 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
 
     // Per-node fields and expressions.
     let all_nodes = |id: &str| known(id);
-    let plain = Scope { node_ids: &all_nodes, map_element: false };
-    let element = Scope { node_ids: &all_nodes, map_element: true };
+    let plain = Scope {
+        node_ids: &all_nodes,
+        map_element: false,
+    };
+    let element = Scope {
+        node_ids: &all_nodes,
+        map_element: true,
+    };
     let mut nodes: Vec<CNode> = Vec::with_capacity(def.nodes.len());
     let mut expr_errors = Vec::new();
     for (i, node) in def.nodes.iter().enumerate() {
@@ -350,15 +447,26 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
                     }
                     policy.max_attempts = n.max(1);
                 }
-                if let Some(ms) = duration_field(&spec.initial_interval, format!("{path}.retry.initial_interval"), &mut errors) {
+                if let Some(ms) = duration_field(
+                    &spec.initial_interval,
+                    format!("{path}.retry.initial_interval"),
+                    &mut errors,
+                ) {
                     policy.initial_interval_ms = ms;
                 }
-                if let Some(ms) = duration_field(&spec.max_interval, format!("{path}.retry.max_interval"), &mut errors) {
+                if let Some(ms) = duration_field(
+                    &spec.max_interval,
+                    format!("{path}.retry.max_interval"),
+                    &mut errors,
+                ) {
                     policy.max_interval_ms = ms;
                 }
                 if let Some(b) = spec.backoff {
                     if !(b.is_finite() && (1.0..=100.0).contains(&b)) {
-                        errors.push(format!("{path}.retry.backoff"), "must be between 1.0 and 100.0");
+                        errors.push(
+                            format!("{path}.retry.backoff"),
+                            "must be between 1.0 and 100.0",
+                        );
                     } else {
                         policy.backoff = b;
                     }
@@ -369,23 +477,38 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
             }
         };
         let timeout_ms = duration_field(&node.timeout, format!("{path}.timeout"), &mut errors);
-        let heartbeat_timeout_ms = duration_field(&node.heartbeat_timeout, format!("{path}.heartbeat_timeout"), &mut errors)
-            .unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT_MS);
+        let heartbeat_timeout_ms = duration_field(
+            &node.heartbeat_timeout,
+            format!("{path}.heartbeat_timeout"),
+            &mut errors,
+        )
+        .unwrap_or(DEFAULT_HEARTBEAT_TIMEOUT_MS);
         if heartbeat_timeout_ms == 0 {
             errors.push(format!("{path}.heartbeat_timeout"), "must be longer than 0");
         }
         let is_map = node.node_type == NodeType::Map;
-        let input = node
-            .input
-            .as_ref()
-            .map(|v| template::compile(v, &format!("{path}.input"), if is_map { &element } else { &plain }, &mut expr_errors));
+        let input = node.input.as_ref().map(|v| {
+            template::compile(
+                v,
+                &format!("{path}.input"),
+                if is_map { &element } else { &plain },
+                &mut expr_errors,
+            )
+        });
         let mut expression = |src: &Option<String>, field: &str, want: &[Ty]| -> Option<Program> {
             let src = src.as_ref()?;
             match template::compile_expression(src, &plain) {
                 Ok(p) => {
                     if !want.is_empty() && p.ty() != Ty::Dyn && !want.contains(&p.ty()) {
                         let names: Vec<String> = want.iter().map(|t| t.to_string()).collect();
-                        expr_errors.push((format!("{path}.{field}"), format!("must be a {} expression, not {}", names.join(" or "), p.ty())));
+                        expr_errors.push((
+                            format!("{path}.{field}"),
+                            format!(
+                                "must be a {} expression, not {}",
+                                names.join(" or "),
+                                p.ty()
+                            ),
+                        ));
                     }
                     Some(p)
                 }
@@ -397,34 +520,65 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
         };
         let required = |present: bool, field: &str, errors: &mut ValidationErrors| {
             if !present && !skip {
-                errors.push(format!("{path}.{field}"), format!("is required on a {} node", node.node_type));
+                errors.push(
+                    format!("{path}.{field}"),
+                    format!("is required on a {} node", node.node_type),
+                );
             }
         };
         let kind = match node.node_type {
             NodeType::Task => {
                 required(node.queue.is_some(), "queue", &mut errors);
                 required(node.task.is_some(), "task", &mut errors);
-                Kind::Task { queue: node.queue.clone().unwrap_or_default(), task: node.task.clone().unwrap_or_default() }
+                Kind::Task {
+                    queue: node.queue.clone().unwrap_or_default(),
+                    task: node.task.clone().unwrap_or_default(),
+                }
             }
             NodeType::Http => {
                 required(node.http.is_some(), "http", &mut errors);
                 let mut request = serde_json::Map::new();
                 if let Some(http) = &node.http {
-                    const METHODS: [&str; 7] = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
+                    const METHODS: [&str; 7] =
+                        ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
                     if !METHODS.contains(&http.method.to_ascii_uppercase().as_str()) {
-                        errors.push(format!("{path}.http.method"), format!("unknown method '{}' (one of {})", http.method, METHODS.join(", ")));
+                        errors.push(
+                            format!("{path}.http.method"),
+                            format!(
+                                "unknown method '{}' (one of {})",
+                                http.method,
+                                METHODS.join(", ")
+                            ),
+                        );
                     }
                     if http.url.trim().is_empty() {
                         errors.push(format!("{path}.http.url"), "must not be empty");
                     }
-                    let timeout = duration_field(&http.timeout, format!("{path}.http.timeout"), &mut errors);
+                    let timeout =
+                        duration_field(&http.timeout, format!("{path}.http.timeout"), &mut errors);
                     request.insert("method".into(), http.method.to_ascii_uppercase().into());
                     request.insert("url".into(), http.url.clone().into());
-                    request.insert("headers".into(), http.headers.clone().unwrap_or_else(|| serde_json::json!({})));
-                    request.insert("body".into(), http.body.clone().unwrap_or(serde_json::Value::Null));
-                    request.insert("timeout_ms".into(), timeout.map_or(serde_json::Value::Null, Into::into));
+                    request.insert(
+                        "headers".into(),
+                        http.headers
+                            .clone()
+                            .unwrap_or_else(|| serde_json::json!({})),
+                    );
+                    request.insert(
+                        "body".into(),
+                        http.body.clone().unwrap_or(serde_json::Value::Null),
+                    );
+                    request.insert(
+                        "timeout_ms".into(),
+                        timeout.map_or(serde_json::Value::Null, Into::into),
+                    );
                 }
-                let request = template::compile(&serde_json::Value::Object(request), &format!("{path}.http"), &plain, &mut expr_errors);
+                let request = template::compile(
+                    &serde_json::Value::Object(request),
+                    &format!("{path}.http"),
+                    &plain,
+                    &mut expr_errors,
+                );
                 Kind::Http { request }
             }
             NodeType::Code => {
@@ -434,36 +588,55 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
                     && lang != "python"
                     && lang != "javascript"
                 {
-                    errors.push(format!("{path}.language"), format!("must be python or javascript, not '{lang}'"));
+                    errors.push(
+                        format!("{path}.language"),
+                        format!("must be python or javascript, not '{lang}'"),
+                    );
                 }
-                Kind::Code { language: node.language.clone().unwrap_or_default(), code: node.code.clone().unwrap_or_default() }
+                Kind::Code {
+                    language: node.language.clone().unwrap_or_default(),
+                    code: node.code.clone().unwrap_or_default(),
+                }
             }
             NodeType::Switch => Kind::Switch,
             NodeType::Fork => Kind::Fork,
             NodeType::Join => Kind::Join,
             NodeType::Wait => {
                 if node.duration.is_some() == node.until.is_some() && !skip {
-                    errors.push(path.clone(), "a WAIT node needs exactly one of duration or until");
+                    errors.push(
+                        path.clone(),
+                        "a WAIT node needs exactly one of duration or until",
+                    );
                 }
-                let duration_ms = duration_field(&node.duration, format!("{path}.duration"), &mut errors);
+                let duration_ms =
+                    duration_field(&node.duration, format!("{path}.duration"), &mut errors);
                 let until = expression(&node.until, "until", &[Ty::Timestamp, Ty::String, Ty::Int]);
                 Kind::Wait { duration_ms, until }
             }
             NodeType::WaitForEvent => {
                 required(node.event.is_some(), "event", &mut errors);
                 let correlation = expression(&node.correlation, "correlation", &[]);
-                Kind::WaitForEvent { event: node.event.clone().unwrap_or_default(), correlation }
+                Kind::WaitForEvent {
+                    event: node.event.clone().unwrap_or_default(),
+                    correlation,
+                }
             }
             NodeType::SubWorkflow => {
                 required(node.workflow.is_some(), "workflow", &mut errors);
-                Kind::SubWorkflow { workflow: node.workflow.clone().unwrap_or_default(), version: node.version }
+                Kind::SubWorkflow {
+                    workflow: node.workflow.clone().unwrap_or_default(),
+                    version: node.version,
+                }
             }
             NodeType::Map => {
                 required(node.items.is_some(), "items", &mut errors);
                 let items = expression(&node.items, "items", &[Ty::List]);
                 let by_task = node.queue.is_some() || node.task.is_some();
                 if by_task == node.workflow.is_some() && !skip {
-                    errors.push(path.clone(), "a MAP node needs either queue and task, or workflow");
+                    errors.push(
+                        path.clone(),
+                        "a MAP node needs either queue and task, or workflow",
+                    );
                 } else if by_task {
                     required(node.queue.is_some(), "queue", &mut errors);
                     required(node.task.is_some(), "task", &mut errors);
@@ -472,12 +645,22 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
                     errors.push(format!("{path}.concurrency"), "must be at least 1");
                 }
                 let element = match &node.workflow {
-                    Some(w) => MapElement::Workflow { workflow: w.clone(), version: node.version },
-                    None => MapElement::Task { queue: node.queue.clone().unwrap_or_default(), task: node.task.clone().unwrap_or_default() },
+                    Some(w) => MapElement::Workflow {
+                        workflow: w.clone(),
+                        version: node.version,
+                    },
+                    None => MapElement::Task {
+                        queue: node.queue.clone().unwrap_or_default(),
+                        task: node.task.clone().unwrap_or_default(),
+                    },
                 };
                 let concurrency = node.concurrency.unwrap_or(DEFAULT_MAP_CONCURRENCY).max(1);
                 match items {
-                    Some(items) => Kind::Map { items, concurrency, element },
+                    Some(items) => Kind::Map {
+                        items,
+                        concurrency,
+                        element,
+                    },
                     None => Kind::Fork,
                 }
             }
@@ -488,9 +671,12 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
         }
         match &kind {
             Kind::Http { request } => refs_of(request, &index, &mut refs),
-            Kind::Wait { until: Some(p), .. } | Kind::WaitForEvent { correlation: Some(p), .. } | Kind::Map { items: p, .. } => {
-                add_refs(p.node_refs(), &index, &mut refs)
+            Kind::Wait { until: Some(p), .. }
+            | Kind::WaitForEvent {
+                correlation: Some(p),
+                ..
             }
+            | Kind::Map { items: p, .. } => add_refs(p.node_refs(), &index, &mut refs),
             _ => {}
         }
         nodes.push(CNode {
@@ -529,37 +715,72 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
         };
         let from = end("from", &edge.from);
         let to = end("to", &edge.to);
-        let when = edge.when.as_ref().and_then(|src| match template::compile_expression(src, &plain) {
-            Ok(p) => {
-                if !matches!(p.ty(), Ty::Bool | Ty::Dyn) {
-                    expr_errors.push((format!("{path}.when"), format!("must be a bool expression, not {}", p.ty())));
-                }
-                Some(p)
-            }
-            Err(e) => {
-                expr_errors.push((format!("{path}.when"), e));
-                None
-            }
-        });
+        let when =
+            edge.when
+                .as_ref()
+                .and_then(|src| match template::compile_expression(src, &plain) {
+                    Ok(p) => {
+                        if !matches!(p.ty(), Ty::Bool | Ty::Dyn) {
+                            expr_errors.push((
+                                format!("{path}.when"),
+                                format!("must be a bool expression, not {}", p.ty()),
+                            ));
+                        }
+                        Some(p)
+                    }
+                    Err(e) => {
+                        expr_errors.push((format!("{path}.when"), e));
+                        None
+                    }
+                });
         let (Some(from), Some(to)) = (from, to) else {
             unresolved_edges = true;
             continue;
         };
         for n in [from, to] {
             if is_compensation[n] {
-                errors.push(path.clone(), format!("compensation node '{}' cannot have edges", def.nodes[n].id));
+                errors.push(
+                    path.clone(),
+                    format!("compensation node '{}' cannot have edges", def.nodes[n].id),
+                );
             }
         }
         if let Some(first) = seen_pairs.insert((from, to), i) {
-            errors.push(path.clone(), format!("duplicate edge {} -> {} (first at edges[{first}])", edge.from, edge.to));
+            errors.push(
+                path.clone(),
+                format!(
+                    "duplicate edge {} -> {} (first at edges[{first}])",
+                    edge.from, edge.to
+                ),
+            );
             continue;
         }
         let mut refs = Vec::new();
         if let Some(p) = &when {
             add_refs(p.node_refs(), &index, &mut refs);
         }
+        if edge.on == Some(EdgeOn::Error)
+            && matches!(
+                def.nodes[from].node_type,
+                NodeType::Switch | NodeType::Fork | NodeType::Join
+            )
+        {
+            errors.push(
+                format!("{path}.on"),
+                format!(
+                    "a {} node never fails, so it has no error edges",
+                    def.nodes[from].node_type
+                ),
+            );
+        }
         let e = edges.len();
-        edges.push(CEdge { from, to, when, on_error: edge.on == Some(EdgeOn::Error), refs });
+        edges.push(CEdge {
+            from,
+            to,
+            when,
+            on_error: edge.on == Some(EdgeOn::Error),
+            refs,
+        });
         nodes[from].out_edges.push(e);
         nodes[to].in_edges.push(e);
     }
@@ -573,10 +794,17 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
             continue;
         }
         match node.node_type {
-            NodeType::Join if node.in_edges.len() < 2 => {
-                errors.push(format!("nodes[{i}]"), format!("a JOIN needs at least two incoming edges (has {})", node.in_edges.len()))
-            }
-            NodeType::Switch if node.out_edges.is_empty() => errors.push(format!("nodes[{i}]"), "a SWITCH needs at least one outgoing edge"),
+            NodeType::Join if node.in_edges.len() < 2 => errors.push(
+                format!("nodes[{i}]"),
+                format!(
+                    "a JOIN needs at least two incoming edges (has {})",
+                    node.in_edges.len()
+                ),
+            ),
+            NodeType::Switch if node.out_edges.is_empty() => errors.push(
+                format!("nodes[{i}]"),
+                "a SWITCH needs at least one outgoing edge",
+            ),
             _ => {}
         }
     }
@@ -600,19 +828,33 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
     if topo.len() < n {
         // Walk backwards from a node left over until a node repeats: that is a cycle.
         let mut reported = vec![false; n];
+        // Nodes walked by an earlier search: walking into one finds nothing new,
+        // which keeps the whole search linear.
+        let mut walked = vec![false; n];
         for first in (0..n).filter(|&i| indegree[i] > 0) {
-            if reported[first] {
+            if reported[first] || walked[first] {
                 continue;
             }
+            walked[first] = true;
             let mut path_nodes = vec![first];
             let mut pos: HashMap<usize, usize> = HashMap::from([(first, 0)]);
             let mut v = first;
             let cycle_start = loop {
-                let Some(&e) = nodes[v].in_edges.iter().find(|&&e| indegree[edges[e].from] > 0) else { break None };
+                let Some(&e) = nodes[v]
+                    .in_edges
+                    .iter()
+                    .find(|&&e| indegree[edges[e].from] > 0)
+                else {
+                    break None;
+                };
                 v = edges[e].from;
                 if let Some(&p) = pos.get(&v) {
                     break Some(p);
                 }
+                if walked[v] {
+                    break None;
+                }
+                walked[v] = true;
                 pos.insert(v, path_nodes.len());
                 path_nodes.push(v);
             };
@@ -630,14 +872,20 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
             cycle.rotate_left(min_pos);
             let mut names: Vec<&str> = cycle.iter().map(|&c| nodes[c].id.as_str()).collect();
             names.push(names[0]);
-            errors.push(format!("nodes[{}]", cycle[0]), format!("cycle: {}", names.join(" -> ")));
+            errors.push(
+                format!("nodes[{}]", cycle[0]),
+                format!("cycle: {}", names.join(" -> ")),
+            );
         }
     }
     let start = 0usize;
     // With edges that did not resolve, reachability would only repeat them.
     if n > 0 && !broken.nodes.contains(&0) && !unresolved_edges {
         if nodes[0].is_compensation {
-            errors.push("nodes[0]", "the first node starts the run and cannot be a compensation node");
+            errors.push(
+                "nodes[0]",
+                "the first node starts the run and cannot be a compensation node",
+            );
         }
         let mut reachable = vec![false; n];
         let mut stack = vec![start];
@@ -652,8 +900,19 @@ pub(crate) fn build(def: &Definition, broken: &Broken) -> Result<CompiledWorkflo
             }
         }
         for (i, node) in nodes.iter().enumerate() {
-            if !reachable[i] && !node.is_compensation && !in_cycle[i] && !broken.nodes.contains(&i) && index.get(&node.id) == Some(&i) {
-                errors.push(format!("nodes[{i}]"), format!("unreachable: no path from the start node '{}'", nodes[start].id));
+            if !reachable[i]
+                && !node.is_compensation
+                && !in_cycle[i]
+                && !broken.nodes.contains(&i)
+                && index.get(&node.id) == Some(&i)
+            {
+                errors.push(
+                    format!("nodes[{i}]"),
+                    format!(
+                        "unreachable: no path from the start node '{}'",
+                        nodes[start].id
+                    ),
+                );
             }
         }
     }

@@ -14,8 +14,9 @@ use crate::compile::{CompiledWorkflow, HTTP_QUEUE, Kind, MapElement};
 use crate::definition::NodeType;
 use crate::duration::{format_duration, parse_timestamp};
 use crate::state::{
-    Action, ChildStatus, Compensation, DecideError, Decision, Ending, ErrorInfo, Event, MapProgress, NodeKey,
-    NodeState, NodeStatus, RunState, RunStatus, StateChange, TimerId, TimerKind, Timestamp,
+    Action, ChildStatus, Compensation, DecideError, Decision, Ending, ErrorInfo, Event,
+    MapProgress, NodeKey, NodeState, NodeStatus, RunState, RunStatus, StateChange, TimerId,
+    TimerKind, Timestamp,
 };
 
 /// Error codes the engine itself produces.
@@ -31,7 +32,12 @@ pub mod codes {
 
 /// Decides what `event` does to the run. On `Err(NeedNodes(keys))`, load
 /// those node states into `state` and call again.
-pub fn decide(wf: &CompiledWorkflow, state: &RunState, event: &Event, now: Timestamp) -> Result<Decision, DecideError> {
+pub fn decide(
+    wf: &CompiledWorkflow,
+    state: &RunState,
+    event: &Event,
+    now: Timestamp,
+) -> Result<Decision, DecideError> {
     let mut ctx = Ctx {
         wf,
         state,
@@ -48,73 +54,128 @@ pub fn decide(wf: &CompiledWorkflow, state: &RunState, event: &Event, now: Times
 /// Node keys an event will likely touch, not yet in `state`: load them
 /// before calling [`decide`] so that one call usually suffices.
 pub fn prefetch(wf: &CompiledWorkflow, state: &RunState, event: &Event) -> Vec<NodeKey> {
-    let mut keys: Vec<NodeKey> = Vec::new();
-    let mut add = |k: NodeKey, keys: &mut Vec<NodeKey>| {
-        if !state.nodes.contains_key(&k) && !keys.contains(&k) {
-            keys.push(k);
-        }
+    let mut p = Prefetch {
+        wf,
+        state,
+        keys: Vec::new(),
     };
-    let around = |idx: usize, keys: &mut Vec<NodeKey>, add: &mut dyn FnMut(NodeKey, &mut Vec<NodeKey>)| {
-        let node = &wf.nodes[idx];
-        for &e in &node.out_edges {
-            let edge = &wf.edges[e];
-            add(NodeKey::node(wf.nodes[edge.to].id.clone()), keys);
-            for &r in edge.refs.iter().chain(&wf.nodes[edge.to].refs) {
-                add(NodeKey::node(wf.nodes[r].id.clone()), keys);
-            }
-        }
-    };
+    let failure = matches!(
+        event,
+        Event::TaskFailed { .. }
+            | Event::LeaseExpired { .. }
+            | Event::CancelRequested { .. }
+            | Event::ChildRunFinished { .. }
+            | Event::TimerFired { .. }
+    );
     match event {
         Event::RunStarted => {
-            let start = wf.start;
-            add(NodeKey::node(wf.nodes[start].id.clone()), &mut keys);
-            for &r in &wf.nodes[start].refs {
-                add(NodeKey::node(wf.nodes[r].id.clone()), &mut keys);
-            }
-            around(start, &mut keys, &mut add);
-        }
-        Event::CancelRequested { .. } | Event::TimerFired { timer: TimerId { kind: TimerKind::RunTimeout, .. }, .. } => {
-            for id in state.run.compensable.iter().rev() {
-                if let Some(comp) = wf.node(id).and_then(|n| n.compensate) {
-                    add(NodeKey::node(wf.nodes[comp].id.clone()), &mut keys);
-                    for &r in &wf.nodes[comp].refs {
-                        add(NodeKey::node(wf.nodes[r].id.clone()), &mut keys);
-                    }
-                }
-            }
+            p.node_and_refs(wf.start);
+            p.successors(wf.start, 3);
         }
         Event::RetryRequested { interrupted } => {
             for k in state.run.failed.iter().chain(interrupted) {
-                add(k.clone(), &mut keys);
-                add(k.parent(), &mut keys);
+                p.add(k.clone());
+                p.add(k.parent());
             }
         }
-        Event::EventReceived { name, node: None, .. } => {
-            for n in &wf.nodes {
+        Event::EventReceived {
+            name, node: None, ..
+        } => {
+            for (i, n) in wf.nodes.iter().enumerate() {
                 if matches!(&n.kind, Kind::WaitForEvent { event, .. } if event == name) {
-                    add(NodeKey::node(n.id.clone()), &mut keys);
+                    p.add(NodeKey::node(n.id.clone()));
+                    p.successors(i, 3);
                 }
             }
         }
         _ => {}
     }
     if let Some(key) = event.node() {
-        add(key.clone(), &mut keys);
+        p.add(key.clone());
         if key.index.is_some() {
-            add(key.parent(), &mut keys);
+            p.add(key.parent());
         }
         if let Some(idx) = wf.node_index(&key.node) {
-            around(idx, &mut keys, &mut add);
+            p.successors(idx, 3);
         }
     }
-    if let Some(Compensation { remaining, .. }) = &state.run.compensation {
-        // The next compensation starts after this one's report.
-        if let Some(comp) = remaining.first().and_then(|id| wf.node(id)).and_then(|n| n.compensate) {
-            add(NodeKey::node(wf.nodes[comp].id.clone()), &mut keys);
+    // A failure or a cancellation may start the compensations.
+    if failure {
+        for id in state.run.compensable.iter().rev() {
+            if let Some(comp) = wf.node(id).and_then(|n| n.compensate) {
+                p.node_and_refs(comp);
+            }
         }
     }
-    keys
+    // The next compensation starts after this one's report.
+    if let Some(Compensation { remaining, .. }) = &state.run.compensation
+        && let Some(comp) = remaining
+            .first()
+            .and_then(|id| wf.node(id))
+            .and_then(|n| n.compensate)
+    {
+        p.node_and_refs(comp);
+    }
+    // The event may end the run: the output reads these.
+    if state.run.active <= 1 {
+        for &r in &wf.output_refs {
+            p.add(p.key(r));
+        }
+    }
+    p.keys
 }
+
+struct Prefetch<'a> {
+    wf: &'a CompiledWorkflow,
+    state: &'a RunState,
+    keys: Vec<NodeKey>,
+}
+
+impl Prefetch<'_> {
+    fn add(&mut self, k: NodeKey) {
+        if !self.state.nodes.contains_key(&k) && !self.keys.contains(&k) {
+            self.keys.push(k);
+        }
+    }
+
+    fn key(&self, idx: usize) -> NodeKey {
+        NodeKey::node(self.wf.nodes[idx].id.clone())
+    }
+
+    fn node_and_refs(&mut self, idx: usize) {
+        self.add(self.key(idx));
+        for &r in &self.wf.nodes[idx].refs {
+            self.add(self.key(r));
+        }
+    }
+
+    /// Successors and what their start reads; through SWITCH and FORK (which
+    /// complete as they start) up to `depth` levels. Not through a JOIN: it
+    /// fires on one event of many, and its successors need not be loaded for
+    /// the others.
+    fn successors(&mut self, idx: usize, depth: u32) {
+        let wf = self.wf;
+        for &e in &wf.nodes[idx].out_edges {
+            let edge = &wf.edges[e];
+            for &r in &edge.refs {
+                self.add(self.key(r));
+            }
+            self.node_and_refs(edge.to);
+            let instant = matches!(wf.nodes[edge.to].kind, Kind::Switch | Kind::Fork);
+            if instant && depth > 1 {
+                self.successors(edge.to, depth - 1);
+            }
+        }
+    }
+}
+
+/// Node types whose attempts are worker tasks (MAP: its task elements).
+const TASK_TYPES: [NodeType; 4] = [
+    NodeType::Task,
+    NodeType::Http,
+    NodeType::Code,
+    NodeType::Map,
+];
 
 enum Work {
     Arrive { to: usize, from: usize },
@@ -144,12 +205,19 @@ impl Env for EvalEnv<'_, '_> {
         Val::from_json(&self.ctx.run.input)
     }
 
+    fn input_json(&self) -> Option<&Json> {
+        Some(&self.ctx.run.input)
+    }
+
     fn run(&self) -> Val {
         let mut m = BTreeMap::new();
         m.insert("id".into(), Val::Str(self.ctx.run.run_id.clone()));
         m.insert("workflow".into(), Val::Str(self.ctx.run.workflow.clone()));
         m.insert("version".into(), Val::Int(i64::from(self.ctx.run.version)));
-        m.insert("started_at".into(), Val::Timestamp(self.ctx.run.started_at.unwrap_or(self.ctx.now).0));
+        m.insert(
+            "started_at".into(),
+            Val::Timestamp(self.ctx.run.started_at.unwrap_or(self.ctx.now).0),
+        );
         Val::Map(m)
     }
 
@@ -170,7 +238,9 @@ impl Env for EvalEnv<'_, '_> {
                 Val::from_json(&json!({"code": e.code, "message": e.message}))
             }),
             NodeField::Output => match st {
-                Some(s) if s.status == NodeStatus::Completed => Val::from_json(&self.ctx.output_of(id, s)),
+                Some(s) if s.status == NodeStatus::Completed => {
+                    Val::from_json(&self.ctx.output_of(id, s))
+                }
                 _ => Val::Null,
             },
         }
@@ -186,7 +256,9 @@ impl<'a> Ctx<'a> {
 
     /// A loaded state (touched first), `None` if not loaded or not existing.
     fn peek(&self, key: &NodeKey) -> Option<&NodeState> {
-        self.touched.get(key).or_else(|| self.state.nodes.get(key).and_then(Option::as_ref))
+        self.touched
+            .get(key)
+            .or_else(|| self.state.nodes.get(key).and_then(Option::as_ref))
     }
 
     fn is_loaded(&self, key: &NodeKey) -> bool {
@@ -258,13 +330,19 @@ impl<'a> Ctx<'a> {
                 _ => {}
             }
         }
-        if missing.is_empty() { Ok(()) } else { Err(DecideError::NeedNodes(missing)) }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(DecideError::NeedNodes(missing))
+        }
     }
 
     /// A completed node's output; JOIN and MAP outputs are assembled from
     /// their branches (loaded by `ensure_loaded`).
     fn output_of(&self, id: &str, st: &NodeState) -> Json {
-        let Some(node) = self.wf.node(id) else { return Json::Null };
+        let Some(node) = self.wf.node(id) else {
+            return Json::Null;
+        };
         match node.node_type {
             NodeType::Join => {
                 let mut m = serde_json::Map::new();
@@ -283,7 +361,9 @@ impl<'a> Ctx<'a> {
                 Json::Array(
                     (0..total)
                         .map(|i| {
-                            self.peek(&NodeKey::element(id, i)).and_then(|s| s.output.clone()).unwrap_or(Json::Null)
+                            self.peek(&NodeKey::element(id, i))
+                                .and_then(|s| s.output.clone())
+                                .unwrap_or(Json::Null)
                         })
                         .collect(),
                 )
@@ -293,7 +373,12 @@ impl<'a> Ctx<'a> {
     }
 
     fn history(&mut self, kind: &str, node: Option<&NodeKey>, attempt: Option<u32>, detail: Json) {
-        self.actions.push(Action::AppendHistory { kind: kind.to_owned(), node: node.cloned(), attempt, detail });
+        self.actions.push(Action::AppendHistory {
+            kind: kind.to_owned(),
+            node: node.cloned(),
+            attempt,
+            detail,
+        });
     }
 
     fn ignore(&mut self, node: Option<&NodeKey>, attempt: Option<u32>, reason: &str) {
@@ -307,7 +392,10 @@ impl<'a> Ctx<'a> {
             .into_iter()
             .filter(|(k, s)| self.state.nodes.get(k).and_then(Option::as_ref) != Some(s))
             .collect();
-        Decision { change: StateChange { run, nodes }, actions: self.actions }
+        Decision {
+            change: StateChange { run, nodes },
+            actions: self.actions,
+        }
     }
 
     // ------------------------------------------------------------ events
@@ -315,39 +403,87 @@ impl<'a> Ctx<'a> {
     fn handle(&mut self, event: &Event) -> R {
         match event {
             Event::RunStarted => self.run_started()?,
-            Event::TaskCompleted { node, attempt, output } => {
-                if let Some((idx, st)) = self.current_attempt(node, *attempt, &[NodeType::Task, NodeType::Http, NodeType::Code, NodeType::Map], false)? {
+            Event::TaskCompleted {
+                node,
+                attempt,
+                output,
+            } => {
+                if let Some((idx, st)) = self.current_attempt(node, *attempt, &TASK_TYPES, false)? {
                     self.attempt_succeeded(node, idx, st, output.clone())?;
                 }
             }
-            Event::TaskFailed { node, attempt, code, message, retryable, seed } => {
-                if let Some((idx, st)) = self.current_attempt(node, *attempt, &[NodeType::Task, NodeType::Http, NodeType::Code, NodeType::Map], false)? {
-                    self.attempt_failed(node, idx, st, ErrorInfo::new(code.clone(), message.clone()), *retryable, *seed)?;
+            Event::TaskFailed {
+                node,
+                attempt,
+                code,
+                message,
+                retryable,
+                seed,
+            } => {
+                if let Some((idx, st)) = self.current_attempt(node, *attempt, &TASK_TYPES, false)? {
+                    self.attempt_failed(
+                        node,
+                        idx,
+                        st,
+                        ErrorInfo::new(code.clone(), message.clone()),
+                        *retryable,
+                        *seed,
+                    )?;
                 }
             }
-            Event::LeaseExpired { node, attempt, seed } => {
-                if let Some((idx, st)) = self.current_attempt(node, *attempt, &[NodeType::Task, NodeType::Http, NodeType::Code, NodeType::Map], false)? {
-                    let error = ErrorInfo::new(codes::LEASE_EXPIRED, format!("attempt {attempt} lost its lease: no heartbeat or report in time"));
+            Event::LeaseExpired {
+                node,
+                attempt,
+                seed,
+            } => {
+                if let Some((idx, st)) = self.current_attempt(node, *attempt, &TASK_TYPES, false)? {
+                    let error = ErrorInfo::new(
+                        codes::LEASE_EXPIRED,
+                        format!("attempt {attempt} lost its lease: no heartbeat or report in time"),
+                    );
                     self.attempt_failed(node, idx, st, error, true, *seed)?;
                 }
             }
-            Event::ChildRunFinished { node, attempt, status, output, error, seed } => {
-                if let Some((idx, st)) = self.current_attempt(node, *attempt, &[NodeType::SubWorkflow, NodeType::Map], true)? {
+            Event::ChildRunFinished {
+                node,
+                attempt,
+                status,
+                output,
+                error,
+                seed,
+            } => {
+                if let Some((idx, st)) = self.current_attempt(
+                    node,
+                    *attempt,
+                    &[NodeType::SubWorkflow, NodeType::Map],
+                    true,
+                )? {
                     match status {
-                        ChildStatus::Completed => self.attempt_succeeded(node, idx, st, output.clone())?,
+                        ChildStatus::Completed => {
+                            self.attempt_succeeded(node, idx, st, output.clone())?
+                        }
                         ChildStatus::Failed => {
-                            let e = error.clone().unwrap_or_else(|| ErrorInfo::new(codes::CHILD_FAILED, "the child run failed"));
+                            let e = error.clone().unwrap_or_else(|| {
+                                ErrorInfo::new(codes::CHILD_FAILED, "the child run failed")
+                            });
                             self.attempt_failed(node, idx, st, e, true, *seed)?
                         }
                         ChildStatus::Cancelled => {
-                            let e = ErrorInfo::new(codes::CHILD_CANCELLED, "the child run was cancelled");
+                            let e = ErrorInfo::new(
+                                codes::CHILD_CANCELLED,
+                                "the child run was cancelled",
+                            );
                             self.attempt_failed(node, idx, st, e, false, *seed)?
                         }
                     }
                 }
             }
             Event::TimerFired { timer, seed } => self.timer_fired(timer, *seed)?,
-            Event::EventReceived { name, payload, node } => self.event_received(name, payload, node.as_ref())?,
+            Event::EventReceived {
+                name,
+                payload,
+                node,
+            } => self.event_received(name, payload, node.as_ref())?,
             Event::CancelRequested { reason } => match self.run.status {
                 RunStatus::Pending | RunStatus::Running => {
                     self.history("cancel_requested", None, None, json!({ "reason": reason }));
@@ -363,7 +499,13 @@ impl<'a> Ctx<'a> {
 
     /// Whether the event names the current attempt of a running node key; if
     /// not, it is recorded as ignored and nothing changes.
-    fn current_attempt(&mut self, key: &NodeKey, attempt: u32, types: &[NodeType], child: bool) -> R<Option<(usize, NodeState)>> {
+    fn current_attempt(
+        &mut self,
+        key: &NodeKey,
+        attempt: u32,
+        types: &[NodeType],
+        child: bool,
+    ) -> R<Option<(usize, NodeState)>> {
         let Some(idx) = self.wf.node_index(&key.node) else {
             self.ignore(Some(key), Some(attempt), "unknown node");
             return Ok(None);
@@ -371,13 +513,19 @@ impl<'a> Ctx<'a> {
         let node = &self.wf.nodes[idx];
         let kind_ok = types.contains(&node.node_type)
             && match (&node.kind, key.index) {
-                (Kind::Map { element, .. }, Some(_)) => matches!(element, MapElement::Workflow { .. }) == child,
+                (Kind::Map { element, .. }, Some(_)) => {
+                    matches!(element, MapElement::Workflow { .. }) == child
+                }
                 (Kind::Map { .. }, None) => false,
                 (_, Some(_)) => false,
                 _ => true,
             };
         if !kind_ok {
-            self.ignore(Some(key), Some(attempt), "the event does not apply to this node type");
+            self.ignore(
+                Some(key),
+                Some(attempt),
+                "the event does not apply to this node type",
+            );
             return Ok(None);
         }
         let compensating = self.run.status == RunStatus::Compensating;
@@ -396,11 +544,19 @@ impl<'a> Ctx<'a> {
             return Ok(None);
         };
         if attempt != st.attempt {
-            self.ignore(Some(key), Some(attempt), &format!("stale attempt (current attempt is {})", st.attempt));
+            self.ignore(
+                Some(key),
+                Some(attempt),
+                &format!("stale attempt (current attempt is {})", st.attempt),
+            );
             return Ok(None);
         }
         if st.status != NodeStatus::Running {
-            let reason = if matches!(st.status, NodeStatus::Completed | NodeStatus::Failed) { "duplicate: attempt already finished" } else { "the attempt is not running" };
+            let reason = if matches!(st.status, NodeStatus::Completed | NodeStatus::Failed) {
+                "duplicate: attempt already finished"
+            } else {
+                "the attempt is not running"
+            };
             self.ignore(Some(key), Some(attempt), reason);
             return Ok(None);
         }
@@ -427,9 +583,17 @@ impl<'a> Ctx<'a> {
         }
         self.run.status = RunStatus::Running;
         self.run.started_at = Some(self.now);
-        self.history("run_started", None, None, json!({ "input": self.run.input }));
+        self.history(
+            "run_started",
+            None,
+            None,
+            json!({ "input": self.run.input }),
+        );
         if let Some(ms) = self.wf.run_timeout_ms {
-            self.actions.push(Action::ScheduleTimer { timer: TimerId::run_timeout(), fire_at: self.now.plus_ms(ms) });
+            self.actions.push(Action::ScheduleTimer {
+                timer: TimerId::run_timeout(),
+                fire_at: self.now.plus_ms(ms),
+            });
         }
         let start = self.wf.start;
         let key = self.key(start);
@@ -444,8 +608,15 @@ impl<'a> Ctx<'a> {
                 self.ignore(None, None, "the run is not running");
                 return Ok(());
             }
-            let limit = self.wf.run_timeout_ms.map(|ms| format_duration(ms as i64)).unwrap_or_default();
-            return self.end_run(Ending::Failed(ErrorInfo::new(codes::RUN_TIMEOUT, format!("the run exceeded its timeout of {limit}"))));
+            let limit = self
+                .wf
+                .run_timeout_ms
+                .map(|ms| format_duration(ms as i64))
+                .unwrap_or_default();
+            return self.end_run(Ending::Failed(ErrorInfo::new(
+                codes::RUN_TIMEOUT,
+                format!("the run exceeded its timeout of {limit}"),
+            )));
         }
         let Some(key) = &timer.node else {
             self.ignore(None, timer.attempt, "timer without a node");
@@ -454,18 +625,38 @@ impl<'a> Ctx<'a> {
         match timer.kind {
             TimerKind::AttemptTimeout => {
                 let attempt = timer.attempt.unwrap_or(0);
-                let types = [NodeType::Task, NodeType::Http, NodeType::Code, NodeType::Map, NodeType::SubWorkflow];
+                let types = [
+                    NodeType::Task,
+                    NodeType::Http,
+                    NodeType::Code,
+                    NodeType::Map,
+                    NodeType::SubWorkflow,
+                ];
                 let child = self.wf.node(&key.node).is_some_and(|n| {
-                    n.node_type == NodeType::SubWorkflow || matches!(&n.kind, Kind::Map { element: MapElement::Workflow { .. }, .. })
+                    n.node_type == NodeType::SubWorkflow
+                        || matches!(
+                            &n.kind,
+                            Kind::Map {
+                                element: MapElement::Workflow { .. },
+                                ..
+                            }
+                        )
                 });
                 if let Some((idx, st)) = self.current_attempt(key, attempt, &types, child)? {
                     let ms = self.wf.nodes[idx].timeout_ms.unwrap_or(0) as i64;
                     if child {
-                        self.actions.push(Action::CancelChildRun { node: key.clone() });
+                        self.actions
+                            .push(Action::CancelChildRun { node: key.clone() });
                     } else {
                         self.actions.push(Action::CancelTask { node: key.clone() });
                     }
-                    let error = ErrorInfo::new(codes::TIMEOUT, format!("attempt {attempt} exceeded its timeout of {}", format_duration(ms)));
+                    let error = ErrorInfo::new(
+                        codes::TIMEOUT,
+                        format!(
+                            "attempt {attempt} exceeded its timeout of {}",
+                            format_duration(ms)
+                        ),
+                    );
                     self.attempt_failed(key, idx, st, error, true, seed)?;
                 }
             }
@@ -480,9 +671,17 @@ impl<'a> Ctx<'a> {
                     RunStatus::Compensating => self.current_compensation().as_ref() == Some(key),
                     _ => false,
                 };
-                let st = if running { self.load(key)? } else { None };
+                let mut st = if running { self.load(key)? } else { None };
+                if st.is_some() && key.index.is_some() && self.run.status == RunStatus::Running {
+                    let parent = self.load(&key.parent())?;
+                    if parent.map(|p| p.status) != Some(NodeStatus::Running) {
+                        st = None;
+                    }
+                }
                 match st {
-                    Some(st) if st.status == NodeStatus::RetryScheduled && st.attempt + 1 == attempt => {
+                    Some(st)
+                        if st.status == NodeStatus::RetryScheduled && st.attempt + 1 == attempt =>
+                    {
                         self.dispatch(key, idx, st, attempt)?;
                     }
                     _ => self.ignore(Some(key), Some(attempt), "no retry is due for this attempt"),
@@ -493,8 +692,18 @@ impl<'a> Ctx<'a> {
                     self.ignore(Some(key), None, "unknown node");
                     return Ok(());
                 };
-                let want = if timer.kind == TimerKind::Wait { NodeType::Wait } else { NodeType::WaitForEvent };
-                let st = if self.run.status == RunStatus::Running && self.wf.nodes[idx].node_type == want { self.load(key)? } else { None };
+                let want = if timer.kind == TimerKind::Wait {
+                    NodeType::Wait
+                } else {
+                    NodeType::WaitForEvent
+                };
+                let st = if self.run.status == RunStatus::Running
+                    && self.wf.nodes[idx].node_type == want
+                {
+                    self.load(key)?
+                } else {
+                    None
+                };
                 match st {
                     Some(st) if st.status == NodeStatus::Waiting => {
                         if timer.kind == TimerKind::Wait {
@@ -502,7 +711,10 @@ impl<'a> Ctx<'a> {
                             self.complete_node(idx, st, Some(json!({ "fired_at": self.now.0 })))?;
                         } else {
                             let ms = self.wf.nodes[idx].timeout_ms.unwrap_or(0) as i64;
-                            let error = ErrorInfo::new(codes::TIMEOUT, format!("no event within {}", format_duration(ms)));
+                            let error = ErrorInfo::new(
+                                codes::TIMEOUT,
+                                format!("no event within {}", format_duration(ms)),
+                            );
                             self.node_failed(idx, key, st, error)?;
                         }
                     }
@@ -536,7 +748,9 @@ impl<'a> Ctx<'a> {
             return Err(DecideError::NeedNodes(missing));
         }
         for c in candidates {
-            let Kind::WaitForEvent { event, .. } = &self.wf.nodes[c].kind else { continue };
+            let Kind::WaitForEvent { event, .. } = &self.wf.nodes[c].kind else {
+                continue;
+            };
             if event != name {
                 continue;
             }
@@ -546,12 +760,19 @@ impl<'a> Ctx<'a> {
                 continue;
             }
             if self.wf.nodes[c].timeout_ms.is_some() {
-                self.actions.push(Action::CancelTimer { timer: TimerId::node(TimerKind::EventTimeout, key.clone(), None) });
+                self.actions.push(Action::CancelTimer {
+                    timer: TimerId::node(TimerKind::EventTimeout, key.clone(), None),
+                });
             }
             self.history("event_received", Some(&key), None, json!({ "name": name }));
             return self.complete_node(c, st, Some(payload.clone()));
         }
-        self.history("event_ignored", node, None, json!({ "reason": "no node is waiting for this event", "name": name }));
+        self.history(
+            "event_ignored",
+            node,
+            None,
+            json!({ "reason": "no node is waiting for this event", "name": name }),
+        );
         Ok(())
     }
 
@@ -563,13 +784,25 @@ impl<'a> Ctx<'a> {
         let node = &wf.nodes[idx];
         let key = self.key(idx);
         self.ensure_loaded(&node.refs)?;
-        self.history("node_started", Some(&key), None, json!({ "type": node.node_type }));
+        self.history(
+            "node_started",
+            Some(&key),
+            None,
+            json!({ "type": node.node_type }),
+        );
         match &node.kind {
             Kind::Switch | Kind::Fork | Kind::Join => {
-                let output = if node.node_type == NodeType::Join { None } else { Some(Json::Null) };
+                let output = if node.node_type == NodeType::Join {
+                    None
+                } else {
+                    Some(Json::Null)
+                };
                 self.complete_node(idx, st, output)
             }
-            Kind::Task { .. } | Kind::Http { .. } | Kind::Code { .. } | Kind::SubWorkflow { .. } => {
+            Kind::Task { .. }
+            | Kind::Http { .. }
+            | Kind::Code { .. }
+            | Kind::SubWorkflow { .. } => {
                 let input = match self.render_input(idx, None) {
                     Ok(input) => input,
                     Err(message) => return self.fail_at_start(idx, st, message),
@@ -585,14 +818,26 @@ impl<'a> Ctx<'a> {
                 let fire_at = match (duration_ms, until) {
                     (Some(ms), _) => self.now.plus_ms(*ms),
                     (None, Some(p)) => {
-                        let env = EvalEnv { ctx: self, item: None, index: None };
+                        let env = EvalEnv {
+                            ctx: self,
+                            item: None,
+                            index: None,
+                        };
                         match p.eval(&env) {
                             Ok(Val::Timestamp(ms)) | Ok(Val::Int(ms)) => Timestamp(ms),
                             Ok(Val::Str(s)) => match parse_timestamp(&s) {
                                 Ok(ms) => Timestamp(ms),
-                                Err(e) => return self.fail_at_start(idx, st, format!("until: {e}")),
+                                Err(e) => {
+                                    return self.fail_at_start(idx, st, format!("until: {e}"));
+                                }
                             },
-                            Ok(other) => return self.fail_at_start(idx, st, format!("until must be a timestamp, not {:?}", other.to_json())),
+                            Ok(other) => {
+                                return self.fail_at_start(
+                                    idx,
+                                    st,
+                                    format!("until must be a timestamp, not {:?}", other.to_json()),
+                                );
+                            }
                             Err(e) => return self.fail_at_start(idx, st, format!("until: {e}")),
                         }
                     }
@@ -601,13 +846,20 @@ impl<'a> Ctx<'a> {
                 self.activate(&st);
                 st.status = NodeStatus::Waiting;
                 self.put(key.clone(), st);
-                self.actions.push(Action::ScheduleTimer { timer: TimerId::node(TimerKind::Wait, key, None), fire_at });
+                self.actions.push(Action::ScheduleTimer {
+                    timer: TimerId::node(TimerKind::Wait, key, None),
+                    fire_at,
+                });
                 Ok(())
             }
             Kind::WaitForEvent { event, correlation } => {
                 let correlation = match correlation {
                     None => None,
-                    Some(p) => match p.eval(&EvalEnv { ctx: self, item: None, index: None }) {
+                    Some(p) => match p.eval(&EvalEnv {
+                        ctx: self,
+                        item: None,
+                        index: None,
+                    }) {
                         Ok(v) => Some(v.to_json()),
                         Err(e) => return self.fail_at_start(idx, st, format!("correlation: {e}")),
                     },
@@ -621,13 +873,29 @@ impl<'a> Ctx<'a> {
                         fire_at: self.now.plus_ms(ms),
                     });
                 }
-                self.actions.push(Action::AwaitEvent { node: key, name: event.clone(), correlation });
+                self.actions.push(Action::AwaitEvent {
+                    node: key,
+                    name: event.clone(),
+                    correlation,
+                });
                 Ok(())
             }
-            Kind::Map { items, concurrency, .. } => {
-                let items = match items.eval(&EvalEnv { ctx: self, item: None, index: None }) {
+            Kind::Map {
+                items, concurrency, ..
+            } => {
+                let items = match items.eval(&EvalEnv {
+                    ctx: self,
+                    item: None,
+                    index: None,
+                }) {
                     Ok(Val::List(items)) => items,
-                    Ok(other) => return self.fail_at_start(idx, st, format!("items must be a list, not {}", other.to_json())),
+                    Ok(other) => {
+                        return self.fail_at_start(
+                            idx,
+                            st,
+                            format!("items must be a list, not {}", other.to_json()),
+                        );
+                    }
                     Err(e) => return self.fail_at_start(idx, st, format!("items: {e}")),
                 };
                 let Ok(total) = u32::try_from(items.len()) else {
@@ -639,7 +907,9 @@ impl<'a> Ctx<'a> {
                 for (i, item) in items.iter().enumerate() {
                     match self.render_input(idx, Some((&item.to_json(), i as u32))) {
                         Ok(input) => inputs.push(input),
-                        Err(message) => return self.fail_at_start(idx, st, format!("element {i}: {message}")),
+                        Err(message) => {
+                            return self.fail_at_start(idx, st, format!("element {i}: {message}"));
+                        }
                     }
                 }
                 self.activate(&st);
@@ -647,7 +917,12 @@ impl<'a> Ctx<'a> {
                 st.attempt += 1;
                 st.first_attempt = st.attempt;
                 let first = total.min(*concurrency);
-                st.map = Some(MapProgress { total, next: first, in_flight: first, done: 0 });
+                st.map = Some(MapProgress {
+                    total,
+                    next: first,
+                    in_flight: first,
+                    done: 0,
+                });
                 for (i, input) in inputs.into_iter().enumerate() {
                     let mut el = NodeState::pending();
                     el.input = Some(input);
@@ -687,11 +962,15 @@ impl<'a> Ctx<'a> {
 
     fn render_input(&self, idx: usize, element: Option<(&Json, u32)>) -> Result<Json, String> {
         let node = &self.wf.nodes[idx];
-        let env = EvalEnv { ctx: self, item: element.map(|e| e.0), index: element.map(|e| e.1) };
+        let env = EvalEnv {
+            ctx: self,
+            item: element.map(|e| e.0),
+            index: element.map(|e| e.1),
+        };
         let input = match (&node.input, element) {
             (Some(t), _) => t.render(&env).map_err(|e| format!("input: {e}"))?,
             (None, Some((item, _))) => item.clone(),
-            (None, None) => self.run.input.clone(),
+            (None, None) => (*self.run.input).clone(),
         };
         Ok(match &node.kind {
             Kind::Http { request } => request.render(&env).map_err(|e| format!("http: {e}"))?,
@@ -727,9 +1006,20 @@ impl<'a> Ctx<'a> {
             Kind::Http { .. } => task(HTTP_QUEUE, "http"),
             Kind::Code { language, .. } => task(&format!("code.{language}"), "code"),
             Kind::SubWorkflow { workflow, version } => child(workflow, *version),
-            Kind::Map { element: MapElement::Task { queue, task: name }, .. } => task(queue, name),
-            Kind::Map { element: MapElement::Workflow { workflow, version }, .. } => child(workflow, *version),
-            _ => return Err(DecideError::Inconsistent(format!("node '{}' has no task to dispatch", node.id))),
+            Kind::Map {
+                element: MapElement::Task { queue, task: name },
+                ..
+            } => task(queue, name),
+            Kind::Map {
+                element: MapElement::Workflow { workflow, version },
+                ..
+            } => child(workflow, *version),
+            _ => {
+                return Err(DecideError::Inconsistent(format!(
+                    "node '{}' has no task to dispatch",
+                    node.id
+                )));
+            }
         };
         self.actions.push(action);
         if let Some(ms) = node.timeout_ms {
@@ -742,12 +1032,25 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    fn attempt_succeeded(&mut self, key: &NodeKey, idx: usize, mut st: NodeState, output: Json) -> R {
+    fn attempt_succeeded(
+        &mut self,
+        key: &NodeKey,
+        idx: usize,
+        mut st: NodeState,
+        output: Json,
+    ) -> R {
         if self.wf.nodes[idx].timeout_ms.is_some() {
-            self.actions.push(Action::CancelTimer { timer: TimerId::node(TimerKind::AttemptTimeout, key.clone(), Some(st.attempt)) });
+            self.actions.push(Action::CancelTimer {
+                timer: TimerId::node(TimerKind::AttemptTimeout, key.clone(), Some(st.attempt)),
+            });
         }
         if self.run.status == RunStatus::Compensating {
-            self.history("compensation_completed", Some(key), Some(st.attempt), json!({ "output": output }));
+            self.history(
+                "compensation_completed",
+                Some(key),
+                Some(st.attempt),
+                json!({ "output": output }),
+            );
             st.status = NodeStatus::Completed;
             st.output = Some(output);
             self.put(key.clone(), st);
@@ -759,10 +1062,20 @@ impl<'a> Ctx<'a> {
         self.complete_node(idx, st, Some(output))
     }
 
-    fn attempt_failed(&mut self, key: &NodeKey, idx: usize, mut st: NodeState, error: ErrorInfo, retryable: bool, seed: u64) -> R {
+    fn attempt_failed(
+        &mut self,
+        key: &NodeKey,
+        idx: usize,
+        mut st: NodeState,
+        error: ErrorInfo,
+        retryable: bool,
+        seed: u64,
+    ) -> R {
         let node = &self.wf.nodes[idx];
         if node.timeout_ms.is_some() && error.code != codes::TIMEOUT {
-            self.actions.push(Action::CancelTimer { timer: TimerId::node(TimerKind::AttemptTimeout, key.clone(), Some(st.attempt)) });
+            self.actions.push(Action::CancelTimer {
+                timer: TimerId::node(TimerKind::AttemptTimeout, key.clone(), Some(st.attempt)),
+            });
         }
         let tries = st.attempt.saturating_sub(st.first_attempt) + 1;
         let policy = &node.retry;
@@ -780,7 +1093,12 @@ impl<'a> Ctx<'a> {
         let next = st.attempt + 1;
         st.status = NodeStatus::RetryScheduled;
         st.error = Some(error);
-        self.history("retry_scheduled", Some(key), Some(next), json!({ "delay_ms": delay }));
+        self.history(
+            "retry_scheduled",
+            Some(key),
+            Some(next),
+            json!({ "delay_ms": delay }),
+        );
         self.actions.push(Action::ScheduleTimer {
             timer: TimerId::node(TimerKind::Retry, key.clone(), Some(next)),
             fire_at: self.now.plus_ms(delay),
@@ -789,16 +1107,26 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
-    fn element_completed(&mut self, key: &NodeKey, idx: usize, mut st: NodeState, output: Json) -> R {
+    fn element_completed(
+        &mut self,
+        key: &NodeKey,
+        idx: usize,
+        mut st: NodeState,
+        output: Json,
+    ) -> R {
         st.status = NodeStatus::Completed;
         st.output = Some(output);
         self.put(key.clone(), st);
         let parent_key = key.parent();
         let Some(mut parent) = self.load(&parent_key)? else {
-            return Err(DecideError::Inconsistent(format!("element {key} without its MAP state")));
+            return Err(DecideError::Inconsistent(format!(
+                "element {key} without its MAP state"
+            )));
         };
         let Some(mut progress) = parent.map.clone() else {
-            return Err(DecideError::Inconsistent(format!("MAP {parent_key} without progress")));
+            return Err(DecideError::Inconsistent(format!(
+                "MAP {parent_key} without progress"
+            )));
         };
         progress.done += 1;
         progress.in_flight = progress.in_flight.saturating_sub(1);
@@ -831,7 +1159,12 @@ impl<'a> Ctx<'a> {
         if node.compensate.is_some() && !self.run.compensable.contains(&node.id) {
             self.run.compensable.push(node.id.clone());
         }
-        self.history("node_completed", Some(&key), (st.attempt > 0).then_some(st.attempt), json!({}));
+        self.history(
+            "node_completed",
+            Some(&key),
+            (st.attempt > 0).then_some(st.attempt),
+            json!({}),
+        );
         self.put(key, st);
         self.route(idx, true).map(|_| ())
     }
@@ -840,7 +1173,12 @@ impl<'a> Ctx<'a> {
     /// error edges, or fails the run.
     fn node_failed(&mut self, idx: usize, key: &NodeKey, mut st: NodeState, error: ErrorInfo) -> R {
         if self.run.status == RunStatus::Compensating {
-            self.history("compensation_failed", Some(key), Some(st.attempt), json!({ "code": error.code, "message": error.message }));
+            self.history(
+                "compensation_failed",
+                Some(key),
+                Some(st.attempt),
+                json!({ "code": error.code, "message": error.message }),
+            );
             st.status = NodeStatus::Failed;
             st.error = Some(error);
             self.put(key.clone(), st);
@@ -852,11 +1190,23 @@ impl<'a> Ctx<'a> {
             self.put(key.clone(), st);
             let parent_key = key.parent();
             let Some(parent) = self.load(&parent_key)? else {
-                return Err(DecideError::Inconsistent(format!("element {key} without its MAP state")));
+                return Err(DecideError::Inconsistent(format!(
+                    "element {key} without its MAP state"
+                )));
             };
-            self.actions.push(Action::CancelTask { node: parent_key.clone() });
-            if matches!(&self.wf.nodes[idx].kind, Kind::Map { element: MapElement::Workflow { .. }, .. }) {
-                self.actions.push(Action::CancelChildRun { node: parent_key.clone() });
+            self.actions.push(Action::CancelTask {
+                node: parent_key.clone(),
+            });
+            if matches!(
+                &self.wf.nodes[idx].kind,
+                Kind::Map {
+                    element: MapElement::Workflow { .. },
+                    ..
+                }
+            ) {
+                self.actions.push(Action::CancelChildRun {
+                    node: parent_key.clone(),
+                });
             }
             let error = ErrorInfo::new(error.code, format!("element {i}: {}", error.message));
             return self.fail_node(idx, &parent_key, parent, error, key.clone());
@@ -864,11 +1214,23 @@ impl<'a> Ctx<'a> {
         self.fail_node(idx, key, st, error, key.clone())
     }
 
-    fn fail_node(&mut self, idx: usize, key: &NodeKey, mut st: NodeState, error: ErrorInfo, failed_key: NodeKey) -> R {
+    fn fail_node(
+        &mut self,
+        idx: usize,
+        key: &NodeKey,
+        mut st: NodeState,
+        error: ErrorInfo,
+        failed_key: NodeKey,
+    ) -> R {
         self.deactivate(key, &st);
         st.status = NodeStatus::Failed;
         st.error = Some(error.clone());
-        self.history("node_failed", Some(key), None, json!({ "code": error.code, "message": error.message }));
+        self.history(
+            "node_failed",
+            Some(key),
+            None,
+            json!({ "code": error.code, "message": error.message }),
+        );
         self.put(key.clone(), st);
         let handled = self.route(idx, false)?;
         if handled == 0 {
@@ -884,12 +1246,22 @@ impl<'a> Ctx<'a> {
     fn route(&mut self, idx: usize, completed: bool) -> R<usize> {
         let wf = self.wf;
         let node = &wf.nodes[idx];
-        let refs: Vec<usize> = node.out_edges.iter().flat_map(|&e| wf.edges[e].refs.iter().copied()).collect();
+        let refs: Vec<usize> = node
+            .out_edges
+            .iter()
+            .flat_map(|&e| wf.edges[e].refs.iter().copied())
+            .collect();
         self.ensure_loaded(&refs)?;
         let mut taken = vec![false; node.out_edges.len()];
         let holds = |ctx: &mut Ctx<'_>, e: usize| -> bool {
-            let Some(p) = &wf.edges[e].when else { return true };
-            match p.eval(&EvalEnv { ctx, item: None, index: None }) {
+            let Some(p) = &wf.edges[e].when else {
+                return true;
+            };
+            match p.eval(&EvalEnv {
+                ctx,
+                item: None,
+                index: None,
+            }) {
                 Ok(Val::Bool(b)) => b,
                 Ok(other) => {
                     let detail = json!({ "edge": e, "error": format!("when is not a bool: {}", other.to_json()) });
@@ -912,7 +1284,10 @@ impl<'a> Ctx<'a> {
                 }
             }
             if chosen.is_none() {
-                chosen = node.out_edges.iter().position(|&e| !wf.edges[e].on_error && wf.edges[e].when.is_none());
+                chosen = node
+                    .out_edges
+                    .iter()
+                    .position(|&e| !wf.edges[e].on_error && wf.edges[e].when.is_none());
             }
             if let Some(i) = chosen {
                 taken[i] = true;
@@ -950,7 +1325,12 @@ impl<'a> Ctx<'a> {
                     let mut st = self.load(&key)?.unwrap_or_else(NodeState::pending);
                     if self.wf.nodes[to].node_type == NodeType::Join {
                         if st.status != NodeStatus::Pending {
-                            self.history("arrival_ignored", Some(&key), None, json!({ "from": self.wf.nodes[from].id }));
+                            self.history(
+                                "arrival_ignored",
+                                Some(&key),
+                                None,
+                                json!({ "from": self.wf.nodes[from].id }),
+                            );
                             continue;
                         }
                         st.arrived += 1;
@@ -1007,7 +1387,9 @@ impl<'a> Ctx<'a> {
         self.history("node_skipped", Some(&key), None, json!({}));
         self.put(key, st);
         for &e in &self.wf.nodes[idx].out_edges {
-            self.work.push_back(Work::Skip { to: self.wf.edges[e].to });
+            self.work.push_back(Work::Skip {
+                to: self.wf.edges[e].to,
+            });
         }
     }
 
@@ -1020,12 +1402,18 @@ impl<'a> Ctx<'a> {
         self.ensure_loaded(&self.wf.output_refs)?;
         let output = match &self.wf.output {
             None => Ok(Json::Null),
-            Some(t) => t.render(&EvalEnv { ctx: self, item: None, index: None }),
+            Some(t) => t.render(&EvalEnv {
+                ctx: self,
+                item: None,
+                index: None,
+            }),
         };
         match output {
             Ok(output) => {
                 if self.wf.run_timeout_ms.is_some() {
-                    self.actions.push(Action::CancelTimer { timer: TimerId::run_timeout() });
+                    self.actions.push(Action::CancelTimer {
+                        timer: TimerId::run_timeout(),
+                    });
                 }
                 self.run.status = RunStatus::Completed;
                 self.run.output = Some(output.clone());
@@ -1033,7 +1421,10 @@ impl<'a> Ctx<'a> {
                 self.actions.push(Action::CompleteRun { output });
                 Ok(())
             }
-            Err(e) => self.end_run(Ending::Failed(ErrorInfo::new(codes::OUTPUT_ERROR, format!("output: {e}")))),
+            Err(e) => self.end_run(Ending::Failed(ErrorInfo::new(
+                codes::OUTPUT_ERROR,
+                format!("output: {e}"),
+            ))),
         }
     }
 
@@ -1054,16 +1445,28 @@ impl<'a> Ctx<'a> {
             return self.finalize(ending);
         }
         let remaining: Vec<String> = self.run.compensable.iter().rev().cloned().collect();
-        self.history("compensation_started", None, None, json!({ "nodes": remaining }));
+        self.history(
+            "compensation_started",
+            None,
+            None,
+            json!({ "nodes": remaining }),
+        );
         self.run.status = RunStatus::Compensating;
-        self.run.compensation = Some(Compensation { remaining, current: None, ending });
+        self.run.compensated = true;
+        self.run.compensation = Some(Compensation {
+            remaining,
+            current: None,
+            ending,
+        });
         self.next_compensation()
     }
 
     /// Starts the next compensation, or ends the run when none is left.
     fn next_compensation(&mut self) -> R {
         loop {
-            let Some(comp) = self.run.compensation.as_mut() else { return Ok(()) };
+            let Some(comp) = self.run.compensation.as_mut() else {
+                return Ok(());
+            };
             comp.current = None;
             if comp.remaining.is_empty() {
                 let ending = comp.ending.clone();
@@ -1071,14 +1474,21 @@ impl<'a> Ctx<'a> {
                 return self.finalize(ending);
             }
             let done = comp.remaining.remove(0);
-            let Some(c) = self.wf.node(&done).and_then(|n| n.compensate) else { continue };
+            let Some(c) = self.wf.node(&done).and_then(|n| n.compensate) else {
+                continue;
+            };
             let key = self.key(c);
             self.ensure_loaded(&self.wf.nodes[c].refs)?;
             let mut st = self.load(&key)?.unwrap_or_else(NodeState::pending);
             if let Some(comp) = self.run.compensation.as_mut() {
                 comp.current = Some(done.clone());
             }
-            self.history("compensation_node_started", Some(&key), None, json!({ "for": done }));
+            self.history(
+                "compensation_node_started",
+                Some(&key),
+                None,
+                json!({ "for": done }),
+            );
             match self.render_input(c, None) {
                 Ok(input) => {
                     st.input = Some(input);
@@ -1088,7 +1498,12 @@ impl<'a> Ctx<'a> {
                     return self.dispatch(&key, c, st, attempt);
                 }
                 Err(message) => {
-                    self.history("compensation_failed", Some(&key), None, json!({ "code": codes::INPUT_ERROR, "message": message }));
+                    self.history(
+                        "compensation_failed",
+                        Some(&key),
+                        None,
+                        json!({ "code": codes::INPUT_ERROR, "message": message }),
+                    );
                 }
             }
         }
@@ -1099,7 +1514,12 @@ impl<'a> Ctx<'a> {
             Ending::Failed(error) => {
                 self.run.status = RunStatus::Failed;
                 self.run.error = Some(error.clone());
-                self.history("run_failed", None, None, json!({ "code": error.code, "message": error.message }));
+                self.history(
+                    "run_failed",
+                    None,
+                    None,
+                    json!({ "code": error.code, "message": error.message }),
+                );
                 self.actions.push(Action::FailRun { error });
             }
             Ending::Cancelled(reason) => {
@@ -1114,6 +1534,14 @@ impl<'a> Ctx<'a> {
     fn retry_run(&mut self, interrupted: &[NodeKey]) -> R {
         if self.run.status != RunStatus::Failed {
             self.ignore(None, None, "only a failed run can be retried");
+            return Ok(());
+        }
+        if self.run.compensated {
+            self.ignore(
+                None,
+                None,
+                "the run was compensated: its completed work was undone, start a new run",
+            );
             return Ok(());
         }
         let mut keys: Vec<NodeKey> = Vec::new();
@@ -1133,17 +1561,27 @@ impl<'a> Ctx<'a> {
         if !missing.is_empty() {
             return Err(DecideError::NeedNodes(missing));
         }
-        self.history("run_retried", None, None, json!({ "nodes": keys.iter().map(|k| k.to_string()).collect::<Vec<_>>() }));
+        self.history(
+            "run_retried",
+            None,
+            None,
+            json!({ "nodes": keys.iter().map(|k| k.to_string()).collect::<Vec<_>>() }),
+        );
         self.run.status = RunStatus::Running;
         self.run.error = None;
         self.run.failed.clear();
         self.run.active = 0;
         if let Some(ms) = self.wf.run_timeout_ms {
-            self.actions.push(Action::ScheduleTimer { timer: TimerId::run_timeout(), fire_at: self.now.plus_ms(ms) });
+            self.actions.push(Action::ScheduleTimer {
+                timer: TimerId::run_timeout(),
+                fire_at: self.now.plus_ms(ms),
+            });
         }
         let mut counted: HashSet<String> = HashSet::new();
         for key in keys {
-            let Some(idx) = self.wf.node_index(&key.node) else { continue };
+            let Some(idx) = self.wf.node_index(&key.node) else {
+                continue;
+            };
             let Some(st) = self.load(&key)? else { continue };
             let is_map = self.wf.nodes[idx].node_type == NodeType::Map;
             if key.index.is_some() || (is_map && st.map.is_some()) {

@@ -26,7 +26,11 @@ pub struct ValidationError {
 
 impl fmt::Display for ValidationError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.path.is_empty() { f.write_str(&self.message) } else { write!(f, "{}: {}", self.path, self.message) }
+        if self.path.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
     }
 }
 
@@ -48,7 +52,10 @@ impl fmt::Display for ValidationErrors {
 
 impl ValidationErrors {
     pub fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(ValidationError { path: path.into(), message: message.into() });
+        self.0.push(ValidationError {
+            path: path.into(),
+            message: message.into(),
+        });
     }
 
     pub fn is_empty(&self) -> bool {
@@ -299,7 +306,11 @@ fn join_path(prefix: &str, inner: &str) -> String {
     }
 }
 
-fn typed<T: serde::de::DeserializeOwned>(value: &Json, path: &str, errors: &mut ValidationErrors) -> Option<T> {
+fn typed<T: serde::de::DeserializeOwned>(
+    value: &Json,
+    path: &str,
+    errors: &mut ValidationErrors,
+) -> Option<T> {
     match serde_path_to_error::deserialize::<_, T>(value) {
         Ok(v) => Some(v),
         Err(e) => {
@@ -339,7 +350,13 @@ pub(crate) struct Broken {
 pub(crate) fn parse_structure(text: &str) -> (Option<Definition>, ValidationErrors, Broken) {
     let mut errors = ValidationErrors::default();
     if text.len() > MAX_DEFINITION_BYTES {
-        errors.push("", format!("definition is larger than {MAX_DEFINITION_BYTES} bytes ({})", text.len()));
+        errors.push(
+            "",
+            format!(
+                "definition is larger than {MAX_DEFINITION_BYTES} bytes ({})",
+                text.len()
+            ),
+        );
         return (None, errors, Broken::default());
     }
     let doc: Json = match serde_yaml_ng::from_str(text) {
@@ -350,16 +367,17 @@ pub(crate) fn parse_structure(text: &str) -> (Option<Definition>, ValidationErro
         }
     };
     let Json::Object(top) = doc else {
-        errors.push("", "a definition must be a mapping with name, nodes and edges");
+        errors.push(
+            "",
+            "a definition must be a mapping with name, nodes and edges",
+        );
         return (None, errors, Broken::default());
     };
     let mut def = Definition::default();
     let mut broken = Broken::default();
-    let mut has_name = false;
     for (key, value) in &top {
         match key.as_str() {
             "name" => {
-                has_name = true;
                 def.name = typed(value, "name", &mut errors).unwrap_or_default();
             }
             "description" => def.description = typed(value, "description", &mut errors),
@@ -374,7 +392,10 @@ pub(crate) fn parse_structure(text: &str) -> (Option<Definition>, ValidationErro
                     continue;
                 };
                 if key == "nodes" && items.len() > MAX_NODES {
-                    errors.push("nodes", format!("too many nodes: {} (at most {MAX_NODES})", items.len()));
+                    errors.push(
+                        "nodes",
+                        format!("too many nodes: {} (at most {MAX_NODES})", items.len()),
+                    );
                     return (None, errors, Broken::default());
                 }
                 for (i, item) in items.iter().enumerate() {
@@ -397,7 +418,12 @@ pub(crate) fn parse_structure(text: &str) -> (Option<Definition>, ValidationErro
                             Some(edge) => def.edges.push(edge),
                             None => {
                                 broken.edges.push(i);
-                                def.edges.push(Edge { from: String::new(), to: String::new(), when: None, on: None });
+                                def.edges.push(Edge {
+                                    from: String::new(),
+                                    to: String::new(),
+                                    when: None,
+                                    on: None,
+                                });
                             }
                         }
                     }
@@ -405,9 +431,6 @@ pub(crate) fn parse_structure(text: &str) -> (Option<Definition>, ValidationErro
             }
             other => errors.push(other, format!("unknown field `{other}`")),
         }
-    }
-    if !has_name {
-        errors.push("name", "is required");
     }
     (Some(def), errors, broken)
 }

@@ -5,7 +5,9 @@
 /// into milliseconds.
 pub fn parse_duration(text: &str) -> Result<u64, String> {
     let bad = || {
-        format!("invalid duration '{text}': expected a number and a unit (ms, s, m, h, d), e.g. 30s")
+        format!(
+            "invalid duration '{text}': expected a number and a unit (ms, s, m, h, d), e.g. 30s"
+        )
     };
     let s = text.trim();
     if s.is_empty() {
@@ -49,7 +51,12 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
 pub fn format_duration(ms: i64) -> String {
     let sign = if ms < 0 { "-" } else { "" };
     let ms = ms.unsigned_abs();
-    for (unit, factor) in [("d", 86_400_000u64), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)] {
+    for (unit, factor) in [
+        ("d", 86_400_000u64),
+        ("h", 3_600_000),
+        ("m", 60_000),
+        ("s", 1_000),
+    ] {
         if ms != 0 && ms.is_multiple_of(factor) {
             return format!("{sign}{}{unit}", ms / factor);
         }
@@ -83,7 +90,8 @@ fn civil_from_days(z: i64) -> (i64, i64, i64) {
 /// Parses an RFC 3339 timestamp (`2026-01-02T03:04:05Z`, fractional seconds and
 /// offsets allowed) into milliseconds since the Unix epoch.
 pub fn parse_timestamp(text: &str) -> Result<i64, String> {
-    let bad = || format!("invalid timestamp '{text}': expected RFC 3339, e.g. 2026-01-02T03:04:05Z");
+    let bad =
+        || format!("invalid timestamp '{text}': expected RFC 3339, e.g. 2026-01-02T03:04:05Z");
     let b = text.as_bytes();
     if b.len() < 20 || !text.is_ascii() {
         return Err(bad());
@@ -95,12 +103,22 @@ pub fn parse_timestamp(text: &str) -> Result<i64, String> {
         }
         part.parse::<i64>().map_err(|_| bad())
     };
-    if b[4] != b'-' || b[7] != b'-' || !matches!(b[10], b'T' | b't' | b' ') || b[13] != b':' || b[16] != b':' {
+    if b[4] != b'-'
+        || b[7] != b'-'
+        || !matches!(b[10], b'T' | b't' | b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return Err(bad());
     }
     let (year, month, day) = (num(0..4)?, num(5..7)?, num(8..10)?);
     let (hour, minute, second) = (num(11..13)?, num(14..16)?, num(17..19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
         return Err(bad());
     }
     let mut i = 19;
@@ -135,7 +153,12 @@ pub fn format_timestamp(ms: i64) -> String {
     let days = ms.div_euclid(86_400_000);
     let rest = ms.rem_euclid(86_400_000);
     let (y, m, d) = civil_from_days(days);
-    let (h, min, s, milli) = (rest / 3_600_000, rest / 60_000 % 60, rest / 1_000 % 60, rest % 1_000);
+    let (h, min, s, milli) = (
+        rest / 3_600_000,
+        rest / 60_000 % 60,
+        rest / 1_000 % 60,
+        rest % 1_000,
+    );
     if milli == 0 {
         format!("{y:04}-{m:02}-{d:02}T{h:02}:{min:02}:{s:02}Z")
     } else {
@@ -165,9 +188,18 @@ mod tests {
     #[test]
     fn timestamps_round_trip() {
         assert_eq!(parse_timestamp("1970-01-01T00:00:00Z"), Ok(0));
-        assert_eq!(parse_timestamp("2026-01-02T03:04:05.250Z"), Ok(1_767_323_045_250));
-        assert_eq!(parse_timestamp("2026-01-02T05:04:05+02:00"), Ok(1_767_323_045_000));
-        assert_eq!(format_timestamp(1_767_323_045_250), "2026-01-02T03:04:05.250Z");
+        assert_eq!(
+            parse_timestamp("2026-01-02T03:04:05.250Z"),
+            Ok(1_767_323_045_250)
+        );
+        assert_eq!(
+            parse_timestamp("2026-01-02T05:04:05+02:00"),
+            Ok(1_767_323_045_000)
+        );
+        assert_eq!(
+            format_timestamp(1_767_323_045_250),
+            "2026-01-02T03:04:05.250Z"
+        );
         assert_eq!(format_timestamp(-1_000), "1969-12-31T23:59:59Z");
         assert!(parse_timestamp("2026-13-02T03:04:05Z").is_err());
         assert!(parse_timestamp("yesterday").is_err());

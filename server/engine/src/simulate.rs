@@ -37,10 +37,11 @@ use serde_json::Value as Json;
 
 use crate::compile::{CompiledWorkflow, splitmix64};
 use crate::decide::{decide, prefetch};
-use crate::definition::{ValidationErrors};
+use crate::definition::ValidationErrors;
 use crate::duration::parse_duration;
 use crate::state::{
-    Action, ChildStatus, DecideError, ErrorInfo, Event, NodeKey, NodeState, RunState, RunStatus, TimerId, Timestamp,
+    Action, ChildStatus, DecideError, ErrorInfo, Event, NodeKey, NodeState, RunState, RunStatus,
+    TimerId, Timestamp,
 };
 
 fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Json>, D::Error> {
@@ -75,7 +76,11 @@ pub enum Outcome {
 #[serde(deny_unknown_fields)]
 pub struct OutcomeSpec {
     /// Complete with this output.
-    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub complete: Option<Json>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fail: Option<FailSpec>,
@@ -105,7 +110,11 @@ pub struct ScriptedEvent {
 #[serde(deny_unknown_fields)]
 pub struct Expectation {
     pub status: RunStatus,
-    #[serde(default, deserialize_with = "present", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub output: Option<Json>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error_code: Option<String>,
@@ -138,7 +147,10 @@ impl Outcomes {
         serde_path_to_error::deserialize(de).map_err(|e| {
             let mut errors = ValidationErrors::default();
             let path = e.path().to_string();
-            errors.push(if path == "." { String::new() } else { path }, e.inner().to_string());
+            errors.push(
+                if path == "." { String::new() } else { path },
+                e.inner().to_string(),
+            );
             errors
         })
     }
@@ -160,7 +172,12 @@ pub struct SimOptions {
 
 impl Default for SimOptions {
     fn default() -> Self {
-        SimOptions { start_at: Timestamp(1_767_225_600_000), shuffle_seed: None, check_idempotence: false, max_steps: 100_000 }
+        SimOptions {
+            start_at: Timestamp(1_767_225_600_000),
+            shuffle_seed: None,
+            check_idempotence: false,
+            max_steps: 100_000,
+        }
     }
 }
 
@@ -172,6 +189,8 @@ pub struct Step {
     pub actions: Vec<Action>,
     /// How many node states were loaded to decide it.
     pub loaded: usize,
+    /// Load round trips after the prefetch (0: the prefetch sufficed).
+    pub extra_rounds: usize,
 }
 
 /// The result of a simulation.
@@ -195,13 +214,44 @@ impl SimulationReport {
 
     /// The history entries of `kind`, in order.
     pub fn history_of<'r>(&'r self, kind: &'r str) -> impl Iterator<Item = &'r Action> + 'r {
-        self.actions().filter(move |a| matches!(a, Action::AppendHistory { kind: k, .. } if k == kind))
+        self.actions()
+            .filter(move |a| matches!(a, Action::AppendHistory { kind: k, .. } if k == kind))
+    }
+
+    /// A readable timeline, one line per event and per action, times relative
+    /// to the run's start; what `composer workflow test` prints.
+    pub fn timeline(&self) -> String {
+        let start = self.history.first().map_or(0, |s| s.at.0);
+        let mut out = String::new();
+        for step in &self.history {
+            let at = offset(step.at.0 - start);
+            out.push_str(&format!("{at:>13}  {}\n", describe_event(&step.event)));
+            for a in &step.actions {
+                out.push_str(&format!("{:>13}    {}\n", "", describe_action(a, start)));
+            }
+        }
+        let result = match self.status {
+            RunStatus::Completed => format!(
+                "COMPLETED, output {}",
+                self.output.clone().unwrap_or(Json::Null)
+            ),
+            RunStatus::Failed => match &self.error {
+                Some(e) => format!("FAILED, {}: {}", e.code, e.message),
+                None => "FAILED".into(),
+            },
+            other => format!("{other:?}").to_uppercase(),
+        };
+        out.push_str(&format!("result: {result}\n"));
+        out
     }
 
     /// Whether the expectation of the outcomes file holds; the message says why not.
     pub fn check(&self, expect: &Expectation) -> Result<(), String> {
         if self.status != expect.status {
-            return Err(format!("status {:?}, expected {:?} (error: {:?})", self.status, expect.status, self.error));
+            return Err(format!(
+                "status {:?}, expected {:?} (error: {:?})",
+                self.status, expect.status, self.error
+            ));
         }
         if let Some(out) = &expect.output
             && self.output.as_ref() != Some(out)
@@ -236,7 +286,10 @@ enum Due {
 }
 
 /// Simulates one run with default options.
-pub fn simulate(wf: &CompiledWorkflow, outcomes: &Outcomes) -> Result<SimulationReport, SimulationError> {
+pub fn simulate(
+    wf: &CompiledWorkflow,
+    outcomes: &Outcomes,
+) -> Result<SimulationReport, SimulationError> {
     simulate_with(wf, outcomes, &SimOptions::default())
 }
 
@@ -256,11 +309,17 @@ struct Sim<'w> {
 }
 
 fn duration(text: &Option<String>) -> Result<u64, SimulationError> {
-    text.as_ref().map_or(Ok(0), |t| parse_duration(t).map_err(SimulationError::BadOutcomes))
+    text.as_ref().map_or(Ok(0), |t| {
+        parse_duration(t).map_err(SimulationError::BadOutcomes)
+    })
 }
 
 /// Simulates one run.
-pub fn simulate_with(wf: &CompiledWorkflow, outcomes: &Outcomes, opts: &SimOptions) -> Result<SimulationReport, SimulationError> {
+pub fn simulate_with(
+    wf: &CompiledWorkflow,
+    outcomes: &Outcomes,
+    opts: &SimOptions,
+) -> Result<SimulationReport, SimulationError> {
     let mut sim = Sim {
         wf,
         opts: opts.clone(),
@@ -279,7 +338,13 @@ pub fn simulate_with(wf: &CompiledWorkflow, outcomes: &Outcomes, opts: &SimOptio
     sim.push(start, Due::Deliver(Event::RunStarted));
     for e in &outcomes.events {
         let at = parse_duration(&e.at).map_err(SimulationError::BadOutcomes)?;
-        sim.push(start.plus_ms(at), Due::External { name: e.name.clone(), payload: e.payload.clone() });
+        sim.push(
+            start.plus_ms(at),
+            Due::External {
+                name: e.name.clone(),
+                payload: e.payload.clone(),
+            },
+        );
     }
     if outcomes.cancel_at.is_some() {
         sim.push(start.plus_ms(duration(&outcomes.cancel_at)?), Due::Cancel);
@@ -297,22 +362,37 @@ pub fn simulate_with(wf: &CompiledWorkflow, outcomes: &Outcomes, opts: &SimOptio
             Due::Deliver(e) => e,
             Due::Timer(t) => {
                 sim.timers.remove(&t);
-                Event::TimerFired { seed: splitmix64(sim.seq), timer: t }
+                Event::TimerFired {
+                    seed: splitmix64(sim.seq),
+                    timer: t,
+                }
             }
-            Due::External { name, payload } => match sim.waiting.iter().position(|(n, _)| *n == name) {
-                Some(i) => {
-                    let (_, node) = sim.waiting.remove(i);
-                    Event::EventReceived { name, payload, node: Some(node) }
+            Due::External { name, payload } => {
+                match sim.waiting.iter().position(|(n, _)| *n == name) {
+                    Some(i) => {
+                        let (_, node) = sim.waiting.remove(i);
+                        Event::EventReceived {
+                            name,
+                            payload,
+                            node: Some(node),
+                        }
+                    }
+                    None => {
+                        sim.pending_events.push((name, payload));
+                        continue;
+                    }
                 }
-                None => {
-                    sim.pending_events.push((name, payload));
-                    continue;
-                }
+            }
+            Due::Cancel => Event::CancelRequested {
+                reason: "cancel_at in the outcomes".into(),
             },
-            Due::Cancel => Event::CancelRequested { reason: "cancel_at in the outcomes".into() },
             Due::Retry => {
-                let interrupted =
-                    sim.store.iter().filter(|(_, s)| s.status.is_active()).map(|(k, _)| k.clone()).collect();
+                let interrupted = sim
+                    .store
+                    .iter()
+                    .filter(|(_, s)| s.status.is_active())
+                    .map(|(k, _)| k.clone())
+                    .collect();
                 Event::RetryRequested { interrupted }
             }
         };
@@ -345,14 +425,20 @@ impl Sim<'_> {
     }
 
     /// Loads like a coordinator: prefetch, then whatever `decide` asks for.
-    fn decide_loaded(&self, state: &mut RunState, event: &Event, now: Timestamp, step: usize) -> Result<crate::Decision, SimulationError> {
+    fn decide_loaded(
+        &self,
+        state: &mut RunState,
+        event: &Event,
+        now: Timestamp,
+        step: usize,
+    ) -> Result<(crate::Decision, usize), SimulationError> {
         for k in prefetch(self.wf, state, event) {
             let s = self.store.get(&k).cloned();
             state.load(k, s);
         }
-        for _ in 0..10_000 {
+        for round in 0..10_000 {
             match decide(self.wf, state, event, now) {
-                Ok(d) => return Ok(d),
+                Ok(d) => return Ok((d, round)),
                 Err(DecideError::NeedNodes(keys)) => {
                     let before = state.nodes.len();
                     for k in keys {
@@ -360,19 +446,35 @@ impl Sim<'_> {
                         state.load(k, s);
                     }
                     if state.nodes.len() == before {
-                        return Err(SimulationError::Decide { step, error: DecideError::Inconsistent("NeedNodes asked for loaded keys".into()) });
+                        return Err(SimulationError::Decide {
+                            step,
+                            error: DecideError::Inconsistent(
+                                "NeedNodes asked for loaded keys".into(),
+                            ),
+                        });
                     }
                 }
                 Err(error) => return Err(SimulationError::Decide { step, error }),
             }
         }
-        Err(SimulationError::Decide { step, error: DecideError::Inconsistent("too many load rounds".into()) })
+        Err(SimulationError::Decide {
+            step,
+            error: DecideError::Inconsistent("too many load rounds".into()),
+        })
     }
 
-    fn step(&mut self, now: Timestamp, event: Event, outcomes: &Outcomes) -> Result<(), SimulationError> {
+    fn step(
+        &mut self,
+        now: Timestamp,
+        event: Event,
+        outcomes: &Outcomes,
+    ) -> Result<(), SimulationError> {
         let step = self.history.len();
-        let mut state = RunState { run: self.run.run.clone(), nodes: BTreeMap::new() };
-        let decision = self.decide_loaded(&mut state, &event, now, step)?;
+        let mut state = RunState {
+            run: self.run.run.clone(),
+            nodes: BTreeMap::new(),
+        };
+        let (decision, extra_rounds) = self.decide_loaded(&mut state, &event, now, step)?;
         let loaded = state.nodes.len();
         state.apply(&decision.change);
         self.run.run = state.run.clone();
@@ -380,23 +482,47 @@ impl Sim<'_> {
             self.store.insert(k.clone(), s.clone());
         }
         if self.opts.check_idempotence {
-            let mut again = RunState { run: self.run.run.clone(), nodes: BTreeMap::new() };
-            let second = self.decide_loaded(&mut again, &event, now, step)?;
-            let effects: Vec<&Action> = second.actions.iter().filter(|a| !matches!(a, Action::AppendHistory { .. })).collect();
+            let mut again = RunState {
+                run: self.run.run.clone(),
+                nodes: BTreeMap::new(),
+            };
+            let (second, _) = self.decide_loaded(&mut again, &event, now, step)?;
+            let effects: Vec<&Action> = second
+                .actions
+                .iter()
+                .filter(|a| !matches!(a, Action::AppendHistory { .. }))
+                .collect();
             if !second.change.is_empty() || !effects.is_empty() {
-                self.violations.push(format!("applying {event:?} twice changed {:?} / {effects:?}", second.change));
+                self.violations.push(format!(
+                    "applying {event:?} twice changed {:?} / {effects:?}",
+                    second.change
+                ));
             }
         }
         for action in &decision.actions {
             self.perform(now, action, outcomes)?;
         }
-        self.history.push(Step { at: now, event, actions: decision.actions, loaded });
+        self.history.push(Step {
+            at: now,
+            event,
+            actions: decision.actions,
+            loaded,
+            extra_rounds,
+        });
         Ok(())
     }
 
-    fn next_outcome(&mut self, table: &BTreeMap<String, Vec<Outcome>>, key: &NodeKey) -> Option<Outcome> {
+    fn next_outcome(
+        &mut self,
+        table: &BTreeMap<String, Vec<Outcome>>,
+        key: &NodeKey,
+    ) -> Option<Outcome> {
         let exact = key.to_string();
-        let name = if table.contains_key(&exact) { exact } else { key.node.clone() };
+        let name = if table.contains_key(&exact) {
+            exact
+        } else {
+            key.node.clone()
+        };
         let list = table.get(&name)?;
         let used = self.used.entry(name).or_insert(0);
         let out = list.get(*used).cloned();
@@ -404,30 +530,79 @@ impl Sim<'_> {
         out
     }
 
-    fn perform(&mut self, now: Timestamp, action: &Action, outcomes: &Outcomes) -> Result<(), SimulationError> {
+    fn perform(
+        &mut self,
+        now: Timestamp,
+        action: &Action,
+        outcomes: &Outcomes,
+    ) -> Result<(), SimulationError> {
         match action {
-            Action::CreateTask { node, attempt, heartbeat_timeout_ms, .. } => {
+            Action::CreateTask {
+                node,
+                attempt,
+                heartbeat_timeout_ms,
+                ..
+            } => {
                 let outcome = self.next_outcome(&outcomes.tasks, node);
                 let seed = splitmix64(self.seq.wrapping_add(7));
                 let (node, attempt) = (node.clone(), *attempt);
                 match outcome {
                     None => {
-                        self.push(now, Due::Deliver(Event::TaskCompleted { node, attempt, output: Json::Null }));
+                        self.push(
+                            now,
+                            Due::Deliver(Event::TaskCompleted {
+                                node,
+                                attempt,
+                                output: Json::Null,
+                            }),
+                        );
                     }
                     Some(Outcome::Word(w)) if w == "hang" => {
-                        self.push(now.plus_ms(*heartbeat_timeout_ms), Due::Deliver(Event::LeaseExpired { node, attempt, seed }));
+                        self.push(
+                            now.plus_ms(*heartbeat_timeout_ms),
+                            Due::Deliver(Event::LeaseExpired {
+                                node,
+                                attempt,
+                                seed,
+                            }),
+                        );
                     }
-                    Some(Outcome::Word(w)) => return Err(SimulationError::BadOutcomes(format!("unknown outcome '{w}' (hang, or a map)"))),
+                    Some(Outcome::Word(w)) => {
+                        return Err(SimulationError::BadOutcomes(format!(
+                            "unknown outcome '{w}' (hang, or a map)"
+                        )));
+                    }
                     Some(Outcome::Full(spec)) => {
                         let at = now.plus_ms(duration(&spec.after)?);
                         if spec.hang {
-                            self.push(now.plus_ms(*heartbeat_timeout_ms), Due::Deliver(Event::LeaseExpired { node, attempt, seed }));
+                            self.push(
+                                now.plus_ms(*heartbeat_timeout_ms),
+                                Due::Deliver(Event::LeaseExpired {
+                                    node,
+                                    attempt,
+                                    seed,
+                                }),
+                            );
                         } else if let Some(f) = spec.fail {
-                            let e = Event::TaskFailed { node, attempt, code: f.code, message: f.message, retryable: f.retryable, seed };
+                            let e = Event::TaskFailed {
+                                node,
+                                attempt,
+                                code: f.code,
+                                message: f.message,
+                                retryable: f.retryable,
+                                seed,
+                            };
                             self.push(at, Due::Deliver(e));
                         } else {
                             let output = spec.complete.unwrap_or(Json::Null);
-                            self.push(at, Due::Deliver(Event::TaskCompleted { node, attempt, output }));
+                            self.push(
+                                at,
+                                Due::Deliver(Event::TaskCompleted {
+                                    node,
+                                    attempt,
+                                    output,
+                                }),
+                            );
                         }
                     }
                 }
@@ -436,22 +611,53 @@ impl Sim<'_> {
                 let outcome = self.next_outcome(&outcomes.children, node);
                 let seed = splitmix64(self.seq.wrapping_add(11));
                 let (node, attempt) = (node.clone(), *attempt);
-                let finished = |status, output, error| Event::ChildRunFinished { node: node.clone(), attempt, status, output, error, seed };
+                let finished = |status, output, error| Event::ChildRunFinished {
+                    node: node.clone(),
+                    attempt,
+                    status,
+                    output,
+                    error,
+                    seed,
+                };
                 match outcome {
                     None => {
-                        self.push(now, Due::Deliver(finished(ChildStatus::Completed, Json::Null, None)));
+                        self.push(
+                            now,
+                            Due::Deliver(finished(ChildStatus::Completed, Json::Null, None)),
+                        );
                     }
                     Some(Outcome::Word(w)) if w == "hang" => {}
-                    Some(Outcome::Word(w)) => return Err(SimulationError::BadOutcomes(format!("unknown outcome '{w}' (hang, or a map)"))),
+                    Some(Outcome::Word(w)) => {
+                        return Err(SimulationError::BadOutcomes(format!(
+                            "unknown outcome '{w}' (hang, or a map)"
+                        )));
+                    }
                     Some(Outcome::Full(spec)) => {
                         let at = now.plus_ms(duration(&spec.after)?);
                         if spec.hang {
                         } else if spec.cancelled {
-                            self.push(at, Due::Deliver(finished(ChildStatus::Cancelled, Json::Null, None)));
+                            self.push(
+                                at,
+                                Due::Deliver(finished(ChildStatus::Cancelled, Json::Null, None)),
+                            );
                         } else if let Some(f) = spec.fail {
-                            self.push(at, Due::Deliver(finished(ChildStatus::Failed, Json::Null, Some(ErrorInfo::new(f.code, f.message)))));
+                            self.push(
+                                at,
+                                Due::Deliver(finished(
+                                    ChildStatus::Failed,
+                                    Json::Null,
+                                    Some(ErrorInfo::new(f.code, f.message)),
+                                )),
+                            );
                         } else {
-                            self.push(at, Due::Deliver(finished(ChildStatus::Completed, spec.complete.unwrap_or(Json::Null), None)));
+                            self.push(
+                                at,
+                                Due::Deliver(finished(
+                                    ChildStatus::Completed,
+                                    spec.complete.unwrap_or(Json::Null),
+                                    None,
+                                )),
+                            );
                         }
                     }
                 }
@@ -486,21 +692,155 @@ impl Sim<'_> {
                 self.waiting.clear();
             }
             Action::CancelAllChildRuns => {
-                self.queue.retain(|_, d| !matches!(d, Due::Deliver(Event::ChildRunFinished { .. })));
+                self.queue
+                    .retain(|_, d| !matches!(d, Due::Deliver(Event::ChildRunFinished { .. })));
             }
-            Action::AwaitEvent { node, name, .. } => match self.pending_events.iter().position(|(n, _)| n == name) {
-                Some(i) => {
-                    let (name, payload) = self.pending_events.remove(i);
-                    self.push(now, Due::Deliver(Event::EventReceived { name, payload, node: Some(node.clone()) }));
+            Action::AwaitEvent { node, name, .. } => {
+                match self.pending_events.iter().position(|(n, _)| n == name) {
+                    Some(i) => {
+                        let (name, payload) = self.pending_events.remove(i);
+                        self.push(
+                            now,
+                            Due::Deliver(Event::EventReceived {
+                                name,
+                                payload,
+                                node: Some(node.clone()),
+                            }),
+                        );
+                    }
+                    None => self.waiting.push((name.clone(), node.clone())),
                 }
-                None => self.waiting.push((name.clone(), node.clone())),
-            },
-            Action::CompleteRun { .. } | Action::FailRun { .. } | Action::CancelRun { .. } | Action::AppendHistory { .. } => {}
+            }
+            Action::CompleteRun { .. }
+            | Action::FailRun { .. }
+            | Action::CancelRun { .. }
+            | Action::AppendHistory { .. } => {}
         }
         Ok(())
     }
 }
 
+fn describe_event(e: &Event) -> String {
+    match e {
+        Event::RunStarted => "run started".into(),
+        Event::TaskCompleted {
+            node,
+            attempt,
+            output,
+        } => format!("{node} #{attempt} completed: {output}"),
+        Event::TaskFailed {
+            node,
+            attempt,
+            code,
+            message,
+            retryable,
+            ..
+        } => {
+            format!(
+                "{node} #{attempt} failed: {code} {message}{}",
+                if *retryable { "" } else { " (not retryable)" }
+            )
+        }
+        Event::LeaseExpired { node, attempt, .. } => format!("{node} #{attempt} lease expired"),
+        Event::TimerFired { timer, .. } => format!("timer fired: {}", describe_timer(timer)),
+        Event::EventReceived { name, payload, .. } => format!("event {name}: {payload}"),
+        Event::CancelRequested { reason } => format!("cancel requested: {reason}"),
+        Event::RetryRequested { .. } => "retry requested".into(),
+        Event::ChildRunFinished {
+            node,
+            attempt,
+            status,
+            output,
+            error,
+            ..
+        } => match error {
+            Some(e) if *status != ChildStatus::Completed => format!(
+                "child {node} #{attempt} {status:?}: {} {}",
+                e.code, e.message
+            ),
+            _ => format!("child {node} #{attempt} {status:?}: {output}"),
+        },
+    }
+}
+
+/// `+h:mm:ss.mmm` after the run's start.
+fn offset(ms: i64) -> String {
+    let ms = ms.max(0);
+    format!(
+        "+{}:{:02}:{:02}.{:03}",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1_000 % 60,
+        ms % 1_000
+    )
+}
+
+fn describe_timer(t: &TimerId) -> String {
+    let node = t.node.as_ref().map(|n| format!(" {n}")).unwrap_or_default();
+    let attempt = t.attempt.map(|a| format!(" #{a}")).unwrap_or_default();
+    format!("{:?}{node}{attempt}", t.kind)
+}
+
+fn describe_action(a: &Action, start: i64) -> String {
+    match a {
+        Action::CreateTask {
+            node,
+            attempt,
+            queue,
+            input,
+            ..
+        } => format!("-> task {node} #{attempt} on {queue}: {input}"),
+        Action::ScheduleTimer { timer, fire_at } => {
+            format!(
+                "-> timer {} at {}",
+                describe_timer(timer),
+                offset(fire_at.0 - start)
+            )
+        }
+        Action::CancelTimer { timer } => format!("-> cancel timer {}", describe_timer(timer)),
+        Action::CancelTask { node } => format!("-> cancel task {node}"),
+        Action::CancelAllTasks => "-> cancel all tasks".into(),
+        Action::CancelAllTimers => "-> cancel all timers".into(),
+        Action::AwaitEvent {
+            node,
+            name,
+            correlation,
+        } => match correlation {
+            Some(c) => format!("-> {node} awaits event {name} (correlation {c})"),
+            None => format!("-> {node} awaits event {name}"),
+        },
+        Action::StartChildRun {
+            node,
+            attempt,
+            workflow,
+            input,
+            ..
+        } => format!("-> child run {node} #{attempt} of {workflow}: {input}"),
+        Action::CancelChildRun { node } => format!("-> cancel child run {node}"),
+        Action::CancelAllChildRuns => "-> cancel all child runs".into(),
+        Action::CompleteRun { output } => format!("-> run completed: {output}"),
+        Action::FailRun { error } => format!("-> run failed: {} {}", error.code, error.message),
+        Action::CancelRun { reason } => format!("-> run cancelled: {reason}"),
+        Action::AppendHistory {
+            kind, node, detail, ..
+        } => {
+            let node = node.as_ref().map(|n| format!(" {n}")).unwrap_or_default();
+            let detail = if detail.as_object().is_some_and(|m| m.is_empty()) {
+                String::new()
+            } else {
+                format!(" {detail}")
+            };
+            format!("   {kind}{node}{detail}")
+        }
+    }
+}
+
 fn is_report(e: &Event) -> bool {
-    matches!(e, Event::TaskCompleted { .. } | Event::TaskFailed { .. } | Event::LeaseExpired { .. } | Event::ChildRunFinished { .. })
+    matches!(
+        e,
+        Event::TaskCompleted { .. }
+            | Event::TaskFailed { .. }
+            | Event::LeaseExpired { .. }
+            | Event::ChildRunFinished { .. }
+    )
 }

@@ -4,13 +4,16 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
 /// Milliseconds since the Unix epoch. The engine never reads a clock: `now`
 /// comes with every call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Timestamp(pub i64);
 
@@ -31,11 +34,17 @@ pub struct NodeKey {
 
 impl NodeKey {
     pub fn node(id: impl Into<String>) -> NodeKey {
-        NodeKey { node: id.into(), index: None }
+        NodeKey {
+            node: id.into(),
+            index: None,
+        }
     }
 
     pub fn element(id: impl Into<String>, index: u32) -> NodeKey {
-        NodeKey { node: id.into(), index: Some(index) }
+        NodeKey {
+            node: id.into(),
+            index: Some(index),
+        }
     }
 
     /// The MAP node of an element key; itself otherwise.
@@ -95,7 +104,10 @@ pub enum RunStatus {
 
 impl RunStatus {
     pub fn is_terminal(self) -> bool {
-        matches!(self, RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled)
+        matches!(
+            self,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled
+        )
     }
 }
 
@@ -118,7 +130,10 @@ pub enum NodeStatus {
 impl NodeStatus {
     /// Counts in the run's active counter.
     pub fn is_active(self) -> bool {
-        matches!(self, NodeStatus::Running | NodeStatus::Waiting | NodeStatus::RetryScheduled)
+        matches!(
+            self,
+            NodeStatus::Running | NodeStatus::Waiting | NodeStatus::RetryScheduled
+        )
     }
 
     pub fn as_str(self) -> &'static str {
@@ -143,7 +158,10 @@ pub struct ErrorInfo {
 
 impl ErrorInfo {
     pub fn new(code: impl Into<String>, message: impl Into<String>) -> ErrorInfo {
-        ErrorInfo { code: code.into(), message: message.into() }
+        ErrorInfo {
+            code: code.into(),
+            message: message.into(),
+        }
     }
 }
 
@@ -224,7 +242,8 @@ pub struct RunRecord {
     pub run_id: String,
     pub workflow: String,
     pub version: u32,
-    pub input: Json,
+    /// Shared, so that copying the record per event does not copy the input.
+    pub input: Arc<Json>,
     pub status: RunStatus,
     pub started_at: Option<Timestamp>,
     /// Node keys running, waiting or between attempts (a MAP counts once).
@@ -239,6 +258,10 @@ pub struct RunRecord {
     pub output: Option<Json>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compensation: Option<Compensation>,
+    /// Compensations ran: the run's completed work was undone, so it cannot
+    /// be resumed with RetryRequested.
+    #[serde(default)]
+    pub compensated: bool,
 }
 
 /// What `decide` sees: the run record plus the node states that were loaded.
@@ -253,13 +276,18 @@ pub struct RunState {
 
 impl RunState {
     /// A run that has not started: apply `Event::RunStarted` next.
-    pub fn new(run_id: impl Into<String>, workflow: impl Into<String>, version: u32, input: Json) -> RunState {
+    pub fn new(
+        run_id: impl Into<String>,
+        workflow: impl Into<String>,
+        version: u32,
+        input: Json,
+    ) -> RunState {
         RunState {
             run: RunRecord {
                 run_id: run_id.into(),
                 workflow: workflow.into(),
                 version,
-                input,
+                input: Arc::new(input),
                 status: RunStatus::Pending,
                 started_at: None,
                 active: 0,
@@ -268,6 +296,7 @@ impl RunState {
                 error: None,
                 output: None,
                 compensation: None,
+                compensated: false,
             },
             nodes: BTreeMap::new(),
         }
@@ -286,6 +315,12 @@ impl RunState {
     /// Records loaded node states (`None`: the key does not exist yet).
     pub fn load(&mut self, key: NodeKey, state: Option<NodeState>) {
         self.nodes.insert(key, state);
+    }
+
+    /// Node keys `event` will likely touch that are not loaded yet; see
+    /// [`crate::prefetch`].
+    pub fn prefetch(&self, wf: &crate::CompiledWorkflow, event: &Event) -> Vec<NodeKey> {
+        crate::prefetch(wf, self, event)
     }
 
     /// The state of `key` if loaded and existing.
@@ -338,11 +373,19 @@ pub struct TimerId {
 
 impl TimerId {
     pub fn run_timeout() -> TimerId {
-        TimerId { kind: TimerKind::RunTimeout, node: None, attempt: None }
+        TimerId {
+            kind: TimerKind::RunTimeout,
+            node: None,
+            attempt: None,
+        }
     }
 
     pub fn node(kind: TimerKind, node: NodeKey, attempt: Option<u32>) -> TimerId {
-        TimerId { kind, node: Some(node), attempt }
+        TimerId {
+            kind,
+            node: Some(node),
+            attempt,
+        }
     }
 }
 
@@ -510,7 +553,9 @@ impl Action {
             | Action::AwaitEvent { node, .. }
             | Action::StartChildRun { node, .. }
             | Action::CancelChildRun { node } => Some(node),
-            Action::ScheduleTimer { timer, .. } | Action::CancelTimer { timer } => timer.node.as_ref(),
+            Action::ScheduleTimer { timer, .. } | Action::CancelTimer { timer } => {
+                timer.node.as_ref()
+            }
             Action::AppendHistory { node, .. } => node.as_ref(),
             _ => None,
         }
@@ -522,6 +567,16 @@ impl Action {
 pub struct Decision {
     pub change: StateChange,
     pub actions: Vec<Action>,
+}
+
+impl Decision {
+    /// Whether an `EventReceived` was consumed by a waiting node. If not, the
+    /// coordinator keeps the event pending for a wait that starts later.
+    pub fn event_consumed(&self) -> bool {
+        self.actions
+            .iter()
+            .any(|a| matches!(a, Action::AppendHistory { kind, .. } if kind == "event_received"))
+    }
 }
 
 /// Why `decide` could not decide.
@@ -542,9 +597,34 @@ mod tests {
     use super::*;
 
     #[test]
+    fn cel_knows_every_node_status() {
+        use NodeStatus::*;
+        let all = [
+            Pending,
+            Running,
+            Waiting,
+            RetryScheduled,
+            Completed,
+            Failed,
+            Skipped,
+        ];
+        let names: Vec<&str> = all.iter().map(|s| s.as_str()).collect();
+        assert_eq!(names, crate::cel::NODE_STATUSES.to_vec());
+        for s in all {
+            assert_eq!(
+                serde_json::to_value(s).ok(),
+                Some(serde_json::Value::from(s.as_str()))
+            );
+        }
+    }
+
+    #[test]
     fn node_keys_round_trip_as_text() {
         assert_eq!("charge".parse::<NodeKey>(), Ok(NodeKey::node("charge")));
-        assert_eq!("resize[17]".parse::<NodeKey>(), Ok(NodeKey::element("resize", 17)));
+        assert_eq!(
+            "resize[17]".parse::<NodeKey>(),
+            Ok(NodeKey::element("resize", 17))
+        );
         assert_eq!(NodeKey::element("m", 3).to_string(), "m[3]");
         assert!("m[x]".parse::<NodeKey>().is_err());
         assert!("m]".parse::<NodeKey>().is_err());

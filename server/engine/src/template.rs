@@ -83,7 +83,12 @@ fn split(s: &str) -> Result<Vec<(bool, String)>, String> {
 }
 
 /// Compiles `value`, reporting each bad expression at its path under `path`.
-pub fn compile(value: &Json, path: &str, scope: &Scope<'_>, errors: &mut Vec<(String, String)>) -> Template {
+pub fn compile(
+    value: &Json,
+    path: &str,
+    scope: &Scope<'_>,
+    errors: &mut Vec<(String, String)>,
+) -> Template {
     match value {
         Json::String(s) if s.contains("${") => match split(s) {
             Err(e) => {
@@ -91,15 +96,20 @@ pub fn compile(value: &Json, path: &str, scope: &Scope<'_>, errors: &mut Vec<(St
                 Template::Literal(Json::Null)
             }
             Ok(parts) => {
-                let compile_piece = |src: &str, errors: &mut Vec<(String, String)>| match cel::compile(src.trim(), scope) {
-                    Ok(p) => Some(p),
-                    Err(e) => {
-                        errors.push((path.to_owned(), e));
-                        None
-                    }
-                };
+                let compile_piece =
+                    |src: &str, errors: &mut Vec<(String, String)>| match cel::compile(
+                        src.trim(),
+                        scope,
+                    ) {
+                        Ok(p) => Some(p),
+                        Err(e) => {
+                            errors.push((path.to_owned(), e));
+                            None
+                        }
+                    };
                 if let [(true, src)] = parts.as_slice() {
-                    return compile_piece(src, errors).map_or(Template::Literal(Json::Null), Template::Whole);
+                    return compile_piece(src, errors)
+                        .map_or(Template::Literal(Json::Null), Template::Whole);
                 }
                 let mut pieces = Vec::new();
                 for (is_expr, part) in parts {
@@ -115,10 +125,16 @@ pub fn compile(value: &Json, path: &str, scope: &Scope<'_>, errors: &mut Vec<(St
             }
         },
         Json::Array(items) => Template::List(
-            items.iter().enumerate().map(|(i, v)| compile(v, &format!("{path}[{i}]"), scope, errors)).collect(),
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| compile(v, &format!("{path}[{i}]"), scope, errors))
+                .collect(),
         ),
         Json::Object(map) => Template::Object(
-            map.iter().map(|(k, v)| (k.clone(), compile(v, &format!("{path}.{k}"), scope, errors))).collect(),
+            map.iter()
+                .map(|(k, v)| (k.clone(), compile(v, &format!("{path}.{k}"), scope, errors)))
+                .collect(),
         ),
         other => Template::Literal(other.clone()),
     }
@@ -154,7 +170,12 @@ impl Template {
                 }
                 Json::String(s)
             }
-            Template::List(items) => Json::Array(items.iter().map(|t| t.render(env)).collect::<Result<_, _>>()?),
+            Template::List(items) => Json::Array(
+                items
+                    .iter()
+                    .map(|t| t.render(env))
+                    .collect::<Result<_, _>>()?,
+            ),
             Template::Object(entries) => {
                 let mut map = serde_json::Map::new();
                 for (k, t) in entries {

@@ -13,7 +13,10 @@ fn examples_dir() -> PathBuf {
 }
 
 fn workflow_for(outcomes: &Path) -> PathBuf {
-    let file = outcomes.file_name().and_then(|f| f.to_str()).unwrap_or_default();
+    let file = outcomes
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or_default();
     let mut name = file.trim_end_matches(".outcomes.yaml").to_owned();
     loop {
         let candidate = outcomes.with_file_name(format!("{name}.yaml"));
@@ -29,12 +32,23 @@ fn workflow_for(outcomes: &Path) -> PathBuf {
 
 #[test]
 fn every_example_validates_and_simulates_to_its_expected_output() {
-    let mut entries: Vec<PathBuf> =
-        std::fs::read_dir(examples_dir()).expect("examples dir").map(|e| e.expect("entry").path()).collect();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(examples_dir())
+        .expect("examples dir")
+        .map(|e| e.expect("entry").path())
+        .collect();
     entries.sort();
-    let workflows: Vec<&PathBuf> =
-        entries.iter().filter(|p| p.extension().is_some_and(|e| e == "yaml") && !p.to_string_lossy().ends_with(".outcomes.yaml")).collect();
-    assert!(workflows.len() >= 5, "expected at least 5 example workflows, found {}", workflows.len());
+    let workflows: Vec<&PathBuf> = entries
+        .iter()
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "yaml")
+                && !p.to_string_lossy().ends_with(".outcomes.yaml")
+        })
+        .collect();
+    assert!(
+        workflows.len() >= 5,
+        "expected at least 5 example workflows, found {}",
+        workflows.len()
+    );
     for wf in &workflows {
         let text = std::fs::read_to_string(wf).expect("read workflow");
         if let Err(e) = CompiledWorkflow::from_text(&text) {
@@ -42,19 +56,114 @@ fn every_example_validates_and_simulates_to_its_expected_output() {
         }
     }
     let mut simulated = 0;
-    for path in entries.iter().filter(|p| p.to_string_lossy().ends_with(".outcomes.yaml")) {
+    for path in entries
+        .iter()
+        .filter(|p| p.to_string_lossy().ends_with(".outcomes.yaml"))
+    {
         let wf_path = workflow_for(path);
-        let wf = CompiledWorkflow::from_text(&std::fs::read_to_string(&wf_path).expect("read")).expect("compiles");
-        let outcomes = Outcomes::parse(&std::fs::read_to_string(path).expect("read")).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        let expect = outcomes.expect.clone().unwrap_or_else(|| panic!("{} has no expect", path.display()));
-        let opts = SimOptions { check_idempotence: true, ..SimOptions::default() };
-        let report = simulate_with(&wf, &outcomes, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let wf = CompiledWorkflow::from_text(&std::fs::read_to_string(&wf_path).expect("read"))
+            .expect("compiles");
+        let outcomes = Outcomes::parse(&std::fs::read_to_string(path).expect("read"))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let expect = outcomes
+            .expect
+            .clone()
+            .unwrap_or_else(|| panic!("{} has no expect", path.display()));
+        let opts = SimOptions {
+            check_idempotence: true,
+            ..SimOptions::default()
+        };
+        let report = simulate_with(&wf, &outcomes, &opts)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         if let Err(why) = report.check(&expect) {
-            let kinds: Vec<String> = report.history.iter().map(|s| format!("{:?}", s.event)).collect();
+            let kinds: Vec<String> = report
+                .history
+                .iter()
+                .map(|s| format!("{:?}", s.event))
+                .collect();
             panic!("{}: {why}\nevents: {kinds:#?}", path.display());
         }
-        assert!(report.violations.is_empty(), "{}: {:?}", path.display(), report.violations);
+        assert!(
+            report.violations.is_empty(),
+            "{}: {:?}",
+            path.display(),
+            report.violations
+        );
         simulated += 1;
     }
-    assert!(simulated >= 8, "expected every outcomes file to run, ran {simulated}");
+    assert!(
+        simulated >= 8,
+        "expected every outcomes file to run, ran {simulated}"
+    );
+}
+
+/// The prefetch hint is good enough that most events decide in one call:
+/// the coordinator's round trips per event stay at one in the common case.
+#[test]
+fn prefetch_lets_most_events_decide_without_another_load() {
+    let dir = examples_dir();
+    let (mut events, mut first_try) = (0usize, 0usize);
+    for (wf, outcomes) in [
+        ("order", "order"),
+        ("order", "order-saga"),
+        ("fork-join", "fork-join"),
+        ("approval", "approval"),
+        ("linear", "linear"),
+    ] {
+        let wf = CompiledWorkflow::from_text(
+            &std::fs::read_to_string(dir.join(format!("{wf}.yaml"))).expect("read"),
+        )
+        .expect("compiles");
+        let outcomes = Outcomes::parse(
+            &std::fs::read_to_string(dir.join(format!("{outcomes}.outcomes.yaml"))).expect("read"),
+        )
+        .expect("parses");
+        let report = simulate_with(&wf, &outcomes, &SimOptions::default()).expect("runs");
+        events += report.history.len();
+        first_try += report
+            .history
+            .iter()
+            .filter(|s| s.extra_rounds == 0)
+            .count();
+    }
+    assert!(
+        first_try * 10 >= events * 9,
+        "only {first_try} of {events} events decided after the prefetch alone"
+    );
+}
+
+#[test]
+fn the_timeline_tells_the_run_as_it_happened() {
+    let dir = examples_dir();
+    let wf = CompiledWorkflow::from_text(
+        &std::fs::read_to_string(dir.join("order.yaml")).expect("read"),
+    )
+    .expect("compiles");
+    let outcomes =
+        Outcomes::parse(&std::fs::read_to_string(dir.join("order.outcomes.yaml")).expect("read"))
+            .expect("parses");
+    let text = simulate_with(&wf, &outcomes, &SimOptions::default())
+        .expect("runs")
+        .timeline();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        lines.first().map(|l| l.trim()),
+        Some("+0:00:00.000  run started")
+    );
+    assert!(
+        text.contains("charge #1 failed: HTTP_503 service unavailable"),
+        "{text}"
+    );
+    assert!(
+        text.contains("-> timer Retry charge #2 at +0:00:01.000"),
+        "{text}"
+    );
+    assert!(
+        text.contains("+1:00:00.000  event approval: {\"ok\":true}"),
+        "{text}"
+    );
+    assert_eq!(
+        lines.last().copied(),
+        Some("result: COMPLETED, output {\"shipment\":{\"tracking\":\"T1\"}}")
+    );
 }

@@ -31,7 +31,10 @@ fn any_node(_: &str) -> bool {
 }
 
 fn compile_and_eval(src: &str) {
-    let scope = Scope { node_ids: &any_node, map_element: true };
+    let scope = Scope {
+        node_ids: &any_node,
+        map_element: true,
+    };
     if let Ok(program) = cel::compile(src, &scope) {
         let _ = program.eval(&AnyEnv);
     }
@@ -85,7 +88,11 @@ proptest! {
 #[test]
 fn pathological_inputs_are_errors_not_crashes() {
     // Deep YAML nesting, deep CEL nesting, a huge integer, a billion laughs.
-    let deep_yaml = format!("name: x\nnodes: {}{}", "[".repeat(10_000), "]".repeat(10_000));
+    let deep_yaml = format!(
+        "name: x\nnodes: {}{}",
+        "[".repeat(10_000),
+        "]".repeat(10_000)
+    );
     assert!(parse_definition(&deep_yaml).is_err());
     let laughs = "name: x\na: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\nf: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\ng: [*f,*f,*f,*f,*f,*f,*f,*f,*f]\nnodes: []\n";
     assert!(parse_definition(laughs).is_err());
@@ -96,4 +103,153 @@ fn pathological_inputs_are_errors_not_crashes() {
     compile_and_eval("99999999999999999999999");
     compile_and_eval("-9223372036854775808 / -1");
     compile_and_eval("[1,2,3].map(x, [1,2,3].map(y, [1,2,3]))");
+}
+
+mod decide_fuzz {
+    use std::collections::BTreeMap;
+
+    use composer_engine::{
+        ChildStatus, CompiledWorkflow, DecideError, ErrorInfo, Event, NodeKey, NodeState, RunState,
+        RunStatus, TimerId, TimerKind, Timestamp, decide,
+    };
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const WORKFLOWS: [&str; 5] = [
+        include_str!("../../../examples/workflows/order.yaml"),
+        include_str!("../../../examples/workflows/fork-join.yaml"),
+        include_str!("../../../examples/workflows/map.yaml"),
+        include_str!("../../../examples/workflows/approval.yaml"),
+        include_str!("../../../examples/workflows/linear.yaml"),
+    ];
+
+    fn key_for(wf: &CompiledWorkflow, pick: u8, index: u8) -> NodeKey {
+        let ids = wf.topological_order();
+        let id = match pick as usize % (ids.len() + 2) {
+            i if i < ids.len() => ids[i].to_owned(),
+            i if i == ids.len() => "undo_charge".to_owned(),
+            _ => "ghost".to_owned(),
+        };
+        if index.is_multiple_of(3) {
+            NodeKey::element(id, u32::from(index % 5))
+        } else {
+            NodeKey::node(id)
+        }
+    }
+
+    fn event(wf: &CompiledWorkflow, kind: u8, pick: u8, index: u8, attempt: u8) -> Event {
+        let node = key_for(wf, pick, index);
+        let attempt = u32::from(attempt % 4);
+        match kind % 11 {
+            0 => Event::RunStarted,
+            1 | 2 => Event::TaskCompleted {
+                node,
+                attempt,
+                output: json!({"ok": true, "body": {"id": "x"}}),
+            },
+            3 => Event::TaskFailed {
+                node,
+                attempt,
+                code: "E".into(),
+                message: "m".into(),
+                retryable: index.is_multiple_of(2),
+                seed: 7,
+            },
+            4 => Event::LeaseExpired {
+                node,
+                attempt,
+                seed: 3,
+            },
+            5 => {
+                let kinds = [
+                    TimerKind::Wait,
+                    TimerKind::Retry,
+                    TimerKind::EventTimeout,
+                    TimerKind::AttemptTimeout,
+                    TimerKind::RunTimeout,
+                ];
+                let k = kinds[index as usize % kinds.len()];
+                let timer = if k == TimerKind::RunTimeout {
+                    TimerId::run_timeout()
+                } else {
+                    TimerId::node(k, node, Some(attempt))
+                };
+                Event::TimerFired {
+                    timer,
+                    seed: u64::from(pick),
+                }
+            }
+            6 => Event::EventReceived {
+                name: ["approval", "expense_decision", "nope"][index as usize % 3].into(),
+                payload: json!({"ok": true, "approved": true, "by": "x"}),
+                node: index.is_multiple_of(2).then_some(node),
+            },
+            7 => Event::CancelRequested {
+                reason: "fuzz".into(),
+            },
+            8 => Event::RetryRequested {
+                interrupted: vec![node],
+            },
+            9 => Event::ChildRunFinished {
+                node,
+                attempt,
+                status: [
+                    ChildStatus::Completed,
+                    ChildStatus::Failed,
+                    ChildStatus::Cancelled,
+                ][index as usize % 3],
+                output: json!(1),
+                error: Some(ErrorInfo::new("C", "child")),
+                seed: 1,
+            },
+            _ => Event::TaskCompleted {
+                node,
+                attempt: 1,
+                output: json!(null),
+            },
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+        /// Any sequence of events, sensible or not, is decided without a
+        /// panic or an inconsistency, and a finished run has nothing active.
+        #[test]
+        fn decide_never_panics_on_arbitrary_event_sequences(
+            which in 0usize..5,
+            events in proptest::collection::vec((any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>()), 1..60),
+        ) {
+            let wf = CompiledWorkflow::from_text(WORKFLOWS[which]).expect("example compiles");
+            let input = json!({"order_id": 1, "amount": 2, "sku": "s", "doc_id": "d", "weight": 3, "images": ["a", "b"], "expense_id": 1});
+            let mut state = RunState::new("r", wf.name().to_owned(), 1, input);
+            let mut store: BTreeMap<NodeKey, NodeState> = BTreeMap::new();
+            let run_started = std::iter::once((0u8, 0u8, 1u8, 0u8));
+            for (step, (kind, pick, index, attempt)) in run_started.chain(events).enumerate() {
+                let ev = event(&wf, kind, pick, index, attempt);
+                let mut loaded = RunState { run: state.run.clone(), nodes: BTreeMap::new() };
+                let decision = loop {
+                    match decide(&wf, &loaded, &ev, Timestamp(step as i64 * 1000)) {
+                        Ok(d) => break d,
+                        Err(DecideError::NeedNodes(keys)) => {
+                            prop_assert!(keys.iter().any(|k| !loaded.nodes.contains_key(k)), "NeedNodes for loaded keys");
+                            for k in keys {
+                                let s = store.get(&k).cloned();
+                                loaded.load(k, s);
+                            }
+                        }
+                        Err(e) => return Err(TestCaseError::fail(format!("{e} on {ev:?}"))),
+                    }
+                };
+                state.apply(&decision.change);
+                for (k, s) in decision.change.nodes {
+                    prop_assert!(wf.contains(&k.node), "wrote unknown node {k}");
+                    store.insert(k, s);
+                }
+                if state.run.status.is_terminal() && state.run.status != RunStatus::Failed {
+                    prop_assert_eq!(state.run.active, 0);
+                }
+            }
+        }
+    }
 }

@@ -12,10 +12,17 @@ const A: &str = "  - { id: a, type: TASK, queue: q, task: t }";
 const B: &str = "  - { id: b, type: TASK, queue: q, task: t }";
 const AB: &str = "  - { from: a, to: b }";
 
+/// What is broken, the definition, the problems expected (path, message).
+type Row = (&'static str, String, Vec<(&'static str, String)>);
+
 fn errors(text: &str) -> Vec<(String, String)> {
     match parse_definition(text) {
         Ok(_) => Vec::new(),
-        Err(e) => e.0.into_iter().map(|ValidationError { path, message }| (path, message)).collect(),
+        Err(e) => {
+            e.0.into_iter()
+                .map(|ValidationError { path, message }| (path, message))
+                .collect()
+        }
     }
 }
 
@@ -27,8 +34,11 @@ fn broken_definitions_are_rejected_with_path_and_message() {
     for i in 0..10_001 {
         many_nodes.push_str(&format!("  - {{ id: n{i}, type: FORK }}\n"));
     }
-    let huge = format!("name: huge\ndescription: '{}'\nnodes: []\n", "x".repeat(4 * 1024 * 1024));
-    let rows: Vec<(&str, String, Vec<(&str, String)>)> = vec![
+    let huge = format!(
+        "name: huge\ndescription: '{}'\nnodes: []\n",
+        "x".repeat(4 * 1024 * 1024)
+    );
+    let rows: Vec<Row> = vec![
         ("unknown top-level field", format!("{}colour: red\n", base(&format!("{A}\n{B}"), AB)), vec![("colour", "unknown field `colour`".into())]),
         (
             "unknown node field",
@@ -145,7 +155,17 @@ fn broken_definitions_are_rejected_with_path_and_message() {
             base(&format!("{A}\n  - {{ id: my-node, type: FORK }}"), "  - { from: a, to: my-node }"),
             vec![("nodes[1].id", "'my-node' must start with a letter or '_' and contain only letters, digits and '_'".into())],
         ),
-        ("missing name", format!("nodes:\n{A}\n"), vec![("name", "is required".into()), ("name", "must not be empty".into())]),
+        (
+            "error edge from a node that never fails",
+            base(&format!("  - {{ id: a, type: FORK }}\n{B}"), "  - { from: a, to: b, on: error }"),
+            vec![("edges[0].on", "a FORK node never fails, so it has no error edges".into())],
+        ),
+        (
+            "status compared with a value it never has",
+            base(&format!("{A}\n{B}"), "  - { from: a, to: b, when: \"nodes.a.status == 'DONE'\" }"),
+            vec![("edges[0].when", "nodes.a.status is never 'DONE' (it is one of PENDING, RUNNING, WAITING, RETRY_SCHEDULED, COMPLETED, FAILED, SKIPPED)".into())],
+        ),
+        ("missing name", format!("nodes:\n{A}\n"), vec![("name", "is required".into())]),
         ("no nodes", "name: empty\nnodes: []\n".into(), vec![("nodes", "a workflow needs at least one node".into())]),
         (
             "output reading an unknown variable",
@@ -171,12 +191,20 @@ fn broken_definitions_are_rejected_with_path_and_message() {
     let mut failures = Vec::new();
     for (what, text, expected) in &rows {
         let got = errors(text);
-        let want: Vec<(String, String)> = expected.iter().map(|(p, m)| (p.to_string(), m.clone())).collect();
+        let want: Vec<(String, String)> = expected
+            .iter()
+            .map(|(p, m)| (p.to_string(), m.clone()))
+            .collect();
         if got != want {
             failures.push(format!("{what}:\n  want {want:?}\n  got  {got:?}"));
         }
     }
-    assert!(failures.is_empty(), "{} rows differ:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} rows differ:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -194,7 +222,13 @@ edges:
 ";
     let got = errors(text);
     let paths: Vec<&str> = got.iter().map(|(p, _)| p.as_str()).collect();
-    for want in ["nodes[1].bogus", "nodes[3].id", "nodes[0].retry.max_attempts", "edges[0].when", "edges[2].to"] {
+    for want in [
+        "nodes[1].bogus",
+        "nodes[3].id",
+        "nodes[0].retry.max_attempts",
+        "edges[0].when",
+        "edges[2].to",
+    ] {
         assert!(paths.contains(&want), "missing {want} in {got:?}");
     }
     // b did not parse, but the edge from it is not reported as unknown.
@@ -203,7 +237,8 @@ edges:
 
 #[test]
 fn yaml_and_json_are_the_same_document_with_the_same_canonical_bytes() {
-    let yaml = "name: same\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, input: { y: 1, x: 2 } }\n";
+    let yaml =
+        "name: same\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, input: { y: 1, x: 2 } }\n";
     let json = r#"{"nodes": [{"task": "t", "queue": "q", "type": "TASK", "id": "a", "input": {"x": 2, "y": 1}}], "name": "same"}"#;
     let a = parse_definition(yaml).expect("yaml");
     let b = parse_definition(json).expect("json");

@@ -4,7 +4,8 @@ mod common;
 
 use common::*;
 use composer_engine::{
-    Action, ChildStatus, ErrorInfo, Event, NodeStatus, RetryPolicy, RunStatus, TimerId, TimerKind, Timestamp, codes,
+    Action, ChildStatus, ErrorInfo, Event, NodeStatus, RetryPolicy, RunStatus, TimerId, TimerKind,
+    Timestamp, codes,
 };
 use serde_json::json;
 
@@ -57,9 +58,17 @@ edges:
 "
     );
     let r = simulate(&yaml, "input: { n: 5 }");
-    assert_eq!(started_tasks(&r), vec!["low"], "first true edge in file order wins, even over a later one");
+    assert_eq!(
+        started_tasks(&r),
+        vec!["low"],
+        "first true edge in file order wins, even over a later one"
+    );
     assert_eq!(node_status(&r, "high"), Some(NodeStatus::Skipped));
-    assert_eq!(node_status(&r, "fallback"), Some(NodeStatus::Skipped), "the default is not taken when an edge matched");
+    assert_eq!(
+        node_status(&r, "fallback"),
+        Some(NodeStatus::Skipped),
+        "the default is not taken when an edge matched"
+    );
 }
 
 #[test]
@@ -105,16 +114,26 @@ edges:
 "
     );
     // Fails once, then completes: no error edge.
-    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: BUSY } }, { complete: 1 } ] }");
+    let r = simulate(
+        &yaml,
+        "tasks: { a: [ { fail: { code: BUSY } }, { complete: 1 } ] }",
+    );
     assert_eq!(started_tasks(&r), vec!["a", "ok"]);
     assert_eq!(r.status, RunStatus::Completed);
     // Fails on both attempts: the matching error edge, normal edge skipped.
-    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: BUSY } }, { fail: { code: BUSY } } ] }");
+    let r = simulate(
+        &yaml,
+        "tasks: { a: [ { fail: { code: BUSY } }, { fail: { code: BUSY } } ] }",
+    );
     assert_eq!(started_tasks(&r), vec!["a", "on_busy"]);
     assert_eq!(node_status(&r, "a"), Some(NodeStatus::Failed));
     assert_eq!(node_status(&r, "ok"), Some(NodeStatus::Skipped));
     assert_eq!(node_status(&r, "on_other"), Some(NodeStatus::Skipped));
-    assert_eq!(r.status, RunStatus::Completed, "a handled failure does not fail the run");
+    assert_eq!(
+        r.status,
+        RunStatus::Completed,
+        "a handled failure does not fail the run"
+    );
 }
 
 #[test]
@@ -137,7 +156,10 @@ edges:
   - {{ from: a, to: handler, on: error, when: \"nodes.a.error.code == 'OTHER'\" }}
 "
     );
-    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: BOOM, message: it broke } } ], slow: [ { complete: 1, after: 1h } ] }");
+    let r = simulate(
+        &yaml,
+        "tasks: { a: [ { fail: { code: BOOM, message: it broke } } ], slow: [ { complete: 1, after: 1h } ] }",
+    );
     assert_eq!(r.status, RunStatus::Failed);
     assert_eq!(r.error, Some(ErrorInfo::new("BOOM", "it broke")));
     let last = &r.history.last().expect("history").actions;
@@ -215,7 +237,10 @@ output: '${nodes.j.output}'
 fn join_fires_when_every_incoming_edge_arrived_or_was_skipped_with_at_least_one_arrival() {
     let mut d = Driver::new(JOIN_YAML, json!({"a": true, "b": true, "c": false}));
     let acts = d.send(Event::RunStarted);
-    assert_eq!(created(&acts), vec![("a".to_string(), 1), ("b".to_string(), 1)]);
+    assert_eq!(
+        created(&acts),
+        vec![("a".to_string(), 1), ("b".to_string(), 1)]
+    );
     let acts = d.send(completed("a", 1, json!("A")));
     assert!(created(&acts).is_empty(), "the JOIN waits for b");
     assert_eq!(d.node("j").map(|s| (s.arrived, s.skipped)), Some((1, 1)));
@@ -225,7 +250,11 @@ fn join_fires_when_every_incoming_edge_arrived_or_was_skipped_with_at_least_one_
         Action::CreateTask { input, .. } => Some(input.clone()),
         _ => None,
     });
-    assert_eq!(input, Some(json!({"a": "A", "b": "B"})), "JOIN output maps each arrived node to its output");
+    assert_eq!(
+        input,
+        Some(json!({"a": "A", "b": "B"})),
+        "JOIN output maps each arrived node to its output"
+    );
     // All branches skipped: the JOIN is skipped, not fired.
     let r = simulate(JOIN_YAML, "input: { a: false, b: false, c: false }");
     assert_eq!(node_status(&r, "j"), Some(NodeStatus::Skipped));
@@ -236,9 +265,15 @@ fn join_fires_when_every_incoming_edge_arrived_or_was_skipped_with_at_least_one_
 #[test]
 fn join_fires_once() {
     let r = simulate(JOIN_YAML, "input: { a: true, b: true, c: true }");
-    let fired = r.history_of("node_completed").filter(|a| a.node().is_some_and(|n| n.node == "j")).count();
+    let fired = r
+        .history_of("node_completed")
+        .filter(|a| a.node().is_some_and(|n| n.node == "j"))
+        .count();
     assert_eq!(fired, 1);
-    assert_eq!(started_tasks(&r).iter().filter(|n| *n == "after").count(), 1);
+    assert_eq!(
+        started_tasks(&r).iter().filter(|n| *n == "after").count(),
+        1
+    );
     assert_eq!(r.output, Some(json!({"a": null, "b": null, "c": null})));
 }
 
@@ -262,11 +297,20 @@ edges:
   - {{ from: b, to: merge }}
 "
     );
-    let r = simulate(&yaml, "tasks: { a: [ { complete: 1, after: 1s } ], b: [ { complete: 2, after: 5s } ], merge: [ { complete: 3, after: 10s } ] }");
-    assert_eq!(started_tasks(&r).iter().filter(|n| *n == "merge").count(), 1);
+    let r = simulate(
+        &yaml,
+        "tasks: { a: [ { complete: 1, after: 1s } ], b: [ { complete: 2, after: 5s } ], merge: [ { complete: 3, after: 10s } ] }",
+    );
+    assert_eq!(
+        started_tasks(&r).iter().filter(|n| *n == "merge").count(),
+        1
+    );
     let ignored: Vec<_> = r.history_of("arrival_ignored").collect();
     assert_eq!(ignored.len(), 1);
-    assert_eq!(ignored[0].node().map(|n| n.to_string()), Some("merge".into()));
+    assert_eq!(
+        ignored[0].node().map(|n| n.to_string()),
+        Some("merge".into())
+    );
     assert_eq!(r.status, RunStatus::Completed);
 }
 
@@ -288,9 +332,15 @@ output: {{ a: '${{nodes.a.output}}', waited: '${{nodes.w.status}}' }}
     let mut d = Driver::new(&yaml, json!(null));
     d.send(Event::RunStarted);
     let acts = d.send(completed("a", 1, json!({"x": 1})));
-    assert!(!acts.iter().any(|a| matches!(a, Action::CompleteRun { .. })), "the WAIT is still active");
+    assert!(
+        !acts.iter().any(|a| matches!(a, Action::CompleteRun { .. })),
+        "the WAIT is still active"
+    );
     assert_eq!(d.state.run.active, 1);
-    let acts = d.at(3_600_000).send(Event::TimerFired { timer: TimerId::node(TimerKind::Wait, key("w"), None), seed: 0 });
+    let acts = d.at(3_600_000).send(Event::TimerFired {
+        timer: TimerId::node(TimerKind::Wait, key("w"), None),
+        seed: 0,
+    });
     let out = acts.iter().find_map(|a| match a {
         Action::CompleteRun { output } => Some(output.clone()),
         _ => None,
@@ -346,7 +396,12 @@ nodes:
     let mut d = Driver::new(yaml, json!({"id": 7, "amount": 12.5}));
     let acts = d.send(Event::RunStarted);
     let task = acts.iter().find_map(|a| match a {
-        Action::CreateTask { queue, task_name, input, .. } => Some((queue.clone(), task_name.clone(), input.clone())),
+        Action::CreateTask {
+            queue,
+            task_name,
+            input,
+            ..
+        } => Some((queue.clone(), task_name.clone(), input.clone())),
         _ => None,
     });
     assert_eq!(
@@ -375,7 +430,13 @@ nodes:
         Action::CreateTask { queue, input, .. } => Some((queue.clone(), input.clone())),
         _ => None,
     });
-    assert_eq!(task, Some(("code.python".into(), json!({"code": "def main(i): return i", "input": {"n": 2}}))));
+    assert_eq!(
+        task,
+        Some((
+            "code.python".into(),
+            json!({"code": "def main(i): return i", "input": {"n": 2}})
+        ))
+    );
 }
 
 #[test]
@@ -397,7 +458,10 @@ edges:
         timer: TimerId::node(TimerKind::Wait, key("d"), None),
         fire_at: Timestamp(T0.0 + 86_400_000)
     }));
-    let acts = d.at(86_400_000).send(Event::TimerFired { timer: TimerId::node(TimerKind::Wait, key("d"), None), seed: 0 });
+    let acts = d.at(86_400_000).send(Event::TimerFired {
+        timer: TimerId::node(TimerKind::Wait, key("d"), None),
+        seed: 0,
+    });
     assert!(acts.contains(&Action::ScheduleTimer {
         timer: TimerId::node(TimerKind::Wait, key("u"), None),
         fire_at: Timestamp(1_772_326_800_000)
@@ -418,13 +482,37 @@ output: '${nodes.approval.output.by}'
 ";
     let mut d = Driver::new(yaml, json!({"id": 9}));
     let acts = d.send(Event::RunStarted);
-    assert!(acts.contains(&Action::AwaitEvent { node: key("approval"), name: "approved".into(), correlation: Some(json!("order-9")) }));
-    // An event of another name changes nothing.
-    let acts = d.send(Event::EventReceived { name: "other".into(), payload: json!({}), node: None });
+    assert!(acts.contains(&Action::AwaitEvent {
+        node: key("approval"),
+        name: "approved".into(),
+        correlation: Some(json!("order-9"))
+    }));
+    // An event of another name changes nothing; the coordinator keeps it.
+    let other = Event::EventReceived {
+        name: "other".into(),
+        payload: json!({}),
+        node: None,
+    };
+    assert!(!d.decide(&other).event_consumed());
+    let acts = d.send(other);
     assert_eq!(history_kinds(&acts), vec!["event_ignored"]);
-    let acts = d.send(Event::EventReceived { name: "approved".into(), payload: json!({"by": "ana"}), node: None });
-    assert!(acts.contains(&Action::CancelTimer { timer: TimerId::node(TimerKind::EventTimeout, key("approval"), None) }));
-    assert!(acts.contains(&Action::CompleteRun { output: json!("ana") }));
+    let approved = Event::EventReceived {
+        name: "approved".into(),
+        payload: json!({"by": "ana"}),
+        node: None,
+    };
+    assert!(d.decide(&approved).event_consumed());
+    let acts = d.send(Event::EventReceived {
+        name: "approved".into(),
+        payload: json!({"by": "ana"}),
+        node: None,
+    });
+    assert!(acts.contains(&Action::CancelTimer {
+        timer: TimerId::node(TimerKind::EventTimeout, key("approval"), None)
+    }));
+    assert!(acts.contains(&Action::CompleteRun {
+        output: json!("ana")
+    }));
     // Timeout without an event fails the node with TIMEOUT.
     let r = simulate(yaml, "input: { id: 1 }");
     assert_eq!(r.status, RunStatus::Failed);
@@ -459,13 +547,19 @@ output: '${nodes.child.output}'
         error: None,
         seed: 0,
     });
-    assert!(acts.contains(&Action::CompleteRun { output: json!({"invoice": 5}) }));
+    assert!(acts.contains(&Action::CompleteRun {
+        output: json!({"invoice": 5})
+    }));
     // Cancelling the parent cancels the child.
     let mut d = Driver::new(yaml, json!({"account": "A1"}));
     d.send(Event::RunStarted);
-    let acts = d.send(Event::CancelRequested { reason: "user".into() });
+    let acts = d.send(Event::CancelRequested {
+        reason: "user".into(),
+    });
     assert!(acts.contains(&Action::CancelAllChildRuns));
-    assert!(acts.contains(&Action::CancelRun { reason: "user".into() }));
+    assert!(acts.contains(&Action::CancelRun {
+        reason: "user".into()
+    }));
 }
 
 #[test]
@@ -483,9 +577,16 @@ output: '${nodes.m.output}'
 ";
     let mut d = Driver::new(yaml, json!({"xs": [10, 20, 30]}));
     let acts = d.send(Event::RunStarted);
-    assert_eq!(created(&acts), vec![("m[0]".to_string(), 1), ("m[1]".to_string(), 1)]);
+    assert_eq!(
+        created(&acts),
+        vec![("m[0]".to_string(), 1), ("m[1]".to_string(), 1)]
+    );
     let acts = d.send(completed("m[1]", 1, json!(40)));
-    assert_eq!(created(&acts), vec![("m[2]".to_string(), 1)], "a free slot starts the next element");
+    assert_eq!(
+        created(&acts),
+        vec![("m[2]".to_string(), 1)],
+        "a free slot starts the next element"
+    );
     let third_input = acts.iter().find_map(|a| match a {
         Action::CreateTask { input, .. } => Some(input.clone()),
         _ => None,
@@ -493,7 +594,9 @@ output: '${nodes.m.output}'
     assert_eq!(third_input, Some(json!({"x": 30, "i": 2})));
     d.send(completed("m[2]", 1, json!(60)));
     let acts = d.send(completed("m[0]", 1, json!(20)));
-    assert!(acts.contains(&Action::CompleteRun { output: json!([20, 40, 60]) }));
+    assert!(acts.contains(&Action::CompleteRun {
+        output: json!([20, 40, 60])
+    }));
     // An empty list completes at once with [].
     let r = simulate(yaml, "input: { xs: [] }");
     assert_eq!(r.output, Some(json!([])));
@@ -506,7 +609,10 @@ nodes:
     workflow: per_item
 output: '${nodes.m.output}'
 ";
-    let r = simulate(child, "children: { 'm[0]': [ { complete: a } ], 'm[1]': [ { complete: b } ] }");
+    let r = simulate(
+        child,
+        "children: { 'm[0]': [ { complete: a } ], 'm[1]': [ { complete: b } ] }",
+    );
     assert_eq!(r.output, Some(json!(["a", "b"])));
 }
 
@@ -514,25 +620,41 @@ output: '${nodes.m.output}'
 fn fork_starts_every_outgoing_edge_in_parallel() {
     let r = simulate(JOIN_YAML, "input: { a: true, b: true, c: true }");
     let first_step = &r.history[0].actions;
-    assert_eq!(created(first_step).len(), 3, "all three branches start on the same event");
+    assert_eq!(
+        created(first_step).len(),
+        3,
+        "all three branches start on the same event"
+    );
 }
 
 // ------------------------------------------------------------------ retries and time
 
 #[test]
 fn retry_delay_is_min_of_initial_times_backoff_to_the_n_minus_1_and_max_interval() {
-    let p = RetryPolicy { initial_interval_ms: 1_000, backoff: 2.0, max_interval_ms: 5_000, ..RetryPolicy::default() };
+    let p = RetryPolicy {
+        initial_interval_ms: 1_000,
+        backoff: 2.0,
+        max_interval_ms: 5_000,
+        ..RetryPolicy::default()
+    };
     let delays: Vec<u64> = (1..=5).map(|n| p.delay_ms(n, 0)).collect();
     assert_eq!(delays, vec![1_000, 2_000, 4_000, 5_000, 5_000]);
     // And through the state machine: the retry timers fire at those delays.
-    let yaml = format!("name: r\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 4, initial_interval: 1s, backoff: 3, max_interval: 5s }}\n");
-    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: X } }, { fail: { code: X } }, { fail: { code: X } }, { complete: 1 } ] }");
+    let yaml = format!(
+        "name: r\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 4, initial_interval: 1s, backoff: 3, max_interval: 5s }}\n"
+    );
+    let r = simulate(
+        &yaml,
+        "tasks: { a: [ { fail: { code: X } }, { fail: { code: X } }, { fail: { code: X } }, { complete: 1 } ] }",
+    );
     let waits: Vec<i64> = r
         .history
         .iter()
         .flat_map(|s| s.actions.iter().map(move |a| (s.at, a)))
         .filter_map(|(at, a)| match a {
-            Action::ScheduleTimer { timer, fire_at } if timer.kind == TimerKind::Retry => Some(fire_at.0 - at.0),
+            Action::ScheduleTimer { timer, fire_at } if timer.kind == TimerKind::Retry => {
+                Some(fire_at.0 - at.0)
+            }
             _ => None,
         })
         .collect();
@@ -542,7 +664,13 @@ fn retry_delay_is_min_of_initial_times_backoff_to_the_n_minus_1_and_max_interval
 
 #[test]
 fn retry_jitter_stays_within_bounds_and_is_deterministic_from_the_seed() {
-    let p = RetryPolicy { initial_interval_ms: 1_000, backoff: 2.0, max_interval_ms: 60_000, jitter: true, ..RetryPolicy::default() };
+    let p = RetryPolicy {
+        initial_interval_ms: 1_000,
+        backoff: 2.0,
+        max_interval_ms: 60_000,
+        jitter: true,
+        ..RetryPolicy::default()
+    };
     let mut distinct = std::collections::HashSet::new();
     for seed in 0..200u64 {
         let d = p.delay_ms(3, seed);
@@ -555,44 +683,90 @@ fn retry_jitter_stays_within_bounds_and_is_deterministic_from_the_seed() {
 
 #[test]
 fn non_retryable_codes_are_final_at_once() {
-    let yaml = format!("name: n\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 5, non_retryable: [BAD_INPUT] }}\n");
+    let yaml = format!(
+        "name: n\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 5, non_retryable: [BAD_INPUT] }}\n"
+    );
     let r = simulate(&yaml, "tasks: { a: [ { fail: { code: BAD_INPUT } } ] }");
     assert_eq!(r.status, RunStatus::Failed);
     assert_eq!(started_tasks(&r).len(), 1);
-    assert_eq!(r.actions().filter(|a| matches!(a, Action::CreateTask { .. })).count(), 1);
+    assert_eq!(
+        r.actions()
+            .filter(|a| matches!(a, Action::CreateTask { .. }))
+            .count(),
+        1
+    );
 }
 
 #[test]
 fn worker_marked_non_retryable_error_is_final_at_once() {
-    let yaml = format!("name: n\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 5 }}\n");
-    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: HTTP_404, retryable: false } } ] }");
+    let yaml =
+        format!("name: n\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 5 }}\n");
+    let r = simulate(
+        &yaml,
+        "tasks: { a: [ { fail: { code: HTTP_404, retryable: false } } ] }",
+    );
     assert_eq!(r.status, RunStatus::Failed);
     assert_eq!(r.error.clone().map(|e| e.code), Some("HTTP_404".into()));
-    assert_eq!(r.actions().filter(|a| matches!(a, Action::CreateTask { .. })).count(), 1);
+    assert_eq!(
+        r.actions()
+            .filter(|a| matches!(a, Action::CreateTask { .. }))
+            .count(),
+        1
+    );
     // A retryable one is retried up to max_attempts.
-    let r = simulate(&yaml, "tasks: { a: [ { fail: { code: E } }, { fail: { code: E } }, { fail: { code: E } }, { fail: { code: E } }, { fail: { code: E } } ] }");
-    assert_eq!(r.actions().filter(|a| matches!(a, Action::CreateTask { .. })).count(), 5);
+    let r = simulate(
+        &yaml,
+        "tasks: { a: [ { fail: { code: E } }, { fail: { code: E } }, { fail: { code: E } }, { fail: { code: E } }, { fail: { code: E } } ] }",
+    );
+    assert_eq!(
+        r.actions()
+            .filter(|a| matches!(a, Action::CreateTask { .. }))
+            .count(),
+        5
+    );
 }
 
 #[test]
 fn attempt_timeout_fails_the_attempt_with_code_timeout() {
-    let yaml = format!("name: t\nnodes:\n  - id: a\n    {TASK}\n    timeout: 10s\n    retry: {{ max_attempts: 2, initial_interval: 1s }}\n");
-    let r = simulate(&yaml, "tasks: { a: [ { complete: late, after: 1m }, { complete: ok, after: 1s } ] }");
+    let yaml = format!(
+        "name: t\nnodes:\n  - id: a\n    {TASK}\n    timeout: 10s\n    retry: {{ max_attempts: 2, initial_interval: 1s }}\n"
+    );
+    let r = simulate(
+        &yaml,
+        "tasks: { a: [ { complete: late, after: 1m }, { complete: ok, after: 1s } ] }",
+    );
     let failures: Vec<_> = r.history_of("attempt_failed").collect();
     assert_eq!(failures.len(), 1);
-    assert!(matches!(failures[0], Action::AppendHistory { detail, .. } if detail["code"] == "TIMEOUT"));
-    assert!(r.actions().any(|a| matches!(a, Action::CancelTask { node } if node.node == "a")), "the timed-out task is cancelled");
+    assert!(
+        matches!(failures[0], Action::AppendHistory { detail, .. } if detail["code"] == "TIMEOUT")
+    );
+    assert!(
+        r.actions()
+            .any(|a| matches!(a, Action::CancelTask { node } if node.node == "a")),
+        "the timed-out task is cancelled"
+    );
     assert_eq!(r.status, RunStatus::Completed);
-    assert_eq!(r.nodes.get(&key("a")).and_then(|s| s.output.clone()), Some(json!("ok")));
+    assert_eq!(
+        r.nodes.get(&key("a")).and_then(|s| s.output.clone()),
+        Some(json!("ok"))
+    );
 }
 
 #[test]
 fn lease_expiry_fails_the_attempt_with_code_lease_expired() {
-    let yaml = format!("name: l\nnodes:\n  - id: a\n    {TASK}\n    heartbeat_timeout: 15s\n    retry: {{ max_attempts: 1 }}\n");
+    let yaml = format!(
+        "name: l\nnodes:\n  - id: a\n    {TASK}\n    heartbeat_timeout: 15s\n    retry: {{ max_attempts: 1 }}\n"
+    );
     let r = simulate(&yaml, "tasks: { a: [ hang ] }");
     assert_eq!(r.status, RunStatus::Failed);
-    assert_eq!(r.error.as_ref().map(|e| e.code.as_str()), Some(codes::LEASE_EXPIRED));
-    assert_eq!(r.history.last().map(|s| s.at), Some(Timestamp(T0.0 + 15_000)));
+    assert_eq!(
+        r.error.as_ref().map(|e| e.code.as_str()),
+        Some(codes::LEASE_EXPIRED)
+    );
+    assert_eq!(
+        r.history.last().map(|s| s.at),
+        Some(Timestamp(T0.0 + 15_000))
+    );
 }
 
 #[test]
@@ -600,12 +774,20 @@ fn run_timeout_fails_the_run() {
     let yaml = format!("name: t\ntimeout: 1h\nnodes:\n  - id: a\n    {TASK}\n");
     let r = simulate(&yaml, "tasks: { a: [ { complete: 1, after: 2h } ] }");
     assert_eq!(r.status, RunStatus::Failed);
-    assert_eq!(r.error.as_ref().map(|e| e.code.as_str()), Some(codes::RUN_TIMEOUT));
-    assert_eq!(r.history.last().map(|s| s.at), Some(Timestamp(T0.0 + 3_600_000)));
+    assert_eq!(
+        r.error.as_ref().map(|e| e.code.as_str()),
+        Some(codes::RUN_TIMEOUT)
+    );
+    assert_eq!(
+        r.history.last().map(|s| s.at),
+        Some(Timestamp(T0.0 + 3_600_000))
+    );
     // Finishing in time cancels the run timer.
     let r = simulate(&yaml, "tasks: { a: [ { complete: 1, after: 1m } ] }");
     assert_eq!(r.status, RunStatus::Completed);
-    assert!(r.actions().any(|a| matches!(a, Action::CancelTimer { timer } if timer.kind == TimerKind::RunTimeout)));
+    assert!(r.actions().any(
+        |a| matches!(a, Action::CancelTimer { timer } if timer.kind == TimerKind::RunTimeout)
+    ));
 }
 
 // ------------------------------------------------------------------ compensation, cancel, retry
@@ -644,7 +826,10 @@ edges:
 
 #[test]
 fn compensation_runs_for_every_completed_node_in_reverse_completion_order() {
-    let r = simulate(SAGA, "tasks: { a: [ { complete: { id: A1 } } ], c: [ { fail: { code: NOPE } } ] }");
+    let r = simulate(
+        SAGA,
+        "tasks: { a: [ { complete: { id: A1 } } ], c: [ { fail: { code: NOPE } } ] }",
+    );
     assert_eq!(r.status, RunStatus::Failed);
     assert_eq!(started_tasks(&r), vec!["a", "b", "c", "undo_b", "undo_a"]);
     let undo_a_input = r.actions().find_map(|a| match a {
@@ -654,8 +839,16 @@ fn compensation_runs_for_every_completed_node_in_reverse_completion_order() {
     assert_eq!(undo_a_input, Some(json!({"id": "A1"})));
     assert_eq!(r.history_of("compensation_completed").count(), 2);
     // The final status comes after the compensations.
-    let fail_step = r.history.iter().position(|s| s.actions.iter().any(|a| matches!(a, Action::FailRun { .. })));
-    let last_comp = r.history.iter().rposition(|s| s.actions.iter().any(|a| matches!(a, Action::AppendHistory { kind, .. } if kind == "compensation_completed")));
+    let fail_step = r.history.iter().position(|s| {
+        s.actions
+            .iter()
+            .any(|a| matches!(a, Action::FailRun { .. }))
+    });
+    let last_comp = r.history.iter().rposition(|s| {
+        s.actions.iter().any(
+            |a| matches!(a, Action::AppendHistory { kind, .. } if kind == "compensation_completed"),
+        )
+    });
     assert_eq!(fail_step, last_comp);
 }
 
@@ -667,9 +860,37 @@ fn failing_compensation_is_retried_then_recorded_and_never_hides_the_original_er
     );
     assert_eq!(r.status, RunStatus::Failed);
     assert_eq!(r.error, Some(ErrorInfo::new("ORIGINAL", "first")));
-    assert_eq!(r.actions().filter(|a| matches!(a, Action::CreateTask { node, .. } if node.node == "undo_b")).count(), 2);
+    assert_eq!(
+        r.actions()
+            .filter(|a| matches!(a, Action::CreateTask { node, .. } if node.node == "undo_b"))
+            .count(),
+        2
+    );
     assert_eq!(r.history_of("compensation_failed").count(), 1);
-    assert!(started_tasks(&r).contains(&"undo_a".to_string()), "later compensations still run");
+    assert!(
+        started_tasks(&r).contains(&"undo_a".to_string()),
+        "later compensations still run"
+    );
+}
+
+#[test]
+fn a_compensated_run_cannot_be_retried() {
+    let r = simulate(
+        SAGA,
+        "tasks: { a: [ { complete: { id: A1 } } ], c: [ { fail: { code: NOPE } } ] }\nretry_at: 1h\n",
+    );
+    assert_eq!(r.status, RunStatus::Failed);
+    let last = r.history.last().expect("history");
+    assert!(matches!(last.event, Event::RetryRequested { .. }));
+    assert_eq!(
+        last.actions,
+        vec![Action::AppendHistory {
+            kind: "event_ignored".into(),
+            node: None,
+            attempt: None,
+            detail: json!({"reason": "the run was compensated: its completed work was undone, start a new run"}),
+        }]
+    );
 }
 
 #[test]
@@ -677,8 +898,14 @@ fn cancellation_cancels_tasks_timers_and_children_runs_compensations_and_ends_ca
     let mut d = Driver::new(SAGA, json!(null));
     d.send(Event::RunStarted);
     d.send(completed("a", 1, json!({"id": "A"})));
-    let acts = d.send(Event::CancelRequested { reason: "changed my mind".into() });
-    for a in [Action::CancelAllTasks, Action::CancelAllTimers, Action::CancelAllChildRuns] {
+    let acts = d.send(Event::CancelRequested {
+        reason: "changed my mind".into(),
+    });
+    for a in [
+        Action::CancelAllTasks,
+        Action::CancelAllTimers,
+        Action::CancelAllChildRuns,
+    ] {
         assert!(acts.contains(&a), "{a:?}");
     }
     assert_eq!(created(&acts), vec![("undo_a".to_string(), 1)]);
@@ -687,10 +914,14 @@ fn cancellation_cancels_tasks_timers_and_children_runs_compensations_and_ends_ca
     let acts = d.send(completed("b", 1, json!(1)));
     assert_eq!(history_kinds(&acts), vec!["event_ignored:b"]);
     let acts = d.send(completed("undo_a", 1, json!("voided")));
-    assert!(acts.contains(&Action::CancelRun { reason: "changed my mind".into() }));
+    assert!(acts.contains(&Action::CancelRun {
+        reason: "changed my mind".into()
+    }));
     assert_eq!(d.state.run.status, RunStatus::Cancelled);
     // Cancelling again: ignored.
-    let acts = d.send(Event::CancelRequested { reason: "again".into() });
+    let acts = d.send(Event::CancelRequested {
+        reason: "again".into(),
+    });
     assert_eq!(history_kinds(&acts), vec!["event_ignored"]);
 }
 
@@ -718,17 +949,27 @@ output: '${{nodes.c.output}}'
     d.send(failed("b", 1, "DOWN", true));
     assert_eq!(d.state.run.status, RunStatus::Failed);
     assert_eq!(d.state.run.failed, vec![key("b")]);
-    let acts = d.send(Event::RetryRequested { interrupted: vec![] });
-    assert_eq!(created(&acts), vec![("b".to_string(), 2)], "only the failed node restarts, as a new attempt");
+    let acts = d.send(Event::RetryRequested {
+        interrupted: vec![],
+    });
+    assert_eq!(
+        created(&acts),
+        vec![("b".to_string(), 2)],
+        "only the failed node restarts, as a new attempt"
+    );
     assert_eq!(d.state.run.status, RunStatus::Running);
     // The old attempt's late report is stale now.
     let acts = d.send(completed("b", 1, json!("late")));
     assert_eq!(history_kinds(&acts), vec!["event_ignored:b"]);
     d.send(completed("b", 2, json!(2)));
     let acts = d.send(completed("c", 1, json!("done")));
-    assert!(acts.contains(&Action::CompleteRun { output: json!("done") }));
+    assert!(acts.contains(&Action::CompleteRun {
+        output: json!("done")
+    }));
     // A run that did not fail cannot be retried.
-    let acts = d.send(Event::RetryRequested { interrupted: vec![] });
+    let acts = d.send(Event::RetryRequested {
+        interrupted: vec![],
+    });
     assert_eq!(history_kinds(&acts), vec!["event_ignored"]);
 }
 
@@ -740,7 +981,10 @@ fn stale_event_for_another_attempt_is_ignored_and_recorded() {
     let mut d = Driver::new(&yaml, json!(null));
     d.send(Event::RunStarted);
     d.send(failed("a", 1, "X", true));
-    d.at(1_000).send(Event::TimerFired { timer: TimerId::node(TimerKind::Retry, key("a"), Some(2)), seed: 0 });
+    d.at(1_000).send(Event::TimerFired {
+        timer: TimerId::node(TimerKind::Retry, key("a"), Some(2)),
+        seed: 0,
+    });
     let before = d.state.clone();
     let decision = d.decide(&completed("a", 1, json!("stale")));
     assert!(decision.change.is_empty());
@@ -759,12 +1003,17 @@ fn stale_event_for_another_attempt_is_ignored_and_recorded() {
     // A report for a node that does not exist is recorded, not applied.
     let decision = d.decide(&completed("ghost", 1, json!(1)));
     assert!(decision.change.is_empty());
-    assert_eq!(history_kinds(&decision.actions), vec!["event_ignored:ghost"]);
+    assert_eq!(
+        history_kinds(&decision.actions),
+        vec!["event_ignored:ghost"]
+    );
 }
 
 #[test]
 fn duplicate_event_is_applied_once() {
-    let yaml = format!("name: d\nnodes:\n  - id: a\n    {TASK}\n  - id: b\n    {TASK}\nedges:\n  - {{ from: a, to: b }}\n");
+    let yaml = format!(
+        "name: d\nnodes:\n  - id: a\n    {TASK}\n  - id: b\n    {TASK}\nedges:\n  - {{ from: a, to: b }}\n"
+    );
     let mut d = Driver::new(&yaml, json!(null));
     d.send(Event::RunStarted);
     let first = d.send(completed("a", 1, json!(1)));
@@ -834,4 +1083,128 @@ fn decide_is_a_pure_function_of_its_inputs() {
     d.send(Event::RunStarted);
     let e = failed("a", 1, "X", true);
     assert_eq!(d.decide(&e), d.decide(&e));
+}
+
+// ------------------------------------------------------------------ cost
+
+#[test]
+fn cost_of_an_event_is_bounded_by_the_nodes_it_touches_not_by_the_run_size() {
+    let mut wide = String::from("name: wide\nnodes:\n  - { id: f, type: FORK }\n");
+    for i in 0..2_000 {
+        wide.push_str(&format!(
+            "  - {{ id: b{i}, type: TASK, queue: q, task: t }}\n"
+        ));
+    }
+    wide.push_str("  - { id: j, type: JOIN }\nedges:\n");
+    for i in 0..2_000 {
+        wide.push_str(&format!(
+            "  - {{ from: f, to: b{i} }}\n  - {{ from: b{i}, to: j }}\n"
+        ));
+    }
+    let r = simulate_opts(&wide, "{}", composer_engine::SimOptions::default());
+    assert_eq!(r.status, RunStatus::Completed);
+    let completions: Vec<usize> = r
+        .history
+        .iter()
+        .filter(|s| matches!(s.event, Event::TaskCompleted { .. }))
+        .map(|s| s.loaded)
+        .collect();
+    assert_eq!(completions.len(), 2_000);
+    assert!(
+        completions.iter().all(|&n| n <= 3),
+        "a branch completion loads its node, the JOIN and nothing else: {:?}",
+        completions.iter().max()
+    );
+    let map = "name: m\nnodes:\n  - { id: m, type: MAP, items: input.xs, concurrency: 50, queue: q, task: t }\n";
+    let xs: Vec<u32> = (0..2_000).collect();
+    let r = simulate_opts(
+        map,
+        &format!("input: {{ xs: {xs:?} }}"),
+        composer_engine::SimOptions::default(),
+    );
+    assert_eq!(r.status, RunStatus::Completed);
+    let max_loaded = r
+        .history
+        .iter()
+        .filter(|s| matches!(s.event, Event::TaskCompleted { .. }))
+        .map(|s| s.loaded)
+        .max();
+    assert!(
+        max_loaded.is_some_and(|n| n <= 3),
+        "an element completion loads the element, the next one and the MAP: {max_loaded:?}"
+    );
+}
+
+#[test]
+fn retry_requested_also_restarts_the_branches_interrupted_by_the_failure() {
+    let mut d = Driver::new(JOIN_YAML, json!({"a": true, "b": true, "c": false}));
+    d.send(Event::RunStarted);
+    // a fails for good while b is still running: the run fails, b is cancelled.
+    for attempt in 1..=3 {
+        d.send(failed("a", attempt, "DOWN", true));
+        if attempt < 3 {
+            d.send(Event::TimerFired {
+                timer: TimerId::node(TimerKind::Retry, key("a"), Some(attempt + 1)),
+                seed: 0,
+            });
+        }
+    }
+    assert_eq!(d.state.run.status, RunStatus::Failed);
+    assert_eq!(d.status("b"), Some(NodeStatus::Running));
+    let acts = d.send(Event::RetryRequested {
+        interrupted: vec![key("b")],
+    });
+    assert_eq!(
+        created(&acts),
+        vec![("a".to_string(), 4), ("b".to_string(), 2)]
+    );
+    assert_eq!(d.state.run.active, 2);
+    d.send(completed("a", 4, json!("A")));
+    let acts = d.send(completed("b", 2, json!("B")));
+    assert_eq!(
+        created(&acts),
+        vec![("after".to_string(), 1)],
+        "the JOIN fires once both are back"
+    );
+    let acts = d.send(completed("after", 1, json!(null)));
+    assert!(acts.contains(&Action::CompleteRun {
+        output: json!({"a": "A", "b": "B"})
+    }));
+    // The simulator's retry_at computes the interrupted keys the same way.
+    let r = simulate(
+        JOIN_YAML,
+        "input: { a: true, b: true, c: false }\ntasks: { a: [ { fail: { code: X, retryable: false } } ], b: [ { complete: 1, after: 1h }, { complete: 2 } ] }\nretry_at: 1m\n",
+    );
+    assert_eq!(r.status, RunStatus::Completed);
+    assert_eq!(r.output, Some(json!({"a": null, "b": 2})));
+}
+
+#[test]
+fn cancellation_during_a_retry_back_off_removes_the_timer_and_a_late_firing_changes_nothing() {
+    let yaml = format!(
+        "name: c\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 3, initial_interval: 1h, max_interval: 2h }}\n"
+    );
+    let mut d = Driver::new(&yaml, json!(null));
+    d.send(Event::RunStarted);
+    let acts = d.send(failed("a", 1, "BUSY", true));
+    let retry = TimerId::node(TimerKind::Retry, key("a"), Some(2));
+    assert!(acts.contains(&Action::ScheduleTimer {
+        timer: retry.clone(),
+        fire_at: Timestamp(T0.0 + 3_600_000)
+    }));
+    assert_eq!(d.status("a"), Some(NodeStatus::RetryScheduled));
+    let acts = d.at(60_000).send(Event::CancelRequested {
+        reason: "stop".into(),
+    });
+    assert!(acts.contains(&Action::CancelAllTimers));
+    assert!(acts.contains(&Action::CancelRun {
+        reason: "stop".into()
+    }));
+    let late = d.at(3_600_000).decide(&Event::TimerFired {
+        timer: retry,
+        seed: 0,
+    });
+    assert!(late.change.is_empty());
+    assert!(created(&late.actions).is_empty());
+    assert_eq!(d.state.run.status, RunStatus::Cancelled);
 }

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use composer_engine::{
-    Action, CompiledWorkflow, DecideError, Decision, Event, NodeKey, NodeState, NodeStatus, Outcomes, RunState,
-    SimOptions, SimulationReport, Timestamp, decide, simulate_with,
+    Action, CompiledWorkflow, DecideError, Decision, Event, NodeKey, NodeState, NodeStatus,
+    Outcomes, RunState, SimOptions, SimulationReport, Timestamp, decide, simulate_with,
 };
 use serde_json::Value as Json;
 
@@ -16,14 +16,25 @@ pub fn compile(yaml: &str) -> CompiledWorkflow {
 
 /// Simulates with idempotence checks on; fails the test on a violation.
 pub fn simulate(yaml: &str, outcomes: &str) -> SimulationReport {
-    simulate_opts(yaml, outcomes, SimOptions { check_idempotence: true, ..SimOptions::default() })
+    simulate_opts(
+        yaml,
+        outcomes,
+        SimOptions {
+            check_idempotence: true,
+            ..SimOptions::default()
+        },
+    )
 }
 
 pub fn simulate_opts(yaml: &str, outcomes: &str, opts: SimOptions) -> SimulationReport {
     let wf = compile(yaml);
     let outcomes = Outcomes::parse(outcomes).unwrap_or_else(|e| panic!("outcomes: {e}"));
     let report = simulate_with(&wf, &outcomes, &opts).unwrap_or_else(|e| panic!("simulation: {e}"));
-    assert!(report.violations.is_empty(), "violations: {:?}", report.violations);
+    assert!(
+        report.violations.is_empty(),
+        "violations: {:?}",
+        report.violations
+    );
     report
 }
 
@@ -42,11 +53,19 @@ impl Driver {
     pub fn new(yaml: &str, input: Json) -> Driver {
         let wf = compile(yaml);
         let state = RunState::new("run-1", wf.name().to_owned(), 1, input);
-        Driver { wf, state, store: BTreeMap::new(), now: T0 }
+        Driver {
+            wf,
+            state,
+            store: BTreeMap::new(),
+            now: T0,
+        }
     }
 
     pub fn decide(&self, event: &Event) -> Decision {
-        let mut state = RunState { run: self.state.run.clone(), nodes: BTreeMap::new() };
+        let mut state = RunState {
+            run: self.state.run.clone(),
+            nodes: BTreeMap::new(),
+        };
         loop {
             match decide(&self.wf, &state, event, self.now) {
                 Ok(d) => return d,
@@ -89,11 +108,22 @@ pub fn key(s: &str) -> NodeKey {
 }
 
 pub fn completed(node: &str, attempt: u32, output: Json) -> Event {
-    Event::TaskCompleted { node: key(node), attempt, output }
+    Event::TaskCompleted {
+        node: key(node),
+        attempt,
+        output,
+    }
 }
 
 pub fn failed(node: &str, attempt: u32, code: &str, retryable: bool) -> Event {
-    Event::TaskFailed { node: key(node), attempt, code: code.into(), message: format!("{code} happened"), retryable, seed: 1 }
+    Event::TaskFailed {
+        node: key(node),
+        attempt,
+        code: code.into(),
+        message: format!("{code} happened"),
+        retryable,
+        seed: 1,
+    }
 }
 
 /// `(node key, attempt)` of every CreateTask among `actions`.
@@ -111,9 +141,10 @@ pub fn history_kinds(actions: &[Action]) -> Vec<String> {
     actions
         .iter()
         .filter_map(|a| match a {
-            Action::AppendHistory { kind, node, .. } => {
-                Some(node.as_ref().map_or_else(|| kind.clone(), |n| format!("{kind}:{n}")))
-            }
+            Action::AppendHistory { kind, node, .. } => Some(
+                node.as_ref()
+                    .map_or_else(|| kind.clone(), |n| format!("{kind}:{n}")),
+            ),
             _ => None,
         })
         .collect()
@@ -124,7 +155,9 @@ pub fn started_tasks(report: &SimulationReport) -> Vec<String> {
     report
         .actions()
         .filter_map(|a| match a {
-            Action::CreateTask { node, attempt: 1, .. } => Some(node.to_string()),
+            Action::CreateTask {
+                node, attempt: 1, ..
+            } => Some(node.to_string()),
             _ => None,
         })
         .collect()

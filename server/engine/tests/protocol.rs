@@ -1,0 +1,79 @@
+//! The coordinator-facing protocol: lazy loading with NeedNodes, serde forms
+//! of what the coordinator persists, and small helpers.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::*;
+use composer_engine::{
+    Action, DecideError, Event, NodeKey, RunState, TimerId, TimerKind, decide,
+    http_status_is_retryable, prefetch,
+};
+use serde_json::json;
+
+#[test]
+fn decide_asks_for_unloaded_node_states_and_prefetch_names_them() {
+    let yaml = "name: p\nnodes:\n  - { id: a, type: TASK, queue: q, task: t }\n  - { id: b, type: TASK, queue: q, task: t, input: '${nodes.a.output}' }\nedges:\n  - { from: a, to: b }\n";
+    let mut d = Driver::new(yaml, json!(null));
+    d.send(Event::RunStarted);
+    let event = completed("a", 1, json!({"x": 1}));
+    let empty = RunState {
+        run: d.state.run.clone(),
+        nodes: BTreeMap::new(),
+    };
+    match decide(&d.wf, &empty, &event, d.now) {
+        Err(DecideError::NeedNodes(keys)) => assert!(keys.contains(&key("a")), "{keys:?}"),
+        other => panic!("expected NeedNodes, got {other:?}"),
+    }
+    let keys = prefetch(&d.wf, &empty, &event);
+    assert_eq!(keys, vec![key("a"), key("b")]);
+    let mut loaded = empty.clone();
+    for k in keys {
+        let s = d.store.get(&k).cloned();
+        loaded.load(k, s);
+    }
+    let decision = decide(&d.wf, &loaded, &event, d.now).expect("one round trip is enough");
+    assert_eq!(created(&decision.actions), vec![("b".to_string(), 1)]);
+    assert_eq!(decision.change.nodes.len(), 2, "only a and b are written");
+}
+
+#[test]
+fn what_the_coordinator_persists_round_trips_through_json() {
+    let mut d = Driver::new(
+        include_str!("../../../examples/workflows/order.yaml"),
+        json!({"order_id": 1, "amount": 2, "sku": "s"}),
+    );
+    let actions = d.send(Event::RunStarted);
+    let run_json = serde_json::to_string(&d.state).expect("state serialises");
+    let back: RunState = serde_json::from_str(&run_json).expect("state parses");
+    assert_eq!(back, d.state);
+    let actions_json = serde_json::to_value(&actions).expect("actions serialise");
+    let back: Vec<Action> = serde_json::from_value(actions_json.clone()).expect("actions parse");
+    assert_eq!(back, actions);
+    assert_eq!(actions_json[1]["type"], "SCHEDULE_TIMER");
+    let events = vec![
+        Event::RunStarted,
+        completed("m[3]", 2, json!([1])),
+        Event::TimerFired {
+            timer: TimerId::node(TimerKind::Retry, NodeKey::element("m", 3), Some(2)),
+            seed: 9,
+        },
+        Event::RetryRequested {
+            interrupted: vec![key("x")],
+        },
+    ];
+    let text = serde_json::to_string(&events).expect("events serialise");
+    assert!(text.contains("\"node\":\"m[3]\""), "{text}");
+    let back: Vec<Event> = serde_json::from_str(&text).expect("events parse");
+    assert_eq!(back, events);
+}
+
+#[test]
+fn http_retryability_follows_the_language() {
+    assert!(http_status_is_retryable(None), "network error");
+    assert!(http_status_is_retryable(Some(503)));
+    assert!(http_status_is_retryable(Some(429)));
+    assert!(!http_status_is_retryable(Some(404)));
+    assert!(!http_status_is_retryable(Some(400)));
+}
