@@ -195,6 +195,13 @@ impl<'a> RunTxn<'a> {
                 Err(error) => return Err(CoordinatorError::Corrupt(error.to_string())),
             }
         };
+        if let Event::EventReceived { name, payload, .. } = event
+            && !decision.event_consumed()
+        {
+            // the wait it was matched to is gone: keep it for a later one
+            events::store_pending(conn, &self.run.namespace, Some(self.run.id), None, name, payload, None)
+                .await?;
+        }
         self.state.apply(&decision.change);
         for (key, state) in &decision.change.nodes {
             self.touched.insert(key.clone(), state.clone());
