@@ -103,6 +103,13 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
     println!("  data             {} ({kept})", services.root().display());
     println!("  try              grpcurl -plaintext {addr} list");
     println!("Press Ctrl-C to stop.");
-    serve::run(&args.server, &backend, backends, listener, serve::shutdown_signal()).await?;
+    serve::run(
+        &args.server,
+        &backend,
+        backends,
+        listener,
+        serve::shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }

@@ -55,7 +55,14 @@ fn main() -> ExitCode {
                 logging::init(server.log_format, &server.log);
                 let backends = serve::connect_backends(&backend, &server).await?;
                 let listener = serve::bind(server.listen).await?;
-                serve::run(&server, &backend, backends, listener, serve::shutdown_signal()).await?;
+                serve::run(
+                    &server,
+                    &backend,
+                    backends,
+                    listener,
+                    serve::shutdown_signal(),
+                )
+                .await?;
             }
             Command::Dev(args) => {
                 let format = match std::env::var_os("COMPOSER_LOG_FORMAT") {

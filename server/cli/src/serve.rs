@@ -155,9 +155,21 @@ fn start_background(
         dispatch_config,
         stop.clone(),
     ));
-    tokio::spawn(coordinator.clone().run_timer_loop(recovery.clone(), stop.clone()));
-    tokio::spawn(coordinator.clone().run_lease_loop(recovery.clone(), stop.clone()));
-    tokio::spawn(coordinator.clone().run_reconcile_loop(recovery, stop.clone()));
+    tokio::spawn(
+        coordinator
+            .clone()
+            .run_timer_loop(recovery.clone(), stop.clone()),
+    );
+    tokio::spawn(
+        coordinator
+            .clone()
+            .run_lease_loop(recovery.clone(), stop.clone()),
+    );
+    tokio::spawn(
+        coordinator
+            .clone()
+            .run_reconcile_loop(recovery, stop.clone()),
+    );
     tokio::spawn(changes.clone().run(store, stop.clone()));
     let executor = HttpExecutor::new(HttpExecutorConfig {
         allow_private_networks: server.http_allow_private,

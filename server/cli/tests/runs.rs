@@ -51,3 +51,355 @@ async fn a_three_step_run_completes_with_outputs_flowing_from_step_to_step() {
     assert!(leases.iter().all(|l| l.attempt == 1));
     assert_eq!(run.nodes.len(), 3);
 }
+
+fn task_name_output(task: &composer_testkit::worker::LeaseRecord) -> Outcome {
+    Outcome::Complete(json!({"task": task.task_name}))
+}
+
+#[tokio::test]
+async fn fork_join_and_a_switch_whose_skipped_branch_joins_later() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register(
+            r#"
+name: branching
+nodes:
+  - { id: start, type: FORK }
+  - { id: left, type: TASK, queue: qb, task: left }
+  - { id: right, type: TASK, queue: qb, task: right }
+  - { id: both, type: JOIN }
+  - { id: route, type: SWITCH }
+  - { id: big, type: TASK, queue: qb, task: big }
+  - { id: small, type: TASK, queue: qb, task: small }
+  - { id: merge, type: JOIN }
+edges:
+  - { from: start, to: left }
+  - { from: start, to: right }
+  - { from: left, to: both }
+  - { from: right, to: both }
+  - { from: both, to: route }
+  - { from: route, to: big, when: "input.n > 10" }
+  - { from: route, to: small }
+  - { from: big, to: merge }
+  - { from: small, to: merge }
+output: { joined: "${nodes.both.output}", merged: "${nodes.merge.output}" }
+"#,
+        )
+        .await;
+    let worker = TestWorker::start(&server.url(), &["qb"], 2, 4, task_name_output).await;
+
+    let run_id = client.start("branching", json!({"n": 1})).await;
+    let run = client.wait_done(&run_id, WAIT).await;
+
+    assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
+    assert_eq!(
+        output_of(&run),
+        json!({
+            "joined": {"left": {"task": "left"}, "right": {"task": "right"}},
+            "merged": {"small": {"task": "small"}},
+        })
+    );
+    let big = run
+        .nodes
+        .iter()
+        .find(|n| n.node_id == "big")
+        .expect("big has a state");
+    assert_eq!(big.status(), composer_proto::v1::NodeStatus::Skipped);
+    let mut names: Vec<String> = worker.leases().into_iter().map(|l| l.task_name).collect();
+    names.sort();
+    assert_eq!(names, ["left", "right", "small"]);
+}
+
+#[tokio::test]
+async fn map_over_100_items_runs_at_most_10_at_once_and_keeps_order() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register(
+            r#"
+name: doubling
+nodes:
+  - id: each
+    type: MAP
+    items: input.items
+    concurrency: 10
+    queue: qm
+    task: double
+    input: { n: "${item}", at: "${index}" }
+output: { doubled: "${nodes.each.output}" }
+"#,
+        )
+        .await;
+    let worker = TestWorker::start(&server.url(), &["qm"], 4, 25, |task| {
+        let n = task.input["n"].as_i64().unwrap_or_default();
+        Outcome::Slow(Duration::from_millis(50), json!(n * 2))
+    })
+    .await;
+
+    let items: Vec<i64> = (0..100).collect();
+    let run_id = client.start("doubling", json!({ "items": items })).await;
+    let run = client.wait_done(&run_id, WAIT).await;
+
+    assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
+    let expected: Vec<i64> = (0..100).map(|n| n * 2).collect();
+    assert_eq!(output_of(&run), json!({ "doubled": expected }));
+    assert_eq!(worker.leases().len(), 100);
+    assert!(worker.max_active() <= 10, "{} at once", worker.max_active());
+    assert!(worker.max_active() > 1, "elements ran in parallel");
+}
+
+const WAITS: &str = r#"
+name: waits
+nodes:
+  - { id: nap, type: WAIT, duration: 300ms }
+  - { id: approval, type: WAIT_FOR_EVENT, event: approve, timeout: 30s }
+edges:
+  - { from: nap, to: approval }
+output: { ok: "${nodes.approval.output.ok}" }
+"#;
+
+async fn send(
+    client: &mut TestClient,
+    run_id: &str,
+    payload: serde_json::Value,
+) -> composer_proto::v1::SendEventResponse {
+    use composer_proto::v1::{SendEventRequest, send_event_request::Target};
+    client
+        .runs
+        .send_event(SendEventRequest {
+            target: Some(Target::RunId(run_id.to_owned())),
+            event_name: "approve".to_owned(),
+            payload: Some(composer_testkit::worker::value_of(&payload)),
+            request_id: String::new(),
+        })
+        .await
+        .expect("send the event")
+        .into_inner()
+}
+
+#[tokio::test]
+async fn wait_fires_and_an_event_is_consumed_whether_sent_before_or_after_the_wait() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(WAITS).await;
+
+    // before: sent during the 300ms WAIT, kept, consumed when the wait is reached
+    let early = client.start("waits", json!({})).await;
+    let sent = send(&mut client, &early, json!({"ok": "early"})).await;
+    assert!(sent.stored && sent.delivered_run_ids.is_empty(), "{sent:?}");
+    let run = client.wait_done(&early, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
+    assert_eq!(output_of(&run), json!({"ok": "early"}));
+
+    // after: the run waits, then the event arrives
+    let late = client.start("waits", json!({})).await;
+    loop {
+        let run = client.get(&late).await;
+        let waiting = run.nodes.iter().any(|n| {
+            n.node_id == "approval" && n.status() == composer_proto::v1::NodeStatus::Waiting
+        });
+        if waiting {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let sent = send(&mut client, &late, json!({"ok": "late"})).await;
+    assert_eq!(sent.delivered_run_ids, [late.clone()]);
+    let run = client.wait_done(&late, WAIT).await;
+    assert_eq!(output_of(&run), json!({"ok": "late"}));
+}
+
+#[tokio::test]
+async fn an_event_wait_times_out_and_fails_the_run() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register(
+            "name: impatient\nnodes:\n  - { id: approval, type: WAIT_FOR_EVENT, event: approve, timeout: 400ms }\n",
+        )
+        .await;
+    let run_id = client.start("impatient", json!({})).await;
+    let run = client.wait_done(&run_id, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Failed, "{run:#?}");
+    assert_eq!(run.error.expect("error").code, "TIMEOUT");
+}
+
+#[tokio::test]
+async fn retries_back_off_then_succeed_and_a_non_retryable_failure_fails_the_run() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register(
+            r#"
+name: flaky
+nodes:
+  - id: call
+    type: TASK
+    queue: qr
+    task: flaky
+    retry: { max_attempts: 3, initial_interval: 200ms, backoff: 2.0 }
+output: { got: "${nodes.call.output}" }
+"#,
+        )
+        .await;
+    let worker = TestWorker::start(&server.url(), &["qr"], 1, 1, |task| {
+        match (task.input["fatal"].as_bool(), task.attempt) {
+            (Some(true), _) => Outcome::Fail {
+                code: "BAD_CARD".to_owned(),
+                retryable: false,
+            },
+            (_, attempt) if attempt < 3 => Outcome::Fail {
+                code: "FLAKY".to_owned(),
+                retryable: true,
+            },
+            _ => Outcome::Complete(json!("third time lucky")),
+        }
+    })
+    .await;
+
+    let flaky = client.start("flaky", json!({})).await;
+    let run = client.wait_done(&flaky, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
+    assert_eq!(output_of(&run), json!({"got": "third time lucky"}));
+    let attempts: Vec<i32> = worker.leases().iter().map(|l| l.attempt).collect();
+    assert_eq!(attempts, [1, 2, 3]);
+    let history = client.history(&flaky).await;
+    assert_eq!(
+        history
+            .iter()
+            .filter(|e| e.event_type == "retry_scheduled")
+            .count(),
+        2,
+        "two durable back-off timers"
+    );
+
+    let fatal = client.start("flaky", json!({"fatal": true})).await;
+    let run = client.wait_done(&fatal, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Failed);
+    assert_eq!(run.error.expect("error").code, "BAD_CARD");
+    let fatal_attempts = worker
+        .leases()
+        .iter()
+        .filter(|l| l.input["fatal"] == json!(true))
+        .count();
+    assert_eq!(fatal_attempts, 1, "no retry after a non-retryable failure");
+}
+
+#[tokio::test]
+async fn an_error_edge_catches_a_failure_and_compensation_runs_in_reverse_order() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register(
+            r#"
+name: caught
+nodes:
+  - { id: risky, type: TASK, queue: qe, task: fail, retry: { max_attempts: 1 } }
+  - { id: fallback, type: TASK, queue: qe, task: fallback }
+edges:
+  - { from: risky, to: fallback, on: error, when: "nodes.risky.error.code == 'NOPE'" }
+output: { via: "${nodes.fallback.output.task}" }
+"#,
+        )
+        .await;
+    client
+        .register(
+            r#"
+name: saga
+nodes:
+  - { id: charge, type: TASK, queue: qe, task: charge, compensate: refund }
+  - { id: reserve, type: TASK, queue: qe, task: reserve, compensate: release }
+  - { id: ship, type: TASK, queue: qe, task: fail, retry: { max_attempts: 1 } }
+  - { id: refund, type: TASK, queue: qe, task: refund }
+  - { id: release, type: TASK, queue: qe, task: release }
+edges:
+  - { from: charge, to: reserve }
+  - { from: reserve, to: ship }
+"#,
+        )
+        .await;
+    let worker = TestWorker::start(&server.url(), &["qe"], 1, 1, |task| {
+        if task.task_name == "fail" {
+            Outcome::Fail {
+                code: "NOPE".to_owned(),
+                retryable: true,
+            }
+        } else {
+            task_name_output(task)
+        }
+    })
+    .await;
+
+    let caught = client.start("caught", json!({})).await;
+    let run = client.wait_done(&caught, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
+    assert_eq!(output_of(&run), json!({"via": "fallback"}));
+
+    let saga = client.start("saga", json!({})).await;
+    let run = client.wait_done(&saga, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Failed, "{run:#?}");
+    assert_eq!(run.error.expect("the original error").code, "NOPE");
+    let order: Vec<String> = worker
+        .leases()
+        .into_iter()
+        .map(|l| l.task_name)
+        .filter(|n| ["charge", "reserve", "fail", "release", "refund"].contains(&n.as_str()))
+        .collect();
+    assert_eq!(
+        order[order.len() - 2..],
+        ["release".to_owned(), "refund".to_owned()],
+        "{order:?}"
+    );
+}
+
+#[tokio::test]
+async fn starting_twice_with_one_idempotency_key_makes_one_run() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(THREE_STEPS).await;
+    let (first, created_first) = client
+        .start_with_key("three_steps", json!({"n": 1}), "order-7")
+        .await;
+    let (second, created_second) = client
+        .start_with_key("three_steps", json!({"n": 1}), "order-7")
+        .await;
+    assert_eq!(first, second);
+    assert!(created_first && !created_second);
+    let listed = client
+        .runs
+        .list_runs(composer_proto::v1::ListRunsRequest::default())
+        .await
+        .expect("list")
+        .into_inner();
+    assert_eq!(listed.runs.len(), 1);
+}
+
+#[tokio::test]
+async fn oversized_input_is_refused_naming_the_limit_and_nothing_is_stored() {
+    let server = ServerProcess::start(&composer_binary(), &["--max-payload-bytes", "1000"]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(THREE_STEPS).await;
+    let big = "x".repeat(2000);
+    let refused = client
+        .runs
+        .start_run(composer_proto::v1::StartRunRequest {
+            workflow_name: "three_steps".to_owned(),
+            input: Some(composer_testkit::worker::value_of(
+                &json!({"n": 1, "pad": big}),
+            )),
+            ..Default::default()
+        })
+        .await
+        .expect_err("too big");
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
+    assert!(refused.message().contains("1000"), "{}", refused.message());
+    assert!(refused.message().contains("input"), "{}", refused.message());
+    let listed = client
+        .runs
+        .list_runs(composer_proto::v1::ListRunsRequest::default())
+        .await
+        .expect("list")
+        .into_inner();
+    assert!(listed.runs.is_empty(), "nothing stored");
+}

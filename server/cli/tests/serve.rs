@@ -84,7 +84,11 @@ async fn serve_starts_on_an_ephemeral_port_and_reports_serving() {
         .await
         .expect_err("a StartRun without a workflow is refused");
     assert_eq!(refused.code(), tonic::Code::InvalidArgument);
-    assert!(refused.message().contains("workflow_name"), "{}", refused.message());
+    assert!(
+        refused.message().contains("workflow_name"),
+        "{}",
+        refused.message()
+    );
 }
 
 #[tokio::test]

@@ -47,7 +47,9 @@ pub fn timestamp(time: DateTime<Utc>) -> Timestamp {
 }
 
 fn to_datetime(ts: Timestamp) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(ts.0).single().unwrap_or_else(Utc::now)
+    Utc.timestamp_millis_opt(ts.0)
+        .single()
+        .unwrap_or_else(Utc::now)
 }
 
 /// A fresh seed for retry jitter (the engine itself draws no randomness).
@@ -69,7 +71,11 @@ pub fn timer_key(timer: &TimerId) -> String {
         .ok()
         .and_then(|v| v.as_str().map(str::to_owned))
         .unwrap_or_default();
-    let node = timer.node.as_ref().map(ToString::to_string).unwrap_or_default();
+    let node = timer
+        .node
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default();
     let attempt = timer.attempt.map(|a| a.to_string()).unwrap_or_default();
     format!("{kind}:{node}:{attempt}")
 }
@@ -148,7 +154,10 @@ impl<'a> RunTxn<'a> {
 
     /// Applies every queued event (and the ones they cause), then writes the
     /// result. The caller commits.
-    pub(crate) async fn finish(mut self, conn: &mut PgConnection) -> Result<Applied, CoordinatorError> {
+    pub(crate) async fn finish(
+        mut self,
+        conn: &mut PgConnection,
+    ) -> Result<Applied, CoordinatorError> {
         while let Some((event, actor)) = self.queue.pop_front() {
             self.apply_one(conn, &event, &actor).await?;
         }
@@ -156,7 +165,11 @@ impl<'a> RunTxn<'a> {
         Ok(self.applied)
     }
 
-    async fn load(&mut self, conn: &mut PgConnection, keys: Vec<NodeKey>) -> Result<(), CoordinatorError> {
+    async fn load(
+        &mut self,
+        conn: &mut PgConnection,
+        keys: Vec<NodeKey>,
+    ) -> Result<(), CoordinatorError> {
         let wanted: Vec<String> = keys
             .iter()
             .filter(|k| !self.state.nodes.contains_key(*k))
@@ -199,8 +212,16 @@ impl<'a> RunTxn<'a> {
             && !decision.event_consumed()
         {
             // the wait it was matched to is gone: keep it for a later one
-            events::store_pending(conn, &self.run.namespace, Some(self.run.id), None, name, payload, None)
-                .await?;
+            events::store_pending(
+                conn,
+                &self.run.namespace,
+                Some(self.run.id),
+                None,
+                name,
+                payload,
+                None,
+            )
+            .await?;
         }
         self.state.apply(&decision.change);
         for (key, state) in &decision.change.nodes {
@@ -212,7 +233,12 @@ impl<'a> RunTxn<'a> {
         Ok(())
     }
 
-    async fn act(&mut self, conn: &mut PgConnection, action: Action, actor: &str) -> Result<(), CoordinatorError> {
+    async fn act(
+        &mut self,
+        conn: &mut PgConnection,
+        action: Action,
+        actor: &str,
+    ) -> Result<(), CoordinatorError> {
         let run_id = self.run.id;
         match action {
             Action::CreateTask {
@@ -238,7 +264,8 @@ impl<'a> RunTxn<'a> {
                         task_name: &task_name,
                         attempt: i32::try_from(attempt).unwrap_or(i32::MAX),
                         input: &input,
-                        heartbeat_timeout_ms: i64::try_from(heartbeat_timeout_ms).unwrap_or(i64::MAX),
+                        heartbeat_timeout_ms: i64::try_from(heartbeat_timeout_ms)
+                            .unwrap_or(i64::MAX),
                         attempt_timeout_ms: timeout_ms.and_then(|t| i64::try_from(t).ok()),
                     },
                 )
@@ -360,7 +387,12 @@ impl<'a> RunTxn<'a> {
         let child_workflow = match self
             .coordinator
             .workflows
-            .get(&self.coordinator.store, &self.run.namespace, workflow, version)
+            .get(
+                &self.coordinator.store,
+                &self.run.namespace,
+                workflow,
+                version,
+            )
             .await
         {
             Ok(loaded) => loaded,
@@ -414,7 +446,11 @@ impl<'a> RunTxn<'a> {
         Ok(())
     }
 
-    async fn cancel_children(&mut self, conn: &mut PgConnection, node: Option<&str>) -> Result<(), CoordinatorError> {
+    async fn cancel_children(
+        &mut self,
+        conn: &mut PgConnection,
+        node: Option<&str>,
+    ) -> Result<(), CoordinatorError> {
         let children = runs::active_children(conn, self.run.id, node).await?;
         let cancel = serde_json::to_value(Event::CancelRequested {
             reason: "parent run cancelled".to_owned(),
@@ -442,8 +478,9 @@ impl<'a> RunTxn<'a> {
             .collect::<Result<_, serde_json::Error>>()?;
         runs::upsert_nodes(conn, run_id, &nodes).await?;
 
-        let (deletes, writes): (Vec<_>, Vec<_>) =
-            std::mem::take(&mut self.timers).into_iter().partition(|(_, w)| w.is_none());
+        let (deletes, writes): (Vec<_>, Vec<_>) = std::mem::take(&mut self.timers)
+            .into_iter()
+            .partition(|(_, w)| w.is_none());
         let deletes: Vec<String> = deletes.into_iter().map(|(k, _)| k).collect();
         let writes: Vec<TimerWrite> = writes.into_iter().filter_map(|(_, w)| w).collect();
         timers::cancel_timers(conn, run_id, &deletes).await?;
@@ -452,7 +489,10 @@ impl<'a> RunTxn<'a> {
         let record = &self.state.run;
         let status = run_status_text(record.status);
         let ended = record.status.is_terminal() && !self.was_terminal;
-        let error = record.error.as_ref().map(|e| json!({"code": e.code, "message": e.message}));
+        let error = record
+            .error
+            .as_ref()
+            .map(|e| json!({"code": e.code, "message": e.message}));
         runs::update_run(
             conn,
             run_id,
@@ -480,7 +520,9 @@ impl<'a> RunTxn<'a> {
         timers::cancel_all_timers(conn, run_id).await?;
         tasks::cancel_all_tasks(conn, run_id).await?;
         runs::release_finished_run(conn, run_id).await?;
-        let (Some(parent), Some(parent_node)) = (self.run.parent_run_id, self.run.parent_node.as_deref()) else {
+        let (Some(parent), Some(parent_node)) =
+            (self.run.parent_run_id, self.run.parent_node.as_deref())
+        else {
             return Ok(());
         };
         let node: NodeKey = parent_node
@@ -494,13 +536,23 @@ impl<'a> RunTxn<'a> {
         };
         let finished = Event::ChildRunFinished {
             node,
-            attempt: self.run.parent_attempt.and_then(|a| u32::try_from(a).ok()).unwrap_or(1),
+            attempt: self
+                .run
+                .parent_attempt
+                .and_then(|a| u32::try_from(a).ok())
+                .unwrap_or(1),
             status,
             output: record.output.clone().unwrap_or(Json::Null),
             error: record.error.clone(),
             seed: seed(),
         };
-        events::push_inbox(conn, parent, &serde_json::to_value(&finished)?, &format!("run:{run_id}")).await?;
+        events::push_inbox(
+            conn,
+            parent,
+            &serde_json::to_value(&finished)?,
+            &format!("run:{run_id}"),
+        )
+        .await?;
         self.applied.inbox_runs.push(parent);
         Ok(())
     }

@@ -172,7 +172,11 @@ async fn publish(
 ) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
     for message in batch {
-        let key = stream_key(&message.namespace, &message.queue, shard_of(message.shard_key, shards));
+        let key = stream_key(
+            &message.namespace,
+            &message.queue,
+            shard_of(message.shard_key, shards),
+        );
         pipe.cmd("XADD")
             .arg(&key)
             .arg("*")
@@ -222,7 +226,11 @@ pub struct PollHub {
 
 impl PollHub {
     /// A hub for this server (`consumer` names it in the consumer group).
-    pub fn new(store: Store, redis_url: &str, config: DispatchConfig) -> Result<Arc<Self>, CoordinatorError> {
+    pub fn new(
+        store: Store,
+        redis_url: &str,
+        config: DispatchConfig,
+    ) -> Result<Arc<Self>, CoordinatorError> {
         let redis = redis::Client::open(redis_url)
             .map_err(|e| CoordinatorError::Corrupt(format!("redis url: {e}")))?;
         Ok(Arc::new(Self {
@@ -320,7 +328,15 @@ impl PollHub {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                     continue;
                 };
-                match read_batch(active, &keys, &self.consumer, wanted, self.config.read_block).await {
+                match read_batch(
+                    active,
+                    &keys,
+                    &self.consumer,
+                    wanted,
+                    self.config.read_block,
+                )
+                .await
+                {
                     Ok(read) => buffered.extend(read),
                     Err(error) => {
                         if error.code() == Some("NOGROUP") {
@@ -340,7 +356,10 @@ impl PollHub {
         }
     }
 
-    async fn reader_connection(&self, keys: &[String]) -> Option<redis::aio::MultiplexedConnection> {
+    async fn reader_connection(
+        &self,
+        keys: &[String],
+    ) -> Option<redis::aio::MultiplexedConnection> {
         let mut connection = match self.redis.get_multiplexed_async_connection().await {
             Ok(connection) => connection,
             Err(error) => {
@@ -368,16 +387,18 @@ impl PollHub {
             };
             let take = waiter.want.min(buffered.len());
             let candidates: Vec<(Uuid, i32)> = buffered.drain(..take).collect();
-            let leased = match tasks::lease_tasks(self.store.pool(), &candidates, &waiter.worker_id).await {
-                Ok(leased) => leased,
-                Err(error) => {
-                    tracing::warn!(%error, "lease failed; tasks stay dispatched");
-                    let _ = sender.send(Vec::new());
-                    continue;
-                }
-            };
+            let leased =
+                match tasks::lease_tasks(self.store.pool(), &candidates, &waiter.worker_id).await {
+                    Ok(leased) => leased,
+                    Err(error) => {
+                        tracing::warn!(%error, "lease failed; tasks stay dispatched");
+                        let _ = sender.send(Vec::new());
+                        continue;
+                    }
+                };
             if let Err(unsent) = sender.send(leased) {
-                let leases: Vec<(Uuid, Uuid)> = unsent.iter().map(|t| (t.id, t.lease_token)).collect();
+                let leases: Vec<(Uuid, Uuid)> =
+                    unsent.iter().map(|t| (t.id, t.lease_token)).collect();
                 if let Err(error) = tasks::release_leases(self.store.pool(), &leases).await {
                     tracing::warn!(%error, "could not release leases of a vanished poll; they will expire");
                 }
@@ -410,7 +431,8 @@ async fn ensure_groups(
     keys: &[String],
 ) -> redis::RedisResult<()> {
     for key in keys {
-        let created: redis::RedisResult<()> = connection.xgroup_create_mkstream(key, GROUP, "0").await;
+        let created: redis::RedisResult<()> =
+            connection.xgroup_create_mkstream(key, GROUP, "0").await;
         if let Err(error) = created
             && error.code() != Some("BUSYGROUP")
         {
@@ -459,7 +481,9 @@ async fn read_batch(
         for message in &stream.ids {
             let task: Option<String> = message.get("task_id");
             let attempt: Option<i32> = message.get("attempt");
-            if let (Some(task), Some(attempt)) = (task.and_then(|t| Uuid::parse_str(&t).ok()), attempt) {
+            if let (Some(task), Some(attempt)) =
+                (task.and_then(|t| Uuid::parse_str(&t).ok()), attempt)
+            {
                 read.push((task, attempt));
             }
         }

@@ -48,7 +48,13 @@ pub async fn run_http_worker(
             while !*shutdown.borrow() {
                 let free = slots.available_permits().max(1);
                 let tasks = hub
-                    .poll(&namespace, &queues, &worker_id, free, Duration::from_secs(5))
+                    .poll(
+                        &namespace,
+                        &queues,
+                        &worker_id,
+                        free,
+                        Duration::from_secs(5),
+                    )
                     .await;
                 for task in tasks {
                     let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
@@ -73,7 +79,11 @@ async fn execute(coordinator: &Coordinator, executor: &HttpExecutor, task: Lease
     let token = task.lease_token.to_string();
     let request = executor.execute(&task.input, &task_id);
     tokio::pin!(request);
-    let period = Duration::from_millis(u64::try_from(task.heartbeat_timeout_ms / 3).unwrap_or(1000).max(100));
+    let period = Duration::from_millis(
+        u64::try_from(task.heartbeat_timeout_ms / 3)
+            .unwrap_or(1000)
+            .max(100),
+    );
     let outcome = loop {
         tokio::select! {
             outcome = &mut request => break outcome,
@@ -100,7 +110,14 @@ async fn execute(coordinator: &Coordinator, executor: &HttpExecutor, task: Lease
         },
     };
     let reported = coordinator
-        .report(Some(&task.namespace), &task_id, task.attempt, &token, report, "worker:composer-http")
+        .report(
+            Some(&task.namespace),
+            &task_id,
+            task.attempt,
+            &token,
+            report,
+            "worker:composer-http",
+        )
         .await;
     if let Err(error) = reported {
         tracing::warn!(%task_id, attempt = task.attempt, %error, "http report not applied");

@@ -103,8 +103,14 @@ impl Coordinator {
         &self.config
     }
 
-    fn check_payload(&self, field: &str, value: &serde_json::Value) -> Result<(), CoordinatorError> {
-        let size = serde_json::to_vec(value).map(|v| v.len()).unwrap_or(usize::MAX);
+    fn check_payload(
+        &self,
+        field: &str,
+        value: &serde_json::Value,
+    ) -> Result<(), CoordinatorError> {
+        let size = serde_json::to_vec(value)
+            .map(|v| v.len())
+            .unwrap_or(usize::MAX);
         if size > self.config.max_payload_bytes {
             return Err(CoordinatorError::PayloadTooLarge {
                 field: field.to_owned(),

@@ -43,7 +43,11 @@ impl Default for RecoveryConfig {
 
 impl Coordinator {
     /// Fires one due timer, if it is still there and due.
-    pub async fn fire_timer(&self, run_id: uuid::Uuid, key: &str) -> Result<bool, CoordinatorError> {
+    pub async fn fire_timer(
+        &self,
+        run_id: uuid::Uuid,
+        key: &str,
+    ) -> Result<bool, CoordinatorError> {
         let mut tx = self.store.begin().await?;
         let Some(run) = runs::lock_run(&mut tx, None, run_id).await? else {
             return Ok(false);
@@ -58,7 +62,13 @@ impl Coordinator {
             events::delete_waits(&mut tx, run_id, Some(&node.to_string())).await?;
         }
         let mut txn = RunTxn::new(self, run).await?;
-        txn.push(Event::TimerFired { timer, seed: seed() }, SYSTEM);
+        txn.push(
+            Event::TimerFired {
+                timer,
+                seed: seed(),
+            },
+            SYSTEM,
+        );
         let applied = txn.finish(&mut tx).await?;
         tx.commit().await?;
         self.after_commit(applied.inbox_runs).await;
@@ -66,7 +76,10 @@ impl Coordinator {
     }
 
     /// Expires one lease, if it is still leased and past its deadline.
-    pub async fn expire_lease(&self, lease: &tasks::ExpiredLease) -> Result<bool, CoordinatorError> {
+    pub async fn expire_lease(
+        &self,
+        lease: &tasks::ExpiredLease,
+    ) -> Result<bool, CoordinatorError> {
         let mut tx = self.store.begin().await?;
         let Some(run) = runs::lock_run(&mut tx, None, lease.run_id).await? else {
             return Ok(false);
@@ -74,10 +87,9 @@ impl Coordinator {
         if !tasks::expire_lease(&mut tx, lease.task_id, lease.attempt).await? {
             return Ok(false);
         }
-        let node: NodeKey = lease
-            .node_key
-            .parse()
-            .map_err(|_| CoordinatorError::Corrupt(format!("task node key {:?}", lease.node_key)))?;
+        let node: NodeKey = lease.node_key.parse().map_err(|_| {
+            CoordinatorError::Corrupt(format!("task node key {:?}", lease.node_key))
+        })?;
         let mut txn = RunTxn::new(self, run).await?;
         txn.push(
             Event::LeaseExpired {
@@ -124,9 +136,13 @@ impl Coordinator {
                 Ok(expired) => {
                     for lease in &expired {
                         match self.expire_lease(lease).await {
-                            Ok(true) => tracing::info!(task_id = %lease.task_id, attempt = lease.attempt, "lease expired"),
+                            Ok(true) => {
+                                tracing::info!(task_id = %lease.task_id, attempt = lease.attempt, "lease expired")
+                            }
                             Ok(false) => {}
-                            Err(error) => tracing::warn!(task_id = %lease.task_id, %error, "lease not expired"),
+                            Err(error) => {
+                                tracing::warn!(task_id = %lease.task_id, %error, "lease not expired")
+                            }
                         }
                     }
                 }
@@ -138,11 +154,16 @@ impl Coordinator {
 
     /// Republishes lost dispatches, applies stuck inboxes, keeps history
     /// partitions ahead: so Redis and the hand-offs never drift for long.
-    pub async fn run_reconcile_loop(self, config: RecoveryConfig, mut shutdown: watch::Receiver<bool>) {
+    pub async fn run_reconcile_loop(
+        self,
+        config: RecoveryConfig,
+        mut shutdown: watch::Receiver<bool>,
+    ) {
         let grace_ms = i64::try_from(config.lost_dispatch_grace.as_millis()).unwrap_or(i64::MAX);
         let mut last_partition_check: Option<tokio::time::Instant> = None;
         while !*shutdown.borrow() {
-            match tasks::republish_lost_dispatches(self.store.pool(), grace_ms, config.batch).await {
+            match tasks::republish_lost_dispatches(self.store.pool(), grace_ms, config.batch).await
+            {
                 Ok(0) => {}
                 Ok(count) => tracing::info!(count, "republished dispatches never leased"),
                 Err(error) => tracing::warn!(%error, "lost dispatch pass"),

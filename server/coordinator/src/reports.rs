@@ -44,8 +44,13 @@ pub struct HeartbeatAnswer {
     pub cancel_requested: bool,
 }
 
-fn parse_ids(task_id: &str, lease_token: &str, attempt: i32) -> Result<(Uuid, Uuid), CoordinatorError> {
-    let task = Uuid::parse_str(task_id).map_err(|_| CoordinatorError::TaskNotFound(task_id.to_owned()))?;
+fn parse_ids(
+    task_id: &str,
+    lease_token: &str,
+    attempt: i32,
+) -> Result<(Uuid, Uuid), CoordinatorError> {
+    let task =
+        Uuid::parse_str(task_id).map_err(|_| CoordinatorError::TaskNotFound(task_id.to_owned()))?;
     let token = Uuid::parse_str(lease_token).map_err(|_| CoordinatorError::LeaseLost {
         task_id: task_id.to_owned(),
         attempt,
@@ -106,7 +111,9 @@ impl Coordinator {
         if let TaskReport::Completed { output } = &report {
             self.check_payload("output", output)?;
         }
-        let Some((run_id, node_key)) = tasks::task_owner(self.store.pool(), namespace, task).await? else {
+        let Some((run_id, node_key)) =
+            tasks::task_owner(self.store.pool(), namespace, task).await?
+        else {
             return Err(CoordinatorError::TaskNotFound(task_id.to_owned()));
         };
         let node: NodeKey = node_key
@@ -132,7 +139,11 @@ impl Coordinator {
         }
         let attempt = u32::try_from(attempt).unwrap_or_default();
         let event = match report {
-            TaskReport::Completed { output } => Event::TaskCompleted { node, attempt, output },
+            TaskReport::Completed { output } => Event::TaskCompleted {
+                node,
+                attempt,
+                output,
+            },
             TaskReport::Failed {
                 code,
                 message,

@@ -69,7 +69,12 @@ impl Coordinator {
     pub async fn start_run(&self, request: StartRun) -> Result<(RunRow, bool), CoordinatorError> {
         let workflow = self
             .workflows
-            .get(&self.store, &request.namespace, &request.workflow_name, request.version)
+            .get(
+                &self.store,
+                &request.namespace,
+                &request.workflow_name,
+                request.version,
+            )
             .await?;
         self.check_payload("input", &request.input)?;
         if let Some(schema) = &workflow.input_schema {
@@ -86,10 +91,14 @@ impl Coordinator {
         }
         let mut tx = self.store.begin().await?;
         if let Some(key) = &request.idempotency_key
-            && let Some(existing) = runs::run_id_by_idempotency_key(&mut tx, &request.namespace, key).await?
+            && let Some(existing) =
+                runs::run_id_by_idempotency_key(&mut tx, &request.namespace, key).await?
         {
             tx.rollback().await?;
-            return Ok((self.expect_run(Some(&request.namespace), existing).await?, false));
+            return Ok((
+                self.expect_run(Some(&request.namespace), existing).await?,
+                false,
+            ));
         }
         let run_id = Uuid::now_v7();
         let record = composer_engine::RunState::new(
@@ -125,7 +134,10 @@ impl Coordinator {
             let existing = runs::run_id_by_idempotency_key(&mut conn, &request.namespace, key)
                 .await?
                 .ok_or_else(|| CoordinatorError::RunNotFound(key.to_owned()))?;
-            return Ok((self.expect_run(Some(&request.namespace), existing).await?, false));
+            return Ok((
+                self.expect_run(Some(&request.namespace), existing).await?,
+                false,
+            ));
         }
         let run = runs::lock_run(&mut tx, None, run_id)
             .await?
@@ -135,10 +147,17 @@ impl Coordinator {
         let applied = txn.finish(&mut tx).await?;
         tx.commit().await?;
         self.after_commit(applied.inbox_runs).await;
-        Ok((self.expect_run(Some(&request.namespace), run_id).await?, true))
+        Ok((
+            self.expect_run(Some(&request.namespace), run_id).await?,
+            true,
+        ))
     }
 
-    async fn expect_run(&self, namespace: Option<&str>, run_id: Uuid) -> Result<RunRow, CoordinatorError> {
+    async fn expect_run(
+        &self,
+        namespace: Option<&str>,
+        run_id: Uuid,
+    ) -> Result<RunRow, CoordinatorError> {
         runs::get_run(self.store.pool(), namespace, run_id)
             .await?
             .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))
@@ -204,7 +223,11 @@ impl Coordinator {
             });
         }
         let mut txn = RunTxn::new(self, run).await?;
-        txn.note("cancel_requested_by", actor, json!({"reason": reason, "by": actor}));
+        txn.note(
+            "cancel_requested_by",
+            actor,
+            json!({"reason": reason, "by": actor}),
+        );
         txn.push(
             Event::CancelRequested {
                 reason: reason.to_owned(),
@@ -271,9 +294,13 @@ impl Coordinator {
             }
         }
         let result = match target {
-            EventTarget::Run(run_id) => self.send_to_run(namespace, run_id, name, payload, actor).await?,
+            EventTarget::Run(run_id) => {
+                self.send_to_run(namespace, run_id, name, payload, actor)
+                    .await?
+            }
             EventTarget::Correlation(key) => {
-                self.send_to_correlation(namespace, &key, name, payload, actor).await?
+                self.send_to_correlation(namespace, &key, name, payload, actor)
+                    .await?
             }
         };
         if let Some(request_id) = request_id {
@@ -282,8 +309,14 @@ impl Coordinator {
                 "delivered": result.delivered.iter().map(Uuid::to_string).collect::<Vec<_>>(),
                 "stored": result.stored,
             });
-            events::record_idempotent_result(&mut conn, namespace, "send_event", request_id, &recorded)
-                .await?;
+            events::record_idempotent_result(
+                &mut conn,
+                namespace,
+                "send_event",
+                request_id,
+                &recorded,
+            )
+            .await?;
         }
         Ok(result)
     }
@@ -308,7 +341,8 @@ impl Coordinator {
             });
         }
         let Some(node) = events::take_wait(&mut tx, run_id, name, None).await? else {
-            events::store_pending(&mut tx, namespace, Some(run_id), None, name, &payload, None).await?;
+            events::store_pending(&mut tx, namespace, Some(run_id), None, name, &payload, None)
+                .await?;
             runs::append_history(
                 &mut tx,
                 run_id,
@@ -412,7 +446,9 @@ impl Coordinator {
             }
             match self.apply_inbox(run_id).await {
                 Ok(more) => pending.extend(more),
-                Err(error) => tracing::warn!(%run_id, %error, "inbox not applied; recovery retries"),
+                Err(error) => {
+                    tracing::warn!(%run_id, %error, "inbox not applied; recovery retries")
+                }
             }
         }
     }
@@ -468,7 +504,11 @@ fn result_from_json(value: &Json) -> SendEventResult {
     SendEventResult {
         delivered: value["delivered"]
             .as_array()
-            .map(|ids| ids.iter().filter_map(|id| id.as_str()?.parse().ok()).collect())
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|id| id.as_str()?.parse().ok())
+                    .collect()
+            })
             .unwrap_or_default(),
         stored: value["stored"].as_bool().unwrap_or(false),
     }

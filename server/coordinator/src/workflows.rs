@@ -185,7 +185,10 @@ impl crate::Coordinator {
         after_name: &str,
         limit: i64,
     ) -> Result<Vec<WorkflowRow>, CoordinatorError> {
-        Ok(workflows::list_workflows(self.store.pool(), namespace, name_prefix, after_name, limit).await?)
+        Ok(
+            workflows::list_workflows(self.store.pool(), namespace, name_prefix, after_name, limit)
+                .await?,
+        )
     }
 
     /// Versions of one workflow below `before_version`, newest first.
@@ -196,6 +199,13 @@ impl crate::Coordinator {
         before_version: i32,
         limit: i64,
     ) -> Result<Vec<WorkflowRow>, CoordinatorError> {
-        Ok(workflows::list_workflow_versions(self.store.pool(), namespace, name, before_version, limit).await?)
+        Ok(workflows::list_workflow_versions(
+            self.store.pool(),
+            namespace,
+            name,
+            before_version,
+            limit,
+        )
+        .await?)
     }
 }

@@ -15,7 +15,12 @@ pub fn to_json(value: Option<Value>, field: &str) -> Result<Json, Status> {
     match value {
         None => Ok(Json::Null),
         Some(value) => value_to_json(value, 0).ok_or_else(|| {
-            invalid_field(field, format!("not representable as JSON (NaN, infinity or nested deeper than {MAX_DEPTH})"))
+            invalid_field(
+                field,
+                format!(
+                    "not representable as JSON (NaN, infinity or nested deeper than {MAX_DEPTH})"
+                ),
+            )
         }),
     }
 }
@@ -85,7 +90,8 @@ pub fn timestamp(time: DateTime<Utc>) -> Timestamp {
 
 /// A protobuf Timestamp as a time.
 pub fn from_timestamp(ts: &Timestamp, field: &str) -> Result<DateTime<Utc>, Status> {
-    let nanos = u32::try_from(ts.nanos).map_err(|_| invalid_field(field, "nanos must be 0..1e9"))?;
+    let nanos =
+        u32::try_from(ts.nanos).map_err(|_| invalid_field(field, "nanos must be 0..1e9"))?;
     DateTime::from_timestamp(ts.seconds, nanos).ok_or_else(|| invalid_field(field, "out of range"))
 }
 

@@ -31,7 +31,11 @@ fn bad_request(message: &str, problems: &[FieldProblem]) -> Status {
         .collect::<Vec<_>>()
         .join("; ");
     let more = problems.len().saturating_sub(3);
-    let suffix = if more > 0 { format!(" (and {more} more)") } else { String::new() };
+    let suffix = if more > 0 {
+        format!(" (and {more} more)")
+    } else {
+        String::new()
+    };
     Status::with_error_details(
         Code::InvalidArgument,
         format!("{message}: {summary}{suffix}"),
@@ -53,7 +57,9 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
         CoordinatorError::WorkflowNotFound { .. }
         | CoordinatorError::RunNotFound(_)
         | CoordinatorError::TaskNotFound(_) => Status::not_found(error.to_string()),
-        CoordinatorError::InvalidDefinition(problems) => bad_request("invalid workflow definition", &problems),
+        CoordinatorError::InvalidDefinition(problems) => {
+            bad_request("invalid workflow definition", &problems)
+        }
         CoordinatorError::InvalidArgument(problems) => bad_request("invalid argument", &problems),
         CoordinatorError::PayloadTooLarge { ref field, .. } => {
             let message = error.to_string();
@@ -63,10 +69,14 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
                 ErrorDetails::with_bad_request_violation(field.clone(), message),
             )
         }
-        CoordinatorError::LeaseLost { .. } => with_reason(Code::FailedPrecondition, error.to_string(), "LEASE_LOST"),
-        CoordinatorError::WrongRunStatus { .. } => {
-            with_reason(Code::FailedPrecondition, error.to_string(), "WRONG_RUN_STATUS")
+        CoordinatorError::LeaseLost { .. } => {
+            with_reason(Code::FailedPrecondition, error.to_string(), "LEASE_LOST")
         }
+        CoordinatorError::WrongRunStatus { .. } => with_reason(
+            Code::FailedPrecondition,
+            error.to_string(),
+            "WRONG_RUN_STATUS",
+        ),
         CoordinatorError::Corrupt(detail) => {
             tracing::error!(%detail, "corrupt stored state");
             Status::internal("internal error: stored state could not be read")

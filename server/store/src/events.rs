@@ -166,12 +166,10 @@ pub async fn take_inbox(
     run_id: Uuid,
 ) -> Result<Vec<(Json, String)>, StoreError> {
     // take_inbox: every message of the run, deleted in its transaction
-    let rows = sqlx::query(
-        "DELETE FROM run_inbox WHERE run_id = $1 RETURNING id, event, actor",
-    )
-    .bind(run_id)
-    .fetch_all(conn)
-    .await?;
+    let rows = sqlx::query("DELETE FROM run_inbox WHERE run_id = $1 RETURNING id, event, actor")
+        .bind(run_id)
+        .fetch_all(conn)
+        .await?;
     let mut messages = rows
         .iter()
         .map(|row| {

@@ -99,10 +99,12 @@ impl Store {
     /// Creates the history partitions for today and the next `days` days.
     pub async fn ensure_history_partitions(&self, days: i32) -> Result<i32, StoreError> {
         // ensure_history_partitions: idempotent, safe from many servers
-        Ok(sqlx::query_scalar("SELECT composer_ensure_history_partitions($1)")
-            .bind(days)
-            .fetch_one(&self.pool)
-            .await?)
+        Ok(
+            sqlx::query_scalar("SELECT composer_ensure_history_partitions($1)")
+                .bind(days)
+                .fetch_one(&self.pool)
+                .await?,
+        )
     }
 
     /// Closes the pool, waiting for connections in use to be returned.

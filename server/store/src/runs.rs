@@ -231,11 +231,13 @@ pub async fn load_nodes(
         return Ok(Vec::new());
     }
     // load_nodes: only the node rows an event touches (primary key lookups)
-    let rows = sqlx::query("SELECT node_key, state FROM run_nodes WHERE run_id = $1 AND node_key = ANY($2)")
-        .bind(run_id)
-        .bind(keys)
-        .fetch_all(conn)
-        .await?;
+    let rows = sqlx::query(
+        "SELECT node_key, state FROM run_nodes WHERE run_id = $1 AND node_key = ANY($2)",
+    )
+    .bind(run_id)
+    .bind(keys)
+    .fetch_all(conn)
+    .await?;
     rows.iter()
         .map(|row| Ok((row.try_get("node_key")?, row.try_get("state")?)))
         .collect::<Result<_, sqlx::Error>>()

@@ -3,8 +3,9 @@
 use std::time::Duration;
 
 use composer_proto::v1::{
-    GetRunRequest, GetRunHistoryRequest, HistoryEvent, RegisterWorkflowRequest, Run, RunStatus,
-    StartRunRequest, run_service_client::RunServiceClient, workflow_service_client::WorkflowServiceClient,
+    GetRunHistoryRequest, GetRunRequest, HistoryEvent, RegisterWorkflowRequest, Run, RunStatus,
+    StartRunRequest, run_service_client::RunServiceClient,
+    workflow_service_client::WorkflowServiceClient,
 };
 use serde_json::Value as Json;
 use tonic::transport::Channel;
@@ -54,7 +55,12 @@ impl TestClient {
     }
 
     /// Starts a run with an idempotency key; returns (run id, created).
-    pub async fn start_with_key(&mut self, workflow: &str, input: Json, key: &str) -> (String, bool) {
+    pub async fn start_with_key(
+        &mut self,
+        workflow: &str,
+        input: Json,
+        key: &str,
+    ) -> (String, bool) {
         let response = self
             .runs
             .start_run(StartRunRequest {
@@ -89,7 +95,10 @@ impl TestClient {
         loop {
             let run = self.get(run_id).await;
             let status = run.status();
-            if matches!(status, RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled) {
+            if matches!(
+                status,
+                RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled
+            ) {
                 return run;
             }
             if tokio::time::Instant::now() > deadline {

@@ -60,6 +60,8 @@ pub struct TestWorker {
     pub leases: Arc<Mutex<Vec<LeaseRecord>>>,
     /// Reports refused, as (task id, attempt, gRPC code).
     pub refused: Arc<Mutex<Vec<(String, i32, tonic::Code)>>>,
+    /// Tasks held now, and the most ever held at once.
+    active: Arc<Mutex<(usize, usize)>>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -89,6 +91,7 @@ impl TestWorker {
         let handler: Handler = Arc::new(handler);
         let leases = Arc::new(Mutex::new(Vec::new()));
         let refused = Arc::new(Mutex::new(Vec::new()));
+        let active = Arc::new(Mutex::new((0, 0)));
         let queues: Vec<String> = queues.iter().map(|q| (*q).to_owned()).collect();
         let tasks = (0..pollers)
             .map(|index| {
@@ -101,11 +104,22 @@ impl TestWorker {
                     handler: Arc::clone(&handler),
                     leases: Arc::clone(&leases),
                     refused: Arc::clone(&refused),
+                    active: Arc::clone(&active),
                 };
                 tokio::spawn(context.run())
             })
             .collect();
-        Self { leases, refused, tasks }
+        Self {
+            leases,
+            refused,
+            active,
+            tasks,
+        }
+    }
+
+    /// The most tasks this worker held at once (leased, not yet reported).
+    pub fn max_active(&self) -> usize {
+        self.active.lock().expect("active").1
     }
 
     /// A copy of the leases so far.
@@ -123,6 +137,7 @@ struct PollerContext {
     handler: Handler,
     leases: Arc<Mutex<Vec<LeaseRecord>>>,
     refused: Arc<Mutex<Vec<(String, i32, tonic::Code)>>>,
+    active: Arc<Mutex<(usize, usize)>>,
 }
 
 impl PollerContext {
@@ -134,7 +149,10 @@ impl PollerContext {
                     worker_id: self.worker_id.clone(),
                     queues: self.queues.clone(),
                     max_tasks: self.max_tasks,
-                    wait: Some(prost_types::Duration { seconds: 2, nanos: 0 }),
+                    wait: Some(prost_types::Duration {
+                        seconds: 2,
+                        nanos: 0,
+                    }),
                 })
                 .await;
             let tasks = match polled {
@@ -161,6 +179,11 @@ impl PollerContext {
             input: task.input.clone().map(json_of).unwrap_or(Json::Null),
         };
         self.leases.lock().expect("leases").push(record.clone());
+        {
+            let mut active = self.active.lock().expect("active");
+            active.0 += 1;
+            active.1 = active.1.max(active.0);
+        }
         let outcome = (self.handler)(&record);
         let result = match outcome {
             Outcome::Vanish => return,
@@ -194,6 +217,7 @@ impl PollerContext {
                 .await
                 .map(|_| ()),
         };
+        self.active.lock().expect("active").0 -= 1;
         if let Err(status) = result {
             self.refused
                 .lock()
@@ -226,7 +250,10 @@ pub fn value_of(json: &Json) -> Value {
             values: items.iter().map(value_of).collect(),
         }),
         Json::Object(map) => Kind::StructValue(Struct {
-            fields: map.iter().map(|(k, v)| (k.clone(), value_of(v))).collect::<BTreeMap<_, _>>(),
+            fields: map
+                .iter()
+                .map(|(k, v)| (k.clone(), value_of(v)))
+                .collect::<BTreeMap<_, _>>(),
         }),
     };
     Value { kind: Some(kind) }
@@ -238,11 +265,17 @@ pub fn json_of(value: Value) -> Json {
         None | Some(Kind::NullValue(_)) => Json::Null,
         Some(Kind::BoolValue(b)) => Json::Bool(b),
         Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 1e15 => Json::from(n as i64),
-        Some(Kind::NumberValue(n)) => serde_json::Number::from_f64(n).map_or(Json::Null, Json::Number),
+        Some(Kind::NumberValue(n)) => {
+            serde_json::Number::from_f64(n).map_or(Json::Null, Json::Number)
+        }
         Some(Kind::StringValue(s)) => Json::String(s),
         Some(Kind::ListValue(list)) => Json::Array(list.values.into_iter().map(json_of).collect()),
-        Some(Kind::StructValue(object)) => {
-            Json::Object(object.fields.into_iter().map(|(k, v)| (k, json_of(v))).collect())
-        }
+        Some(Kind::StructValue(object)) => Json::Object(
+            object
+                .fields
+                .into_iter()
+                .map(|(k, v)| (k, json_of(v)))
+                .collect(),
+        ),
     }
 }

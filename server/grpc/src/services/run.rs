@@ -4,10 +4,11 @@ use std::{pin::Pin, time::Duration};
 
 use composer_coordinator::{Coordinator, EventTarget, RunView, StartRun, watch::RunChanges};
 use composer_proto::v1::{
-    CancelRunRequest, CancelRunResponse, Failure, GetRunHistoryRequest, GetRunHistoryResponse, GetRunRequest,
-    GetRunResponse, HistoryEvent, ListRunsRequest, ListRunsResponse, NodeState, NodeStatus, RetryRunRequest,
-    RetryRunResponse, Run, RunStatus, SendEventRequest, SendEventResponse, StartRunRequest, StartRunResponse,
-    WatchRunRequest, WatchRunResponse, run_service_server::RunService, send_event_request::Target,
+    CancelRunRequest, CancelRunResponse, Failure, GetRunHistoryRequest, GetRunHistoryResponse,
+    GetRunRequest, GetRunResponse, HistoryEvent, ListRunsRequest, ListRunsResponse, NodeState,
+    NodeStatus, RetryRunRequest, RetryRunResponse, Run, RunStatus, SendEventRequest,
+    SendEventResponse, StartRunRequest, StartRunResponse, WatchRunRequest, WatchRunResponse,
+    run_service_server::RunService, send_event_request::Target,
 };
 use composer_store::runs::{HistoryRow, NodeRow, RunFilter, RunRow};
 use serde_json::{Value as Json, json};
@@ -78,7 +79,10 @@ fn node_message(row: NodeRow) -> NodeState {
     let node_type = node_id.split('[').next().unwrap_or_default().to_owned();
     NodeState {
         status: node_status(&row.status) as i32,
-        attempt: row.state["attempt"].as_i64().and_then(|a| i32::try_from(a).ok()).unwrap_or(0),
+        attempt: row.state["attempt"]
+            .as_i64()
+            .and_then(|a| i32::try_from(a).ok())
+            .unwrap_or(0),
         output: row.state.get("output").map(from_json),
         error: failure(row.state.get("error"), &node_id),
         start_time: row.started_at.map(timestamp),
@@ -109,7 +113,10 @@ fn run_message(run: RunRow, nodes: Vec<NodeRow>) -> Run {
         error: failure(run.error.as_ref(), ""),
         labels,
         idempotency_key: run.idempotency_key.unwrap_or_default(),
-        parent_run_id: run.parent_run_id.map(|id| id.to_string()).unwrap_or_default(),
+        parent_run_id: run
+            .parent_run_id
+            .map(|id| id.to_string())
+            .unwrap_or_default(),
         parent_node_id: run.parent_node.unwrap_or_default(),
         create_time: Some(timestamp(run.created_at)),
         update_time: Some(timestamp(run.updated_at)),
@@ -156,14 +163,20 @@ type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchRunResponse, Status>> +
 
 #[tonic::async_trait]
 impl RunService for RunApi {
-    async fn start_run(&self, request: Request<StartRunRequest>) -> Result<Response<StartRunResponse>, Status> {
+    async fn start_run(
+        &self,
+        request: Request<StartRunRequest>,
+    ) -> Result<Response<StartRunResponse>, Status> {
         let caller = caller(&request);
         let request = request.into_inner();
         if request.workflow_name.is_empty() {
             return Err(invalid_field("workflow_name", "must not be empty"));
         }
         if request.version < 0 {
-            return Err(invalid_field("version", "must be 0 (latest) or a version number"));
+            return Err(invalid_field(
+                "version",
+                "must be 0 (latest) or a version number",
+            ));
         }
         let input = to_json(request.input, "input")?;
         let (run, created) = self
@@ -185,7 +198,10 @@ impl RunService for RunApi {
         }))
     }
 
-    async fn get_run(&self, request: Request<GetRunRequest>) -> Result<Response<GetRunResponse>, Status> {
+    async fn get_run(
+        &self,
+        request: Request<GetRunRequest>,
+    ) -> Result<Response<GetRunResponse>, Status> {
         let caller = caller(&request);
         let run_id = request.into_inner().run_id;
         require_run_id(&run_id)?;
@@ -199,17 +215,26 @@ impl RunService for RunApi {
         }))
     }
 
-    async fn list_runs(&self, request: Request<ListRunsRequest>) -> Result<Response<ListRunsResponse>, Status> {
+    async fn list_runs(
+        &self,
+        request: Request<ListRunsRequest>,
+    ) -> Result<Response<ListRunsResponse>, Status> {
         let caller = caller(&request);
         let request = request.into_inner();
         let limit = page_size(request.page_size)?;
         let statuses = request
             .statuses()
-            .map(|s| status_text(s).ok_or_else(|| invalid_field("statuses", "RUN_STATUS_UNSPECIFIED matches nothing")))
+            .map(|s| {
+                status_text(s).ok_or_else(|| {
+                    invalid_field("statuses", "RUN_STATUS_UNSPECIFIED matches nothing")
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let parent_run_id = match request.parent_run_id.as_str() {
             "" => None,
-            id => Some(Uuid::parse_str(id).map_err(|_| invalid_field("parent_run_id", "not a run id"))?),
+            id => Some(
+                Uuid::parse_str(id).map_err(|_| invalid_field("parent_run_id", "not a run id"))?,
+            ),
         };
         let filter = RunFilter {
             workflow_name: Some(request.workflow_name).filter(|n| !n.is_empty()),
@@ -240,12 +265,18 @@ impl RunService for RunApi {
             _ => String::new(),
         };
         Ok(Response::new(ListRunsResponse {
-            runs: page.into_iter().map(|run| run_message(run, Vec::new())).collect(),
+            runs: page
+                .into_iter()
+                .map(|run| run_message(run, Vec::new()))
+                .collect(),
             next_page_token,
         }))
     }
 
-    async fn cancel_run(&self, request: Request<CancelRunRequest>) -> Result<Response<CancelRunResponse>, Status> {
+    async fn cancel_run(
+        &self,
+        request: Request<CancelRunRequest>,
+    ) -> Result<Response<CancelRunResponse>, Status> {
         let caller = caller(&request);
         let request = request.into_inner();
         require_run_id(&request.run_id)?;
@@ -256,7 +287,12 @@ impl RunService for RunApi {
         };
         let run = self
             .coordinator
-            .cancel_run(Some(&caller.namespace), &request.run_id, &reason, &caller.subject)
+            .cancel_run(
+                Some(&caller.namespace),
+                &request.run_id,
+                &reason,
+                &caller.subject,
+            )
             .await
             .map_err(from_coordinator)?;
         Ok(Response::new(CancelRunResponse {
@@ -264,7 +300,10 @@ impl RunService for RunApi {
         }))
     }
 
-    async fn retry_run(&self, request: Request<RetryRunRequest>) -> Result<Response<RetryRunResponse>, Status> {
+    async fn retry_run(
+        &self,
+        request: Request<RetryRunRequest>,
+    ) -> Result<Response<RetryRunResponse>, Status> {
         let caller = caller(&request);
         let run_id = request.into_inner().run_id;
         require_run_id(&run_id)?;
@@ -278,7 +317,10 @@ impl RunService for RunApi {
         }))
     }
 
-    async fn send_event(&self, request: Request<SendEventRequest>) -> Result<Response<SendEventResponse>, Status> {
+    async fn send_event(
+        &self,
+        request: Request<SendEventRequest>,
+    ) -> Result<Response<SendEventResponse>, Status> {
         let caller = caller(&request);
         let request = request.into_inner();
         if request.event_name.is_empty() {
@@ -286,7 +328,8 @@ impl RunService for RunApi {
         }
         let target = match request.target {
             Some(Target::RunId(id)) => EventTarget::Run(
-                Uuid::parse_str(&id).map_err(|_| Status::not_found(format!("run {id} not found")))?,
+                Uuid::parse_str(&id)
+                    .map_err(|_| Status::not_found(format!("run {id} not found")))?,
             ),
             Some(Target::CorrelationKey(key)) if !key.is_empty() => EventTarget::Correlation(key),
             _ => return Err(invalid_field("target", "set run_id or correlation_key")),
@@ -295,7 +338,14 @@ impl RunService for RunApi {
         let request_id = Some(request.request_id.as_str()).filter(|r| !r.is_empty());
         let result = self
             .coordinator
-            .send_event(&caller.namespace, target, &request.event_name, payload, request_id, &caller.subject)
+            .send_event(
+                &caller.namespace,
+                target,
+                &request.event_name,
+                payload,
+                request_id,
+                &caller.subject,
+            )
             .await
             .map_err(from_coordinator)?;
         Ok(Response::new(SendEventResponse {
@@ -335,7 +385,10 @@ impl RunService for RunApi {
         }))
     }
 
-    async fn watch_run(&self, request: Request<WatchRunRequest>) -> Result<Response<WatchStream>, Status> {
+    async fn watch_run(
+        &self,
+        request: Request<WatchRunRequest>,
+    ) -> Result<Response<WatchStream>, Status> {
         let caller = caller(&request);
         let run_id = request.into_inner().run_id;
         require_run_id(&run_id)?;
@@ -359,7 +412,10 @@ impl RunService for RunApi {
                 if let Some(last) = events.last() {
                     last_seq = last.seq;
                 }
-                let finished = matches!(view.run.status.as_str(), "COMPLETED" | "FAILED" | "CANCELLED");
+                let finished = matches!(
+                    view.run.status.as_str(),
+                    "COMPLETED" | "FAILED" | "CANCELLED"
+                );
                 let message = WatchRunResponse {
                     run: Some(view_message(view)),
                     events: events.into_iter().map(history_message).collect(),

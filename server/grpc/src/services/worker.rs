@@ -7,7 +7,8 @@ use std::{sync::Arc, time::Duration};
 use composer_coordinator::{Coordinator, TaskReport, dispatch::PollHub};
 use composer_proto::v1::{
     CompleteTaskRequest, CompleteTaskResponse, FailTaskRequest, FailTaskResponse, HeartbeatRequest,
-    HeartbeatResponse, PollTasksRequest, PollTasksResponse, Task, worker_service_server::WorkerService,
+    HeartbeatResponse, PollTasksRequest, PollTasksResponse, Task,
+    worker_service_server::WorkerService,
 };
 use composer_store::tasks::LeasedTask;
 use tokio::sync::watch;
@@ -80,17 +81,26 @@ fn wait_of(wait: Option<prost_types::Duration>) -> Result<Duration, Status> {
 
 #[tonic::async_trait]
 impl WorkerService for WorkerApi {
-    async fn poll_tasks(&self, request: Request<PollTasksRequest>) -> Result<Response<PollTasksResponse>, Status> {
+    async fn poll_tasks(
+        &self,
+        request: Request<PollTasksRequest>,
+    ) -> Result<Response<PollTasksResponse>, Status> {
         let caller = caller(&request);
         let request = request.into_inner();
         if request.worker_id.is_empty() {
             return Err(invalid_field("worker_id", "must not be empty"));
         }
         if request.queues.is_empty() || request.queues.iter().any(String::is_empty) {
-            return Err(invalid_field("queues", "name at least one queue, none empty"));
+            return Err(invalid_field(
+                "queues",
+                "name at least one queue, none empty",
+            ));
         }
         if request.max_tasks < 0 || request.max_tasks > MAX_TASKS {
-            return Err(invalid_field("max_tasks", format!("must be 0 (one) to {MAX_TASKS}")));
+            return Err(invalid_field(
+                "max_tasks",
+                format!("must be 0 (one) to {MAX_TASKS}"),
+            ));
         }
         let max = usize::try_from(request.max_tasks.max(1)).unwrap_or(1);
         let wait = wait_of(request.wait)?;
@@ -99,7 +109,13 @@ impl WorkerService for WorkerApi {
             return Ok(Response::new(PollTasksResponse { tasks: Vec::new() }));
         }
         let hub = Arc::clone(&self.hub);
-        let poll = hub.poll(&caller.namespace, &request.queues, &request.worker_id, max, wait);
+        let poll = hub.poll(
+            &caller.namespace,
+            &request.queues,
+            &request.worker_id,
+            max,
+            wait,
+        );
         let tasks = tokio::select! {
             tasks = poll => tasks,
             _ = draining.wait_for(|d| *d) => Vec::new(),
@@ -109,13 +125,21 @@ impl WorkerService for WorkerApi {
         }))
     }
 
-    async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+    async fn heartbeat(
+        &self,
+        request: Request<HeartbeatRequest>,
+    ) -> Result<Response<HeartbeatResponse>, Status> {
         let caller = caller(&request);
         let request = request.into_inner();
         lease_fields(&request.task_id, &request.lease_token, request.attempt)?;
         let answer = self
             .coordinator
-            .heartbeat(Some(&caller.namespace), &request.task_id, request.attempt, &request.lease_token)
+            .heartbeat(
+                Some(&caller.namespace),
+                &request.task_id,
+                request.attempt,
+                &request.lease_token,
+            )
             .await
             .map_err(from_coordinator)?;
         Ok(Response::new(HeartbeatResponse {
@@ -146,7 +170,10 @@ impl WorkerService for WorkerApi {
         Ok(Response::new(CompleteTaskResponse {}))
     }
 
-    async fn fail_task(&self, request: Request<FailTaskRequest>) -> Result<Response<FailTaskResponse>, Status> {
+    async fn fail_task(
+        &self,
+        request: Request<FailTaskRequest>,
+    ) -> Result<Response<FailTaskResponse>, Status> {
         let caller = caller(&request);
         let request = request.into_inner();
         lease_fields(&request.task_id, &request.lease_token, request.attempt)?;

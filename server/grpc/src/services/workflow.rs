@@ -2,9 +2,10 @@
 
 use composer_coordinator::{Coordinator, workflows};
 use composer_proto::v1::{
-    GetWorkflowRequest, GetWorkflowResponse, ListWorkflowVersionsRequest, ListWorkflowVersionsResponse,
-    ListWorkflowsRequest, ListWorkflowsResponse, RegisterWorkflowRequest, RegisterWorkflowResponse,
-    ValidateWorkflowRequest, ValidateWorkflowResponse, ValidationProblem, WorkflowSummary, WorkflowVersion,
+    GetWorkflowRequest, GetWorkflowResponse, ListWorkflowVersionsRequest,
+    ListWorkflowVersionsResponse, ListWorkflowsRequest, ListWorkflowsResponse,
+    RegisterWorkflowRequest, RegisterWorkflowResponse, ValidateWorkflowRequest,
+    ValidateWorkflowResponse, ValidationProblem, WorkflowSummary, WorkflowVersion,
     workflow_service_server::WorkflowService,
 };
 use composer_store::workflows::WorkflowRow;
@@ -31,7 +32,11 @@ fn version_message(row: WorkflowRow, with_source: bool) -> WorkflowVersion {
         name: row.name,
         version: row.version,
         description: row.description,
-        source: if with_source { row.source } else { String::new() },
+        source: if with_source {
+            row.source
+        } else {
+            String::new()
+        },
         definition: with_source.then(|| from_json(&row.definition)),
         content_hash: row.content_hash,
         create_time: Some(timestamp(row.created_at)),
@@ -45,7 +50,10 @@ fn check_source(source: &str) -> Result<(), Status> {
     if source.len() > MAX_SOURCE_BYTES {
         return Err(invalid_field(
             "source",
-            format!("is {} bytes, over the limit of {MAX_SOURCE_BYTES}", source.len()),
+            format!(
+                "is {} bytes, over the limit of {MAX_SOURCE_BYTES}",
+                source.len()
+            ),
         ));
     }
     Ok(())
@@ -110,7 +118,10 @@ impl WorkflowService for WorkflowApi {
         let request = request.into_inner();
         check_name(&request.name)?;
         if request.version < 0 {
-            return Err(invalid_field("version", "must be 0 (latest) or a version number"));
+            return Err(invalid_field(
+                "version",
+                "must be 0 (latest) or a version number",
+            ));
         }
         let version = (request.version > 0).then_some(request.version);
         let row = self
@@ -133,13 +144,13 @@ impl WorkflowService for WorkflowApi {
         let rows = self
             .coordinator
             .list_workflows(
-            &caller.namespace,
-            &request.name_prefix,
-            &request.page_token,
-            limit + 1,
-        )
-        .await
-        .map_err(from_coordinator)?;
+                &caller.namespace,
+                &request.name_prefix,
+                &request.page_token,
+                limit + 1,
+            )
+            .await
+            .map_err(from_coordinator)?;
         let more = rows.len() as i64 > limit;
         let page: Vec<WorkflowRow> = rows.into_iter().take(limit as usize).collect();
         let next_page_token = if more {
@@ -178,26 +189,29 @@ impl WorkflowService for WorkflowApi {
         };
         let rows = self
             .coordinator
-            .list_workflow_versions(
-            &caller.namespace,
-            &request.name,
-            before,
-            limit + 1,
-        )
-        .await
-        .map_err(from_coordinator)?;
+            .list_workflow_versions(&caller.namespace, &request.name, before, limit + 1)
+            .await
+            .map_err(from_coordinator)?;
         if rows.is_empty() && request.page_token.is_empty() {
-            return Err(Status::not_found(format!("workflow {:?} not found", request.name)));
+            return Err(Status::not_found(format!(
+                "workflow {:?} not found",
+                request.name
+            )));
         }
         let more = rows.len() as i64 > limit;
         let page: Vec<WorkflowRow> = rows.into_iter().take(limit as usize).collect();
         let next_page_token = if more {
-            page.last().map(|r| r.version.to_string()).unwrap_or_default()
+            page.last()
+                .map(|r| r.version.to_string())
+                .unwrap_or_default()
         } else {
             String::new()
         };
         Ok(Response::new(ListWorkflowVersionsResponse {
-            versions: page.into_iter().map(|row| version_message(row, false)).collect(),
+            versions: page
+                .into_iter()
+                .map(|row| version_message(row, false))
+                .collect(),
             next_page_token,
         }))
     }
