@@ -403,3 +403,202 @@ async fn oversized_input_is_refused_naming_the_limit_and_nothing_is_stored() {
         .into_inner();
     assert!(listed.runs.is_empty(), "nothing stored");
 }
+
+async fn worker_client(url: &str) -> composer_proto::v1::worker_service_client::WorkerServiceClient<tonic::transport::Channel> {
+    composer_proto::v1::worker_service_client::WorkerServiceClient::connect(url.to_owned())
+        .await
+        .expect("connect")
+}
+
+async fn poll_one(
+    worker: &mut composer_proto::v1::worker_service_client::WorkerServiceClient<tonic::transport::Channel>,
+    id: &str,
+    queue: &str,
+    wait_secs: i64,
+) -> Vec<composer_proto::v1::Task> {
+    worker
+        .poll_tasks(composer_proto::v1::PollTasksRequest {
+            worker_id: id.to_owned(),
+            queues: vec![queue.to_owned()],
+            max_tasks: 1,
+            wait: Some(prost_types::Duration {
+                seconds: wait_secs,
+                nanos: 0,
+            }),
+        })
+        .await
+        .expect("poll")
+        .into_inner()
+        .tasks
+}
+
+#[tokio::test]
+async fn a_silent_worker_loses_its_lease_the_task_runs_again_and_its_late_report_is_refused() {
+    use composer_proto::v1::CompleteTaskRequest;
+    use tonic_types::StatusExt;
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register("name: leased\nnodes:\n  - { id: only, type: TASK, queue: ql, task: t, heartbeat_timeout: 1s }\noutput: { by: \"${nodes.only.output}\" }\n")
+        .await;
+    let run_id = client.start("leased", json!({})).await;
+    let mut first = worker_client(&server.url()).await;
+    let mut second = worker_client(&server.url()).await;
+
+    let lost = poll_one(&mut first, "first", "ql", 10).await.pop().expect("attempt 1 leased");
+    assert_eq!(lost.attempt, 1);
+    // no heartbeat: the lease (1s) expires and the task comes back as attempt 2
+    let retried = poll_one(&mut second, "second", "ql", 20).await.pop().expect("attempt 2 leased");
+    assert_eq!((retried.task_id.as_str(), retried.attempt), (lost.task_id.as_str(), 2));
+    second
+        .complete_task(CompleteTaskRequest {
+            task_id: retried.task_id.clone(),
+            attempt: retried.attempt,
+            lease_token: retried.lease_token.clone(),
+            output: Some(composer_testkit::worker::value_of(&json!("second"))),
+        })
+        .await
+        .expect("attempt 2 reports");
+
+    let late = first
+        .complete_task(CompleteTaskRequest {
+            task_id: lost.task_id.clone(),
+            attempt: lost.attempt,
+            lease_token: lost.lease_token.clone(),
+            output: Some(composer_testkit::worker::value_of(&json!("first"))),
+        })
+        .await
+        .expect_err("the late report is refused");
+    assert_eq!(late.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(late.get_details_error_info().map(|i| i.reason), Some("LEASE_LOST".to_owned()));
+
+    let run = client.wait_done(&run_id, WAIT).await;
+    assert_eq!(output_of(&run), json!({"by": "second"}), "the late report changed nothing");
+    let history = client.history(&run_id).await;
+    assert_eq!(history.iter().filter(|e| e.event_type == "node_completed").count(), 1);
+
+    // a repeat of the applied report is OK and changes nothing
+    second
+        .complete_task(CompleteTaskRequest {
+            task_id: retried.task_id.clone(),
+            attempt: retried.attempt,
+            lease_token: retried.lease_token.clone(),
+            output: Some(composer_testkit::worker::value_of(&json!("second"))),
+        })
+        .await
+        .expect("a repeated report is OK");
+    assert_eq!(client.history(&run_id).await.len(), history.len());
+}
+
+#[tokio::test]
+async fn two_pollers_racing_for_one_task_get_exactly_one_lease() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register("name: single\nnodes:\n  - { id: only, type: TASK, queue: qx, task: t }\n")
+        .await;
+    let mut a = worker_client(&server.url()).await;
+    let mut b = worker_client(&server.url()).await;
+    let (got_a, got_b, _) = tokio::join!(
+        poll_one(&mut a, "a", "qx", 3),
+        poll_one(&mut b, "b", "qx", 3),
+        async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            client.start("single", json!({})).await
+        }
+    );
+    assert_eq!(got_a.len() + got_b.len(), 1, "a: {got_a:?}, b: {got_b:?}");
+}
+
+#[tokio::test]
+async fn cancel_during_a_retry_back_off_starts_no_further_attempt() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register("name: backoff\nnodes:\n  - { id: only, type: TASK, queue: qc, task: t, retry: { max_attempts: 5, initial_interval: 1s } }\n")
+        .await;
+    let worker = TestWorker::start(&server.url(), &["qc"], 1, 1, |_| Outcome::Fail {
+        code: "DOWN".to_owned(),
+        retryable: true,
+    })
+    .await;
+    let run_id = client.start("backoff", json!({})).await;
+    while worker.leases().is_empty() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // attempt 1 failed (or is failing); the back-off timer is set
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    client
+        .runs
+        .cancel_run(composer_proto::v1::CancelRunRequest {
+            run_id: run_id.clone(),
+            reason: "customer gave up".to_owned(),
+        })
+        .await
+        .expect("cancel");
+    let run = client.wait_done(&run_id, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Cancelled);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(worker.leases().len(), 1, "no attempt after the cancel");
+    let history = client.history(&run_id).await;
+    let cancel = history
+        .iter()
+        .find(|e| e.event_type == "cancel_requested_by")
+        .expect("who cancelled is recorded");
+    assert_eq!(cancel.actor, "anonymous");
+}
+
+#[tokio::test]
+async fn cancelling_a_parent_cancels_its_child() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register("name: child\nnodes:\n  - { id: work, type: TASK, queue: qp, task: t }\n")
+        .await;
+    client
+        .register("name: parent\nnodes:\n  - { id: sub, type: SUB_WORKFLOW, workflow: child }\n")
+        .await;
+    let worker = TestWorker::start(&server.url(), &["qp"], 1, 1, |_| Outcome::Vanish).await;
+    let parent = client.start("parent", json!({})).await;
+    while worker.leases().is_empty() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let children = client
+        .runs
+        .list_runs(composer_proto::v1::ListRunsRequest {
+            parent_run_id: parent.clone(),
+            ..Default::default()
+        })
+        .await
+        .expect("list children")
+        .into_inner()
+        .runs;
+    assert_eq!(children.len(), 1);
+    client
+        .runs
+        .cancel_run(composer_proto::v1::CancelRunRequest {
+            run_id: parent.clone(),
+            reason: String::new(),
+        })
+        .await
+        .expect("cancel");
+    let parent_run = client.wait_done(&parent, WAIT).await;
+    assert_eq!(parent_run.status(), RunStatus::Cancelled);
+    let child = client.wait_done(&children[0].run_id, WAIT).await;
+    assert_eq!(child.status(), RunStatus::Cancelled);
+}
+
+#[tokio::test]
+async fn a_sub_workflow_returns_its_childs_output() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(THREE_STEPS).await;
+    client
+        .register("name: wrapper\nnodes:\n  - { id: sub, type: SUB_WORKFLOW, workflow: three_steps, input: { n: \"${input.start}\" } }\noutput: \"${nodes.sub.output}\"\n")
+        .await;
+    let _worker = TestWorker::start(&server.url(), &["q3"], 1, 1, |task| add_one(&task.input)).await;
+    let run_id = client.start("wrapper", json!({"start": 1})).await;
+    let run = client.wait_done(&run_id, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
+    assert_eq!(output_of(&run), json!({"total": 4}));
+}
