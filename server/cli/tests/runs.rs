@@ -404,14 +404,18 @@ async fn oversized_input_is_refused_naming_the_limit_and_nothing_is_stored() {
     assert!(listed.runs.is_empty(), "nothing stored");
 }
 
-async fn worker_client(url: &str) -> composer_proto::v1::worker_service_client::WorkerServiceClient<tonic::transport::Channel> {
+async fn worker_client(
+    url: &str,
+) -> composer_proto::v1::worker_service_client::WorkerServiceClient<tonic::transport::Channel> {
     composer_proto::v1::worker_service_client::WorkerServiceClient::connect(url.to_owned())
         .await
         .expect("connect")
 }
 
 async fn poll_one(
-    worker: &mut composer_proto::v1::worker_service_client::WorkerServiceClient<tonic::transport::Channel>,
+    worker: &mut composer_proto::v1::worker_service_client::WorkerServiceClient<
+        tonic::transport::Channel,
+    >,
     id: &str,
     queue: &str,
     wait_secs: i64,
@@ -445,11 +449,20 @@ async fn a_silent_worker_loses_its_lease_the_task_runs_again_and_its_late_report
     let mut first = worker_client(&server.url()).await;
     let mut second = worker_client(&server.url()).await;
 
-    let lost = poll_one(&mut first, "first", "ql", 10).await.pop().expect("attempt 1 leased");
+    let lost = poll_one(&mut first, "first", "ql", 10)
+        .await
+        .pop()
+        .expect("attempt 1 leased");
     assert_eq!(lost.attempt, 1);
     // no heartbeat: the lease (1s) expires and the task comes back as attempt 2
-    let retried = poll_one(&mut second, "second", "ql", 20).await.pop().expect("attempt 2 leased");
-    assert_eq!((retried.task_id.as_str(), retried.attempt), (lost.task_id.as_str(), 2));
+    let retried = poll_one(&mut second, "second", "ql", 20)
+        .await
+        .pop()
+        .expect("attempt 2 leased");
+    assert_eq!(
+        (retried.task_id.as_str(), retried.attempt),
+        (lost.task_id.as_str(), 2)
+    );
     second
         .complete_task(CompleteTaskRequest {
             task_id: retried.task_id.clone(),
@@ -470,12 +483,25 @@ async fn a_silent_worker_loses_its_lease_the_task_runs_again_and_its_late_report
         .await
         .expect_err("the late report is refused");
     assert_eq!(late.code(), tonic::Code::FailedPrecondition);
-    assert_eq!(late.get_details_error_info().map(|i| i.reason), Some("LEASE_LOST".to_owned()));
+    assert_eq!(
+        late.get_details_error_info().map(|i| i.reason),
+        Some("LEASE_LOST".to_owned())
+    );
 
     let run = client.wait_done(&run_id, WAIT).await;
-    assert_eq!(output_of(&run), json!({"by": "second"}), "the late report changed nothing");
+    assert_eq!(
+        output_of(&run),
+        json!({"by": "second"}),
+        "the late report changed nothing"
+    );
     let history = client.history(&run_id).await;
-    assert_eq!(history.iter().filter(|e| e.event_type == "node_completed").count(), 1);
+    assert_eq!(
+        history
+            .iter()
+            .filter(|e| e.event_type == "node_completed")
+            .count(),
+        1
+    );
 
     // a repeat of the applied report is OK and changes nothing
     second
@@ -596,7 +622,8 @@ async fn a_sub_workflow_returns_its_childs_output() {
     client
         .register("name: wrapper\nnodes:\n  - { id: sub, type: SUB_WORKFLOW, workflow: three_steps, input: { n: \"${input.start}\" } }\noutput: \"${nodes.sub.output}\"\n")
         .await;
-    let _worker = TestWorker::start(&server.url(), &["q3"], 1, 1, |task| add_one(&task.input)).await;
+    let _worker =
+        TestWorker::start(&server.url(), &["q3"], 1, 1, |task| add_one(&task.input)).await;
     let run_id = client.start("wrapper", json!({"start": 1})).await;
     let run = client.wait_done(&run_id, WAIT).await;
     assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");

@@ -98,9 +98,20 @@ impl ServerProcess {
         redis_url: &str,
         extra_args: &[&str],
     ) -> Self {
+        Self::start_on(binary, "127.0.0.1:0", database_url, redis_url, extra_args).await
+    }
+
+    /// Starts `binary serve` on `listen` against the given backends.
+    pub async fn start_on(
+        binary: &Path,
+        listen: &str,
+        database_url: &str,
+        redis_url: &str,
+        extra_args: &[&str],
+    ) -> Self {
         let mut child = Command::new(binary)
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(["--listen", listen, "--log-format", "json"])
             .args(["--database-url", database_url, "--redis-url", redis_url])
             .args(extra_args)
             .stdin(Stdio::null())
@@ -140,6 +151,11 @@ impl ServerProcess {
             stderr: lines,
             reader: Some(reader),
         }
+    }
+
+    /// Kills the server at once (SIGKILL), as a crash would.
+    pub async fn kill(&mut self) {
+        let _ = self.child.kill().await;
     }
 
     /// `http://127.0.0.1:<port>`.

@@ -1,0 +1,278 @@
+//! Fault injection: Redis wiped, the server killed, several servers, HTTP
+//! nodes against a flaky endpoint. Real processes, real Postgres and Redis.
+
+use std::{
+    collections::{HashMap, HashSet},
+    path::PathBuf,
+    sync::{Arc, Mutex},
+    time::Duration,
+};
+
+use composer_cli::local_services::{LocalServices, LocalServicesOptions};
+use composer_proto::v1::RunStatus;
+use composer_testkit::{
+    ServerProcess,
+    client::{TestClient, output_of},
+    worker::{Outcome, TestWorker},
+};
+use serde_json::json;
+use tokio::{
+    io::{AsyncReadExt, AsyncWriteExt},
+    net::TcpListener,
+};
+
+fn composer_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_composer"))
+}
+
+const WAIT: Duration = Duration::from_secs(120);
+
+const PIPELINE: &str = r#"
+name: pipeline
+nodes:
+  - { id: a, type: TASK, queue: qf, task: step, heartbeat_timeout: 2s }
+  - { id: b, type: TASK, queue: qf, task: step, heartbeat_timeout: 2s }
+  - { id: c, type: TASK, queue: qf, task: step, heartbeat_timeout: 2s }
+edges:
+  - { from: a, to: b }
+  - { from: b, to: c }
+output: { n: "${input.n}" }
+"#;
+
+fn step(_: &composer_testkit::worker::LeaseRecord) -> Outcome {
+    Outcome::Slow(Duration::from_millis(5), json!({"ok": true}))
+}
+
+async fn start_runs(client: &mut TestClient, count: usize) -> Vec<String> {
+    let mut ids = Vec::with_capacity(count);
+    for n in 0..count {
+        ids.push(client.start("pipeline", json!({ "n": n })).await);
+    }
+    ids
+}
+
+async fn assert_all_completed_once(client: &mut TestClient, ids: &[String]) {
+    for id in ids {
+        let run = client.wait_done(id, WAIT).await;
+        assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
+        let history = client.history(id).await;
+        let mut completed: HashMap<String, usize> = HashMap::new();
+        for event in history.iter().filter(|e| e.event_type == "node_completed") {
+            *completed.entry(event.node_id.clone()).or_default() += 1;
+        }
+        assert_eq!(completed.len(), 3, "{id}: {completed:?}");
+        assert!(
+            completed.values().all(|&n| n == 1),
+            "{id}: a step completed twice: {completed:?}"
+        );
+    }
+}
+
+async fn redis_command(port: u16, command: &[u8]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("redis");
+    stream.write_all(command).await.expect("send");
+    let mut reply = [0u8; 64];
+    let n = stream.read(&mut reply).await.expect("reply");
+    String::from_utf8_lossy(&reply[..n]).into_owned()
+}
+
+#[tokio::test]
+async fn flushall_on_redis_in_the_middle_of_200_runs_loses_none() {
+    let services = LocalServices::start(LocalServicesOptions::default())
+        .await
+        .expect("private services");
+    let server = ServerProcess::start_with(
+        &composer_binary(),
+        &services.database_url,
+        &services.redis_url,
+        &["--lost-dispatch-grace", "2s"],
+    )
+    .await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(PIPELINE).await;
+    let worker = TestWorker::start(&server.url(), &["qf"], 4, 10, step).await;
+    let ids = start_runs(&mut client, 200).await;
+    while worker.leases().len() < 150 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        redis_command(services.redis_port, b"FLUSHALL\r\n")
+            .await
+            .trim(),
+        "+OK"
+    );
+    assert_all_completed_once(&mut client, &ids).await;
+    drop(worker);
+    drop(server);
+    services.stop().await;
+}
+
+#[tokio::test]
+async fn the_server_killed_mid_way_through_200_runs_restarts_and_finishes_them_all() {
+    let database = composer_testkit::fresh_database().await;
+    let redis = composer_testkit::fresh_redis_url();
+    let args = ["--lost-dispatch-grace", "2s"];
+    let mut server = ServerProcess::start_with(&composer_binary(), &database, &redis, &args).await;
+    let addr = server.addr.clone();
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(PIPELINE).await;
+    let worker = TestWorker::start(&server.url(), &["qf"], 4, 10, step).await;
+    let ids = start_runs(&mut client, 200).await;
+    while worker.leases().len() < 200 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.kill().await;
+    let _restarted =
+        ServerProcess::start_on(&composer_binary(), &addr, &database, &redis, &args).await;
+    assert_all_completed_once(&mut client, &ids).await;
+}
+
+#[tokio::test]
+async fn three_servers_complete_1000_runs_and_never_lease_an_attempt_twice() {
+    let database = composer_testkit::fresh_database().await;
+    let redis = composer_testkit::fresh_redis_url();
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        servers.push(ServerProcess::start_with(&composer_binary(), &database, &redis, &[]).await);
+    }
+    let mut clients = Vec::new();
+    let mut workers = Vec::new();
+    for server in &servers {
+        clients.push(TestClient::connect(&server.url()).await);
+        workers.push(
+            TestWorker::start(&server.url(), &["qf"], 2, 20, |_| {
+                Outcome::Complete(json!({"ok": true}))
+            })
+            .await,
+        );
+    }
+    clients[0].register(PIPELINE).await;
+    let mut ids = Vec::new();
+    for n in 0..1000 {
+        let client = &mut clients[n % 3];
+        ids.push(client.start("pipeline", json!({ "n": n })).await);
+    }
+    for id in &ids {
+        let run = clients[0].wait_done(id, WAIT).await;
+        assert_eq!(run.status(), RunStatus::Completed);
+    }
+    let mut seen = HashSet::new();
+    let mut total = 0;
+    for worker in &workers {
+        for lease in worker.leases() {
+            total += 1;
+            assert!(
+                seen.insert((lease.task_id.clone(), lease.attempt)),
+                "leased twice: {lease:?}"
+            );
+        }
+    }
+    assert_eq!(
+        total, 3000,
+        "every task leased exactly once across three servers"
+    );
+    let leased_by_every_server = workers.iter().all(|w| !w.leases().is_empty());
+    assert!(leased_by_every_server);
+
+    // the tasks table agrees: 3000 tasks, each completed at attempt 1
+    let pool = sqlx::PgPool::connect(&database).await.expect("connect");
+    let (tasks, attempts): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), COALESCE(sum(attempt), 0)::bigint FROM tasks WHERE status = 'COMPLETED'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count tasks");
+    assert_eq!((tasks, attempts), (3000, 3000));
+}
+
+/// A local endpoint that answers 503 twice, then 200 with JSON, recording
+/// every request's Idempotency-Key.
+async fn flaky_endpoint() -> (String, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let keys = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&keys);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let seen = Arc::clone(&seen);
+            tokio::spawn(async move {
+                let mut buffer = vec![0u8; 16 * 1024];
+                let mut read = 0;
+                while !String::from_utf8_lossy(&buffer[..read]).contains("\r\n\r\n") {
+                    match socket.read(&mut buffer[read..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => read += n,
+                    }
+                }
+                let request = String::from_utf8_lossy(&buffer[..read]).to_lowercase();
+                let key = request
+                    .lines()
+                    .find_map(|l| l.strip_prefix("idempotency-key:"))
+                    .map(|v| v.trim().to_owned())
+                    .unwrap_or_default();
+                let count = {
+                    let mut keys = seen.lock().expect("keys");
+                    keys.push(key);
+                    keys.len()
+                };
+                let response = if count <= 2 {
+                    "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\nconnection: close\r\n\r\nbusy".to_owned()
+                } else {
+                    let body = r#"{"id":"ch_1"}"#;
+                    format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                };
+                let _ = socket.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    (format!("http://{addr}"), keys)
+}
+
+#[tokio::test]
+async fn an_http_node_retries_503s_with_one_idempotency_key_and_the_ssrf_guard_refuses_metadata() {
+    let server = ServerProcess::start(&composer_binary(), &["--http-allow-loopback"]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    let (endpoint, keys) = flaky_endpoint().await;
+    client
+        .register(&format!(
+            r#"
+name: charge
+nodes:
+  - id: charge
+    type: HTTP
+    http: {{ method: POST, url: "{endpoint}/charge", body: {{ amount: "${{input.amount}}" }} }}
+    retry: {{ max_attempts: 5, initial_interval: 100ms }}
+output: {{ id: "${{nodes.charge.output.body.id}}", status: "${{nodes.charge.output.status}}" }}
+"#
+        ))
+        .await;
+    let run_id = client.start("charge", json!({"amount": 12})).await;
+    let run = client.wait_done(&run_id, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
+    assert_eq!(output_of(&run), json!({"id": "ch_1", "status": 200}));
+    let keys = keys.lock().expect("keys").clone();
+    assert_eq!(keys.len(), 3, "503, 503, 200");
+    assert!(!keys[0].is_empty());
+    assert!(
+        keys.iter().all(|k| *k == keys[0]),
+        "one Idempotency-Key on every attempt: {keys:?}"
+    );
+
+    client
+        .register(
+            "name: metadata\nnodes:\n  - { id: steal, type: HTTP, http: { method: GET, url: \"http://169.254.169.254/latest/meta-data/\" } }\n",
+        )
+        .await;
+    let run_id = client.start("metadata", json!({})).await;
+    let run = client.wait_done(&run_id, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Failed);
+    assert_eq!(run.error.expect("error").code, "SSRF_BLOCKED");
+}
