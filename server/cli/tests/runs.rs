@@ -629,3 +629,142 @@ async fn a_sub_workflow_returns_its_childs_output() {
     assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
     assert_eq!(output_of(&run), json!({"total": 4}));
 }
+
+#[tokio::test]
+async fn a_running_worker_learns_of_a_cancel_at_its_next_heartbeat_and_watch_run_streams_to_the_end()
+ {
+    use composer_proto::v1::{HeartbeatRequest, WatchRunRequest};
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register("name: long\nnodes:\n  - { id: only, type: TASK, queue: qw, task: t }\n")
+        .await;
+    let run_id = client.start("long", json!({})).await;
+    let mut stream = client
+        .runs
+        .watch_run(WatchRunRequest {
+            run_id: run_id.clone(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    let first = stream
+        .message()
+        .await
+        .expect("stream")
+        .expect("a first snapshot");
+    assert_eq!(first.run.expect("run").status(), RunStatus::Running);
+
+    let mut worker = worker_client(&server.url()).await;
+    let task = poll_one(&mut worker, "w", "qw", 10)
+        .await
+        .pop()
+        .expect("leased");
+    let beat = HeartbeatRequest {
+        task_id: task.task_id.clone(),
+        attempt: task.attempt,
+        lease_token: task.lease_token.clone(),
+    };
+    let alive = worker
+        .heartbeat(beat.clone())
+        .await
+        .expect("heartbeat")
+        .into_inner();
+    assert!(!alive.cancel_requested && alive.lease_expire_time.is_some());
+
+    client
+        .runs
+        .cancel_run(composer_proto::v1::CancelRunRequest {
+            run_id: run_id.clone(),
+            reason: "stop".to_owned(),
+        })
+        .await
+        .expect("cancel");
+    let told = worker
+        .heartbeat(beat)
+        .await
+        .expect("heartbeat after cancel")
+        .into_inner();
+    assert!(told.cancel_requested, "the worker learns of the cancel");
+
+    let mut last = None;
+    while let Some(update) = stream.message().await.expect("stream") {
+        last = update.run;
+    }
+    assert_eq!(
+        last.expect("a final snapshot").status(),
+        RunStatus::Cancelled,
+        "the stream ends with the run"
+    );
+}
+
+#[tokio::test]
+async fn list_runs_pages_newest_first_and_filters_by_status_and_label() {
+    use composer_proto::v1::ListRunsRequest;
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register("name: idle\nnodes:\n  - { id: only, type: WAIT_FOR_EVENT, event: never }\n")
+        .await;
+    let mut started = Vec::new();
+    for n in 0..5 {
+        let response = client
+            .runs
+            .start_run(composer_proto::v1::StartRunRequest {
+                workflow_name: "idle".to_owned(),
+                labels: [(
+                    "team".to_owned(),
+                    if n % 2 == 0 { "even" } else { "odd" }.to_owned(),
+                )]
+                .into(),
+                ..Default::default()
+            })
+            .await
+            .expect("start")
+            .into_inner();
+        started.push(response.run.expect("run").run_id);
+    }
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = client
+            .runs
+            .list_runs(ListRunsRequest {
+                page_size: 2,
+                page_token: token,
+                ..Default::default()
+            })
+            .await
+            .expect("page")
+            .into_inner();
+        assert!(page.runs.len() <= 2);
+        seen.extend(page.runs.into_iter().map(|r| r.run_id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    started.reverse();
+    assert_eq!(seen, started, "every run once, newest first");
+
+    let even = client
+        .runs
+        .list_runs(ListRunsRequest {
+            labels: [("team".to_owned(), "even".to_owned())].into(),
+            statuses: vec![RunStatus::Running as i32],
+            ..Default::default()
+        })
+        .await
+        .expect("filter")
+        .into_inner();
+    assert_eq!(even.runs.len(), 3);
+    let bad = client
+        .runs
+        .list_runs(ListRunsRequest {
+            page_token: "garbage".to_owned(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("a bad token is refused");
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+}
