@@ -7,3 +7,4 @@ pub mod dev;
 pub mod local_services;
 pub mod logging;
 pub mod serve;
+pub mod workflow_test;

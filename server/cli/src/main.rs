@@ -7,6 +7,7 @@ use composer_cli::{
     config::{BackendArgs, LogFormat, ServerArgs},
     dev::{self, DevArgs},
     logging, serve,
+    workflow_test::{self, WorkflowTestArgs},
 };
 
 #[derive(Debug, Parser)]
@@ -31,6 +32,9 @@ enum Command {
     },
     /// Start a private Postgres and Redis, migrate, and serve; Ctrl-C stops all.
     Dev(DevArgs),
+    /// Work with workflow definitions offline.
+    #[command(subcommand)]
+    Workflow(WorkflowCommand),
     /// Apply the database migrations and exit.
     Migrate {
         #[command(flatten)]
@@ -40,8 +44,20 @@ enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+enum WorkflowCommand {
+    /// Run a workflow in the simulator with scripted outcomes; no server needed.
+    Test(WorkflowTestArgs),
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Workflow(WorkflowCommand::Test(args)) = &cli.command {
+        return match workflow_test::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => fail(&error),
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -72,6 +88,7 @@ fn main() -> ExitCode {
                 logging::init(format, &args.server.log);
                 dev::run(args).await?;
             }
+            Command::Workflow(_) => {}
             Command::Migrate { backend, server } => {
                 logging::init(server.log_format, &server.log);
                 serve::migrate(&backend, &server).await?;

@@ -205,7 +205,7 @@ async fn wait_fires_and_an_event_is_consumed_whether_sent_before_or_after_the_wa
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let sent = send(&mut client, &late, json!({"ok": "late"})).await;
-    assert_eq!(sent.delivered_run_ids, [late.clone()]);
+    assert_eq!(sent.delivered_run_ids, vec![late.clone()]);
     let run = client.wait_done(&late, WAIT).await;
     assert_eq!(output_of(&run), json!({"ok": "late"}));
 }
