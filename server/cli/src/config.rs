@@ -69,6 +69,9 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_HTTP_CONCURRENCY", default_value_t = 64)]
     pub http_concurrency: usize,
 
+    #[command(flatten)]
+    pub auth: AuthArgs,
+
     /// Log format on standard error.
     #[arg(long, env = "COMPOSER_LOG_FORMAT", value_enum, default_value = "json")]
     pub log_format: LogFormat,
@@ -125,4 +128,38 @@ mod tests {
         assert!(parse_duration("abc").is_err());
         assert!(parse_duration("-1s").is_err());
     }
+}
+
+/// How callers are authenticated (`composer serve` refuses to start with
+/// none of these unless `--insecure` is given).
+#[derive(Debug, Clone, Default, Args)]
+pub struct AuthArgs {
+    /// Run without authentication: every call acts as an admin of the
+    /// `default` namespace. For local experiments only.
+    #[arg(long, env = "COMPOSER_INSECURE")]
+    pub insecure: bool,
+
+    /// HS256 shared secret (at least 32 bytes) that tokens are signed with.
+    #[arg(long, env = "COMPOSER_AUTH_SECRET", hide_env_values = true)]
+    pub auth_secret: Option<String>,
+
+    /// RS256 or EdDSA public key (PEM) that tokens are signed for; repeatable.
+    #[arg(long, env = "COMPOSER_AUTH_PUBLIC_KEY", value_delimiter = ',')]
+    pub auth_public_key: Vec<std::path::PathBuf>,
+
+    /// A JWKS file of public keys (each with `kid` and `alg`).
+    #[arg(long, env = "COMPOSER_AUTH_JWKS")]
+    pub auth_jwks: Option<std::path::PathBuf>,
+
+    /// Required `iss` claim.
+    #[arg(long, env = "COMPOSER_AUTH_ISSUER")]
+    pub auth_issuer: Option<String>,
+
+    /// Required `aud` claim.
+    #[arg(long, env = "COMPOSER_AUTH_AUDIENCE")]
+    pub auth_audience: Option<String>,
+
+    /// Clock leeway for `exp` and `nbf`, e.g. `30s`.
+    #[arg(long, env = "COMPOSER_AUTH_LEEWAY", default_value = "30s", value_parser = parse_duration)]
+    pub auth_leeway: Duration,
 }

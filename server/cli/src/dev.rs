@@ -41,6 +41,9 @@ pub enum DevError {
     /// The server could not start.
     #[error(transparent)]
     Server(#[from] StartError),
+    /// The dev key could not be made or the tokens minted.
+    #[error("dev tokens: {0}")]
+    Tokens(String),
     /// The env file could not be written.
     #[error("--env-file {path}: {source}")]
     EnvFile {
@@ -90,8 +93,10 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
         database_url: services.database_url.clone(),
         redis_url: services.redis_url.clone(),
     };
-    let backends = serve::connect_backends(&backend, &args.server).await?;
-    let listener = serve::bind(args.server.listen).await?;
+    let mut server = args.server.clone();
+    let tokens = dev_tokens(&mut server.auth, services.root())?;
+    let backends = serve::connect_backends(&backend, &server).await?;
+    let listener = serve::bind(server.listen).await?;
     let addr = listener
         .local_addr()
         .map(|a| a.to_string())
@@ -101,10 +106,19 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
     println!("  Postgres         {}", services.database_url);
     println!("  Redis            {}", services.redis_url);
     println!("  data             {} ({kept})", services.root().display());
-    println!("  try              grpcurl -plaintext {addr} list");
+    if let Some((admin, worker)) = &tokens {
+        println!("  admin token      {admin}");
+        println!("  worker token     {worker}");
+        println!("  try              export COMPOSER_TOKEN={admin}");
+        println!(
+            "                   grpcurl -plaintext -H \"authorization: Bearer $COMPOSER_TOKEN\" {addr} list"
+        );
+    } else {
+        println!("  try              grpcurl -plaintext {addr} list");
+    }
     println!("Press Ctrl-C to stop.");
     serve::run(
-        &args.server,
+        &server,
         &backend,
         backends,
         listener,
@@ -112,4 +126,55 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
     )
     .await?;
     Ok(())
+}
+
+/// Unless a key or `--insecure` was given, makes an HS256 secret (kept in the
+/// data folder, so `--data` keeps tokens valid across restarts) and mints an
+/// admin and a worker token for the `default` namespace, valid a day.
+fn dev_tokens(
+    auth: &mut crate::config::AuthArgs,
+    root: &std::path::Path,
+) -> Result<Option<(String, String)>, DevError> {
+    if auth.insecure || !auth.auth_public_key.is_empty() || auth.auth_jwks.is_some() {
+        return Ok(None);
+    }
+    let secret = match &auth.auth_secret {
+        Some(secret) => secret.clone(),
+        None => {
+            let path = root.join("auth-secret");
+            let secret = match std::fs::read_to_string(&path) {
+                Ok(existing) if existing.trim().len() >= 32 => existing.trim().to_owned(),
+                _ => {
+                    let fresh = format!(
+                        "{}{}",
+                        uuid::Uuid::new_v4().simple(),
+                        uuid::Uuid::new_v4().simple()
+                    );
+                    std::fs::write(&path, &fresh).map_err(|e| DevError::Tokens(e.to_string()))?;
+                    fresh
+                }
+            };
+            auth.auth_secret = Some(secret.clone());
+            secret
+        }
+    };
+    let mint = |sub: &str, role: &str, queues: Option<Vec<String>>| {
+        crate::auth::mint_token(&crate::auth::TokenArgs {
+            sub: sub.to_owned(),
+            ns: "default".to_owned(),
+            role: vec![role.to_owned()],
+            queues,
+            ttl: std::time::Duration::from_secs(24 * 3600),
+            auth_secret: Some(secret.clone()),
+            private_key: None,
+            kid: None,
+            issuer: auth.auth_issuer.clone(),
+            audience: auth.auth_audience.clone(),
+        })
+        .map_err(|e| DevError::Tokens(e.to_string()))
+    };
+    Ok(Some((
+        mint("dev-admin", "admin", None)?,
+        mint("dev-worker", "worker", Some(vec!["*".to_owned()]))?,
+    )))
 }

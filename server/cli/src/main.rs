@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use composer_cli::{
+    auth::{self, TokenArgs},
     config::{BackendArgs, LogFormat, ServerArgs},
     dev::{self, DevArgs},
     logging, serve,
@@ -32,6 +33,8 @@ enum Command {
     },
     /// Start a private Postgres and Redis, migrate, and serve; Ctrl-C stops all.
     Dev(DevArgs),
+    /// Mint a token signed with the configured key.
+    Token(TokenArgs),
     /// Work with workflow definitions offline.
     #[command(subcommand)]
     Workflow(WorkflowCommand),
@@ -52,6 +55,15 @@ enum WorkflowCommand {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Token(args) = &cli.command {
+        return match auth::mint_token(args) {
+            Ok(token) => {
+                println!("{token}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => fail(&error),
+        };
+    }
     if let Command::Workflow(WorkflowCommand::Test(args)) = &cli.command {
         return match workflow_test::run(args) {
             Ok(()) => ExitCode::SUCCESS,
@@ -68,6 +80,8 @@ fn main() -> ExitCode {
     let result: anyhow::Result<()> = runtime.block_on(async move {
         match cli.command {
             Command::Serve { backend, server } => {
+                // refuse a server without authentication before touching anything
+                auth::auth_mode(&server.auth)?;
                 logging::init(server.log_format, &server.log);
                 let backends = serve::connect_backends(&backend, &server).await?;
                 let listener = serve::bind(server.listen).await?;
@@ -88,7 +102,7 @@ fn main() -> ExitCode {
                 logging::init(format, &args.server.log);
                 dev::run(args).await?;
             }
-            Command::Workflow(_) => {}
+            Command::Workflow(_) | Command::Token(_) => {}
             Command::Migrate { backend, server } => {
                 logging::init(server.log_format, &server.log);
                 serve::migrate(&backend, &server).await?;

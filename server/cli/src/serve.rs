@@ -43,6 +43,9 @@ pub enum StartError {
     /// The poll hub could not be built.
     #[error("COMPOSER_REDIS_URL (--redis-url): {0}")]
     Hub(composer_coordinator::CoordinatorError),
+    /// Authentication is not configured or its keys are unusable.
+    #[error(transparent)]
+    Auth(crate::auth::AuthSetupError),
     /// The HTTP client could not be built.
     #[error("http worker: {0}")]
     Http(String),
@@ -94,10 +97,17 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), StartError> {
+    let auth = crate::auth::auth_mode(&server.auth).map_err(StartError::Auth)?;
+    if matches!(auth, composer_grpc::auth::AuthMode::Insecure) {
+        tracing::warn!(
+            "running with --insecure: every caller is an admin of the default namespace"
+        );
+    }
     let config = GrpcConfig {
         cors_allowed_origins: server.cors_origins.clone(),
         drain_delay: server.drain_delay,
         health_check_interval: server.health_interval,
+        auth,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut deadline_rx = stop_tx.subscribe();
@@ -182,8 +192,8 @@ fn start_background(
         Arc::clone(&hub),
         Arc::new(executor),
         HttpWorkerConfig {
-            namespaces: vec!["default".to_owned()],
             concurrency: server.http_concurrency,
+            namespace_refresh: std::time::Duration::from_secs(5),
         },
         stop.clone(),
     ));

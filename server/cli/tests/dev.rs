@@ -39,13 +39,14 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
         .spawn()
         .expect("spawn composer dev");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let (mut url, mut data) = (None, None);
+    let (mut url, mut data, mut admin) = (None, None, None);
     let started = Instant::now();
     while let Ok(Ok(Some(line))) =
         tokio::time::timeout(Duration::from_secs(120), stdout.next_line()).await
     {
         url = url.or(field(&line, "gRPC + grpc-web").map(str::to_owned));
         data = data.or(field(&line, "data").map(PathBuf::from));
+        admin = admin.or(field(&line, "admin token").map(str::to_owned));
         if line.starts_with("Press Ctrl-C") {
             break;
         }
@@ -66,7 +67,7 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
         .connect()
         .await
         .expect("connect");
-    let mut health = HealthClient::new(channel);
+    let mut health = HealthClient::new(channel.clone());
     let status = health
         .check(HealthCheckRequest::default())
         .await
@@ -74,6 +75,23 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
         .into_inner()
         .status();
     assert_eq!(status, ServingStatus::Serving);
+
+    // the printed admin token works; no token does not
+    let admin = admin.expect("dev printed an admin token");
+    let mut runs = composer_proto::v1::run_service_client::RunServiceClient::new(channel);
+    let mut request = tonic::Request::new(composer_proto::v1::ListRunsRequest::default());
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {admin}").parse().expect("header"),
+    );
+    runs.list_runs(request)
+        .await
+        .expect("the admin token is accepted");
+    let anonymous = runs
+        .list_runs(composer_proto::v1::ListRunsRequest::default())
+        .await
+        .expect_err("no token");
+    assert_eq!(anonymous.code(), tonic::Code::Unauthenticated);
 
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).expect("pid");
     kill(Pid::from_raw(pid), Signal::SIGINT).expect("ctrl-c");

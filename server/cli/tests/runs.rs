@@ -50,6 +50,11 @@ async fn a_three_step_run_completes_with_outputs_flowing_from_step_to_step() {
     assert_eq!(nodes, ["a", "b", "c"]);
     assert!(leases.iter().all(|l| l.attempt == 1));
     assert_eq!(run.nodes.len(), 3);
+    assert!(
+        run.nodes.iter().all(|n| n.node_type == "TASK"),
+        "{:?}",
+        run.nodes
+    );
 }
 
 fn task_name_output(task: &composer_testkit::worker::LeaseRecord) -> Outcome {

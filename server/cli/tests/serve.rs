@@ -207,7 +207,7 @@ async fn sigterm_reports_not_serving_then_exits_zero_within_five_seconds() {
 #[test]
 fn a_bad_database_url_exits_non_zero_with_one_line_naming_the_setting() {
     let output = StdCommand::new(composer_binary())
-        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--insecure"])
         .args([
             "--database-url",
             "not a url",
@@ -233,6 +233,7 @@ fn an_unreachable_database_names_the_setting_too() {
             "127.0.0.1:0",
             "--connect-timeout",
             "1s",
+            "--insecure",
         ])
         .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
         .args(["--redis-url", "redis://127.0.0.1:1/0"])
@@ -243,4 +244,66 @@ fn an_unreachable_database_names_the_setting_too() {
     let last = stderr.lines().last().unwrap_or_default();
     assert!(last.contains("COMPOSER_DATABASE_URL"), "{stderr}");
     assert!(!stderr.contains("panicked"));
+}
+
+#[test]
+fn serve_without_a_token_key_refuses_to_start_unless_told_insecure() {
+    let output = StdCommand::new(composer_binary())
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--database-url", "postgres://nobody@127.0.0.1:1/none"])
+        .args(["--redis-url", "redis://127.0.0.1:1/0"])
+        .env_remove("COMPOSER_AUTH_SECRET")
+        .env_remove("COMPOSER_INSECURE")
+        .output()
+        .expect("composer runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("COMPOSER_AUTH_SECRET") && stderr.contains("--insecure"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn composer_token_mints_a_token_and_refuses_an_unknown_role() {
+    let secret = "0123456789abcdef0123456789abcdef0123456789";
+    let output = StdCommand::new(composer_binary())
+        .args([
+            "token", "--sub", "ci", "--ns", "team-a", "--role", "worker", "--queues", "a,b",
+            "--ttl", "1h",
+        ])
+        .env("COMPOSER_AUTH_SECRET", secret)
+        .output()
+        .expect("composer runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let token = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let payload = token.split('.').nth(1).expect("a JWT has three parts");
+    use base64::Engine;
+    let claims: serde_json::Value = serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload)
+            .expect("base64"),
+    )
+    .expect("json");
+    assert_eq!(claims["sub"], "ci");
+    assert_eq!(claims["ns"], "team-a");
+    assert_eq!(claims["roles"], serde_json::json!(["worker"]));
+    assert_eq!(claims["queues"], serde_json::json!(["a", "b"]));
+    assert_eq!(
+        claims["exp"].as_u64().unwrap_or_default() - claims["iat"].as_u64().unwrap_or_default(),
+        3600
+    );
+
+    let refused = StdCommand::new(composer_binary())
+        .args(["token", "--sub", "ci", "--role", "superuser"])
+        .env("COMPOSER_AUTH_SECRET", secret)
+        .output()
+        .expect("composer runs");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("unknown role"));
 }

@@ -492,7 +492,8 @@ impl<'a> RunTxn<'a> {
         let error = record
             .error
             .as_ref()
-            .map(|e| json!({"code": e.code, "message": e.message}));
+            .map(serde_json::to_value)
+            .transpose()?;
         runs::update_run(
             conn,
             run_id,

@@ -2,7 +2,7 @@
 //! the same lease protocol as any SDK worker (poll, heartbeat, fenced
 //! report), so HTTP steps get leases, retries and recovery like the rest.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use composer_store::tasks::LeasedTask;
 use tokio::sync::{Semaphore, watch};
@@ -16,61 +16,78 @@ use crate::{
 /// Settings of the HTTP worker.
 #[derive(Debug, Clone)]
 pub struct HttpWorkerConfig {
-    /// Namespaces whose `_http` queue this server serves.
-    pub namespaces: Vec<String>,
     /// Requests in flight at once.
     pub concurrency: usize,
+    /// How often to look for namespaces that appeared.
+    pub namespace_refresh: Duration,
 }
 
-/// Serves `_http` tasks until `shutdown` flips; in-flight requests finish.
+/// Serves `_http` tasks of every namespace with workflows until `shutdown`
+/// flips; in-flight requests finish.
 pub async fn run_http_worker(
     coordinator: Coordinator,
     hub: Arc<PollHub>,
     executor: Arc<HttpExecutor>,
     config: HttpWorkerConfig,
-    shutdown: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
 ) {
     let slots = Arc::new(Semaphore::new(config.concurrency.max(1)));
-    let worker_id = "composer-http-worker".to_owned();
-    let queues = vec![HTTP_QUEUE.to_owned()];
-    let mut polls = Vec::new();
-    for namespace in config.namespaces {
-        let (coordinator, hub, executor, slots, worker_id, queues, shutdown) = (
-            coordinator.clone(),
-            Arc::clone(&hub),
-            Arc::clone(&executor),
-            Arc::clone(&slots),
-            worker_id.clone(),
-            queues.clone(),
-            shutdown.clone(),
-        );
-        polls.push(tokio::spawn(async move {
-            while !*shutdown.borrow() {
-                let free = slots.available_permits().max(1);
-                let tasks = hub
-                    .poll(
-                        &namespace,
-                        &queues,
-                        &worker_id,
-                        free,
-                        Duration::from_secs(5),
-                    )
-                    .await;
-                for task in tasks {
-                    let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
-                        return;
-                    };
-                    let (coordinator, executor) = (coordinator.clone(), Arc::clone(&executor));
-                    tokio::spawn(async move {
-                        execute(&coordinator, &executor, task).await;
-                        drop(permit);
-                    });
+    let mut served: HashSet<String> = HashSet::new();
+    while !*shutdown.borrow() {
+        match coordinator.namespaces().await {
+            Ok(namespaces) => {
+                for namespace in namespaces {
+                    if served.insert(namespace.clone()) {
+                        tokio::spawn(serve_namespace(
+                            coordinator.clone(),
+                            Arc::clone(&hub),
+                            Arc::clone(&executor),
+                            Arc::clone(&slots),
+                            namespace,
+                            shutdown.clone(),
+                        ));
+                    }
                 }
             }
-        }));
+            Err(error) => tracing::warn!(%error, "http worker could not list namespaces"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(config.namespace_refresh) => {}
+            _ = shutdown.changed() => {}
+        }
     }
-    for poll in polls {
-        let _ = poll.await;
+}
+
+async fn serve_namespace(
+    coordinator: Coordinator,
+    hub: Arc<PollHub>,
+    executor: Arc<HttpExecutor>,
+    slots: Arc<Semaphore>,
+    namespace: String,
+    shutdown: watch::Receiver<bool>,
+) {
+    let queues = vec![HTTP_QUEUE.to_owned()];
+    while !*shutdown.borrow() {
+        let free = slots.available_permits().max(1);
+        let tasks = hub
+            .poll(
+                &namespace,
+                &queues,
+                "composer-http-worker",
+                free,
+                Duration::from_secs(5),
+            )
+            .await;
+        for task in tasks {
+            let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
+                return;
+            };
+            let (coordinator, executor) = (coordinator.clone(), Arc::clone(&executor));
+            tokio::spawn(async move {
+                execute(&coordinator, &executor, task).await;
+                drop(permit);
+            });
+        }
     }
 }
 
@@ -107,6 +124,7 @@ async fn execute(coordinator: &Coordinator, executor: &HttpExecutor, task: Lease
             code,
             message,
             retryable,
+            details: None,
         },
     };
     let reported = coordinator

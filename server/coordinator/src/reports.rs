@@ -32,6 +32,8 @@ pub enum TaskReport {
         message: String,
         /// False: final at once.
         retryable: bool,
+        /// Structured details (a traceback).
+        details: Option<Json>,
     },
 }
 
@@ -148,12 +150,14 @@ impl Coordinator {
                 code,
                 message,
                 retryable,
+                details,
             } => Event::TaskFailed {
                 node,
                 attempt,
                 code,
                 message,
                 retryable,
+                details,
                 seed: seed(),
             },
         };

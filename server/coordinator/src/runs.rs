@@ -40,6 +40,8 @@ pub struct RunView {
     pub run: RunRow,
     /// Its nodes (empty when not asked for).
     pub nodes: Vec<NodeRow>,
+    /// The type (TASK, HTTP, ...) of each node id of its workflow version.
+    pub node_types: std::collections::HashMap<String, String>,
 }
 
 /// Where SendEvent delivers.
@@ -171,12 +173,35 @@ impl Coordinator {
         with_nodes: bool,
     ) -> Result<RunView, CoordinatorError> {
         let run = self.expect_run(namespace, parse_run_id(run_id)?).await?;
-        let nodes = if with_nodes {
-            runs::list_nodes(self.store.pool(), run.id).await?
-        } else {
-            Vec::new()
-        };
-        Ok(RunView { run, nodes })
+        if !with_nodes {
+            return Ok(RunView {
+                run,
+                nodes: Vec::new(),
+                node_types: Default::default(),
+            });
+        }
+        let nodes = runs::list_nodes(self.store.pool(), run.id).await?;
+        let workflow = self
+            .workflows
+            .get(
+                &self.store,
+                &run.namespace,
+                &run.workflow_name,
+                Some(run.workflow_version),
+            )
+            .await?;
+        let node_types = workflow
+            .compiled
+            .definition()
+            .nodes
+            .iter()
+            .map(|node| (node.id.clone(), node.node_type.to_string()))
+            .collect();
+        Ok(RunView {
+            run,
+            nodes,
+            node_types,
+        })
     }
 
     /// One page of runs (see [`runs::list_runs`]).

@@ -177,6 +177,11 @@ impl crate::Coordinator {
             })
     }
 
+    /// Every namespace with a registered workflow.
+    pub async fn namespaces(&self) -> Result<Vec<String>, CoordinatorError> {
+        Ok(workflows::namespaces(self.store.pool()).await?)
+    }
+
     /// Workflow names after `after_name`, each with its latest version.
     pub async fn list_workflows(
         &self,

@@ -418,6 +418,7 @@ impl<'a> Ctx<'a> {
                 code,
                 message,
                 retryable,
+                details,
                 seed,
             } => {
                 if let Some((idx, st)) = self.current_attempt(node, *attempt, &TASK_TYPES, false)? {
@@ -425,7 +426,7 @@ impl<'a> Ctx<'a> {
                         node,
                         idx,
                         st,
-                        ErrorInfo::new(code.clone(), message.clone()),
+                        ErrorInfo::new(code.clone(), message.clone()).with_details(details.clone()),
                         *retryable,
                         *seed,
                     )?;

@@ -590,6 +590,7 @@ impl Sim<'_> {
                                 code: f.code,
                                 message: f.message,
                                 retryable: f.retryable,
+                                details: None,
                                 seed,
                             };
                             self.push(at, Due::Deliver(e));

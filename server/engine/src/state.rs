@@ -149,11 +149,14 @@ impl NodeStatus {
     }
 }
 
-/// `{code, message}` of a failure.
+/// `{code, message}` of a failure, with the details a worker reported.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorInfo {
     pub code: String,
     pub message: String,
+    /// Structured details from the worker (a traceback, a response body).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub details: Option<Json>,
 }
 
 impl ErrorInfo {
@@ -161,7 +164,14 @@ impl ErrorInfo {
         ErrorInfo {
             code: code.into(),
             message: message.into(),
+            details: None,
         }
+    }
+
+    /// The same failure carrying `details` (absent when null).
+    pub fn with_details(mut self, details: Option<Json>) -> ErrorInfo {
+        self.details = details.filter(|d| !d.is_null());
+        self
     }
 }
 
@@ -415,6 +425,9 @@ pub enum Event {
         code: String,
         message: String,
         retryable: bool,
+        /// What the worker reported beside the code, kept on the node's error.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        details: Option<Json>,
         #[serde(default)]
         seed: u64,
     },

@@ -153,6 +153,7 @@ mod decide_fuzz {
                 code: "E".into(),
                 message: "m".into(),
                 retryable: index.is_multiple_of(2),
+                details: None,
                 seed: 7,
             },
             4 => Event::LeaseExpired {

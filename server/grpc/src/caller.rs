@@ -1,22 +1,17 @@
-//! Who is calling. Until tokens are checked (the auth issue), every caller
-//! acts in the `default` namespace as `anonymous`.
+//! Who is calling: the [`Caller`] the auth layer attached to the request.
 
-/// The namespace of callers without a token.
+use tonic::{Request, Status};
+
+pub use crate::auth::Caller;
+
+/// The namespace of insecure mode.
 pub const DEFAULT_NAMESPACE: &str = "default";
 
-/// The identity a request acts as.
-#[derive(Debug, Clone)]
-pub struct Caller {
-    /// The namespace whose resources the call sees.
-    pub namespace: String,
-    /// The subject, recorded in history as the actor.
-    pub subject: String,
-}
-
-/// The caller of a request.
-pub fn caller<T>(_request: &tonic::Request<T>) -> Caller {
-    Caller {
-        namespace: DEFAULT_NAMESPACE.to_owned(),
-        subject: "anonymous".to_owned(),
-    }
+/// The caller of a request (set by the auth layer before routing).
+pub fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
+    request
+        .extensions()
+        .get::<Caller>()
+        .cloned()
+        .ok_or_else(|| Status::unauthenticated("the request carries no verified caller"))
 }

@@ -1,6 +1,7 @@
 //! Composer's gRPC surface: the services of `composer.v1`, health, reflection
 //! and grpc-web, all on one port.
 
+pub mod auth;
 mod caller;
 mod convert;
 mod health;

@@ -15,6 +15,7 @@ use tonic::transport::Server;
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::{
+    auth::{AuthLayer, AuthMode, Authenticator},
     health::HealthMonitor,
     services::{
         run::RunApi, server_info::ServerInfoService, worker::WorkerApi, workflow::WorkflowApi,
@@ -22,7 +23,7 @@ use crate::{
 };
 
 /// What the gRPC layer needs to know beyond the backends.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct GrpcConfig {
     /// Browser origins allowed to call over grpc-web (CORS). Empty: none.
     pub cors_allowed_origins: Vec<String>,
@@ -31,6 +32,8 @@ pub struct GrpcConfig {
     pub drain_delay: Duration,
     /// How often the health service re-checks Postgres and Redis.
     pub health_check_interval: Duration,
+    /// How callers are authenticated.
+    pub auth: AuthMode,
 }
 
 /// The application state behind the services.
@@ -91,15 +94,23 @@ pub async fn serve(
         tokio::time::sleep(drain_delay).await;
     };
 
-    let features = vec![
+    let mut features = vec![
         "grpc-web".to_owned(),
         "reflection".to_owned(),
         "health".to_owned(),
+        "http-nodes".to_owned(),
     ];
+    if matches!(config.auth, AuthMode::Tokens { .. }) {
+        features.push("auth".to_owned());
+    }
     Server::builder()
         .accept_http1(true)
         .layer(tower::util::option_layer(cors))
         .layer(tonic_web::GrpcWebLayer::new())
+        .layer(AuthLayer::new(Arc::new(Authenticator::new(
+            config.auth.clone(),
+            config.cors_allowed_origins.clone(),
+        ))))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

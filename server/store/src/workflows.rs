@@ -196,3 +196,14 @@ pub async fn list_workflow_versions(
         .map(workflow_from_row)
         .collect::<Result<_, _>>()?)
 }
+
+/// Every namespace that has registered a workflow (the HTTP worker serves
+/// their `_http` queues).
+pub async fn namespaces(pool: &PgPool) -> Result<Vec<String>, StoreError> {
+    // namespaces: a loose index scan would do; the table is small
+    Ok(
+        sqlx::query_scalar("SELECT DISTINCT namespace FROM workflow_definitions ORDER BY 1")
+            .fetch_all(pool)
+            .await?,
+    )
+}

@@ -109,10 +109,13 @@ impl ServerProcess {
         redis_url: &str,
         extra_args: &[&str],
     ) -> Self {
+        // tests run without tokens unless they configure a key themselves
+        let insecure = !extra_args.iter().any(|a| a.starts_with("--auth-"));
         let mut child = Command::new(binary)
             .arg("serve")
             .args(["--listen", listen, "--log-format", "json"])
             .args(["--database-url", database_url, "--redis-url", redis_url])
+            .args(insecure.then_some("--insecure"))
             .args(extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

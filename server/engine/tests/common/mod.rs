@@ -122,6 +122,7 @@ pub fn failed(node: &str, attempt: u32, code: &str, retryable: bool) -> Event {
         code: code.into(),
         message: format!("{code} happened"),
         retryable,
+        details: None,
         seed: 1,
     }
 }

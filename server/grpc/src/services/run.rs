@@ -1,6 +1,6 @@
 //! `RunService`: run control.
 
-use std::{pin::Pin, time::Duration};
+use std::{collections::HashMap, pin::Pin, time::Duration};
 
 use composer_coordinator::{Coordinator, EventTarget, RunView, StartRun, watch::RunChanges};
 use composer_proto::v1::{
@@ -74,9 +74,13 @@ fn failure(error: Option<&Json>, node_id: &str) -> Option<Failure> {
     })
 }
 
-fn node_message(row: NodeRow) -> NodeState {
+fn node_message(row: NodeRow, types: &HashMap<String, String>) -> NodeState {
     let node_id = row.key.clone();
-    let node_type = node_id.split('[').next().unwrap_or_default().to_owned();
+    // a MAP element `m[3]` has its MAP's type
+    let node_type = types
+        .get(node_id.split('[').next().unwrap_or_default())
+        .cloned()
+        .unwrap_or_default();
     NodeState {
         status: node_status(&row.status) as i32,
         attempt: row.state["attempt"]
@@ -92,7 +96,7 @@ fn node_message(row: NodeRow) -> NodeState {
     }
 }
 
-fn run_message(run: RunRow, nodes: Vec<NodeRow>) -> Run {
+fn run_message(run: RunRow, nodes: Vec<NodeRow>, types: &HashMap<String, String>) -> Run {
     let labels = run
         .labels
         .as_object()
@@ -121,12 +125,12 @@ fn run_message(run: RunRow, nodes: Vec<NodeRow>) -> Run {
         create_time: Some(timestamp(run.created_at)),
         update_time: Some(timestamp(run.updated_at)),
         end_time: run.ended_at.map(timestamp),
-        nodes: nodes.into_iter().map(node_message).collect(),
+        nodes: nodes.into_iter().map(|n| node_message(n, types)).collect(),
     }
 }
 
 fn view_message(view: RunView) -> Run {
-    run_message(view.run, view.nodes)
+    run_message(view.run, view.nodes, &view.node_types)
 }
 
 fn history_message(row: HistoryRow) -> HistoryEvent {
@@ -167,7 +171,7 @@ impl RunService for RunApi {
         &self,
         request: Request<StartRunRequest>,
     ) -> Result<Response<StartRunResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         if request.workflow_name.is_empty() {
             return Err(invalid_field("workflow_name", "must not be empty"));
@@ -193,7 +197,7 @@ impl RunService for RunApi {
             .await
             .map_err(from_coordinator)?;
         Ok(Response::new(StartRunResponse {
-            run: Some(run_message(run, Vec::new())),
+            run: Some(run_message(run, Vec::new(), &HashMap::new())),
             created,
         }))
     }
@@ -202,7 +206,7 @@ impl RunService for RunApi {
         &self,
         request: Request<GetRunRequest>,
     ) -> Result<Response<GetRunResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let run_id = request.into_inner().run_id;
         require_run_id(&run_id)?;
         let view = self
@@ -219,7 +223,7 @@ impl RunService for RunApi {
         &self,
         request: Request<ListRunsRequest>,
     ) -> Result<Response<ListRunsResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         let limit = page_size(request.page_size)?;
         let statuses = request
@@ -267,7 +271,7 @@ impl RunService for RunApi {
         Ok(Response::new(ListRunsResponse {
             runs: page
                 .into_iter()
-                .map(|run| run_message(run, Vec::new()))
+                .map(|run| run_message(run, Vec::new(), &HashMap::new()))
                 .collect(),
             next_page_token,
         }))
@@ -277,7 +281,7 @@ impl RunService for RunApi {
         &self,
         request: Request<CancelRunRequest>,
     ) -> Result<Response<CancelRunResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         require_run_id(&request.run_id)?;
         let reason = if request.reason.is_empty() {
@@ -296,7 +300,7 @@ impl RunService for RunApi {
             .await
             .map_err(from_coordinator)?;
         Ok(Response::new(CancelRunResponse {
-            run: Some(run_message(run, Vec::new())),
+            run: Some(run_message(run, Vec::new(), &HashMap::new())),
         }))
     }
 
@@ -304,7 +308,7 @@ impl RunService for RunApi {
         &self,
         request: Request<RetryRunRequest>,
     ) -> Result<Response<RetryRunResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let run_id = request.into_inner().run_id;
         require_run_id(&run_id)?;
         let run = self
@@ -313,7 +317,7 @@ impl RunService for RunApi {
             .await
             .map_err(from_coordinator)?;
         Ok(Response::new(RetryRunResponse {
-            run: Some(run_message(run, Vec::new())),
+            run: Some(run_message(run, Vec::new(), &HashMap::new())),
         }))
     }
 
@@ -321,7 +325,7 @@ impl RunService for RunApi {
         &self,
         request: Request<SendEventRequest>,
     ) -> Result<Response<SendEventResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         if request.event_name.is_empty() {
             return Err(invalid_field("event_name", "must not be empty"));
@@ -358,7 +362,7 @@ impl RunService for RunApi {
         &self,
         request: Request<GetRunHistoryRequest>,
     ) -> Result<Response<GetRunHistoryResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         require_run_id(&request.run_id)?;
         let limit = page_size(request.page_size)?;
@@ -389,7 +393,7 @@ impl RunService for RunApi {
         &self,
         request: Request<WatchRunRequest>,
     ) -> Result<Response<WatchStream>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let run_id = request.into_inner().run_id;
         require_run_id(&run_id)?;
         let coordinator = self.coordinator.clone();

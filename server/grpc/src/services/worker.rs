@@ -85,7 +85,7 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<PollTasksRequest>,
     ) -> Result<Response<PollTasksResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         if request.worker_id.is_empty() {
             return Err(invalid_field("worker_id", "must not be empty"));
@@ -101,6 +101,11 @@ impl WorkerService for WorkerApi {
                 "max_tasks",
                 format!("must be 0 (one) to {MAX_TASKS}"),
             ));
+        }
+        if let Some(queue) = request.queues.iter().find(|q| !caller.may_poll(q)) {
+            return Err(Status::permission_denied(format!(
+                "the token does not list queue {queue:?}"
+            )));
         }
         let max = usize::try_from(request.max_tasks.max(1)).unwrap_or(1);
         let wait = wait_of(request.wait)?;
@@ -129,7 +134,7 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<HeartbeatRequest>,
     ) -> Result<Response<HeartbeatResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         lease_fields(&request.task_id, &request.lease_token, request.attempt)?;
         let answer = self
@@ -152,7 +157,7 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<CompleteTaskRequest>,
     ) -> Result<Response<CompleteTaskResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         lease_fields(&request.task_id, &request.lease_token, request.attempt)?;
         let output = to_json(request.output, "output")?;
@@ -174,7 +179,7 @@ impl WorkerService for WorkerApi {
         &self,
         request: Request<FailTaskRequest>,
     ) -> Result<Response<FailTaskResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         lease_fields(&request.task_id, &request.lease_token, request.attempt)?;
         if request.error_code.is_empty() {
@@ -190,6 +195,10 @@ impl WorkerService for WorkerApi {
                     code: request.error_code,
                     message: request.message,
                     retryable: request.retryable,
+                    details: request
+                        .details
+                        .map(|d| to_json(Some(d), "details"))
+                        .transpose()?,
                 },
                 &format!("worker:{}", caller.subject),
             )

@@ -72,7 +72,7 @@ impl WorkflowService for WorkflowApi {
         &self,
         request: Request<RegisterWorkflowRequest>,
     ) -> Result<Response<RegisterWorkflowResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let source = request.into_inner().source;
         check_source(&source)?;
         let (row, created) = self
@@ -114,7 +114,7 @@ impl WorkflowService for WorkflowApi {
         &self,
         request: Request<GetWorkflowRequest>,
     ) -> Result<Response<GetWorkflowResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         check_name(&request.name)?;
         if request.version < 0 {
@@ -138,7 +138,7 @@ impl WorkflowService for WorkflowApi {
         &self,
         request: Request<ListWorkflowsRequest>,
     ) -> Result<Response<ListWorkflowsResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         let limit = page_size(request.page_size)?;
         let rows = self
@@ -177,7 +177,7 @@ impl WorkflowService for WorkflowApi {
         &self,
         request: Request<ListWorkflowVersionsRequest>,
     ) -> Result<Response<ListWorkflowVersionsResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let request = request.into_inner();
         check_name(&request.name)?;
         let limit = page_size(request.page_size)?;

@@ -1,0 +1,552 @@
+//! Authentication and authorisation: a bearer JWT on every RPC but health
+//! and reflection, checked before any service sees the request, and one
+//! table saying which role may call which RPC.
+
+use std::{
+    collections::HashSet,
+    future::Future,
+    pin::Pin,
+    sync::Arc,
+    task::{Context, Poll},
+};
+
+use http::{HeaderMap, Request, Response};
+use jsonwebtoken::{Algorithm, DecodingKey, Validation, decode, decode_header, jwk::JwkSet};
+use serde::Deserialize;
+use tonic::Status;
+use tower::{Layer, Service};
+
+/// What a token's `roles` may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Everything, in every namespace.
+    Admin,
+    /// Definitions and run control in its namespace.
+    Operator,
+    /// Start runs, send events, read its namespace.
+    Client,
+    /// Read only.
+    Reader,
+    /// WorkerService only, for the queues its token lists.
+    Worker,
+}
+
+impl Role {
+    /// Every role.
+    pub const ALL: [Role; 5] = [
+        Role::Admin,
+        Role::Operator,
+        Role::Client,
+        Role::Reader,
+        Role::Worker,
+    ];
+
+    /// The claim text of the role.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Operator => "operator",
+            Role::Client => "client",
+            Role::Reader => "reader",
+            Role::Worker => "worker",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+}
+
+use Role::{Admin, Client, Operator, Reader, Worker};
+
+const READ: &[Role] = &[Admin, Operator, Client, Reader];
+const ANY: &[Role] = &[Admin, Operator, Client, Reader, Worker];
+
+/// Which roles may call which RPC. The one table: the server enforces it
+/// and the role tests are generated from it.
+pub const RPC_ROLES: &[(&str, &[Role])] = &[
+    ("/composer.v1.ServerService/GetServerInfo", ANY),
+    (
+        "/composer.v1.WorkflowService/RegisterWorkflow",
+        &[Admin, Operator],
+    ),
+    ("/composer.v1.WorkflowService/ValidateWorkflow", READ),
+    ("/composer.v1.WorkflowService/GetWorkflow", READ),
+    ("/composer.v1.WorkflowService/ListWorkflows", READ),
+    ("/composer.v1.WorkflowService/ListWorkflowVersions", READ),
+    (
+        "/composer.v1.RunService/StartRun",
+        &[Admin, Operator, Client],
+    ),
+    ("/composer.v1.RunService/GetRun", READ),
+    ("/composer.v1.RunService/ListRuns", READ),
+    ("/composer.v1.RunService/CancelRun", &[Admin, Operator]),
+    ("/composer.v1.RunService/RetryRun", &[Admin, Operator]),
+    (
+        "/composer.v1.RunService/SendEvent",
+        &[Admin, Operator, Client],
+    ),
+    ("/composer.v1.RunService/GetRunHistory", READ),
+    ("/composer.v1.RunService/WatchRun", READ),
+    ("/composer.v1.WorkerService/PollTasks", &[Admin, Worker]),
+    ("/composer.v1.WorkerService/Heartbeat", &[Admin, Worker]),
+    ("/composer.v1.WorkerService/CompleteTask", &[Admin, Worker]),
+    ("/composer.v1.WorkerService/FailTask", &[Admin, Worker]),
+];
+
+/// Paths that need no token: health checks and reflection.
+fn is_public(path: &str) -> bool {
+    path.starts_with("/grpc.health.v1.") || path.starts_with("/grpc.reflection.")
+}
+
+/// The header an admin sets to act in another namespace.
+pub const NAMESPACE_HEADER: &str = "x-composer-namespace";
+
+/// The identity a request acts as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The namespace whose resources the call sees.
+    pub namespace: String,
+    /// The token's subject, recorded in history as the actor.
+    pub subject: String,
+    /// The token's roles.
+    pub roles: Vec<Role>,
+    /// For workers: the queues they may poll (`None`: any).
+    pub queues: Option<HashSet<String>>,
+}
+
+impl Caller {
+    /// True when the caller holds `role`.
+    pub fn has(&self, role: Role) -> bool {
+        self.roles.contains(&role)
+    }
+
+    /// True when the caller may poll `queue`.
+    pub fn may_poll(&self, queue: &str) -> bool {
+        self.has(Admin)
+            || self
+                .queues
+                .as_ref()
+                .is_none_or(|q| q.contains(queue) || q.contains("*"))
+    }
+}
+
+/// The claims Composer reads from a token.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Claims {
+    /// Subject.
+    pub sub: String,
+    /// Namespace.
+    pub ns: String,
+    /// Roles.
+    #[serde(default)]
+    pub roles: Vec<String>,
+    /// Queues a worker may poll.
+    #[serde(default)]
+    pub queues: Option<Vec<String>>,
+}
+
+/// One verification key, bound to the one algorithm it verifies, so a
+/// token cannot pick another (algorithm confusion).
+#[derive(Clone)]
+pub struct VerificationKey {
+    /// The key id, matched against a token's `kid` when both have one.
+    pub kid: Option<String>,
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// The key.
+    pub key: DecodingKey,
+}
+
+/// Why keys could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// A PEM file is neither an RSA nor an Ed25519 public key.
+    #[error("{0}: not an RSA or Ed25519 public key in PEM")]
+    UnknownPem(String),
+    /// A JWKS file could not be used.
+    #[error("{0}: {1}")]
+    Jwks(String, String),
+    /// The secret is too short to be safe.
+    #[error("the HS256 secret must be at least 32 bytes")]
+    ShortSecret,
+}
+
+impl VerificationKey {
+    /// An HS256 shared secret.
+    pub fn hs256(secret: &[u8]) -> Result<Self, KeyError> {
+        if secret.len() < 32 {
+            return Err(KeyError::ShortSecret);
+        }
+        Ok(Self {
+            kid: None,
+            algorithm: Algorithm::HS256,
+            key: DecodingKey::from_secret(secret)
+                .map_err(|e| KeyError::Jwks("secret".into(), e.to_string()))?,
+        })
+    }
+
+    /// An RS256 or EdDSA public key in PEM, recognised by its content.
+    pub fn from_pem(name: &str, pem: &[u8]) -> Result<Self, KeyError> {
+        if let Ok(key) = DecodingKey::from_rsa_pem(pem) {
+            return Ok(Self {
+                kid: None,
+                algorithm: Algorithm::RS256,
+                key,
+            });
+        }
+        if let Ok(key) = DecodingKey::from_ed_pem(pem) {
+            return Ok(Self {
+                kid: None,
+                algorithm: Algorithm::EdDSA,
+                key,
+            });
+        }
+        Err(KeyError::UnknownPem(name.to_owned()))
+    }
+
+    /// Every usable key of a JWKS document (each needs `kid` and `alg`).
+    pub fn from_jwks(name: &str, json: &str) -> Result<Vec<Self>, KeyError> {
+        let set: JwkSet = serde_json::from_str(json)
+            .map_err(|e| KeyError::Jwks(name.to_owned(), e.to_string()))?;
+        set.keys
+            .iter()
+            .map(|jwk| {
+                let algorithm = jwk
+                    .common
+                    .key_algorithm
+                    .and_then(|a| a.to_string().parse::<Algorithm>().ok())
+                    .ok_or_else(|| {
+                        KeyError::Jwks(name.to_owned(), "every key needs an `alg`".to_owned())
+                    })?;
+                Ok(Self {
+                    kid: jwk.common.key_id.clone(),
+                    algorithm,
+                    key: DecodingKey::from_jwk(jwk)
+                        .map_err(|e| KeyError::Jwks(name.to_owned(), e.to_string()))?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// How requests are authenticated.
+#[derive(Clone)]
+pub enum AuthMode {
+    /// No tokens: every call acts as an admin of `default` (explicitly
+    /// chosen with `--insecure`; for local development only).
+    Insecure,
+    /// Tokens verified against these keys.
+    Tokens {
+        /// The keys.
+        keys: Vec<VerificationKey>,
+        /// Required `iss`, if set.
+        issuer: Option<String>,
+        /// Required `aud`, if set.
+        audience: Option<String>,
+        /// Clock leeway for `exp` and `nbf`, seconds.
+        leeway_secs: u64,
+    },
+}
+
+/// Checks a request's origin and token against the role table.
+pub struct Authenticator {
+    mode: AuthMode,
+    allowed_origins: Vec<String>,
+}
+
+impl Authenticator {
+    /// An authenticator in `mode`; browsers may call only from
+    /// `allowed_origins`.
+    pub fn new(mode: AuthMode, allowed_origins: Vec<String>) -> Self {
+        Self {
+            mode,
+            allowed_origins,
+        }
+    }
+
+    /// The caller of a request to `path`, or the status that refuses it.
+    /// `Ok(None)`: a public path.
+    pub fn authorize(&self, path: &str, headers: &HeaderMap) -> Result<Option<Caller>, Status> {
+        // browsers name their page's origin; only configured ones may call
+        if let Some(origin) = headers.get(http::header::ORIGIN) {
+            let allowed = origin
+                .to_str()
+                .is_ok_and(|o| self.allowed_origins.iter().any(|a| a == o));
+            if !allowed {
+                return Err(Status::permission_denied(
+                    "this origin may not call the API (COMPOSER_CORS_ORIGINS)",
+                ));
+            }
+        }
+        if is_public(path) {
+            return Ok(None);
+        }
+        let caller = match &self.mode {
+            AuthMode::Insecure => Caller {
+                namespace: crate::caller::DEFAULT_NAMESPACE.to_owned(),
+                subject: "anonymous".to_owned(),
+                roles: vec![Admin],
+                queues: None,
+            },
+            AuthMode::Tokens {
+                keys,
+                issuer,
+                audience,
+                leeway_secs,
+            } => {
+                let token = bearer(headers)?;
+                verify(
+                    token,
+                    keys,
+                    issuer.as_deref(),
+                    audience.as_deref(),
+                    *leeway_secs,
+                )?
+            }
+        };
+        let allowed = RPC_ROLES
+            .iter()
+            .find(|(rpc, _)| *rpc == path)
+            .map(|(_, roles)| *roles)
+            .unwrap_or(&[Admin]);
+        if !caller.roles.iter().any(|r| allowed.contains(r)) {
+            return Err(Status::permission_denied(format!(
+                "{} may not call {path}",
+                caller
+                    .roles
+                    .iter()
+                    .map(|r| r.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )));
+        }
+        Ok(Some(with_namespace_override(caller, headers)))
+    }
+}
+
+/// An admin may act in another namespace by naming it in a header.
+fn with_namespace_override(mut caller: Caller, headers: &HeaderMap) -> Caller {
+    if caller.has(Admin)
+        && let Some(namespace) = headers.get(NAMESPACE_HEADER).and_then(|v| v.to_str().ok())
+        && !namespace.is_empty()
+    {
+        caller.namespace = namespace.to_owned();
+    }
+    caller
+}
+
+fn bearer(headers: &HeaderMap) -> Result<&str, Status> {
+    let value = headers.get(http::header::AUTHORIZATION).ok_or_else(|| {
+        Status::unauthenticated("missing authorization: send `authorization: Bearer <token>`")
+    })?;
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| Status::unauthenticated("authorization must be `Bearer <token>`"))
+}
+
+fn verify(
+    token: &str,
+    keys: &[VerificationKey],
+    issuer: Option<&str>,
+    audience: Option<&str>,
+    leeway_secs: u64,
+) -> Result<Caller, Status> {
+    // an unknown `alg` (including `none`) fails to parse here
+    let header =
+        decode_header(token).map_err(|e| Status::unauthenticated(format!("invalid token: {e}")))?;
+    let candidates = keys.iter().filter(|k| {
+        k.algorithm == header.alg
+            && (header.kid.is_none() || k.kid.is_none() || k.kid == header.kid)
+    });
+    let mut last_error = "no key for the token's algorithm".to_owned();
+    for key in candidates {
+        let mut validation = Validation::new(key.algorithm);
+        validation.algorithms = vec![key.algorithm];
+        validation.leeway = leeway_secs;
+        validation.validate_nbf = true;
+        validation.set_required_spec_claims(&["exp", "sub"]);
+        match issuer {
+            Some(iss) => validation.set_issuer(&[iss]),
+            None => validation.iss = None,
+        }
+        match audience {
+            Some(aud) => validation.set_audience(&[aud]),
+            None => validation.validate_aud = false,
+        }
+        match decode::<Claims>(token, &key.key, &validation) {
+            Ok(data) => return caller_of(data.claims),
+            Err(error) => last_error = error.to_string(),
+        }
+    }
+    Err(Status::unauthenticated(format!(
+        "invalid token: {last_error}"
+    )))
+}
+
+fn caller_of(claims: Claims) -> Result<Caller, Status> {
+    if claims.ns.is_empty() {
+        return Err(Status::unauthenticated("invalid token: `ns` is empty"));
+    }
+    let roles: Vec<Role> = claims.roles.iter().filter_map(|r| Role::parse(r)).collect();
+    if roles.is_empty() {
+        return Err(Status::permission_denied("the token carries no known role"));
+    }
+    Ok(Caller {
+        namespace: claims.ns,
+        subject: claims.sub,
+        roles,
+        queues: claims.queues.map(|q| q.into_iter().collect()),
+    })
+}
+
+/// A tower layer that authenticates every request before routing.
+#[derive(Clone)]
+pub struct AuthLayer {
+    authenticator: Arc<Authenticator>,
+}
+
+impl AuthLayer {
+    /// A layer checking with `authenticator`.
+    pub fn new(authenticator: Arc<Authenticator>) -> Self {
+        Self { authenticator }
+    }
+}
+
+impl<S> Layer<S> for AuthLayer {
+    type Service = AuthService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AuthService {
+            inner,
+            authenticator: Arc::clone(&self.authenticator),
+        }
+    }
+}
+
+/// The service [`AuthLayer`] wraps around the router.
+#[derive(Clone)]
+pub struct AuthService<S> {
+    inner: S,
+    authenticator: Arc<Authenticator>,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B, R> Service<Request<B>> for AuthService<S>
+where
+    S: Service<Request<B>, Response = Response<R>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+    R: Default + Send + 'static,
+{
+    type Response = Response<R>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request<B>) -> Self::Future {
+        match self
+            .authenticator
+            .authorize(request.uri().path(), request.headers())
+        {
+            Ok(caller) => {
+                if let Some(caller) = caller {
+                    request.extensions_mut().insert(caller);
+                }
+                let future = self.inner.call(request);
+                Box::pin(future)
+            }
+            Err(status) => {
+                let response = status.into_http::<R>();
+                Box::pin(async move { Ok(response) })
+            }
+        }
+    }
+}
+
+/// What a minted token says.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NewToken {
+    /// Subject.
+    pub sub: String,
+    /// Namespace.
+    pub ns: String,
+    /// Roles.
+    pub roles: Vec<String>,
+    /// Queues a worker may poll (omitted: any).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queues: Option<Vec<String>>,
+    /// Issued at, seconds since the epoch.
+    pub iat: u64,
+    /// Not before.
+    pub nbf: u64,
+    /// Expires.
+    pub exp: u64,
+    /// Issuer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub iss: Option<String>,
+    /// Audience.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub aud: Option<String>,
+}
+
+/// The key a token is signed with.
+pub enum SigningKey<'a> {
+    /// An HS256 shared secret.
+    Secret(&'a [u8]),
+    /// An RSA or Ed25519 private key in PEM.
+    Pem(&'a [u8]),
+}
+
+/// Why a token could not be minted.
+#[derive(Debug, thiserror::Error)]
+pub enum MintError {
+    /// A role is not one of admin, operator, client, reader, worker.
+    #[error("unknown role {0:?} (use admin, operator, client, reader or worker)")]
+    UnknownRole(String),
+    /// The key could not be used.
+    #[error("signing key: {0}")]
+    Key(String),
+}
+
+/// Signs a token.
+pub fn mint(token: &NewToken, key: SigningKey<'_>, kid: Option<&str>) -> Result<String, MintError> {
+    if let Some(role) = token.roles.iter().find(|r| Role::parse(r).is_none()) {
+        return Err(MintError::UnknownRole(role.clone()));
+    }
+    let (algorithm, encoding) = match key {
+        SigningKey::Secret(secret) => {
+            if secret.len() < 32 {
+                return Err(MintError::Key(
+                    "the HS256 secret must be at least 32 bytes".to_owned(),
+                ));
+            }
+            let key = jsonwebtoken::EncodingKey::from_secret(secret)
+                .map_err(|e| MintError::Key(e.to_string()))?;
+            (Algorithm::HS256, key)
+        }
+        SigningKey::Pem(pem) => match jsonwebtoken::EncodingKey::from_rsa_pem(pem) {
+            Ok(key) => (Algorithm::RS256, key),
+            Err(_) => (
+                Algorithm::EdDSA,
+                jsonwebtoken::EncodingKey::from_ed_pem(pem).map_err(|_| {
+                    MintError::Key("not an RSA or Ed25519 private key in PEM".to_owned())
+                })?,
+            ),
+        },
+    };
+    let mut header = jsonwebtoken::Header::new(algorithm);
+    header.kid = kid.map(str::to_owned);
+    jsonwebtoken::encode(&header, token, &encoding).map_err(|e| MintError::Key(e.to_string()))
+}
