@@ -22,17 +22,9 @@ trap 'rm -rf "$LOGDIR"' EXIT
 sha() { sha256sum "$@" | sha256sum | cut -c1-16; }
 
 smoke_python() {
-  local venv="$ROOT/.tools/venv-sdk-python"
-  local stamp="$venv/.composer-smoke-stamp"
-  local want
-  want=$(sha sdks/python/pyproject.toml)
-  if [[ ! -x $venv/bin/python || $(cat "$stamp" 2>/dev/null) != "$want" ]]; then
-    rm -rf "$venv"
-    "$PYTHON" -m venv "$venv" &&
-      "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e 'sdks/python[dev]' &&
-      echo "$want" >"$stamp" || return 1
-  fi
-  (cd sdks/python && "$venv/bin/python" -m pytest -q -p no:cacheprovider && "$venv/bin/python" -m mypy)
+  local python
+  python=$(scripts/python-venv.sh) || return 1
+  (cd sdks/python && "$python" -m pytest -q -p no:cacheprovider && "$python" -m mypy)
 }
 
 smoke_go() {

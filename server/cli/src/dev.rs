@@ -85,7 +85,7 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
         println!("Postgres  {}", services.database_url);
         println!("Redis     {}", services.redis_url);
         println!("data      {} ({kept})", services.root().display());
-        serve::shutdown_signal().await;
+        serve::shutdown_signal_then(services.killer()).await;
         return Ok(());
     }
 
@@ -106,6 +106,19 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
     println!("  Postgres         {}", services.database_url);
     println!("  Redis            {}", services.redis_url);
     println!("  data             {} ({kept})", services.root().display());
+    if let Some(path) = &args.env_file {
+        let mut text = format!(
+            "COMPOSER_DATABASE_URL={}\nCOMPOSER_REDIS_URL={}\nCOMPOSER_ADDRESS={addr}\n",
+            services.database_url, services.redis_url
+        );
+        if let Some((admin, _)) = &tokens {
+            text.push_str(&format!("COMPOSER_TOKEN={admin}\n"));
+        }
+        std::fs::write(path, text).map_err(|source| DevError::EnvFile {
+            path: path.clone(),
+            source,
+        })?;
+    }
     if let Some((admin, worker)) = &tokens {
         println!("  admin token      {admin}");
         println!("  worker token     {worker}");
@@ -122,7 +135,7 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
         &backend,
         backends,
         listener,
-        serve::shutdown_signal(),
+        serve::shutdown_signal_then(services.killer()),
     )
     .await?;
     Ok(())

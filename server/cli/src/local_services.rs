@@ -121,6 +121,24 @@ impl LocalServices {
         Ok(services)
     }
 
+    /// A way to kill both servers at once and remove the folder (unless
+    /// kept), for an exit that cannot wait for [`LocalServices::stop`].
+    pub fn killer(&self) -> impl FnOnce() + Send + 'static {
+        let pids: Vec<i32> = [self.postgres.id(), self.redis.id()]
+            .into_iter()
+            .flatten()
+            .filter_map(|pid| i32::try_from(pid).ok())
+            .collect();
+        let (root, keep) = (self.root.clone(), self.keep_root);
+        move || {
+            for pid in pids {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(200));
+            cleanup_root(&root, keep);
+        }
+    }
+
     /// The folder holding the data and the logs.
     pub fn root(&self) -> &Path {
         &self.root

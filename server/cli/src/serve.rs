@@ -207,11 +207,18 @@ fn start_background(
 /// Resolves at the first SIGTERM or SIGINT. A second one exits the process at
 /// once, for an operator who does not want to wait for the drain.
 pub async fn shutdown_signal() {
+    shutdown_signal_then(|| {}).await;
+}
+
+/// Like [`shutdown_signal`], running `before_exit` when a second signal
+/// cuts the drain short (`composer dev` kills its Postgres and Redis there).
+pub async fn shutdown_signal_then(before_exit: impl FnOnce() + Send + 'static) {
     wait_for_signal().await;
     tracing::info!("shutdown requested; a second signal exits at once");
-    tokio::spawn(async {
+    tokio::spawn(async move {
         wait_for_signal().await;
         tracing::warn!("second signal: exiting now");
+        before_exit();
         std::process::exit(130);
     });
 }

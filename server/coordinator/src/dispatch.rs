@@ -361,7 +361,13 @@ impl PollHub {
         keys: &[String],
     ) -> Option<redis::aio::MultiplexedConnection> {
         let mut connection = match self.redis.get_multiplexed_async_connection().await {
-            Ok(connection) => connection,
+            Ok(mut connection) => {
+                // a blocking read must not time out before its BLOCK does:
+                // with NOACK, a reply dropped by a timeout loses its messages
+                // until recovery republishes them
+                connection.set_response_timeout(self.config.read_block + Duration::from_secs(5));
+                connection
+            }
             Err(error) => {
                 tracing::warn!(%error, "redis unreachable for a stream reader");
                 return None;

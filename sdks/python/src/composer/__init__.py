@@ -1,11 +1,87 @@
 """Composer's Python SDK: workers and clients for the Composer workflow engine.
 
-The gRPC API (package ``composer.v1``) is generated into ``composer.v1`` by
-``scripts/generate.sh``; those modules are the wire layer and not the SDK's
-public interface. The hand-written ``Worker`` and ``Client`` (asyncio, over
-``grpc.aio``) will be exported from this package.
+- :class:`Worker` serves task handlers (``@worker.task("name", queue="q")``)
+  with slots, heartbeats, cancellation, lease-safe reports and graceful
+  shutdown; :meth:`Worker.serve_code` makes it a Python code runner.
+- :class:`Client` (asyncio) and :class:`SyncClient` register workflows, start,
+  list, cancel and retry runs, send events and wait for results.
+- Failed calls raise :class:`ComposerError` subclasses carrying the gRPC code
+  and the field violations; handlers raise :class:`NonRetryableError` or
+  :class:`TaskError` to control retries.
+
+The generated gRPC modules (``composer.v1``) are the wire layer, not the SDK's
+public interface.
 """
+
+from .backoff import Backoff
+from .client import Client, SyncClient
+from .errors import (
+    AlreadyExistsError,
+    ComposerError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    FieldViolation,
+    InvalidArgumentError,
+    LeaseLostError,
+    NonRetryableError,
+    NotFoundError,
+    PermissionDeniedError,
+    ResourceExhaustedError,
+    RunFailedError,
+    TaskError,
+    UnauthenticatedError,
+    UnavailableError,
+    UnimplementedError,
+)
+from .models import (
+    EventDelivery,
+    Failure,
+    HistoryEvent,
+    NodeState,
+    NodeStatus,
+    Run,
+    RunStatus,
+    ServerInfo,
+    ValidationProblem,
+    WorkflowVersion,
+)
+from .worker import TaskCancelled, TaskContext, Worker, WorkerStats
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "AlreadyExistsError",
+    "Backoff",
+    "Client",
+    "ComposerError",
+    "DeadlineExceededError",
+    "EventDelivery",
+    "FailedPreconditionError",
+    "Failure",
+    "FieldViolation",
+    "HistoryEvent",
+    "InvalidArgumentError",
+    "LeaseLostError",
+    "NodeState",
+    "NodeStatus",
+    "NonRetryableError",
+    "NotFoundError",
+    "PermissionDeniedError",
+    "ResourceExhaustedError",
+    "Run",
+    "RunFailedError",
+    "RunStatus",
+    "ServerInfo",
+    "SyncClient",
+    "TaskCancelled",
+    "TaskContext",
+    "TaskError",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "UnimplementedError",
+    "ValidationProblem",
+    "Worker",
+    "WorkerStats",
+    "WorkflowVersion",
+    "__version__",
+]

@@ -1,0 +1,514 @@
+"""The Client: register workflows, start and steer runs, send events, wait for results.
+
+:class:`Client` is asynchronous (``grpc.aio``); :class:`SyncClient` offers the
+same methods, blocking, for scripts and notebooks::
+
+    async with Client("127.0.0.1:7070") as client:
+        await client.register_workflow(Path("order.yaml"))
+        run = await client.start_run("order", {"order_id": "A-17"}, idempotency_key="A-17")
+        output = await client.wait_for_result(run.run_id, timeout=60)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Iterable, Iterator, Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+
+from composer.v1 import run_service_pb2, server_service_pb2, workflow_service_pb2
+
+from ._connection import DEFAULT_ADDRESS, Connection
+from ._values import to_value
+from .backoff import Backoff
+from .errors import ComposerError, RunFailedError, from_rpc_error
+from .models import (
+    EventDelivery,
+    HistoryEvent,
+    Run,
+    RunStatus,
+    ServerInfo,
+    ValidationProblem,
+    WorkflowVersion,
+)
+
+T = TypeVar("T")
+
+log = logging.getLogger("composer.client")
+
+WorkflowSource = str | os.PathLike[str] | Mapping[str, Any]
+"""A workflow definition: YAML or JSON text (``str``), a file (``pathlib.Path``), or a dict."""
+
+
+def workflow_source_text(source: WorkflowSource) -> str:
+    """The definition text to send for a workflow given as text, a file path or a dict.
+
+    A ``str`` is the definition itself (YAML or JSON), never a file name: pass
+    a ``pathlib.Path`` to read a file. A mapping is sent as JSON (JSON is YAML).
+    """
+    if isinstance(source, str):
+        return source
+    if isinstance(source, os.PathLike):
+        return Path(source).read_text(encoding="utf-8")
+    if isinstance(source, Mapping):
+        return json.dumps(source)
+    raise TypeError(f"a workflow is YAML text, a pathlib.Path or a dict, not {type(source).__name__}")
+
+
+class Client:
+    """An asynchronous client of a Composer server.
+
+    ``address`` is ``host:port``; ``token`` a bearer JWT (``composer token``,
+    or the admin token ``composer dev`` prints), sent with every call; ``tls``
+    True (system roots) or ``grpc.ChannelCredentials`` for a TLS endpoint;
+    ``timeout`` the deadline of each call in seconds. With ``wait_for_ready``
+    (the default) a call made while the server is unreachable (restarting)
+    waits for it within its deadline instead of failing UNAVAILABLE at once.
+    Use it as an async context manager, or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        token: str | None = None,
+        tls: bool | grpc.ChannelCredentials = False,
+        timeout: float = 30.0,
+        wait_for_ready: bool = True,
+    ) -> None:
+        self._conn = Connection(address, token=token, tls=tls)
+        self._timeout = timeout
+        self._wait_for_ready = wait_for_ready
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Closes the connection."""
+        await self._conn.close()
+
+    async def _call(self, method: Any, request: Any) -> Any:
+        return await self._conn.unary(method, request, timeout=self._timeout, wait_for_ready=self._wait_for_ready)
+
+    # --- server -----------------------------------------------------------
+
+    async def server_info(self) -> ServerInfo:
+        """The server's version, protocol version and features."""
+        info: server_service_pb2.GetServerInfoResponse = await self._call(
+            self._conn.server.GetServerInfo, server_service_pb2.GetServerInfoRequest()
+        )
+        return ServerInfo(info.server_version, info.protocol_version, tuple(info.features))
+
+    # --- workflows --------------------------------------------------------
+
+    async def register_workflow(self, source: WorkflowSource) -> WorkflowVersion:
+        """Registers a workflow definition and returns its version.
+
+        Registering content identical to the newest version returns that
+        version (``created`` False). An invalid definition raises
+        :class:`~composer.errors.InvalidArgumentError` whose
+        ``field_violations`` list every problem with its path.
+        """
+        response: workflow_service_pb2.RegisterWorkflowResponse = await self._call(
+            self._conn.workflows.RegisterWorkflow,
+            workflow_service_pb2.RegisterWorkflowRequest(source=workflow_source_text(source)),
+        )
+        return WorkflowVersion.from_proto(response.workflow, created=response.created)
+
+    async def validate_workflow(self, source: WorkflowSource) -> list[ValidationProblem]:
+        """Checks a definition as registration would, stores nothing; returns every problem (empty = valid)."""
+        response: workflow_service_pb2.ValidateWorkflowResponse = await self._call(
+            self._conn.workflows.ValidateWorkflow,
+            workflow_service_pb2.ValidateWorkflowRequest(source=workflow_source_text(source)),
+        )
+        return [ValidationProblem.from_proto(p) for p in response.problems]
+
+    async def get_workflow(self, name: str, version: int = 0) -> WorkflowVersion:
+        """One version of a workflow (the latest when ``version`` is 0); NotFoundError if absent."""
+        response: workflow_service_pb2.GetWorkflowResponse = await self._call(
+            self._conn.workflows.GetWorkflow, workflow_service_pb2.GetWorkflowRequest(name=name, version=version)
+        )
+        return WorkflowVersion.from_proto(response.workflow)
+
+    # --- runs -------------------------------------------------------------
+
+    async def start_run(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        version: int = 0,
+        idempotency_key: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Run:
+        """Starts a run of ``workflow`` (its latest version unless ``version``) with a JSON ``input``.
+
+        With an ``idempotency_key``, a repeated call returns the run the first
+        call created, with ``created`` False, and starts nothing.
+        """
+        request = run_service_pb2.StartRunRequest(
+            workflow_name=workflow,
+            version=version,
+            idempotency_key=idempotency_key or "",
+            labels=dict(labels or {}),
+        )
+        if input is not None:
+            request.input.CopyFrom(to_value(input))
+        response: run_service_pb2.StartRunResponse = await self._call(self._conn.runs.StartRun, request)
+        return Run.from_proto(response.run, created=response.created)
+
+    async def get_run(self, run_id: str) -> Run:
+        """A run with its node states; NotFoundError if absent."""
+        response: run_service_pb2.GetRunResponse = await self._call(
+            self._conn.runs.GetRun, run_service_pb2.GetRunRequest(run_id=run_id)
+        )
+        return Run.from_proto(response.run)
+
+    async def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        statuses: Iterable[RunStatus] = (),
+        labels: Mapping[str, str] | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        parent_run_id: str | None = None,
+        page_size: int = 100,
+    ) -> AsyncIterator[Run]:
+        """Iterates over the matching runs, newest first, fetching pages as it goes (no node states)."""
+        request = run_service_pb2.ListRunsRequest(
+            workflow_name=workflow or "",
+            statuses=[s.to_proto() for s in statuses],  # type: ignore[misc]
+            labels=dict(labels or {}),
+            parent_run_id=parent_run_id or "",
+            page_size=page_size,
+        )
+        if created_after is not None:
+            request.create_time_after.FromDatetime(created_after)
+        if created_before is not None:
+            request.create_time_before.FromDatetime(created_before)
+        while True:
+            response: run_service_pb2.ListRunsResponse = await self._call(self._conn.runs.ListRuns, request)
+            for run in response.runs:
+                yield Run.from_proto(run)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
+
+    async def cancel_run(self, run_id: str, reason: str = "") -> Run:
+        """Cancels a running run (its workers see the cancellation at their next heartbeat).
+
+        FailedPreconditionError when the run already ended.
+        """
+        response: run_service_pb2.CancelRunResponse = await self._call(
+            self._conn.runs.CancelRun, run_service_pb2.CancelRunRequest(run_id=run_id, reason=reason)
+        )
+        return Run.from_proto(response.run)
+
+    async def retry_run(self, run_id: str) -> Run:
+        """Resumes a FAILED run from its failed nodes; FailedPreconditionError unless it is FAILED."""
+        response: run_service_pb2.RetryRunResponse = await self._call(
+            self._conn.runs.RetryRun, run_service_pb2.RetryRunRequest(run_id=run_id)
+        )
+        return Run.from_proto(response.run)
+
+    async def send_event(
+        self,
+        event_name: str,
+        payload: Any = None,
+        *,
+        run_id: str | None = None,
+        correlation_key: str | None = None,
+        request_id: str | None = None,
+    ) -> EventDelivery:
+        """Sends a named event to one run (``run_id``) or to every run waiting on ``correlation_key``.
+
+        The payload becomes the WAIT_FOR_EVENT node's output. With a
+        ``request_id``, a repeated call delivers nothing new.
+        """
+        if (run_id is None) == (correlation_key is None):
+            raise ValueError("send_event needs exactly one of run_id and correlation_key")
+        request = run_service_pb2.SendEventRequest(event_name=event_name, request_id=request_id or "")
+        if run_id is not None:
+            request.run_id = run_id
+        else:
+            request.correlation_key = correlation_key or ""
+        if payload is not None:
+            request.payload.CopyFrom(to_value(payload))
+        response: run_service_pb2.SendEventResponse = await self._call(self._conn.runs.SendEvent, request)
+        return EventDelivery.from_proto(response)
+
+    async def get_run_history(self, run_id: str, *, page_size: int = 100) -> AsyncIterator[HistoryEvent]:
+        """Iterates over a run's history, oldest first, fetching pages as it goes."""
+        request = run_service_pb2.GetRunHistoryRequest(run_id=run_id, page_size=page_size)
+        while True:
+            response: run_service_pb2.GetRunHistoryResponse = await self._call(self._conn.runs.GetRunHistory, request)
+            for event in response.events:
+                yield HistoryEvent.from_proto(event)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
+
+    async def watch_run(self, run_id: str) -> AsyncGenerator[Run, None]:
+        """Yields the run's snapshots (the current one first, then one per change) until it ends.
+
+        Reconnects by itself when the stream breaks on UNAVAILABLE (the server
+        answers a new watch with the current snapshot, so nothing is missed).
+        """
+        backoff = Backoff(initial=0.1, maximum=2.0)
+        failures = 0
+        while True:
+            call = self._conn.runs.WatchRun(
+                run_service_pb2.WatchRunRequest(run_id=run_id),
+                metadata=self._conn.metadata,
+                wait_for_ready=self._wait_for_ready,
+            )
+            try:
+                async for response in call:
+                    failures = 0
+                    run = Run.from_proto(response.run)
+                    yield run
+                    if run.status.is_final:
+                        return
+            except grpc.RpcError as error:
+                converted = from_rpc_error(error)
+                if not converted.retryable:
+                    raise converted from None
+                log.debug("watch of run %s broke (%s); watching again", run_id, converted.code.name)
+            finally:
+                call.cancel()
+            # The stream broke, or ended without a final snapshot: watch again.
+            failures += 1
+            await asyncio.sleep(backoff.delay(failures))
+
+    async def wait_for_run(self, run_id: str, *, timeout: float | None = None) -> Run:
+        """Waits (over WatchRun) until the run ends and returns it, whatever its final status.
+
+        Raises ``TimeoutError`` when ``timeout`` seconds pass first.
+        """
+        async def final() -> Run:
+            async with contextlib.aclosing(self.watch_run(run_id)) as snapshots:
+                async for run in snapshots:
+                    if run.status.is_final:
+                        return run
+            raise ComposerError(grpc.StatusCode.INTERNAL, f"watch of run {run_id} ended without a final status")
+
+        try:
+            return await asyncio.wait_for(final(), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"run {run_id} did not end within {timeout} s") from None
+
+    async def wait_for_result(self, run_id: str, *, timeout: float | None = None) -> Any:
+        """Waits until the run ends and returns its output.
+
+        Raises :class:`~composer.errors.RunFailedError` (carrying the final
+        run) when it ends FAILED or CANCELLED, ``TimeoutError`` after
+        ``timeout`` seconds.
+        """
+        run = await self.wait_for_run(run_id, timeout=timeout)
+        if run.status is not RunStatus.COMPLETED:
+            raise RunFailedError(run)
+        return run.output
+
+    async def run_workflow(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        idempotency_key: str | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Starts a run and waits for its output (start_run + wait_for_result)."""
+        started = time.monotonic()
+        run = await self.start_run(workflow, input, idempotency_key=idempotency_key)
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        return await self.wait_for_result(run.run_id, timeout=left)
+
+
+class _LoopThread:
+    """A private event loop in a daemon thread, which the sync facade submits coroutines to."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="composer-client", daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class SyncClient:
+    """The blocking facade of :class:`Client`, for scripts: same methods, same arguments.
+
+    It runs its own event loop in a background thread, so it also works where
+    a loop is already running (a notebook). Use it as a context manager, or
+    call :meth:`close`. Iterating methods return ordinary iterators.
+    """
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        token: str | None = None,
+        tls: bool | grpc.ChannelCredentials = False,
+        timeout: float = 30.0,
+        wait_for_ready: bool = True,
+    ) -> None:
+        self._loop = _LoopThread()
+
+        async def make() -> Client:
+            return Client(address, token=token, tls=tls, timeout=timeout, wait_for_ready=wait_for_ready)
+
+        self._client = self._loop.run(make())
+
+    def __enter__(self) -> SyncClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the connection and stops the background loop."""
+        self._loop.run(self._client.close())
+        self._loop.stop()
+
+    def _iterate(self, iterator: AsyncIterator[T]) -> Iterator[T]:
+        async def step() -> tuple[bool, T | None]:
+            try:
+                return True, await iterator.__anext__()
+            except StopAsyncIteration:
+                return False, None
+
+        while True:
+            more, item = self._loop.run(step())
+            if not more:
+                return
+            yield item  # type: ignore[misc]
+
+    def _run(self, awaitable: Awaitable[T]) -> T:
+        async def wrap() -> T:
+            return await awaitable
+
+        return self._loop.run(wrap())
+
+    def server_info(self) -> ServerInfo:
+        """See :meth:`Client.server_info`."""
+        return self._run(self._client.server_info())
+
+    def register_workflow(self, source: WorkflowSource) -> WorkflowVersion:
+        """See :meth:`Client.register_workflow`."""
+        return self._run(self._client.register_workflow(source))
+
+    def validate_workflow(self, source: WorkflowSource) -> list[ValidationProblem]:
+        """See :meth:`Client.validate_workflow`."""
+        return self._run(self._client.validate_workflow(source))
+
+    def get_workflow(self, name: str, version: int = 0) -> WorkflowVersion:
+        """See :meth:`Client.get_workflow`."""
+        return self._run(self._client.get_workflow(name, version))
+
+    def start_run(
+        self,
+        workflow: str,
+        input: Any = None,
+        *,
+        version: int = 0,
+        idempotency_key: str | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Run:
+        """See :meth:`Client.start_run`."""
+        return self._run(
+            self._client.start_run(workflow, input, version=version, idempotency_key=idempotency_key, labels=labels)
+        )
+
+    def get_run(self, run_id: str) -> Run:
+        """See :meth:`Client.get_run`."""
+        return self._run(self._client.get_run(run_id))
+
+    def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        statuses: Iterable[RunStatus] = (),
+        labels: Mapping[str, str] | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        parent_run_id: str | None = None,
+        page_size: int = 100,
+    ) -> Iterator[Run]:
+        """See :meth:`Client.list_runs`."""
+        return self._iterate(
+            self._client.list_runs(
+                workflow=workflow,
+                statuses=statuses,
+                labels=labels,
+                created_after=created_after,
+                created_before=created_before,
+                parent_run_id=parent_run_id,
+                page_size=page_size,
+            )
+        )
+
+    def cancel_run(self, run_id: str, reason: str = "") -> Run:
+        """See :meth:`Client.cancel_run`."""
+        return self._run(self._client.cancel_run(run_id, reason))
+
+    def retry_run(self, run_id: str) -> Run:
+        """See :meth:`Client.retry_run`."""
+        return self._run(self._client.retry_run(run_id))
+
+    def send_event(
+        self,
+        event_name: str,
+        payload: Any = None,
+        *,
+        run_id: str | None = None,
+        correlation_key: str | None = None,
+        request_id: str | None = None,
+    ) -> EventDelivery:
+        """See :meth:`Client.send_event`."""
+        return self._run(
+            self._client.send_event(
+                event_name, payload, run_id=run_id, correlation_key=correlation_key, request_id=request_id
+            )
+        )
+
+    def get_run_history(self, run_id: str, *, page_size: int = 100) -> Iterator[HistoryEvent]:
+        """See :meth:`Client.get_run_history`."""
+        return self._iterate(self._client.get_run_history(run_id, page_size=page_size))
+
+    def wait_for_run(self, run_id: str, *, timeout: float | None = None) -> Run:
+        """See :meth:`Client.wait_for_run`."""
+        return self._run(self._client.wait_for_run(run_id, timeout=timeout))
+
+    def wait_for_result(self, run_id: str, *, timeout: float | None = None) -> Any:
+        """See :meth:`Client.wait_for_result`."""
+        return self._run(self._client.wait_for_result(run_id, timeout=timeout))
+
+    def run_workflow(
+        self, workflow: str, input: Any = None, *, idempotency_key: str | None = None, timeout: float | None = None
+    ) -> Any:
+        """See :meth:`Client.run_workflow`."""
+        return self._run(
+            self._client.run_workflow(workflow, input, idempotency_key=idempotency_key, timeout=timeout)
+        )
+
+
+__all__ = ["Client", "SyncClient", "WorkflowSource", "workflow_source_text"]

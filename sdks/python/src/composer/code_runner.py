@@ -1,0 +1,286 @@
+"""The Python code runner: serves CODE nodes (queue ``code.python``).
+
+Each task's input is ``{"code": "<snippet>", "input": <json>}``. The snippet
+runs in a fresh ``python -I`` subprocess with
+
+- ``input`` in scope (the node's input, as JSON: dict, list, str, ...);
+- a time limit (default 30 s, and never past the attempt's deadline): past it
+  the process group is killed and the task fails with code ``TIMEOUT``,
+  **non-retryable** (a snippet that ran out of time once will run out again;
+  a node that wants another try says so with an error edge or a larger
+  limit);
+- a memory limit (default 512 MiB, ``RLIMIT_AS`` set in the child before the
+  snippet runs): a snippet that exceeds it fails with code ``MEMORY_LIMIT``,
+  non-retryable.
+
+**The output convention**: the snippet's output is the variable ``result`` if
+the snippet assigns it; otherwise the value of its final statement when that
+is an expression (``input["a"] + 1``); otherwise ``null``. The output must be
+JSON (dict, list, str, int, float, bool, None), else the task fails with
+``INVALID_OUTPUT`` (non-retryable).
+
+An exception in the snippet fails the task with code ``CODE_ERROR``
+(retryable: the node's retry policy decides; list ``CODE_ERROR`` in
+``retry.non_retryable`` to stop at once), the message ``Type: text`` and the
+details ``{"type", "message", "traceback", "stderr"}``. What the snippet
+prints goes to its stderr, which is logged and returned (its tail) in the
+failure details. A child that dies otherwise (a signal, a crash) fails with
+``CODE_CRASHED``, retryable.
+
+Run it with ``composer-code-runner --address HOST:PORT`` or
+``Worker.serve_code()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from .errors import NonRetryableError, TaskError
+
+if TYPE_CHECKING:
+    from .worker import Handler, TaskContext
+
+DEFAULT_TIME_LIMIT = 30.0
+"""Seconds a snippet may run."""
+DEFAULT_MEMORY_LIMIT = 512 * 1024 * 1024
+"""Bytes of address space a snippet may use (RLIMIT_AS)."""
+_STDERR_TAIL = 8_000
+
+# The program the child runs: reads {"code", "input"} on stdin, sets the memory
+# limit, runs the snippet with its stdout sent to stderr, and writes one JSON
+# object to the original stdout: {"ok": true, "output": ...} or
+# {"ok": false, "code": ..., "type": ..., "message": ..., "traceback": ...}.
+_CHILD = r"""
+import ast, json, os, sys, traceback
+def _main():
+    limit = int(sys.argv[1])
+    request = json.loads(sys.stdin.read())
+    out = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    if limit > 0:
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    scope = {"__name__": "__snippet__", "__builtins__": __builtins__, "input": request.get("input")}
+    try:
+        tree = ast.parse(request["code"], "<snippet>", "exec")
+        last = None
+        if tree.body and isinstance(tree.body[-1], ast.Expr):
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, "<snippet>", "exec"), scope)
+        value = eval(compile(last, "<snippet>", "eval"), scope) if last is not None else None
+        if "result" in scope:
+            value = scope["result"]
+        try:
+            text = json.dumps({"ok": True, "output": value}, allow_nan=False)
+        except (TypeError, ValueError) as error:
+            text = json.dumps({"ok": False, "code": "INVALID_OUTPUT", "type": type(error).__name__,
+                               "message": "the snippet's result is not JSON: %s" % error, "traceback": ""})
+    except MemoryError as error:
+        text = json.dumps({"ok": False, "code": "MEMORY_LIMIT", "type": "MemoryError",
+                           "message": "the snippet exceeded its memory limit of %d bytes" % limit,
+                           "traceback": traceback.format_exc()})
+    except BaseException as error:
+        text = json.dumps({"ok": False, "code": "CODE_ERROR", "type": type(error).__name__,
+                           "message": ("%s: %s" % (type(error).__name__, error)).rstrip(": "),
+                           "traceback": traceback.format_exc()})
+    out.write(text)
+    out.flush()
+_main()
+"""
+
+
+@dataclass
+class SnippetResult:
+    """What running a snippet gave: its output, or a failure code with message and details."""
+
+    ok: bool
+    """True when the snippet finished and its result is JSON."""
+    output: Any = None
+    """The snippet's result (see the module's convention)."""
+    code: str = ""
+    """On failure: CODE_ERROR, TIMEOUT, MEMORY_LIMIT, INVALID_OUTPUT or CODE_CRASHED."""
+    message: str = ""
+    """On failure: what happened."""
+    details: dict[str, Any] = field(default_factory=dict)
+    """On failure: type, message, traceback, stderr (tail)."""
+    stderr: str = ""
+    """What the snippet printed (stdout and stderr both)."""
+    seconds: float = 0.0
+    """How long it ran."""
+
+    @property
+    def retryable(self) -> bool:
+        """Whether another attempt may help: CODE_ERROR and CODE_CRASHED yes; limits and bad outputs no."""
+        return self.code in ("CODE_ERROR", "CODE_CRASHED")
+
+
+async def run_snippet(
+    code: str,
+    input: Any = None,
+    *,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
+    python: str | None = None,
+) -> SnippetResult:
+    """Runs ``code`` in a subprocess with ``input`` in scope, within the time and memory limits.
+
+    Cancelling the call kills the subprocess.
+    """
+    request = json.dumps({"code": code, "input": input}).encode()
+    started = time.monotonic()
+    process = await asyncio.create_subprocess_exec(
+        python or sys.executable,
+        "-I",
+        "-c",
+        _CHILD,
+        str(memory_limit or 0),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    # Read both pipes as the child writes, so nothing is lost when it must be killed.
+    readers = (asyncio.ensure_future(process.stdout.read()), asyncio.ensure_future(process.stderr.read()))
+    try:
+        process.stdin.write(request)
+        with contextlib.suppress(ConnectionError):
+            await process.stdin.drain()
+        process.stdin.close()
+        await asyncio.wait_for(process.wait(), time_limit)
+    except asyncio.TimeoutError:
+        _kill(process)
+        await process.wait()
+        _, stderr_bytes = await _collect(readers)
+        stderr = stderr_bytes.decode(errors="replace")
+        message = f"the snippet did not finish within its time limit of {time_limit:g} s"
+        return SnippetResult(
+            ok=False,
+            code="TIMEOUT",
+            message=message,
+            details={"type": "TimeoutError", "message": message, "traceback": "", "stderr": stderr[-_STDERR_TAIL:]},
+            stderr=stderr,
+            seconds=time.monotonic() - started,
+        )
+    except BaseException:
+        _kill(process)
+        for reader in readers:
+            reader.cancel()
+        with contextlib.suppress(BaseException):
+            await asyncio.shield(process.wait())
+        raise
+    stdout, stderr_bytes = await _collect(readers)
+    seconds = time.monotonic() - started
+    stderr = stderr_bytes.decode(errors="replace")
+    try:
+        answer = json.loads(stdout.decode()) if stdout else None
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        why = f"signal {-process.returncode}" if process.returncode and process.returncode < 0 else f"exit code {process.returncode}"
+        code_ = "CODE_CRASHED"
+        if "MemoryError" in stderr:
+            code_ = "MEMORY_LIMIT"
+        message = f"the snippet's process ended without a result ({why})"
+        return SnippetResult(
+            ok=False,
+            code=code_,
+            message=message,
+            details={"type": "", "message": message, "traceback": "", "stderr": stderr[-_STDERR_TAIL:]},
+            stderr=stderr,
+            seconds=seconds,
+        )
+    if answer.get("ok"):
+        return SnippetResult(ok=True, output=answer.get("output"), stderr=stderr, seconds=seconds)
+    return SnippetResult(
+        ok=False,
+        code=str(answer.get("code", "CODE_ERROR")),
+        message=str(answer.get("message", "")),
+        details={
+            "type": answer.get("type", ""),
+            "message": answer.get("message", ""),
+            "traceback": answer.get("traceback", ""),
+            "stderr": stderr[-_STDERR_TAIL:],
+        },
+        stderr=stderr,
+        seconds=seconds,
+    )
+
+
+async def _collect(readers: tuple[asyncio.Future[bytes], asyncio.Future[bytes]]) -> tuple[bytes, bytes]:
+    """The pipes' contents; a grandchild still holding a pipe open cannot make this hang."""
+    done, pending = await asyncio.wait(readers, timeout=2.0)
+    for reader in pending:
+        reader.cancel()
+    return tuple(r.result() if r in done and not r.cancelled() and r.exception() is None else b"" for r in readers)  # type: ignore[return-value]
+
+
+def _kill(process: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        process.kill()
+
+
+def make_handler(*, time_limit: float | None = None, memory_limit: int | None = None) -> Handler:
+    """The task handler of the code runner (what :meth:`Worker.serve_code` registers)."""
+    limit_seconds = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
+    limit_bytes = DEFAULT_MEMORY_LIMIT if memory_limit is None else memory_limit
+
+    async def run_code(ctx: TaskContext) -> Any:
+        task_input = ctx.input
+        if not isinstance(task_input, dict) or not isinstance(task_input.get("code"), str):
+            raise NonRetryableError('a CODE task needs the input {"code": "<snippet>", "input": ...}', code="BAD_CODE_INPUT")
+        seconds = limit_seconds
+        if ctx.deadline is not None:
+            seconds = min(seconds, max(0.0, (ctx.deadline - datetime.now(timezone.utc)).total_seconds()))
+        result = await run_snippet(task_input["code"], task_input.get("input"), time_limit=seconds, memory_limit=limit_bytes)
+        if result.stderr:
+            ctx.logger.info("snippet output:\n%s", result.stderr[-_STDERR_TAIL:])
+        if result.ok:
+            return result.output
+        raise TaskError(result.message, code=result.code, retryable=result.retryable, details=result.details)
+
+    return run_code
+
+
+def _parse_bytes(text: str) -> int:
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    text = text.strip().lower().removesuffix("ib").removesuffix("b")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The ``composer-code-runner`` console script: serves ``code.python`` until SIGTERM."""
+    from .worker import Worker
+
+    parser = argparse.ArgumentParser(prog="composer-code-runner", description="Serve Python CODE nodes of a Composer server.")
+    parser.add_argument("--address", default=os.environ.get("COMPOSER_ADDRESS", "127.0.0.1:7070"), help="server host:port (COMPOSER_ADDRESS)")
+    parser.add_argument("--token", default=os.environ.get("COMPOSER_TOKEN"), help="bearer token (COMPOSER_TOKEN)")
+    parser.add_argument("--slots", type=int, default=4, help="snippets run at once")
+    parser.add_argument("--queue", default="code.python", help="the queue to serve")
+    parser.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT, help="seconds per snippet")
+    parser.add_argument("--memory-limit", type=_parse_bytes, default=DEFAULT_MEMORY_LIMIT, help="address space per snippet, e.g. 512M (0: none)")
+    parser.add_argument("--drain-timeout", type=float, default=30.0, help="seconds to finish running snippets on SIGTERM")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    worker = Worker(args.address, token=args.token, slots=args.slots, drain_timeout=args.drain_timeout)
+    worker.serve_code(queue=args.queue, time_limit=args.time_limit, memory_limit=args.memory_limit)
+    worker.run()
+
+
+__all__ = ["DEFAULT_MEMORY_LIMIT", "DEFAULT_TIME_LIMIT", "SnippetResult", "main", "make_handler", "run_snippet"]

@@ -1,0 +1,799 @@
+"""The Worker: runs task handlers for the tasks a server leases to it.
+
+A worker in ten lines::
+
+    from composer import Worker, TaskContext, NonRetryableError
+
+    worker = Worker("127.0.0.1:7070", slots=8)
+
+    @worker.task("reserve_stock", queue="inventory")
+    async def reserve_stock(ctx: TaskContext) -> dict[str, object]:
+        if ctx.input["sku"] == "":
+            raise NonRetryableError("no sku", code="BAD_SKU")
+        return {"reserved": True, "task": ctx.task_id}
+
+    worker.run()  # until SIGTERM / SIGINT, then drains
+
+The worker never shows a lease to the handler. It long-polls its queues with
+as many tasks as it has free slots, heartbeats each running task at a third
+of its lease, tells the handler when the run was cancelled or the lease lost
+(``ctx.cancelled``; an async handler is also cancelled), reports the outcome
+with the lease token, retries a report that met UNAVAILABLE or
+DEADLINE_EXCEEDED with the same token, and treats a LEASE_LOST answer as final.
+On shutdown it stops polling, drains in-flight tasks within ``drain_timeout``,
+and only then stops heartbeating.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import inspect
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from datetime import datetime, timezone
+from typing import Any, TypeVar
+
+import grpc
+from google.protobuf import duration_pb2
+
+from composer.v1 import worker_service_pb2
+
+from ._connection import DEFAULT_ADDRESS, Connection
+from ._values import from_optional_field, to_value
+from .backoff import Backoff
+from .errors import ComposerError, LeaseLostError, ResourceExhaustedError, TaskError
+
+log = logging.getLogger("composer.worker")
+
+Handler = Callable[["TaskContext"], Any]
+"""A task handler: takes a :class:`TaskContext`, returns a JSON-able output
+(``async def`` handlers run on the worker's event loop, plain ``def`` handlers
+in its thread pool)."""
+
+H = TypeVar("H", bound=Handler)
+
+DEFAULT_LEASE = 30.0
+"""The lease length assumed when a task does not carry one (the language's default heartbeat_timeout)."""
+
+MAX_POLL_TASKS = 100
+"""The most tasks one PollTasks may ask for."""
+
+CANCEL_RUN_CANCELLED = "run cancelled"
+"""``TaskContext.cancel_reason`` when a heartbeat answered that the run was cancelled."""
+CANCEL_LEASE_LOST = "lease lost"
+"""``TaskContext.cancel_reason`` when the server said the lease is no longer this worker's."""
+CANCEL_SHUTDOWN = "worker shutdown"
+"""``TaskContext.cancel_reason`` when the worker stopped before the task finished draining."""
+
+_MAX_MESSAGE = 4_000
+_MAX_TRACEBACK = 32_000
+
+
+class TaskCancelled(Exception):
+    """Raised by :meth:`TaskContext.raise_if_cancelled` once the task was cancelled."""
+
+
+class _TaskLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Prefixes each message with the task it is about and adds the ids as record attributes."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        extra = dict(self.extra or {})
+        kwargs["extra"] = {**extra, **kwargs.get("extra", {})}
+        return f"[{extra['node_id']}#{extra['attempt']} run {extra['run_id']}] {msg}", kwargs
+
+
+class TaskContext:
+    """What a handler gets: the task's identity, its input, a cancellation signal and a logger.
+
+    ``task_id`` is stable across attempts: use it as the idempotency key of the
+    step's own side effects.
+    """
+
+    def __init__(self, task: worker_service_pb2.Task, logger: logging.Logger, loop: asyncio.AbstractEventLoop) -> None:
+        self.task_id: str = task.task_id
+        """The task's id, the same for every attempt."""
+        self.attempt: int = task.attempt
+        """This attempt, from 1."""
+        self.run_id: str = task.run_id
+        """The run the task belongs to."""
+        self.node_id: str = task.node_id
+        """The node (or ``<map id>[<index>]``) the task executes."""
+        self.workflow_name: str = task.workflow_name
+        """The workflow the run executes."""
+        self.workflow_version: int = task.workflow_version
+        """The version the run is pinned to."""
+        self.namespace: str = task.namespace
+        """The run's namespace."""
+        self.queue: str = task.queue
+        """The queue the task came from."""
+        self.task_name: str = task.task_name
+        """The task name (the node's ``task``)."""
+        self.input: Any = from_optional_field(task, "input")
+        """The node's rendered input, as JSON."""
+        self.deadline: datetime | None = (
+            task.attempt_deadline.ToDatetime(tzinfo=timezone.utc) if task.HasField("attempt_deadline") else None
+        )
+        """The attempt must finish by this time (the node's ``timeout``), if set."""
+        self.cancel_event: threading.Event = threading.Event()
+        """Set when the task is cancelled; a sync handler may poll it or ``wait()`` on it."""
+        self.cancel_reason: str | None = None
+        """Why the task was cancelled: ``run cancelled``, ``lease lost`` or ``worker shutdown``."""
+        self.logger: logging.LoggerAdapter[logging.Logger] = _TaskLogger(
+            logger,
+            {"task_id": self.task_id, "attempt": self.attempt, "run_id": self.run_id, "node_id": self.node_id},
+        )
+        """A logger whose records carry the task's ids."""
+        self._async_cancel = asyncio.Event()
+        self._loop = loop
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the run was cancelled, the lease lost, or the worker is shutting down past its drain."""
+        return self.cancel_event.is_set()
+
+    async def wait_cancelled(self) -> str:
+        """Waits (in an async handler) until the task is cancelled; returns the reason."""
+        await self._async_cancel.wait()
+        return self.cancel_reason or ""
+
+    def raise_if_cancelled(self) -> None:
+        """Raises :class:`TaskCancelled` if the task was cancelled: a checkpoint for long sync loops."""
+        if self.cancelled:
+            raise TaskCancelled(self.cancel_reason or "cancelled")
+
+    def _cancel(self, reason: str) -> bool:
+        """Marks the task cancelled (in the worker's loop); False if it already was."""
+        if self.cancel_event.is_set():
+            return False
+        self.cancel_reason = reason
+        self.cancel_event.set()
+        self._async_cancel.set()
+        return True
+
+
+class Slots:
+    """Counts the tasks a worker runs against its concurrency limit.
+
+    Only the poll loop takes slots (never more than :attr:`free`, which it asks
+    the server for); each task gives its slot back when its report is done.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("a worker needs at least one slot")
+        self.capacity = capacity
+        """The concurrency limit."""
+        self._used = 0
+        self._changed = asyncio.Event()
+        self.high_water = 0
+        """The most slots ever used at once."""
+
+    @property
+    def used(self) -> int:
+        """Slots taken now."""
+        return self._used
+
+    @property
+    def free(self) -> int:
+        """Slots free now."""
+        return self.capacity - self._used
+
+    def acquire(self, count: int = 1) -> None:
+        """Takes ``count`` free slots; raises RuntimeError if fewer are free."""
+        if count > self.free:
+            raise RuntimeError(f"asked for {count} slots with {self.free} free")
+        self._used += count
+        self.high_water = max(self.high_water, self._used)
+        self._notify()
+
+    def release(self) -> None:
+        """Gives one slot back."""
+        if self._used <= 0:
+            raise RuntimeError("release without acquire")
+        self._used -= 1
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    async def wait_free(self) -> int:
+        """Waits until at least one slot is free; returns how many are."""
+        while self.free <= 0:
+            await self._changed.wait()
+        return self.free
+
+    async def wait_idle(self) -> None:
+        """Waits until no slot is taken."""
+        while self._used > 0:
+            await self._changed.wait()
+
+
+@dataclasses.dataclass
+class WorkerStats:
+    """What a worker did since it started (for logs, tests and metrics)."""
+
+    polled: int = 0
+    """Tasks leased to this worker."""
+    completed: int = 0
+    """Attempts reported complete (applied by the server)."""
+    failed: int = 0
+    """Attempts reported failed (applied by the server)."""
+    lease_lost: int = 0
+    """Attempts dropped because the server said the lease was lost."""
+    cancelled: int = 0
+    """Attempts stopped because their run was cancelled."""
+    report_retries: int = 0
+    """Reports sent again after UNAVAILABLE or DEADLINE_EXCEEDED."""
+    poll_errors: int = 0
+    """PollTasks calls that failed."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outcome:
+    output: Any = None
+    failure: TaskError | None = None
+
+
+class Worker:
+    """Serves task handlers on one or more queues of a Composer server.
+
+    ``queues``: queues to poll besides those named in :meth:`task`.
+    ``slots``: how many tasks run at once. ``drain_timeout``: how long a
+    graceful stop waits for in-flight tasks. ``poll_wait``: the long-poll
+    wait. ``heartbeat_interval``: overrides the default of a third of each
+    task's lease (tests use it). ``interceptors``: ``grpc.aio`` client
+    interceptors for every call.
+    """
+
+    def __init__(
+        self,
+        address: str = DEFAULT_ADDRESS,
+        *,
+        queues: Iterable[str] = (),
+        slots: int = 10,
+        token: str | None = None,
+        tls: bool | grpc.ChannelCredentials = False,
+        worker_id: str | None = None,
+        poll_wait: float = 20.0,
+        drain_timeout: float = 30.0,
+        report_timeout: float = 300.0,
+        heartbeat_interval: float | None = None,
+        backoff: Backoff | None = None,
+        interceptors: Iterable[Any] = (),
+        check_server: bool = True,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        if slots < 1:
+            raise ValueError("slots must be at least 1")
+        self.address = address
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        """This process's id, recorded by the server as the lease owner."""
+        self.stats = WorkerStats()
+        """Counters of what the worker did."""
+        self._queues: list[str] = list(dict.fromkeys(queues))
+        self._capacity = slots
+        self._token = token
+        self._tls = tls
+        self._poll_wait = poll_wait
+        self._drain_timeout = drain_timeout
+        self._report_timeout = report_timeout
+        self._heartbeat_interval = heartbeat_interval
+        self._backoff = backoff or Backoff(initial=0.2, maximum=5.0)
+        self._interceptors = list(interceptors)
+        self._check_server = check_server
+        self._log = logger or log
+        self._handlers: dict[tuple[str | None, str | None], Handler] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested: asyncio.Event | None = None
+        self._force_stop: asyncio.Event | None = None
+        self._slots: Slots | None = None
+        self._running: dict[asyncio.Task[None], TaskContext] = {}
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._conn: Connection | None = None
+        self._serving = False
+        self._pending_stop = False
+
+    # --- registration -----------------------------------------------------
+
+    def task(self, name: str, *, queue: str | None = None) -> Callable[[H], H]:
+        """Decorator: registers the handler of task ``name`` (on ``queue``, which is then polled;
+        without ``queue``, for that task name on every polled queue)."""
+
+        def register(handler: H) -> H:
+            self.register(name, handler, queue=queue)
+            return handler
+
+        return register
+
+    def register(self, name: str, handler: Handler, *, queue: str | None = None) -> None:
+        """Registers ``handler`` for task ``name`` (see :meth:`task`)."""
+        key = (queue, name)
+        if key in self._handlers:
+            raise ValueError(f"task {name!r} already has a handler" + (f" on queue {queue!r}" if queue else ""))
+        self._handlers[key] = handler
+        if queue is not None and queue not in self._queues:
+            self._queues.append(queue)
+
+    def handle_queue(self, queue: str, handler: Handler) -> None:
+        """Registers ``handler`` for every task of ``queue`` that no handler claims by name."""
+        self.register_default(queue, handler)
+
+    def register_default(self, queue: str, handler: Handler) -> None:
+        """Same as :meth:`handle_queue`."""
+        key = (queue, None)
+        if key in self._handlers:
+            raise ValueError(f"queue {queue!r} already has a default handler")
+        self._handlers[key] = handler
+        if queue not in self._queues:
+            self._queues.append(queue)
+
+    def serve_code(
+        self,
+        *,
+        queue: str = "code.python",
+        time_limit: float | None = None,
+        memory_limit: int | None = None,
+    ) -> None:
+        """Makes this worker a Python code runner: it serves CODE nodes (``queue`` ``code.python``).
+
+        See :mod:`composer.code_runner` for the snippet convention and limits.
+        """
+        from . import code_runner
+
+        self.handle_queue(queue, code_runner.make_handler(time_limit=time_limit, memory_limit=memory_limit))
+
+    @property
+    def queues(self) -> list[str]:
+        """The queues this worker polls."""
+        return list(self._queues)
+
+    @property
+    def in_flight(self) -> int:
+        """Tasks running now."""
+        return len(self._running)
+
+    @property
+    def max_concurrency_seen(self) -> int:
+        """The most tasks that ever ran at once in this worker."""
+        return self._slots.high_water if self._slots else 0
+
+    def _handler_for(self, task: worker_service_pb2.Task) -> Handler | None:
+        for key in ((task.queue, task.task_name), (None, task.task_name), (task.queue, None)):
+            handler = self._handlers.get(key)
+            if handler is not None:
+                return handler
+        return None
+
+    # --- life cycle -------------------------------------------------------
+
+    def run(self) -> None:
+        """Serves until SIGTERM or SIGINT, then stops gracefully (blocking; for a worker's ``main``).
+
+        A second signal stops waiting for the drain.
+        """
+        asyncio.run(self._serve_with_signals())
+
+    async def _serve_with_signals(self) -> None:
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT)
+        for sig in signals:
+            loop.add_signal_handler(sig, self.stop)
+        try:
+            await self.serve()
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+
+    def stop(self) -> None:
+        """Asks the worker to stop: stop polling, drain in-flight tasks, then stop heartbeating.
+
+        Safe from any thread and from signal handlers; a second call stops
+        waiting for the drain.
+        """
+        loop, requested, force = self._loop, self._stop_requested, self._force_stop
+        if loop is None or requested is None or force is None:
+            self._pending_stop = True
+            return
+
+        def apply() -> None:
+            if requested.is_set():
+                self._log.warning("stopping at once: in-flight tasks are failed as WORKER_SHUTDOWN")
+                force.set()
+            else:
+                self._log.info(
+                    "stopping: no new polls; draining %d in-flight tasks (up to %.0f s); stop again to force",
+                    len(self._running),
+                    self._drain_timeout,
+                )
+            requested.set()
+
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            apply()
+        else:
+            loop.call_soon_threadsafe(apply)
+
+    async def serve(self) -> None:
+        """Serves until :meth:`stop` is called (or the task running it is cancelled)."""
+        if self._serving:
+            raise RuntimeError("this worker is already serving")
+        if not self._queues:
+            raise ValueError("the worker has no queue to poll: register a handler with a queue, or pass queues=")
+        self._serving = True
+        self._loop = asyncio.get_running_loop()
+        self._stop_requested = asyncio.Event()
+        self._force_stop = asyncio.Event()
+        if self._pending_stop:
+            self._pending_stop = False
+            self._stop_requested.set()
+        self._slots = Slots(self._capacity)
+        self._executor = concurrent.futures.ThreadPoolExecutor(self._capacity, thread_name_prefix="composer-task")
+        self._conn = Connection(self.address, token=self._token, tls=self._tls, interceptors=self._interceptors)
+        poller: asyncio.Task[None] | None = None
+        try:
+            if self._check_server:
+                await self._wait_for_server()
+            self._log.info(
+                "worker %s polling %s with %d slots", self.worker_id, ",".join(self._queues), self._capacity
+            )
+            poller = asyncio.create_task(self._poll_loop(), name="composer-poll")
+            await _first_of(asyncio.shield(poller), self._stop_requested.wait())
+        finally:
+            # 1. Stop polling: no new poll starts. A poll already waiting may
+            # return tasks whose leases the server has recorded; cancelling it
+            # would strand them until their leases expire (a lost attempt), so
+            # it may finish, and its tasks run and drain. A second stop cancels it.
+            if not self._stop_requested.is_set():
+                # Cancelled, or the poll loop died: no graceful drain is asked for.
+                self._stop_requested.set()
+                self._force_stop.set()
+            poll_error: BaseException | None = None
+            if poller is not None:
+                if not poller.done():
+                    await _first_of(asyncio.shield(poller), self._force_stop.wait())
+                poller.cancel()
+                try:
+                    await poller
+                except asyncio.CancelledError:
+                    pass
+                except Exception as error:  # noqa: BLE001 - re-raised after the cleanup
+                    poll_error = error
+            # 2. Drain: in-flight tasks finish and report, heartbeats still running.
+            await self._drain()
+            # 3. Only now stop heartbeating and close.
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            await self._conn.close()
+            self._serving = False
+            self._log.info("worker %s stopped", self.worker_id)
+            if poll_error is not None:
+                raise poll_error
+
+    async def _wait_for_server(self) -> None:
+        assert self._conn is not None and self._stop_requested is not None
+        failures = 0
+        while not self._stop_requested.is_set():
+            try:
+                await self._conn.check_protocol()
+                return
+            except ComposerError as error:
+                if not error.retryable:
+                    raise
+                failures += 1
+                self._log.warning("server %s not reachable yet (%s); retrying", self.address, error.code.name)
+                await self._sleep_unless_stopped(self._backoff.delay(failures))
+
+    async def _sleep_unless_stopped(self, seconds: float) -> None:
+        assert self._stop_requested is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._stop_requested.wait(), seconds)
+
+    async def _drain(self) -> None:
+        assert self._force_stop is not None
+        if not self._running:
+            return
+        self._log.info("draining %d in-flight tasks (up to %.1f s)", len(self._running), self._drain_timeout)
+        everything = asyncio.ensure_future(asyncio.wait(set(self._running)))
+        force = asyncio.ensure_future(self._force_stop.wait())
+        await asyncio.wait({everything, force}, timeout=self._drain_timeout, return_when=asyncio.FIRST_COMPLETED)
+        everything.cancel()
+        force.cancel()
+        unfinished = [runner for runner in self._running if not runner.done()]
+        if unfinished:
+            self._log.warning("%d tasks did not finish within the drain; failing them as retryable", len(unfinished))
+            for runner in unfinished:
+                self._running[runner]._cancel(CANCEL_SHUTDOWN)
+                runner.cancel()
+            await asyncio.wait(unfinished, timeout=10.0)
+
+    # --- polling ----------------------------------------------------------
+
+    async def _poll_loop(self) -> None:
+        assert self._conn is not None and self._slots is not None and self._stop_requested is not None
+        failures = 0
+        wait = duration_pb2.Duration()
+        wait.FromMilliseconds(int(self._poll_wait * 1000))
+        stop = self._stop_requested
+        while not stop.is_set():
+            if self._slots.free <= 0:
+                await _first_of(self._slots.wait_free(), stop.wait())
+                continue
+            free = self._slots.free
+            request = worker_service_pb2.PollTasksRequest(
+                worker_id=self.worker_id, queues=self._queues, max_tasks=min(free, MAX_POLL_TASKS), wait=wait
+            )
+            try:
+                response: worker_service_pb2.PollTasksResponse = await self._conn.unary(
+                    self._conn.workers.PollTasks, request, timeout=self._poll_wait + 5.0
+                )
+            except ComposerError as error:
+                failures += 1
+                self.stats.poll_errors += 1
+                delay = self._backoff.delay(failures)
+                level = logging.DEBUG if error.retryable and failures == 1 else logging.WARNING
+                self._log.log(level, "poll failed (%s: %s); again in %.2f s", error.code.name, error.message, delay)
+                await self._sleep_unless_stopped(delay)
+                continue
+            failures = 0
+            for task in response.tasks:
+                self.stats.polled += 1
+                if self._slots.free > 0:
+                    self._slots.acquire()
+                else:  # The server gave more than asked: run it anyway, the lease is ours.
+                    self._log.error("server leased more tasks than free slots (%d)", self._capacity)
+                    self._slots._used += 1
+                self._start(task)
+
+    def _start(self, task: worker_service_pb2.Task) -> None:
+        assert self._loop is not None
+        ctx = TaskContext(task, self._log, self._loop)
+        runner = asyncio.create_task(self._execute(task, ctx), name=f"composer-task-{task.task_id}-{task.attempt}")
+        self._running[runner] = ctx
+
+    # --- one task ---------------------------------------------------------
+
+    async def _execute(self, task: worker_service_pb2.Task, ctx: TaskContext) -> None:
+        assert self._slots is not None
+        finished = asyncio.Event()
+        handler_box: list[asyncio.Future[Any]] = []
+        heartbeat = asyncio.create_task(self._heartbeat_loop(task, ctx, finished, handler_box))
+        try:
+            outcome = await self._run_handler(task, ctx, handler_box)
+            if outcome is None:
+                return
+            await self._report(task, ctx, outcome)
+        except asyncio.CancelledError:
+            if ctx.cancel_reason == CANCEL_SHUTDOWN:
+                # The drain timed out: give the attempt back so it runs again soon.
+                with contextlib.suppress(ComposerError, asyncio.TimeoutError):
+                    await asyncio.wait_for(
+                        self._send_fail(task, TaskError("the worker stopped before the task finished", code="WORKER_SHUTDOWN")),
+                        5.0,
+                    )
+            raise
+        finally:
+            finished.set()
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            self._slots.release()
+            self._running.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
+
+    async def _run_handler(
+        self, task: worker_service_pb2.Task, ctx: TaskContext, handler_box: list[asyncio.Future[Any]]
+    ) -> _Outcome | None:
+        """Runs the handler; None when the task was cancelled (no report is due)."""
+        assert self._loop is not None and self._executor is not None
+        handler = self._handler_for(task)
+        if handler is None:
+            ctx.logger.error("no handler for task %r on queue %r", task.task_name, task.queue)
+            return _Outcome(failure=TaskError(f"this worker has no handler for task {task.task_name!r}", code="UNKNOWN_TASK"))
+        if _is_async(handler):
+            future: asyncio.Future[Any] = asyncio.ensure_future(handler(ctx))
+        else:
+            call = functools.partial(contextvars.copy_context().run, handler, ctx)
+            future = self._loop.run_in_executor(self._executor, call)
+        handler_box.append(future)
+        try:
+            await asyncio.wait({future})
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        if ctx.cancelled:
+            if ctx.cancel_reason == CANCEL_RUN_CANCELLED:
+                self.stats.cancelled += 1
+            ctx.logger.info("task stopped (%s); not reporting", ctx.cancel_reason)
+            if not future.cancelled():
+                future.exception()  # mark retrieved
+            return None
+        if future.cancelled():
+            return _Outcome(failure=TaskError("the handler was cancelled", code="CANCELLED"))
+        error = future.exception()
+        if error is None:
+            result = future.result()
+            if inspect.isawaitable(result):  # a sync function that returned a coroutine
+                result = await result
+            return _Outcome(output=result)
+        if isinstance(error, TaskError):
+            return _Outcome(failure=error)
+        tb = "".join(traceback.format_exception(error))
+        ctx.logger.warning("handler raised %s: %s", type(error).__name__, error)
+        failure = TaskError(
+            str(error) or type(error).__name__,
+            code=type(error).__name__,
+            details={"type": type(error).__name__, "traceback": tb[-_MAX_TRACEBACK:]},
+        )
+        return _Outcome(failure=failure)
+
+    async def _heartbeat_loop(
+        self,
+        task: worker_service_pb2.Task,
+        ctx: TaskContext,
+        finished: asyncio.Event,
+        handler_box: list[asyncio.Future[Any]],
+    ) -> None:
+        assert self._conn is not None
+        lease = task.lease_duration.ToTimedelta().total_seconds() if task.HasField("lease_duration") else DEFAULT_LEASE
+        interval = self._heartbeat_interval or max(lease / 3.0, 0.05)
+        request = worker_service_pb2.HeartbeatRequest(task_id=task.task_id, attempt=task.attempt, lease_token=task.lease_token)
+        failures = 0
+        while True:
+            await asyncio.sleep(interval if failures == 0 else min(self._backoff.delay(failures), interval))
+            try:
+                response: worker_service_pb2.HeartbeatResponse = await self._conn.unary(
+                    self._conn.workers.Heartbeat, request, timeout=max(interval, 1.0)
+                )
+            except LeaseLostError:
+                if finished.is_set():
+                    return
+                self.stats.lease_lost += 1
+                ctx.logger.warning("lease lost; stopping the task, it will not be reported")
+                self._cancel_handler(ctx, CANCEL_LEASE_LOST, handler_box)
+                return
+            except ComposerError as error:
+                failures += 1
+                ctx.logger.log(
+                    logging.DEBUG if error.retryable else logging.WARNING,
+                    "heartbeat failed (%s: %s); retrying",
+                    error.code.name,
+                    error.message,
+                )
+                continue
+            failures = 0
+            if response.cancel_requested and not finished.is_set():
+                ctx.logger.info("run cancelled; stopping the task")
+                self._cancel_handler(ctx, CANCEL_RUN_CANCELLED, handler_box)
+                return
+
+    def _cancel_handler(self, ctx: TaskContext, reason: str, handler_box: list[asyncio.Future[Any]]) -> None:
+        if ctx._cancel(reason):
+            for future in handler_box:
+                # An async handler is cancelled at its next await; a sync one sees ctx.cancelled.
+                if isinstance(future, asyncio.Task):
+                    future.cancel()
+
+    # --- reports ----------------------------------------------------------
+
+    async def _report(self, task: worker_service_pb2.Task, ctx: TaskContext, outcome: _Outcome) -> None:
+        assert self._conn is not None
+        if outcome.failure is None:
+            try:
+                output = to_value(outcome.output)
+            except (TypeError, ValueError) as error:
+                await self._report_failure(task, ctx, TaskError(f"the handler's output is not JSON: {error}", code="INVALID_OUTPUT", retryable=False))
+                return
+            request = worker_service_pb2.CompleteTaskRequest(
+                task_id=task.task_id, attempt=task.attempt, lease_token=task.lease_token, output=output
+            )
+            try:
+                if await self._send_with_retries(ctx, self._conn.workers.CompleteTask, request):
+                    self.stats.completed += 1
+                    ctx.logger.debug("completed")
+            except ResourceExhaustedError as error:
+                await self._report_failure(
+                    task, ctx, TaskError(f"output too large: {error.message}", code="OUTPUT_TOO_LARGE", retryable=False)
+                )
+            except ComposerError as error:
+                ctx.logger.error("could not report completion (%s); the lease will expire", error)
+            return
+        await self._report_failure(task, ctx, outcome.failure)
+
+    async def _report_failure(self, task: worker_service_pb2.Task, ctx: TaskContext, failure: TaskError) -> None:
+        try:
+            if await self._send_fail(task, failure, ctx):
+                self.stats.failed += 1
+                ctx.logger.info("failed with %s (retryable=%s): %s", failure.code, failure.retryable, failure.message)
+        except ComposerError as error:
+            ctx.logger.error("could not report failure (%s); the lease will expire", error)
+
+    async def _send_fail(self, task: worker_service_pb2.Task, failure: TaskError, ctx: TaskContext | None = None) -> bool:
+        assert self._conn is not None
+        request = worker_service_pb2.FailTaskRequest(
+            task_id=task.task_id,
+            attempt=task.attempt,
+            lease_token=task.lease_token,
+            error_code=failure.code,
+            message=failure.message[:_MAX_MESSAGE],
+            retryable=failure.retryable,
+        )
+        if failure.details is not None:
+            try:
+                request.details.CopyFrom(to_value(failure.details))
+            except (TypeError, ValueError):
+                request.details.CopyFrom(to_value({"repr": repr(failure.details)[:_MAX_MESSAGE]}))
+        if ctx is None:
+            await self._conn.unary(self._conn.workers.FailTask, request, timeout=5.0)
+            return True
+        return await self._send_with_retries(ctx, self._conn.workers.FailTask, request)
+
+    async def _send_with_retries(self, ctx: TaskContext, method: Any, request: Any) -> bool:
+        """Sends a report, again with the same lease token after a transient failure.
+
+        Returns False when the lease was lost (the report is dropped, never retried).
+        """
+        assert self._conn is not None
+        failures = 0
+        deadline = time.monotonic() + self._report_timeout
+        while True:
+            try:
+                await self._conn.unary(method, request, timeout=10.0)
+                return True
+            except LeaseLostError:
+                self.stats.lease_lost += 1
+                ctx._cancel(CANCEL_LEASE_LOST)
+                ctx.logger.warning("report refused: the lease was lost; dropping it (not retried)")
+                return False
+            except ComposerError as error:
+                if not error.retryable or time.monotonic() >= deadline:
+                    raise
+                failures += 1
+                self.stats.report_retries += 1
+                delay = self._backoff.delay(failures)
+                ctx.logger.info("report failed (%s); sending it again in %.2f s", error.code.name, delay)
+                await asyncio.sleep(delay)
+
+
+async def _first_of(*awaitables: Awaitable[Any]) -> None:
+    """Waits until the first of ``awaitables`` is done, then cancels the others."""
+    tasks = [asyncio.ensure_future(a) for a in awaitables]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+def _is_async(handler: Handler) -> bool:
+    target: Any = handler
+    while isinstance(target, functools.partial):
+        target = target.func
+    return inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(getattr(target, "__call__", None))
+
+
+__all__ = [
+    "CANCEL_LEASE_LOST",
+    "CANCEL_RUN_CANCELLED",
+    "CANCEL_SHUTDOWN",
+    "Handler",
+    "Slots",
+    "TaskCancelled",
+    "TaskContext",
+    "Worker",
+    "WorkerStats",
+]
+

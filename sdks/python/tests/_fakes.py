@@ -1,0 +1,170 @@
+"""An in-process fake of the server's WorkerService and ServerService, for the worker's unit tests.
+
+It keeps the lease protocol of worker_service.proto in memory (fencing by
+(task_id, attempt, lease_token), LEASE_LOST in a google.rpc.ErrorInfo,
+cancel_requested on Heartbeat, an applied report answered OK again) and lets
+a test inject failures. It is not the server: the integration tests run the
+same behaviours against the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import google.rpc.error_details_pb2 as error_details_pb2
+import google.rpc.status_pb2 as status_pb2
+from google.protobuf import any_pb2
+
+from composer._values import to_value
+from composer.v1 import (
+    server_service_pb2,
+    server_service_pb2_grpc,
+    worker_service_pb2,
+    worker_service_pb2_grpc,
+)
+
+
+def status_trailer(code: grpc.StatusCode, message: str, *details: Any) -> tuple[tuple[str, bytes], ...]:
+    """The grpc-status-details-bin trailer carrying a google.rpc.Status with ``details``."""
+    status = status_pb2.Status(code=code.value[0], message=message)
+    for detail in details:
+        packed = any_pb2.Any()
+        packed.Pack(detail)
+        status.details.append(packed)
+    return (("grpc-status-details-bin", status.SerializeToString()),)
+
+
+@dataclass
+class Lease:
+    task: worker_service_pb2.Task
+    cancel_requested: bool = False
+
+
+@dataclass
+class FakeServer:
+    """The fake's state; tests read and steer it."""
+
+    lease_seconds: float = 3.0
+    pending: asyncio.Queue[worker_service_pb2.Task] = field(default_factory=asyncio.Queue)
+    leases: dict[str, Lease] = field(default_factory=dict)
+    completed: dict[str, worker_service_pb2.CompleteTaskRequest] = field(default_factory=dict)
+    failed: dict[str, worker_service_pb2.FailTaskRequest] = field(default_factory=dict)
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    inject: dict[str, list[grpc.StatusCode]] = field(default_factory=lambda: defaultdict(list))
+    polls: int = 0
+
+    def add_task(self, task_name: str, input: Any = None, *, queue: str = "q", attempt: int = 1, task_id: str | None = None) -> str:
+        task = worker_service_pb2.Task(
+            task_id=task_id or uuid.uuid4().hex,
+            attempt=attempt,
+            run_id="run-" + uuid.uuid4().hex[:6],
+            node_id=task_name,
+            workflow_name="wf",
+            workflow_version=1,
+            queue=queue,
+            task_name=task_name,
+            namespace="default",
+        )
+        if input is not None:
+            task.input.CopyFrom(to_value(input))
+        self.pending.put_nowait(task)
+        return task.task_id
+
+    def expire(self, task_id: str) -> None:
+        """Takes the lease away, as the server's lease recovery does."""
+        self.leases.pop(task_id, None)
+
+    def cancel(self, task_id: str) -> None:
+        """Marks the task's run cancelled: the next heartbeat answers cancel_requested."""
+        self.leases[task_id].cancel_requested = True
+
+    def count(self, method: str, task_id: str | None = None) -> int:
+        return sum(1 for m, r in self.calls if m == method and (task_id is None or r.task_id == task_id))
+
+
+class _Worker(worker_service_pb2_grpc.WorkerServiceServicer):
+    def __init__(self, state: FakeServer) -> None:
+        self.state = state
+
+    async def _injected(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        if self.state.inject[method]:
+            code = self.state.inject[method].pop(0)
+            await context.abort(code, f"injected {code.name}")
+
+    async def _check(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Lease:
+        lease = self.state.leases.get(request.task_id)
+        if lease is None or lease.task.attempt != request.attempt or lease.task.lease_token != request.lease_token:
+            info = error_details_pb2.ErrorInfo(reason="LEASE_LOST", domain="composer.dev")
+            await context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                "the lease is no longer this worker's",
+                trailing_metadata=status_trailer(grpc.StatusCode.FAILED_PRECONDITION, "lease lost", info),
+            )
+        assert lease is not None
+        return lease
+
+    async def PollTasks(self, request: Any, context: Any) -> worker_service_pb2.PollTasksResponse:
+        self.state.calls.append(("PollTasks", request))
+        self.state.polls += 1
+        await self._injected("PollTasks", context)
+        tasks: list[worker_service_pb2.Task] = []
+        try:
+            first = await asyncio.wait_for(self.state.pending.get(), request.wait.ToTimedelta().total_seconds())
+            tasks.append(first)
+        except asyncio.TimeoutError:
+            return worker_service_pb2.PollTasksResponse()
+        while len(tasks) < max(request.max_tasks, 1) and not self.state.pending.empty():
+            tasks.append(self.state.pending.get_nowait())
+        for task in tasks:
+            if task.queue not in request.queues:
+                raise AssertionError(f"task on queue {task.queue} polled from {list(request.queues)}")
+            task.lease_token = uuid.uuid4().hex
+            task.lease_duration.FromMilliseconds(int(self.state.lease_seconds * 1000))
+            self.state.leases[task.task_id] = Lease(task)
+        return worker_service_pb2.PollTasksResponse(tasks=tasks)
+
+    async def Heartbeat(self, request: Any, context: Any) -> worker_service_pb2.HeartbeatResponse:
+        self.state.calls.append(("Heartbeat", request))
+        await self._injected("Heartbeat", context)
+        lease = await self._check(request, context)
+        return worker_service_pb2.HeartbeatResponse(cancel_requested=lease.cancel_requested)
+
+    async def CompleteTask(self, request: Any, context: Any) -> worker_service_pb2.CompleteTaskResponse:
+        self.state.calls.append(("CompleteTask", request))
+        await self._injected("CompleteTask", context)
+        if self.state.completed.get(request.task_id) == request:
+            return worker_service_pb2.CompleteTaskResponse()
+        await self._check(request, context)
+        self.state.completed[request.task_id] = request
+        self.state.leases.pop(request.task_id)
+        return worker_service_pb2.CompleteTaskResponse()
+
+    async def FailTask(self, request: Any, context: Any) -> worker_service_pb2.FailTaskResponse:
+        self.state.calls.append(("FailTask", request))
+        await self._injected("FailTask", context)
+        if self.state.failed.get(request.task_id) == request:
+            return worker_service_pb2.FailTaskResponse()
+        await self._check(request, context)
+        self.state.failed[request.task_id] = request
+        self.state.leases.pop(request.task_id)
+        return worker_service_pb2.FailTaskResponse()
+
+
+class _ServerInfo(server_service_pb2_grpc.ServerServiceServicer):
+    async def GetServerInfo(self, request: Any, context: Any) -> server_service_pb2.GetServerInfoResponse:
+        return server_service_pb2.GetServerInfoResponse(server_version="fake", protocol_version="1.0")
+
+
+async def start_fake(state: FakeServer) -> tuple[grpc.aio.Server, str]:
+    """Starts the fake on a free loopback port; returns the server and its address."""
+    server = grpc.aio.server()
+    worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(_Worker(state), server)
+    server_service_pb2_grpc.add_ServerServiceServicer_to_server(_ServerInfo(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"

@@ -1,0 +1,563 @@
+"""The SDK conformance behaviours (tests/conformance/README.md), against the real server.
+
+Each test is named after its number (C1 ... C15). They start `composer serve`
+(conftest.py) and pass once the server behaves as the protos' comments say.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+import uuid
+from typing import Any
+
+import grpc
+import pytest
+from _support import FAST, Recorder, WorkerProcess, final, history_types, one_task, serving, three_step, until
+from conftest import ServerProcess
+
+from composer import (
+    Client,
+    FailedPreconditionError,
+    InvalidArgumentError,
+    LeaseLostError,
+    NodeStatus,
+    NonRetryableError,
+    NotFoundError,
+    RunFailedError,
+    RunStatus,
+    SyncClient,
+    TaskContext,
+    Worker,
+)
+from composer.errors import from_rpc_error
+from composer.v1 import worker_service_pb2, worker_service_pb2_grpc
+
+
+def run(coroutine: Any) -> None:
+    asyncio.run(asyncio.wait_for(coroutine, 240))
+
+
+def test_c01_a_worker_completes_a_three_step_workflow_and_the_client_gets_its_output(server: ServerProcess, names: str) -> None:
+    async def main() -> None:
+        worker = Worker(server.address, slots=2, backoff=FAST)
+        seen: list[tuple[str, int, str]] = []
+
+        @worker.task("add_one", queue=f"steps_{names}")
+        async def add_one(ctx: TaskContext) -> dict[str, Any]:
+            seen.append((ctx.node_id, ctx.attempt, ctx.workflow_name))
+            return {"x": ctx.input["x"] + 1}
+
+        @worker.task("double", queue=f"steps_{names}")
+        def double(ctx: TaskContext) -> dict[str, Any]:  # a sync handler, in the thread pool
+            seen.append((ctx.node_id, ctx.attempt, ctx.workflow_name))
+            return {"x": ctx.input["x"] * 2}
+
+        @worker.task("describe", queue=f"steps_{names}")
+        async def describe(ctx: TaskContext) -> dict[str, Any]:
+            seen.append((ctx.node_id, ctx.attempt, ctx.workflow_name))
+            return {"value": ctx.input["x"], "run": ctx.run_id}
+
+        async with Client(server.address) as client, serving(worker):
+            registered = await client.register_workflow(three_step(names))
+            assert registered.name == f"three_step_{names}" and registered.version == 1 and registered.created
+            run_ = await client.start_run(registered.name, {"x": 4})
+            output = await client.wait_for_result(run_.run_id, timeout=60)
+            assert output == {"result": {"value": 10, "run": run_.run_id}}
+            done = await client.get_run(run_.run_id)
+            assert done.status is RunStatus.COMPLETED
+            assert [(n.node_id, n.node_type, n.status, n.attempt) for n in sorted(done.nodes, key=lambda n: n.node_id)] == [
+                ("a", "TASK", NodeStatus.COMPLETED, 1),
+                ("b", "TASK", NodeStatus.COMPLETED, 1),
+                ("c", "TASK", NodeStatus.COMPLETED, 1),
+            ]
+        assert seen == [("a", 1, registered.name), ("b", 1, registered.name), ("c", 1, registered.name)]
+        assert worker.stats.completed == 3
+
+    run(main())
+
+
+def test_c02_slots_bound_concurrency_and_every_task_finishes(server: ServerProcess, names: str) -> None:
+    async def main() -> None:
+        queue = f"slow_{names}"
+        worker = Worker(server.address, slots=4, backoff=FAST)
+        lock = threading.Lock()
+        running = peak = 0
+
+        @worker.task("slow", queue=queue)
+        async def slow(ctx: TaskContext) -> int:
+            nonlocal running, peak
+            with lock:
+                running += 1
+                peak = max(peak, running)
+            try:
+                await asyncio.sleep(1.0)
+            finally:
+                with lock:
+                    running -= 1
+            return int(ctx.input["n"])
+
+        async with Client(server.address) as client:
+            await client.register_workflow(one_task(f"slow_{names}", queue, "slow", extra='input: { n: "${input.n}" }'))
+            runs = [await client.start_run(f"slow_{names}", {"n": n}) for n in range(20)]
+            started = time.monotonic()
+            async with serving(worker):
+                outputs = await asyncio.gather(*(client.wait_for_result(r.run_id, timeout=90) for r in runs))
+            elapsed = time.monotonic() - started
+        assert outputs == [{"result": n} for n in range(20)]
+        assert peak == 4, peak
+        assert worker.max_concurrency_seen == 4
+        assert elapsed >= 5.0  # 20 tasks of 1 s, 4 at a time
+
+    run(main())
+
+
+def test_c03_heartbeats_keep_a_task_alive_past_its_lease(server: ServerProcess, names: str) -> None:
+    async def main() -> None:
+        queue = f"hb_{names}"
+        worker = Worker(server.address, slots=1, backoff=FAST)
+        attempts: list[int] = []
+
+        @worker.task("long", queue=queue)
+        async def long(ctx: TaskContext) -> str:
+            attempts.append(ctx.attempt)
+            await asyncio.sleep(7.0)  # 3.5 leases of 2 s
+            return "survived"
+
+        async with Client(server.address) as client, serving(worker):
+            await client.register_workflow(
+                one_task(f"hb_{names}", queue, "long", extra="heartbeat_timeout: 2s\nretry: { max_attempts: 3 }")
+            )
+            started = await client.start_run(f"hb_{names}")
+            assert await client.wait_for_result(started.run_id, timeout=60) == {"result": "survived"}
+            history = await history_types(client, started.run_id)
+        assert attempts == [1]
+        assert not any("expired" in event.lower() for event in history), history
+        assert worker.stats.lease_lost == 0
+
+    run(main())
+
+
+def test_c04_a_task_whose_run_is_cancelled_sees_its_cancellation(server: ServerProcess, names: str) -> None:
+    async def main() -> None:
+        queue = f"cancel_{names}"
+        worker = Worker(server.address, slots=2, backoff=FAST)
+        started = asyncio.Event()
+        reasons: list[str] = []
+
+        @worker.task("wait", queue=queue)
+        async def wait(ctx: TaskContext) -> str:
+            started.set()
+            try:
+                await asyncio.sleep(120)
+            except asyncio.CancelledError:  # an async handler is cancelled at its await
+                reasons.append(ctx.cancel_reason or "")
+                raise
+            return "unreachable"
+
+        async with Client(server.address) as client, serving(worker):
+            await client.register_workflow(one_task(f"cancel_{names}", queue, "wait", extra="heartbeat_timeout: 3s"))
+            begun = await client.start_run(f"cancel_{names}")
+            await asyncio.wait_for(started.wait(), 30)
+            cancelled_at = time.monotonic()
+            await client.cancel_run(begun.run_id, reason="conformance C4")
+            await until(lambda: bool(reasons), 15, "the handler to see the cancellation")
+            seen_after = time.monotonic() - cancelled_at
+            ended = await final(client, begun.run_id)
+            with pytest.raises(FailedPreconditionError):
+                await client.cancel_run(begun.run_id)
+            with pytest.raises(RunFailedError) as failed:
+                await client.wait_for_result(begun.run_id, timeout=10)
+        assert reasons == ["run cancelled"]
+        assert seen_after < 3.0  # within one heartbeat interval (a third of 3 s) plus slack
+        assert ended.status is RunStatus.CANCELLED
+        assert failed.value.run.status is RunStatus.CANCELLED
+        assert worker.stats.completed == 0 and worker.stats.failed == 0 and worker.stats.cancelled == 1
+
+    run(main())
+
+
+def test_c05_a_worker_killed_mid_task_has_its_task_run_again_as_attempt_2(server: ServerProcess, names: str) -> None:
+    async def main() -> None:
+        queue = f"kill_{names}"
+        first = WorkerProcess(server.address, queue, slots=1, seconds=120)
+        second: WorkerProcess | None = None
+        try:
+            async with Client(server.address) as client:
+                await client.register_workflow(
+                    one_task(f"kill_{names}", queue, "slow", extra="heartbeat_timeout: 2s\nretry: { max_attempts: 3, initial_interval: 100ms }")
+                )
+                started = await client.start_run(f"kill_{names}")
+                (began,) = await first.wait_for("started")
+                assert began["attempt"] == 1 and began["run_id"] == started.run_id
+                first.process.send_signal(signal.SIGKILL)
+                first.process.wait()
+                second = WorkerProcess(server.address, queue, slots=1, seconds=120)
+                output = await client.wait_for_result(started.run_id, timeout=90)
+                (again,) = await second.wait_for("finished")
+                node = (await client.get_run(started.run_id)).node("work")
+        finally:
+            first.kill()
+            if second is not None:
+                second.kill()
+        assert again["task_id"] == began["task_id"] and again["attempt"] == 2
+        assert output == {"result": {"pid": second.process.pid, "attempt": 2}}
+        assert node is not None and node.attempt == 2 and node.status is NodeStatus.COMPLETED
+
+    run(main())
+
+
+def test_c06_a_late_report_after_the_lease_was_lost_is_refused_and_not_retried(server: ServerProcess, names: str) -> None:
+    async def main() -> None:
+        queue = f"late_{names}"
+        recorder = Recorder()
+        # No heartbeats (interval far past the lease): the first attempt's lease expires.
+        worker = Worker(server.address, slots=2, backoff=FAST, heartbeat_interval=3600, interceptors=[recorder])
+        second_done = asyncio.Event()
+
+        @worker.task("late", queue=queue)
+        async def late(ctx: TaskContext) -> dict[str, int]:
+            if ctx.attempt == 1:
+                await second_done.wait()  # report only after attempt 2 completed
+                await asyncio.sleep(0.5)
+            else:
+                second_done.set()
+            return {"attempt": ctx.attempt}
+
+        async with Client(server.address) as client, serving(worker):
+            await client.register_workflow(
+                one_task(f"late_{names}", queue, "late", extra="heartbeat_timeout: 2s\nretry: { max_attempts: 3, initial_interval: 100ms }")
+            )
+            started = await client.start_run(f"late_{names}")
+            assert await client.wait_for_result(started.run_id, timeout=90) == {"result": {"attempt": 2}}
+            await until(lambda: worker.stats.lease_lost >= 1, 30, "the late report to be refused")
+            await asyncio.sleep(1.0)  # time in which a retry would show
+        completes = recorder.requests("CompleteTask")
+        by_attempt = {a: [r for r in completes if r.attempt == a] for a in (1, 2)}
+        assert len(by_attempt[1]) == 1, "the refused report must not be sent again"
+        assert len(by_attempt[2]) == 1
+        assert worker.stats.report_retries == 0
+
+        # The server's answer itself: the stale report once more, sent raw.
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            stub = worker_service_pb2_grpc.WorkerServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                token = os.environ["COMPOSER_TOKEN"]
+                await stub.CompleteTask(by_attempt[1][0], timeout=10, metadata=(("authorization", f"Bearer {token}"),))
+        error = from_rpc_error(refused.value)
+        assert isinstance(error, LeaseLostError)
+        assert error.code is grpc.StatusCode.FAILED_PRECONDITION and error.reason == "LEASE_LOST"
+
+    run(main())
+
+
+def test_c07_a_server_restart_under_a_running_worker(own_server: ServerProcess, names: str) -> None:
+    async def main() -> None:
+        queue = f"restart_{names}"
+        worker = Worker(own_server.address, slots=2, backoff=FAST)
+        release = threading.Event()
+
+        @worker.task("step", queue=queue)
+        def step(ctx: TaskContext) -> dict[str, Any]:
+            if ctx.input.get("hold"):
+                release.wait(60)
+            return {"attempt": ctx.attempt, "n": ctx.input["n"]}
+
+        async with Client(own_server.address) as client, serving(worker):
+            await client.register_workflow(
+                one_task(f"restart_{names}", queue, "step", extra='heartbeat_timeout: 10s\ninput: "${input}"')
+            )
+            before = await client.start_run(f"restart_{names}", {"n": 1})
+            assert await client.wait_for_result(before.run_id, timeout=30) == {"result": {"attempt": 1, "n": 1}}
+            held = await client.start_run(f"restart_{names}", {"n": 2, "hold": True})
+            await until(lambda: worker.in_flight == 1, 30, "the held task to start")
+            await asyncio.to_thread(own_server.restart)
+            release.set()  # its report meets a server that just came back (or is still coming back)
+            after = await client.start_run(f"restart_{names}", {"n": 3})
+            results = await asyncio.gather(
+                client.wait_for_result(held.run_id, timeout=90), client.wait_for_result(after.run_id, timeout=90)
+            )
+        assert results[0]["result"]["n"] == 2 and results[1]["result"]["n"] == 3
+        assert worker.stats.poll_errors >= 1  # it did see the server go away, and came back by itself
+
+    run(main())
+
+
+def test_c08_sigterm_drains_in_flight_tasks_and_polls_nothing_new(server: ServerProcess, names: str) -> None:
+    async def main() -> None:
+        queue = f"term_{names}"
+        process = WorkerProcess(server.address, queue, slots=2, seconds=3.0, drain=30.0)
+        try:
+            async with Client(server.address) as client:
+                await client.register_workflow(one_task(f"term_{names}", queue, "slow", extra="heartbeat_timeout: 2s"))
+                await process.wait_for("ready")
+                runs = [await client.start_run(f"term_{names}") for _ in range(2)]
+                await process.wait_for("started", 2)
+                process.process.send_signal(signal.SIGTERM)
+                # Both slots are busy, so no poll is waiting: a run started now must not reach this worker.
+                late = await client.start_run(f"term_{names}")
+                exit_code = await asyncio.to_thread(process.process.wait, 60)
+                outputs = [await client.wait_for_result(r.run_id, timeout=10) for r in runs]
+                late_node = (await client.get_run(late.run_id)).node("work")
+                # Another worker takes the late run as its first attempt.
+                other = Worker(server.address, backoff=FAST)
+
+                @other.task("slow", queue=queue)
+                async def quick(ctx: TaskContext) -> dict[str, int]:
+                    return {"pid": 0, "attempt": ctx.attempt}
+
+                async with serving(other):
+                    late_output = await client.wait_for_result(late.run_id, timeout=60)
+        finally:
+            process.kill()
+        assert exit_code == 0
+        assert [o["result"]["pid"] for o in outputs] == [process.process.pid] * 2
+        assert len(process.seen("finished")) == 2 and process.seen("exited")[0]["completed"] == 2
+        assert process.seen("exited")[0]["polled"] == 2
+        assert late_node is None or late_node.status is not NodeStatus.COMPLETED
+        assert late_output == {"result": {"pid": 0, "attempt": 1}}
+
+    run(main())
+
+
+def test_c09_non_retryable_error_fails_at_once_a_plain_exception_is_retried(server: ServerProcess, names: str) -> None:
+    async def main() -> None:
+        queue = f"fail_{names}"
+        worker = Worker(server.address, slots=4, backoff=FAST)
+        calls: dict[str, list[int]] = {"final": [], "flaky": [], "broken": []}
+
+        @worker.task("final", queue=queue)
+        async def final_(ctx: TaskContext) -> None:
+            calls["final"].append(ctx.attempt)
+            raise NonRetryableError("card declined", code="DECLINED")
+
+        @worker.task("flaky", queue=queue)
+        def flaky(ctx: TaskContext) -> str:
+            calls["flaky"].append(ctx.attempt)
+            if ctx.attempt < 3:
+                raise ConnectionError("try again")
+            return "third time lucky"
+
+        @worker.task("broken", queue=queue)
+        async def broken(ctx: TaskContext) -> None:
+            calls["broken"].append(ctx.attempt)
+            raise ValueError("always")
+
+        retry = "retry: { max_attempts: 3, initial_interval: 100ms, backoff: 1.0 }"
+        async with Client(server.address) as client, serving(worker):
+            for task in calls:
+                await client.register_workflow(one_task(f"{task}_{names}", queue, task, extra=retry))
+            runs = {task: await client.start_run(f"{task}_{names}") for task in calls}
+            ended = {task: await final(client, r.run_id, 60) for task, r in runs.items()}
+        assert calls == {"final": [1], "flaky": [1, 2, 3], "broken": [1, 2, 3]}
+        assert ended["final"].status is RunStatus.FAILED
+        node = ended["final"].node("work")
+        assert node is not None and node.attempt == 1 and node.error is not None and node.error.code == "DECLINED"
+        assert ended["flaky"].status is RunStatus.COMPLETED and ended["flaky"].output == {"result": "third time lucky"}
+        broken_node = ended["broken"].node("work")
+        assert ended["broken"].status is RunStatus.FAILED
+        assert broken_node is not None and broken_node.attempt == 3
+        assert broken_node.error is not None and broken_node.error.code == "ValueError"
+        # Failure.details carries what FailTask reported (common.proto), here the stack trace.
+        assert broken_node.error.details is not None, "the server dropped FailTask.details from the node's error"
+        assert "Traceback" in broken_node.error.details["traceback"]
+
+    run(main())
+
+
+def test_c10_a_python_code_node_runs_and_an_endless_snippet_is_stopped(server: ServerProcess, names: str) -> None:
+    async def main() -> None:
+        worker = Worker(server.address, slots=2, backoff=FAST)
+        worker.serve_code(time_limit=2.0)
+        workflow = f"""
+name: code_{names}
+nodes:
+  - id: compute
+    type: CODE
+    language: python
+    code: |
+      total = sum(item["price"] * item["qty"] for item in input["items"])
+      {{"total": total, "count": len(input["items"])}}
+    input: "${{input}}"
+output: {{ result: "${{nodes.compute.output}}" }}
+"""
+        endless = f"""
+name: endless_{names}
+nodes:
+  - id: spin
+    type: CODE
+    language: python
+    code: |
+      while True:
+          pass
+    retry: {{ max_attempts: 3, initial_interval: 100ms }}
+"""
+        async with Client(server.address) as client, serving(worker):
+            await client.register_workflow(workflow)
+            await client.register_workflow(endless)
+            ok = await client.start_run(f"code_{names}", {"items": [{"price": 2.5, "qty": 2}, {"price": 1, "qty": 3}]})
+            assert await client.wait_for_result(ok.run_id, timeout=60) == {"result": {"total": 8, "count": 2}}
+            started = time.monotonic()
+            spin = await client.start_run(f"endless_{names}")
+            ended = await final(client, spin.run_id, 60)
+            elapsed = time.monotonic() - started
+        assert ended.status is RunStatus.FAILED
+        node = ended.node("spin")
+        assert node is not None and node.error is not None
+        assert node.error.code == "TIMEOUT" and node.attempt == 1  # non-retryable: no second attempt
+        assert "time limit" in node.error.message
+        assert elapsed < 30
+
+    run(main())
+
+
+def test_c11_a_bad_workflow_raises_an_error_listing_each_field_violation(server: ServerProcess, names: str) -> None:
+    bad = f"""
+name: bad_{names}
+nodes:
+  - id: a
+    type: TASK
+    queue: q
+    task: t
+    retry: {{ max_attempts: 0 }}
+  - id: b
+    type: TASK
+    queue: q
+    task: t
+edges:
+  - {{ from: a, to: nowhere }}
+"""
+
+    async def main() -> None:
+        async with Client(server.address) as client:
+            with pytest.raises(InvalidArgumentError) as caught:
+                await client.register_workflow(bad)
+            problems = await client.validate_workflow(bad)
+        error = caught.value
+        assert error.code is grpc.StatusCode.INVALID_ARGUMENT
+        fields = [v.field for v in error.field_violations]
+        assert "nodes[0].retry.max_attempts" in fields
+        assert any(f.startswith("edges[0]") for f in fields)
+        assert all(v.description for v in error.field_violations)
+        assert [(p.path, p.message) for p in problems] == [(v.field, v.description) for v in error.field_violations]
+        for field in fields:
+            assert field in str(error)
+
+    run(main())
+    # The sync facade raises the same.
+    with SyncClient(server.address) as sync, pytest.raises(InvalidArgumentError) as caught:
+        sync.register_workflow(bad)
+    assert len(caught.value.field_violations) >= 2
+
+
+def test_c12_client_runs_idempotency_listing_events_and_retry(server: ServerProcess, names: str) -> None:
+    async def main() -> None:
+        queue = f"client_{names}"
+        worker = Worker(server.address, slots=4, backoff=FAST)
+        fail_first = {"on": True}
+
+        @worker.task("echo", queue=queue)
+        async def echo(ctx: TaskContext) -> Any:
+            if ctx.input.get("fail") and fail_first["on"]:
+                raise NonRetryableError("asked to fail", code="ASKED")
+            return ctx.input
+
+        waiting = f"""
+name: waiting_{names}
+nodes:
+  - id: approval
+    type: WAIT_FOR_EVENT
+    event: approval
+output: {{ approved: "${{nodes.approval.output.ok}}" }}
+"""
+        async with Client(server.address) as client, serving(worker):
+            await client.register_workflow(one_task(f"echo_{names}", queue, "echo", extra='input: "${input}"'))
+            again = await client.register_workflow(one_task(f"echo_{names}", queue, "echo", extra='input: "${input}"'))
+            assert again.version == 1 and again.created is False
+            # Idempotent start.
+            key = f"key-{uuid.uuid4()}"
+            first = await client.start_run(f"echo_{names}", {"n": 1}, idempotency_key=key, labels={"suite": names})
+            repeat = await client.start_run(f"echo_{names}", {"n": 1}, idempotency_key=key, labels={"suite": names})
+            assert first.created is True and repeat.created is False and repeat.run_id == first.run_id
+            # Listing pages through every run.
+            others = [await client.start_run(f"echo_{names}", {"n": n}, labels={"suite": names}) for n in range(2, 6)]
+            for r in [first, *others]:
+                await client.wait_for_result(r.run_id, timeout=60)
+            listed = [r async for r in client.list_runs(workflow=f"echo_{names}", labels={"suite": names}, page_size=2)]
+            assert sorted(r.run_id for r in listed) == sorted(r.run_id for r in [first, *others])
+            assert all(r.status is RunStatus.COMPLETED for r in listed)
+            completed = [r async for r in client.list_runs(workflow=f"echo_{names}", statuses=[RunStatus.FAILED])]
+            assert completed == []
+            # Typed errors.
+            with pytest.raises(NotFoundError):
+                await client.get_run(str(uuid.uuid4()))
+            with pytest.raises(NotFoundError):
+                await client.start_run(f"missing_{names}")
+            # Retry of a failed run.
+            failing = await client.start_run(f"echo_{names}", {"fail": True})
+            assert (await final(client, failing.run_id)).status is RunStatus.FAILED
+            with pytest.raises(FailedPreconditionError):
+                await client.retry_run(first.run_id)  # not FAILED
+            fail_first["on"] = False
+            resumed = await client.retry_run(failing.run_id)
+            assert resumed.status is RunStatus.RUNNING
+            assert await client.wait_for_result(failing.run_id, timeout=60) == {"result": {"fail": True}}
+            # Events, and waiting with a timeout.
+            await client.register_workflow(waiting)
+            waiter = await client.start_run(f"waiting_{names}")
+            with pytest.raises(TimeoutError):
+                await client.wait_for_result(waiter.run_id, timeout=1.0)
+            delivery = await client.send_event("approval", {"ok": True}, run_id=waiter.run_id, request_id="r-1")
+            assert delivery.delivered_run_ids in ((waiter.run_id,), ()) and (delivery.delivered_run_ids or delivery.stored)
+            assert await client.wait_for_result(waiter.run_id, timeout=30) == {"approved": True}
+
+    run(main())
+
+
+def test_c13_the_sdk_checks_the_protocol_version(server: ServerProcess) -> None:
+    async def main() -> None:
+        async with Client(server.address) as client:
+            info = await client.server_info()
+        major, minor = info.protocol_version.split(".")
+        assert major == "1" and int(minor) >= 0 and info.server_version
+
+    run(main())
+
+
+def test_c14_tokens_come_from_the_argument_or_composer_token_and_bad_ones_are_refused(
+    server: ServerProcess, session_token: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from composer.errors import PermissionDeniedError, UnauthenticatedError
+    from conftest import mint_token
+
+    async def main() -> None:
+        async with Client(server.address) as client:  # COMPOSER_TOKEN
+            await client.server_info()
+        monkeypatch.delenv("COMPOSER_TOKEN")
+        async with Client(server.address, token=session_token) as client:
+            await client.server_info()
+        async with Client(server.address) as client:
+            with pytest.raises(UnauthenticatedError):
+                await client.server_info()
+        forged = session_token[: session_token.rindex(".") + 1] + "c2lnbmF0dXJl"
+        async with Client(server.address, token=forged) as client:
+            with pytest.raises(UnauthenticatedError) as refused:
+                await client.server_info()
+            assert refused.value.code is grpc.StatusCode.UNAUTHENTICATED
+        # a worker token that does not list the queue it polls
+        scoped = mint_token("worker", subject="scoped")
+        from google.protobuf import duration_pb2
+
+        request = worker_service_pb2.PollTasksRequest(
+            worker_id="scoped", queues=["anything"], max_tasks=1, wait=duration_pb2.Duration(seconds=0)
+        )
+        async with Client(server.address, token=scoped) as client:
+            await client._conn.unary(client._conn.workers.PollTasks, request)  # no queue list: any
+        async with Client(server.address, token=mint_token("client")) as client:
+            with pytest.raises(PermissionDeniedError):
+                await client._conn.unary(client._conn.workers.PollTasks, request)
+
+    run(main())

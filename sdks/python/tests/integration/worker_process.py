@@ -1,0 +1,44 @@
+"""A worker run as its own process by the integration tests (SIGKILL and SIGTERM scenarios).
+
+    python worker_process.py ADDRESS QUEUE SLOTS SECONDS [DRAIN_TIMEOUT]
+
+Serves task ``slow`` on QUEUE: prints ``{"event": "started", ...}`` as a JSON
+line when a task starts, sleeps SECONDS (or returns at once on attempt >= 2),
+returns ``{"pid": <pid>, "attempt": <n>}`` and prints ``finished``. On
+SIGTERM it stops gracefully (Worker.run) and prints ``exited``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+
+from composer import TaskContext, Worker
+
+
+def emit(event: str, **fields: object) -> None:
+    print(json.dumps({"event": event, **fields}), flush=True)
+
+
+def main() -> None:
+    address, queue, slots, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    drain = float(sys.argv[5]) if len(sys.argv) > 5 else 30.0
+    worker = Worker(address, slots=slots, drain_timeout=drain)
+
+    @worker.task("slow", queue=queue)
+    async def slow(ctx: TaskContext) -> dict[str, int]:
+        emit("started", task_id=ctx.task_id, attempt=ctx.attempt, run_id=ctx.run_id)
+        if ctx.attempt == 1:
+            await asyncio.sleep(seconds)
+        emit("finished", task_id=ctx.task_id, attempt=ctx.attempt, run_id=ctx.run_id)
+        return {"pid": os.getpid(), "attempt": ctx.attempt}
+
+    emit("ready", worker_id=worker.worker_id)
+    worker.run()
+    emit("exited", completed=worker.stats.completed, polled=worker.stats.polled)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,395 @@
+"""The Worker's logic against an in-process fake of the WorkerService (tests/_fakes.py):
+slots, heartbeats, cancellation, lease-safe reports, retries of transient
+failures, failure mapping and graceful shutdown. The conformance numbers
+(tests/conformance/README.md) are those the integration tests prove against
+the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+import grpc
+import pytest
+from _fakes import FakeServer, start_fake
+
+from composer import Backoff, NonRetryableError, TaskContext, TaskError, Worker
+from composer._values import from_value
+from composer.worker import CANCEL_LEASE_LOST, CANCEL_RUN_CANCELLED
+
+FAST = Backoff(initial=0.01, maximum=0.05)
+
+
+def run(test: Callable[[FakeServer, str], Coroutine[Any, Any, None]], lease_seconds: float = 3.0) -> None:
+    async def main() -> None:
+        state = FakeServer(lease_seconds=lease_seconds)
+        server, address = await start_fake(state)
+        try:
+            await asyncio.wait_for(test(state, address), 30)
+        finally:
+            await server.stop(None)
+
+    asyncio.run(main())
+
+
+async def until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.01)
+
+
+def make_worker(address: str, **kwargs: Any) -> Worker:
+    kwargs.setdefault("backoff", FAST)
+    kwargs.setdefault("poll_wait", 0.3)
+    return Worker(address, queues=["q"], **kwargs)
+
+
+async def serving(worker: Worker, body: Callable[[], Awaitable[None]]) -> None:
+    serve = asyncio.create_task(worker.serve())
+    try:
+        await body()
+    finally:
+        worker.stop()
+        await asyncio.wait_for(serve, 15)
+
+
+def test_slots_bound_concurrency_and_every_task_completes() -> None:
+    """C2 locally: 4 slots, 20 slow tasks (async and sync mixed): never more than 4 at once, all complete."""
+
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address, slots=4)
+        lock = threading.Lock()
+        running = 0
+        peak = 0
+
+        def enter() -> None:
+            nonlocal running, peak
+            with lock:
+                running += 1
+                peak = max(peak, running)
+
+        def leave() -> None:
+            nonlocal running
+            with lock:
+                running -= 1
+
+        @worker.task("slow_async")
+        async def slow_async(ctx: TaskContext) -> dict[str, Any]:
+            enter()
+            try:
+                await asyncio.sleep(0.1)
+            finally:
+                leave()
+            return {"n": ctx.input["n"]}
+
+        @worker.task("slow_sync")
+        def slow_sync(ctx: TaskContext) -> dict[str, Any]:
+            enter()
+            try:
+                time.sleep(0.1)
+            finally:
+                leave()
+            return {"n": ctx.input["n"], "thread": threading.current_thread().name.startswith("composer-task")}
+
+        ids = [state.add_task("slow_async" if n % 2 else "slow_sync", {"n": n}) for n in range(20)]
+
+        async def body() -> None:
+            await until(lambda: len(state.completed) == 20)
+
+        await serving(worker, body)
+        assert peak == 4
+        assert worker.max_concurrency_seen == 4
+        for n, task_id in enumerate(ids):
+            output = from_value(state.completed[task_id].output)
+            assert output["n"] == n
+            if n % 2 == 0:
+                assert output["thread"] is True
+        polls = [r for m, r in state.calls if m == "PollTasks"]
+        assert all(1 <= r.max_tasks <= 4 for r in polls)
+        assert all(list(r.queues) == ["q"] for r in polls)
+        assert worker.stats.completed == 20
+
+    run(test)
+
+
+def test_heartbeats_keep_the_lease_and_a_cancelled_run_cancels_the_async_handler() -> None:
+    """C3 locally: heartbeats at a third of the lease; cancel_requested reaches the handler; no report."""
+
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address)
+        seen: dict[str, Any] = {}
+
+        @worker.task("long")
+        async def long(ctx: TaskContext) -> None:
+            seen["ctx"] = ctx
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                seen["cancelled"] = ctx.cancel_reason
+                raise
+
+        task_id = state.add_task("long")
+
+        async def body() -> None:
+            await until(lambda: state.count("Heartbeat", task_id) >= 3)
+            started = time.monotonic()
+            state.cancel(task_id)
+            await until(lambda: "cancelled" in seen)
+            assert time.monotonic() - started < 0.5
+
+        await serving(worker, body)
+        assert seen["cancelled"] == CANCEL_RUN_CANCELLED
+        assert seen["ctx"].cancelled
+        assert state.count("CompleteTask") == 0 and state.count("FailTask") == 0
+        assert worker.stats.cancelled == 1
+        beats = [r for m, r in state.calls if m == "Heartbeat"]
+        assert {(b.task_id, b.attempt) for b in beats} == {(task_id, 1)}
+
+    run(test, lease_seconds=0.3)
+
+
+def test_a_sync_handler_sees_the_lost_lease_and_nothing_is_reported() -> None:
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address)
+        reasons: list[str | None] = []
+
+        @worker.task("spin")
+        def spin(ctx: TaskContext) -> str:
+            ctx.cancel_event.wait(20)
+            reasons.append(ctx.cancel_reason)
+            return "done anyway"
+
+        task_id = state.add_task("spin")
+
+        async def body() -> None:
+            await until(lambda: task_id in state.leases)
+            state.expire(task_id)
+            await until(lambda: bool(reasons))
+            await until(lambda: worker.in_flight == 0)
+
+        await serving(worker, body)
+        assert reasons == [CANCEL_LEASE_LOST]
+        assert state.count("CompleteTask") == 0
+        assert worker.stats.lease_lost == 1
+
+    run(test, lease_seconds=0.3)
+
+
+def test_a_late_report_after_the_lease_was_lost_is_sent_once_and_dropped() -> None:
+    """C5 locally: the report meets LEASE_LOST; the SDK does not send it again."""
+
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address, heartbeat_interval=60.0)
+        release = asyncio.Event()
+
+        @worker.task("late")
+        async def late(ctx: TaskContext) -> str:
+            await release.wait()
+            return "too late"
+
+        task_id = state.add_task("late")
+
+        async def body() -> None:
+            await until(lambda: task_id in state.leases)
+            state.expire(task_id)
+            release.set()
+            await until(lambda: worker.stats.lease_lost == 1)
+            await asyncio.sleep(0.2)
+
+        await serving(worker, body)
+        assert state.count("CompleteTask", task_id) == 1
+        assert state.count("FailTask", task_id) == 0
+        assert task_id not in state.completed
+        assert worker.stats.completed == 0 and worker.stats.report_retries == 0
+
+    run(test)
+
+
+def test_transient_report_failures_are_retried_with_the_same_lease_token() -> None:
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address)
+
+        @worker.task("ok")
+        async def ok(ctx: TaskContext) -> int:
+            return 42
+
+        state.inject["CompleteTask"] += [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED]
+        task_id = state.add_task("ok")
+
+        async def body() -> None:
+            await until(lambda: task_id in state.completed)
+
+        await serving(worker, body)
+        reports = [r for m, r in state.calls if m == "CompleteTask"]
+        assert len(reports) == 3
+        assert len({(r.task_id, r.attempt, r.lease_token) for r in reports}) == 1
+        assert from_value(state.completed[task_id].output) == 42
+        assert worker.stats.report_retries == 2 and worker.stats.completed == 1
+
+    run(test)
+
+
+def test_handler_failures_map_to_codes_and_retryability() -> None:
+    """C8 locally: NonRetryableError → retryable=false; a plain exception → retryable, its class as code."""
+
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address)
+
+        @worker.task("final")
+        async def final(ctx: TaskContext) -> None:
+            raise NonRetryableError("card declined", code="DECLINED", details={"card": "x"})
+
+        @worker.task("plain")
+        def plain(ctx: TaskContext) -> None:
+            raise ValueError("bad amount")
+
+        @worker.task("custom")
+        async def custom(ctx: TaskContext) -> None:
+            raise TaskError("rate limited", code="RATE_LIMITED")
+
+        @worker.task("not_json")
+        async def not_json(ctx: TaskContext) -> object:
+            return {"when": object()}
+
+        ids = {name: state.add_task(name) for name in ["final", "plain", "custom", "not_json", "nobody_serves_this"]}
+
+        async def body() -> None:
+            await until(lambda: len(state.failed) == len(ids))
+
+        await serving(worker, body)
+        failed = {name: state.failed[task_id] for name, task_id in ids.items()}
+        assert (failed["final"].error_code, failed["final"].retryable, failed["final"].message) == ("DECLINED", False, "card declined")
+        assert from_value(failed["final"].details) == {"card": "x"}
+        assert (failed["plain"].error_code, failed["plain"].retryable) == ("ValueError", True)
+        assert "ValueError: bad amount" in from_value(failed["plain"].details)["traceback"]
+        assert (failed["custom"].error_code, failed["custom"].retryable) == ("RATE_LIMITED", True)
+        assert (failed["not_json"].error_code, failed["not_json"].retryable) == ("INVALID_OUTPUT", False)
+        assert failed["nobody_serves_this"].error_code == "UNKNOWN_TASK"
+        assert state.count("CompleteTask") == 0
+
+    run(test)
+
+
+def test_poll_errors_back_off_and_the_worker_recovers() -> None:
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address)
+
+        @worker.task("ok")
+        async def ok(ctx: TaskContext) -> str:
+            return "fine"
+
+        state.inject["PollTasks"] += [grpc.StatusCode.UNAVAILABLE] * 3 + [grpc.StatusCode.INTERNAL]
+        task_id = state.add_task("ok")
+
+        async def body() -> None:
+            await until(lambda: task_id in state.completed)
+
+        await serving(worker, body)
+        assert worker.stats.poll_errors == 4
+
+    run(test)
+
+
+def test_stop_drains_in_flight_tasks_and_polls_nothing_new() -> None:
+    """C7 locally: stop polling → in-flight tasks finish and report, heartbeating meanwhile → exit."""
+
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address, slots=4, drain_timeout=10.0)
+        started = asyncio.Event()
+
+        @worker.task("work")
+        async def work(ctx: TaskContext) -> str:
+            started.set()
+            await asyncio.sleep(0.6)
+            return "finished"
+
+        first = [state.add_task("work") for _ in range(2)]
+        serve = asyncio.create_task(worker.serve())
+        await started.wait()
+        await until(lambda: worker.in_flight == 2 and state.polls == 2)  # the next poll is waiting
+        polls_before_stop = state.polls
+        worker.stop()
+        late = state.add_task("work")  # the poll already waiting may take it: then it runs and reports too
+        await asyncio.wait_for(serve, 10)
+        assert all(task_id in state.completed for task_id in first)
+        assert state.polls == polls_before_stop  # no poll started after stop()
+        assert late in state.completed or (late not in state.leases and state.pending.qsize() == 1)
+        assert state.count("Heartbeat") >= 2  # lease 0.3 s: heartbeats went on during the drain
+
+    run(test, lease_seconds=0.3)
+
+
+def test_a_drain_that_times_out_gives_the_attempt_back() -> None:
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address, drain_timeout=0.3)
+        reasons: list[str | None] = []
+
+        @worker.task("stuck")
+        async def stuck(ctx: TaskContext) -> None:
+            try:
+                await asyncio.sleep(60)
+            finally:
+                reasons.append(ctx.cancel_reason)
+
+        task_id = state.add_task("stuck")
+        serve = asyncio.create_task(worker.serve())
+        await until(lambda: worker.in_flight == 1)
+        worker.stop()
+        await asyncio.wait_for(serve, 10)
+        assert reasons == ["worker shutdown"]
+        assert state.failed[task_id].error_code == "WORKER_SHUTDOWN"
+        assert state.failed[task_id].retryable is True
+
+    run(test)
+
+
+def test_registration_rules() -> None:
+    worker = Worker("127.0.0.1:1", queues=["a"])
+
+    @worker.task("t", queue="b")
+    def handler(ctx: TaskContext) -> None:
+        return None
+
+    assert worker.queues == ["a", "b"]
+    with pytest.raises(ValueError):
+        worker.register("t", handler, queue="b")
+    with pytest.raises(ValueError):
+        Worker("127.0.0.1:1", slots=0)
+
+    async def no_queue() -> None:
+        await Worker("127.0.0.1:1").serve()
+
+    with pytest.raises(ValueError, match="no queue"):
+        asyncio.run(no_queue())
+
+
+def test_serve_code_runs_snippets_and_reports_a_timeout_as_final() -> None:
+    """C10 locally: the code runner on queue code.python, through the worker."""
+
+    async def test(state: FakeServer, address: str) -> None:
+        worker = Worker(address, backoff=FAST, poll_wait=0.3)
+        worker.serve_code(time_limit=1.0)
+        assert worker.queues == ["code.python"]
+        ok = state.add_task("code", {"code": "result = input * 2", "input": 21}, queue="code.python")
+        spin = state.add_task("code", {"code": "while True:\n    pass", "input": None}, queue="code.python")
+        broken = state.add_task("code", {"code": "1/0", "input": None}, queue="code.python")
+        bad = state.add_task("code", {"no_code": True}, queue="code.python")
+
+        async def body() -> None:
+            await until(lambda: ok in state.completed and len(state.failed) == 3)
+
+        await serving(worker, body)
+        assert from_value(state.completed[ok].output) == 42
+        timeout = state.failed[spin]
+        assert (timeout.error_code, timeout.retryable) == ("TIMEOUT", False)
+        error = state.failed[broken]
+        assert (error.error_code, error.retryable, error.message) == ("CODE_ERROR", True, "ZeroDivisionError: division by zero")
+        assert "ZeroDivisionError" in from_value(error.details)["traceback"]
+        assert (state.failed[bad].error_code, state.failed[bad].retryable) == ("BAD_CODE_INPUT", False)
+
+    run(test)
