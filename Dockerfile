@@ -5,7 +5,9 @@ COPY . .
 RUN cargo build --release -p composer-cli
 
 FROM debian:bookworm-slim
-RUN useradd --system composer
+# ca-certificates: HTTP nodes call https endpoints
+RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/* && useradd --system composer
 COPY --from=build /src/target/release/composer /usr/local/bin/composer
 USER composer
 EXPOSE 7070
