@@ -165,6 +165,19 @@ impl<'a> RunTxn<'a> {
         Ok(self.applied)
     }
 
+    /// Applies every queued event, commits `tx`, then applies the inboxes
+    /// of the other runs the events reached, each in its own transaction.
+    pub(crate) async fn commit(
+        self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    ) -> Result<(), CoordinatorError> {
+        let coordinator = self.coordinator;
+        let applied = self.finish(&mut tx).await?;
+        tx.commit().await?;
+        coordinator.after_commit(applied.inbox_runs).await;
+        Ok(())
+    }
+
     async fn load(
         &mut self,
         conn: &mut PgConnection,

@@ -69,9 +69,7 @@ impl Coordinator {
             },
             SYSTEM,
         );
-        let applied = txn.finish(&mut tx).await?;
-        tx.commit().await?;
-        self.after_commit(applied.inbox_runs).await;
+        txn.commit(tx).await?;
         Ok(true)
     }
 
@@ -99,9 +97,7 @@ impl Coordinator {
             },
             SYSTEM,
         );
-        let applied = txn.finish(&mut tx).await?;
-        tx.commit().await?;
-        self.after_commit(applied.inbox_runs).await;
+        txn.commit(tx).await?;
         Ok(true)
     }
 

@@ -163,9 +163,7 @@ impl Coordinator {
         };
         let mut txn = RunTxn::new(self, run).await?;
         txn.push(event, actor);
-        let applied = txn.finish(&mut tx).await?;
-        tx.commit().await?;
-        self.after_commit(applied.inbox_runs).await;
+        txn.commit(tx).await?;
         Ok(())
     }
 }

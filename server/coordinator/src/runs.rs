@@ -146,9 +146,7 @@ impl Coordinator {
             .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
         let mut txn = RunTxn::new(self, run).await?;
         txn.push(Event::RunStarted, &request.actor);
-        let applied = txn.finish(&mut tx).await?;
-        tx.commit().await?;
-        self.after_commit(applied.inbox_runs).await;
+        txn.commit(tx).await?;
         Ok((
             self.expect_run(Some(&request.namespace), run_id).await?,
             true,
@@ -259,9 +257,7 @@ impl Coordinator {
             },
             actor,
         );
-        let applied = txn.finish(&mut tx).await?;
-        tx.commit().await?;
-        self.after_commit(applied.inbox_runs).await;
+        txn.commit(tx).await?;
         self.expect_run(namespace, run_id).await
     }
 
@@ -292,9 +288,7 @@ impl Coordinator {
         let mut txn = RunTxn::new(self, run).await?;
         txn.note("retry_requested_by", actor, json!({"by": actor}));
         txn.push(Event::RetryRequested { interrupted }, actor);
-        let applied = txn.finish(&mut tx).await?;
-        tx.commit().await?;
-        self.after_commit(applied.inbox_runs).await;
+        txn.commit(tx).await?;
         self.expect_run(namespace, run_id).await
     }
 
@@ -399,9 +393,7 @@ impl Coordinator {
             },
             actor,
         );
-        let applied = txn.finish(&mut tx).await?;
-        tx.commit().await?;
-        self.after_commit(applied.inbox_runs).await;
+        txn.commit(tx).await?;
         Ok(SendEventResult {
             delivered: vec![run_id],
             stored: false,
@@ -437,9 +429,7 @@ impl Coordinator {
                 },
                 actor,
             );
-            let applied = txn.finish(&mut tx).await?;
-            tx.commit().await?;
-            self.after_commit(applied.inbox_runs).await;
+            txn.commit(tx).await?;
             result.delivered.push(run_id);
         }
         if result.delivered.is_empty() {
