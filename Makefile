@@ -16,12 +16,13 @@ setup: ## install what is missing (Postgres, Redis, buf, plugins, grpcurl)
 build: setup ## build the composer binary
 	cargo build -p composer-cli
 
-dev: build ## run Composer: private Postgres + Redis, the server; Ctrl-C stops all
-	target/debug/composer dev $(ARGS)
+dev: build ## run Composer: private Postgres + Redis, the server, the example worker; Ctrl-C stops all
+	scripts/dev.sh $(ARGS)
 
 test: setup ## every test in every language (what CI runs)
 	scripts/with-services.sh cargo test --workspace $(CARGO_TEST_FLAGS)
 	scripts/smoke-sdks.sh
+	scripts/with-services.sh .tools/venv-sdk-python/bin/python -m pytest -q -p no:cacheprovider sdks/python/tests/integration
 	scripts/check-engine-purity.sh
 
 lint: setup fmt clippy buf-lint buf-breaking generate-check purity ## every check that is not a test
