@@ -57,6 +57,10 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_LOST_DISPATCH_GRACE", default_value = "15s", value_parser = parse_duration)]
     pub lost_dispatch_grace: Duration,
 
+    /// Finished runs and their history are deleted after this long, e.g. `720h` (30 days).
+    #[arg(long, env = "COMPOSER_RETENTION", default_value = "720h", value_parser = parse_duration)]
+    pub retention: Duration,
+
     /// Let HTTP nodes call private networks (10/8, 172.16/12, 192.168/16, ...).
     #[arg(long, env = "COMPOSER_HTTP_ALLOW_PRIVATE")]
     pub http_allow_private: bool,

@@ -154,6 +154,7 @@ fn start_background(
     };
     let recovery = RecoveryConfig {
         lost_dispatch_grace: server.lost_dispatch_grace,
+        retention: server.retention,
         ..RecoveryConfig::default()
     };
     let hub = PollHub::new(store.clone(), &backend.redis_url, dispatch_config.clone())

@@ -773,3 +773,65 @@ async fn list_runs_pages_newest_first_and_filters_by_status_and_label() {
         .expect_err("a bad token is refused");
     assert_eq!(bad.code(), tonic::Code::InvalidArgument);
 }
+
+/// WatchRun as a browser receives it: grpc-web over HTTP/1.1, one frame per
+/// snapshot, then the trailers once the run has ended.
+#[tokio::test]
+async fn watch_run_streams_over_grpc_web_until_the_run_ends() {
+    use prost::Message;
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register("name: napping\nnodes:\n  - { id: nap, type: WAIT, duration: 500ms }\noutput: { slept: true }\n")
+        .await;
+    let run_id = client.start("napping", json!({})).await;
+    let mut body = vec![0u8, 0, 0, 0, 0];
+    let request = composer_proto::v1::WatchRunRequest {
+        run_id: run_id.clone(),
+    }
+    .encode_to_vec();
+    body[1..5].copy_from_slice(
+        &u32::try_from(request.len())
+            .unwrap_or_default()
+            .to_be_bytes(),
+    );
+    body.extend(request);
+    let response = reqwest::Client::builder()
+        .http1_only()
+        .build()
+        .expect("client")
+        .post(format!("{}/composer.v1.RunService/WatchRun", server.url()))
+        .header("content-type", "application/grpc-web+proto")
+        .header("x-grpc-web", "1")
+        .body(body)
+        .send()
+        .await
+        .expect("grpc-web request");
+    assert_eq!(response.version(), reqwest::Version::HTTP_11);
+    let bytes = response
+        .bytes()
+        .await
+        .expect("the stream ends with the run");
+    let mut rest = &bytes[..];
+    let mut snapshots = Vec::new();
+    let mut trailers = String::new();
+    while rest.len() >= 5 {
+        let flags = rest[0];
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let frame = &rest[5..5 + len];
+        if flags & 0x80 == 0 {
+            snapshots
+                .push(composer_proto::v1::WatchRunResponse::decode(frame).expect("a snapshot"));
+        } else {
+            trailers = String::from_utf8_lossy(frame).into_owned();
+        }
+        rest = &rest[5 + len..];
+    }
+    assert!(
+        snapshots.len() >= 2,
+        "a first snapshot and at least the final one"
+    );
+    let last = snapshots.last().and_then(|s| s.run.clone()).expect("run");
+    assert_eq!(last.status(), RunStatus::Completed);
+    assert!(trailers.contains("grpc-status:0"), "{trailers}");
+}

@@ -27,6 +27,8 @@ pub struct RecoveryConfig {
     pub reconcile_interval: Duration,
     /// Candidates per pass.
     pub batch: i64,
+    /// Finished runs and history older than this are deleted.
+    pub retention: Duration,
 }
 
 impl Default for RecoveryConfig {
@@ -37,6 +39,7 @@ impl Default for RecoveryConfig {
             lost_dispatch_grace: Duration::from_secs(15),
             reconcile_interval: Duration::from_secs(2),
             batch: 200,
+            retention: Duration::from_secs(30 * 24 * 3600),
         }
     }
 }
@@ -99,6 +102,30 @@ impl Coordinator {
         );
         txn.commit(tx).await?;
         Ok(true)
+    }
+
+    /// Deletes finished runs older than `retention` (in batches) and drops
+    /// history partitions older than that. Returns (runs, partitions).
+    pub async fn apply_retention(
+        &self,
+        retention: Duration,
+        batch: i64,
+    ) -> Result<(u64, i32), CoordinatorError> {
+        let age = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
+        let cutoff = chrono::Utc::now() - age;
+        let mut runs_deleted = 0;
+        loop {
+            let deleted = runs::delete_finished_runs(self.store.pool(), cutoff, batch).await?;
+            runs_deleted += deleted;
+            if deleted < u64::try_from(batch).unwrap_or(0) {
+                break;
+            }
+        }
+        let partitions = runs::drop_old_history(self.store.pool(), cutoff).await?;
+        if runs_deleted > 0 || partitions > 0 {
+            tracing::info!(runs_deleted, partitions, "retention");
+        }
+        Ok((runs_deleted, partitions))
     }
 
     /// Fires due timers until none is due or `shutdown` flips.
@@ -172,6 +199,9 @@ impl Coordinator {
                 match self.store.ensure_history_partitions(7).await {
                     Ok(_) => last_partition_check = Some(tokio::time::Instant::now()),
                     Err(error) => tracing::warn!(%error, "history partitions"),
+                }
+                if let Err(error) = self.apply_retention(config.retention, config.batch).await {
+                    tracing::warn!(%error, "retention pass");
                 }
             }
             sleep_or_stop(config.reconcile_interval, &mut shutdown).await;

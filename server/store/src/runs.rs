@@ -563,3 +563,39 @@ pub async fn notify_changed(
     .await?;
     Ok(())
 }
+
+/// Deletes up to `limit` runs that ended before `cutoff`, with everything
+/// that hangs off them (node states, tasks, timers, waits, events, inbox)
+/// and their history rows. Returns how many runs went.
+pub async fn delete_finished_runs(
+    pool: &PgPool,
+    cutoff: DateTime<Utc>,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    // delete_finished_runs: served by runs_ended; children first would not
+    // matter, nothing references a run from another run's rows
+    let deleted = sqlx::query(
+        "WITH old AS ( \
+           SELECT id FROM runs WHERE ended_at < $1 ORDER BY ended_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+         history AS (DELETE FROM run_events e USING old WHERE e.run_id = old.id) \
+         DELETE FROM runs r USING old WHERE r.id = old.id",
+    )
+    .bind(cutoff)
+    .bind(limit)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(deleted)
+}
+
+/// Drops the history partitions that end before `cutoff`, then analyses the
+/// partitioned parent (autovacuum never does, and plans go bad without it).
+pub async fn drop_old_history(pool: &PgPool, cutoff: DateTime<Utc>) -> Result<i32, StoreError> {
+    // drop_old_history: whole partitions, no row-by-row deletes
+    let dropped: i32 = sqlx::query_scalar("SELECT composer_drop_history_partitions($1)")
+        .bind(cutoff)
+        .fetch_one(pool)
+        .await?;
+    sqlx::query("ANALYZE run_events").execute(pool).await?;
+    Ok(dropped)
+}
