@@ -5,7 +5,7 @@ SHELL := bash
 BUF := .tools/node_modules/.bin/buf
 CARGO_TEST_FLAGS ?=
 
-.PHONY: help setup build dev test test-rust test-sdks verify lint fmt clippy buf-lint buf-breaking generate generate-check purity
+.PHONY: help setup build dev test test-rust test-sdks verify lint fmt clippy buf-lint buf-breaking generate generate-check purity bench bench-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -51,3 +51,9 @@ generate-check: ## fail when generated code differs from what is committed
 
 purity: ## the engine crate imports no I/O crate
 	scripts/check-engine-purity.sh
+
+bench: setup ## server benchmarks, about 15 min: table appended to BENCHMARKS.md
+	bench/run.sh full
+
+bench-quick: setup ## server benchmarks, under 3 min (CI; reports, never fails on a time)
+	bench/run.sh quick

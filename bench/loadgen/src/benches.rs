@@ -1,0 +1,1202 @@
+//! The floor (pgbench) and B1..B5.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Path, PathBuf},
+    process::Stdio,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result, bail};
+use composer_proto::v1::{
+    GetRunRequest, RegisterWorkflowRequest, RunStatus, StartRunRequest,
+    run_service_client::RunServiceClient, workflow_service_client::WorkflowServiceClient,
+};
+use prost_types::{ListValue, Struct, Value, value::Kind};
+use serde_json::Value as Json;
+use sqlx::{PgPool, Row, postgres::PgPoolOptions};
+use tokio::{
+    io::{AsyncBufReadExt, BufReader},
+    process::Command,
+    sync::{Semaphore, watch},
+};
+use tonic::transport::Channel;
+
+use crate::{
+    procs::{self, Backends, Server, TICKS_PER_SECOND},
+    worker::{FastWorker, Hook, WorkerConfig, WorkerEvent, channel},
+};
+
+/// Lengths and sizes of one benchmark profile.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// `quick` or `full`.
+    pub name: &'static str,
+    /// pgbench duration per script.
+    pub floor_secs: u64,
+    /// B1/B5 warm-up.
+    pub warm_secs: u64,
+    /// B1/B5 measured window (Rust worker).
+    pub measure_secs: u64,
+    /// B1 measured window (Python worker).
+    pub python_secs: u64,
+    /// B2 duration at ~10 runs/s.
+    pub latency_secs: u64,
+    /// B3 sizes (the larger is capped at the 10,000-node definition limit
+    /// for FORK/JOIN).
+    pub fan_sizes: [usize; 2],
+    /// B4 runs.
+    pub timer_runs: usize,
+    /// Servers for B5 (B1's Rust row is the one-server row).
+    pub scale_servers: Vec<usize>,
+    /// perf sampling during a B1 load (0: none).
+    pub perf_secs: u64,
+    /// Runs in flight in the closed loops.
+    pub in_flight: usize,
+}
+
+impl Profile {
+    /// `make bench-quick`: under 3 minutes.
+    pub fn quick() -> Self {
+        Self {
+            name: "quick",
+            floor_secs: 8,
+            warm_secs: 3,
+            measure_secs: 10,
+            python_secs: 8,
+            latency_secs: 8,
+            // 1,000 and 10,000 take minutes while MAP scales badly (see
+            // BENCHMARKS.md); the full profile runs them
+            fan_sizes: [300, 3_000],
+            timer_runs: 2_000,
+            scale_servers: vec![2, 3],
+            perf_secs: 0,
+            in_flight: 200,
+        }
+    }
+
+    /// `make bench`: about 15 minutes.
+    pub fn full() -> Self {
+        Self {
+            name: "full",
+            floor_secs: 60,
+            warm_secs: 10,
+            measure_secs: 60,
+            python_secs: 40,
+            latency_secs: 60,
+            fan_sizes: [1_000, 10_000],
+            timer_runs: 10_000,
+            scale_servers: vec![2, 3],
+            perf_secs: 15,
+            in_flight: 200,
+        }
+    }
+}
+
+/// Everything the benchmarks share.
+pub struct Ctx {
+    /// `target/release/composer`.
+    pub composer: PathBuf,
+    /// Postgres and Redis.
+    pub backends: Backends,
+    /// The `postgres` database (its queries do not count as `composer` transactions).
+    pub admin: PgPool,
+    /// The `composer` database.
+    pub db: PgPool,
+    /// Lengths.
+    pub profile: Profile,
+    /// Where artifacts go (`target/bench`).
+    pub out_dir: PathBuf,
+    /// Python with the SDK installed, if any.
+    pub python: Option<PathBuf>,
+    /// The repository root.
+    pub repo: PathBuf,
+}
+
+impl Ctx {
+    /// Connects the pools.
+    pub async fn new(
+        composer: PathBuf,
+        backends: Backends,
+        profile: Profile,
+        out_dir: PathBuf,
+        python: Option<PathBuf>,
+        repo: PathBuf,
+    ) -> Result<Self> {
+        let admin = PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&backends.admin_url())
+            .await?;
+        let db = PgPoolOptions::new()
+            .max_connections(2)
+            .connect(&backends.database_url)
+            .await?;
+        Ok(Self {
+            composer,
+            backends,
+            admin,
+            db,
+            profile,
+            out_dir,
+            python,
+            repo,
+        })
+    }
+
+    async fn start_servers(&self, count: usize) -> Result<Vec<Server>> {
+        let mut servers = Vec::new();
+        for _ in 0..count {
+            servers.push(Server::start(&self.composer, &self.backends).await?);
+        }
+        Ok(servers)
+    }
+
+    /// Empties the run tables (servers stopped), so each benchmark starts
+    /// from the same place.
+    async fn reset(&self) -> Result<()> {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass('runs') IS NOT NULL")
+            .fetch_one(&self.db)
+            .await?;
+        if exists {
+            sqlx::query(
+                "TRUNCATE runs, run_nodes, tasks, timers, event_waits, pending_events, \
+                 run_inbox, outbox, run_events, idempotency_keys",
+            )
+            .execute(&self.db)
+            .await?;
+        }
+        Ok(())
+    }
+}
+
+async fn stop_all(servers: Vec<Server>) {
+    for server in servers {
+        for line in server.complaints().iter().take(5) {
+            eprintln!("bench: server said: {line}");
+        }
+        server.stop().await;
+    }
+}
+
+// ---------------------------------------------------------------- floor
+
+/// pgbench results.
+#[derive(Debug, Clone)]
+pub struct Floor {
+    /// The event transaction as 8 round trips (BEGIN, 6 statements, COMMIT).
+    pub multi_tps: f64,
+    /// The same writes as one statement (a CTE).
+    pub cte_tps: f64,
+    /// pgbench clients.
+    pub clients: u32,
+}
+
+const FLOOR_RUNS: u32 = 10_000;
+
+fn pgbench_path() -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&path) {
+            if dir.join("pgbench").is_file() {
+                return Some(dir.join("pgbench"));
+            }
+        }
+    }
+    let mut found: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u32>().ok()?;
+            let p = e.path().join("bin/pgbench");
+            p.is_file().then_some((v, p))
+        })
+        .collect();
+    found.sort();
+    found.pop().map(|(_, p)| p)
+}
+
+/// What one event transaction of a three-step run writes, with the engine's
+/// own tables and indexes (the migrations applied to a database `floor`).
+pub async fn floor(ctx: &Ctx) -> Result<Floor> {
+    let pgbench = pgbench_path().context(
+        "pgbench not found (apt-get install -y postgresql-contrib; scripts/setup.sh does it)",
+    )?;
+    sqlx::query("DROP DATABASE IF EXISTS floor WITH (FORCE)")
+        .execute(&ctx.admin)
+        .await?;
+    sqlx::query("CREATE DATABASE floor")
+        .execute(&ctx.admin)
+        .await?;
+    let url = ctx.backends.url_of("floor");
+    let status = Command::new(&ctx.composer)
+        .args(["migrate", "--database-url", &url, "--redis-url"])
+        .arg(&ctx.backends.redis_url)
+        .args(["--log", "warn"])
+        .stdout(Stdio::null())
+        .status()
+        .await?;
+    if !status.success() {
+        bail!("composer migrate on the floor database failed");
+    }
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await?;
+    for sql in [
+        format!(
+            "INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, record) \
+             SELECT md5(i::text)::uuid, 'default', 'floor', 1, 'RUNNING', '{{}}', '{RECORD}' \
+             FROM generate_series(1, {FLOOR_RUNS}) i"
+        ),
+        format!(
+            "INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, queue, \
+               task_name, status, attempt, input, heartbeat_timeout_ms, lease_token) \
+             SELECT md5('t' || i)::uuid, 'default', md5(i::text)::uuid, 'a', 'floor', 1, 'bench', \
+               'step1', 'LEASED', 1, '{{}}', 30000, gen_random_uuid() \
+             FROM generate_series(1, {FLOOR_RUNS}) i"
+        ),
+        "CREATE SEQUENCE floor_seq".to_owned(),
+        "VACUUM ANALYZE".to_owned(),
+    ] {
+        sqlx::query(&sql).execute(&pool).await?;
+    }
+    pool.close().await;
+    let dir = ctx.out_dir.join("floor");
+    std::fs::create_dir_all(&dir)?;
+    let multi = dir.join("event-8-round-trips.sql");
+    let cte = dir.join("event-1-statement.sql");
+    std::fs::write(&multi, floor_script_multi())?;
+    std::fs::write(&cte, floor_script_cte())?;
+    let clients = 16;
+    let multi_tps = run_pgbench(&pgbench, &multi, &url, clients, ctx.profile.floor_secs).await?;
+    let cte_tps = run_pgbench(&pgbench, &cte, &url, clients, ctx.profile.floor_secs).await?;
+    let _ = sqlx::query("DROP DATABASE IF EXISTS floor WITH (FORCE)")
+        .execute(&ctx.admin)
+        .await;
+    Ok(Floor {
+        multi_tps,
+        cte_tps,
+        clients,
+    })
+}
+
+/// A run record of the size the engine writes for a three-step run.
+const RECORD: &str = r#"{"run_id": "0192b8a4-6b0e-7c1a-9d7e-3f4a5b6c7d8e", "workflow": "bench_linear", "version": 1, "input": {}, "status": "RUNNING", "started_at": 1764440000000, "active": 1, "compensable": [], "failed": [], "compensated": false}"#;
+
+fn floor_script_multi() -> String {
+    format!(
+        "\\set r random(1, {FLOOR_RUNS})\n\
+BEGIN;\n\
+SELECT id, status, record, history_seq FROM runs WHERE id = md5(:r::text)::uuid FOR UPDATE;\n\
+INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, details) VALUES (md5(:r::text)::uuid, nextval('floor_seq'), 'default', 'task_completed', 'a', 1, 'worker-bench', '{{\"output\": {{}}}}');\n\
+UPDATE tasks SET status = 'COMPLETED', outcome = 'COMPLETED', lease_expires_at = NULL, updated_at = now() WHERE id = md5('t' || :r::text)::uuid;\n\
+INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, queue, task_name, status, attempt, input, heartbeat_timeout_ms, dispatched_at) VALUES (md5('n' || nextval('floor_seq'))::uuid, 'default', md5(:r::text)::uuid, 'n' || currval('floor_seq'), 'floor', 1, 'bench', 'step2', 'DISPATCHED', 1, '{{}}', 30000, now());\n\
+INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) VALUES ('default', 'bench', md5('n' || currval('floor_seq'))::uuid, 1, md5(:r::text)::uuid);\n\
+UPDATE runs SET status = 'RUNNING', record = '{RECORD}', history_seq = history_seq + 1, updated_at = now() WHERE id = md5(:r::text)::uuid;\n\
+END;\n"
+    )
+}
+
+fn floor_script_cte() -> String {
+    format!(
+        "\\set r random(1, {FLOOR_RUNS})\n\
+WITH run AS (SELECT id FROM runs WHERE id = md5(:r::text)::uuid FOR UPDATE), \
+h AS (INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, details) SELECT id, nextval('floor_seq'), 'default', 'task_completed', 'a', 1, 'worker-bench', '{{\"output\": {{}}}}' FROM run), \
+done AS (UPDATE tasks SET status = 'COMPLETED', outcome = 'COMPLETED', lease_expires_at = NULL, updated_at = now() WHERE id = md5('t' || :r::text)::uuid), \
+armed AS (INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, queue, task_name, status, attempt, input, heartbeat_timeout_ms, dispatched_at) SELECT gen_random_uuid(), 'default', id, 'n' || nextval('floor_seq'), 'floor', 1, 'bench', 'step2', 'DISPATCHED', 1, '{{}}', 30000, now() FROM run RETURNING id, run_id), \
+queued AS (INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) SELECT 'default', 'bench', id, 1, run_id FROM armed) \
+UPDATE runs SET status = 'RUNNING', record = '{RECORD}', history_seq = history_seq + 1, updated_at = now() WHERE id = (SELECT id FROM run);\n"
+    )
+}
+
+async fn run_pgbench(
+    pgbench: &Path,
+    script: &Path,
+    url: &str,
+    clients: u32,
+    secs: u64,
+) -> Result<f64> {
+    let output = Command::new(pgbench)
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            &clients.to_string(),
+            "-j",
+            "2",
+        ])
+        .args(["-T", &secs.to_string(), "-f"])
+        .arg(script)
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    let tps = text
+        .lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| l.trim_start_matches("tps = ").split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok());
+    match tps {
+        Some(tps) => Ok(tps),
+        None => bail!(
+            "pgbench gave no tps:\n{text}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    }
+}
+
+// ---------------------------------------------------------------- helpers
+
+/// JSON as a protobuf Value.
+pub fn value_of(json: &Json) -> Value {
+    let kind = match json {
+        Json::Null => Kind::NullValue(0),
+        Json::Bool(b) => Kind::BoolValue(*b),
+        Json::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+        Json::String(s) => Kind::StringValue(s.clone()),
+        Json::Array(items) => Kind::ListValue(ListValue {
+            values: items.iter().map(value_of).collect(),
+        }),
+        Json::Object(map) => Kind::StructValue(Struct {
+            fields: map.iter().map(|(k, v)| (k.clone(), value_of(v))).collect(),
+        }),
+    };
+    Value { kind: Some(kind) }
+}
+
+async fn register(url: &str, source: &str) -> Result<()> {
+    let mut client = WorkflowServiceClient::new(channel(url).await?)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    client
+        .register_workflow(RegisterWorkflowRequest {
+            source: source.to_owned(),
+        })
+        .await
+        .with_context(|| format!("register {}", source.lines().next().unwrap_or_default()))?;
+    Ok(())
+}
+
+fn start_request(workflow: &str, input: Json) -> StartRunRequest {
+    StartRunRequest {
+        workflow_name: workflow.to_owned(),
+        version: 0,
+        input: Some(value_of(&input)),
+        idempotency_key: String::new(),
+        labels: HashMap::default(),
+    }
+}
+
+fn linear_workflow(name: &str, queue: &str) -> String {
+    format!(
+        "name: {name}\nnodes:\n\
+  - {{ id: a, type: TASK, queue: {queue}, task: step1 }}\n\
+  - {{ id: b, type: TASK, queue: {queue}, task: step2 }}\n\
+  - {{ id: c, type: TASK, queue: {queue}, task: step3 }}\n\
+edges:\n  - {{ from: a, to: b }}\n  - {{ from: b, to: c }}\n"
+    )
+}
+
+/// Percentiles of a sample, in ms.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Dist {
+    /// Median.
+    pub p50: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+    /// Sample size.
+    pub n: usize,
+}
+
+fn dist(mut values: Vec<f64>) -> Dist {
+    if values.is_empty() {
+        return Dist::default();
+    }
+    values.sort_by(f64::total_cmp);
+    let at = |q: f64| values[((values.len() as f64 - 1.0) * q).round() as usize];
+    Dist {
+        p50: at(0.5),
+        p99: at(0.99),
+        max: values[values.len() - 1],
+        n: values.len(),
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+// ---------------------------------------------------------------- B1 / B5
+
+/// Which worker serves B1.
+#[derive(Debug, Clone)]
+pub enum WorkerKind {
+    /// [`FastWorker`], in this process.
+    Rust,
+    /// `bench/python_worker.py` with the SDK's `composer.Worker`.
+    Python(PathBuf),
+}
+
+/// One B1/B5 row.
+#[derive(Debug, Clone, Default)]
+pub struct Throughput {
+    /// What ran.
+    pub label: String,
+    /// Servers.
+    pub servers: usize,
+    /// Completed runs per second.
+    pub runs_per_s: f64,
+    /// Completed tasks per second.
+    pub tasks_per_s: f64,
+    /// Postgres commits per task (database `composer`).
+    pub commits_per_task: f64,
+    /// Postgres rollbacks per task.
+    pub rollbacks_per_task: f64,
+    /// Transactions that wrote (got a transaction id) per task.
+    pub writes_per_task: f64,
+    /// Server CPU seconds per 1,000 tasks (all servers).
+    pub server_cpu: f64,
+    /// Postgres CPU seconds per 1,000 tasks (all its processes).
+    pub pg_cpu: f64,
+    /// Redis CPU seconds per 1,000 tasks.
+    pub redis_cpu: f64,
+    /// Load generator + worker CPU seconds per 1,000 tasks.
+    pub client_cpu: f64,
+    /// Peak RSS of the largest server, MiB.
+    pub peak_rss_mib: f64,
+    /// Statements per task (pg_stat_statements: calls, incl. BEGIN/COMMIT).
+    pub statements_per_task: Option<f64>,
+    /// The most frequent statements: (text, calls per task, exec ms per task).
+    pub top_statements: Vec<(String, f64, f64)>,
+    /// perf output (comm breakdown and server symbols), if sampled.
+    pub perf: Option<String>,
+    /// StartRun or report errors.
+    pub errors: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    at: Instant,
+    commits: i64,
+    rollbacks: i64,
+    server: u64,
+    pg: u64,
+    redis: u64,
+    client: u64,
+    tasks: u64,
+    runs: u64,
+    next_xid: i64,
+}
+
+/// B1 (one server) or B5 (several): a closed loop of three-step runs.
+pub async fn throughput(
+    ctx: &Ctx,
+    label: &str,
+    server_count: usize,
+    kind: WorkerKind,
+    measure_secs: u64,
+    perf_secs: u64,
+) -> Result<Throughput> {
+    ctx.reset().await?;
+    let servers = ctx.start_servers(server_count).await?;
+    let result = throughput_on(ctx, label, &servers, kind, measure_secs, perf_secs).await;
+    let peak = servers
+        .iter()
+        .map(|s| procs::peak_rss_mib(s.pid))
+        .fold(0.0, f64::max);
+    stop_all(servers).await;
+    let mut row = result?;
+    row.peak_rss_mib = peak;
+    Ok(row)
+}
+
+async fn throughput_on(
+    ctx: &Ctx,
+    label: &str,
+    servers: &[Server],
+    kind: WorkerKind,
+    measure_secs: u64,
+    perf_secs: u64,
+) -> Result<Throughput> {
+    let urls: Vec<String> = servers.iter().map(|s| s.url.clone()).collect();
+    let (workflow, queue) = match kind {
+        WorkerKind::Rust => ("bench_linear", "bench"),
+        WorkerKind::Python(_) => ("bench_linear_py", "bench_py"),
+    };
+    register(&urls[0], &linear_workflow(workflow, queue)).await?;
+    let in_flight = Arc::new(Semaphore::new(ctx.profile.in_flight));
+    let runs_done = Arc::new(AtomicU64::new(0));
+    let tasks_done = Arc::new(AtomicU64::new(0));
+    let mut rust_worker = None;
+    let mut python = None;
+    match &kind {
+        WorkerKind::Rust => {
+            let permits = Arc::clone(&in_flight);
+            let done = Arc::clone(&runs_done);
+            let hook: Hook = Arc::new(move |event| {
+                if let WorkerEvent::Reported { task_name, .. } = event
+                    && task_name == "step3"
+                {
+                    done.fetch_add(1, Ordering::Relaxed);
+                    permits.add_permits(1);
+                }
+            });
+            let worker = FastWorker::start(
+                &urls,
+                &WorkerConfig {
+                    queue: queue.to_owned(),
+                    pollers_per_server: 4,
+                    connections_per_server: 2,
+                    slots: 512,
+                    max_per_poll: 100,
+                },
+                Some(hook),
+            )
+            .await?;
+            rust_worker = Some(worker);
+        }
+        WorkerKind::Python(python_bin) => {
+            let script = ctx.repo.join("bench/python_worker.py");
+            let address = urls[0].trim_start_matches("http://").to_owned();
+            let mut child = Command::new(python_bin)
+                .arg(&script)
+                .args([&address, queue, "100"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .context("start the Python worker")?;
+            let stdout = child.stdout.take().context("python stdout")?;
+            let permits = Arc::clone(&in_flight);
+            let runs = Arc::clone(&runs_done);
+            let tasks = Arc::clone(&tasks_done);
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(stdout).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let Ok(completed) = line.trim().parse::<u64>() else {
+                        continue;
+                    };
+                    tasks.store(completed, Ordering::Relaxed);
+                    let whole = completed / 3;
+                    let before = runs.swap(whole, Ordering::Relaxed);
+                    if whole > before {
+                        permits.add_permits(usize::try_from(whole - before).unwrap_or(0));
+                    }
+                }
+            });
+            python = Some(child);
+        }
+    }
+
+    // the closed loop: a run starts whenever one ends
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let started = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let mut starters = Vec::new();
+    for (i, url) in urls.iter().cycle().take(4 * urls.len()).enumerate() {
+        let client = RunServiceClient::new(channel(url).await?);
+        let permits = Arc::clone(&in_flight);
+        let started = Arc::clone(&started);
+        let errors = Arc::clone(&errors);
+        let mut stop = stop_rx.clone();
+        let workflow = workflow.to_owned();
+        let _ = i;
+        starters.push(tokio::spawn(async move {
+            loop {
+                let permit = tokio::select! {
+                    p = permits.acquire() => match p { Ok(p) => p, Err(_) => return },
+                    _ = stop.changed() => return,
+                };
+                permit.forget();
+                let mut client = client.clone();
+                let request = start_request(&workflow, serde_json::json!({}));
+                let started = Arc::clone(&started);
+                let errors = Arc::clone(&errors);
+                let permits = Arc::clone(&permits);
+                tokio::spawn(async move {
+                    match client.start_run(request).await {
+                        Ok(_) => {
+                            started.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            permits.add_permits(1);
+                        }
+                    }
+                });
+            }
+        }));
+    }
+
+    let python_pid = python
+        .as_ref()
+        .and_then(|c| c.id())
+        .and_then(|p| i32::try_from(p).ok());
+    let tasks_now = || match &rust_worker {
+        Some(w) => w.stats.completed.load(Ordering::Relaxed),
+        None => tasks_done.load(Ordering::Relaxed),
+    };
+    let pg_pid = ctx.backends.postmaster_pid().unwrap_or(0);
+    let redis_pid = ctx.backends.redis_pid().unwrap_or(0);
+    let self_pid = i32::try_from(std::process::id()).unwrap_or(0);
+    let sample = || async {
+        // the next transaction id (consumes none): its delta counts the
+        // transactions that wrote, exactly and at once (pg_stat_database
+        // counters are flushed by each backend at most once a second)
+        let row = sqlx::query(
+            "SELECT xact_commit, xact_rollback, \
+               pg_snapshot_xmax(pg_current_snapshot())::text::bigint \
+             FROM pg_stat_database WHERE datname = 'composer'",
+        )
+        .fetch_one(&ctx.admin)
+        .await?;
+        anyhow::Ok(Sample {
+            at: Instant::now(),
+            commits: row.try_get(0)?,
+            rollbacks: row.try_get(1)?,
+            next_xid: row.try_get(2)?,
+            server: servers.iter().map(|s| procs::cpu_ticks(s.pid)).sum(),
+            pg: procs::tree_ticks(pg_pid),
+            redis: procs::cpu_ticks(redis_pid),
+            client: procs::cpu_ticks(self_pid) + python_pid.map_or(0, procs::cpu_ticks),
+            tasks: tasks_now(),
+            runs: runs_done.load(Ordering::Relaxed),
+        })
+    };
+
+    tokio::time::sleep(Duration::from_secs(ctx.profile.warm_secs)).await;
+    if tasks_now() == 0 {
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    if ctx.backends.statements {
+        let _ = sqlx::query("SELECT pg_stat_statements_reset()")
+            .execute(&ctx.admin)
+            .await;
+    }
+    let s0 = sample().await?;
+    tokio::time::sleep(Duration::from_secs(measure_secs)).await;
+    let s1 = sample().await?;
+    let statements = if ctx.backends.statements {
+        match read_statements(&ctx.admin).await {
+            Ok(statements) => Some(statements),
+            Err(error) => {
+                eprintln!("bench: pg_stat_statements not read: {error:#}");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    let perf = if perf_secs > 0 {
+        profile_with_perf(ctx, label, servers, perf_secs).await
+    } else {
+        None
+    };
+
+    let _ = stop_tx.send(true);
+    for starter in starters {
+        let _ = starter.await;
+    }
+    let drain_until = Instant::now() + Duration::from_secs(15);
+    while runs_done.load(Ordering::Relaxed) < started.load(Ordering::Relaxed)
+        && Instant::now() < drain_until
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut report_errors = 0;
+    if let Some(worker) = rust_worker {
+        report_errors = worker.stats.report_errors.load(Ordering::Relaxed);
+        worker.stop().await;
+    }
+    if let Some(mut child) = python {
+        if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .is_err()
+        {
+            let _ = child.kill().await;
+        }
+    }
+
+    let secs = (s1.at - s0.at).as_secs_f64();
+    let tasks = (s1.tasks - s0.tasks) as f64;
+    if tasks == 0.0 {
+        bail!("{label}: no task completed in the measured window");
+    }
+    let per_1k = |ticks: u64| ticks as f64 / TICKS_PER_SECOND / tasks * 1000.0;
+    let mut row = Throughput {
+        label: label.to_owned(),
+        servers: servers.len(),
+        runs_per_s: (s1.runs - s0.runs) as f64 / secs,
+        tasks_per_s: tasks / secs,
+        commits_per_task: (s1.commits - s0.commits) as f64 / tasks,
+        rollbacks_per_task: (s1.rollbacks - s0.rollbacks) as f64 / tasks,
+        writes_per_task: (s1.next_xid - s0.next_xid) as f64 / tasks,
+        server_cpu: per_1k(s1.server - s0.server),
+        pg_cpu: per_1k(s1.pg.saturating_sub(s0.pg)),
+        redis_cpu: per_1k(s1.redis - s0.redis),
+        client_cpu: per_1k(s1.client - s0.client),
+        errors: errors.load(Ordering::Relaxed) + report_errors,
+        perf,
+        ..Throughput::default()
+    };
+    if let Some(statements) = statements {
+        row.statements_per_task = Some(statements.iter().map(|s| s.1).sum::<f64>() / tasks);
+        row.top_statements = statements
+            .into_iter()
+            .take(25)
+            .map(|(q, calls, time)| (q, calls / tasks, time / tasks))
+            .collect();
+    }
+    Ok(row)
+}
+
+async fn read_statements(admin: &PgPool) -> Result<Vec<(String, f64, f64)>> {
+    let rows = sqlx::query(
+        "SELECT s.query, s.calls::float8, s.total_exec_time FROM pg_stat_statements s \
+         JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = 'composer' \
+         ORDER BY s.calls DESC",
+    )
+    .fetch_all(admin)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            let query: String = r.try_get(0)?;
+            let text = query.split_whitespace().collect::<Vec<_>>().join(" ");
+            Ok((text, r.try_get(1)?, r.try_get(2)?))
+        })
+        .collect()
+}
+
+async fn profile_with_perf(
+    ctx: &Ctx,
+    label: &str,
+    servers: &[Server],
+    secs: u64,
+) -> Option<String> {
+    let data = ctx.out_dir.join(format!(
+        "perf-{}.data",
+        label.replace(|c: char| !c.is_ascii_alphanumeric(), "-")
+    ));
+    let recorded = Command::new("perf")
+        .args(["record", "-a", "-g", "-F", "499", "-o"])
+        .arg(&data)
+        .args(["--", "sleep", &secs.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .await
+        .ok()?;
+    if !recorded.success() {
+        return None;
+    }
+    let report = |extra: Vec<String>| {
+        let data = data.clone();
+        async move {
+            let output = Command::new("perf")
+                .args([
+                    "report",
+                    "--stdio",
+                    "--no-children",
+                    "-g",
+                    "none",
+                    "--percent-limit",
+                    "0.7",
+                    "-i",
+                ])
+                .arg(&data)
+                .args(extra)
+                .stderr(Stdio::null())
+                .output()
+                .await
+                .ok()?;
+            let text = String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+                .take(30)
+                .collect::<Vec<_>>()
+                .join("\n");
+            Some(text)
+        }
+    };
+    let by_process = report(vec!["--sort".into(), "comm,dso".into()]).await?;
+    let pids = servers
+        .iter()
+        .map(|s| s.pid.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let server = report(vec![
+        "--pid".into(),
+        pids,
+        "--sort".into(),
+        "dso,symbol".into(),
+    ])
+    .await?;
+    let pg = report(vec![
+        "--comm".into(),
+        "postgres".into(),
+        "--sort".into(),
+        "symbol".into(),
+    ])
+    .await
+    .unwrap_or_default();
+    let text = format!(
+        "== perf: whole machine by process and object ({secs} s, 499 Hz, all CPUs)\n{by_process}\n\
+         == perf: the server, by symbol\n{server}\n== perf: postgres, by symbol\n{pg}\n"
+    );
+    let _ = std::fs::write(data.with_extension("txt"), &text);
+    Some(text)
+}
+
+// ---------------------------------------------------------------- B2
+
+/// B2 results.
+#[derive(Debug, Clone, Default)]
+pub struct Latency {
+    /// StartRun sent → first task leased.
+    pub start_to_lease: Dist,
+    /// Report sent → next task leased.
+    pub dispatch: Dist,
+    /// StartRun sent → last report answered (the run completes in it).
+    pub whole_run: Dist,
+    /// Runs started per second.
+    pub rate: f64,
+}
+
+#[derive(Debug, Default)]
+struct RunTimes {
+    start_sent: Option<Instant>,
+    leases: BTreeMap<String, Instant>,
+    reports: BTreeMap<String, (Instant, Instant)>,
+}
+
+/// B2: ~10 runs/s, open loop.
+pub async fn latency(ctx: &Ctx) -> Result<Latency> {
+    ctx.reset().await?;
+    let servers = ctx.start_servers(1).await?;
+    let result = latency_on(ctx, &servers[0]).await;
+    stop_all(servers).await;
+    result
+}
+
+async fn latency_on(ctx: &Ctx, server: &Server) -> Result<Latency> {
+    register(&server.url, &linear_workflow("bench_latency", "bench_lat")).await?;
+    let times: Arc<Mutex<HashMap<String, RunTimes>>> = Arc::default();
+    let recorder = Arc::clone(&times);
+    let hook: Hook = Arc::new(move |event| {
+        let mut times = recorder.lock().unwrap_or_else(|p| p.into_inner());
+        match event {
+            WorkerEvent::Leased { run_id, node, at } => {
+                times.entry(run_id).or_default().leases.insert(node, at);
+            }
+            WorkerEvent::Reported {
+                run_id,
+                task_name,
+                sent,
+                done,
+            } => {
+                times
+                    .entry(run_id)
+                    .or_default()
+                    .reports
+                    .insert(task_name, (sent, done));
+            }
+        }
+    });
+    let worker = FastWorker::start(
+        std::slice::from_ref(&server.url),
+        &WorkerConfig {
+            queue: "bench_lat".to_owned(),
+            pollers_per_server: 4,
+            connections_per_server: 1,
+            slots: 64,
+            max_per_poll: 8,
+        },
+        Some(hook),
+    )
+    .await?;
+    let client = RunServiceClient::new(channel(&server.url).await?);
+    // let the pollers reach the server and its stream reader start
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let began = Instant::now();
+    let runs = ctx.profile.latency_secs * 10;
+    let mut ticker = tokio::time::interval(Duration::from_millis(100));
+    let mut pending = Vec::new();
+    for _ in 0..runs {
+        ticker.tick().await;
+        let mut client = client.clone();
+        let times = Arc::clone(&times);
+        pending.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            if let Ok(response) = client
+                .start_run(start_request("bench_latency", serde_json::json!({})))
+                .await
+                && let Some(run) = response.into_inner().run
+            {
+                let mut times = times.lock().unwrap_or_else(|p| p.into_inner());
+                times.entry(run.run_id).or_default().start_sent = Some(sent);
+            }
+        }));
+    }
+    let rate = runs as f64 / began.elapsed().as_secs_f64();
+    for p in pending {
+        let _ = p.await;
+    }
+    let until = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < until {
+        let done = times
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|t| t.reports.contains_key("step3"))
+            .count();
+        if done as u64 >= runs {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.stop().await;
+    let times = times.lock().unwrap_or_else(|p| p.into_inner());
+    let (mut first, mut dispatch, mut whole) = (Vec::new(), Vec::new(), Vec::new());
+    for t in times.values() {
+        let Some(start) = t.start_sent else { continue };
+        if let Some(lease) = t.leases.get("a") {
+            first.push(ms(lease.saturating_duration_since(start)));
+        }
+        for (report, next) in [("step1", "b"), ("step2", "c")] {
+            if let (Some((sent, _)), Some(lease)) = (t.reports.get(report), t.leases.get(next)) {
+                dispatch.push(ms(lease.saturating_duration_since(*sent)));
+            }
+        }
+        if let Some((_, done)) = t.reports.get("step3") {
+            whole.push(ms(done.saturating_duration_since(start)));
+        }
+    }
+    Ok(Latency {
+        start_to_lease: dist(first),
+        dispatch: dist(dispatch),
+        whole_run: dist(whole),
+        rate,
+    })
+}
+
+// ---------------------------------------------------------------- B3
+
+/// One B3 case.
+#[derive(Debug, Clone)]
+pub struct FanOut {
+    /// FORK/JOIN or MAP.
+    pub shape: &'static str,
+    /// Branches.
+    pub branches: usize,
+    /// Start → run completed, seconds.
+    pub secs: f64,
+}
+
+fn fork_join_workflow(name: &str, branches: usize) -> String {
+    let mut text = format!("name: {name}\nnodes:\n  - {{ id: f, type: FORK }}\n");
+    for i in 0..branches {
+        text.push_str(&format!(
+            "  - {{ id: t{i}, type: TASK, queue: bench_fan, task: noop }}\n"
+        ));
+    }
+    text.push_str("  - { id: j, type: JOIN }\nedges:\n");
+    for i in 0..branches {
+        text.push_str(&format!(
+            "  - {{ from: f, to: t{i} }}\n  - {{ from: t{i}, to: j }}\n"
+        ));
+    }
+    text
+}
+
+fn map_workflow(name: &str) -> String {
+    format!(
+        "name: {name}\nnodes:\n  - {{ id: m, type: MAP, items: input.items, concurrency: 10000, \
+         queue: bench_fan, task: noop, input: {{ i: \"${{item}}\" }} }}\n"
+    )
+}
+
+/// B3: FORK/JOIN and MAP of the profile's two sizes.
+pub async fn fan_out(ctx: &Ctx) -> Result<Vec<FanOut>> {
+    ctx.reset().await?;
+    let servers = ctx.start_servers(1).await?;
+    let result = fan_out_on(ctx, &servers[0]).await;
+    stop_all(servers).await;
+    result
+}
+
+async fn fan_out_on(ctx: &Ctx, server: &Server) -> Result<Vec<FanOut>> {
+    let worker = FastWorker::start(
+        std::slice::from_ref(&server.url),
+        &WorkerConfig {
+            queue: "bench_fan".to_owned(),
+            pollers_per_server: 4,
+            connections_per_server: 2,
+            slots: 1000,
+            max_per_poll: 100,
+        },
+        None,
+    )
+    .await?;
+    register(&server.url, &map_workflow("bench_map")).await?;
+    let mut client = RunServiceClient::new(channel(&server.url).await?)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
+    let mut results = Vec::new();
+    for &size in &ctx.profile.fan_sizes {
+        // a definition holds at most 10,000 nodes: FORK + branches + JOIN
+        let branches = size.min(9_998);
+        let name = format!("bench_fork_{branches}");
+        register(&server.url, &fork_join_workflow(&name, branches)).await?;
+        let secs = run_to_end(&mut client, &name, serde_json::json!({}), size).await?;
+        results.push(FanOut {
+            shape: "FORK/JOIN",
+            branches,
+            secs,
+        });
+        let items: Vec<Json> = (0..size).map(|i| Json::from(i as u64)).collect();
+        let secs = run_to_end(
+            &mut client,
+            "bench_map",
+            serde_json::json!({ "items": items }),
+            size,
+        )
+        .await?;
+        results.push(FanOut {
+            shape: "MAP",
+            branches: size,
+            secs,
+        });
+    }
+    worker.stop().await;
+    Ok(results)
+}
+
+async fn run_to_end(
+    client: &mut RunServiceClient<Channel>,
+    workflow: &str,
+    input: Json,
+    size: usize,
+) -> Result<f64> {
+    let began = Instant::now();
+    let run = client
+        .start_run(start_request(workflow, input))
+        .await?
+        .into_inner()
+        .run
+        .context("run")?;
+    let limit = Duration::from_secs(60 + size as u64 / 20);
+    loop {
+        let now = client
+            .get_run(GetRunRequest {
+                run_id: run.run_id.clone(),
+            })
+            .await?
+            .into_inner()
+            .run
+            .context("run")?;
+        match now.status() {
+            RunStatus::Completed => return Ok(began.elapsed().as_secs_f64()),
+            RunStatus::Failed | RunStatus::Cancelled => {
+                bail!("{workflow}: run ended {:?}", now.status())
+            }
+            _ => {}
+        }
+        if began.elapsed() > limit {
+            bail!("{workflow}: not done after {limit:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+// ---------------------------------------------------------------- B4
+
+/// B4 results.
+#[derive(Debug, Clone, Default)]
+pub struct Timers {
+    /// Runs.
+    pub runs: usize,
+    /// Seconds to start them all.
+    pub start_secs: f64,
+    /// Lag between due and fired, ms.
+    pub lag: Dist,
+    /// Runs that completed.
+    pub completed: i64,
+}
+
+/// B4: runs each in a 2 s WAIT.
+pub async fn timers(ctx: &Ctx) -> Result<Timers> {
+    ctx.reset().await?;
+    let servers = ctx.start_servers(1).await?;
+    let result = timers_on(ctx, &servers[0]).await;
+    stop_all(servers).await;
+    result
+}
+
+async fn timers_on(ctx: &Ctx, server: &Server) -> Result<Timers> {
+    register(
+        &server.url,
+        "name: bench_wait\nnodes:\n  - { id: w, type: WAIT, duration: 2s }\n",
+    )
+    .await?;
+    let runs = ctx.profile.timer_runs;
+    let next = Arc::new(AtomicU64::new(0));
+    let began = Instant::now();
+    let mut starters = Vec::new();
+    for _ in 0..16 {
+        let mut client = RunServiceClient::new(channel(&server.url).await?);
+        let next = Arc::clone(&next);
+        starters.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < runs as u64 {
+                let _ = client
+                    .start_run(start_request("bench_wait", serde_json::json!({})))
+                    .await;
+            }
+        }));
+    }
+    for s in starters {
+        let _ = s.await;
+    }
+    let start_secs = began.elapsed().as_secs_f64();
+    let limit = Instant::now() + Duration::from_secs(2 + 30 + runs as u64 / 50);
+    let mut completed = 0;
+    while Instant::now() < limit {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        completed = sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM runs WHERE workflow_name = 'bench_wait' AND status = 'COMPLETED'",
+        )
+        .fetch_one(&ctx.db)
+        .await?;
+        if completed as usize >= runs {
+            break;
+        }
+    }
+    // due = the WAIT's start + 2 s; fired = the transaction that applied it
+    let lags: Vec<f64> = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM (e.created_at - n.started_at)) * 1000 - 2000)::float8 \
+         FROM run_events e JOIN run_nodes n ON n.run_id = e.run_id AND n.node_key = e.node_key \
+         WHERE e.event_type = 'wait_elapsed'",
+    )
+    .fetch_all(&ctx.db)
+    .await?;
+    Ok(Timers {
+        runs,
+        start_secs,
+        lag: dist(lags),
+        completed,
+    })
+}

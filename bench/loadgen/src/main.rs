@@ -1,0 +1,453 @@
+//! `composer-loadgen`: the server benchmarks of issue #7 (`make bench`,
+//! `make bench-quick`). Starts Postgres and Redis with the dev settings,
+//! measures the machine's floor with pgbench, then B1..B5 against release
+//! servers, prints a table and appends it, dated, to BENCHMARKS.md. It
+//! reports; it never fails on a time.
+
+mod benches;
+mod procs;
+mod worker;
+
+use std::{fmt::Write as _, path::PathBuf, time::Instant};
+
+use anyhow::{Context, Result};
+use benches::{Ctx, Dist, FanOut, Floor, Latency, Profile, Throughput, Timers, WorkerKind};
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "composer-loadgen",
+    about = "Composer server benchmarks (issue #7)"
+)]
+struct Args {
+    /// `quick` (under 3 minutes) or `full` (about 15 minutes).
+    #[arg(long, default_value = "quick")]
+    profile: String,
+    /// The release server binary.
+    #[arg(long, default_value = "target/release/composer")]
+    composer: PathBuf,
+    /// A Python with the SDK installed (the Python-worker row is left out without it).
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Append the dated table to this file.
+    #[arg(long)]
+    append: Option<PathBuf>,
+    /// The command to quote with the results.
+    #[arg(long, default_value = "composer-loadgen")]
+    command: String,
+    /// Only these sections (comma-separated: floor,b1,py,b2,b3,b4,b5).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+}
+
+#[derive(Default)]
+struct Results {
+    floor: Option<Floor>,
+    b1: Option<Throughput>,
+    python: Option<Throughput>,
+    python_note: Option<String>,
+    latency: Option<Latency>,
+    fan: Option<Vec<FanOut>>,
+    timers: Option<Timers>,
+    scale: Vec<Throughput>,
+    failures: Vec<String>,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(args)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("bench: error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: Args) -> Result<()> {
+    let profile = match args.profile.as_str() {
+        "full" => Profile::full(),
+        _ => Profile::quick(),
+    };
+    let repo = std::env::current_dir()?;
+    let composer = repo.join(&args.composer);
+    anyhow::ensure!(
+        composer.is_file(),
+        "{} not found: cargo build --release -p composer-cli",
+        composer.display()
+    );
+    let out_dir = repo.join("target/bench");
+    std::fs::create_dir_all(&out_dir)?;
+    let began = Instant::now();
+    let date = chrono::Utc::now().format("%Y-%m-%d %H:%M UTC").to_string();
+    eprintln!(
+        "bench: profile {}, starting Postgres and Redis",
+        profile.name
+    );
+    let backends = procs::Backends::start(&composer).await?;
+    let (python, python_note) = python_ready(args.python.as_ref(), &repo).await;
+    let ctx = Ctx::new(composer, backends, profile, out_dir, python, repo).await?;
+    let run_all = async {
+        let mut results = Results {
+            python_note,
+            ..Results::default()
+        };
+        sections(&ctx, &args, &mut results).await;
+        results
+    };
+    let results = tokio::select! {
+        results = run_all => results,
+        _ = tokio::signal::ctrl_c() => {
+            eprintln!("bench: interrupted; stopping Postgres and Redis");
+            let Ctx { backends, .. } = ctx;
+            backends.stop().await;
+            anyhow::bail!("interrupted");
+        }
+    };
+    let statements = ctx.backends.statements;
+    let Ctx { backends, .. } = ctx;
+    backends.stop().await;
+    let elapsed = began.elapsed().as_secs();
+    let table = render(&results, statements);
+    let details = render_details(&results);
+    println!("\n{table}\n{details}");
+    let machine = procs::machine();
+    println!("machine: {machine}; took {elapsed} s");
+    if let Some(path) = &args.append {
+        let mut text = std::fs::read_to_string(path).unwrap_or_default();
+        if !text.ends_with('\n') {
+            text.push('\n');
+        }
+        let _ = write!(
+            text,
+            "\n### {date}: `{}` ({} profile, {elapsed} s)\n\nMachine: {machine}. Command: `{}`\n\n{table}\n{details}",
+            args.command, args.profile, args.command
+        );
+        std::fs::write(path, text).with_context(|| format!("append to {}", path.display()))?;
+        println!("appended to {}", path.display());
+    }
+    Ok(())
+}
+
+async fn python_ready(
+    python: Option<&PathBuf>,
+    repo: &std::path::Path,
+) -> (Option<PathBuf>, Option<String>) {
+    let Some(python) = python else {
+        return (None, Some("no Python given (--python)".to_owned()));
+    };
+    let checked = tokio::process::Command::new(python)
+        .args([
+            "-c",
+            "import composer; composer.Worker; composer.Worker.register",
+        ])
+        .current_dir(repo)
+        .output()
+        .await;
+    match checked {
+        Ok(out) if out.status.success() => (Some(python.clone()), None),
+        Ok(out) => (
+            None,
+            Some(format!(
+                "the Python SDK's composer.Worker is not usable: {}",
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or_default()
+            )),
+        ),
+        Err(e) => (None, Some(format!("{}: {e}", python.display()))),
+    }
+}
+
+async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
+    let want = |name: &str| args.only.is_empty() || args.only.iter().any(|o| o == name);
+    macro_rules! section {
+        ($name:expr, $body:expr) => {{
+            let t = Instant::now();
+            eprintln!("bench: {} ...", $name);
+            let outcome = $body.await;
+            eprintln!(
+                "bench: {} done in {:.0} s",
+                $name,
+                t.elapsed().as_secs_f64()
+            );
+            match outcome {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    eprintln!("bench: {} failed: {e:#}", $name);
+                    results.failures.push(format!("{}: {e:#}", $name));
+                    None
+                }
+            }
+        }};
+    }
+    let profile = ctx.profile.clone();
+    if want("floor") {
+        results.floor = section!("floor (pgbench)", benches::floor(ctx));
+    }
+    if want("b1") {
+        results.b1 = section!(
+            "B1 Rust worker",
+            benches::throughput(
+                ctx,
+                "B1 Rust worker",
+                1,
+                WorkerKind::Rust,
+                profile.measure_secs,
+                profile.perf_secs
+            )
+        );
+    }
+    if want("py")
+        && let Some(python) = ctx.python.clone()
+    {
+        results.python = section!(
+            "B1 Python worker",
+            benches::throughput(
+                ctx,
+                "B1 Python SDK worker",
+                1,
+                WorkerKind::Python(python),
+                profile.python_secs,
+                0
+            )
+        );
+    }
+    if want("b2") {
+        results.latency = section!("B2 latency", benches::latency(ctx));
+    }
+    if want("b3") {
+        results.fan = section!("B3 fan-out", benches::fan_out(ctx));
+    }
+    if want("b4") {
+        results.timers = section!("B4 timers", benches::timers(ctx));
+    }
+    if want("b5") {
+        for &n in &profile.scale_servers {
+            let label = format!("B5 {n} servers");
+            if let Some(row) = section!(
+                label.as_str(),
+                benches::throughput(ctx, &label, n, WorkerKind::Rust, profile.measure_secs, 0)
+            ) {
+                results.scale.push(row);
+            }
+        }
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "meets" } else { "**misses**" }
+}
+
+fn d3(d: &Dist) -> String {
+    format!("{:.1} / {:.1} / {:.1} (n={})", d.p50, d.p99, d.max, d.n)
+}
+
+fn render(r: &Results, statements: bool) -> String {
+    let mut t = String::from(
+        "| benchmark | measure | result | target | verdict |\n| --- | --- | --- | --- | --- |\n",
+    );
+    let floor = r.floor.as_ref().map(|f| f.multi_tps);
+    if let Some(f) = &r.floor {
+        let _ = writeln!(
+            t,
+            "| floor | pgbench, the event transaction as 8 round trips ({} clients) | **{:.0} TPS** | | |",
+            f.clients, f.multi_tps
+        );
+        let _ = writeln!(
+            t,
+            "| floor | the same writes as one statement (CTE) | {:.0} TPS | | |",
+            f.cte_tps
+        );
+    }
+    for row in [r.b1.as_ref(), r.python.as_ref()].into_iter().flatten() {
+        throughput_rows(&mut t, row, floor, true, statements);
+    }
+    if r.python.is_none()
+        && let Some(note) = &r.python_note
+    {
+        let _ = writeln!(t, "| B1 Python SDK worker | left out | {note} | | |");
+    }
+    if let Some(l) = &r.latency {
+        let _ = writeln!(
+            t,
+            "| B2 latency ({:.1} runs/s) | StartRun → first task leased, ms p50 / p99 / max | {} | p50 ≤ 5 | {} |",
+            l.rate,
+            d3(&l.start_to_lease),
+            verdict(l.start_to_lease.p50 <= 5.0)
+        );
+        let _ = writeln!(
+            t,
+            "| B2 latency | report → next task leased, ms p50 / p99 / max | {} | p50 ≤ 3, p99 ≤ 15 | {} |",
+            d3(&l.dispatch),
+            verdict(l.dispatch.p50 <= 3.0 && l.dispatch.p99 <= 15.0)
+        );
+        let _ = writeln!(
+            t,
+            "| B2 latency | whole run (3 tasks), ms p50 / p99 / max | {} | | |",
+            d3(&l.whole_run)
+        );
+    }
+    if let Some(fan) = &r.fan {
+        for shape in ["FORK/JOIN", "MAP"] {
+            let cases: Vec<&FanOut> = fan.iter().filter(|f| f.shape == shape).collect();
+            for c in &cases {
+                let _ = writeln!(
+                    t,
+                    "| B3 fan-out | {shape} of {} branches, start → run completed | {:.2} s ({:.0} tasks/s) | | |",
+                    c.branches,
+                    c.secs,
+                    c.branches as f64 / c.secs
+                );
+            }
+            if let [small, large] = cases[..] {
+                let ratio = large.secs / small.secs;
+                let _ = writeln!(
+                    t,
+                    "| B3 fan-out | {shape} time ratio {} / {} | {ratio:.1} | ≤ 12 | {} |",
+                    large.branches,
+                    small.branches,
+                    verdict(ratio <= 12.0)
+                );
+            }
+        }
+    }
+    if let Some(tm) = &r.timers {
+        let _ = writeln!(
+            t,
+            "| B4 timers | {} runs in a 2 s WAIT (started in {:.1} s, {} completed): due → fired, ms p50 / p99 / max | {} | p99 ≤ 500 | {} |",
+            tm.runs,
+            tm.start_secs,
+            tm.completed,
+            d3(&tm.lag),
+            verdict(tm.lag.p99 <= 500.0 && tm.completed as usize == tm.runs)
+        );
+    }
+    if !r.scale.is_empty() {
+        let one = r.b1.as_ref().map(|b| b.tasks_per_s);
+        if let Some(one) = one {
+            let _ = writeln!(
+                t,
+                "| B5 scale-out | 1 server (the B1 row), tasks/s | {one:.0} | | |"
+            );
+        }
+        for row in &r.scale {
+            throughput_rows(&mut t, row, floor, false, statements);
+            if let Some(one) = one {
+                let ratio = row.tasks_per_s / one;
+                let _ = writeln!(
+                    t,
+                    "| B5 scale-out | {} servers / 1 server, tasks/s | {ratio:.2} | ≥ 1 (3 servers) | {} |",
+                    row.servers,
+                    if row.servers == 3 {
+                        verdict(ratio >= 1.0)
+                    } else {
+                        ""
+                    }
+                );
+            }
+        }
+    }
+    for f in &r.failures {
+        let _ = writeln!(
+            t,
+            "| failed | {} | | | |",
+            f.replace('|', "/").replace('\n', " ")
+        );
+    }
+    t
+}
+
+fn throughput_rows(
+    t: &mut String,
+    row: &Throughput,
+    floor: Option<f64>,
+    full: bool,
+    statements: bool,
+) {
+    let l = &row.label;
+    let vs = floor.map(|f| row.tasks_per_s / f);
+    let _ = writeln!(
+        t,
+        "| {l} | tasks/s (runs/s) | **{:.0}** ({:.0}){} | ≥ 0.5 × floor | {} |",
+        row.tasks_per_s,
+        row.runs_per_s,
+        vs.map(|v| format!(" = {v:.2} × floor")).unwrap_or_default(),
+        vs.map_or("", |v| verdict(v >= 0.5))
+    );
+    let xacts = row.commits_per_task + row.rollbacks_per_task;
+    let _ = writeln!(
+        t,
+        "| {l} | Postgres transactions per task (commits + rollbacks) | {xacts:.2} ({:.2} + {:.2}) | ≤ 2.5 | {} |",
+        row.commits_per_task,
+        row.rollbacks_per_task,
+        verdict(xacts <= 2.5)
+    );
+    let _ = writeln!(
+        t,
+        "| {l} | of these, transactions that wrote (transaction ids used per task) | {:.2} | | |",
+        row.writes_per_task
+    );
+    if statements && let Some(s) = row.statements_per_task {
+        let _ = writeln!(
+            t,
+            "| {l} | statements per task (pg_stat_statements, BEGIN/COMMIT included) | {s:.1} | | |"
+        );
+    }
+    let _ = writeln!(
+        t,
+        "| {l} | CPU s per 1,000 tasks: server / Postgres / Redis / load generator + worker | {:.2} / {:.2} / {:.2} / {:.2} | | |",
+        row.server_cpu, row.pg_cpu, row.redis_cpu, row.client_cpu
+    );
+    if full {
+        let _ = writeln!(
+            t,
+            "| {l} | peak server RSS (VmHWM) | {:.0} MiB | ≤ 150 MB | {} |",
+            row.peak_rss_mib,
+            verdict(row.peak_rss_mib * 1.048_576 <= 150.0)
+        );
+    }
+    if row.errors > 0 {
+        let _ = writeln!(
+            t,
+            "| {l} | StartRun / report errors | {} | 0 | **misses** |",
+            row.errors
+        );
+    }
+}
+
+fn render_details(r: &Results) -> String {
+    let mut t = String::new();
+    if let Some(row) = &r.b1
+        && !row.top_statements.is_empty()
+    {
+        let _ = writeln!(
+            t,
+            "Statements per task in B1 (Rust worker), most frequent first (pg_stat_statements):\n\n| calls / task | exec ms / task | statement |\n| --- | --- | --- |"
+        );
+        for (q, calls, ms) in &row.top_statements {
+            let short: String = q.chars().take(110).collect();
+            let _ = writeln!(
+                t,
+                "| {calls:.2} | {ms:.3} | `{}` |",
+                short.replace('|', "/")
+            );
+        }
+        t.push('\n');
+    }
+    if let Some(perf) = r.b1.as_ref().and_then(|b| b.perf.as_ref()) {
+        let _ = writeln!(t, "perf during B1 (Rust worker):\n\n```\n{}```\n", perf);
+    }
+    t
+}

@@ -1,0 +1,242 @@
+//! A fast Rust worker speaking the protocol: long-polls with as many tasks
+//! as it has free slots, completes each task at once (a no-op handler) with
+//! its lease token, and tells the benchmark what happened and when.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::Result;
+use composer_proto::v1::{
+    CompleteTaskRequest, PollTasksRequest, Task, worker_service_client::WorkerServiceClient,
+};
+use prost_types::{Struct, Value, value::Kind};
+use tokio::{
+    sync::{Semaphore, watch},
+    task::JoinHandle,
+};
+use tonic::transport::Channel;
+
+/// What the worker saw.
+#[derive(Debug, Clone)]
+pub enum WorkerEvent {
+    /// A task reached the worker (leased).
+    Leased {
+        /// Run.
+        run_id: String,
+        /// Node.
+        node: String,
+        /// When the poll answer arrived.
+        at: Instant,
+    },
+    /// A report was answered OK.
+    Reported {
+        /// Run.
+        run_id: String,
+        /// Task name.
+        task_name: String,
+        /// When the report was sent.
+        sent: Instant,
+        /// When the answer came.
+        done: Instant,
+    },
+}
+
+/// Called for every event (keep it cheap).
+pub type Hook = Arc<dyn Fn(WorkerEvent) + Send + Sync>;
+
+/// Counters.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    /// Tasks leased.
+    pub leased: AtomicU64,
+    /// Reports answered OK.
+    pub completed: AtomicU64,
+    /// Reports refused or failed.
+    pub report_errors: AtomicU64,
+    /// Polls failed.
+    pub poll_errors: AtomicU64,
+}
+
+/// Shape of a worker.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// Queue polled.
+    pub queue: String,
+    /// Polling loops per server.
+    pub pollers_per_server: usize,
+    /// HTTP/2 connections per server.
+    pub connections_per_server: usize,
+    /// Tasks held at once (polls ask for at most the free ones).
+    pub slots: usize,
+    /// Tasks one poll asks for at most.
+    pub max_per_poll: usize,
+}
+
+/// A running worker; stop it with [`FastWorker::stop`].
+pub struct FastWorker {
+    /// Counters.
+    pub stats: Arc<WorkerStats>,
+    stop: watch::Sender<bool>,
+    handles: Vec<JoinHandle<()>>,
+}
+
+/// Connects to `url` (a lazy channel: no I/O until used).
+pub async fn channel(url: &str) -> Result<Channel> {
+    Ok(Channel::from_shared(url.to_owned())?
+        .tcp_nodelay(true)
+        .connect()
+        .await?)
+}
+
+impl FastWorker {
+    /// Starts polling every server in `urls`.
+    pub async fn start(urls: &[String], config: &WorkerConfig, hook: Option<Hook>) -> Result<Self> {
+        let stats = Arc::new(WorkerStats::default());
+        let slots = Arc::new(Semaphore::new(config.slots));
+        let (stop, stop_rx) = watch::channel(false);
+        let mut handles = Vec::new();
+        for (s, url) in urls.iter().enumerate() {
+            let mut clients = Vec::new();
+            for _ in 0..config.connections_per_server.max(1) {
+                clients.push(WorkerServiceClient::new(channel(url).await?));
+            }
+            for p in 0..config.pollers_per_server {
+                let poller = Poller {
+                    client: clients[p % clients.len()].clone(),
+                    worker_id: format!("bench-{s}-{p}"),
+                    queue: config.queue.clone(),
+                    max: config.max_per_poll.clamp(1, 100),
+                    slots: Arc::clone(&slots),
+                    stats: Arc::clone(&stats),
+                    hook: hook.clone(),
+                };
+                handles.push(tokio::spawn(poller.run(stop_rx.clone())));
+            }
+        }
+        Ok(Self {
+            stats,
+            stop,
+            handles,
+        })
+    }
+
+    /// Stops polling; reports in flight are let finish for at most 5 s.
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        for handle in self.handles {
+            let _ = tokio::time::timeout(Duration::from_secs(5), handle).await;
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Poller {
+    client: WorkerServiceClient<Channel>,
+    worker_id: String,
+    queue: String,
+    max: usize,
+    slots: Arc<Semaphore>,
+    stats: Arc<WorkerStats>,
+    hook: Option<Hook>,
+}
+
+impl Poller {
+    async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        while !*stop.borrow() {
+            let first = tokio::select! {
+                permit = Arc::clone(&self.slots).acquire_owned() => match permit {
+                    Ok(p) => p,
+                    Err(_) => return,
+                },
+                _ = stop.changed() => return,
+            };
+            let mut permits = vec![first];
+            while permits.len() < self.max {
+                match Arc::clone(&self.slots).try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            let request = PollTasksRequest {
+                worker_id: self.worker_id.clone(),
+                queues: vec![self.queue.clone()],
+                max_tasks: i32::try_from(permits.len()).unwrap_or(1),
+                wait: Some(prost_types::Duration {
+                    seconds: 1,
+                    nanos: 0,
+                }),
+            };
+            let polled = tokio::select! {
+                polled = self.client.poll_tasks(request) => polled,
+                _ = stop.changed() => return,
+            };
+            let tasks = match polled {
+                Ok(response) => response.into_inner().tasks,
+                Err(_) => {
+                    self.stats.poll_errors.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let at = Instant::now();
+            for task in tasks {
+                self.stats.leased.fetch_add(1, Ordering::Relaxed);
+                if let Some(hook) = &self.hook {
+                    hook(WorkerEvent::Leased {
+                        run_id: task.run_id.clone(),
+                        node: task.node_id.clone(),
+                        at,
+                    });
+                }
+                let permit = permits.pop();
+                let mut client = self.client.clone();
+                let stats = Arc::clone(&self.stats);
+                let hook = self.hook.clone();
+                tokio::spawn(async move {
+                    complete(&mut client, task, &stats, hook.as_ref()).await;
+                    drop(permit);
+                });
+            }
+        }
+    }
+}
+
+async fn complete(
+    client: &mut WorkerServiceClient<Channel>,
+    task: Task,
+    stats: &WorkerStats,
+    hook: Option<&Hook>,
+) {
+    let sent = Instant::now();
+    let result = client
+        .complete_task(CompleteTaskRequest {
+            task_id: task.task_id,
+            attempt: task.attempt,
+            lease_token: task.lease_token,
+            output: Some(Value {
+                kind: Some(Kind::StructValue(Struct::default())),
+            }),
+        })
+        .await;
+    match result {
+        Ok(_) => {
+            stats.completed.fetch_add(1, Ordering::Relaxed);
+            if let Some(hook) = hook {
+                hook(WorkerEvent::Reported {
+                    run_id: task.run_id,
+                    task_name: task.task_name,
+                    sent,
+                    done: Instant::now(),
+                });
+            }
+        }
+        Err(_) => {
+            stats.report_errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}

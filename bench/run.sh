@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Runs the server benchmarks (issue #7): `make bench` (full, ~15 min) and
+# `make bench-quick` (under 3 min, CI). Builds the release server and the
+# load generator, makes sure the Python SDK's venv exists (the same one
+# scripts/smoke-sdks.sh makes; the Python row is left out if it cannot be
+# made), then runs bench/loadgen, which starts its own Postgres and Redis
+# (`composer dev --no-server`), servers and workers, prints a table and
+# appends it, dated, to BENCHMARKS.md. It reports; it never fails on a time.
+#
+#   bench/run.sh quick|full [extra composer-loadgen flags]
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+profile=${1:-quick}
+shift || true
+case $profile in
+  quick) command="make bench-quick" ;;
+  full) command="make bench" ;;
+  *) echo "usage: bench/run.sh quick|full" >&2; exit 2 ;;
+esac
+
+cargo build --release --quiet -p composer-cli -p composer-loadgen
+
+python_args=()
+if python=$(scripts/python-venv.sh); then
+  python_args=(--python "$python")
+else
+  echo "bench: no Python SDK venv; the Python row is left out" >&2
+fi
+
+exec target/release/composer-loadgen --profile "$profile" --composer target/release/composer \
+  "${python_args[@]}" --append BENCHMARKS.md --command "$command" "$@"
