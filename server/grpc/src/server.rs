@@ -10,8 +10,7 @@ use composer_proto::v1::{
 };
 use http::{HeaderName, HeaderValue, Method};
 use tokio::{net::TcpListener, sync::watch};
-use tokio_stream::wrappers::TcpListenerStream;
-use tonic::transport::Server;
+use tonic::transport::{Server, server::TcpIncoming};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::{
@@ -103,6 +102,10 @@ pub async fn serve(
     if matches!(config.auth, AuthMode::Tokens { .. }) {
         features.push("auth".to_owned());
     }
+    // no Nagle: a small reply must not wait for the peer's delayed ACK (40 ms)
+    let incoming = TcpIncoming::from(listener)
+        .with_nodelay(Some(true))
+        .with_keepalive(Some(Duration::from_secs(60)));
     Server::builder()
         .accept_http1(true)
         .layer(tower::util::option_layer(cors))
@@ -127,7 +130,7 @@ pub async fn serve(
             hub: services.hub,
             draining: shutdown,
         }))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
+        .serve_with_incoming_shutdown(incoming, stop)
         .await?;
     tracing::info!("stopped serving");
     Ok(())
