@@ -82,3 +82,32 @@ fn an_unmet_expectation_or_a_broken_file_exits_non_zero() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("nodes[0].type"), "{stderr}");
 }
+
+#[test]
+fn every_workflow_under_examples_validates() {
+    fn walk(dir: &std::path::Path, found: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("read examples").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, found);
+            } else if path.extension().is_some_and(|e| e == "yaml")
+                && !path.to_string_lossy().ends_with(".outcomes.yaml")
+            {
+                found.push(path);
+            }
+        }
+    }
+    let mut workflows = Vec::new();
+    walk(&examples().join(".."), &mut workflows);
+    let workflows: Vec<PathBuf> = workflows
+        .into_iter()
+        .filter(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains("nodes:")))
+        .collect();
+    assert!(workflows.len() >= 6, "{workflows:?}");
+    for path in workflows {
+        let text = std::fs::read_to_string(&path).expect("read");
+        if let Err(errors) = composer_engine::CompiledWorkflow::from_text(&text) {
+            panic!("{} does not validate: {:?}", path.display(), errors.0);
+        }
+    }
+}
