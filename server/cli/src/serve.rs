@@ -4,7 +4,7 @@ use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use composer_coordinator::{
     Backends, Broker, BrokerError, Coordinator, CoordinatorConfig,
-    dispatch::{self, DispatchConfig, PollHub},
+    dispatch::{self, DispatchConfig, PollHub, Publisher},
     http::{HttpExecutor, HttpExecutorConfig},
     http_worker::{HttpWorkerConfig, run_http_worker},
     recovery::RecoveryConfig,
@@ -141,13 +141,18 @@ fn start_background(
     stop: &watch::Receiver<bool>,
 ) -> Result<Services, StartError> {
     let store = backends.store.clone();
+    let (publisher, deleter) =
+        Publisher::new(store.clone(), &backend.redis_url, server.stream_shards)
+            .map_err(StartError::Hub)?;
+    tokio::spawn(deleter);
     let coordinator = Coordinator::new(
         store.clone(),
         CoordinatorConfig {
             max_payload_bytes: server.max_payload_bytes,
             ..CoordinatorConfig::default()
         },
-    );
+    )
+    .with_publisher(publisher);
     let dispatch_config = DispatchConfig {
         shards: server.stream_shards,
         ..DispatchConfig::default()

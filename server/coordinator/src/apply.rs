@@ -37,6 +37,8 @@ pub struct Applied {
     pub inbox_runs: Vec<Uuid>,
     /// True when tasks were armed (outbox rows written).
     pub dispatched: bool,
+    /// The outbox messages written, for the committing server to publish.
+    pub outbox: Vec<composer_store::tasks::OutboxMessage>,
     /// The run's status after the events.
     pub status: String,
 }
@@ -174,6 +176,7 @@ impl<'a> RunTxn<'a> {
         let coordinator = self.coordinator;
         let applied = self.finish(&mut tx).await?;
         tx.commit().await?;
+        coordinator.publish(applied.outbox).await;
         coordinator.after_commit(applied.inbox_runs).await;
         Ok(())
     }
@@ -264,7 +267,7 @@ impl<'a> RunTxn<'a> {
                 timeout_ms,
             } => {
                 let key = node.to_string();
-                tasks::arm_task(
+                let message = tasks::arm_task(
                     conn,
                     &TaskArm {
                         new_id: Uuid::new_v4(),
@@ -283,6 +286,7 @@ impl<'a> RunTxn<'a> {
                     },
                 )
                 .await?;
+                self.applied.outbox.push(message);
                 self.applied.dispatched = true;
             }
             Action::ScheduleTimer { timer, fire_at } => {
@@ -523,7 +527,8 @@ impl<'a> RunTxn<'a> {
         if ended {
             self.end_run(conn).await?;
         }
-        runs::notify_changed(conn, run_id, self.applied.dispatched).await?;
+        let notify_outbox = self.applied.dispatched && self.coordinator.publisher.is_none();
+        runs::notify_changed(conn, run_id, notify_outbox).await?;
         self.applied.status = status;
         Ok(())
     }

@@ -39,6 +39,9 @@ pub struct DispatchConfig {
     pub outbox_batch: i64,
     /// How often the enqueuer looks at the outbox without a NOTIFY.
     pub outbox_poll: Duration,
+    /// Outbox rows younger than this are left to the server that wrote
+    /// them, which publishes right after its commit.
+    pub outbox_min_age: Duration,
     /// How long one XREADGROUP blocks.
     pub read_block: Duration,
     /// A reader with no waiting poll for this long stops.
@@ -51,6 +54,7 @@ impl Default for DispatchConfig {
             shards: 4,
             outbox_batch: 500,
             outbox_poll: Duration::from_millis(250),
+            outbox_min_age: Duration::from_secs(1),
             read_block: Duration::from_millis(1000),
             reader_idle: Duration::from_secs(60),
         }
@@ -152,7 +156,8 @@ async fn drain_outbox(
     let mut sent = 0;
     loop {
         let mut tx = store.begin().await?;
-        let batch = tasks::take_outbox(&mut tx, config.outbox_batch).await?;
+        let min_age = i64::try_from(config.outbox_min_age.as_millis()).unwrap_or(i64::MAX);
+        let batch = tasks::take_outbox(&mut tx, config.outbox_batch, min_age).await?;
         if batch.is_empty() {
             tx.rollback().await?;
             return Ok(sent);
@@ -187,6 +192,88 @@ async fn publish(
             .ignore();
     }
     pipe.query_async::<()>(redis).await
+}
+
+/// The fast path of dispatch: the server that committed an event XADDs its
+/// new tasks at once, then deletes their outbox rows in batches. Anything it
+/// fails to send stays in the outbox, where the enqueuer finds it.
+pub struct Publisher {
+    redis: redis::Client,
+    connection: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+    shards: u32,
+    published: tokio::sync::mpsc::UnboundedSender<i64>,
+}
+
+impl Publisher {
+    /// A publisher to `redis_url`, and the task that deletes what it sent
+    /// (run it until shutdown).
+    pub fn new(
+        store: Store,
+        redis_url: &str,
+        shards: u32,
+    ) -> Result<
+        (
+            Arc<Self>,
+            impl std::future::Future<Output = ()> + Send + use<>,
+        ),
+        CoordinatorError,
+    > {
+        let redis = redis::Client::open(redis_url)
+            .map_err(|e| CoordinatorError::Corrupt(format!("redis url: {e}")))?;
+        let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
+        let publisher = Arc::new(Self {
+            redis,
+            connection: tokio::sync::Mutex::new(None),
+            shards,
+            published: sender,
+        });
+        Ok((publisher, delete_published(store, receiver)))
+    }
+
+    /// XADDs the messages; on success their outbox rows are queued for
+    /// deletion, on failure they stay for the enqueuer.
+    pub async fn publish(&self, messages: Vec<OutboxMessage>) {
+        let mut guard = self.connection.lock().await;
+        if guard.is_none() {
+            *guard = self.redis.get_multiplexed_async_connection().await.ok();
+        }
+        let Some(connection) = guard.as_mut() else {
+            return;
+        };
+        let mut connection = connection.clone();
+        drop(guard);
+        match publish(&mut connection, &messages, self.shards).await {
+            Ok(()) => {
+                for message in &messages {
+                    let _ = self.published.send(message.outbox_id);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "publish failed; the enqueuer will send it");
+                *self.connection.lock().await = None;
+            }
+        }
+    }
+}
+
+/// Deletes published outbox rows in batches (one transaction per batch).
+async fn delete_published(store: Store, mut ids: tokio::sync::mpsc::UnboundedReceiver<i64>) {
+    let mut batch = Vec::new();
+    while let Some(id) = ids.recv().await {
+        batch.push(id);
+        while batch.len() < 1000 {
+            match ids.try_recv() {
+                Ok(id) => batch.push(id),
+                Err(_) => break,
+            }
+        }
+        if let Err(error) = tasks::delete_published(store.pool(), &batch).await {
+            tracing::warn!(%error, "could not delete published outbox rows; they may be sent again");
+        }
+        batch.clear();
+        // let a few more commits add to the next batch
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }
 
 async fn sleep_or_stop(period: Duration, shutdown: &mut watch::Receiver<bool>) {

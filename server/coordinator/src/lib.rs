@@ -76,6 +76,7 @@ pub struct Coordinator {
     store: Store,
     workflows: Arc<WorkflowCache>,
     config: CoordinatorConfig,
+    publisher: Option<Arc<dispatch::Publisher>>,
 }
 
 impl Coordinator {
@@ -85,6 +86,24 @@ impl Coordinator {
             store,
             workflows: Arc::new(WorkflowCache::default()),
             config,
+            publisher: None,
+        }
+    }
+
+    /// Publishes the tasks this coordinator arms itself, right after each
+    /// commit, instead of leaving them to the outbox enqueuer's next pass.
+    pub fn with_publisher(mut self, publisher: Arc<dispatch::Publisher>) -> Self {
+        self.publisher = Some(publisher);
+        self
+    }
+
+    /// Sends freshly committed outbox messages to Redis (the fast path); a
+    /// message it cannot send stays in the outbox for the enqueuer.
+    pub(crate) async fn publish(&self, messages: Vec<composer_store::tasks::OutboxMessage>) {
+        if let Some(publisher) = &self.publisher
+            && !messages.is_empty()
+        {
+            publisher.publish(messages).await;
         }
     }
 

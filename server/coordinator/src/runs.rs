@@ -485,6 +485,7 @@ impl Coordinator {
         }
         let applied = txn.finish(&mut tx).await?;
         tx.commit().await?;
+        self.publish(applied.outbox).await;
         Ok(applied.inbox_runs)
     }
 }

@@ -57,11 +57,15 @@ pub struct TaskArm<'a> {
 }
 
 /// Arms a task for an attempt and writes its outbox row, in one statement.
-/// Returns the task id (stable across attempts).
-pub async fn arm_task(conn: &mut PgConnection, task: &TaskArm<'_>) -> Result<Uuid, StoreError> {
+/// Returns the outbox message (the task id is stable across attempts), so
+/// the committing server can publish it at once.
+pub async fn arm_task(
+    conn: &mut PgConnection,
+    task: &TaskArm<'_>,
+) -> Result<OutboxMessage, StoreError> {
     // arm_task: upsert the task as DISPATCHED for this attempt (clearing any
     // lease) and enqueue it; the task id survives re-arming
-    let id: Uuid = sqlx::query_scalar(
+    let row = sqlx::query(
         "WITH armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
@@ -76,8 +80,8 @@ pub async fn arm_task(conn: &mut PgConnection, task: &TaskArm<'_>) -> Result<Uui
            RETURNING id, namespace, queue, attempt, run_id), \
          queued AS ( \
            INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-           SELECT namespace, queue, id, attempt, run_id FROM armed) \
-         SELECT id FROM armed",
+           SELECT namespace, queue, id, attempt, run_id FROM armed RETURNING *) \
+         SELECT id AS outbox_id, namespace, queue, task_id, attempt, shard_key FROM queued",
     )
     .bind(task.new_id)
     .bind(task.namespace)
@@ -93,7 +97,18 @@ pub async fn arm_task(conn: &mut PgConnection, task: &TaskArm<'_>) -> Result<Uui
     .bind(task.attempt_timeout_ms)
     .fetch_one(conn)
     .await?;
-    Ok(id)
+    Ok(outbox_from_row(&row)?)
+}
+
+fn outbox_from_row(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
+    Ok(OutboxMessage {
+        outbox_id: row.try_get("outbox_id")?,
+        namespace: row.try_get("namespace")?,
+        queue: row.try_get("queue")?,
+        task_id: row.try_get("task_id")?,
+        attempt: row.try_get("attempt")?,
+        shard_key: row.try_get("shard_key")?,
+    })
 }
 
 /// Cancels the live tasks of one node (and of its MAP elements).
@@ -431,6 +446,8 @@ pub async fn republish_lost_dispatches(
 /// An outbox row taken for sending.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxMessage {
+    /// The outbox row.
+    pub outbox_id: i64,
     /// Namespace.
     pub namespace: String,
     /// Queue.
@@ -443,34 +460,52 @@ pub struct OutboxMessage {
     pub shard_key: Uuid,
 }
 
-/// Takes up to `limit` outbox rows, deleting them in the caller's
-/// transaction: commit after the messages are in Redis, roll back if not.
-/// `= ANY(ARRAY(...))` runs the locking subquery once (DESIGN.md's trap).
+/// Takes up to `limit` outbox rows at least `min_age_ms` old, deleting them
+/// in the caller's transaction: commit after the messages are in Redis,
+/// roll back if not. (Fresh rows are the committing server's to publish;
+/// this is the path for the ones it could not.) `= ANY(ARRAY(...))` runs
+/// the locking subquery once (DESIGN.md's trap).
 pub async fn take_outbox(
     conn: &mut PgConnection,
     limit: i64,
+    min_age_ms: i64,
 ) -> Result<Vec<OutboxMessage>, StoreError> {
     // take_outbox: a batch other servers skip, deleted on commit
     let rows = sqlx::query(
         "DELETE FROM outbox WHERE id = ANY(ARRAY( \
-           SELECT id FROM outbox ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
-         RETURNING namespace, queue, task_id, attempt, shard_key",
+           SELECT id FROM outbox WHERE created_at < now() - make_interval(secs => $2 / 1000.0) \
+           ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
+         RETURNING id AS outbox_id, namespace, queue, task_id, attempt, shard_key",
     )
     .bind(limit)
+    .bind(min_age_ms as f64)
     .fetch_all(conn)
     .await?;
     rows.iter()
-        .map(|row| {
-            Ok(OutboxMessage {
-                namespace: row.try_get("namespace")?,
-                queue: row.try_get("queue")?,
-                task_id: row.try_get("task_id")?,
-                attempt: row.try_get("attempt")?,
-                shard_key: row.try_get("shard_key")?,
-            })
-        })
+        .map(outbox_from_row)
         .collect::<Result<_, sqlx::Error>>()
         .map_err(StoreError::from)
+}
+
+/// Deletes outbox rows the committing server already published. Losing this
+/// delete in a crash only sends a message twice (a duplicate loses the
+/// lease update), so it does not wait for its commit to reach disk.
+pub async fn delete_published(pool: &PgPool, ids: &[i64]) -> Result<u64, StoreError> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let mut tx = pool.begin().await?;
+    // delete_published: primary key deletes, asynchronous commit
+    sqlx::query("SET LOCAL synchronous_commit = off")
+        .execute(&mut *tx)
+        .await?;
+    let deleted = sqlx::query("DELETE FROM outbox WHERE id = ANY($1)")
+        .bind(ids)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    tx.commit().await?;
+    Ok(deleted)
 }
 
 /// Hands leased tasks back (their poll went away before it got them): back to
