@@ -130,8 +130,8 @@ async fn run(args: Args) -> Result<()> {
         }
         let _ = write!(
             text,
-            "\n### {date}: `{}` ({} profile, {elapsed} s)\n\nMachine: {machine}. Command: `{}`\n\n{table}\n{details}",
-            args.command, args.profile, args.command
+            "\n### {date}: {} profile ({elapsed} s)\n\nMachine: {machine}. Command: `{}`\n\n{table}\n{details}",
+            args.profile, args.command
         );
         std::fs::write(path, text).with_context(|| format!("append to {}", path.display()))?;
         println!("appended to {}", path.display());
@@ -235,7 +235,7 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
     }
     if want("b5") {
         for &n in &profile.scale_servers {
-            let label = format!("B5 {n} servers");
+            let label = format!("B5 {n} server{}", if n == 1 { "" } else { "s" });
             if let Some(row) = section!(
                 label.as_str(),
                 benches::throughput(ctx, &label, n, WorkerKind::Rust, profile.measure_secs, 0)
@@ -335,16 +335,17 @@ fn render(r: &Results, statements: bool) -> String {
         );
     }
     if !r.scale.is_empty() {
-        let one = r.b1.as_ref().map(|b| b.tasks_per_s);
-        if let Some(one) = one {
-            let _ = writeln!(
-                t,
-                "| B5 scale-out | 1 server (the B1 row), tasks/s | {one:.0} | | |"
-            );
-        }
+        // the one-server row of B5 itself: measured next to the others
+        let one = r
+            .scale
+            .iter()
+            .find(|row| row.servers == 1)
+            .map(|row| row.tasks_per_s);
         for row in &r.scale {
             throughput_rows(&mut t, row, floor, false, statements);
-            if let Some(one) = one {
+            if let Some(one) = one
+                && row.servers > 1
+            {
                 let ratio = row.tasks_per_s / one;
                 let _ = writeln!(
                     t,
