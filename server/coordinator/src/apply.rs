@@ -59,6 +59,26 @@ pub fn seed() -> u64 {
     Uuid::new_v4().as_u64_pair().0
 }
 
+/// The run record as stored: without the input, which lives once in
+/// `runs.input` (rewriting a large input with every event would make each
+/// event cost as much as the input, whatever it touches).
+pub fn stored_record(record: &RunRecord) -> Result<Json, serde_json::Error> {
+    let mut value = serde_json::to_value(record)?;
+    if let Some(object) = value.as_object_mut() {
+        object.remove("input");
+    }
+    Ok(value)
+}
+
+/// The engine's run record of a stored run, its input put back.
+fn record_from_row(run: &RunRow) -> Result<RunRecord, serde_json::Error> {
+    let mut value = run.record.clone();
+    if let Some(object) = value.as_object_mut() {
+        object.insert("input".to_owned(), run.input.clone());
+    }
+    serde_json::from_value(value)
+}
+
 /// The stored text of an engine status.
 pub fn run_status_text(status: RunStatus) -> String {
     serde_json::to_value(status)
@@ -119,7 +139,7 @@ impl<'a> RunTxn<'a> {
                 Some(run.workflow_version),
             )
             .await?;
-        let record: RunRecord = serde_json::from_value(run.record.clone())?;
+        let record = record_from_row(&run)?;
         let was_terminal = record.status.is_terminal();
         Ok(RunTxn {
             coordinator,
@@ -453,7 +473,7 @@ impl<'a> RunTxn<'a> {
                 parent_run_id: Some(self.run.id),
                 parent_node: Some(&node_key),
                 parent_attempt: i32::try_from(attempt).ok(),
-                record: &serde_json::to_value(&record)?,
+                record: &stored_record(&record)?,
             },
         )
         .await?;
@@ -516,7 +536,7 @@ impl<'a> RunTxn<'a> {
             run_id,
             &RunUpdate {
                 status: &status,
-                record: &serde_json::to_value(record)?,
+                record: &stored_record(record)?,
                 output: record.output.as_ref(),
                 error: error.as_ref(),
                 ended,

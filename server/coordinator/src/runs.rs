@@ -124,7 +124,7 @@ impl Coordinator {
                 parent_run_id: None,
                 parent_node: None,
                 parent_attempt: None,
-                record: &serde_json::to_value(&record)?,
+                record: &crate::apply::stored_record(&record)?,
             },
         )
         .await?;
