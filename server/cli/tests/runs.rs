@@ -17,6 +17,13 @@ fn composer_binary() -> PathBuf {
 
 const WAIT: Duration = Duration::from_secs(60);
 
+/// The real server (no tokens) and a client connected to it.
+async fn server_and_client() -> (ServerProcess, TestClient) {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let client = TestClient::connect(&server.url()).await;
+    (server, client)
+}
+
 const THREE_STEPS: &str = r#"
 name: three_steps
 nodes:
@@ -35,8 +42,7 @@ fn add_one(input: &serde_json::Value) -> Outcome {
 
 #[tokio::test]
 async fn a_three_step_run_completes_with_outputs_flowing_from_step_to_step() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client.register(THREE_STEPS).await;
     let worker = TestWorker::start(&server.url(), &["q3"], 1, 1, |task| add_one(&task.input)).await;
 
@@ -63,8 +69,7 @@ fn task_name_output(task: &composer_testkit::worker::LeaseRecord) -> Outcome {
 
 #[tokio::test]
 async fn fork_join_and_a_switch_whose_skipped_branch_joins_later() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client
         .register(
             r#"
@@ -118,8 +123,7 @@ output: { joined: "${nodes.both.output}", merged: "${nodes.merge.output}" }
 
 #[tokio::test]
 async fn map_over_100_items_runs_at_most_10_at_once_and_keeps_order() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client
         .register(
             r#"
@@ -185,8 +189,7 @@ async fn send(
 
 #[tokio::test]
 async fn wait_fires_and_an_event_is_consumed_whether_sent_before_or_after_the_wait() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (_server, mut client) = server_and_client().await;
     client.register(WAITS).await;
 
     // before: sent during the 300ms WAIT, kept, consumed when the wait is reached
@@ -217,8 +220,7 @@ async fn wait_fires_and_an_event_is_consumed_whether_sent_before_or_after_the_wa
 
 #[tokio::test]
 async fn an_event_wait_times_out_and_fails_the_run() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (_server, mut client) = server_and_client().await;
     client
         .register(
             "name: impatient\nnodes:\n  - { id: approval, type: WAIT_FOR_EVENT, event: approve, timeout: 400ms }\n",
@@ -232,8 +234,7 @@ async fn an_event_wait_times_out_and_fails_the_run() {
 
 #[tokio::test]
 async fn retries_back_off_then_succeed_and_a_non_retryable_failure_fails_the_run() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client
         .register(
             r#"
@@ -293,8 +294,7 @@ output: { got: "${nodes.call.output}" }
 
 #[tokio::test]
 async fn an_error_edge_catches_a_failure_and_compensation_runs_in_reverse_order() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client
         .register(
             r#"
@@ -360,8 +360,7 @@ edges:
 
 #[tokio::test]
 async fn starting_twice_with_one_idempotency_key_makes_one_run() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (_server, mut client) = server_and_client().await;
     client.register(THREE_STEPS).await;
     let (first, created_first) = client
         .start_with_key("three_steps", json!({"n": 1}), "order-7")
@@ -445,8 +444,7 @@ async fn poll_one(
 async fn a_silent_worker_loses_its_lease_the_task_runs_again_and_its_late_report_is_refused() {
     use composer_proto::v1::CompleteTaskRequest;
     use tonic_types::StatusExt;
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client
         .register("name: leased\nnodes:\n  - { id: only, type: TASK, queue: ql, task: t, heartbeat_timeout: 1s }\noutput: { by: \"${nodes.only.output}\" }\n")
         .await;
@@ -523,8 +521,7 @@ async fn a_silent_worker_loses_its_lease_the_task_runs_again_and_its_late_report
 
 #[tokio::test]
 async fn two_pollers_racing_for_one_task_get_exactly_one_lease() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client
         .register("name: single\nnodes:\n  - { id: only, type: TASK, queue: qx, task: t }\n")
         .await;
@@ -543,8 +540,7 @@ async fn two_pollers_racing_for_one_task_get_exactly_one_lease() {
 
 #[tokio::test]
 async fn cancel_during_a_retry_back_off_starts_no_further_attempt() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client
         .register("name: backoff\nnodes:\n  - { id: only, type: TASK, queue: qc, task: t, retry: { max_attempts: 5, initial_interval: 1s } }\n")
         .await;
@@ -581,8 +577,7 @@ async fn cancel_during_a_retry_back_off_starts_no_further_attempt() {
 
 #[tokio::test]
 async fn cancelling_a_parent_cancels_its_child() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client
         .register("name: child\nnodes:\n  - { id: work, type: TASK, queue: qp, task: t }\n")
         .await;
@@ -621,8 +616,7 @@ async fn cancelling_a_parent_cancels_its_child() {
 
 #[tokio::test]
 async fn a_sub_workflow_returns_its_childs_output() {
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client.register(THREE_STEPS).await;
     client
         .register("name: wrapper\nnodes:\n  - { id: sub, type: SUB_WORKFLOW, workflow: three_steps, input: { n: \"${input.start}\" } }\noutput: \"${nodes.sub.output}\"\n")
@@ -639,8 +633,7 @@ async fn a_sub_workflow_returns_its_childs_output() {
 async fn a_running_worker_learns_of_a_cancel_at_its_next_heartbeat_and_watch_run_streams_to_the_end()
  {
     use composer_proto::v1::{HeartbeatRequest, WatchRunRequest};
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client
         .register("name: long\nnodes:\n  - { id: only, type: TASK, queue: qw, task: t }\n")
         .await;
@@ -706,8 +699,7 @@ async fn a_running_worker_learns_of_a_cancel_at_its_next_heartbeat_and_watch_run
 #[tokio::test]
 async fn list_runs_pages_newest_first_and_filters_by_status_and_label() {
     use composer_proto::v1::ListRunsRequest;
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (_server, mut client) = server_and_client().await;
     client
         .register("name: idle\nnodes:\n  - { id: only, type: WAIT_FOR_EVENT, event: never }\n")
         .await;
@@ -779,8 +771,7 @@ async fn list_runs_pages_newest_first_and_filters_by_status_and_label() {
 #[tokio::test]
 async fn watch_run_streams_over_grpc_web_until_the_run_ends() {
     use prost::Message;
-    let server = ServerProcess::start(&composer_binary(), &[]).await;
-    let mut client = TestClient::connect(&server.url()).await;
+    let (server, mut client) = server_and_client().await;
     client
         .register("name: napping\nnodes:\n  - { id: nap, type: WAIT, duration: 500ms }\noutput: { slept: true }\n")
         .await;

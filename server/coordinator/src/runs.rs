@@ -153,6 +153,20 @@ impl Coordinator {
         ))
     }
 
+    /// Opens a transaction holding the run's lock; NOT_FOUND outside its
+    /// namespace.
+    async fn lock_existing(
+        &self,
+        namespace: Option<&str>,
+        run_id: Uuid,
+    ) -> Result<(sqlx::Transaction<'static, sqlx::Postgres>, RunRow), CoordinatorError> {
+        let mut tx = self.store.begin().await?;
+        let run = runs::lock_run(&mut tx, namespace, run_id)
+            .await?
+            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
+        Ok((tx, run))
+    }
+
     async fn expect_run(
         &self,
         namespace: Option<&str>,
@@ -234,10 +248,7 @@ impl Coordinator {
         actor: &str,
     ) -> Result<RunRow, CoordinatorError> {
         let run_id = parse_run_id(run_id)?;
-        let mut tx = self.store.begin().await?;
-        let run = runs::lock_run(&mut tx, namespace, run_id)
-            .await?
-            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
+        let (tx, run) = self.lock_existing(namespace, run_id).await?;
         if is_final(&run.status) {
             return Err(CoordinatorError::WrongRunStatus {
                 run_id: run_id.to_string(),
@@ -269,10 +280,7 @@ impl Coordinator {
         actor: &str,
     ) -> Result<RunRow, CoordinatorError> {
         let run_id = parse_run_id(run_id)?;
-        let mut tx = self.store.begin().await?;
-        let run = runs::lock_run(&mut tx, namespace, run_id)
-            .await?
-            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
+        let (mut tx, run) = self.lock_existing(namespace, run_id).await?;
         if run.status != "FAILED" {
             return Err(CoordinatorError::WrongRunStatus {
                 run_id: run_id.to_string(),
@@ -348,10 +356,7 @@ impl Coordinator {
         payload: Json,
         actor: &str,
     ) -> Result<SendEventResult, CoordinatorError> {
-        let mut tx = self.store.begin().await?;
-        let run = runs::lock_run(&mut tx, Some(namespace), run_id)
-            .await?
-            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
+        let (mut tx, run) = self.lock_existing(Some(namespace), run_id).await?;
         if is_final(&run.status) {
             return Err(CoordinatorError::WrongRunStatus {
                 run_id: run_id.to_string(),
