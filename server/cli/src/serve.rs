@@ -8,7 +8,7 @@ use composer_coordinator::{
     http::{HttpExecutor, HttpExecutorConfig},
     http_worker::{HttpWorkerConfig, run_http_worker},
     recovery::RecoveryConfig,
-    watch::RunChanges,
+    watch::{ChangeFeed, RunChanges},
 };
 use composer_grpc::{GrpcConfig, ServeError, Services};
 use composer_store::{Store, StoreConfig, StoreError};
@@ -145,6 +145,12 @@ fn start_background(
         Publisher::new(store.clone(), &backend.redis_url, server.stream_shards)
             .map_err(StartError::Hub)?;
     tokio::spawn(deleter);
+    let (feed, announcer) = ChangeFeed::new(&backend.redis_url).map_err(|e| {
+        StartError::Hub(composer_coordinator::CoordinatorError::Corrupt(format!(
+            "redis url: {e}"
+        )))
+    })?;
+    tokio::spawn(announcer);
     let coordinator = Coordinator::new(
         store.clone(),
         CoordinatorConfig {
@@ -152,7 +158,8 @@ fn start_background(
             ..CoordinatorConfig::default()
         },
     )
-    .with_publisher(publisher);
+    .with_publisher(publisher)
+    .with_changes(feed);
     let dispatch_config = DispatchConfig {
         shards: server.stream_shards,
         ..DispatchConfig::default()
@@ -186,7 +193,7 @@ fn start_background(
             .clone()
             .run_reconcile_loop(recovery, stop.clone()),
     );
-    tokio::spawn(changes.clone().run(store, stop.clone()));
+    tokio::spawn(changes.clone().run(backend.redis_url.clone(), stop.clone()));
     let executor = HttpExecutor::new(HttpExecutorConfig {
         allow_private_networks: server.http_allow_private,
         allow_loopback: server.http_allow_loopback,

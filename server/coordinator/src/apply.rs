@@ -12,7 +12,7 @@ use composer_engine::{
 };
 use composer_store::{
     events,
-    runs::{self, HistoryWrite, NewRun, NodeWrite, RunRow, RunUpdate},
+    runs::{self, EventWrite, HistoryWrite, NewRun, NodeWrite, RunRow, RunUpdate},
     tasks::{self, TaskArm},
     timers::{self, TimerWrite},
 };
@@ -41,6 +41,12 @@ pub struct Applied {
     pub outbox: Vec<composer_store::tasks::OutboxMessage>,
     /// The run's status after the events.
     pub status: String,
+    /// The run the events were applied to.
+    pub run_id: Uuid,
+    /// Its output, once completed.
+    pub output: Option<Json>,
+    /// Its error, once failed or cancelled.
+    pub error: Option<Json>,
 }
 
 /// Milliseconds since the epoch, the engine's clock.
@@ -121,7 +127,23 @@ pub(crate) struct RunTxn<'a> {
     timers: BTreeMap<String, Option<TimerWrite>>,
     history: Vec<HistoryWrite>,
     queue: VecDeque<(Event, String)>,
+    /// Tasks to arm, written with the rest at the end (one per node key).
+    arms: Vec<PendingArm>,
+    /// A run inserted by this transaction: it has no node rows to load.
+    fresh: bool,
     applied: Applied,
+}
+
+/// A task attempt an event armed, not written yet.
+struct PendingArm {
+    new_id: Uuid,
+    node_key: String,
+    queue: String,
+    task_name: String,
+    attempt: i32,
+    input: Json,
+    heartbeat_timeout_ms: i64,
+    attempt_timeout_ms: Option<i64>,
 }
 
 impl<'a> RunTxn<'a> {
@@ -139,6 +161,25 @@ impl<'a> RunTxn<'a> {
                 Some(run.workflow_version),
             )
             .await?;
+        Self::with_workflow(coordinator, run, workflow, false)
+    }
+
+    /// Starts applying events to a run this transaction just inserted (so
+    /// holds locked, and which has no node state yet).
+    pub(crate) fn new_run(
+        coordinator: &'a Coordinator,
+        run: RunRow,
+        workflow: std::sync::Arc<LoadedWorkflow>,
+    ) -> Result<RunTxn<'a>, CoordinatorError> {
+        Self::with_workflow(coordinator, run, workflow, true)
+    }
+
+    fn with_workflow(
+        coordinator: &'a Coordinator,
+        run: RunRow,
+        workflow: std::sync::Arc<LoadedWorkflow>,
+        fresh: bool,
+    ) -> Result<RunTxn<'a>, CoordinatorError> {
         let record = record_from_row(&run)?;
         let was_terminal = record.status.is_terminal();
         Ok(RunTxn {
@@ -154,8 +195,47 @@ impl<'a> RunTxn<'a> {
             timers: BTreeMap::new(),
             history: Vec::new(),
             queue: VecDeque::new(),
+            arms: Vec::new(),
+            fresh,
             applied: Applied::default(),
         })
+    }
+
+    /// The node keys `event` will need first, as stored keys (for a caller
+    /// that loads them together with another statement, then [`preload`]s).
+    ///
+    /// [`preload`]: RunTxn::preload
+    pub(crate) fn first_keys(&self, event: &Event) -> Vec<String> {
+        prefetch(&self.workflow.compiled, &self.state, event)
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    /// Takes node states the caller loaded for `keys` (`rows`: the keys that
+    /// have a row); the keys without one are known to be absent.
+    pub(crate) fn preload(
+        &mut self,
+        keys: &[String],
+        rows: Vec<(String, Json)>,
+    ) -> Result<(), CoordinatorError> {
+        let mut found: BTreeMap<String, Json> = rows.into_iter().collect();
+        for text in keys {
+            let key: NodeKey = text
+                .parse()
+                .map_err(|_| CoordinatorError::Corrupt(format!("node key {text:?}")))?;
+            let state = match found.remove(text) {
+                Some(json) => Some(serde_json::from_value::<NodeState>(json)?),
+                None => None,
+            };
+            self.state.nodes.entry(key).or_insert(state);
+        }
+        Ok(())
+    }
+
+    /// The run's id.
+    pub(crate) fn run_id(&self) -> Uuid {
+        self.run.id
     }
 
     /// Queues an event.
@@ -189,16 +269,22 @@ impl<'a> RunTxn<'a> {
 
     /// Applies every queued event, commits `tx`, then applies the inboxes
     /// of the other runs the events reached, each in its own transaction.
+    /// Returns the run's status, output and error after the events.
     pub(crate) async fn commit(
         self,
         mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
-    ) -> Result<(), CoordinatorError> {
+    ) -> Result<Applied, CoordinatorError> {
         let coordinator = self.coordinator;
-        let applied = self.finish(&mut tx).await?;
+        let mut applied = self.finish(&mut tx).await?;
         tx.commit().await?;
-        coordinator.publish(applied.outbox).await;
-        coordinator.after_commit(applied.inbox_runs).await;
-        Ok(())
+        coordinator.run_changed(applied.run_id);
+        coordinator
+            .publish(std::mem::take(&mut applied.outbox))
+            .await;
+        coordinator
+            .after_commit(std::mem::take(&mut applied.inbox_runs))
+            .await;
+        Ok(applied)
     }
 
     async fn load(
@@ -211,7 +297,11 @@ impl<'a> RunTxn<'a> {
             .filter(|k| !self.state.nodes.contains_key(*k))
             .map(ToString::to_string)
             .collect();
-        let rows = runs::load_nodes(conn, self.run.id, &wanted).await?;
+        let rows = if self.fresh {
+            Vec::new()
+        } else {
+            runs::load_nodes(conn, self.run.id, &wanted).await?
+        };
         let mut found: BTreeMap<String, Json> = rows.into_iter().collect();
         for key in keys {
             let state = match found.remove(&key.to_string()) {
@@ -286,28 +376,19 @@ impl<'a> RunTxn<'a> {
                 heartbeat_timeout_ms,
                 timeout_ms,
             } => {
-                let key = node.to_string();
-                let message = tasks::arm_task(
-                    conn,
-                    &TaskArm {
-                        new_id: Uuid::new_v4(),
-                        namespace: &self.run.namespace,
-                        run_id,
-                        node_key: &key,
-                        workflow_name: &self.run.workflow_name,
-                        workflow_version: self.run.workflow_version,
-                        queue: &queue,
-                        task_name: &task_name,
-                        attempt: i32::try_from(attempt).unwrap_or(i32::MAX),
-                        input: &input,
-                        heartbeat_timeout_ms: i64::try_from(heartbeat_timeout_ms)
-                            .unwrap_or(i64::MAX),
-                        attempt_timeout_ms: timeout_ms.and_then(|t| i64::try_from(t).ok()),
-                    },
-                )
-                .await?;
-                self.applied.outbox.push(message);
-                self.applied.dispatched = true;
+                let node_key = node.to_string();
+                // a later attempt of the same node in this transaction wins
+                self.arms.retain(|arm| arm.node_key != node_key);
+                self.arms.push(PendingArm {
+                    new_id: Uuid::new_v4(),
+                    node_key,
+                    queue,
+                    task_name,
+                    attempt: i32::try_from(attempt).unwrap_or(i32::MAX),
+                    input,
+                    heartbeat_timeout_ms: i64::try_from(heartbeat_timeout_ms).unwrap_or(i64::MAX),
+                    attempt_timeout_ms: timeout_ms.and_then(|t| i64::try_from(t).ok()),
+                });
             }
             Action::ScheduleTimer { timer, fire_at } => {
                 let key = timer_key(&timer);
@@ -327,9 +408,11 @@ impl<'a> RunTxn<'a> {
                 self.timers.insert(timer_key(&timer), None);
             }
             Action::CancelTask { node } => {
+                self.write_arms(conn).await?;
                 tasks::cancel_node_tasks(conn, run_id, &node.to_string()).await?;
             }
             Action::CancelAllTasks => {
+                self.write_arms(conn).await?;
                 tasks::cancel_all_tasks(conn, run_id).await?;
             }
             Action::CancelAllTimers => {
@@ -475,6 +558,7 @@ impl<'a> RunTxn<'a> {
                 parent_attempt: i32::try_from(attempt).ok(),
                 record: &stored_record(&record)?,
             },
+            false,
         )
         .await?;
         let started = serde_json::to_value(Event::RunStarted)?;
@@ -499,6 +583,34 @@ impl<'a> RunTxn<'a> {
         Ok(())
     }
 
+    /// Arms the pending tasks now, each in its own statement (before a
+    /// cancellation that must see them; rare).
+    async fn write_arms(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
+        for arm in std::mem::take(&mut self.arms) {
+            let message = tasks::arm_task(conn, &self.task_arm(&arm)).await?;
+            self.applied.outbox.push(message);
+            self.applied.dispatched = true;
+        }
+        Ok(())
+    }
+
+    fn task_arm<'t>(&'t self, arm: &'t PendingArm) -> TaskArm<'t> {
+        TaskArm {
+            new_id: arm.new_id,
+            namespace: &self.run.namespace,
+            run_id: self.run.id,
+            node_key: &arm.node_key,
+            workflow_name: &self.run.workflow_name,
+            workflow_version: self.run.workflow_version,
+            queue: &arm.queue,
+            task_name: &arm.task_name,
+            attempt: arm.attempt,
+            input: &arm.input,
+            heartbeat_timeout_ms: arm.heartbeat_timeout_ms,
+            attempt_timeout_ms: arm.attempt_timeout_ms,
+        }
+    }
+
     async fn persist(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
         let run_id = self.run.id;
         let nodes: Vec<NodeWrite> = std::mem::take(&mut self.touched)
@@ -513,7 +625,6 @@ impl<'a> RunTxn<'a> {
                 })
             })
             .collect::<Result<_, serde_json::Error>>()?;
-        runs::upsert_nodes(conn, run_id, &nodes).await?;
 
         let (deletes, writes): (Vec<_>, Vec<_>) = std::mem::take(&mut self.timers)
             .into_iter()
@@ -526,39 +637,55 @@ impl<'a> RunTxn<'a> {
         let record = &self.state.run;
         let status = run_status_text(record.status);
         let ended = record.status.is_terminal() && !self.was_terminal;
+        if ended {
+            // the run's end cancels its live tasks, these included
+            self.write_arms(conn).await?;
+            self.tell_parent(conn).await?;
+        }
+        let record = &self.state.run;
         let error = record
             .error
             .as_ref()
             .map(serde_json::to_value)
             .transpose()?;
-        runs::update_run(
+        let stored = stored_record(record)?;
+        let arms: Vec<TaskArm<'_>> = self.arms.iter().map(|arm| self.task_arm(arm)).collect();
+        let outbox = runs::write_event(
             conn,
-            run_id,
-            &RunUpdate {
-                status: &status,
-                record: &stored_record(record)?,
-                output: record.output.as_ref(),
-                error: error.as_ref(),
-                ended,
+            &EventWrite {
+                run_id,
+                namespace: &self.run.namespace,
+                run: RunUpdate {
+                    status: &status,
+                    record: &stored,
+                    output: record.output.as_ref(),
+                    error: error.as_ref(),
+                    ended,
+                },
+                nodes: &nodes,
+                history: &self.history,
+                tasks: &arms,
             },
         )
         .await?;
-        runs::append_history(conn, run_id, &self.run.namespace, &self.history).await?;
-        if ended {
-            self.end_run(conn).await?;
+        drop(arms);
+        self.arms.clear();
+        self.history.clear();
+        self.applied.dispatched |= !outbox.is_empty();
+        self.applied.outbox.extend(outbox);
+        if self.applied.dispatched && self.coordinator.publisher.is_none() {
+            runs::notify_outbox(conn).await?;
         }
-        let notify_outbox = self.applied.dispatched && self.coordinator.publisher.is_none();
-        runs::notify_changed(conn, run_id, notify_outbox).await?;
         self.applied.status = status;
+        self.applied.run_id = run_id;
+        self.applied.output = record.output.clone();
+        self.applied.error = error;
         Ok(())
     }
 
-    /// A run just ended: drop what only a live run needs, and tell its parent.
-    async fn end_run(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
+    /// A child run just ended: put the news in its parent's inbox.
+    async fn tell_parent(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
         let run_id = self.run.id;
-        timers::cancel_all_timers(conn, run_id).await?;
-        tasks::cancel_all_tasks(conn, run_id).await?;
-        runs::release_finished_run(conn, run_id).await?;
         let (Some(parent), Some(parent_node)) =
             (self.run.parent_run_id, self.run.parent_node.as_deref())
         else {

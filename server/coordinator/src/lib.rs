@@ -77,6 +77,7 @@ pub struct Coordinator {
     workflows: Arc<WorkflowCache>,
     config: CoordinatorConfig,
     publisher: Option<Arc<dispatch::Publisher>>,
+    changes: Option<watch::ChangeFeed>,
 }
 
 impl Coordinator {
@@ -87,6 +88,20 @@ impl Coordinator {
             workflows: Arc::new(WorkflowCache::default()),
             config,
             publisher: None,
+            changes: None,
+        }
+    }
+
+    /// Announces every run change it commits on `feed` (for WatchRun).
+    pub fn with_changes(mut self, feed: watch::ChangeFeed) -> Self {
+        self.changes = Some(feed);
+        self
+    }
+
+    /// Announces, after its commit, that a run changed.
+    pub(crate) fn run_changed(&self, run_id: uuid::Uuid) {
+        if let Some(changes) = &self.changes {
+            changes.changed(run_id);
         }
     }
 

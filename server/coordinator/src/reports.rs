@@ -113,37 +113,25 @@ impl Coordinator {
         if let TaskReport::Completed { output } = &report {
             self.check_payload("output", output)?;
         }
-        let Some((run_id, node_key)) =
-            tasks::task_owner(self.store.pool(), namespace, task).await?
-        else {
+        // lock the task's run, then (a statement whose snapshot follows the
+        // lock) fence the report and load what the event needs: two round
+        // trips before the write
+        let mut tx = self.store.begin().await?;
+        let Some((run, node_key)) = runs::lock_run_of_task(&mut tx, namespace, task).await? else {
             return Err(CoordinatorError::TaskNotFound(task_id.to_owned()));
         };
         let node: NodeKey = node_key
             .parse()
             .map_err(|_| CoordinatorError::Corrupt(format!("task node key {node_key:?}")))?;
-        let mut tx = self.store.begin().await?;
-        let run = runs::lock_run(&mut tx, None, run_id)
-            .await?
-            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
         let outcome = match report {
             TaskReport::Completed { .. } => tasks::status::COMPLETED,
             TaskReport::Failed { .. } => tasks::status::FAILED,
         };
-        match tasks::finish_task(&mut tx, task, attempt, token, outcome).await? {
-            ReportCheck::Applied => {}
-            ReportCheck::Repeat => return Ok(()),
-            ReportCheck::Stale => {
-                return Err(CoordinatorError::LeaseLost {
-                    task_id: task_id.to_owned(),
-                    attempt,
-                });
-            }
-        }
-        let attempt = u32::try_from(attempt).unwrap_or_default();
+        let attempt_number = u32::try_from(attempt).unwrap_or_default();
         let event = match report {
             TaskReport::Completed { output } => Event::TaskCompleted {
                 node,
-                attempt,
+                attempt: attempt_number,
                 output,
             },
             TaskReport::Failed {
@@ -153,7 +141,7 @@ impl Coordinator {
                 details,
             } => Event::TaskFailed {
                 node,
-                attempt,
+                attempt: attempt_number,
                 code,
                 message,
                 retryable,
@@ -162,6 +150,25 @@ impl Coordinator {
             },
         };
         let mut txn = RunTxn::new(self, run).await?;
+        let keys = txn.first_keys(&event);
+        let (check, rows) = tasks::finish_task_and_load(
+            &mut tx,
+            (task, attempt, token, outcome),
+            txn.run_id(),
+            &keys,
+        )
+        .await?;
+        match check {
+            ReportCheck::Applied => {}
+            ReportCheck::Repeat => return Ok(()),
+            ReportCheck::Stale => {
+                return Err(CoordinatorError::LeaseLost {
+                    task_id: task_id.to_owned(),
+                    attempt,
+                });
+            }
+        }
+        txn.preload(&keys, rows)?;
         txn.push(event, actor);
         txn.commit(tx).await?;
         Ok(())

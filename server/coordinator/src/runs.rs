@@ -68,17 +68,53 @@ fn parse_run_id(text: &str) -> Result<Uuid, CoordinatorError> {
 
 impl Coordinator {
     /// Starts a run, or returns the run an idempotency key already names.
+    ///
+    /// One transaction of two statements: insert the run (which also checks
+    /// that "the latest version" taken from the cache still is), then the
+    /// write of its first event. A new run has no node state to read.
     pub async fn start_run(&self, request: StartRun) -> Result<(RunRow, bool), CoordinatorError> {
-        let workflow = self
-            .workflows
-            .get(
-                &self.store,
-                &request.namespace,
-                &request.workflow_name,
-                request.version,
-            )
-            .await?;
+        let mut workflow = self.workflow_to_start(&request, false).await?;
         self.check_payload("input", &request.input)?;
+        for _ in 0..3 {
+            if let Some(started) = self.try_start_run(&request, &workflow).await? {
+                return Ok(started);
+            }
+            // a newer version was registered since the cache learnt "latest"
+            workflow = self.workflow_to_start(&request, true).await?;
+        }
+        Err(CoordinatorError::Corrupt(format!(
+            "workflow {:?}: its latest version kept changing",
+            request.workflow_name
+        )))
+    }
+
+    async fn workflow_to_start(
+        &self,
+        request: &StartRun,
+        refresh: bool,
+    ) -> Result<std::sync::Arc<crate::workflows::LoadedWorkflow>, CoordinatorError> {
+        let workflow = match request.version {
+            Some(version) => {
+                self.workflows
+                    .get(
+                        &self.store,
+                        &request.namespace,
+                        &request.workflow_name,
+                        Some(version),
+                    )
+                    .await?
+            }
+            None => {
+                self.workflows
+                    .latest(
+                        &self.store,
+                        &request.namespace,
+                        &request.workflow_name,
+                        refresh,
+                    )
+                    .await?
+            }
+        };
         if let Some(schema) = &workflow.input_schema {
             let problems: Vec<FieldProblem> = schema
                 .iter_errors(&request.input)
@@ -91,17 +127,16 @@ impl Coordinator {
                 return Err(CoordinatorError::InvalidArgument(problems));
             }
         }
+        Ok(workflow)
+    }
+
+    /// None: the workflow's latest version is not `workflow` any more.
+    async fn try_start_run(
+        &self,
+        request: &StartRun,
+        workflow: &std::sync::Arc<crate::workflows::LoadedWorkflow>,
+    ) -> Result<Option<(RunRow, bool)>, CoordinatorError> {
         let mut tx = self.store.begin().await?;
-        if let Some(key) = &request.idempotency_key
-            && let Some(existing) =
-                runs::run_id_by_idempotency_key(&mut tx, &request.namespace, key).await?
-        {
-            tx.rollback().await?;
-            return Ok((
-                self.expect_run(Some(&request.namespace), existing).await?,
-                false,
-            ));
-        }
         let run_id = Uuid::now_v7();
         let record = composer_engine::RunState::new(
             run_id.to_string(),
@@ -110,47 +145,67 @@ impl Coordinator {
             request.input.clone(),
         )
         .run;
-        let inserted = runs::insert_run(
+        let status = run_status_text(record.status);
+        let stored = crate::apply::stored_record(&record)?;
+        let created_at = runs::insert_run(
             &mut tx,
             &NewRun {
                 id: run_id,
                 namespace: &request.namespace,
                 workflow_name: &workflow.row.name,
                 workflow_version: workflow.row.version,
-                status: &run_status_text(record.status),
+                status: &status,
                 input: &request.input,
                 labels: &request.labels,
                 idempotency_key: request.idempotency_key.as_deref(),
                 parent_run_id: None,
                 parent_node: None,
                 parent_attempt: None,
-                record: &crate::apply::stored_record(&record)?,
+                record: &stored,
             },
+            request.version.is_none(),
         )
         .await?;
-        if !inserted {
-            // another StartRun with the same key committed first
+        let Some(created_at) = created_at else {
             tx.rollback().await?;
-            let key = request.idempotency_key.as_deref().unwrap_or_default();
+            let Some(key) = request.idempotency_key.as_deref() else {
+                return Ok(None);
+            };
             let mut conn = self.store.pool().acquire().await?;
-            let existing = runs::run_id_by_idempotency_key(&mut conn, &request.namespace, key)
-                .await?
-                .ok_or_else(|| CoordinatorError::RunNotFound(key.to_owned()))?;
-            return Ok((
-                self.expect_run(Some(&request.namespace), existing).await?,
-                false,
-            ));
-        }
-        let run = runs::lock_run(&mut tx, None, run_id)
-            .await?
-            .ok_or_else(|| CoordinatorError::RunNotFound(run_id.to_string()))?;
-        let mut txn = RunTxn::new(self, run).await?;
+            let Some(existing) =
+                runs::run_id_by_idempotency_key(&mut conn, &request.namespace, key).await?
+            else {
+                return Ok(None);
+            };
+            let run = self.expect_run(Some(&request.namespace), existing).await?;
+            return Ok(Some((run, false)));
+        };
+        let mut run = RunRow {
+            id: run_id,
+            namespace: request.namespace.clone(),
+            workflow_name: workflow.row.name.clone(),
+            workflow_version: workflow.row.version,
+            status,
+            input: request.input.clone(),
+            output: None,
+            error: None,
+            labels: request.labels.clone(),
+            idempotency_key: request.idempotency_key.clone(),
+            parent_run_id: None,
+            parent_node: None,
+            parent_attempt: None,
+            record: stored,
+            created_at,
+            updated_at: created_at,
+            ended_at: None,
+        };
+        let mut txn = RunTxn::new_run(self, run.clone(), std::sync::Arc::clone(workflow))?;
         txn.push(Event::RunStarted, &request.actor);
-        txn.commit(tx).await?;
-        Ok((
-            self.expect_run(Some(&request.namespace), run_id).await?,
-            true,
-        ))
+        let applied = txn.commit(tx).await?;
+        run.status = applied.status;
+        run.output = applied.output;
+        run.error = applied.error;
+        Ok(Some((run, true)))
     }
 
     /// Opens a transaction holding the run's lock; NOT_FOUND outside its
@@ -381,6 +436,7 @@ impl Coordinator {
             )
             .await?;
             tx.commit().await?;
+            self.run_changed(run_id);
             return Ok(SendEventResult {
                 delivered: Vec::new(),
                 stored: true,
@@ -490,6 +546,7 @@ impl Coordinator {
         }
         let applied = txn.finish(&mut tx).await?;
         tx.commit().await?;
+        self.run_changed(run_id);
         self.publish(applied.outbox).await;
         Ok(applied.inbox_runs)
     }

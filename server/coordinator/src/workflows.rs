@@ -32,6 +32,9 @@ type CacheKey = (String, String, i32);
 #[derive(Default)]
 pub struct WorkflowCache {
     entries: Mutex<HashMap<CacheKey, Arc<LoadedWorkflow>>>,
+    /// The latest version of each (namespace, name) as last read. A hint:
+    /// StartRun checks it in the statement that inserts the run.
+    latest: Mutex<HashMap<(String, String), i32>>,
 }
 
 const CACHE_LIMIT: usize = 4096;
@@ -146,6 +149,38 @@ impl WorkflowCache {
             entries.clear();
         }
         entries.insert(key, Arc::clone(&loaded));
+        Ok(loaded)
+    }
+
+    /// The latest version of a workflow, from the cache unless `refresh`
+    /// (or never read). The answer may be stale: use it only where the
+    /// write that follows checks it (StartRun does).
+    pub async fn latest(
+        &self,
+        store: &Store,
+        namespace: &str,
+        name: &str,
+        refresh: bool,
+    ) -> Result<Arc<LoadedWorkflow>, CoordinatorError> {
+        let key = (namespace.to_owned(), name.to_owned());
+        let known = self
+            .latest
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .copied();
+        if !refresh
+            && let Some(version) = known
+            && let Some(hit) = self.cached(namespace, name, version)
+        {
+            return Ok(hit);
+        }
+        let loaded = self.get(store, namespace, name, None).await?;
+        let mut latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        if latest.len() >= CACHE_LIMIT {
+            latest.clear();
+        }
+        latest.insert(key, loaded.row.version);
         Ok(loaded)
     }
 

@@ -102,14 +102,25 @@ pub struct NewRun<'a> {
 }
 
 /// Inserts a run and locks it (the inserting transaction holds the row).
-/// Returns `false`, inserting nothing, when the idempotency key is taken.
-pub async fn insert_run(conn: &mut PgConnection, run: &NewRun<'_>) -> Result<bool, StoreError> {
-    // insert_run: a new run; an idempotency key already used in the namespace inserts nothing
-    let inserted = sqlx::query(
+/// Returns when it was created, or None, inserting nothing, when the
+/// idempotency key is taken or (with `only_if_latest`) when the workflow has
+/// a version newer than the run's: a caller that picked "the latest" from a
+/// cache learns here, in the same statement, that its cache is stale.
+pub async fn insert_run(
+    conn: &mut PgConnection,
+    run: &NewRun<'_>,
+    only_if_latest: bool,
+) -> Result<Option<DateTime<Utc>>, StoreError> {
+    // insert_run: a new run; an idempotency key already used in the namespace
+    // (or a newer version, when asked) inserts nothing
+    let created = sqlx::query_scalar(
         "INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
            idempotency_key, parent_run_id, parent_node, parent_attempt, record) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
-         ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING",
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 \
+         WHERE NOT ($13 AND EXISTS (SELECT 1 FROM workflow_definitions \
+           WHERE namespace = $2 AND name = $3 AND version > $4)) \
+         ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
+         RETURNING created_at",
     )
     .bind(run.id)
     .bind(run.namespace)
@@ -123,10 +134,10 @@ pub async fn insert_run(conn: &mut PgConnection, run: &NewRun<'_>) -> Result<boo
     .bind(run.parent_node)
     .bind(run.parent_attempt)
     .bind(run.record)
-    .execute(conn)
-    .await?
-    .rows_affected();
-    Ok(inserted == 1)
+    .bind(only_if_latest)
+    .fetch_optional(conn)
+    .await?;
+    Ok(created)
 }
 
 /// The id of the run an idempotency key names.
@@ -540,27 +551,16 @@ pub async fn release_finished_run(conn: &mut PgConnection, run_id: Uuid) -> Resu
     Ok(())
 }
 
-/// Channel NOTIFYed (payload: run id) when a run changes, for WatchRun.
-pub const RUN_CHANNEL: &str = "composer_runs";
-/// Channel NOTIFYed when outbox rows were written, to wake the enqueuers.
+/// Channel NOTIFYed when outbox rows were written, to wake the enqueuers
+/// (only by a server that does not publish its own tasks).
 pub const OUTBOX_CHANNEL: &str = "composer_outbox";
 
-/// Tells listeners, on commit, that the run changed and (if so) that the
-/// outbox has rows.
-pub async fn notify_changed(
-    conn: &mut PgConnection,
-    run_id: Uuid,
-    outbox: bool,
-) -> Result<(), StoreError> {
-    // notify_changed: delivered at commit, dropped on rollback
-    sqlx::query(
-        "SELECT pg_notify('composer_runs', $1::text), \
-           CASE WHEN $2 THEN pg_notify('composer_outbox', '') END",
-    )
-    .bind(run_id)
-    .bind(outbox)
-    .execute(conn)
-    .await?;
+/// Tells the outbox enqueuers, on commit, that the outbox has rows.
+pub async fn notify_outbox(conn: &mut PgConnection) -> Result<(), StoreError> {
+    // notify_outbox: delivered at commit, dropped on rollback
+    sqlx::query("SELECT pg_notify('composer_outbox', '')")
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
@@ -598,4 +598,149 @@ pub async fn drop_old_history(pool: &PgPool, cutoff: DateTime<Utc>) -> Result<i3
         .await?;
     sqlx::query("ANALYZE run_events").execute(pool).await?;
     Ok(dropped)
+}
+
+/// Everything one event transaction writes at its end, for [`write_event`].
+#[derive(Debug, Clone)]
+pub struct EventWrite<'a> {
+    /// The run (its row is locked by the caller).
+    pub run_id: Uuid,
+    /// Its namespace.
+    pub namespace: &'a str,
+    /// The run row's new values.
+    pub run: RunUpdate<'a>,
+    /// The node states the event touched.
+    pub nodes: &'a [NodeWrite],
+    /// History entries to append.
+    pub history: &'a [HistoryWrite],
+    /// Task attempts to arm (at most one per node key).
+    pub tasks: &'a [crate::tasks::TaskArm<'a>],
+}
+
+/// Writes the end of an event in ONE statement: the run row (status, record,
+/// history sequence), the touched node states, the history entries, the
+/// armed tasks with their outbox rows and, when the run just ended, the
+/// removal of its timers, live tasks, waits and pending events. Returns the
+/// outbox messages for the committing server to publish.
+///
+/// One statement instead of one per table is what makes an event cost a few
+/// round trips (see BENCHMARKS.md). Every part is a data-modifying CTE, so
+/// each runs exactly once whether or not the final SELECT reads it; the
+/// parts touch disjoint rows (the caller writes tasks armed in a run that
+/// ends within the same transaction before this statement).
+pub async fn write_event(
+    conn: &mut PgConnection,
+    write: &EventWrite<'_>,
+) -> Result<Vec<crate::tasks::OutboxMessage>, StoreError> {
+    let history = write.history;
+    let count = i64::try_from(history.len()).unwrap_or(i64::MAX);
+    let nodes = write.nodes;
+    let tasks = write.tasks;
+    // write_event: the whole write side of an event, under the run lock
+    let rows = sqlx::query(
+        "WITH run_row AS ( \
+           UPDATE runs SET status = $2, record = $3, output = COALESCE($4, output), \
+             error = COALESCE($5, error), updated_at = now(), \
+             ended_at = CASE WHEN $6 THEN now() ELSE ended_at END, \
+             history_seq = history_seq + $7 \
+           WHERE id = $1 RETURNING history_seq - $7 AS base), \
+         node_rows AS ( \
+           INSERT INTO run_nodes (run_id, node_key, status, state, started_at, ended_at) \
+           SELECT $1, k, s, st, now(), CASE WHEN e THEN now() END \
+             FROM UNNEST($9::text[], $10::text[], $11::jsonb[], $12::bool[]) AS n(k, s, st, e) \
+           ON CONFLICT (run_id, node_key) DO UPDATE SET status = EXCLUDED.status, \
+             state = EXCLUDED.state, updated_at = now(), \
+             ended_at = CASE WHEN EXCLUDED.ended_at IS NOT NULL THEN now() END), \
+         history AS ( \
+           INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, details) \
+           SELECT $1, run_row.base + h.ord, $8, h.ty, h.node, h.attempt, h.actor, h.details \
+             FROM run_row, UNNEST($13::text[], $14::text[], $15::int[], $16::text[], $17::jsonb[]) \
+               WITH ORDINALITY AS h(ty, node, attempt, actor, details, ord)), \
+         armed AS ( \
+           INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
+             queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
+             dispatched_at) \
+           SELECT a.id, $8, $1, a.node, $26, $27, a.queue, a.task_name, 'DISPATCHED', a.attempt, \
+             a.input, a.heartbeat, a.timeout, now() \
+             FROM UNNEST($18::uuid[], $19::text[], $20::text[], $21::text[], $22::int[], \
+               $23::jsonb[], $24::bigint[], $25::bigint[]) \
+               AS a(id, node, queue, task_name, attempt, input, heartbeat, timeout) \
+           ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
+             task_name = EXCLUDED.task_name, status = 'DISPATCHED', attempt = EXCLUDED.attempt, \
+             input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
+             attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
+             lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
+             outcome = NULL, dispatched_at = now(), updated_at = now() \
+           RETURNING id, namespace, queue, attempt, run_id), \
+         queued AS ( \
+           INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
+           SELECT namespace, queue, id, attempt, run_id FROM armed RETURNING *), \
+         ended_timers AS (DELETE FROM timers WHERE $6 AND run_id = $1), \
+         ended_tasks AS ( \
+           UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
+           WHERE $6 AND run_id = $1 AND status IN ('DISPATCHED', 'LEASED')), \
+         ended_waits AS (DELETE FROM event_waits WHERE $6 AND run_id = $1), \
+         ended_events AS (DELETE FROM pending_events WHERE $6 AND run_id = $1) \
+         SELECT id AS outbox_id, namespace, queue, task_id, attempt, shard_key FROM queued",
+    )
+    .bind(write.run_id)
+    .bind(write.run.status)
+    .bind(write.run.record)
+    .bind(write.run.output)
+    .bind(write.run.error)
+    .bind(write.run.ended)
+    .bind(count)
+    .bind(write.namespace)
+    .bind(nodes.iter().map(|n| n.key.as_str()).collect::<Vec<_>>())
+    .bind(nodes.iter().map(|n| n.status.as_str()).collect::<Vec<_>>())
+    .bind(nodes.iter().map(|n| &n.state).collect::<Vec<_>>())
+    .bind(nodes.iter().map(|n| n.ended).collect::<Vec<_>>())
+    .bind(history.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>())
+    .bind(history.iter().map(|e| e.node_key.as_deref()).collect::<Vec<_>>())
+    .bind(history.iter().map(|e| e.attempt).collect::<Vec<_>>())
+    .bind(history.iter().map(|e| e.actor.as_str()).collect::<Vec<_>>())
+    .bind(history.iter().map(|e| &e.details).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.new_id).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.node_key).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.queue).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.task_name).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.attempt).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.input).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.heartbeat_timeout_ms).collect::<Vec<_>>())
+    .bind(tasks.iter().map(|t| t.attempt_timeout_ms).collect::<Vec<_>>())
+    .bind(tasks.first().map(|t| t.workflow_name))
+    .bind(tasks.first().map(|t| t.workflow_version))
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(crate::tasks::outbox_from_row)
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// Locks the run a task belongs to, as [`lock_run`] does, and returns it with
+/// the task's node key. None: no such task in `namespace`.
+pub async fn lock_run_of_task(
+    conn: &mut PgConnection,
+    namespace: Option<&str>,
+    task_id: Uuid,
+) -> Result<Option<(RunRow, String)>, StoreError> {
+    // lock_run_of_task: the task's run and node never change, so reading
+    // them without a lock is safe; the run row lock serialises the event
+    let row = sqlx::query(&format!(
+        "WITH task AS ( \
+           SELECT run_id, node_key FROM tasks \
+           WHERE id = $1 AND ($2::text IS NULL OR namespace = $2)) \
+         SELECT {RUN_COLUMNS}, (SELECT node_key FROM task) AS task_node_key FROM runs \
+         WHERE id = (SELECT run_id FROM task) FOR UPDATE"
+    ))
+    .bind(task_id)
+    .bind(namespace)
+    .fetch_optional(conn)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let node_key: String = row.try_get("task_node_key")?;
+    Ok(Some((run_from_row(&row)?, node_key)))
 }

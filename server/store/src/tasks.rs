@@ -100,7 +100,7 @@ pub async fn arm_task(
     Ok(outbox_from_row(&row)?)
 }
 
-fn outbox_from_row(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
+pub(crate) fn outbox_from_row(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
     Ok(OutboxMessage {
         outbox_id: row.try_get("outbox_id")?,
         namespace: row.try_get("namespace")?,
@@ -532,4 +532,50 @@ pub async fn release_leases(pool: &PgPool, leases: &[(Uuid, Uuid)]) -> Result<u6
     .execute(pool)
     .await?
     .rows_affected())
+}
+
+/// [`finish_task`] and [`crate::runs::load_nodes`] in one round trip: records
+/// the report's outcome (fenced by the lease) and returns the states of the
+/// run's nodes `keys` (those without a row are absent). Call under the run's
+/// lock; the statement's snapshot is taken after that lock was granted.
+pub async fn finish_task_and_load(
+    conn: &mut PgConnection,
+    finish: (Uuid, i32, Uuid, &str),
+    run_id: Uuid,
+    keys: &[String],
+) -> Result<(ReportCheck, Vec<(String, Json)>), StoreError> {
+    let (task_id, attempt, lease_token, outcome) = finish;
+    // finish_task_and_load: LEASED -> outcome for the caller's lease only;
+    // `repeat` reads the row as it was before this statement's update
+    let row = sqlx::query(
+        "WITH finished AS ( \
+           UPDATE tasks SET status = $4, outcome = $4, lease_expires_at = NULL, updated_at = now() \
+           WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND status = 'LEASED' \
+           RETURNING 1) \
+         SELECT EXISTS (SELECT 1 FROM finished) AS applied, \
+           (SELECT outcome = $4 FROM tasks WHERE id = $1 AND attempt = $2 AND lease_token = $3) \
+             AS repeat, \
+           ARRAY(SELECT node_key FROM run_nodes WHERE run_id = $5 AND node_key = ANY($6) \
+             ORDER BY node_key) AS keys, \
+           ARRAY(SELECT state FROM run_nodes WHERE run_id = $5 AND node_key = ANY($6) \
+             ORDER BY node_key) AS states",
+    )
+    .bind(task_id)
+    .bind(attempt)
+    .bind(lease_token)
+    .bind(outcome)
+    .bind(run_id)
+    .bind(keys)
+    .fetch_one(conn)
+    .await?;
+    let applied: bool = row.try_get("applied")?;
+    let repeat: Option<bool> = row.try_get("repeat")?;
+    let check = match (applied, repeat) {
+        (true, _) => ReportCheck::Applied,
+        (false, Some(true)) => ReportCheck::Repeat,
+        (false, _) => ReportCheck::Stale,
+    };
+    let node_keys: Vec<String> = row.try_get("keys")?;
+    let states: Vec<Json> = row.try_get("states")?;
+    Ok((check, node_keys.into_iter().zip(states).collect()))
 }
