@@ -38,6 +38,10 @@ struct Args {
     /// Only these sections (comma-separated: floor,b1,py,b2,b3,b4,b5).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Sample the machine with perf for this many seconds during B1 (the
+    /// full profile does 15).
+    #[arg(long)]
+    perf_secs: Option<u64>,
 }
 
 #[derive(Default)]
@@ -75,10 +79,13 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run(args: Args) -> Result<()> {
-    let profile = match args.profile.as_str() {
+    let mut profile = match args.profile.as_str() {
         "full" => Profile::full(),
         _ => Profile::quick(),
     };
+    if let Some(secs) = args.perf_secs {
+        profile.perf_secs = secs;
+    }
     let repo = std::env::current_dir()?;
     let composer = repo.join(&args.composer);
     anyhow::ensure!(

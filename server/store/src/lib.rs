@@ -91,9 +91,19 @@ impl Store {
         Ok(())
     }
 
-    /// Starts a transaction.
+    /// Starts a transaction whose statements run on generic plans.
+    ///
+    /// Every statement in our transactions is a key lookup whose generic plan
+    /// is the right one, but with array parameters Postgres' default `auto`
+    /// mode judges the custom plan cheaper and so plans the statement again
+    /// at every execution: under load that planning was a fifth of
+    /// Postgres' time (BENCHMARKS.md). The setting rides on the BEGIN, in the
+    /// same round trip, and ends with the transaction.
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-        Ok(self.pool.begin().await?)
+        Ok(self
+            .pool
+            .begin_with("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan")
+            .await?)
     }
 
     /// Creates the history partitions for today and the next `days` days.
