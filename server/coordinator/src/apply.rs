@@ -631,8 +631,6 @@ impl<'a> RunTxn<'a> {
             .partition(|(_, w)| w.is_none());
         let deletes: Vec<String> = deletes.into_iter().map(|(k, _)| k).collect();
         let writes: Vec<TimerWrite> = writes.into_iter().filter_map(|(_, w)| w).collect();
-        timers::cancel_timers(conn, run_id, &deletes).await?;
-        timers::schedule_timers(conn, run_id, &self.run.namespace, &writes).await?;
 
         let record = &self.state.run;
         let status = run_status_text(record.status);
@@ -665,6 +663,8 @@ impl<'a> RunTxn<'a> {
                 nodes: &nodes,
                 history: &self.history,
                 tasks: &arms,
+                timers: &writes,
+                cancelled_timers: &deletes,
             },
         )
         .await?;

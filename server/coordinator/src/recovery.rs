@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use composer_engine::{Event, NodeKey, TimerId};
 use composer_store::{events, runs, tasks, timers};
+use futures::StreamExt;
 use tokio::sync::watch;
 
 use crate::{
@@ -17,8 +18,11 @@ use crate::{
 /// Periods and batch sizes of the recovery loops.
 #[derive(Debug, Clone)]
 pub struct RecoveryConfig {
-    /// How often to look for due timers when none were due.
+    /// How often to look for due timers when fewer than a batch were due
+    /// (the lag a timer may have beyond its time, at most).
     pub timer_interval: Duration,
+    /// Timers fired at once by one server.
+    pub timer_concurrency: usize,
     /// How often to look for expired leases.
     pub lease_interval: Duration,
     /// A task dispatched this long ago and not leased is republished.
@@ -34,7 +38,8 @@ pub struct RecoveryConfig {
 impl Default for RecoveryConfig {
     fn default() -> Self {
         Self {
-            timer_interval: Duration::from_millis(100),
+            timer_interval: Duration::from_millis(50),
+            timer_concurrency: 32,
             lease_interval: Duration::from_millis(500),
             lost_dispatch_grace: Duration::from_secs(15),
             reconcile_interval: Duration::from_secs(2),
@@ -45,17 +50,17 @@ impl Default for RecoveryConfig {
 }
 
 impl Coordinator {
-    /// Fires one due timer, if it is still there and due.
+    /// Fires one due timer, if it is still there and due. `false` also when
+    /// the run is busy (another server firing it, or another event): the
+    /// next pass comes back to it.
     pub async fn fire_timer(
         &self,
         run_id: uuid::Uuid,
         key: &str,
     ) -> Result<bool, CoordinatorError> {
         let mut tx = self.store.begin().await?;
-        let Some(run) = runs::lock_run(&mut tx, None, run_id).await? else {
-            return Ok(false);
-        };
-        let Some(timer) = timers::take_timer(&mut tx, run_id, key).await? else {
+        let Some((run, Some(timer))) = runs::lock_run_taking_timer(&mut tx, run_id, key).await?
+        else {
             return Ok(false);
         };
         let timer: TimerId = serde_json::from_value(timer)?;
@@ -128,25 +133,38 @@ impl Coordinator {
         Ok((runs_deleted, partitions))
     }
 
-    /// Fires due timers until none is due or `shutdown` flips.
+    /// Fires due timers until `shutdown` flips: each pass takes the earliest
+    /// due ones and fires them `timer_concurrency` at a time (each in its own
+    /// transaction), so a burst of due timers does not queue behind one
+    /// connection.
     pub async fn run_timer_loop(self, config: RecoveryConfig, mut shutdown: watch::Receiver<bool>) {
         while !*shutdown.borrow() {
             let fired = match timers::due_timers(self.store.pool(), config.batch).await {
                 Ok(due) => {
-                    let count = due.len();
-                    for timer in due {
-                        if let Err(error) = self.fire_timer(timer.run_id, &timer.key).await {
-                            tracing::warn!(run_id = %timer.run_id, key = %timer.key, %error, "timer not fired");
-                        }
-                    }
-                    count
+                    let coordinator = &self;
+                    let fired = std::sync::atomic::AtomicUsize::new(0);
+                    let fired_ref = &fired;
+                    futures::stream::iter(due)
+                        .for_each_concurrent(config.timer_concurrency, |timer| async move {
+                            match coordinator.fire_timer(timer.run_id, &timer.key).await {
+                                Ok(true) => {
+                                    fired_ref.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                                Ok(false) => {}
+                                Err(error) => {
+                                    tracing::warn!(run_id = %timer.run_id, key = %timer.key, %error, "timer not fired")
+                                }
+                            }
+                        })
+                        .await;
+                    fired.into_inner()
                 }
                 Err(error) => {
                     tracing::warn!(%error, "timer loop");
                     0
                 }
             };
-            if fired == 0 {
+            if fired < usize::try_from(config.batch).unwrap_or(usize::MAX) {
                 sleep_or_stop(config.timer_interval, &mut shutdown).await;
             }
         }

@@ -176,6 +176,38 @@ pub async fn lock_run(
     Ok(row.as_ref().map(run_from_row).transpose()?)
 }
 
+/// Takes a due timer of a run for firing, in one statement: locks the run
+/// as [`lock_run`] does (or None at once when another transaction holds it:
+/// a background pass moves on and comes back, rather than queueing behind a
+/// busy run), then deletes the timer if it is still there and due. Returns
+/// the run and the timer's id (None when it is gone: fired, cancelled or
+/// moved). The delete re-checks the newest version of the timer row, so a
+/// change committed just before the lock is seen.
+pub async fn lock_run_taking_timer(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    timer_key: &str,
+) -> Result<Option<(RunRow, Option<Json>)>, StoreError> {
+    // lock_run_taking_timer: the run lock first (the delete waits on it)
+    let row = sqlx::query(&format!(
+        "WITH locked AS (SELECT {RUN_COLUMNS} FROM runs WHERE id = $1 FOR UPDATE SKIP LOCKED), \
+         taken AS ( \
+           DELETE FROM timers WHERE run_id = $1 AND timer_key = $2 AND fire_at <= now() \
+             AND EXISTS (SELECT 1 FROM locked) \
+           RETURNING timer) \
+         SELECT locked.*, (SELECT timer FROM taken) AS taken_timer FROM locked"
+    ))
+    .bind(run_id)
+    .bind(timer_key)
+    .fetch_optional(conn)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let timer: Option<Json> = row.try_get("taken_timer")?;
+    Ok(Some((run_from_row(&row)?, timer)))
+}
+
 /// Reads a run without locking it.
 pub async fn get_run(
     pool: &PgPool,
@@ -206,30 +238,6 @@ pub struct RunUpdate<'a> {
     pub error: Option<&'a Json>,
     /// True when the run just reached a final status.
     pub ended: bool,
-}
-
-/// Writes the run row after an event.
-pub async fn update_run(
-    conn: &mut PgConnection,
-    run_id: Uuid,
-    update: &RunUpdate<'_>,
-) -> Result<(), StoreError> {
-    // update_run: the run's new status and record, under the run lock
-    sqlx::query(
-        "UPDATE runs SET status = $2, record = $3, output = COALESCE($4, output), \
-           error = COALESCE($5, error), updated_at = now(), \
-           ended_at = CASE WHEN $6 THEN now() ELSE ended_at END \
-         WHERE id = $1",
-    )
-    .bind(run_id)
-    .bind(update.status)
-    .bind(update.record)
-    .bind(update.output)
-    .bind(update.error)
-    .bind(update.ended)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// Loads the states of the given nodes; keys without a row are absent.
@@ -266,38 +274,6 @@ pub struct NodeWrite {
     pub state: Json,
     /// True when the node is now in a final status.
     pub ended: bool,
-}
-
-/// Upserts node states in one statement.
-pub async fn upsert_nodes(
-    conn: &mut PgConnection,
-    run_id: Uuid,
-    nodes: &[NodeWrite],
-) -> Result<(), StoreError> {
-    if nodes.is_empty() {
-        return Ok(());
-    }
-    let keys: Vec<&str> = nodes.iter().map(|n| n.key.as_str()).collect();
-    let statuses: Vec<&str> = nodes.iter().map(|n| n.status.as_str()).collect();
-    let states: Vec<&Json> = nodes.iter().map(|n| &n.state).collect();
-    let ended: Vec<bool> = nodes.iter().map(|n| n.ended).collect();
-    // upsert_nodes: the touched node states, one statement for all of them
-    sqlx::query(
-        "INSERT INTO run_nodes (run_id, node_key, status, state, started_at, ended_at) \
-         SELECT $1, k, s, st, now(), CASE WHEN e THEN now() END \
-           FROM UNNEST($2::text[], $3::text[], $4::jsonb[], $5::bool[]) AS t(k, s, st, e) \
-         ON CONFLICT (run_id, node_key) DO UPDATE SET status = EXCLUDED.status, \
-           state = EXCLUDED.state, updated_at = now(), \
-           ended_at = CASE WHEN EXCLUDED.ended_at IS NOT NULL THEN now() END",
-    )
-    .bind(run_id)
-    .bind(&keys)
-    .bind(&statuses)
-    .bind(&states)
-    .bind(&ended)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// Every node state of a run (GetRun, WatchRun), ordered by first start.
@@ -538,19 +514,6 @@ pub async fn interrupted_nodes(
     .await?)
 }
 
-/// Deletes what a finished run no longer needs: waits and pending events.
-pub async fn release_finished_run(conn: &mut PgConnection, run_id: Uuid) -> Result<(), StoreError> {
-    // release_finished_run: waits and events kept for the run go with it
-    sqlx::query(
-        "WITH w AS (DELETE FROM event_waits WHERE run_id = $1) \
-         DELETE FROM pending_events WHERE run_id = $1",
-    )
-    .bind(run_id)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
 /// Channel NOTIFYed when outbox rows were written, to wake the enqueuers
 /// (only by a server that does not publish its own tasks).
 pub const OUTBOX_CHANNEL: &str = "composer_outbox";
@@ -615,55 +578,45 @@ pub struct EventWrite<'a> {
     pub history: &'a [HistoryWrite],
     /// Task attempts to arm (at most one per node key).
     pub tasks: &'a [crate::tasks::TaskArm<'a>],
+    /// Timers to schedule or move (ignored when the run just ended).
+    pub timers: &'a [crate::timers::TimerWrite],
+    /// Keys of timers to remove (ignored when the run just ended).
+    pub cancelled_timers: &'a [String],
 }
 
-/// Writes the end of an event in ONE statement: the run row (status, record,
-/// history sequence), the touched node states, the history entries, the
-/// armed tasks with their outbox rows and, when the run just ended, the
-/// removal of its timers, live tasks, waits and pending events. Returns the
-/// outbox messages for the committing server to publish.
-///
-/// One statement instead of one per table is what makes an event cost a few
-/// round trips (see BENCHMARKS.md). Every part is a data-modifying CTE, so
-/// each runs exactly once whether or not the final SELECT reads it; the
-/// parts touch disjoint rows (the caller writes tasks armed in a run that
-/// ends within the same transaction before this statement).
-pub async fn write_event(
-    conn: &mut PgConnection,
-    write: &EventWrite<'_>,
-) -> Result<Vec<crate::tasks::OutboxMessage>, StoreError> {
-    let history = write.history;
-    let count = i64::try_from(history.len()).unwrap_or(i64::MAX);
-    let nodes = write.nodes;
-    let tasks = write.tasks;
-    // write_event: the whole write side of an event, under the run lock
-    let rows = sqlx::query(
-        "WITH run_row AS ( \
-           UPDATE runs SET status = $2, record = $3, output = COALESCE($4, output), \
-             error = COALESCE($5, error), updated_at = now(), \
-             ended_at = CASE WHEN $6 THEN now() ELSE ended_at END, \
-             history_seq = history_seq + $7 \
-           WHERE id = $1 RETURNING history_seq - $7 AS base), \
-         node_rows AS ( \
-           INSERT INTO run_nodes (run_id, node_key, status, state, started_at, ended_at) \
-           SELECT $1, k, s, st, now(), CASE WHEN e THEN now() END \
-             FROM UNNEST($9::text[], $10::text[], $11::jsonb[], $12::bool[]) AS n(k, s, st, e) \
-           ON CONFLICT (run_id, node_key) DO UPDATE SET status = EXCLUDED.status, \
-             state = EXCLUDED.state, updated_at = now(), \
-             ended_at = CASE WHEN EXCLUDED.ended_at IS NOT NULL THEN now() END), \
-         history AS ( \
-           INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, details) \
-           SELECT $1, run_row.base + h.ord, $8, h.ty, h.node, h.attempt, h.actor, h.details \
-             FROM run_row, UNNEST($13::text[], $14::text[], $15::int[], $16::text[], $17::jsonb[]) \
-               WITH ORDINALITY AS h(ty, node, attempt, actor, details, ord)), \
-         armed AS ( \
+/// The parts of the write statement; each is a data-modifying CTE, so it
+/// runs exactly once whether or not the final SELECT reads it.
+const WRITE_RUN: &str = "run_row AS ( \
+       UPDATE runs SET status = $2, record = $3, output = COALESCE($4, output), \
+         error = COALESCE($5, error), updated_at = now(), \
+         ended_at = CASE WHEN $6 THEN now() ELSE ended_at END, \
+         history_seq = history_seq + $7 \
+       WHERE id = $1 RETURNING history_seq - $7 AS base), \
+     node_rows AS ( \
+       INSERT INTO run_nodes (run_id, node_key, status, state, started_at, ended_at) \
+       SELECT $1, k, s, st, now(), CASE WHEN e THEN now() END \
+         FROM UNNEST($9::text[], $10::text[], $11::jsonb[], $12::bool[]) AS n(k, s, st, e) \
+       ON CONFLICT (run_id, node_key) DO UPDATE SET status = EXCLUDED.status, \
+         state = EXCLUDED.state, updated_at = now(), \
+         ended_at = CASE WHEN EXCLUDED.ended_at IS NOT NULL THEN now() END), \
+     history AS ( \
+       INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, details) \
+       SELECT $1, run_row.base + h.ord, $8, h.ty, h.node, h.attempt, h.actor, h.details \
+         FROM run_row, UNNEST($13::text[], $14::text[], $15::int[], $16::text[], $17::jsonb[]) \
+           WITH ORDINALITY AS h(ty, node, attempt, actor, details, ord))";
+
+/// Arms tasks and queues them; parameters from `$n`.
+fn write_tasks(n: usize) -> String {
+    let p = |i: usize| format!("${}", n + i);
+    format!(
+        "armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
              dispatched_at) \
-           SELECT a.id, $8, $1, a.node, $26, $27, a.queue, a.task_name, 'DISPATCHED', a.attempt, \
-             a.input, a.heartbeat, a.timeout, now() \
-             FROM UNNEST($18::uuid[], $19::text[], $20::text[], $21::text[], $22::int[], \
-               $23::jsonb[], $24::bigint[], $25::bigint[]) \
+           SELECT a.id, $8, $1, a.node, {wf}, {ver}, a.queue, a.task_name, 'DISPATCHED', \
+             a.attempt, a.input, a.heartbeat, a.timeout, now() \
+             FROM UNNEST({ids}::uuid[], {nodes}::text[], {queues}::text[], {names}::text[], \
+               {attempts}::int[], {inputs}::jsonb[], {beats}::bigint[], {timeouts}::bigint[]) \
                AS a(id, node, queue, task_name, attempt, input, heartbeat, timeout) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
              task_name = EXCLUDED.task_name, status = 'DISPATCHED', attempt = EXCLUDED.attempt, \
@@ -674,44 +627,161 @@ pub async fn write_event(
            RETURNING id, namespace, queue, attempt, run_id), \
          queued AS ( \
            INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-           SELECT namespace, queue, id, attempt, run_id FROM armed RETURNING *), \
-         ended_timers AS (DELETE FROM timers WHERE $6 AND run_id = $1), \
-         ended_tasks AS ( \
-           UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
-           WHERE $6 AND run_id = $1 AND status IN ('DISPATCHED', 'LEASED')), \
-         ended_waits AS (DELETE FROM event_waits WHERE $6 AND run_id = $1), \
-         ended_events AS (DELETE FROM pending_events WHERE $6 AND run_id = $1) \
-         SELECT id AS outbox_id, namespace, queue, task_id, attempt, shard_key FROM queued",
+           SELECT namespace, queue, id, attempt, run_id FROM armed RETURNING *)",
+        ids = p(0),
+        nodes = p(1),
+        queues = p(2),
+        names = p(3),
+        attempts = p(4),
+        inputs = p(5),
+        beats = p(6),
+        timeouts = p(7),
+        wf = p(8),
+        ver = p(9),
     )
-    .bind(write.run_id)
-    .bind(write.run.status)
-    .bind(write.run.record)
-    .bind(write.run.output)
-    .bind(write.run.error)
-    .bind(write.run.ended)
-    .bind(count)
-    .bind(write.namespace)
-    .bind(nodes.iter().map(|n| n.key.as_str()).collect::<Vec<_>>())
-    .bind(nodes.iter().map(|n| n.status.as_str()).collect::<Vec<_>>())
-    .bind(nodes.iter().map(|n| &n.state).collect::<Vec<_>>())
-    .bind(nodes.iter().map(|n| n.ended).collect::<Vec<_>>())
-    .bind(history.iter().map(|e| e.event_type.as_str()).collect::<Vec<_>>())
-    .bind(history.iter().map(|e| e.node_key.as_deref()).collect::<Vec<_>>())
-    .bind(history.iter().map(|e| e.attempt).collect::<Vec<_>>())
-    .bind(history.iter().map(|e| e.actor.as_str()).collect::<Vec<_>>())
-    .bind(history.iter().map(|e| &e.details).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.new_id).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.node_key).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.queue).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.task_name).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.attempt).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.input).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.heartbeat_timeout_ms).collect::<Vec<_>>())
-    .bind(tasks.iter().map(|t| t.attempt_timeout_ms).collect::<Vec<_>>())
-    .bind(tasks.first().map(|t| t.workflow_name))
-    .bind(tasks.first().map(|t| t.workflow_version))
-    .fetch_all(conn)
-    .await?;
+}
+
+/// Schedules (or moves) timers; parameters from `$n`.
+fn write_timers(n: usize) -> String {
+    format!(
+        "scheduled AS ( \
+           INSERT INTO timers (run_id, timer_key, namespace, timer, fire_at) \
+           SELECT $1, k, $8, t, f FROM UNNEST(${}::text[], ${}::jsonb[], ${}::timestamptz[]) \
+             AS x(k, t, f) \
+           ON CONFLICT (run_id, timer_key) DO UPDATE SET timer = EXCLUDED.timer, \
+             fire_at = EXCLUDED.fire_at)",
+        n,
+        n + 1,
+        n + 2
+    )
+}
+
+/// Removes timers by key; parameter `$n`.
+fn delete_timers(n: usize) -> String {
+    format!(
+        "unscheduled AS (DELETE FROM timers WHERE run_id = $1 AND timer_key = ANY(${n}::text[]))"
+    )
+}
+
+/// What only a live run needs goes when it ends.
+const END_RUN: &str = "ended_timers AS (DELETE FROM timers WHERE run_id = $1), \
+     ended_tasks AS ( \
+       UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
+       WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED')), \
+     ended_waits AS (DELETE FROM event_waits WHERE run_id = $1), \
+     ended_events AS (DELETE FROM pending_events WHERE run_id = $1)";
+
+/// Writes the end of an event in ONE statement: the run row (status, record,
+/// history sequence), the touched node states, the history entries and, as
+/// needed, the armed tasks with their outbox rows, the timers, and (when the
+/// run just ended) the removal of its timers, live tasks, waits and pending
+/// events. Returns the outbox messages for the committing server to publish.
+///
+/// One statement instead of one per table is what makes an event cost a few
+/// round trips (BENCHMARKS.md); only the parts an event needs are in it, so
+/// an event touches no more tables than it writes. The parts touch disjoint
+/// rows: the caller writes tasks armed in a run that ends within the same
+/// transaction before this statement, and a run that ends schedules nothing.
+pub async fn write_event(
+    conn: &mut PgConnection,
+    write: &EventWrite<'_>,
+) -> Result<Vec<crate::tasks::OutboxMessage>, StoreError> {
+    let history = write.history;
+    let count = i64::try_from(history.len()).unwrap_or(i64::MAX);
+    let nodes = write.nodes;
+    let tasks = write.tasks;
+    let ended = write.run.ended;
+    let timers = if ended { &[][..] } else { write.timers };
+    let cancelled = if ended {
+        &[][..]
+    } else {
+        write.cancelled_timers
+    };
+    let mut parts = vec![WRITE_RUN.to_owned()];
+    let mut next = 18;
+    if !tasks.is_empty() {
+        parts.push(write_tasks(next));
+        next += 10;
+    }
+    if !timers.is_empty() {
+        parts.push(write_timers(next));
+        next += 3;
+    }
+    if !cancelled.is_empty() {
+        parts.push(delete_timers(next));
+    }
+    if ended {
+        parts.push(END_RUN.to_owned());
+    }
+    let result = if tasks.is_empty() {
+        "SELECT NULL::bigint AS outbox_id, NULL::text AS namespace, NULL::text AS queue, \
+           NULL::uuid AS task_id, NULL::int AS attempt, NULL::uuid AS shard_key WHERE false"
+    } else {
+        "SELECT id AS outbox_id, namespace, queue, task_id, attempt, shard_key FROM queued"
+    };
+    let sql = format!("WITH {} {result}", parts.join(", "));
+    // write_event: the whole write side of an event, under the run lock
+    let mut query = sqlx::query(&sql)
+        .bind(write.run_id)
+        .bind(write.run.status)
+        .bind(write.run.record)
+        .bind(write.run.output)
+        .bind(write.run.error)
+        .bind(ended)
+        .bind(count)
+        .bind(write.namespace)
+        .bind(nodes.iter().map(|n| n.key.as_str()).collect::<Vec<_>>())
+        .bind(nodes.iter().map(|n| n.status.as_str()).collect::<Vec<_>>())
+        .bind(nodes.iter().map(|n| &n.state).collect::<Vec<_>>())
+        .bind(nodes.iter().map(|n| n.ended).collect::<Vec<_>>())
+        .bind(
+            history
+                .iter()
+                .map(|e| e.event_type.as_str())
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            history
+                .iter()
+                .map(|e| e.node_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(history.iter().map(|e| e.attempt).collect::<Vec<_>>())
+        .bind(history.iter().map(|e| e.actor.as_str()).collect::<Vec<_>>())
+        .bind(history.iter().map(|e| &e.details).collect::<Vec<_>>());
+    if let Some(first) = tasks.first() {
+        query = query
+            .bind(tasks.iter().map(|t| t.new_id).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| t.node_key).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| t.queue).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| t.task_name).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| t.attempt).collect::<Vec<_>>())
+            .bind(tasks.iter().map(|t| t.input).collect::<Vec<_>>())
+            .bind(
+                tasks
+                    .iter()
+                    .map(|t| t.heartbeat_timeout_ms)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                tasks
+                    .iter()
+                    .map(|t| t.attempt_timeout_ms)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(first.workflow_name)
+            .bind(first.workflow_version);
+    }
+    if !timers.is_empty() {
+        query = query
+            .bind(timers.iter().map(|t| t.key.as_str()).collect::<Vec<_>>())
+            .bind(timers.iter().map(|t| &t.timer).collect::<Vec<_>>())
+            .bind(timers.iter().map(|t| t.fire_at).collect::<Vec<_>>());
+    }
+    if !cancelled.is_empty() {
+        query = query.bind(cancelled);
+    }
+    let rows = query.fetch_all(conn).await?;
     rows.iter()
         .map(crate::tasks::outbox_from_row)
         .collect::<Result<_, sqlx::Error>>()

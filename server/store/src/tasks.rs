@@ -318,46 +318,6 @@ pub enum ReportCheck {
     Stale,
 }
 
-/// Records a report's outcome (COMPLETED or FAILED), fenced by the lease.
-/// Call under the run's lock.
-pub async fn finish_task(
-    conn: &mut PgConnection,
-    task_id: Uuid,
-    attempt: i32,
-    lease_token: Uuid,
-    outcome: &str,
-) -> Result<ReportCheck, StoreError> {
-    // finish_task: LEASED -> COMPLETED/FAILED for the caller's lease only
-    let applied = sqlx::query(
-        "UPDATE tasks SET status = $4, outcome = $4, lease_expires_at = NULL, updated_at = now() \
-         WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND status = 'LEASED'",
-    )
-    .bind(task_id)
-    .bind(attempt)
-    .bind(lease_token)
-    .bind(outcome)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if applied == 1 {
-        return Ok(ReportCheck::Applied);
-    }
-    // report_repeat: the same lease already reported this outcome
-    let repeat: Option<bool> = sqlx::query_scalar(
-        "SELECT outcome = $4 FROM tasks WHERE id = $1 AND attempt = $2 AND lease_token = $3",
-    )
-    .bind(task_id)
-    .bind(attempt)
-    .bind(lease_token)
-    .bind(outcome)
-    .fetch_optional(&mut *conn)
-    .await?;
-    Ok(match repeat {
-        Some(true) => ReportCheck::Repeat,
-        _ => ReportCheck::Stale,
-    })
-}
-
 /// A lease past its deadline.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExpiredLease {

@@ -19,53 +19,6 @@ pub struct TimerWrite {
     pub fire_at: DateTime<Utc>,
 }
 
-/// Schedules timers in one statement.
-pub async fn schedule_timers(
-    conn: &mut PgConnection,
-    run_id: Uuid,
-    namespace: &str,
-    timers: &[TimerWrite],
-) -> Result<(), StoreError> {
-    if timers.is_empty() {
-        return Ok(());
-    }
-    let keys: Vec<&str> = timers.iter().map(|t| t.key.as_str()).collect();
-    let ids: Vec<&Json> = timers.iter().map(|t| &t.timer).collect();
-    let fire_at: Vec<DateTime<Utc>> = timers.iter().map(|t| t.fire_at).collect();
-    // schedule_timers: upsert by (run_id, timer_key)
-    sqlx::query(
-        "INSERT INTO timers (run_id, timer_key, namespace, timer, fire_at) \
-         SELECT $1, k, $2, t, f FROM UNNEST($3::text[], $4::jsonb[], $5::timestamptz[]) AS x(k, t, f) \
-         ON CONFLICT (run_id, timer_key) DO UPDATE SET timer = EXCLUDED.timer, fire_at = EXCLUDED.fire_at",
-    )
-    .bind(run_id)
-    .bind(namespace)
-    .bind(&keys)
-    .bind(&ids)
-    .bind(&fire_at)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// Removes timers of a run by key.
-pub async fn cancel_timers(
-    conn: &mut PgConnection,
-    run_id: Uuid,
-    keys: &[String],
-) -> Result<(), StoreError> {
-    if keys.is_empty() {
-        return Ok(());
-    }
-    // cancel_timers: primary key deletes
-    sqlx::query("DELETE FROM timers WHERE run_id = $1 AND timer_key = ANY($2)")
-        .bind(run_id)
-        .bind(keys)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
 /// Removes every timer of a run (cancellation, run end).
 pub async fn cancel_all_timers(conn: &mut PgConnection, run_id: Uuid) -> Result<(), StoreError> {
     // cancel_all_timers: primary key prefix delete
@@ -86,7 +39,8 @@ pub struct DueTimer {
 }
 
 /// Timers due now, earliest first (candidates: each is taken under its run
-/// lock with [`take_timer`], so two servers never fire one twice).
+/// lock with [`crate::runs::lock_run_taking_timer`], so two servers never
+/// fire one twice).
 pub async fn due_timers(pool: &PgPool, limit: i64) -> Result<Vec<DueTimer>, StoreError> {
     // due_timers: served by timers_due
     let rows = sqlx::query(
@@ -104,21 +58,4 @@ pub async fn due_timers(pool: &PgPool, limit: i64) -> Result<Vec<DueTimer>, Stor
         })
         .collect::<Result<_, sqlx::Error>>()
         .map_err(StoreError::from)
-}
-
-/// Deletes a due timer and returns its id, or None if it is gone (fired by
-/// another server, or cancelled) or not due. Under the run lock.
-pub async fn take_timer(
-    conn: &mut PgConnection,
-    run_id: Uuid,
-    key: &str,
-) -> Result<Option<Json>, StoreError> {
-    // take_timer: the one deletion that fires a timer
-    Ok(sqlx::query_scalar(
-        "DELETE FROM timers WHERE run_id = $1 AND timer_key = $2 AND fire_at <= now() RETURNING timer",
-    )
-    .bind(run_id)
-    .bind(key)
-    .fetch_optional(conn)
-    .await?)
 }
