@@ -24,6 +24,7 @@ test: setup ## every test in every language (what CI runs)
 	scripts/smoke-sdks.sh
 	scripts/with-services.sh .tools/venv-sdk-python/bin/python -m pytest -q -p no:cacheprovider sdks/python/tests/integration
 	scripts/check-engine-purity.sh
+	BENCH_APPEND=0 bench/run.sh quick
 
 lint: setup fmt clippy buf-lint buf-breaking generate-check purity ## every check that is not a test
 

@@ -143,6 +143,13 @@ async fn run(args: Args) -> Result<()> {
         std::fs::write(path, text).with_context(|| format!("append to {}", path.display()))?;
         println!("appended to {}", path.display());
     }
+    // a section that could not run is a broken build, not a slow one
+    anyhow::ensure!(
+        results.failures.is_empty(),
+        "{} benchmark section(s) failed: {}",
+        results.failures.len(),
+        results.failures.join("; ")
+    );
     Ok(())
 }
 

@@ -39,7 +39,7 @@ impl Default for RecoveryConfig {
     fn default() -> Self {
         Self {
             timer_interval: Duration::from_millis(50),
-            timer_concurrency: 32,
+            timer_concurrency: 64,
             lease_interval: Duration::from_millis(500),
             lost_dispatch_grace: Duration::from_secs(15),
             reconcile_interval: Duration::from_secs(2),
