@@ -380,6 +380,29 @@ async fn starting_twice_with_one_idempotency_key_makes_one_run() {
 }
 
 #[tokio::test]
+async fn a_start_without_a_version_takes_the_latest_even_one_registered_through_another_server() {
+    // each server caches "the latest version" for StartRun; the insert
+    // checks it, so a version registered elsewhere is used at once
+    let database_url = composer_testkit::fresh_database().await;
+    let redis_url = composer_testkit::fresh_redis_url();
+    let first_server =
+        ServerProcess::start_with(&composer_binary(), &database_url, &redis_url, &[]).await;
+    let second_server =
+        ServerProcess::start_with(&composer_binary(), &database_url, &redis_url, &[]).await;
+    let mut first = TestClient::connect(&first_server.url()).await;
+    let mut second = TestClient::connect(&second_server.url()).await;
+    let v1 = first.register(THREE_STEPS).await;
+    let on_v1 = second.start("three_steps", json!({"n": 1})).await;
+    let v2 = first
+        .register(&THREE_STEPS.replace("name: three_steps", "name: three_steps\ndescription: v2"))
+        .await;
+    assert_eq!((v1, v2), (1, 2));
+    let on_v2 = second.start("three_steps", json!({"n": 1})).await;
+    assert_eq!(second.get(&on_v1).await.workflow_version, 1);
+    assert_eq!(second.get(&on_v2).await.workflow_version, 2);
+}
+
+#[tokio::test]
 async fn oversized_input_is_refused_naming_the_limit_and_nothing_is_stored() {
     let server = ServerProcess::start(&composer_binary(), &["--max-payload-bytes", "1000"]).await;
     let mut client = TestClient::connect(&server.url()).await;

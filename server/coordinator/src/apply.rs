@@ -12,7 +12,7 @@ use composer_engine::{
 };
 use composer_store::{
     events,
-    runs::{self, EventWrite, HistoryWrite, NewRun, NodeWrite, RunRow, RunUpdate},
+    runs::{self, EventWrite, HistoryWrite, NewRun, NodeWrite, RunInsert, RunRow, RunUpdate},
     tasks::{self, TaskArm},
     timers::{self, TimerWrite},
 };
@@ -47,6 +47,9 @@ pub struct Applied {
     pub output: Option<Json>,
     /// Its error, once failed or cancelled.
     pub error: Option<Json>,
+    /// When the run was created; None when a run to insert was not (its
+    /// idempotency key was taken, or a newer version was registered).
+    pub created_at: Option<DateTime<Utc>>,
 }
 
 /// Milliseconds since the epoch, the engine's clock.
@@ -131,6 +134,10 @@ pub(crate) struct RunTxn<'a> {
     arms: Vec<PendingArm>,
     /// A run inserted by this transaction: it has no node rows to load.
     fresh: bool,
+    /// A run not written yet: the final statement inserts it (the value:
+    /// only if its version is still the latest). No statement may run
+    /// before that one.
+    insert: Option<bool>,
     applied: Applied,
 }
 
@@ -174,6 +181,31 @@ impl<'a> RunTxn<'a> {
         Self::with_workflow(coordinator, run, workflow, true)
     }
 
+    /// Starts applying events to a run not written yet, which the final
+    /// write inserts (see [`start_writes_rows_only`]): a StartRun in one
+    /// statement.
+    pub(crate) fn new_unsaved_run(
+        coordinator: &'a Coordinator,
+        run: RunRow,
+        workflow: std::sync::Arc<LoadedWorkflow>,
+        only_if_latest: bool,
+    ) -> Result<RunTxn<'a>, CoordinatorError> {
+        let mut txn = Self::with_workflow(coordinator, run, workflow, true)?;
+        txn.insert = Some(only_if_latest);
+        Ok(txn)
+    }
+
+    /// Refuses a statement before the run row exists (the caller checked
+    /// with [`start_writes_rows_only`] that none is needed).
+    fn saved(&self) -> Result<(), CoordinatorError> {
+        if self.insert.is_some() {
+            return Err(CoordinatorError::Corrupt(
+                "an unsaved run's event needed a statement before its insert".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+
     fn with_workflow(
         coordinator: &'a Coordinator,
         run: RunRow,
@@ -197,6 +229,7 @@ impl<'a> RunTxn<'a> {
             queue: VecDeque::new(),
             arms: Vec::new(),
             fresh,
+            insert: None,
             applied: Applied::default(),
         })
     }
@@ -287,6 +320,30 @@ impl<'a> RunTxn<'a> {
         Ok(applied)
     }
 
+    /// Applies the queued events to a run not written yet ([`new_unsaved_run`])
+    /// in one autocommit statement on `conn`, then publishes as [`commit`]
+    /// does. `created_at` None: nothing was written.
+    ///
+    /// [`new_unsaved_run`]: RunTxn::new_unsaved_run
+    /// [`commit`]: RunTxn::commit
+    pub(crate) async fn insert_alone(
+        self,
+        conn: &mut PgConnection,
+    ) -> Result<Applied, CoordinatorError> {
+        let coordinator = self.coordinator;
+        let mut applied = self.finish(conn).await?;
+        if applied.created_at.is_some() {
+            coordinator.run_changed(applied.run_id);
+            coordinator
+                .publish(std::mem::take(&mut applied.outbox))
+                .await;
+            coordinator
+                .after_commit(std::mem::take(&mut applied.inbox_runs))
+                .await;
+        }
+        Ok(applied)
+    }
+
     async fn load(
         &mut self,
         conn: &mut PgConnection,
@@ -337,6 +394,7 @@ impl<'a> RunTxn<'a> {
         if let Event::EventReceived { name, payload, .. } = event
             && !decision.event_consumed()
         {
+            self.saved()?;
             // the wait it was matched to is gone: keep it for a later one
             events::store_pending(
                 conn,
@@ -403,6 +461,7 @@ impl<'a> RunTxn<'a> {
                 if timer.kind == TimerKind::EventTimeout
                     && let Some(node) = &timer.node
                 {
+                    self.saved()?;
                     events::delete_waits(conn, run_id, Some(&node.to_string())).await?;
                 }
                 self.timers.insert(timer_key(&timer), None);
@@ -416,6 +475,7 @@ impl<'a> RunTxn<'a> {
                 tasks::cancel_all_tasks(conn, run_id).await?;
             }
             Action::CancelAllTimers => {
+                self.saved()?;
                 timers::cancel_all_timers(conn, run_id).await?;
                 events::delete_waits(conn, run_id, None).await?;
                 self.timers.clear();
@@ -425,6 +485,7 @@ impl<'a> RunTxn<'a> {
                 name,
                 correlation,
             } => {
+                self.saved()?;
                 let correlation = correlation.as_ref().map(correlation_text);
                 let pending = events::take_pending(
                     conn,
@@ -463,13 +524,16 @@ impl<'a> RunTxn<'a> {
                 version,
                 input,
             } => {
+                self.saved()?;
                 self.start_child(conn, node, attempt, &workflow, version, input, actor)
                     .await?;
             }
             Action::CancelChildRun { node } => {
+                self.saved()?;
                 self.cancel_children(conn, Some(&node.to_string())).await?;
             }
             Action::CancelAllChildRuns => {
+                self.saved()?;
                 self.cancel_children(conn, None).await?;
             }
             Action::CompleteRun { .. } | Action::FailRun { .. } | Action::CancelRun { .. } => {
@@ -586,6 +650,10 @@ impl<'a> RunTxn<'a> {
     /// Arms the pending tasks now, each in its own statement (before a
     /// cancellation that must see them; rare).
     async fn write_arms(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
+        if self.arms.is_empty() {
+            return Ok(());
+        }
+        self.saved()?;
         for arm in std::mem::take(&mut self.arms) {
             let message = tasks::arm_task(conn, &self.task_arm(&arm)).await?;
             self.applied.outbox.push(message);
@@ -648,7 +716,7 @@ impl<'a> RunTxn<'a> {
             .transpose()?;
         let stored = stored_record(record)?;
         let arms: Vec<TaskArm<'_>> = self.arms.iter().map(|arm| self.task_arm(arm)).collect();
-        let outbox = runs::write_event(
+        let written = runs::write_event(
             conn,
             &EventWrite {
                 run_id,
@@ -666,13 +734,32 @@ impl<'a> RunTxn<'a> {
                 timers: &writes,
                 cancelled_timers: &deletes,
             },
+            self.insert
+                .as_ref()
+                .map(|only_if_latest| RunInsert {
+                    workflow_name: &self.run.workflow_name,
+                    workflow_version: self.run.workflow_version,
+                    input: &self.run.input,
+                    labels: &self.run.labels,
+                    idempotency_key: self.run.idempotency_key.as_deref(),
+                    only_if_latest: *only_if_latest,
+                })
+                .as_ref(),
         )
         .await?;
         drop(arms);
         self.arms.clear();
         self.history.clear();
-        self.applied.dispatched |= !outbox.is_empty();
-        self.applied.outbox.extend(outbox);
+        let Some(written) = written else {
+            if self.insert.is_some() {
+                // not inserted: the caller finds out why; nothing was written
+                return Ok(());
+            }
+            return Err(CoordinatorError::RunNotFound(run_id.to_string()));
+        };
+        self.applied.created_at = Some(written.created_at);
+        self.applied.dispatched |= !written.outbox.is_empty();
+        self.applied.outbox.extend(written.outbox);
         if self.applied.dispatched && self.coordinator.publisher.is_none() {
             runs::notify_outbox(conn).await?;
         }
@@ -686,6 +773,9 @@ impl<'a> RunTxn<'a> {
     /// A child run just ended: put the news in its parent's inbox.
     async fn tell_parent(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
         let run_id = self.run.id;
+        if self.run.parent_run_id.is_some() {
+            self.saved()?;
+        }
         let (Some(parent), Some(parent_node)) =
             (self.run.parent_run_id, self.run.parent_node.as_deref())
         else {
@@ -722,4 +812,53 @@ impl<'a> RunTxn<'a> {
         self.applied.inbox_runs.push(parent);
         Ok(())
     }
+}
+
+/// True when applying `RunStarted` to a new run writes only rows of the
+/// final write statement (node states, history, tasks, timers): then the
+/// StartRun is that one statement. A first node that waits for an event or
+/// starts a child run needs statements before it, and a transaction.
+pub(crate) fn start_writes_rows_only(workflow: &LoadedWorkflow, record: &RunRecord) -> bool {
+    let mut state = RunState {
+        run: record.clone(),
+        nodes: BTreeMap::new(),
+    };
+    let event = Event::RunStarted;
+    for key in prefetch(&workflow.compiled, &state, &event) {
+        state.nodes.insert(key, None);
+    }
+    let now = timestamp(Utc::now());
+    for _ in 0..MAX_LOAD_ROUNDS {
+        match decide(&workflow.compiled, &state, &event, now) {
+            Ok(decision) => {
+                let ends = decision.actions.iter().any(|action| {
+                    matches!(action, Action::CompleteRun { .. } | Action::FailRun { .. })
+                });
+                let arms = decision
+                    .actions
+                    .iter()
+                    .any(|action| matches!(action, Action::CreateTask { .. }));
+                if ends && arms {
+                    return false;
+                }
+                return decision.actions.iter().all(|action| {
+                    matches!(
+                        action,
+                        Action::CreateTask { .. }
+                            | Action::ScheduleTimer { .. }
+                            | Action::AppendHistory { .. }
+                            | Action::CompleteRun { .. }
+                            | Action::FailRun { .. }
+                    )
+                });
+            }
+            Err(DecideError::NeedNodes(keys)) => {
+                for key in keys {
+                    state.nodes.entry(key).or_insert(None);
+                }
+            }
+            Err(_) => return false,
+        }
+    }
+    false
 }

@@ -136,7 +136,6 @@ impl Coordinator {
         request: &StartRun,
         workflow: &std::sync::Arc<crate::workflows::LoadedWorkflow>,
     ) -> Result<Option<(RunRow, bool)>, CoordinatorError> {
-        let mut tx = self.store.begin().await?;
         let run_id = Uuid::now_v7();
         let record = composer_engine::RunState::new(
             run_id.to_string(),
@@ -145,47 +144,13 @@ impl Coordinator {
             request.input.clone(),
         )
         .run;
-        let status = run_status_text(record.status);
-        let stored = crate::apply::stored_record(&record)?;
-        let created_at = runs::insert_run(
-            &mut tx,
-            &NewRun {
-                id: run_id,
-                namespace: &request.namespace,
-                workflow_name: &workflow.row.name,
-                workflow_version: workflow.row.version,
-                status: &status,
-                input: &request.input,
-                labels: &request.labels,
-                idempotency_key: request.idempotency_key.as_deref(),
-                parent_run_id: None,
-                parent_node: None,
-                parent_attempt: None,
-                record: &stored,
-            },
-            request.version.is_none(),
-        )
-        .await?;
-        let Some(created_at) = created_at else {
-            tx.rollback().await?;
-            let Some(key) = request.idempotency_key.as_deref() else {
-                return Ok(None);
-            };
-            let mut conn = self.store.pool().acquire().await?;
-            let Some(existing) =
-                runs::run_id_by_idempotency_key(&mut conn, &request.namespace, key).await?
-            else {
-                return Ok(None);
-            };
-            let run = self.expect_run(Some(&request.namespace), existing).await?;
-            return Ok(Some((run, false)));
-        };
+        let now = chrono::Utc::now();
         let mut run = RunRow {
             id: run_id,
             namespace: request.namespace.clone(),
             workflow_name: workflow.row.name.clone(),
             workflow_version: workflow.row.version,
-            status,
+            status: run_status_text(record.status),
             input: request.input.clone(),
             output: None,
             error: None,
@@ -194,18 +159,95 @@ impl Coordinator {
             parent_run_id: None,
             parent_node: None,
             parent_attempt: None,
-            record: stored,
-            created_at,
-            updated_at: created_at,
+            record: crate::apply::stored_record(&record)?,
+            created_at: now,
+            updated_at: now,
             ended_at: None,
         };
-        let mut txn = RunTxn::new_run(self, run.clone(), std::sync::Arc::clone(workflow))?;
-        txn.push(Event::RunStarted, &request.actor);
-        let applied = txn.commit(tx).await?;
+        let only_if_latest = request.version.is_none();
+        let applied = if crate::apply::start_writes_rows_only(workflow, &record) {
+            // the usual start: one statement, no transaction around it
+            let mut conn = self.store.pool().acquire().await?;
+            let mut txn = RunTxn::new_unsaved_run(
+                self,
+                run.clone(),
+                std::sync::Arc::clone(workflow),
+                only_if_latest,
+            )?;
+            txn.push(Event::RunStarted, &request.actor);
+            txn.insert_alone(&mut conn).await?
+        } else {
+            self.start_in_transaction(request, workflow, &run, only_if_latest)
+                .await?
+        };
+        let Some(created_at) = applied.created_at else {
+            return self.existing_run(request).await;
+        };
+        run.created_at = created_at;
+        run.updated_at = created_at;
         run.status = applied.status;
         run.output = applied.output;
         run.error = applied.error;
         Ok(Some((run, true)))
+    }
+
+    /// A start whose first event needs statements of its own (a wait for
+    /// an event, a child run): insert, apply, commit.
+    async fn start_in_transaction(
+        &self,
+        request: &StartRun,
+        workflow: &std::sync::Arc<crate::workflows::LoadedWorkflow>,
+        run: &RunRow,
+        only_if_latest: bool,
+    ) -> Result<crate::apply::Applied, CoordinatorError> {
+        let mut tx = self.store.begin().await?;
+        let created_at = runs::insert_run(
+            &mut tx,
+            &NewRun {
+                id: run.id,
+                namespace: &run.namespace,
+                workflow_name: &run.workflow_name,
+                workflow_version: run.workflow_version,
+                status: &run.status,
+                input: &run.input,
+                labels: &run.labels,
+                idempotency_key: run.idempotency_key.as_deref(),
+                parent_run_id: None,
+                parent_node: None,
+                parent_attempt: None,
+                record: &run.record,
+            },
+            only_if_latest,
+        )
+        .await?;
+        if created_at.is_none() {
+            tx.rollback().await?;
+            return Ok(crate::apply::Applied::default());
+        }
+        let mut txn = RunTxn::new_run(self, run.clone(), std::sync::Arc::clone(workflow))?;
+        txn.push(Event::RunStarted, &request.actor);
+        let mut applied = txn.commit(tx).await?;
+        applied.created_at = created_at;
+        Ok(applied)
+    }
+
+    /// The run a StartRun's idempotency key already names; None when it has
+    /// none (the run was not inserted because a newer version exists).
+    async fn existing_run(
+        &self,
+        request: &StartRun,
+    ) -> Result<Option<(RunRow, bool)>, CoordinatorError> {
+        let Some(key) = request.idempotency_key.as_deref() else {
+            return Ok(None);
+        };
+        let mut conn = self.store.pool().acquire().await?;
+        let Some(existing) =
+            runs::run_id_by_idempotency_key(&mut conn, &request.namespace, key).await?
+        else {
+            return Ok(None);
+        };
+        let run = self.expect_run(Some(&request.namespace), existing).await?;
+        Ok(Some((run, false)))
     }
 
     /// Opens a transaction holding the run's lock; NOT_FOUND outside its

@@ -56,7 +56,14 @@ impl Store {
             .database_url
             .parse()
             .map_err(|e: sqlx::Error| StoreError::InvalidUrl(e.to_string()))?;
-        let options = options.application_name("composer");
+        // Every statement of ours is a key lookup, or (ListRuns) built with
+        // only the filters given, so its generic plan is the right one. With
+        // array parameters the default `auto` mode judges each custom plan
+        // cheaper and plans again at every execution: under load that was a
+        // fifth of Postgres' time (BENCHMARKS.md, decision 0009).
+        let options = options
+            .application_name("composer")
+            .options([("plan_cache_mode", "force_generic_plan")]);
         let pool = PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(config.connect_timeout)
@@ -91,19 +98,9 @@ impl Store {
         Ok(())
     }
 
-    /// Starts a transaction whose statements run on generic plans.
-    ///
-    /// Every statement in our transactions is a key lookup whose generic plan
-    /// is the right one, but with array parameters Postgres' default `auto`
-    /// mode judges the custom plan cheaper and so plans the statement again
-    /// at every execution: under load that planning was a fifth of
-    /// Postgres' time (BENCHMARKS.md). The setting rides on the BEGIN, in the
-    /// same round trip, and ends with the transaction.
+    /// Starts a transaction.
     pub async fn begin(&self) -> Result<sqlx::Transaction<'static, sqlx::Postgres>, StoreError> {
-        Ok(self
-            .pool
-            .begin_with("BEGIN; SET LOCAL plan_cache_mode = force_generic_plan")
-            .await?)
+        Ok(self.pool.begin().await?)
     }
 
     /// Creates the history partitions for today and the next `days` days.

@@ -449,32 +449,67 @@ pub async fn list_runs(
     cursor: Option<(DateTime<Utc>, Uuid)>,
     limit: i64,
 ) -> Result<Vec<RunRow>, StoreError> {
-    let (cursor_time, cursor_id) = cursor.unzip();
     // list_runs: keyset page newest first; runs_by_workflow / runs_by_status /
-    // runs_by_created / runs_by_labels serve the filters
-    let rows = sqlx::query(&format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE namespace = $1 \
-           AND ($2::text IS NULL OR workflow_name = $2) \
-           AND (cardinality($3::text[]) = 0 OR status = ANY($3)) \
-           AND ($4::jsonb IS NULL OR labels @> $4) \
-           AND ($5::timestamptz IS NULL OR created_at >= $5) \
-           AND ($6::timestamptz IS NULL OR created_at < $6) \
-           AND ($7::uuid IS NULL OR parent_run_id = $7) \
-           AND ($8::timestamptz IS NULL OR (created_at, id) < ($8, $9)) \
-         ORDER BY created_at DESC, id DESC LIMIT $10"
-    ))
-    .bind(namespace)
-    .bind(&filter.workflow_name)
-    .bind(&filter.statuses)
-    .bind(&filter.labels)
-    .bind(filter.created_after)
-    .bind(filter.created_before)
-    .bind(filter.parent_run_id)
-    .bind(cursor_time)
-    .bind(cursor_id)
-    .bind(limit)
-    .fetch_all(pool)
-    .await?;
+    // runs_by_created / runs_by_labels serve the filters. Only the filters
+    // given are in the text, so each combination has a generic plan of its
+    // own (the server runs on generic plans, see Store::connect).
+    let mut conditions = vec!["namespace = $1".to_owned()];
+    let mut next = 2;
+    let mut condition = |text: &str| {
+        conditions.push(text.replace('?', &format!("${next}")));
+        next += 1;
+    };
+    if filter.workflow_name.is_some() {
+        condition("workflow_name = ?");
+    }
+    if !filter.statuses.is_empty() {
+        condition("status = ANY(?::text[])");
+    }
+    if filter.labels.is_some() {
+        condition("labels @> ?::jsonb");
+    }
+    if filter.created_after.is_some() {
+        condition("created_at >= ?");
+    }
+    if filter.created_before.is_some() {
+        condition("created_at < ?");
+    }
+    if filter.parent_run_id.is_some() {
+        condition("parent_run_id = ?");
+    }
+    if cursor.is_some() {
+        condition("(created_at, id) < (?");
+        let last = conditions.pop().unwrap_or_default();
+        conditions.push(format!("{last}, ${next})"));
+        next += 1;
+    }
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE {} ORDER BY created_at DESC, id DESC LIMIT ${next}",
+        conditions.join(" AND ")
+    );
+    let mut query = sqlx::query(&sql).bind(namespace);
+    if let Some(name) = &filter.workflow_name {
+        query = query.bind(name);
+    }
+    if !filter.statuses.is_empty() {
+        query = query.bind(&filter.statuses);
+    }
+    if let Some(labels) = &filter.labels {
+        query = query.bind(labels);
+    }
+    if let Some(after) = filter.created_after {
+        query = query.bind(after);
+    }
+    if let Some(before) = filter.created_before {
+        query = query.bind(before);
+    }
+    if let Some(parent) = filter.parent_run_id {
+        query = query.bind(parent);
+    }
+    if let Some((time, id)) = cursor {
+        query = query.bind(time).bind(id);
+    }
+    let rows = query.bind(limit).fetch_all(pool).await?;
     rows.iter()
         .map(run_from_row)
         .collect::<Result<_, sqlx::Error>>()
@@ -584,18 +619,59 @@ pub struct EventWrite<'a> {
     pub cancelled_timers: &'a [String],
 }
 
+/// A run to create with its first event's write (see [`write_event`]).
+#[derive(Debug, Clone)]
+pub struct RunInsert<'a> {
+    /// The workflow.
+    pub workflow_name: &'a str,
+    /// The version.
+    pub workflow_version: i32,
+    /// The input.
+    pub input: &'a Json,
+    /// Labels (a JSON object).
+    pub labels: &'a Json,
+    /// Optional idempotency key.
+    pub idempotency_key: Option<&'a str>,
+    /// Insert nothing if the workflow has a newer version than this one.
+    pub only_if_latest: bool,
+}
+
+/// What [`write_event`] wrote.
+#[derive(Debug, Clone)]
+pub struct EventWritten {
+    /// When the run was created.
+    pub created_at: DateTime<Utc>,
+    /// The outbox messages of the armed tasks.
+    pub outbox: Vec<crate::tasks::OutboxMessage>,
+}
+
 /// The parts of the write statement; each is a data-modifying CTE, so it
 /// runs exactly once whether or not the final SELECT reads it.
-const WRITE_RUN: &str = "run_row AS ( \
+const UPDATE_RUN: &str = "run_row AS ( \
        UPDATE runs SET status = $2, record = $3, output = COALESCE($4, output), \
          error = COALESCE($5, error), updated_at = now(), \
          ended_at = CASE WHEN $6 THEN now() ELSE ended_at END, \
          history_seq = history_seq + $7 \
-       WHERE id = $1 RETURNING history_seq - $7 AS base), \
-     node_rows AS ( \
+       WHERE id = $1 RETURNING history_seq - $7 AS base, created_at)";
+
+/// A new run's row, written with its first event ($18-$23); nothing when
+/// the idempotency key is taken or (`$23`) a newer version exists, and then
+/// every other part writes nothing either (they read `run_row`).
+const INSERT_RUN: &str = "run_row AS ( \
+       INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
+         idempotency_key, record, output, error, ended_at, history_seq) \
+       SELECT $1, $8, $18, $19, $2, $20, $21, $22, $3, $4, $5, CASE WHEN $6 THEN now() END, $7 \
+       WHERE NOT ($23 AND EXISTS (SELECT 1 FROM workflow_definitions \
+         WHERE namespace = $8 AND name = $18 AND version > $19)) \
+       ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
+       RETURNING 0::bigint AS base, created_at)";
+
+/// Node rows and history, after `run_row`.
+const WRITE_ROWS: &str = "node_rows AS ( \
        INSERT INTO run_nodes (run_id, node_key, status, state, started_at, ended_at) \
        SELECT $1, k, s, st, now(), CASE WHEN e THEN now() END \
          FROM UNNEST($9::text[], $10::text[], $11::jsonb[], $12::bool[]) AS n(k, s, st, e) \
+         WHERE EXISTS (SELECT 1 FROM run_row) \
        ON CONFLICT (run_id, node_key) DO UPDATE SET status = EXCLUDED.status, \
          state = EXCLUDED.state, updated_at = now(), \
          ended_at = CASE WHEN EXCLUDED.ended_at IS NOT NULL THEN now() END), \
@@ -618,6 +694,7 @@ fn write_tasks(n: usize) -> String {
              FROM UNNEST({ids}::uuid[], {nodes}::text[], {queues}::text[], {names}::text[], \
                {attempts}::int[], {inputs}::jsonb[], {beats}::bigint[], {timeouts}::bigint[]) \
                AS a(id, node, queue, task_name, attempt, input, heartbeat, timeout) \
+             WHERE EXISTS (SELECT 1 FROM run_row) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
              task_name = EXCLUDED.task_name, status = 'DISPATCHED', attempt = EXCLUDED.attempt, \
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
@@ -647,7 +724,7 @@ fn write_timers(n: usize) -> String {
         "scheduled AS ( \
            INSERT INTO timers (run_id, timer_key, namespace, timer, fire_at) \
            SELECT $1, k, $8, t, f FROM UNNEST(${}::text[], ${}::jsonb[], ${}::timestamptz[]) \
-             AS x(k, t, f) \
+             AS x(k, t, f) WHERE EXISTS (SELECT 1 FROM run_row) \
            ON CONFLICT (run_id, timer_key) DO UPDATE SET timer = EXCLUDED.timer, \
              fire_at = EXCLUDED.fire_at)",
         n,
@@ -682,10 +759,16 @@ const END_RUN: &str = "ended_timers AS (DELETE FROM timers WHERE run_id = $1), \
 /// an event touches no more tables than it writes. The parts touch disjoint
 /// rows: the caller writes tasks armed in a run that ends within the same
 /// transaction before this statement, and a run that ends schedules nothing.
+///
+/// With `insert`, the statement creates the run instead of updating it (a
+/// StartRun whose first event writes only rows: one round trip, no
+/// transaction around it) and returns None, writing nothing, when the run
+/// was not inserted.
 pub async fn write_event(
     conn: &mut PgConnection,
     write: &EventWrite<'_>,
-) -> Result<Vec<crate::tasks::OutboxMessage>, StoreError> {
+    insert: Option<&RunInsert<'_>>,
+) -> Result<Option<EventWritten>, StoreError> {
     let history = write.history;
     let count = i64::try_from(history.len()).unwrap_or(i64::MAX);
     let nodes = write.nodes;
@@ -697,8 +780,16 @@ pub async fn write_event(
     } else {
         write.cancelled_timers
     };
-    let mut parts = vec![WRITE_RUN.to_owned()];
-    let mut next = 18;
+    let mut parts = vec![
+        if insert.is_some() {
+            INSERT_RUN
+        } else {
+            UPDATE_RUN
+        }
+        .to_owned(),
+        WRITE_ROWS.to_owned(),
+    ];
+    let mut next = if insert.is_some() { 24 } else { 18 };
     if !tasks.is_empty() {
         parts.push(write_tasks(next));
         next += 10;
@@ -710,14 +801,17 @@ pub async fn write_event(
     if !cancelled.is_empty() {
         parts.push(delete_timers(next));
     }
-    if ended {
+    if ended && insert.is_none() {
         parts.push(END_RUN.to_owned());
     }
+    // one row per outbox message, or one without: none when no run_row
     let result = if tasks.is_empty() {
-        "SELECT NULL::bigint AS outbox_id, NULL::text AS namespace, NULL::text AS queue, \
-           NULL::uuid AS task_id, NULL::int AS attempt, NULL::uuid AS shard_key WHERE false"
+        "SELECT run_row.created_at, NULL::bigint AS outbox_id, NULL::text AS namespace, \
+           NULL::text AS queue, NULL::uuid AS task_id, NULL::int AS attempt, \
+           NULL::uuid AS shard_key FROM run_row"
     } else {
-        "SELECT id AS outbox_id, namespace, queue, task_id, attempt, shard_key FROM queued"
+        "SELECT run_row.created_at, q.id AS outbox_id, q.namespace, q.queue, q.task_id, \
+           q.attempt, q.shard_key FROM run_row LEFT JOIN queued q ON true"
     };
     let sql = format!("WITH {} {result}", parts.join(", "));
     // write_event: the whole write side of an event, under the run lock
@@ -749,6 +843,15 @@ pub async fn write_event(
         .bind(history.iter().map(|e| e.attempt).collect::<Vec<_>>())
         .bind(history.iter().map(|e| e.actor.as_str()).collect::<Vec<_>>())
         .bind(history.iter().map(|e| &e.details).collect::<Vec<_>>());
+    if let Some(run) = insert {
+        query = query
+            .bind(run.workflow_name)
+            .bind(run.workflow_version)
+            .bind(run.input)
+            .bind(run.labels)
+            .bind(run.idempotency_key)
+            .bind(run.only_if_latest);
+    }
     if let Some(first) = tasks.first() {
         query = query
             .bind(tasks.iter().map(|t| t.new_id).collect::<Vec<_>>())
@@ -782,10 +885,17 @@ pub async fn write_event(
         query = query.bind(cancelled);
     }
     let rows = query.fetch_all(conn).await?;
-    rows.iter()
-        .map(crate::tasks::outbox_from_row)
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(StoreError::from)
+    let Some(first) = rows.first() else {
+        return Ok(None);
+    };
+    let created_at: DateTime<Utc> = first.try_get("created_at")?;
+    let mut outbox = Vec::with_capacity(rows.len());
+    for row in &rows {
+        if row.try_get::<Option<i64>, _>("outbox_id")?.is_some() {
+            outbox.push(crate::tasks::outbox_from_row(row)?);
+        }
+    }
+    Ok(Some(EventWritten { created_at, outbox }))
 }
 
 /// Locks the run a task belongs to, as [`lock_run`] does, and returns it with
