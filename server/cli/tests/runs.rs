@@ -543,6 +543,58 @@ async fn a_silent_worker_loses_its_lease_the_task_runs_again_and_its_late_report
 }
 
 #[tokio::test]
+async fn a_report_to_another_server_than_the_lease_s_applies_once_and_a_repeat_anywhere_is_ok() {
+    // the leasing server reports in one statement (it knows the task's
+    // node); any other server takes the two-statement path: same answers
+    use composer_proto::v1::CompleteTaskRequest;
+    let database_url = composer_testkit::fresh_database().await;
+    let redis_url = composer_testkit::fresh_redis_url();
+    let leasing =
+        ServerProcess::start_with(&composer_binary(), &database_url, &redis_url, &[]).await;
+    let other = ServerProcess::start_with(&composer_binary(), &database_url, &redis_url, &[]).await;
+    let mut client = TestClient::connect(&leasing.url()).await;
+    client.register(THREE_STEPS).await;
+    let run_id = client.start("three_steps", json!({"n": 1})).await;
+    let mut on_leasing = worker_client(&leasing.url()).await;
+    let mut on_other = worker_client(&other.url()).await;
+    let mut finished = Vec::new();
+    for step in 0..3 {
+        let task = poll_one(&mut on_leasing, "w", "q3", 10)
+            .await
+            .pop()
+            .expect("a task");
+        let input = composer_testkit::worker::json_of(task.input.clone().unwrap_or_default());
+        let report = CompleteTaskRequest {
+            task_id: task.task_id.clone(),
+            attempt: task.attempt,
+            lease_token: task.lease_token.clone(),
+            output: Some(composer_testkit::worker::value_of(
+                &json!({"n": input["n"].as_i64().unwrap_or(0) + 1}),
+            )),
+        };
+        // alternate: the first report goes to the other server or here
+        let (first, second) = if step % 2 == 0 {
+            (&mut on_other, &mut on_leasing)
+        } else {
+            (&mut on_leasing, &mut on_other)
+        };
+        first.complete_task(report.clone()).await.expect("applied");
+        second.complete_task(report).await.expect("a repeat is OK");
+        finished.push(task.node_id);
+    }
+    let run = client.wait_done(&run_id, WAIT).await;
+    assert_eq!(output_of(&run), json!({"total": 4}));
+    assert_eq!(finished, ["a", "b", "c"]);
+    let completions = client
+        .history(&run_id)
+        .await
+        .iter()
+        .filter(|e| e.event_type == "node_completed")
+        .count();
+    assert_eq!(completions, 3, "each step applied once");
+}
+
+#[tokio::test]
 async fn two_pollers_racing_for_one_task_get_exactly_one_lease() {
     let (server, mut client) = server_and_client().await;
     client

@@ -78,6 +78,7 @@ async fn serve_namespace(
                 Duration::from_secs(5),
             )
             .await;
+        coordinator.remember_leases(&tasks);
         for task in tasks {
             let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {
                 return;

@@ -78,6 +78,7 @@ pub struct Coordinator {
     config: CoordinatorConfig,
     publisher: Option<Arc<dispatch::Publisher>>,
     changes: Option<watch::ChangeFeed>,
+    lease_hints: Arc<reports::LeaseHints>,
 }
 
 impl Coordinator {
@@ -89,6 +90,7 @@ impl Coordinator {
             config,
             publisher: None,
             changes: None,
+            lease_hints: Arc::default(),
         }
     }
 

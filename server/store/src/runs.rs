@@ -898,6 +898,91 @@ pub async fn write_event(
     Ok(Some(EventWritten { created_at, outbox }))
 }
 
+/// What [`lock_run_fence_and_load`] found.
+#[derive(Debug, Clone)]
+pub struct FencedReport {
+    /// The locked run.
+    pub run: RunRow,
+    /// The task's node key.
+    pub node_key: String,
+    /// True when the report's lease held and the task now has its outcome.
+    pub applied: bool,
+    /// The same outcome was already recorded for this lease (as read by
+    /// the statement's snapshot: trust it only if `consistent`).
+    pub repeat: bool,
+    /// No event of the run committed between the statement's snapshot and
+    /// its lock: `repeat` and `nodes` are current.
+    pub consistent: bool,
+    /// The node rows asked for that exist (when `consistent`).
+    pub nodes: Vec<(String, Json)>,
+}
+
+/// A report in ONE statement, for a server that knows the task's workflow
+/// and node (it leased it) and so which node rows the event needs: lock the
+/// run through the task (as [`lock_run_of_task`]), record the outcome fenced
+/// by the lease, and read `keys`' node rows. The fence is an UPDATE, which
+/// re-checks the newest version of the task row whatever the snapshot. The
+/// reads use the snapshot taken before the lock; they are current only if
+/// no event of the run committed in between, which the run row's version
+/// (`xmin`) before and after the lock tells (`consistent`). None: no such
+/// task in `namespace`.
+pub async fn lock_run_fence_and_load(
+    conn: &mut PgConnection,
+    namespace: Option<&str>,
+    lease: (Uuid, i32, Uuid, &str),
+    keys: &[String],
+) -> Result<Option<FencedReport>, StoreError> {
+    let (task_id, attempt, lease_token, outcome) = lease;
+    // lock_run_fence_and_load: the run lock first (the fence and the reads
+    // wait on it through `locked`)
+    let row = sqlx::query(&format!(
+        "WITH task AS ( \
+           SELECT run_id, node_key FROM tasks \
+           WHERE id = $1 AND ($2::text IS NULL OR namespace = $2)), \
+         locked AS ( \
+           SELECT {RUN_COLUMNS}, xmin::text AS locked_version FROM runs \
+           WHERE id = (SELECT run_id FROM task) FOR UPDATE), \
+         finished AS ( \
+           UPDATE tasks SET status = $5, outcome = $5, lease_expires_at = NULL, updated_at = now() \
+           WHERE id = $1 AND attempt = $3 AND lease_token = $4 AND status = 'LEASED' \
+             AND EXISTS (SELECT 1 FROM locked) \
+           RETURNING 1) \
+         SELECT locked.*, (SELECT node_key FROM task) AS task_node_key, \
+           (SELECT xmin::text FROM runs WHERE id = locked.id) AS seen_version, \
+           EXISTS (SELECT 1 FROM finished) AS applied, \
+           (SELECT outcome = $5 FROM tasks WHERE id = $1 AND attempt = $3 AND lease_token = $4) \
+             AS repeat, \
+           ARRAY(SELECT node_key FROM run_nodes WHERE run_id = locked.id \
+             AND node_key = ANY($6) ORDER BY node_key) AS node_keys, \
+           ARRAY(SELECT state FROM run_nodes WHERE run_id = locked.id \
+             AND node_key = ANY($6) ORDER BY node_key) AS node_states \
+         FROM locked"
+    ))
+    .bind(task_id)
+    .bind(namespace)
+    .bind(attempt)
+    .bind(lease_token)
+    .bind(outcome)
+    .bind(keys)
+    .fetch_optional(conn)
+    .await?;
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let locked: String = row.try_get("locked_version")?;
+    let seen: Option<String> = row.try_get("seen_version")?;
+    let node_keys: Vec<String> = row.try_get("node_keys")?;
+    let states: Vec<Json> = row.try_get("node_states")?;
+    Ok(Some(FencedReport {
+        run: run_from_row(&row)?,
+        node_key: row.try_get("task_node_key")?,
+        applied: row.try_get("applied")?,
+        repeat: row.try_get::<Option<bool>, _>("repeat")?.unwrap_or(false),
+        consistent: seen.as_deref() == Some(locked.as_str()),
+        nodes: node_keys.into_iter().zip(states).collect(),
+    }))
+}
+
 /// Locks the run a task belongs to, as [`lock_run`] does, and returns it with
 /// the task's node key. None: no such task in `namespace`.
 pub async fn lock_run_of_task(

@@ -539,3 +539,24 @@ pub async fn finish_task_and_load(
     let states: Vec<Json> = row.try_get("states")?;
     Ok((check, node_keys.into_iter().zip(states).collect()))
 }
+
+/// Whether this lease already reported `outcome` (a repeat report, answered
+/// OK without a change). Under the run lock.
+pub async fn reported_before(
+    conn: &mut PgConnection,
+    lease: (Uuid, i32, Uuid),
+    outcome: &str,
+) -> Result<bool, StoreError> {
+    let (task_id, attempt, lease_token) = lease;
+    // reported_before: the lease's recorded outcome
+    let repeat: Option<bool> = sqlx::query_scalar(
+        "SELECT outcome = $4 FROM tasks WHERE id = $1 AND attempt = $2 AND lease_token = $3",
+    )
+    .bind(task_id)
+    .bind(attempt)
+    .bind(lease_token)
+    .bind(outcome)
+    .fetch_optional(conn)
+    .await?;
+    Ok(repeat == Some(true))
+}

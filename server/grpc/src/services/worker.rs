@@ -125,6 +125,7 @@ impl WorkerService for WorkerApi {
             tasks = poll => tasks,
             _ = draining.wait_for(|d| *d) => Vec::new(),
         };
+        self.coordinator.remember_leases(&tasks);
         Ok(Response::new(PollTasksResponse {
             tasks: tasks.into_iter().map(task_message).collect(),
         }))
