@@ -595,6 +595,37 @@ async fn a_report_to_another_server_than_the_lease_s_applies_once_and_a_repeat_a
 }
 
 #[tokio::test]
+async fn three_hundred_waits_on_two_servers_each_fire_exactly_once() {
+    // timers fire in batches, one transaction per batch, on every server;
+    // a run another server is firing is skipped, never fired twice
+    let database_url = composer_testkit::fresh_database().await;
+    let redis_url = composer_testkit::fresh_redis_url();
+    let first = ServerProcess::start_with(&composer_binary(), &database_url, &redis_url, &[]).await;
+    let second =
+        ServerProcess::start_with(&composer_binary(), &database_url, &redis_url, &[]).await;
+    let mut client = TestClient::connect(&first.url()).await;
+    client
+        .register("name: nap\nnodes:\n  - { id: w, type: WAIT, duration: 1s }\n  - { id: after, type: WAIT, duration: 1ms }\nedges:\n  - { from: w, to: after }\n")
+        .await;
+    let mut runs = Vec::new();
+    for _ in 0..300 {
+        runs.push(client.start("nap", json!({})).await);
+    }
+    let mut watcher = TestClient::connect(&second.url()).await;
+    for run_id in &runs {
+        let run = watcher.wait_done(run_id, WAIT).await;
+        assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
+        let fired = watcher
+            .history(run_id)
+            .await
+            .iter()
+            .filter(|e| e.event_type == "wait_elapsed")
+            .count();
+        assert_eq!(fired, 2, "each of the run's two waits fired once");
+    }
+}
+
+#[tokio::test]
 async fn two_pollers_racing_for_one_task_get_exactly_one_lease() {
     let (server, mut client) = server_and_client().await;
     client

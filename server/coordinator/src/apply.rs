@@ -245,6 +245,16 @@ impl<'a> RunTxn<'a> {
             .collect()
     }
 
+    /// [`first_keys`] of the first queued event (none queued: none).
+    ///
+    /// [`first_keys`]: RunTxn::first_keys
+    pub(crate) fn first_queued_keys(&self) -> Vec<String> {
+        self.queue
+            .front()
+            .map(|(event, _)| self.first_keys(event))
+            .unwrap_or_default()
+    }
+
     /// Takes node states the caller loaded for `keys` (`rows`: the keys that
     /// have a row); the keys without one are known to be absent.
     pub(crate) fn preload(

@@ -21,8 +21,10 @@ pub struct RecoveryConfig {
     /// How often to look for due timers when fewer than a batch were due
     /// (the lag a timer may have beyond its time, at most).
     pub timer_interval: Duration,
-    /// Timers fired at once by one server.
+    /// Timer batches (transactions) in flight at once in one server.
     pub timer_concurrency: usize,
+    /// Timers fired per transaction.
+    pub timer_batch: usize,
     /// How often to look for expired leases.
     pub lease_interval: Duration,
     /// A task dispatched this long ago and not leased is republished.
@@ -39,7 +41,8 @@ impl Default for RecoveryConfig {
     fn default() -> Self {
         Self {
             timer_interval: Duration::from_millis(50),
-            timer_concurrency: 64,
+            timer_concurrency: 8,
+            timer_batch: 50,
             lease_interval: Duration::from_millis(500),
             lost_dispatch_grace: Duration::from_secs(15),
             reconcile_interval: Duration::from_secs(2),
@@ -79,6 +82,84 @@ impl Coordinator {
         );
         txn.commit(tx).await?;
         Ok(true)
+    }
+
+    /// Fires many due timers in ONE transaction: one statement locks their
+    /// runs (skipping busy ones) and takes the timers, one loads the node
+    /// rows every event needs, then each run's events are applied and
+    /// written (a statement per run), and one commit. Returns how many
+    /// fired. On an error nothing is fired; the caller falls back to
+    /// [`Coordinator::fire_timer`] one by one, so one bad run cannot hold
+    /// back the others.
+    pub async fn fire_timers(&self, due: &[timers::DueTimer]) -> Result<usize, CoordinatorError> {
+        let pairs: Vec<(uuid::Uuid, String)> =
+            due.iter().map(|d| (d.run_id, d.key.clone())).collect();
+        let mut tx = self.store.begin().await?;
+        let taken = runs::lock_runs_taking_timers(&mut tx, &pairs).await?;
+        let fired = taken.len();
+        // one RunTxn per run, its timers in order
+        let mut by_run: Vec<(runs::RunRow, Vec<TimerId>)> = Vec::new();
+        for taken in taken {
+            let timer: TimerId = serde_json::from_value(taken.timer)?;
+            if timer.kind == composer_engine::TimerKind::EventTimeout
+                && let Some(node) = &timer.node
+            {
+                events::delete_waits(&mut tx, taken.run.id, Some(&node.to_string())).await?;
+            }
+            match by_run.last_mut() {
+                Some((run, timers)) if run.id == taken.run.id => timers.push(timer),
+                _ => by_run.push((taken.run, vec![timer])),
+            }
+        }
+        let mut txns = Vec::with_capacity(by_run.len());
+        let mut wanted = Vec::new();
+        for (run, timers) in by_run {
+            let mut txn = RunTxn::new(self, run).await?;
+            for timer in timers {
+                txn.push(
+                    Event::TimerFired {
+                        timer,
+                        seed: seed(),
+                    },
+                    SYSTEM,
+                );
+            }
+            let keys = txn.first_queued_keys();
+            wanted.extend(keys.iter().map(|k| (txn.run_id(), k.clone())));
+            txns.push((txn, keys));
+        }
+        let mut rows: std::collections::HashMap<uuid::Uuid, Vec<(String, serde_json::Value)>> =
+            std::collections::HashMap::new();
+        for (run_id, key, state) in runs::load_nodes_of_runs(&mut tx, &wanted).await? {
+            rows.entry(run_id).or_default().push((key, state));
+        }
+        let mut applied = Vec::with_capacity(txns.len());
+        for (mut txn, keys) in txns {
+            txn.preload(&keys, rows.remove(&txn.run_id()).unwrap_or_default())?;
+            applied.push(txn.finish(&mut tx).await?);
+        }
+        tx.commit().await?;
+        for applied in applied {
+            self.run_changed(applied.run_id);
+            self.publish(applied.outbox).await;
+            self.after_commit(applied.inbox_runs).await;
+        }
+        Ok(fired)
+    }
+
+    /// Fires due timers one transaction each (the fallback of a batch).
+    async fn fire_one_by_one(&self, due: &[timers::DueTimer]) -> usize {
+        let mut fired = 0;
+        for timer in due {
+            match self.fire_timer(timer.run_id, &timer.key).await {
+                Ok(true) => fired += 1,
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(run_id = %timer.run_id, key = %timer.key, %error, "timer not fired")
+                }
+            }
+        }
+        fired
     }
 
     /// Expires one lease, if it is still leased and past its deadline.
@@ -134,27 +215,29 @@ impl Coordinator {
     }
 
     /// Fires due timers until `shutdown` flips: each pass takes the earliest
-    /// due ones and fires them `timer_concurrency` at a time (each in its own
-    /// transaction), so a burst of due timers does not queue behind one
+    /// due ones and fires them in batches of `timer_batch` per transaction,
+    /// `timer_concurrency` batches at once, so a burst of due timers costs
+    /// a few round trips per timer and does not queue behind one
     /// connection.
     pub async fn run_timer_loop(self, config: RecoveryConfig, mut shutdown: watch::Receiver<bool>) {
+        let pass = config.timer_batch.max(1) * config.timer_concurrency.max(1);
+        let pass_limit = i64::try_from(pass).unwrap_or(i64::MAX);
         while !*shutdown.borrow() {
-            let fired = match timers::due_timers(self.store.pool(), config.batch).await {
+            let fired = match timers::due_timers(self.store.pool(), pass_limit).await {
                 Ok(due) => {
                     let coordinator = &self;
                     let fired = std::sync::atomic::AtomicUsize::new(0);
                     let fired_ref = &fired;
-                    futures::stream::iter(due)
-                        .for_each_concurrent(config.timer_concurrency, |timer| async move {
-                            match coordinator.fire_timer(timer.run_id, &timer.key).await {
-                                Ok(true) => {
-                                    fired_ref.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                }
-                                Ok(false) => {}
+                    futures::stream::iter(due.chunks(config.timer_batch.max(1)))
+                        .for_each_concurrent(config.timer_concurrency, |chunk| async move {
+                            let count = match coordinator.fire_timers(chunk).await {
+                                Ok(count) => count,
                                 Err(error) => {
-                                    tracing::warn!(run_id = %timer.run_id, key = %timer.key, %error, "timer not fired")
+                                    tracing::warn!(%error, "timer batch failed; firing one by one");
+                                    coordinator.fire_one_by_one(chunk).await
                                 }
-                            }
+                            };
+                            fired_ref.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
                         })
                         .await;
                     fired.into_inner()
@@ -164,7 +247,7 @@ impl Coordinator {
                     0
                 }
             };
-            if fired < usize::try_from(config.batch).unwrap_or(usize::MAX) {
+            if fired < pass {
                 sleep_or_stop(config.timer_interval, &mut shutdown).await;
             }
         }

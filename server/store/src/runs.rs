@@ -208,6 +208,91 @@ pub async fn lock_run_taking_timer(
     Ok(Some((run_from_row(&row)?, timer)))
 }
 
+/// A due timer taken for firing, with its locked run.
+#[derive(Debug, Clone)]
+pub struct TakenTimer {
+    /// The run, locked.
+    pub run: RunRow,
+    /// The timer's key.
+    pub key: String,
+    /// The engine's timer id.
+    pub timer: Json,
+}
+
+/// [`lock_run_taking_timer`] for many timers in one statement: locks the
+/// runs not held by another transaction (in id order, skipping the others),
+/// then deletes those runs' timers among `due` that are still there and
+/// due. Returns each taken timer with its run (a run with two timers comes
+/// twice).
+pub async fn lock_runs_taking_timers(
+    conn: &mut PgConnection,
+    due: &[(Uuid, String)],
+) -> Result<Vec<TakenTimer>, StoreError> {
+    let run_ids: Vec<Uuid> = due.iter().map(|d| d.0).collect();
+    let keys: Vec<&str> = due.iter().map(|d| d.1.as_str()).collect();
+    // lock_runs_taking_timers: the run locks first (the delete reads `locked`)
+    let rows = sqlx::query(&format!(
+        "WITH wanted AS (SELECT * FROM UNNEST($1::uuid[], $2::text[]) AS w(run_id, timer_key)), \
+         locked AS ( \
+           SELECT {RUN_COLUMNS} FROM runs WHERE id IN (SELECT run_id FROM wanted) \
+           ORDER BY id FOR UPDATE SKIP LOCKED), \
+         taken AS ( \
+           DELETE FROM timers t USING wanted w \
+           WHERE t.run_id = w.run_id AND t.timer_key = w.timer_key AND t.fire_at <= now() \
+             AND t.run_id IN (SELECT id FROM locked) \
+           RETURNING t.run_id, t.timer_key, t.timer) \
+         SELECT locked.*, taken.timer_key AS taken_key, taken.timer AS taken_timer \
+         FROM locked JOIN taken ON taken.run_id = locked.id ORDER BY locked.id"
+    ))
+    .bind(&run_ids)
+    .bind(&keys)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(TakenTimer {
+                run: run_from_row(row)?,
+                key: row.try_get("taken_key")?,
+                timer: row.try_get("taken_timer")?,
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// Node states of several runs at once: `(run_id, node_key, state)` for the
+/// pairs that have a row.
+pub async fn load_nodes_of_runs(
+    conn: &mut PgConnection,
+    wanted: &[(Uuid, String)],
+) -> Result<Vec<(Uuid, String, Json)>, StoreError> {
+    if wanted.is_empty() {
+        return Ok(Vec::new());
+    }
+    let run_ids: Vec<Uuid> = wanted.iter().map(|w| w.0).collect();
+    let keys: Vec<&str> = wanted.iter().map(|w| w.1.as_str()).collect();
+    // load_nodes_of_runs: primary key lookups
+    let rows = sqlx::query(
+        "SELECT n.run_id, n.node_key, n.state FROM run_nodes n \
+         JOIN UNNEST($1::uuid[], $2::text[]) AS w(run_id, node_key) \
+           ON n.run_id = w.run_id AND n.node_key = w.node_key",
+    )
+    .bind(&run_ids)
+    .bind(&keys)
+    .fetch_all(conn)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok((
+                row.try_get("run_id")?,
+                row.try_get("node_key")?,
+                row.try_get("state")?,
+            ))
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
 /// Reads a run without locking it.
 pub async fn get_run(
     pool: &PgPool,
