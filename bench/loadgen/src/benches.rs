@@ -1109,6 +1109,9 @@ async fn run_to_end(
         let now = client
             .get_run(GetRunRequest {
                 run_id: run.run_id.clone(),
+                // the status only: a wide run's node states would make each
+                // poll cost as much as the run is wide
+                skip_nodes: true,
             })
             .await?
             .into_inner()

@@ -345,6 +345,7 @@ async fn workers_poll_only_their_queues_and_cannot_touch_another_namespaces_task
         .get_run(authed(
             GetRunRequest {
                 run_id: run.run_id.clone(),
+                skip_nodes: false,
             },
             &operator_b,
         ))
@@ -395,9 +396,15 @@ async fn one_namespace_cannot_see_or_touch_another_namespaces_runs() {
         assert_eq!(status.code(), Code::NotFound, "{what}: {status:?}");
     };
     not_found(
-        runs.get_run(authed(GetRunRequest { run_id: id.clone() }, &a))
-            .await
-            .map(|r| r.map(|_| ())),
+        runs.get_run(authed(
+            GetRunRequest {
+                run_id: id.clone(),
+                skip_nodes: false,
+            },
+            &a,
+        ))
+        .await
+        .map(|r| r.map(|_| ())),
         "get",
     );
     not_found(
@@ -457,7 +464,13 @@ async fn one_namespace_cannot_see_or_touch_another_namespaces_runs() {
     assert_eq!(start_in_a.code(), Code::NotFound);
 
     let unchanged = runs
-        .get_run(authed(GetRunRequest { run_id: id.clone() }, &b))
+        .get_run(authed(
+            GetRunRequest {
+                run_id: id.clone(),
+                skip_nodes: false,
+            },
+            &b,
+        ))
         .await
         .expect("b still sees it")
         .into_inner()

@@ -61,6 +61,20 @@ async fn a_three_step_run_completes_with_outputs_flowing_from_step_to_step() {
         "{:?}",
         run.nodes
     );
+    let summary = client
+        .runs
+        .get_run(composer_proto::v1::GetRunRequest {
+            run_id: run_id.clone(),
+            skip_nodes: true,
+        })
+        .await
+        .expect("get without nodes")
+        .into_inner()
+        .run
+        .expect("run");
+    assert_eq!(summary.status(), RunStatus::Completed);
+    assert_eq!(output_of(&summary), json!({"total": 43}));
+    assert!(summary.nodes.is_empty(), "{:?}", summary.nodes);
 }
 
 fn task_name_output(task: &composer_testkit::worker::LeaseRecord) -> Outcome {

@@ -79,6 +79,7 @@ pub struct Coordinator {
     publisher: Option<Arc<dispatch::Publisher>>,
     changes: Option<watch::ChangeFeed>,
     lease_hints: Arc<reports::LeaseHints>,
+    report_queues: Arc<reports::ReportQueues>,
 }
 
 impl Coordinator {
@@ -91,6 +92,7 @@ impl Coordinator {
             publisher: None,
             changes: None,
             lease_hints: Arc::default(),
+            report_queues: Arc::default(),
         }
     }
 
@@ -102,6 +104,9 @@ impl Coordinator {
 
     /// Announces, after its commit, that a run changed.
     pub(crate) fn run_changed(&self, run_id: uuid::Uuid) {
+        if run_id.is_nil() {
+            return;
+        }
         if let Some(changes) = &self.changes {
             changes.changed(run_id);
         }

@@ -130,12 +130,16 @@ impl Coordinator {
                 self.report_leased_here(namespace, lease, hint, report, actor)
                     .await
             }
-            None => self.report_elsewhere(namespace, lease, report, actor).await,
+            None => self.report_by_task(namespace, lease, report, actor).await,
         }
     }
 
-    /// A report of a task this server leased: it knows the task's workflow
-    /// and node, so one statement locks, fences and loads.
+    /// A report of a task this server leased. Reports of one run that
+    /// arrive while one of them is being applied are applied together, in
+    /// one transaction (a wide fan-in would otherwise queue one transaction
+    /// per branch on the run's lock): the first report of a run starts a
+    /// task that applies batches until the run's queue is empty; every
+    /// report waits for its own answer.
     async fn report_leased_here(
         &self,
         namespace: Option<&str>,
@@ -144,49 +148,136 @@ impl Coordinator {
         report: TaskReport,
         actor: &str,
     ) -> Result<(), CoordinatorError> {
+        let event = task_event(&hint.node_key, lease.attempt, report)?;
+        let (answer, answered) = tokio::sync::oneshot::channel();
+        let queue = (hint.run_id, namespace.map(str::to_owned));
+        let queued = QueuedReport {
+            lease,
+            hint,
+            event,
+            actor: actor.to_owned(),
+            answer,
+        };
+        if self.report_queues.push(queue.clone(), queued) {
+            let coordinator = self.clone();
+            // its own task: a caller that goes away must not strand the queue
+            tokio::spawn(async move { coordinator.drain_reports(queue).await });
+        }
+        answered.await.unwrap_or_else(|_| {
+            Err(CoordinatorError::Corrupt(
+                "the report was dropped unanswered".to_owned(),
+            ))
+        })
+    }
+
+    /// Applies a run's queued reports, batch after batch, until none is left.
+    async fn drain_reports(&self, queue: QueueKey) {
+        while let Some(batch) = self.report_queues.next_batch(&queue) {
+            let answers = match self.apply_reports(&queue, &batch).await {
+                Ok((answers, applied)) => {
+                    // answer before the next tasks go out: a worker never
+                    // sees a task of a node whose previous step it has not
+                    // yet been told is done (MAP concurrency, as workers
+                    // count it)
+                    for (queued, answer) in batch.into_iter().zip(answers) {
+                        let _ = queued.answer.send(answer);
+                    }
+                    self.run_changed(applied.run_id);
+                    self.publish(applied.outbox).await;
+                    self.after_commit(applied.inbox_runs).await;
+                    continue;
+                }
+                Err(error) => {
+                    tracing::warn!(run_id = %queue.0, %error, "report batch failed; one by one");
+                    let mut answers = Vec::with_capacity(batch.len());
+                    for queued in &batch {
+                        answers.push(
+                            self.report_elsewhere(
+                                queue.1.as_deref(),
+                                queued.lease,
+                                queued.event.clone(),
+                                &queued.actor,
+                            )
+                            .await,
+                        );
+                    }
+                    answers
+                }
+            };
+            for (queued, answer) in batch.into_iter().zip(answers) {
+                let _ = queued.answer.send(answer);
+            }
+        }
+    }
+
+    /// One transaction for a batch of one run's reports: lock, fence each
+    /// and load (one statement), apply the ones that held, write, commit.
+    /// Returns each report's answer and what to publish; Err: nothing was
+    /// applied.
+    async fn apply_reports(
+        &self,
+        queue: &QueueKey,
+        batch: &[QueuedReport],
+    ) -> Result<(Vec<Result<(), CoordinatorError>>, crate::apply::Applied), CoordinatorError> {
+        let (run_id, namespace) = (queue.0, queue.1.as_deref());
+        let first = &batch[0].hint;
         let workflow = self
             .workflows
             .get(
                 &self.store,
-                hint.namespace.as_str(),
-                &hint.workflow_name,
-                Some(hint.workflow_version),
+                &first.namespace,
+                &first.workflow_name,
+                Some(first.workflow_version),
             )
             .await?;
-        let event = task_event(&hint.node_key, lease.attempt, report)?;
-        // the keys the event needs first, as far as the workflow tells
+        // the keys the events need first, as far as the workflow tells
         // (compensation keys depend on the run record; decide asks for them)
         let blank = composer_engine::RunState::new(
             "",
-            &hint.workflow_name,
-            u32::try_from(hint.workflow_version).unwrap_or_default(),
+            &first.workflow_name,
+            u32::try_from(first.workflow_version).unwrap_or_default(),
             Json::Null,
         );
-        let keys: Vec<String> = composer_engine::prefetch(&workflow.compiled, &blank, &event)
+        let mut keys: Vec<String> = batch
             .iter()
-            .map(ToString::to_string)
+            .flat_map(|queued| composer_engine::prefetch(&workflow.compiled, &blank, &queued.event))
+            .map(|key| key.to_string())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        let leases: Vec<runs::ReportLease<'_>> = batch
+            .iter()
+            .map(|queued| queued.lease.as_report_lease())
             .collect();
         let mut tx = self.store.begin().await?;
-        let Some(found) = runs::lock_run_fence_and_load(
-            &mut tx,
-            namespace,
-            (lease.task, lease.attempt, lease.token, lease.outcome),
-            &keys,
-        )
-        .await?
+        let Some(found) =
+            runs::lock_run_fence_and_load(&mut tx, namespace, run_id, &leases, &keys).await?
         else {
-            return Err(CoordinatorError::TaskNotFound(lease.task.to_string()));
+            let answers = batch
+                .iter()
+                .map(|queued| {
+                    Err(CoordinatorError::TaskNotFound(
+                        queued.lease.task.to_string(),
+                    ))
+                })
+                .collect();
+            return Ok((answers, crate::apply::Applied::default()));
         };
-        if found.node_key != hint.node_key {
-            return Err(CoordinatorError::Corrupt(format!(
-                "task {} is node {:?}, leased as {:?}",
-                lease.task, found.node_key, hint.node_key
-            )));
+        let mut answers = Vec::with_capacity(batch.len());
+        let mut txn = RunTxn::new(self, found.run).await?;
+        if found.consistent {
+            txn.preload(&keys, found.nodes)?;
         }
-        if !found.applied {
+        for (index, queued) in batch.iter().enumerate() {
+            if found.applied.get(index).copied().unwrap_or(false) {
+                txn.push(queued.event.clone(), &queued.actor);
+                answers.push(Ok(()));
+                continue;
+            }
             let repeat = if found.consistent {
-                found.repeat
+                found.repeat.get(index).copied().unwrap_or(false)
             } else {
+                let lease = queued.lease;
                 tasks::reported_before(
                     &mut tx,
                     (lease.task, lease.attempt, lease.token),
@@ -194,21 +285,16 @@ impl Coordinator {
                 )
                 .await?
             };
-            return lease.refused(repeat);
+            answers.push(queued.lease.refused(repeat));
         }
-        let mut txn = RunTxn::new(self, found.run).await?;
-        if found.consistent {
-            txn.preload(&keys, found.nodes)?;
-        }
-        txn.push(event, actor);
-        txn.commit(tx).await?;
-        Ok(())
+        let applied = txn.finish(&mut tx).await?;
+        tx.commit().await?;
+        Ok((answers, applied))
     }
 
     /// A report of a task leased by another server (or before a restart):
-    /// lock the task's run, then (a statement whose snapshot follows the
-    /// lock) fence the report and load what the event needs.
-    async fn report_elsewhere(
+    /// the run and node come from the task row.
+    async fn report_by_task(
         &self,
         namespace: Option<&str>,
         lease: Lease,
@@ -221,6 +307,34 @@ impl Coordinator {
             return Err(CoordinatorError::TaskNotFound(lease.task.to_string()));
         };
         let event = task_event(&node_key, lease.attempt, report)?;
+        self.apply_locked_report(tx, run, lease, event, actor).await
+    }
+
+    /// One report on its own: lock the task's run, then fence and load.
+    async fn report_elsewhere(
+        &self,
+        namespace: Option<&str>,
+        lease: Lease,
+        event: Event,
+        actor: &str,
+    ) -> Result<(), CoordinatorError> {
+        let mut tx = self.store.begin().await?;
+        let Some((run, _)) = runs::lock_run_of_task(&mut tx, namespace, lease.task).await? else {
+            return Err(CoordinatorError::TaskNotFound(lease.task.to_string()));
+        };
+        self.apply_locked_report(tx, run, lease, event, actor).await
+    }
+
+    /// With the run locked: fence the report and load what the event needs
+    /// (a statement whose snapshot follows the lock), apply, commit.
+    async fn apply_locked_report(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        run: runs::RunRow,
+        lease: Lease,
+        event: Event,
+        actor: &str,
+    ) -> Result<(), CoordinatorError> {
         let mut txn = RunTxn::new(self, run).await?;
         let keys = txn.first_keys(&event);
         let (check, rows) = tasks::finish_task_and_load(
@@ -258,6 +372,15 @@ struct Lease {
 }
 
 impl Lease {
+    fn as_report_lease(&self) -> runs::ReportLease<'static> {
+        runs::ReportLease {
+            task_id: self.task,
+            attempt: self.attempt,
+            lease_token: self.token,
+            outcome: self.outcome,
+        }
+    }
+
     /// The answer to a report whose lease did not hold: OK for a repeat of
     /// what was applied, LEASE_LOST otherwise. Nothing changes either way.
     fn refused(&self, repeat: bool) -> Result<(), CoordinatorError> {
@@ -303,6 +426,7 @@ fn task_event(node_key: &str, attempt: i32, report: TaskReport) -> Result<Event,
 /// What a server remembers of a task it leased.
 #[derive(Debug, Clone)]
 pub(crate) struct LeaseHint {
+    run_id: Uuid,
     namespace: String,
     workflow_name: String,
     workflow_version: i32,
@@ -329,6 +453,7 @@ impl LeaseHints {
             hints.insert(
                 task.id,
                 LeaseHint {
+                    run_id: task.run_id,
                     namespace: task.namespace.clone(),
                     workflow_name: task.workflow_name.clone(),
                     workflow_version: task.workflow_version,
@@ -343,5 +468,66 @@ impl LeaseHints {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&task)
+    }
+}
+
+/// A report waiting for its run's batch.
+struct QueuedReport {
+    lease: Lease,
+    hint: LeaseHint,
+    event: Event,
+    actor: String,
+    answer: tokio::sync::oneshot::Sender<Result<(), CoordinatorError>>,
+}
+
+/// A run and the namespace its reporters gave (None: internal callers).
+type QueueKey = (Uuid, Option<String>);
+
+/// Reports per (run, caller's namespace) waiting to be applied. A queue
+/// present in the map has a task draining it.
+#[derive(Default)]
+pub(crate) struct ReportQueues {
+    queues: std::sync::Mutex<HashMap<QueueKey, std::collections::VecDeque<QueuedReport>>>,
+}
+
+/// Reports applied in one transaction, at most.
+const REPORT_BATCH: usize = 100;
+
+impl ReportQueues {
+    /// Queues a report; true when its queue was idle (the caller starts
+    /// the task that drains it).
+    fn push(&self, queue: QueueKey, report: QueuedReport) -> bool {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let idle = !queues.contains_key(&queue);
+        queues.entry(queue).or_default().push_back(report);
+        idle
+    }
+
+    /// The next batch (distinct tasks, oldest first; a second report of a
+    /// task waits for the next batch); None, and the queue is gone, when
+    /// nothing is left.
+    fn next_batch(&self, queue: &QueueKey) -> Option<Vec<QueuedReport>> {
+        let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+        let waiting = queues.get_mut(queue)?;
+        if waiting.is_empty() {
+            queues.remove(queue);
+            return None;
+        }
+        let mut batch: Vec<QueuedReport> = Vec::new();
+        let mut later = std::collections::VecDeque::new();
+        while let Some(report) = waiting.pop_front() {
+            if batch.len() >= REPORT_BATCH {
+                later.push_back(report);
+                later.extend(waiting.drain(..));
+                break;
+            }
+            if batch.iter().any(|b| b.lease.task == report.lease.task) {
+                later.push_back(report);
+            } else {
+                batch.push(report);
+            }
+        }
+        *waiting = later;
+        Some(batch)
     }
 }

@@ -336,7 +336,8 @@ pub async fn load_nodes(
     }
     // load_nodes: only the node rows an event touches (primary key lookups)
     let rows = sqlx::query(
-        "SELECT node_key, state FROM run_nodes WHERE run_id = $1 AND node_key = ANY($2)",
+        "SELECT n.node_key, n.state FROM UNNEST($2::text[]) AS k(key) \
+         JOIN run_nodes n ON n.run_id = $1 AND n.node_key = k.key",
     )
     .bind(run_id)
     .bind(keys)
@@ -983,18 +984,30 @@ pub async fn write_event(
     Ok(Some(EventWritten { created_at, outbox }))
 }
 
+/// A report's lease and the outcome it records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReportLease<'a> {
+    /// The task.
+    pub task_id: Uuid,
+    /// The attempt.
+    pub attempt: i32,
+    /// The fencing token.
+    pub lease_token: Uuid,
+    /// COMPLETED or FAILED.
+    pub outcome: &'a str,
+}
+
 /// What [`lock_run_fence_and_load`] found.
 #[derive(Debug, Clone)]
-pub struct FencedReport {
+pub struct FencedReports {
     /// The locked run.
     pub run: RunRow,
-    /// The task's node key.
-    pub node_key: String,
-    /// True when the report's lease held and the task now has its outcome.
-    pub applied: bool,
-    /// The same outcome was already recorded for this lease (as read by
+    /// Per lease, in order: true when it held and the task now has its
+    /// outcome.
+    pub applied: Vec<bool>,
+    /// Per lease: the same outcome was already recorded for it (as read by
     /// the statement's snapshot: trust it only if `consistent`).
-    pub repeat: bool,
+    pub repeat: Vec<bool>,
     /// No event of the run committed between the statement's snapshot and
     /// its lock: `repeat` and `nodes` are current.
     pub consistent: bool,
@@ -1002,52 +1015,60 @@ pub struct FencedReport {
     pub nodes: Vec<(String, Json)>,
 }
 
-/// A report in ONE statement, for a server that knows the task's workflow
-/// and node (it leased it) and so which node rows the event needs: lock the
-/// run through the task (as [`lock_run_of_task`]), record the outcome fenced
-/// by the lease, and read `keys`' node rows. The fence is an UPDATE, which
-/// re-checks the newest version of the task row whatever the snapshot. The
-/// reads use the snapshot taken before the lock; they are current only if
-/// no event of the run committed in between, which the run row's version
-/// (`xmin`) before and after the lock tells (`consistent`). None: no such
-/// task in `namespace`.
+/// Reports of one run in ONE statement, for the server that leased the
+/// tasks (it knows their run, workflow and nodes, so which node rows the
+/// events need): lock the run, record each outcome fenced by its lease, and
+/// read `keys`' node rows. Each fence is an UPDATE, which re-checks the
+/// newest version of the task row whatever the snapshot. The reads use the
+/// snapshot taken before the lock; they are current only if no event of the
+/// run committed in between, which the run row's version (`xmin`) before
+/// and after the lock tells (`consistent`). None: no such run in
+/// `namespace`. The leases must name distinct tasks.
 pub async fn lock_run_fence_and_load(
     conn: &mut PgConnection,
     namespace: Option<&str>,
-    lease: (Uuid, i32, Uuid, &str),
+    run_id: Uuid,
+    leases: &[ReportLease<'_>],
     keys: &[String],
-) -> Result<Option<FencedReport>, StoreError> {
-    let (task_id, attempt, lease_token, outcome) = lease;
-    // lock_run_fence_and_load: the run lock first (the fence and the reads
-    // wait on it through `locked`)
+) -> Result<Option<FencedReports>, StoreError> {
+    // lock_run_fence_and_load: the run lock first (the fences wait on it
+    // through `locked`)
     let row = sqlx::query(&format!(
-        "WITH task AS ( \
-           SELECT run_id, node_key FROM tasks \
-           WHERE id = $1 AND ($2::text IS NULL OR namespace = $2)), \
-         locked AS ( \
+        "WITH locked AS ( \
            SELECT {RUN_COLUMNS}, xmin::text AS locked_version FROM runs \
-           WHERE id = (SELECT run_id FROM task) FOR UPDATE), \
+           WHERE id = $1 AND ($2::text IS NULL OR namespace = $2) FOR UPDATE), \
+         lease AS ( \
+           SELECT * FROM UNNEST($3::uuid[], $4::int[], $5::uuid[], $6::text[]) \
+             WITH ORDINALITY AS l(id, attempt, token, outcome, ord)), \
          finished AS ( \
-           UPDATE tasks SET status = $5, outcome = $5, lease_expires_at = NULL, updated_at = now() \
-           WHERE id = $1 AND attempt = $3 AND lease_token = $4 AND status = 'LEASED' \
-             AND EXISTS (SELECT 1 FROM locked) \
-           RETURNING 1) \
-         SELECT locked.*, (SELECT node_key FROM task) AS task_node_key, \
-           (SELECT xmin::text FROM runs WHERE id = locked.id) AS seen_version, \
-           EXISTS (SELECT 1 FROM finished) AS applied, \
-           (SELECT outcome = $5 FROM tasks WHERE id = $1 AND attempt = $3 AND lease_token = $4) \
-             AS repeat, \
-           ARRAY(SELECT node_key FROM run_nodes WHERE run_id = locked.id \
-             AND node_key = ANY($6) ORDER BY node_key) AS node_keys, \
-           ARRAY(SELECT state FROM run_nodes WHERE run_id = locked.id \
-             AND node_key = ANY($6) ORDER BY node_key) AS node_states \
+           UPDATE tasks t SET status = l.outcome, outcome = l.outcome, lease_expires_at = NULL, \
+             updated_at = now() \
+           FROM lease l \
+           WHERE t.id = ANY($3::uuid[]) AND t.id = l.id AND t.attempt = l.attempt \
+             AND t.lease_token = l.token \
+             AND t.status = 'LEASED' AND t.run_id = $1 AND EXISTS (SELECT 1 FROM locked) \
+           RETURNING t.id) \
+         SELECT locked.*, \
+           (SELECT xmin::text FROM runs WHERE id = $1) AS seen_version, \
+           ARRAY(SELECT EXISTS (SELECT 1 FROM finished f WHERE f.id = l.id) \
+             FROM lease l ORDER BY l.ord) AS applied, \
+           ARRAY(SELECT COALESCE((SELECT t.outcome = l.outcome FROM tasks t \
+               WHERE t.id = l.id AND t.attempt = l.attempt AND t.lease_token = l.token), false) \
+             FROM lease l ORDER BY l.ord) AS repeat, \
+           ARRAY(SELECT n.node_key FROM UNNEST($7::text[]) AS k(key) \
+             JOIN run_nodes n ON n.run_id = $1 AND n.node_key = k.key ORDER BY n.node_key) \
+             AS node_keys, \
+           ARRAY(SELECT n.state FROM UNNEST($7::text[]) AS k(key) \
+             JOIN run_nodes n ON n.run_id = $1 AND n.node_key = k.key ORDER BY n.node_key) \
+             AS node_states \
          FROM locked"
     ))
-    .bind(task_id)
+    .bind(run_id)
     .bind(namespace)
-    .bind(attempt)
-    .bind(lease_token)
-    .bind(outcome)
+    .bind(leases.iter().map(|l| l.task_id).collect::<Vec<_>>())
+    .bind(leases.iter().map(|l| l.attempt).collect::<Vec<_>>())
+    .bind(leases.iter().map(|l| l.lease_token).collect::<Vec<_>>())
+    .bind(leases.iter().map(|l| l.outcome).collect::<Vec<_>>())
     .bind(keys)
     .fetch_optional(conn)
     .await?;
@@ -1058,11 +1079,10 @@ pub async fn lock_run_fence_and_load(
     let seen: Option<String> = row.try_get("seen_version")?;
     let node_keys: Vec<String> = row.try_get("node_keys")?;
     let states: Vec<Json> = row.try_get("node_states")?;
-    Ok(Some(FencedReport {
+    Ok(Some(FencedReports {
         run: run_from_row(&row)?,
-        node_key: row.try_get("task_node_key")?,
         applied: row.try_get("applied")?,
-        repeat: row.try_get::<Option<bool>, _>("repeat")?.unwrap_or(false),
+        repeat: row.try_get("repeat")?,
         consistent: seen.as_deref() == Some(locked.as_str()),
         nodes: node_keys.into_iter().zip(states).collect(),
     }))

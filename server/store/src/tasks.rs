@@ -217,7 +217,8 @@ pub async fn lease_tasks(
              ELSE now() + make_interval(secs => t.attempt_timeout_ms / 1000.0) END, \
            updated_at = now() \
          FROM UNNEST($1::uuid[], $2::int[]) AS c(id, attempt) \
-         WHERE t.id = c.id AND t.attempt = c.attempt AND t.status = 'DISPATCHED' \
+         WHERE t.id = ANY($1::uuid[]) AND t.id = c.id AND t.attempt = c.attempt \
+           AND t.status = 'DISPATCHED' \
          RETURNING t.id, t.namespace, t.run_id, t.node_key, t.workflow_name, t.workflow_version, \
            t.queue, t.task_name, t.attempt, t.input, t.lease_token, t.lease_expires_at, \
            t.heartbeat_timeout_ms, t.attempt_deadline",
@@ -482,7 +483,8 @@ pub async fn release_leases(pool: &PgPool, leases: &[(Uuid, Uuid)]) -> Result<u6
            UPDATE tasks t SET status = 'DISPATCHED', lease_token = NULL, lease_owner = NULL, \
              lease_expires_at = NULL, attempt_deadline = NULL, dispatched_at = now(), updated_at = now() \
            FROM UNNEST($1::uuid[], $2::uuid[]) AS l(id, token) \
-           WHERE t.id = l.id AND t.lease_token = l.token AND t.status = 'LEASED' \
+           WHERE t.id = ANY($1::uuid[]) AND t.id = l.id AND t.lease_token = l.token \
+             AND t.status = 'LEASED' \
            RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id) \
          INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
          SELECT namespace, queue, id, attempt, run_id FROM released",
@@ -515,10 +517,12 @@ pub async fn finish_task_and_load(
          SELECT EXISTS (SELECT 1 FROM finished) AS applied, \
            (SELECT outcome = $4 FROM tasks WHERE id = $1 AND attempt = $2 AND lease_token = $3) \
              AS repeat, \
-           ARRAY(SELECT node_key FROM run_nodes WHERE run_id = $5 AND node_key = ANY($6) \
-             ORDER BY node_key) AS keys, \
-           ARRAY(SELECT state FROM run_nodes WHERE run_id = $5 AND node_key = ANY($6) \
-             ORDER BY node_key) AS states",
+           ARRAY(SELECT n.node_key FROM UNNEST($6::text[]) AS k(key) \
+             JOIN run_nodes n ON n.run_id = $5 AND n.node_key = k.key ORDER BY n.node_key) \
+             AS keys, \
+           ARRAY(SELECT n.state FROM UNNEST($6::text[]) AS k(key) \
+             JOIN run_nodes n ON n.run_id = $5 AND n.node_key = k.key ORDER BY n.node_key) \
+             AS states",
     )
     .bind(task_id)
     .bind(attempt)

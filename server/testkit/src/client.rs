@@ -81,6 +81,7 @@ impl TestClient {
         self.runs
             .get_run(GetRunRequest {
                 run_id: run_id.to_owned(),
+                skip_nodes: false,
             })
             .await
             .expect("get the run")

@@ -169,10 +169,11 @@ class Client:
         response: run_service_pb2.StartRunResponse = await self._call(self._conn.runs.StartRun, request)
         return Run.from_proto(response.run, created=response.created)
 
-    async def get_run(self, run_id: str) -> Run:
-        """A run with its node states; NotFoundError if absent."""
+    async def get_run(self, run_id: str, *, skip_nodes: bool = False) -> Run:
+        """A run with its node states (none with ``skip_nodes``, which keeps a
+        wide run's poll cheap); NotFoundError if absent."""
         response: run_service_pb2.GetRunResponse = await self._call(
-            self._conn.runs.GetRun, run_service_pb2.GetRunRequest(run_id=run_id)
+            self._conn.runs.GetRun, run_service_pb2.GetRunRequest(run_id=run_id, skip_nodes=skip_nodes)
         )
         return Run.from_proto(response.run)
 
@@ -438,9 +439,9 @@ class SyncClient:
             self._client.start_run(workflow, input, version=version, idempotency_key=idempotency_key, labels=labels)
         )
 
-    def get_run(self, run_id: str) -> Run:
+    def get_run(self, run_id: str, *, skip_nodes: bool = False) -> Run:
         """See :meth:`Client.get_run`."""
-        return self._run(self._client.get_run(run_id))
+        return self._run(self._client.get_run(run_id, skip_nodes=skip_nodes))
 
     def list_runs(
         self,

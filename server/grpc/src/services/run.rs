@@ -207,11 +207,12 @@ impl RunService for RunApi {
         request: Request<GetRunRequest>,
     ) -> Result<Response<GetRunResponse>, Status> {
         let caller = caller(&request)?;
-        let run_id = request.into_inner().run_id;
+        let request = request.into_inner();
+        let run_id = request.run_id;
         require_run_id(&run_id)?;
         let view = self
             .coordinator
-            .get_run(Some(&caller.namespace), &run_id, true)
+            .get_run(Some(&caller.namespace), &run_id, !request.skip_nodes)
             .await
             .map_err(from_coordinator)?;
         Ok(Response::new(GetRunResponse {

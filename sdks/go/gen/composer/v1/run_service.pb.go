@@ -165,7 +165,12 @@ func (x *StartRunResponse) GetCreated() bool {
 type GetRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run's id.
-	RunId         string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// True: the run without its node states. A run's status, output and
+	// error cost the same whatever its size; its node states grow with it
+	// (one per branch of a 10,000-wide MAP), so a caller that polls for the
+	// end should skip them.
+	SkipNodes     bool `protobuf:"varint,2,opt,name=skip_nodes,json=skipNodes,proto3" json:"skip_nodes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -205,6 +210,13 @@ func (x *GetRunRequest) GetRunId() string {
 		return x.RunId
 	}
 	return ""
+}
+
+func (x *GetRunRequest) GetSkipNodes() bool {
+	if x != nil {
+		return x.SkipNodes
+	}
+	return false
 }
 
 // GetRunResponse carries the run.
@@ -1016,9 +1028,11 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
 	"\x10StartRunResponse\x12\"\n" +
 	"\x03run\x18\x01 \x01(\v2\x10.composer.v1.RunR\x03run\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"&\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"E\n" +
 	"\rGetRunRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"4\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n" +
+	"\n" +
+	"skip_nodes\x18\x02 \x01(\bR\tskipNodes\"4\n" +
 	"\x0eGetRunResponse\x12\"\n" +
 	"\x03run\x18\x01 \x01(\v2\x10.composer.v1.RunR\x03run\"\xd9\x03\n" +
 	"\x0fListRunsRequest\x12#\n" +

@@ -41,10 +41,12 @@ class StartRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
 class GetRunRequest(_message.Message):
-    __slots__ = ("run_id",)
+    __slots__ = ("run_id", "skip_nodes")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SKIP_NODES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
-    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+    skip_nodes: bool
+    def __init__(self, run_id: _Optional[str] = ..., skip_nodes: _Optional[bool] = ...) -> None: ...
 
 class GetRunResponse(_message.Message):
     __slots__ = ("run",)
