@@ -25,6 +25,15 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_DATABASE_MAX_CONNECTIONS", default_value_t = 20)]
     pub database_max_connections: u32,
 
+    /// Size of the second pool, kept for the recovery loops (due timers,
+    /// expired leases, lost dispatches) so requests cannot starve them.
+    #[arg(
+        long,
+        env = "COMPOSER_DATABASE_BACKGROUND_CONNECTIONS",
+        default_value_t = 8
+    )]
+    pub database_background_connections: u32,
+
     /// How long to wait for Postgres and Redis at start, e.g. `10s`.
     #[arg(long, env = "COMPOSER_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub connect_timeout: Duration,

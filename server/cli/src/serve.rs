@@ -178,21 +178,26 @@ fn start_background(
         dispatch_config,
         stop.clone(),
     ));
+    // the recovery loops run on a pool of their own: a flood of requests
+    // must not keep due timers and expired leases waiting for a connection
+    let background = Store::connect_lazy(&StoreConfig {
+        database_url: backend.database_url.clone(),
+        max_connections: server.database_background_connections,
+        connect_timeout: server.connect_timeout,
+    })
+    .map_err(StartError::Database)?;
+    let recovering = coordinator.on_store(background);
     tokio::spawn(
-        coordinator
+        recovering
             .clone()
             .run_timer_loop(recovery.clone(), stop.clone()),
     );
     tokio::spawn(
-        coordinator
+        recovering
             .clone()
             .run_lease_loop(recovery.clone(), stop.clone()),
     );
-    tokio::spawn(
-        coordinator
-            .clone()
-            .run_reconcile_loop(recovery, stop.clone()),
-    );
+    tokio::spawn(recovering.run_reconcile_loop(recovery, stop.clone()));
     tokio::spawn(changes.clone().run(backend.redis_url.clone(), stop.clone()));
     let executor = HttpExecutor::new(HttpExecutorConfig {
         allow_private_networks: server.http_allow_private,

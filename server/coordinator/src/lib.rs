@@ -96,6 +96,17 @@ impl Coordinator {
         }
     }
 
+    /// The same coordinator (caches, publisher, queues) over another pool:
+    /// the server runs its recovery loops on a pool of their own, so a flood
+    /// of requests cannot keep due timers and expired leases waiting for a
+    /// connection.
+    pub fn on_store(&self, store: Store) -> Self {
+        Self {
+            store,
+            ..self.clone()
+        }
+    }
+
     /// Announces every run change it commits on `feed` (for WatchRun).
     pub fn with_changes(mut self, feed: watch::ChangeFeed) -> Self {
         self.changes = Some(feed);

@@ -52,6 +52,27 @@ pub struct Store {
 impl Store {
     /// Connects to Postgres and checks that it answers.
     pub async fn connect(config: &StoreConfig) -> Result<Self, StoreError> {
+        let pool = Self::pool_options(config)
+            .connect_with(Self::connect_options(config)?)
+            .await
+            .map_err(|e| StoreError::Unreachable(e.to_string()))?;
+        Ok(Self { pool })
+    }
+
+    /// A pool that connects when first used (a second pool of a server
+    /// whose first one already proved the database answers).
+    pub fn connect_lazy(config: &StoreConfig) -> Result<Self, StoreError> {
+        let pool = Self::pool_options(config).connect_lazy_with(Self::connect_options(config)?);
+        Ok(Self { pool })
+    }
+
+    fn pool_options(config: &StoreConfig) -> PgPoolOptions {
+        PgPoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(config.connect_timeout)
+    }
+
+    fn connect_options(config: &StoreConfig) -> Result<PgConnectOptions, StoreError> {
         let options: PgConnectOptions = config
             .database_url
             .parse()
@@ -61,16 +82,9 @@ impl Store {
         // array parameters the default `auto` mode judges each custom plan
         // cheaper and plans again at every execution: under load that was a
         // fifth of Postgres' time (BENCHMARKS.md, decision 0009).
-        let options = options
+        Ok(options
             .application_name("composer")
-            .options([("plan_cache_mode", "force_generic_plan")]);
-        let pool = PgPoolOptions::new()
-            .max_connections(config.max_connections)
-            .acquire_timeout(config.connect_timeout)
-            .connect_with(options)
-            .await
-            .map_err(|e| StoreError::Unreachable(e.to_string()))?;
-        Ok(Self { pool })
+            .options([("plan_cache_mode", "force_generic_plan")]))
     }
 
     /// Wraps an existing pool (tests).
