@@ -119,6 +119,18 @@ pub fn correlation_text(value: &Json) -> String {
     }
 }
 
+impl Coordinator {
+    /// What follows a commit: tell watchers the run changed, publish the
+    /// tasks it armed (the fast path of dispatch), and apply the inboxes of
+    /// the runs it reached. Takes the outbox and inbox out of `applied`.
+    pub(crate) async fn announce(&self, applied: &mut Applied) {
+        self.run_changed(applied.run_id);
+        self.publish(std::mem::take(&mut applied.outbox)).await;
+        self.after_commit(std::mem::take(&mut applied.inbox_runs))
+            .await;
+    }
+}
+
 /// Applies events to one locked run.
 pub(crate) struct RunTxn<'a> {
     coordinator: &'a Coordinator,
@@ -320,13 +332,7 @@ impl<'a> RunTxn<'a> {
         let coordinator = self.coordinator;
         let mut applied = self.finish(&mut tx).await?;
         tx.commit().await?;
-        coordinator.run_changed(applied.run_id);
-        coordinator
-            .publish(std::mem::take(&mut applied.outbox))
-            .await;
-        coordinator
-            .after_commit(std::mem::take(&mut applied.inbox_runs))
-            .await;
+        coordinator.announce(&mut applied).await;
         Ok(applied)
     }
 
@@ -343,13 +349,7 @@ impl<'a> RunTxn<'a> {
         let coordinator = self.coordinator;
         let mut applied = self.finish(conn).await?;
         if applied.created_at.is_some() {
-            coordinator.run_changed(applied.run_id);
-            coordinator
-                .publish(std::mem::take(&mut applied.outbox))
-                .await;
-            coordinator
-                .after_commit(std::mem::take(&mut applied.inbox_runs))
-                .await;
+            coordinator.announce(&mut applied).await;
         }
         Ok(applied)
     }

@@ -139,10 +139,8 @@ impl Coordinator {
             applied.push(txn.finish(&mut tx).await?);
         }
         tx.commit().await?;
-        for applied in applied {
-            self.run_changed(applied.run_id);
-            self.publish(applied.outbox).await;
-            self.after_commit(applied.inbox_runs).await;
+        for mut applied in applied {
+            self.announce(&mut applied).await;
         }
         Ok(fired)
     }

@@ -174,7 +174,7 @@ impl Coordinator {
     async fn drain_reports(&self, queue: QueueKey) {
         while let Some(batch) = self.report_queues.next_batch(&queue) {
             let answers = match self.apply_reports(&queue, &batch).await {
-                Ok((answers, applied)) => {
+                Ok((answers, mut applied)) => {
                     // answer before the next tasks go out: a worker never
                     // sees a task of a node whose previous step it has not
                     // yet been told is done (MAP concurrency, as workers
@@ -182,9 +182,7 @@ impl Coordinator {
                     for (queued, answer) in batch.into_iter().zip(answers) {
                         let _ = queued.answer.send(answer);
                     }
-                    self.run_changed(applied.run_id);
-                    self.publish(applied.outbox).await;
-                    self.after_commit(applied.inbox_runs).await;
+                    self.announce(&mut applied).await;
                     continue;
                 }
                 Err(error) => {
