@@ -166,15 +166,17 @@ struct PendingArm {
 }
 
 impl<'a> RunTxn<'a> {
-    /// Starts applying events to `run`, whose row the caller has locked.
+    /// Starts applying events to `run`, whose row the caller has locked on
+    /// `conn` (which also reads the workflow if the cache lacks it).
     pub(crate) async fn new(
         coordinator: &'a Coordinator,
         run: RunRow,
+        conn: &mut PgConnection,
     ) -> Result<RunTxn<'a>, CoordinatorError> {
         let workflow = coordinator
             .workflows
-            .get(
-                &coordinator.store,
+            .get_on(
+                conn,
                 &run.namespace,
                 &run.workflow_name,
                 Some(run.workflow_version),
@@ -581,12 +583,7 @@ impl<'a> RunTxn<'a> {
         let child_workflow = match self
             .coordinator
             .workflows
-            .get(
-                &self.coordinator.store,
-                &self.run.namespace,
-                workflow,
-                version,
-            )
+            .get_on(conn, &self.run.namespace, workflow, version)
             .await
         {
             Ok(loaded) => loaded,

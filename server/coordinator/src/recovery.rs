@@ -72,7 +72,7 @@ impl Coordinator {
         {
             events::delete_waits(&mut tx, run_id, Some(&node.to_string())).await?;
         }
-        let mut txn = RunTxn::new(self, run).await?;
+        let mut txn = RunTxn::new(self, run, &mut tx).await?;
         txn.push(
             Event::TimerFired {
                 timer,
@@ -114,7 +114,7 @@ impl Coordinator {
         let mut txns = Vec::with_capacity(by_run.len());
         let mut wanted = Vec::new();
         for (run, timers) in by_run {
-            let mut txn = RunTxn::new(self, run).await?;
+            let mut txn = RunTxn::new(self, run, &mut tx).await?;
             for timer in timers {
                 txn.push(
                     Event::TimerFired {
@@ -175,7 +175,7 @@ impl Coordinator {
         let node: NodeKey = lease.node_key.parse().map_err(|_| {
             CoordinatorError::Corrupt(format!("task node key {:?}", lease.node_key))
         })?;
-        let mut txn = RunTxn::new(self, run).await?;
+        let mut txn = RunTxn::new(self, run, &mut tx).await?;
         txn.push(
             Event::LeaseExpired {
                 node,

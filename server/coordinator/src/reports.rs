@@ -262,7 +262,7 @@ impl Coordinator {
             return Ok((answers, crate::apply::Applied::default()));
         };
         let mut answers = Vec::with_capacity(batch.len());
-        let mut txn = RunTxn::new(self, found.run).await?;
+        let mut txn = RunTxn::new(self, found.run, &mut tx).await?;
         if found.consistent {
             txn.preload(&keys, found.nodes)?;
         }
@@ -333,7 +333,7 @@ impl Coordinator {
         event: Event,
         actor: &str,
     ) -> Result<(), CoordinatorError> {
-        let mut txn = RunTxn::new(self, run).await?;
+        let mut txn = RunTxn::new(self, run, &mut tx).await?;
         let keys = txn.first_keys(&event);
         let (check, rows) = tasks::finish_task_and_load(
             &mut tx,

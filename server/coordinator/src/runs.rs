@@ -345,7 +345,7 @@ impl Coordinator {
         actor: &str,
     ) -> Result<RunRow, CoordinatorError> {
         let run_id = parse_run_id(run_id)?;
-        let (tx, run) = self.lock_existing(namespace, run_id).await?;
+        let (mut tx, run) = self.lock_existing(namespace, run_id).await?;
         if is_final(&run.status) {
             return Err(CoordinatorError::WrongRunStatus {
                 run_id: run_id.to_string(),
@@ -353,7 +353,7 @@ impl Coordinator {
                 why: "a run that ended cannot be cancelled",
             });
         }
-        let mut txn = RunTxn::new(self, run).await?;
+        let mut txn = RunTxn::new(self, run, &mut tx).await?;
         txn.note(
             "cancel_requested_by",
             actor,
@@ -390,7 +390,7 @@ impl Coordinator {
             .iter()
             .filter_map(|k| k.parse().ok())
             .collect();
-        let mut txn = RunTxn::new(self, run).await?;
+        let mut txn = RunTxn::new(self, run, &mut tx).await?;
         txn.note("retry_requested_by", actor, json!({"by": actor}));
         txn.push(Event::RetryRequested { interrupted }, actor);
         txn.commit(tx).await?;
@@ -487,7 +487,7 @@ impl Coordinator {
         let node = node
             .parse::<NodeKey>()
             .map_err(|_| CoordinatorError::Corrupt(format!("wait node key {node:?}")))?;
-        let mut txn = RunTxn::new(self, run).await?;
+        let mut txn = RunTxn::new(self, run, &mut tx).await?;
         txn.push(
             Event::EventReceived {
                 name: name.to_owned(),
@@ -523,7 +523,7 @@ impl Coordinator {
             let Ok(node) = node.parse::<NodeKey>() else {
                 continue;
             };
-            let mut txn = RunTxn::new(self, run).await?;
+            let mut txn = RunTxn::new(self, run, &mut tx).await?;
             txn.push(
                 Event::EventReceived {
                     name: name.to_owned(),
@@ -581,7 +581,7 @@ impl Coordinator {
         if messages.is_empty() {
             return Ok(Vec::new());
         }
-        let mut txn = RunTxn::new(self, run).await?;
+        let mut txn = RunTxn::new(self, run, &mut tx).await?;
         for (event, actor) in messages {
             let event: Event = serde_json::from_value(event)?;
             txn.push(with_fresh_seed(event), &actor);

@@ -120,7 +120,9 @@ impl WorkflowCache {
         Ok((row, created))
     }
 
-    /// The compiled version (the latest when `version` is None).
+    /// A compiled workflow version (the latest when `version` is None;
+    /// "latest" is always read from the database), from the cache when it
+    /// has it.
     pub async fn get(
         &self,
         store: &Store,
@@ -133,7 +135,29 @@ impl WorkflowCache {
         {
             return Ok(hit);
         }
-        let row = workflows::get_workflow(store.pool(), namespace, name, version)
+        let mut conn = store
+            .pool()
+            .acquire()
+            .await
+            .map_err(composer_store::StoreError::from)?;
+        self.get_on(&mut conn, namespace, name, version).await
+    }
+
+    /// [`get`](WorkflowCache::get) on the caller's connection: for callers
+    /// inside a transaction, which must not wait for a second connection.
+    pub async fn get_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        namespace: &str,
+        name: &str,
+        version: Option<i32>,
+    ) -> Result<Arc<LoadedWorkflow>, CoordinatorError> {
+        if let Some(version) = version
+            && let Some(hit) = self.cached(namespace, name, version)
+        {
+            return Ok(hit);
+        }
+        let row = workflows::get_workflow(conn, namespace, name, version)
             .await?
             .ok_or_else(|| CoordinatorError::WorkflowNotFound {
                 name: name.to_owned(),
@@ -204,7 +228,13 @@ impl crate::Coordinator {
         name: &str,
         version: Option<i32>,
     ) -> Result<WorkflowRow, CoordinatorError> {
-        workflows::get_workflow(self.store.pool(), namespace, name, version)
+        let mut conn = self
+            .store
+            .pool()
+            .acquire()
+            .await
+            .map_err(composer_store::StoreError::from)?;
+        workflows::get_workflow(&mut conn, namespace, name, version)
             .await?
             .ok_or_else(|| CoordinatorError::WorkflowNotFound {
                 name: name.to_owned(),

@@ -119,16 +119,18 @@ async fn latest_version(
     Ok(row.as_ref().map(workflow_from_row).transpose()?)
 }
 
-/// One version of a workflow; the latest when `version` is `None`.
+/// One version of a workflow; the latest when `version` is `None`. Takes a
+/// connection, not the pool: a caller inside a transaction reads on it
+/// instead of waiting for a second connection (under a burst, every
+/// connection of the pool could be waiting for another).
 pub async fn get_workflow(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     namespace: &str,
     name: &str,
     version: Option<i32>,
 ) -> Result<Option<WorkflowRow>, StoreError> {
-    let mut conn = pool.acquire().await?;
     let Some(version) = version else {
-        return latest_version(&mut conn, namespace, name).await;
+        return latest_version(conn, namespace, name).await;
     };
     // get_workflow_version: one version by primary key
     let row = sqlx::query(&format!(
