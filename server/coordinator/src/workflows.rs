@@ -130,9 +130,7 @@ impl WorkflowCache {
         name: &str,
         version: Option<i32>,
     ) -> Result<Arc<LoadedWorkflow>, CoordinatorError> {
-        if let Some(version) = version
-            && let Some(hit) = self.cached(namespace, name, version)
-        {
+        if let Some(hit) = version.and_then(|v| self.cached(namespace, name, v)) {
             return Ok(hit);
         }
         let mut conn = store
@@ -152,9 +150,7 @@ impl WorkflowCache {
         name: &str,
         version: Option<i32>,
     ) -> Result<Arc<LoadedWorkflow>, CoordinatorError> {
-        if let Some(version) = version
-            && let Some(hit) = self.cached(namespace, name, version)
-        {
+        if let Some(hit) = version.and_then(|v| self.cached(namespace, name, v)) {
             return Ok(hit);
         }
         let row = workflows::get_workflow(conn, namespace, name, version)
