@@ -16,7 +16,6 @@ use composer_proto::v1::{
     GetRunRequest, RegisterWorkflowRequest, RunStatus, StartRunRequest,
     run_service_client::RunServiceClient, workflow_service_client::WorkflowServiceClient,
 };
-use prost_types::{ListValue, Struct, Value, value::Kind};
 use serde_json::Value as Json;
 use sqlx::{PgPool, Row, postgres::PgPoolOptions};
 use tokio::{
@@ -352,23 +351,6 @@ async fn run_pgbench(
 
 // ---------------------------------------------------------------- helpers
 
-/// JSON as a protobuf Value.
-pub fn value_of(json: &Json) -> Value {
-    let kind = match json {
-        Json::Null => Kind::NullValue(0),
-        Json::Bool(b) => Kind::BoolValue(*b),
-        Json::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
-        Json::String(s) => Kind::StringValue(s.clone()),
-        Json::Array(items) => Kind::ListValue(ListValue {
-            values: items.iter().map(value_of).collect(),
-        }),
-        Json::Object(map) => Kind::StructValue(Struct {
-            fields: map.iter().map(|(k, v)| (k.clone(), value_of(v))).collect(),
-        }),
-    };
-    Value { kind: Some(kind) }
-}
-
 async fn register(url: &str, source: &str) -> Result<()> {
     let mut client = WorkflowServiceClient::new(channel(url).await?)
         .max_decoding_message_size(64 << 20)
@@ -386,7 +368,7 @@ fn start_request(workflow: &str, input: Json) -> StartRunRequest {
     StartRunRequest {
         workflow_name: workflow.to_owned(),
         version: 0,
-        input: Some(value_of(&input)),
+        input: Some(composer_grpc::convert::from_json(&input)),
         idempotency_key: String::new(),
         labels: HashMap::default(),
     }

@@ -3,7 +3,7 @@
 
 pub mod auth;
 mod caller;
-mod convert;
+pub mod convert;
 mod health;
 mod server;
 mod services;
