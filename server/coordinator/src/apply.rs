@@ -35,8 +35,6 @@ pub struct Applied {
     /// Runs with new inbox messages (children to start or cancel, a parent
     /// to tell): process them after commit.
     pub inbox_runs: Vec<Uuid>,
-    /// True when tasks were armed (outbox rows written).
-    pub dispatched: bool,
     /// The outbox messages written, for the committing server to publish.
     pub outbox: Vec<composer_store::tasks::OutboxMessage>,
     /// The run's status after the events.
@@ -664,7 +662,6 @@ impl<'a> RunTxn<'a> {
         for arm in std::mem::take(&mut self.arms) {
             let message = tasks::arm_task(conn, &self.task_arm(&arm)).await?;
             self.applied.outbox.push(message);
-            self.applied.dispatched = true;
         }
         Ok(())
     }
@@ -765,9 +762,9 @@ impl<'a> RunTxn<'a> {
             return Err(CoordinatorError::RunNotFound(run_id.to_string()));
         };
         self.applied.created_at = Some(written.created_at);
-        self.applied.dispatched |= !written.outbox.is_empty();
         self.applied.outbox.extend(written.outbox);
-        if self.applied.dispatched && self.coordinator.publisher.is_none() {
+        // tasks armed (outbox rows written) and no fast path to send them
+        if !self.applied.outbox.is_empty() && self.coordinator.publisher.is_none() {
             runs::notify_outbox(conn).await?;
         }
         self.applied.status = status;

@@ -53,43 +53,12 @@ impl Default for RecoveryConfig {
 }
 
 impl Coordinator {
-    /// Fires one due timer, if it is still there and due. `false` also when
-    /// the run is busy (another server firing it, or another event): the
-    /// next pass comes back to it.
-    pub async fn fire_timer(
-        &self,
-        run_id: uuid::Uuid,
-        key: &str,
-    ) -> Result<bool, CoordinatorError> {
-        let mut tx = self.store.begin().await?;
-        let Some((run, Some(timer))) = runs::lock_run_taking_timer(&mut tx, run_id, key).await?
-        else {
-            return Ok(false);
-        };
-        let timer: TimerId = serde_json::from_value(timer)?;
-        if timer.kind == composer_engine::TimerKind::EventTimeout
-            && let Some(node) = &timer.node
-        {
-            events::delete_waits(&mut tx, run_id, Some(&node.to_string())).await?;
-        }
-        let mut txn = RunTxn::new(self, run, &mut tx).await?;
-        txn.push(
-            Event::TimerFired {
-                timer,
-                seed: seed(),
-            },
-            SYSTEM,
-        );
-        txn.commit(tx).await?;
-        Ok(true)
-    }
-
     /// Fires many due timers in ONE transaction: one statement locks their
     /// runs (skipping busy ones) and takes the timers, one loads the node
     /// rows every event needs, then each run's events are applied and
     /// written (a statement per run), and one commit. Returns how many
     /// fired. On an error nothing is fired; the caller falls back to
-    /// [`Coordinator::fire_timer`] one by one, so one bad run cannot hold
+    /// one transaction per timer, so one bad run cannot hold
     /// back the others.
     pub async fn fire_timers(&self, due: &[timers::DueTimer]) -> Result<usize, CoordinatorError> {
         let pairs: Vec<(uuid::Uuid, String)> =
@@ -149,9 +118,8 @@ impl Coordinator {
     async fn fire_one_by_one(&self, due: &[timers::DueTimer]) -> usize {
         let mut fired = 0;
         for timer in due {
-            match self.fire_timer(timer.run_id, &timer.key).await {
-                Ok(true) => fired += 1,
-                Ok(false) => {}
+            match self.fire_timers(std::slice::from_ref(timer)).await {
+                Ok(count) => fired += count,
                 Err(error) => {
                     tracing::warn!(run_id = %timer.run_id, key = %timer.key, %error, "timer not fired")
                 }

@@ -176,38 +176,6 @@ pub async fn lock_run(
     Ok(row.as_ref().map(run_from_row).transpose()?)
 }
 
-/// Takes a due timer of a run for firing, in one statement: locks the run
-/// as [`lock_run`] does (or None at once when another transaction holds it:
-/// a background pass moves on and comes back, rather than queueing behind a
-/// busy run), then deletes the timer if it is still there and due. Returns
-/// the run and the timer's id (None when it is gone: fired, cancelled or
-/// moved). The delete re-checks the newest version of the timer row, so a
-/// change committed just before the lock is seen.
-pub async fn lock_run_taking_timer(
-    conn: &mut PgConnection,
-    run_id: Uuid,
-    timer_key: &str,
-) -> Result<Option<(RunRow, Option<Json>)>, StoreError> {
-    // lock_run_taking_timer: the run lock first (the delete waits on it)
-    let row = sqlx::query(&format!(
-        "WITH locked AS (SELECT {RUN_COLUMNS} FROM runs WHERE id = $1 FOR UPDATE SKIP LOCKED), \
-         taken AS ( \
-           DELETE FROM timers WHERE run_id = $1 AND timer_key = $2 AND fire_at <= now() \
-             AND EXISTS (SELECT 1 FROM locked) \
-           RETURNING timer) \
-         SELECT locked.*, (SELECT timer FROM taken) AS taken_timer FROM locked"
-    ))
-    .bind(run_id)
-    .bind(timer_key)
-    .fetch_optional(conn)
-    .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let timer: Option<Json> = row.try_get("taken_timer")?;
-    Ok(Some((run_from_row(&row)?, timer)))
-}
-
 /// A due timer taken for firing, with its locked run.
 #[derive(Debug, Clone)]
 pub struct TakenTimer {
@@ -219,10 +187,12 @@ pub struct TakenTimer {
     pub timer: Json,
 }
 
-/// [`lock_run_taking_timer`] for many timers in one statement: locks the
-/// runs not held by another transaction (in id order, skipping the others),
-/// then deletes those runs' timers among `due` that are still there and
-/// due. Returns each taken timer with its run (a run with two timers comes
+/// Takes due timers for firing, in one statement: locks the runs not held
+/// by another transaction (in id order, skipping the others: a background
+/// pass moves on and comes back), then deletes those runs' timers among
+/// `due` that are still there and due. The deletes re-check the newest
+/// version of each timer row, so a change committed just before the lock is
+/// seen. Returns each taken timer with its run (a run with two timers comes
 /// twice).
 pub async fn lock_runs_taking_timers(
     conn: &mut PgConnection,

@@ -39,7 +39,7 @@ pub struct DueTimer {
 }
 
 /// Timers due now, earliest first (candidates: each is taken under its run
-/// lock with [`crate::runs::lock_run_taking_timer`], so two servers never
+/// lock with [`crate::runs::lock_runs_taking_timers`], so two servers never
 /// fire one twice).
 pub async fn due_timers(pool: &PgPool, limit: i64) -> Result<Vec<DueTimer>, StoreError> {
     // due_timers: served by timers_due
