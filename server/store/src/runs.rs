@@ -295,6 +295,21 @@ pub struct RunUpdate<'a> {
     pub ended: bool,
 }
 
+/// Two select-list columns, `node_keys` (text[]) and `node_states`
+/// (jsonb[]), in the same order: the node rows of run `run` among `keys`
+/// (SQL parameters). Each key is looked up through the primary key; with a
+/// generic plan, `node_key = ANY(keys)` instead filtered every node row of
+/// the run (30 ms per call on a 10,000-branch run).
+pub(crate) fn node_rows_columns(run: &str, keys: &str) -> String {
+    let rows = format!(
+        "FROM UNNEST({keys}::text[]) AS k(key) \
+         JOIN run_nodes n ON n.run_id = {run} AND n.node_key = k.key ORDER BY n.node_key"
+    );
+    format!(
+        "ARRAY(SELECT n.node_key {rows}) AS node_keys, ARRAY(SELECT n.state {rows}) AS node_states"
+    )
+}
+
 /// Loads the states of the given nodes; keys without a row are absent.
 pub async fn load_nodes(
     conn: &mut PgConnection,
@@ -1025,13 +1040,9 @@ pub async fn lock_run_fence_and_load(
            ARRAY(SELECT COALESCE((SELECT t.outcome = l.outcome FROM tasks t \
                WHERE t.id = l.id AND t.attempt = l.attempt AND t.lease_token = l.token), false) \
              FROM lease l ORDER BY l.ord) AS repeat, \
-           ARRAY(SELECT n.node_key FROM UNNEST($7::text[]) AS k(key) \
-             JOIN run_nodes n ON n.run_id = $1 AND n.node_key = k.key ORDER BY n.node_key) \
-             AS node_keys, \
-           ARRAY(SELECT n.state FROM UNNEST($7::text[]) AS k(key) \
-             JOIN run_nodes n ON n.run_id = $1 AND n.node_key = k.key ORDER BY n.node_key) \
-             AS node_states \
-         FROM locked"
+           {} \
+         FROM locked",
+        node_rows_columns("$1", "$7")
     ))
     .bind(run_id)
     .bind(namespace)

@@ -509,7 +509,7 @@ pub async fn finish_task_and_load(
     let (task_id, attempt, lease_token, outcome) = finish;
     // finish_task_and_load: LEASED -> outcome for the caller's lease only;
     // `repeat` reads the row as it was before this statement's update
-    let row = sqlx::query(
+    let row = sqlx::query(&format!(
         "WITH finished AS ( \
            UPDATE tasks SET status = $4, outcome = $4, lease_expires_at = NULL, updated_at = now() \
            WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND status = 'LEASED' \
@@ -517,13 +517,9 @@ pub async fn finish_task_and_load(
          SELECT EXISTS (SELECT 1 FROM finished) AS applied, \
            (SELECT outcome = $4 FROM tasks WHERE id = $1 AND attempt = $2 AND lease_token = $3) \
              AS repeat, \
-           ARRAY(SELECT n.node_key FROM UNNEST($6::text[]) AS k(key) \
-             JOIN run_nodes n ON n.run_id = $5 AND n.node_key = k.key ORDER BY n.node_key) \
-             AS keys, \
-           ARRAY(SELECT n.state FROM UNNEST($6::text[]) AS k(key) \
-             JOIN run_nodes n ON n.run_id = $5 AND n.node_key = k.key ORDER BY n.node_key) \
-             AS states",
-    )
+           {}",
+        crate::runs::node_rows_columns("$5", "$6")
+    ))
     .bind(task_id)
     .bind(attempt)
     .bind(lease_token)
@@ -539,8 +535,8 @@ pub async fn finish_task_and_load(
         (false, Some(true)) => ReportCheck::Repeat,
         (false, _) => ReportCheck::Stale,
     };
-    let node_keys: Vec<String> = row.try_get("keys")?;
-    let states: Vec<Json> = row.try_get("states")?;
+    let node_keys: Vec<String> = row.try_get("node_keys")?;
+    let states: Vec<Json> = row.try_get("node_states")?;
     Ok((check, node_keys.into_iter().zip(states).collect()))
 }
 
