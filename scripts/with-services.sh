@@ -5,11 +5,18 @@
 # Both stop, and the folder goes, when the command ends.
 #
 #   scripts/with-services.sh cargo test --workspace
+#
+# With COMPOSER_BIN set, that binary is used as it is (no cargo build): a
+# test run of one SDK then never waits on, or races, a Rust build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-cargo build --quiet -p composer-cli
-composer=target/debug/composer
+if [[ -n ${COMPOSER_BIN:-} ]]; then
+  composer=$COMPOSER_BIN
+else
+  cargo build --quiet -p composer-cli
+  composer=target/debug/composer
+fi
 env_file=$(mktemp)
 "$composer" dev --no-server --env-file "$env_file" >/dev/null &
 dev_pid=$!

@@ -62,9 +62,15 @@ impl Default for DispatchConfig {
 }
 
 /// The stream of one shard of a queue. The braces are a Redis Cluster hash
-/// tag, so each shard may live on its own node.
+/// tag, so each shard may live on its own node. The namespace's length
+/// leads, so no two (namespace, queue, shard) triples share a key whatever
+/// the names hold (the name rule keeps `:` and braces out of them too; the
+/// key does not rely on it, and the lease statement trusts neither).
 pub fn stream_key(namespace: &str, queue: &str, shard: u32) -> String {
-    format!("composer:tasks:{{{namespace}:{queue}:{shard}}}")
+    format!(
+        "composer:tasks:{{{}:{namespace}:{queue}:{shard}}}",
+        namespace.len()
+    )
 }
 
 fn shard_of(run_id: Uuid, shards: u32) -> u32 {
@@ -439,7 +445,8 @@ impl PollHub {
                     }
                 }
             }
-            self.hand_out(&shared, &mut buffered).await;
+            self.hand_out((namespace, queue), &shared, &mut buffered)
+                .await;
         }
     }
 
@@ -465,7 +472,12 @@ impl PollHub {
     }
 
     /// Leases buffered tasks to waiting polls, first come first served.
-    async fn hand_out(&self, shared: &ReaderShared, buffered: &mut VecDeque<(Uuid, i32)>) {
+    async fn hand_out(
+        &self,
+        (namespace, queue): (&str, &str),
+        shared: &ReaderShared,
+        buffered: &mut VecDeque<(Uuid, i32)>,
+    ) {
         while !buffered.is_empty() {
             let Some(waiter) = shared
                 .waiters
@@ -480,15 +492,22 @@ impl PollHub {
             };
             let take = waiter.want.min(buffered.len());
             let candidates: Vec<(Uuid, i32)> = buffered.drain(..take).collect();
-            let leased =
-                match tasks::lease_tasks(self.store.pool(), &candidates, &waiter.worker_id).await {
-                    Ok(leased) => leased,
-                    Err(error) => {
-                        tracing::warn!(%error, "lease failed; tasks stay dispatched");
-                        let _ = sender.send(Vec::new());
-                        continue;
-                    }
-                };
+            let leased = match tasks::lease_tasks(
+                self.store.pool(),
+                &candidates,
+                &waiter.worker_id,
+                namespace,
+                queue,
+            )
+            .await
+            {
+                Ok(leased) => leased,
+                Err(error) => {
+                    tracing::warn!(%error, "lease failed; tasks stay dispatched");
+                    let _ = sender.send(Vec::new());
+                    continue;
+                }
+            };
             if let Err(unsent) = sender.send(leased) {
                 let leases: Vec<(Uuid, Uuid)> =
                     unsent.iter().map(|t| (t.id, t.lease_token)).collect();
@@ -598,6 +617,47 @@ mod tests {
             seen[shard as usize] += 1;
         }
         assert!(seen.iter().all(|&n| n > 40), "{seen:?}");
-        assert_eq!(stream_key("ns", "q", 3), "composer:tasks:{ns:q:3}");
+        assert_eq!(stream_key("ns", "q", 3), "composer:tasks:{2:ns:q:3}");
+    }
+
+    /// Reads a key back into its triple: possible for every key, which is
+    /// what makes two different triples' keys differ.
+    fn triple_of(key: &str) -> (String, String, u32) {
+        let inner = key
+            .strip_prefix("composer:tasks:{")
+            .and_then(|k| k.strip_suffix('}'))
+            .expect("key shape");
+        let (len, rest) = inner.split_once(':').expect("length");
+        let len: usize = len.parse().expect("length digits");
+        let (namespace, rest) = rest.split_at(len);
+        let rest = rest.strip_prefix(':').expect("separator");
+        let (queue, shard) = rest.rsplit_once(':').expect("shard");
+        (
+            namespace.to_owned(),
+            queue.to_owned(),
+            shard.parse().expect("shard digits"),
+        )
+    }
+
+    #[test]
+    fn the_collision_once_found_is_gone() {
+        assert_ne!(
+            stream_key("org", "prod:email", 0),
+            stream_key("org:prod", "email", 0)
+        );
+        assert_ne!(stream_key("a}", "b", 1), stream_key("a", "}b", 1));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn stream_keys_never_collide(
+            a in ("[a:{}1_.-]{0,6}", "[a:{}1_.-]{0,6}", 0u32..12),
+            b in ("[a:{}1_.-]{0,6}", "[a:{}1_.-]{0,6}", 0u32..12),
+        ) {
+            let key_a = stream_key(&a.0, &a.1, a.2);
+            let key_b = stream_key(&b.0, &b.1, b.2);
+            proptest::prop_assert_eq!(triple_of(&key_a), a.clone());
+            proptest::prop_assert_eq!(key_a == key_b, a == b);
+        }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
-use composer_store::tasks::LeasedTask;
+use composer_store::tasks::{LeasedTask, TaskScope};
 use tokio::sync::{Semaphore, watch};
 
 use crate::{
@@ -93,6 +93,11 @@ async fn serve_namespace(
 }
 
 async fn execute(coordinator: &Coordinator, executor: &HttpExecutor, task: LeasedTask) {
+    // the server's own worker acts on its own queue and nothing else
+    let scope = TaskScope {
+        namespace: task.namespace.clone(),
+        queues: Some(vec![HTTP_QUEUE.to_owned()]),
+    };
     let task_id = task.id.to_string();
     let token = task.lease_token.to_string();
     let request = executor.execute(&task.input, &task_id);
@@ -106,7 +111,7 @@ async fn execute(coordinator: &Coordinator, executor: &HttpExecutor, task: Lease
         tokio::select! {
             outcome = &mut request => break outcome,
             () = tokio::time::sleep(period) => {
-                match coordinator.heartbeat(Some(&task.namespace), &task_id, task.attempt, &token).await {
+                match coordinator.heartbeat(&scope, &task_id, task.attempt, &token).await {
                     Ok(answer) if answer.cancel_requested => return,
                     Ok(_) => {}
                     Err(crate::CoordinatorError::LeaseLost { .. }) => return,
@@ -130,7 +135,7 @@ async fn execute(coordinator: &Coordinator, executor: &HttpExecutor, task: Lease
     };
     let reported = coordinator
         .report(
-            Some(&task.namespace),
+            &scope,
             &task_id,
             task.attempt,
             &token,

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 pub use apply::{SYSTEM, correlation_text};
 pub use broker::{Broker, BrokerError};
+pub use composer_engine::names;
 use composer_store::Store;
 pub use error::{CoordinatorError, FieldProblem};
 pub use reports::{HeartbeatAnswer, TaskReport};

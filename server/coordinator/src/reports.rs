@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use composer_engine::{Event, NodeKey};
 use composer_store::{
     runs,
-    tasks::{self, HeartbeatOutcome, LeasedTask, ReportCheck},
+    tasks::{self, HeartbeatOutcome, LeasedTask, ReportCheck, TaskScope},
 };
 use serde_json::Value as Json;
 use uuid::Uuid;
@@ -66,13 +66,13 @@ impl Coordinator {
     /// Extends a lease; says whether the run was cancelled.
     pub async fn heartbeat(
         &self,
-        namespace: Option<&str>,
+        scope: &TaskScope,
         task_id: &str,
         attempt: i32,
         lease_token: &str,
     ) -> Result<HeartbeatAnswer, CoordinatorError> {
         let (task, token) = parse_ids(task_id, lease_token, attempt)?;
-        match tasks::heartbeat(self.store.pool(), namespace, task, attempt, token).await? {
+        match tasks::heartbeat(self.store.pool(), scope, task, attempt, token).await? {
             HeartbeatOutcome::Extended(until) => Ok(HeartbeatAnswer {
                 lease_expires_at: Some(until),
                 cancel_requested: false,
@@ -81,17 +81,17 @@ impl Coordinator {
                 lease_expires_at: None,
                 cancel_requested: true,
             }),
-            HeartbeatOutcome::Lost => self.lost_or_unknown(namespace, task, attempt).await,
+            HeartbeatOutcome::Lost => self.lost_or_unknown(scope, task, attempt).await,
         }
     }
 
     async fn lost_or_unknown<T>(
         &self,
-        namespace: Option<&str>,
+        scope: &TaskScope,
         task: Uuid,
         attempt: i32,
     ) -> Result<T, CoordinatorError> {
-        match tasks::task_owner(self.store.pool(), namespace, task).await? {
+        match tasks::task_owner(self.store.pool(), scope, task).await? {
             None => Err(CoordinatorError::TaskNotFound(task.to_string())),
             Some(_) => Err(CoordinatorError::LeaseLost {
                 task_id: task.to_string(),
@@ -101,10 +101,11 @@ impl Coordinator {
     }
 
     /// Applies a worker's report. Stale lease: LeaseLost, nothing changes. A
-    /// repeat of an applied report: Ok, nothing changes.
+    /// repeat of an applied report: Ok, nothing changes. A task outside the
+    /// caller's scope: TaskNotFound, nothing changes.
     pub async fn report(
         &self,
-        namespace: Option<&str>,
+        scope: &TaskScope,
         task_id: &str,
         attempt: i32,
         lease_token: &str,
@@ -126,11 +127,12 @@ impl Coordinator {
             outcome,
         };
         match self.lease_hints.take(task) {
-            Some(hint) => {
-                self.report_leased_here(namespace, lease, hint, report, actor)
+            Some(hint) if scope.covers(&hint.namespace, &hint.queue) => {
+                self.report_leased_here(scope, lease, hint, report, actor)
                     .await
             }
-            None => self.report_by_task(namespace, lease, report, actor).await,
+            Some(_) => Err(CoordinatorError::TaskNotFound(task.to_string())),
+            None => self.report_by_task(scope, lease, report, actor).await,
         }
     }
 
@@ -142,7 +144,7 @@ impl Coordinator {
     /// report waits for its own answer.
     async fn report_leased_here(
         &self,
-        namespace: Option<&str>,
+        scope: &TaskScope,
         lease: Lease,
         hint: LeaseHint,
         report: TaskReport,
@@ -150,7 +152,7 @@ impl Coordinator {
     ) -> Result<(), CoordinatorError> {
         let event = task_event(&hint.node_key, lease.attempt, report)?;
         let (answer, answered) = tokio::sync::oneshot::channel();
-        let queue = (hint.run_id, namespace.map(str::to_owned));
+        let queue = (hint.run_id, scope.clone());
         let queued = QueuedReport {
             lease,
             hint,
@@ -191,7 +193,7 @@ impl Coordinator {
                     for queued in &batch {
                         answers.push(
                             self.report_elsewhere(
-                                queue.1.as_deref(),
+                                &queue.1,
                                 queued.lease,
                                 queued.event.clone(),
                                 &queued.actor,
@@ -217,7 +219,7 @@ impl Coordinator {
         queue: &QueueKey,
         batch: &[QueuedReport],
     ) -> Result<(Vec<Result<(), CoordinatorError>>, crate::apply::Applied), CoordinatorError> {
-        let (run_id, namespace) = (queue.0, queue.1.as_deref());
+        let (run_id, namespace) = (queue.0, Some(queue.1.namespace.as_str()));
         let first = &batch[0].hint;
         let workflow = self
             .workflows
@@ -294,13 +296,13 @@ impl Coordinator {
     /// the run and node come from the task row.
     async fn report_by_task(
         &self,
-        namespace: Option<&str>,
+        scope: &TaskScope,
         lease: Lease,
         report: TaskReport,
         actor: &str,
     ) -> Result<(), CoordinatorError> {
         let mut tx = self.store.begin().await?;
-        let Some((run, node_key)) = runs::lock_run_of_task(&mut tx, namespace, lease.task).await?
+        let Some((run, node_key)) = runs::lock_run_of_task(&mut tx, scope, lease.task).await?
         else {
             return Err(CoordinatorError::TaskNotFound(lease.task.to_string()));
         };
@@ -311,13 +313,13 @@ impl Coordinator {
     /// One report on its own: lock the task's run, then fence and load.
     async fn report_elsewhere(
         &self,
-        namespace: Option<&str>,
+        scope: &TaskScope,
         lease: Lease,
         event: Event,
         actor: &str,
     ) -> Result<(), CoordinatorError> {
         let mut tx = self.store.begin().await?;
-        let Some((run, _)) = runs::lock_run_of_task(&mut tx, namespace, lease.task).await? else {
+        let Some((run, _)) = runs::lock_run_of_task(&mut tx, scope, lease.task).await? else {
             return Err(CoordinatorError::TaskNotFound(lease.task.to_string()));
         };
         self.apply_locked_report(tx, run, lease, event, actor).await
@@ -426,6 +428,7 @@ fn task_event(node_key: &str, attempt: i32, report: TaskReport) -> Result<Event,
 pub(crate) struct LeaseHint {
     run_id: Uuid,
     namespace: String,
+    queue: String,
     workflow_name: String,
     workflow_version: i32,
     node_key: String,
@@ -453,6 +456,7 @@ impl LeaseHints {
                 LeaseHint {
                     run_id: task.run_id,
                     namespace: task.namespace.clone(),
+                    queue: task.queue.clone(),
                     workflow_name: task.workflow_name.clone(),
                     workflow_version: task.workflow_version,
                     node_key: task.node_key.clone(),
@@ -479,9 +483,9 @@ struct QueuedReport {
 }
 
 /// A run and the namespace its reporters gave (None: internal callers).
-type QueueKey = (Uuid, Option<String>);
+type QueueKey = (Uuid, TaskScope);
 
-/// Reports per (run, caller's namespace) waiting to be applied. A queue
+/// Reports per (run, caller's scope) waiting to be applied. A queue
 /// present in the map has a task draining it.
 #[derive(Default)]
 pub(crate) struct ReportQueues {

@@ -5,6 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use crate::cel::{NodeField, Program, Scope, Ty};
 use crate::definition::{Broken, Definition, EdgeOn, MAX_NODES, Node, NodeType, ValidationErrors};
 use crate::duration::parse_duration;
+use crate::names;
 use crate::template::{self, Template};
 
 /// Most edges one definition may have.
@@ -244,13 +245,44 @@ const _: () = {
     send_sync::<CompiledWorkflow>();
 };
 
-const ID_RULE: &str = "must start with a letter or '_' and contain only letters, digits and '_'";
+/// Why a node id is refused, if it is: the name rule for identifiers, and
+/// `nodes`, which expressions use for the map of all nodes.
+fn id_problem(id: &str) -> Option<String> {
+    if id == "nodes" {
+        return Some("'nodes' is reserved in expressions".to_owned());
+    }
+    names::check_identifier(id).err().map(|e| e.to_string())
+}
 
-fn valid_id(id: &str) -> bool {
-    let mut chars = id.chars();
-    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && id != "nodes"
+/// A name as an error message may quote it: never more than a few dozen
+/// characters of what the caller sent.
+fn quoted(name: &str) -> String {
+    const MAX: usize = 40;
+    match name.char_indices().nth(MAX) {
+        Some((end, _)) => format!("{:?}...", &name[..end]),
+        None => format!("{name:?}"),
+    }
+}
+
+/// Checks the names a node refers to (queue, task, event, workflow).
+fn check_node_names(node: &Node, path: &str, errors: &mut ValidationErrors) {
+    let named = [
+        ("queue", &node.queue),
+        ("task", &node.task),
+        ("event", &node.event),
+        ("workflow", &node.workflow),
+        ("language", &node.language),
+    ];
+    for (field, value) in named {
+        if let Some(value) = value
+            && let Err(problem) = names::check_name(value)
+        {
+            errors.push(
+                format!("{path}.{field}"),
+                format!("{} {problem}", quoted(value)),
+            );
+        }
+    }
 }
 
 fn duration_field(
@@ -326,8 +358,10 @@ pub(crate) fn build(
     broken: &Broken,
 ) -> Result<CompiledWorkflow, ValidationErrors> {
     let mut errors = ValidationErrors::default();
-    if def.name.trim().is_empty() {
+    if def.name.is_empty() {
         errors.push("name", "is required");
+    } else if let Err(problem) = names::check_name(&def.name) {
+        errors.push("name", format!("{} {problem}", quoted(&def.name)));
     }
     if def.nodes.len() > MAX_NODES {
         errors.push(
@@ -361,8 +395,11 @@ pub(crate) fn build(
         if broken.nodes.contains(&i) {
             continue;
         }
-        if !valid_id(&node.id) {
-            errors.push(format!("nodes[{i}].id"), format!("'{}' {ID_RULE}", node.id));
+        if let Some(problem) = id_problem(&node.id) {
+            errors.push(
+                format!("nodes[{i}].id"),
+                format!("{} {problem}", quoted(&node.id)),
+            );
             invalid_ids.push(&node.id);
             continue;
         }
@@ -436,6 +473,7 @@ pub(crate) fn build(
         let skip = broken.nodes.contains(&i);
         if !skip {
             check_fields(node, &path, &mut errors);
+            check_node_names(node, &path, &mut errors);
         }
         let retry = match &node.retry {
             None => RetryPolicy::default(),

@@ -108,6 +108,26 @@ fn broken_definitions_are_rejected_with_path_and_message() {
             vec![("nodes[0].input", "'item' is only in scope in the input of a MAP node".into())],
         ),
         (
+            "queue reserved for the server",
+            base(&format!("  - {{ id: a, type: TASK, queue: _http, task: t }}\n{B}"), AB),
+            vec![("nodes[0].queue", "\"_http\" names starting with '_' are reserved for the server (1 to 64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit)".into())],
+        ),
+        (
+            "task name with a character outside the rule",
+            base(&format!("  - {{ id: a, type: TASK, queue: q, task: 'a:b' }}\n{B}"), AB),
+            vec![("nodes[0].task", "\"a:b\" character ':' at position 1 is not allowed (1 to 64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit)".into())],
+        ),
+        (
+            "event name too long",
+            base(&format!("{A}\n  - {{ id: b, type: WAIT_FOR_EVENT, event: {} }}", "e".repeat(65)), AB),
+            vec![("nodes[1].event", format!("\"{}\"... is 65 bytes long; at most 64 are allowed", "e".repeat(40)))],
+        ),
+        (
+            "workflow name with a space",
+            format!("name: 'two words'\nnodes:\n{A}\n"),
+            vec![("name", "\"two words\" character ' ' at position 3 is not allowed (1 to 64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit)".into())],
+        ),
+        (
             "compensate naming an unknown node",
             base(&format!("  - {{ id: a, type: TASK, queue: q, task: t, compensate: nope }}\n{B}"), AB),
             vec![("nodes[0].compensate", "unknown node 'nope'".into())],
@@ -153,7 +173,7 @@ fn broken_definitions_are_rejected_with_path_and_message() {
         (
             "node id that is not an identifier",
             base(&format!("{A}\n  - {{ id: my-node, type: FORK }}"), "  - { from: a, to: my-node }"),
-            vec![("nodes[1].id", "'my-node' must start with a letter or '_' and contain only letters, digits and '_'".into())],
+            vec![("nodes[1].id", "\"my-node\" character '-' at position 2 is not allowed (1 to 64 characters from A-Z a-z 0-9 _, starting with a letter)".into())],
         ),
         (
             "error edge from a node that never fails",

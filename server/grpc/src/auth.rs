@@ -321,19 +321,28 @@ impl Authenticator {
                     .join(",")
             )));
         }
-        Ok(Some(with_namespace_override(caller, headers)))
+        with_namespace_override(caller, headers).map(Some)
     }
 }
 
-/// An admin may act in another namespace by naming it in a header.
-fn with_namespace_override(mut caller: Caller, headers: &HeaderMap) -> Caller {
-    if caller.has(Admin)
-        && let Some(namespace) = headers.get(NAMESPACE_HEADER).and_then(|v| v.to_str().ok())
-        && !namespace.is_empty()
-    {
-        caller.namespace = namespace.to_owned();
+/// An admin may act in another namespace by naming it in a header; the
+/// name follows the name rule like every other.
+fn with_namespace_override(mut caller: Caller, headers: &HeaderMap) -> Result<Caller, Status> {
+    if !caller.has(Admin) {
+        return Ok(caller);
     }
-    caller
+    let Some(value) = headers.get(NAMESPACE_HEADER) else {
+        return Ok(caller);
+    };
+    let namespace = value.to_str().unwrap_or("\u{fffd}");
+    if namespace.is_empty() {
+        return Ok(caller);
+    }
+    composer_coordinator::names::check_name(namespace).map_err(|problem| {
+        crate::status::invalid_field(NAMESPACE_HEADER, format!("namespace {problem}"))
+    })?;
+    caller.namespace = namespace.to_owned();
+    Ok(caller)
 }
 
 fn bearer(headers: &HeaderMap) -> Result<&str, Status> {
@@ -372,15 +381,24 @@ fn verify(
         validation.algorithms = vec![key.algorithm];
         validation.leeway = leeway_secs;
         validation.validate_nbf = true;
-        validation.set_required_spec_claims(&["exp", "sub"]);
+        // a configured issuer or audience is a required claim: a token
+        // without it is as foreign as one with another value
+        let mut required = vec!["exp", "sub"];
         match issuer {
-            Some(iss) => validation.set_issuer(&[iss]),
+            Some(iss) => {
+                validation.set_issuer(&[iss]);
+                required.push("iss");
+            }
             None => validation.iss = None,
         }
         match audience {
-            Some(aud) => validation.set_audience(&[aud]),
+            Some(aud) => {
+                validation.set_audience(&[aud]);
+                required.push("aud");
+            }
             None => validation.validate_aud = false,
         }
+        validation.set_required_spec_claims(&required);
         match decode::<Claims>(token, &key.key, &validation) {
             Ok(data) => return caller_of(data.claims),
             Err(error) => last_error = error.to_string(),
@@ -392,8 +410,10 @@ fn verify(
 }
 
 fn caller_of(claims: Claims) -> Result<Caller, Status> {
-    if claims.ns.is_empty() {
-        return Err(Status::unauthenticated("invalid token: `ns` is empty"));
+    if let Err(problem) = composer_coordinator::names::check_name(&claims.ns) {
+        return Err(Status::unauthenticated(format!(
+            "invalid token: namespace `ns` {problem}"
+        )));
     }
     let roles: Vec<Role> = claims.roles.iter().filter_map(|r| Role::parse(r)).collect();
     if roles.is_empty() {
@@ -502,6 +522,7 @@ pub struct NewToken {
 }
 
 /// The key a token is signed with.
+#[derive(Clone, Copy)]
 pub enum SigningKey<'a> {
     /// An HS256 shared secret.
     Secret(&'a [u8]),
@@ -518,6 +539,9 @@ pub enum MintError {
     /// The key could not be used.
     #[error("signing key: {0}")]
     Key(String),
+    /// The namespace breaks the name rule.
+    #[error("namespace {0}")]
+    Namespace(composer_coordinator::names::NameError),
 }
 
 /// Signs a token.
@@ -525,6 +549,7 @@ pub fn mint(token: &NewToken, key: SigningKey<'_>, kid: Option<&str>) -> Result<
     if let Some(role) = token.roles.iter().find(|r| Role::parse(r).is_none()) {
         return Err(MintError::UnknownRole(role.clone()));
     }
+    composer_coordinator::names::check_name(&token.ns).map_err(MintError::Namespace)?;
     let (algorithm, encoding) = match key {
         SigningKey::Secret(secret) => {
             if secret.len() < 32 {

@@ -19,6 +19,13 @@ pub fn invalid_field(field: &str, description: impl Into<String>) -> Status {
     )
 }
 
+/// INVALID_ARGUMENT naming `field` when `value` breaks the name rule
+/// (`docs/names.md`).
+pub fn check_name(field: &str, value: &str) -> Result<(), Status> {
+    composer_coordinator::names::check_name(value)
+        .map_err(|problem| invalid_field(field, problem.to_string()))
+}
+
 fn bad_request(message: &str, problems: &[FieldProblem]) -> Status {
     let violations: Vec<FieldViolation> = problems
         .iter()

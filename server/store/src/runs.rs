@@ -1073,20 +1073,22 @@ pub async fn lock_run_fence_and_load(
 /// the task's node key. None: no such task in `namespace`.
 pub async fn lock_run_of_task(
     conn: &mut PgConnection,
-    namespace: Option<&str>,
+    scope: &crate::tasks::TaskScope,
     task_id: Uuid,
 ) -> Result<Option<(RunRow, String)>, StoreError> {
     // lock_run_of_task: the task's run and node never change, so reading
-    // them without a lock is safe; the run row lock serialises the event
+    // them without a lock is safe; the run row lock serialises the event.
+    // Only a task inside the caller's scope is found.
     let row = sqlx::query(&format!(
         "WITH task AS ( \
-           SELECT run_id, node_key FROM tasks \
-           WHERE id = $1 AND ($2::text IS NULL OR namespace = $2)) \
+           SELECT run_id, node_key FROM tasks WHERE id = $1 AND {}) \
          SELECT {RUN_COLUMNS}, (SELECT node_key FROM task) AS task_node_key FROM runs \
-         WHERE id = (SELECT run_id FROM task) FOR UPDATE"
+         WHERE id = (SELECT run_id FROM task) FOR UPDATE",
+        crate::tasks::scope_condition(2, 3)
     ))
     .bind(task_id)
-    .bind(namespace)
+    .bind(&scope.namespace)
+    .bind(scope.queues.as_deref())
     .fetch_optional(conn)
     .await?;
     let Some(row) = row else {

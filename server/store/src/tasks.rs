@@ -10,6 +10,38 @@ use uuid::Uuid;
 
 use crate::StoreError;
 
+/// Whose tasks a caller may touch: one namespace, and in it either every
+/// queue that is not the server's own (`queues: None`) or the listed ones.
+/// Every statement a worker's call runs is filtered by it, so a lease
+/// token or task id learnt by any means reaches nothing outside it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TaskScope {
+    /// The caller's namespace.
+    pub namespace: String,
+    /// The queues it may touch; `None`: any queue not starting with `_`.
+    pub queues: Option<Vec<String>>,
+}
+
+impl TaskScope {
+    /// True when a task of `namespace` on `queue` is inside the scope.
+    pub fn covers(&self, namespace: &str, queue: &str) -> bool {
+        namespace == self.namespace
+            && match &self.queues {
+                None => !queue.starts_with('_'),
+                Some(queues) => queues.iter().any(|q| q == queue),
+            }
+    }
+}
+
+/// The SQL condition of [`TaskScope::covers`] over a `tasks` row, with the
+/// namespace as `$ns` and the queue list (NULL: any public queue) as `$qs`.
+pub(crate) fn scope_condition(ns: u8, qs: u8) -> String {
+    format!(
+        "namespace = ${ns} AND CASE WHEN ${qs}::text[] IS NULL THEN left(queue, 1) <> '_' \
+         ELSE queue = ANY(${qs}::text[]) END"
+    )
+}
+
 /// Task statuses as stored.
 pub mod status {
     /// Armed, an outbox row written, waiting for a worker to lease it.
@@ -197,11 +229,14 @@ fn leased_from_row(row: &PgRow) -> Result<LeasedTask, sqlx::Error> {
 
 /// Leases the given `(task_id, attempt)` pairs to `owner`, each only if it
 /// is still DISPATCHED at that attempt (a duplicate or stale message loses
-/// here), in one statement. Returns what was leased.
+/// here) and belongs to `namespace` and `queue` (what a stream message says
+/// is never trusted), in one statement. Returns what was leased.
 pub async fn lease_tasks(
     pool: &PgPool,
     candidates: &[(Uuid, i32)],
     owner: &str,
+    namespace: &str,
+    queue: &str,
 ) -> Result<Vec<LeasedTask>, StoreError> {
     if candidates.is_empty() {
         return Ok(Vec::new());
@@ -218,7 +253,7 @@ pub async fn lease_tasks(
            updated_at = now() \
          FROM UNNEST($1::uuid[], $2::int[]) AS c(id, attempt) \
          WHERE t.id = ANY($1::uuid[]) AND t.id = c.id AND t.attempt = c.attempt \
-           AND t.status = 'DISPATCHED' \
+           AND t.status = 'DISPATCHED' AND t.namespace = $4 AND t.queue = $5 \
          RETURNING t.id, t.namespace, t.run_id, t.node_key, t.workflow_name, t.workflow_version, \
            t.queue, t.task_name, t.attempt, t.input, t.lease_token, t.lease_expires_at, \
            t.heartbeat_timeout_ms, t.attempt_deadline",
@@ -226,6 +261,8 @@ pub async fn lease_tasks(
     .bind(&ids)
     .bind(&attempts)
     .bind(owner)
+    .bind(namespace)
+    .bind(queue)
     .fetch_all(pool)
     .await?;
     rows.iter()
@@ -249,37 +286,39 @@ pub enum HeartbeatOutcome {
 /// (a HOT update), fenced by `(id, attempt, lease_token)`.
 pub async fn heartbeat(
     pool: &PgPool,
-    namespace: Option<&str>,
+    scope: &TaskScope,
     task_id: Uuid,
     attempt: i32,
     lease_token: Uuid,
 ) -> Result<HeartbeatOutcome, StoreError> {
     // heartbeat: extend the caller's lease, and only the caller's
-    let extended: Option<DateTime<Utc>> = sqlx::query_scalar(
+    let extended: Option<DateTime<Utc>> = sqlx::query_scalar(&format!(
         "UPDATE tasks SET lease_expires_at = now() + make_interval(secs => heartbeat_timeout_ms / 1000.0) \
-         WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND status = 'LEASED' \
-           AND ($4::text IS NULL OR namespace = $4) \
+         WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND status = 'LEASED' AND {} \
          RETURNING lease_expires_at",
-    )
+        scope_condition(4, 5)
+    ))
     .bind(task_id)
     .bind(attempt)
     .bind(lease_token)
-    .bind(namespace)
+    .bind(&scope.namespace)
+    .bind(scope.queues.as_deref())
     .fetch_optional(pool)
     .await?;
     if let Some(until) = extended {
         return Ok(HeartbeatOutcome::Extended(until));
     }
     // heartbeat_refused: was the caller's lease cancelled rather than lost?
-    let cancelled: Option<bool> = sqlx::query_scalar(
+    let cancelled: Option<bool> = sqlx::query_scalar(&format!(
         "SELECT status = 'CANCELLED' FROM tasks \
-         WHERE id = $1 AND attempt = $2 AND lease_token = $3 \
-           AND ($4::text IS NULL OR namespace = $4)",
-    )
+         WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND {}",
+        scope_condition(4, 5)
+    ))
     .bind(task_id)
     .bind(attempt)
     .bind(lease_token)
-    .bind(namespace)
+    .bind(&scope.namespace)
+    .bind(scope.queues.as_deref())
     .fetch_optional(pool)
     .await?;
     Ok(match cancelled {
@@ -292,15 +331,17 @@ pub async fn heartbeat(
 /// run and re-checks the task under that lock).
 pub async fn task_owner(
     pool: &PgPool,
-    namespace: Option<&str>,
+    scope: &TaskScope,
     task_id: Uuid,
 ) -> Result<Option<(Uuid, String)>, StoreError> {
-    // task_owner: primary key lookup
-    let row = sqlx::query(
-        "SELECT run_id, node_key FROM tasks WHERE id = $1 AND ($2::text IS NULL OR namespace = $2)",
-    )
+    // task_owner: primary key lookup, inside the caller's scope
+    let row = sqlx::query(&format!(
+        "SELECT run_id, node_key FROM tasks WHERE id = $1 AND {}",
+        scope_condition(2, 3)
+    ))
     .bind(task_id)
-    .bind(namespace)
+    .bind(&scope.namespace)
+    .bind(scope.queues.as_deref())
     .fetch_optional(pool)
     .await?;
     row.map(|row| Ok((row.try_get("run_id")?, row.try_get("node_key")?)))

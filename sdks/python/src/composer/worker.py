@@ -346,14 +346,18 @@ class Worker:
         queue: str = "code.python",
         time_limit: float | None = None,
         memory_limit: int | None = None,
+        allow_network: bool = False,
     ) -> None:
         """Makes this worker a Python code runner: it serves CODE nodes (``queue`` ``code.python``).
 
-        See :mod:`composer.code_runner` for the snippet convention and limits.
+        See :mod:`composer.code_runner` for the snippet convention, limits and
+        sandbox; raises ``SandboxUnavailable`` where snippets cannot be
+        isolated and ``allow_network`` is false.
         """
         from . import code_runner
 
-        self.handle_queue(queue, code_runner.make_handler(time_limit=time_limit, memory_limit=memory_limit))
+        handler = code_runner.make_handler(time_limit=time_limit, memory_limit=memory_limit, allow_network=allow_network)
+        self.handle_queue(queue, handler)
 
     @property
     def queues(self) -> list[str]:

@@ -19,7 +19,7 @@ use uuid::Uuid;
 use crate::{
     caller::caller,
     convert::{from_json, from_json_opt, from_timestamp, page_size, timestamp, to_json},
-    status::{from_coordinator, invalid_field},
+    status::{check_name, from_coordinator, invalid_field},
 };
 
 /// The RunService implementation.
@@ -145,6 +145,28 @@ fn history_message(row: HistoryRow) -> HistoryEvent {
     }
 }
 
+/// Label keys follow the name rule; the field path names the key.
+fn check_label_keys(labels: &HashMap<String, String>) -> Result<(), Status> {
+    let mut keys: Vec<&String> = labels.keys().collect();
+    keys.sort();
+    for key in keys {
+        composer_coordinator::names::check_name(key).map_err(|problem| {
+            invalid_field(&format!("labels[{}]", clipped(key)), problem.to_string())
+        })?;
+    }
+    Ok(())
+}
+
+/// At most a few dozen characters of what a caller sent, quoted, for a
+/// message or a field path.
+fn clipped(text: &str) -> String {
+    const MAX: usize = 40;
+    match text.char_indices().nth(MAX) {
+        Some((end, _)) => format!("{:?}...", &text[..end]),
+        None => format!("{text:?}"),
+    }
+}
+
 fn require_run_id(run_id: &str) -> Result<(), Status> {
     if run_id.is_empty() {
         return Err(invalid_field("run_id", "must not be empty"));
@@ -173,9 +195,8 @@ impl RunService for RunApi {
     ) -> Result<Response<StartRunResponse>, Status> {
         let caller = caller(&request)?;
         let request = request.into_inner();
-        if request.workflow_name.is_empty() {
-            return Err(invalid_field("workflow_name", "must not be empty"));
-        }
+        check_name("workflow_name", &request.workflow_name)?;
+        check_label_keys(&request.labels)?;
         if request.version < 0 {
             return Err(invalid_field(
                 "version",
@@ -241,6 +262,10 @@ impl RunService for RunApi {
                 Uuid::parse_str(id).map_err(|_| invalid_field("parent_run_id", "not a run id"))?,
             ),
         };
+        if !request.workflow_name.is_empty() {
+            check_name("workflow_name", &request.workflow_name)?;
+        }
+        check_label_keys(&request.labels)?;
         let filter = RunFilter {
             workflow_name: Some(request.workflow_name).filter(|n| !n.is_empty()),
             statuses: statuses.into_iter().map(str::to_owned).collect(),
@@ -328,9 +353,7 @@ impl RunService for RunApi {
     ) -> Result<Response<SendEventResponse>, Status> {
         let caller = caller(&request)?;
         let request = request.into_inner();
-        if request.event_name.is_empty() {
-            return Err(invalid_field("event_name", "must not be empty"));
-        }
+        check_name("event_name", &request.event_name)?;
         let target = match request.target {
             Some(Target::RunId(id)) => EventTarget::Run(
                 Uuid::parse_str(&id)

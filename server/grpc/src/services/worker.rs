@@ -10,19 +10,23 @@ use composer_proto::v1::{
     HeartbeatResponse, PollTasksRequest, PollTasksResponse, Task,
     worker_service_server::WorkerService,
 };
-use composer_store::tasks::LeasedTask;
+use composer_store::tasks::{LeasedTask, TaskScope};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::{
+    auth::Role,
+    caller::Caller,
     caller::caller,
     convert::{from_json, timestamp, to_json},
-    status::{from_coordinator, invalid_field},
+    status::{check_name, from_coordinator, invalid_field},
 };
 
 const DEFAULT_WAIT: Duration = Duration::from_secs(20);
 const MAX_WAIT: Duration = Duration::from_secs(60);
 const MAX_TASKS: i32 = 100;
+/// Queues one poll may name.
+const MAX_QUEUES: usize = 64;
 
 /// The WorkerService implementation.
 #[derive(Clone)]
@@ -52,6 +56,26 @@ fn task_message(task: LeasedTask) -> Task {
         input: Some(from_json(&task.input)),
         attempt_deadline: task.attempt_deadline.map(timestamp),
         namespace: task.namespace,
+    }
+}
+
+/// The tasks a worker's calls may touch: its namespace, and the queues its
+/// token lists (every public queue for an admin or `*`). Queues starting
+/// with `_` are the server's and outside every scope.
+fn scope_of(caller: &Caller) -> TaskScope {
+    let listed = caller
+        .queues
+        .as_ref()
+        .filter(|queues| !caller.has(Role::Admin) && !queues.contains("*"));
+    TaskScope {
+        namespace: caller.namespace.clone(),
+        queues: listed.map(|queues| {
+            queues
+                .iter()
+                .filter(|q| composer_coordinator::names::check_name(q).is_ok())
+                .cloned()
+                .collect()
+        }),
     }
 }
 
@@ -90,11 +114,17 @@ impl WorkerService for WorkerApi {
         if request.worker_id.is_empty() {
             return Err(invalid_field("worker_id", "must not be empty"));
         }
-        if request.queues.is_empty() || request.queues.iter().any(String::is_empty) {
+        if request.queues.is_empty() {
+            return Err(invalid_field("queues", "name at least one queue"));
+        }
+        if request.queues.len() > MAX_QUEUES {
             return Err(invalid_field(
                 "queues",
-                "name at least one queue, none empty",
+                format!("at most {MAX_QUEUES} queues per poll"),
             ));
+        }
+        for (i, queue) in request.queues.iter().enumerate() {
+            check_name(&format!("queues[{i}]"), queue)?;
         }
         if request.max_tasks < 0 || request.max_tasks > MAX_TASKS {
             return Err(invalid_field(
@@ -141,7 +171,7 @@ impl WorkerService for WorkerApi {
         let answer = self
             .coordinator
             .heartbeat(
-                Some(&caller.namespace),
+                &scope_of(&caller),
                 &request.task_id,
                 request.attempt,
                 &request.lease_token,
@@ -164,7 +194,7 @@ impl WorkerService for WorkerApi {
         let output = to_json(request.output, "output")?;
         self.coordinator
             .report(
-                Some(&caller.namespace),
+                &scope_of(&caller),
                 &request.task_id,
                 request.attempt,
                 &request.lease_token,
@@ -188,7 +218,7 @@ impl WorkerService for WorkerApi {
         }
         self.coordinator
             .report(
-                Some(&caller.namespace),
+                &scope_of(&caller),
                 &request.task_id,
                 request.attempt,
                 &request.lease_token,

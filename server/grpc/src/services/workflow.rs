@@ -60,10 +60,7 @@ fn check_source(source: &str) -> Result<(), Status> {
 }
 
 fn check_name(name: &str) -> Result<(), Status> {
-    if name.is_empty() {
-        return Err(invalid_field("name", "must not be empty"));
-    }
-    Ok(())
+    crate::status::check_name("name", name)
 }
 
 #[tonic::async_trait]
@@ -141,6 +138,15 @@ impl WorkflowService for WorkflowApi {
         let caller = caller(&request)?;
         let request = request.into_inner();
         let limit = page_size(request.page_size)?;
+        if request.name_prefix.len() > composer_coordinator::names::MAX_NAME_LEN {
+            return Err(invalid_field(
+                "name_prefix",
+                format!(
+                    "is longer than a name can be ({} bytes)",
+                    composer_coordinator::names::MAX_NAME_LEN
+                ),
+            ));
+        }
         let rows = self
             .coordinator
             .list_workflows(

@@ -26,7 +26,7 @@ const (
 // StartRunRequest names the workflow and carries the input.
 type StartRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The workflow's name.
+	// The workflow's name (the name rule: docs/names.md).
 	WorkflowName string `protobuf:"bytes,1,opt,name=workflow_name,json=workflowName,proto3" json:"workflow_name,omitempty"`
 	// The version to run; 0 means the latest.
 	Version int32 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
@@ -35,7 +35,8 @@ type StartRunRequest struct {
 	// Optional: a repeated StartRun with the same key in the same namespace
 	// returns the same run.
 	IdempotencyKey string `protobuf:"bytes,4,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	// Optional labels, for filtering in ListRuns.
+	// Optional labels, for filtering in ListRuns. Keys follow the name rule
+	// (docs/names.md); a bad key is INVALID_ARGUMENT with field `labels["key"]`.
 	Labels        map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -633,7 +634,8 @@ type SendEventRequest struct {
 	//	*SendEventRequest_RunId
 	//	*SendEventRequest_CorrelationKey
 	Target isSendEventRequest_Target `protobuf_oneof:"target"`
-	// The event's name, matched against a WAIT_FOR_EVENT's `event`.
+	// The event's name, matched against a WAIT_FOR_EVENT's `event` (the name
+	// rule: docs/names.md).
 	EventName string `protobuf:"bytes,3,opt,name=event_name,json=eventName,proto3" json:"event_name,omitempty"`
 	// The payload, which becomes the WAIT_FOR_EVENT node's output.
 	Payload *structpb.Value `protobuf:"bytes,4,opt,name=payload,proto3" json:"payload,omitempty"`

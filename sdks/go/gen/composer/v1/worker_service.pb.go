@@ -29,7 +29,11 @@ type PollTasksRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A stable id for this worker process, recorded as the lease owner.
 	WorkerId string `protobuf:"bytes,1,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
-	// The queues to take tasks from (at least one).
+	// The queues to take tasks from: 1 to 64 names, each following the name
+	// rule (docs/names.md: 1 to 64 characters from `A-Z a-z 0-9 _ . -`,
+	// starting with a letter or digit). A name starting with `_` is reserved
+	// for the server and refused with INVALID_ARGUMENT (field `queues[i]`); a
+	// queue the token does not list is PERMISSION_DENIED.
 	Queues []string `protobuf:"bytes,2,rep,name=queues,proto3" json:"queues,omitempty"`
 	// At most this many tasks (default 1, at most 100): the worker's free slots.
 	MaxTasks int32 `protobuf:"varint,3,opt,name=max_tasks,json=maxTasks,proto3" json:"max_tasks,omitempty"`

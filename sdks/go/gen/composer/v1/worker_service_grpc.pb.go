@@ -51,6 +51,12 @@ const (
 // report that was already applied (same lease, same outcome) answers OK and
 // changes nothing, so a worker may safely retry a report after UNAVAILABLE or
 // DEADLINE_EXCEEDED with the same lease token.
+//
+// Every call acts inside the caller's scope: the token's namespace, and the
+// queues the token lists (every queue for `*` or an admin), never a queue
+// whose name starts with `_` (the server's own, such as `_http`). A task
+// outside that scope is NOT_FOUND to Heartbeat, CompleteTask and FailTask,
+// whatever lease token the call carries, and is never leased by PollTasks.
 type WorkerServiceClient interface {
 	// PollTasks waits up to `wait` for tasks on any of `queues` and returns at
 	// most `max_tasks`, each already leased to this worker. An empty list after
@@ -150,6 +156,12 @@ func (c *workerServiceClient) FailTask(ctx context.Context, in *FailTaskRequest,
 // report that was already applied (same lease, same outcome) answers OK and
 // changes nothing, so a worker may safely retry a report after UNAVAILABLE or
 // DEADLINE_EXCEEDED with the same lease token.
+//
+// Every call acts inside the caller's scope: the token's namespace, and the
+// queues the token lists (every queue for `*` or an admin), never a queue
+// whose name starts with `_` (the server's own, such as `_http`). A task
+// outside that scope is NOT_FOUND to Heartbeat, CompleteTask and FailTask,
+// whatever lease token the call carries, and is never leased by PollTasks.
 type WorkerServiceServer interface {
 	// PollTasks waits up to `wait` for tasks on any of `queues` and returns at
 	// most `max_tasks`, each already leased to this worker. An empty list after

@@ -40,6 +40,8 @@ type WorkflowServiceClient interface {
 	// created. An invalid definition fails with INVALID_ARGUMENT and a
 	// google.rpc.BadRequest detail carrying one field violation per problem,
 	// each with its path (`nodes[3].retry.max_attempts`); nothing is stored.
+	// Every name in a definition (the workflow's, node ids, queues, tasks,
+	// events, referenced workflows) follows the name rule of docs/names.md.
 	RegisterWorkflow(ctx context.Context, in *RegisterWorkflowRequest, opts ...grpc.CallOption) (*RegisterWorkflowResponse, error)
 	// ValidateWorkflow checks a definition exactly as RegisterWorkflow does,
 	// stores nothing, and returns every problem in the response (OK status).
@@ -127,6 +129,8 @@ type WorkflowServiceServer interface {
 	// created. An invalid definition fails with INVALID_ARGUMENT and a
 	// google.rpc.BadRequest detail carrying one field violation per problem,
 	// each with its path (`nodes[3].retry.max_attempts`); nothing is stored.
+	// Every name in a definition (the workflow's, node ids, queues, tasks,
+	// events, referenced workflows) follows the name rule of docs/names.md.
 	RegisterWorkflow(context.Context, *RegisterWorkflowRequest) (*RegisterWorkflowResponse, error)
 	// ValidateWorkflow checks a definition exactly as RegisterWorkflow does,
 	// stores nothing, and returns every problem in the response (OK status).

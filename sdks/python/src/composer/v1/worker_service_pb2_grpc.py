@@ -48,6 +48,12 @@ class WorkerServiceStub:
     report that was already applied (same lease, same outcome) answers OK and
     changes nothing, so a worker may safely retry a report after UNAVAILABLE or
     DEADLINE_EXCEEDED with the same lease token.
+
+    Every call acts inside the caller's scope: the token's namespace, and the
+    queues the token lists (every queue for `*` or an admin), never a queue
+    whose name starts with `_` (the server's own, such as `_http`). A task
+    outside that scope is NOT_FOUND to Heartbeat, CompleteTask and FailTask,
+    whatever lease token the call carries, and is never leased by PollTasks.
     """
 
     def __init__(self, channel):
@@ -101,6 +107,12 @@ class WorkerServiceServicer:
     report that was already applied (same lease, same outcome) answers OK and
     changes nothing, so a worker may safely retry a report after UNAVAILABLE or
     DEADLINE_EXCEEDED with the same lease token.
+
+    Every call acts inside the caller's scope: the token's namespace, and the
+    queues the token lists (every queue for `*` or an admin), never a queue
+    whose name starts with `_` (the server's own, such as `_http`). A task
+    outside that scope is NOT_FOUND to Heartbeat, CompleteTask and FailTask,
+    whatever lease token the call carries, and is never leased by PollTasks.
     """
 
     def PollTasks(self, request, context):
@@ -199,6 +211,12 @@ class WorkerService:
     report that was already applied (same lease, same outcome) answers OK and
     changes nothing, so a worker may safely retry a report after UNAVAILABLE or
     DEADLINE_EXCEEDED with the same lease token.
+
+    Every call acts inside the caller's scope: the token's namespace, and the
+    queues the token lists (every queue for `*` or an admin), never a queue
+    whose name starts with `_` (the server's own, such as `_http`). A task
+    outside that scope is NOT_FOUND to Heartbeat, CompleteTask and FailTask,
+    whatever lease token the call carries, and is never leased by PollTasks.
     """
 
     @staticmethod

@@ -77,6 +77,8 @@ class WorkflowServiceServicer:
         created. An invalid definition fails with INVALID_ARGUMENT and a
         google.rpc.BadRequest detail carrying one field violation per problem,
         each with its path (`nodes[3].retry.max_attempts`); nothing is stored.
+        Every name in a definition (the workflow's, node ids, queues, tasks,
+        events, referenced workflows) follows the name rule of docs/names.md.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

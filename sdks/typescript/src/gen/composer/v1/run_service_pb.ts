@@ -23,7 +23,7 @@ export const file_composer_v1_run_service: GenFile = /*@__PURE__*/
  */
 export type StartRunRequest = Message<"composer.v1.StartRunRequest"> & {
   /**
-   * The workflow's name.
+   * The workflow's name (the name rule: docs/names.md).
    *
    * @generated from field: string workflow_name = 1;
    */
@@ -52,7 +52,8 @@ export type StartRunRequest = Message<"composer.v1.StartRunRequest"> & {
   idempotencyKey: string;
 
   /**
-   * Optional labels, for filtering in ListRuns.
+   * Optional labels, for filtering in ListRuns. Keys follow the name rule
+   * (docs/names.md); a bad key is INVALID_ARGUMENT with field `labels["key"]`.
    *
    * @generated from field: map<string, string> labels = 5;
    */
@@ -366,7 +367,8 @@ export type SendEventRequest = Message<"composer.v1.SendEventRequest"> & {
   } | { case: undefined; value?: undefined };
 
   /**
-   * The event's name, matched against a WAIT_FOR_EVENT's `event`.
+   * The event's name, matched against a WAIT_FOR_EVENT's `event` (the name
+   * rule: docs/names.md).
    *
    * @generated from field: string event_name = 3;
    */

@@ -28,7 +28,11 @@ export type PollTasksRequest = Message<"composer.v1.PollTasksRequest"> & {
   workerId: string;
 
   /**
-   * The queues to take tasks from (at least one).
+   * The queues to take tasks from: 1 to 64 names, each following the name
+   * rule (docs/names.md: 1 to 64 characters from `A-Z a-z 0-9 _ . -`,
+   * starting with a letter or digit). A name starting with `_` is reserved
+   * for the server and refused with INVALID_ARGUMENT (field `queues[i]`); a
+   * queue the token does not list is PERMISSION_DENIED.
    *
    * @generated from field: repeated string queues = 2;
    */
@@ -413,6 +417,12 @@ export const FailTaskResponseSchema: GenMessage<FailTaskResponse> = /*@__PURE__*
  * report that was already applied (same lease, same outcome) answers OK and
  * changes nothing, so a worker may safely retry a report after UNAVAILABLE or
  * DEADLINE_EXCEEDED with the same lease token.
+ *
+ * Every call acts inside the caller's scope: the token's namespace, and the
+ * queues the token lists (every queue for `*` or an admin), never a queue
+ * whose name starts with `_` (the server's own, such as `_http`). A task
+ * outside that scope is NOT_FOUND to Heartbeat, CompleteTask and FailTask,
+ * whatever lease token the call carries, and is never leased by PollTasks.
  *
  * @generated from service composer.v1.WorkerService
  */
