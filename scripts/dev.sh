@@ -9,14 +9,23 @@ cd "$ROOT"
 
 python=$(scripts/python-venv.sh)
 env_file=$(mktemp)
-target/debug/composer dev --env-file "$env_file" "$@" &
+# The server and the worker run in sessions of their own: a Ctrl-C in the
+# terminal reaches only this script, which then stops each of them once
+# (worker first, so it drains against a live server). Were they in the
+# terminal's process group, Ctrl-C would reach them directly too, and this
+# script's SIGTERM would be their second signal: exit at once, no drain.
+setsid target/debug/composer dev --env-file "$env_file" "$@" &
 dev_pid=$!
 worker_pid=
 stop() {
   trap - EXIT INT TERM
-  [[ -n $worker_pid ]] && kill -TERM "$worker_pid" 2>/dev/null && wait "$worker_pid" 2>/dev/null
-  kill -TERM "$dev_pid" 2>/dev/null || true
-  wait "$dev_pid" 2>/dev/null || true
+  set +e # a worker that exits non-zero must not leave the server running
+  if [[ -n $worker_pid ]]; then
+    kill -TERM "$worker_pid" 2>/dev/null
+    wait "$worker_pid" 2>/dev/null
+  fi
+  kill -TERM "$dev_pid" 2>/dev/null
+  wait "$dev_pid" 2>/dev/null
   rm -f "$env_file"
 }
 trap stop EXIT INT TERM
@@ -30,11 +39,13 @@ set -a
 # shellcheck disable=SC1090
 source "$env_file"
 set +a
+# for tests: a copy of what the server wrote
+[[ -n ${DEV_ENV_COPY:-} ]] && cp "$env_file" "$DEV_ENV_COPY"
 
 echo
 echo "Running the example order workflow (examples/python) once:"
 "$python" examples/python/run_order.py || echo "(the example run failed; the server keeps running)"
-"$python" examples/python/workers.py &
+setsid "$python" examples/python/workers.py &
 worker_pid=$!
 echo
 echo "The example worker serves the order queues. Try another run:"

@@ -111,23 +111,26 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
             "COMPOSER_DATABASE_URL={}\nCOMPOSER_REDIS_URL={}\nCOMPOSER_ADDRESS={addr}\n",
             services.database_url, services.redis_url
         );
-        if let Some((admin, _)) = &tokens {
-            text.push_str(&format!("COMPOSER_TOKEN={admin}\n"));
+        if let Some((admin, worker)) = &tokens {
+            text.push_str(&format!(
+                "COMPOSER_TOKEN={admin}\nCOMPOSER_WORKER_TOKEN={worker}\n"
+            ));
         }
         std::fs::write(path, text).map_err(|source| DevError::EnvFile {
             path: path.clone(),
             source,
         })?;
     }
+    let grpcurl = grpcurl_command();
     if let Some((admin, worker)) = &tokens {
         println!("  admin token      {admin}");
         println!("  worker token     {worker}");
         println!("  try              export COMPOSER_TOKEN={admin}");
         println!(
-            "                   grpcurl -plaintext -H \"authorization: Bearer $COMPOSER_TOKEN\" {addr} list"
+            "                   {grpcurl} -plaintext -H \"authorization: Bearer $COMPOSER_TOKEN\" {addr} list"
         );
     } else {
-        println!("  try              grpcurl -plaintext {addr} list");
+        println!("  try              {grpcurl} -plaintext {addr} list");
     }
     println!("Press Ctrl-C to stop.");
     serve::run(
@@ -139,6 +142,24 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
     )
     .await?;
     Ok(())
+}
+
+/// How to call grpcurl so that the printed command works as typed: by name
+/// when it is on PATH, else the path of the copy `make setup` installs.
+fn grpcurl_command() -> String {
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join("grpcurl").is_file()));
+    if on_path {
+        return "grpcurl".to_owned();
+    }
+    let local = std::env::current_dir()
+        .map(|dir| dir.join(".tools/bin/grpcurl"))
+        .ok()
+        .filter(|path| path.is_file());
+    match local {
+        Some(path) => path.display().to_string(),
+        None => "grpcurl".to_owned(),
+    }
 }
 
 /// Unless a key or `--insecure` was given, makes an HS256 secret (kept in the

@@ -146,8 +146,8 @@ fn start_background(
             .map_err(StartError::Hub)?;
     tokio::spawn(deleter);
     let (feed, announcer) = ChangeFeed::new(&backend.redis_url).map_err(|e| {
-        StartError::Hub(composer_coordinator::CoordinatorError::Corrupt(format!(
-            "redis url: {e}"
+        StartError::Hub(composer_coordinator::CoordinatorError::Redis(format!(
+            "url: {e}"
         )))
     })?;
     tokio::spawn(announcer);

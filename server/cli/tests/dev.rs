@@ -103,6 +103,115 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
     assert!(!data.exists(), "the temporary folder {data:?} was removed");
 }
 
+/// `make dev` as a person runs it: the script in a terminal's foreground
+/// process group, one Ctrl-C sent to that whole group.
+#[tokio::test]
+async fn make_dev_drains_on_one_ctrl_c_and_prints_commands_that_work_as_typed() {
+    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let env_file = tempfile::NamedTempFile::new().expect("env file");
+    // a terminal's job starts with SIGINT at its default; a test runner
+    // started in the background may have it ignored, which bash could then
+    // not trap: `env --default-signal` puts it back
+    let mut command = Command::new("env");
+    command.args(["--default-signal=INT", "bash"]);
+    let mut child = command
+        .arg(repo.join("scripts/dev.sh"))
+        .args(["--listen", "127.0.0.1:0"])
+        .current_dir(&repo)
+        .env("COMPOSER_LOG_FORMAT", "text")
+        .env("DEV_ENV_COPY", env_file.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .expect("spawn scripts/dev.sh");
+    let group = child.id().and_then(|p| i32::try_from(p).ok()).expect("pid");
+    // whatever happens below, the script is told to stop everything it started
+    let _stop = StopGroup(group);
+    let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let stderr = child.stderr.take().expect("stderr");
+    let logs = tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        let mut all = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            all.push(line);
+        }
+        all
+    });
+    let mut printed = Vec::new();
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout(Duration::from_secs(300), stdout.next_line()).await
+    {
+        let done = line.starts_with("Ctrl-C stops");
+        printed.push(line);
+        if done {
+            break;
+        }
+    }
+    assert!(
+        printed.iter().any(|l| l.starts_with("Ctrl-C stops")),
+        "make dev never came up:\n{}",
+        printed.join("\n")
+    );
+    // the printed grpcurl command names a program that exists as typed
+    let grpcurl_line = printed
+        .iter()
+        .find(|l| l.contains("-plaintext"))
+        .expect("a grpcurl line");
+    let program = grpcurl_line
+        .split_whitespace()
+        .find(|w| w.ends_with("grpcurl"))
+        .expect("grpcurl named");
+    let runs = std::process::Command::new(program)
+        .arg("-version")
+        .current_dir(&repo)
+        .output();
+    assert!(
+        runs.is_ok_and(|o| o.status.success()),
+        "`{program}` does not run as printed"
+    );
+    // the env file carries both tokens
+    let copied = std::fs::read_to_string(env_file.path()).expect("env copy");
+    for key in [
+        "COMPOSER_ADDRESS=",
+        "COMPOSER_TOKEN=",
+        "COMPOSER_WORKER_TOKEN=",
+    ] {
+        assert!(copied.contains(key), "{key} missing from:\n{copied}");
+    }
+
+    nix::sys::signal::killpg(Pid::from_raw(group), Signal::SIGINT).expect("ctrl-c");
+    let exit = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("make dev stopped within 60 s")
+        .expect("exit status");
+    let logs = logs.await.expect("logs").join("\n");
+    assert!(logs.contains("draining"), "the server drained:\n{logs}");
+    assert!(
+        !logs.contains("second signal: exiting now"),
+        "one Ctrl-C counted twice:\n{logs}"
+    );
+    let _ = exit; // like any program stopped by Ctrl-C, it ends with 130
+    let address = copied
+        .lines()
+        .find_map(|l| l.strip_prefix("COMPOSER_ADDRESS="))
+        .expect("address");
+    assert!(
+        std::net::TcpStream::connect(address).is_err(),
+        "the server at {address} stopped with the script"
+    );
+}
+
+/// Sends SIGTERM to a process group when dropped.
+struct StopGroup(i32);
+
+impl Drop for StopGroup {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::killpg(Pid::from_raw(self.0), Signal::SIGTERM);
+    }
+}
+
 #[test]
 fn a_missing_redis_gets_one_line_with_the_install_command() {
     let output = std::process::Command::new(composer_binary())

@@ -128,6 +128,29 @@ async fn reflection_lists_every_service_and_describe_shows_the_contracts() {
     assert!(method.contains("idempotency_key"), "{method}");
 }
 
+#[tokio::test]
+async fn grpcurl_decodes_the_details_of_an_error_through_reflection() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let output = StdCommand::new(grpcurl())
+        .args([
+            "-plaintext",
+            "-d",
+            r#"{"workflow_name": "no:colons"}"#,
+            &server.addr,
+            "composer.v1.RunService/StartRun",
+        ])
+        .output()
+        .expect("grpcurl runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("InvalidArgument"), "{stderr}");
+    // decoded, not "unknown type" or raw bytes
+    assert!(
+        stderr.contains("google.rpc.BadRequest") && stderr.contains("\"field\": \"workflow_name\""),
+        "grpcurl could not decode the details:\n{stderr}"
+    );
+}
+
 /// A grpc-web call as a browser makes it: HTTP/1.1, a length-prefixed frame
 /// in the body, the status in a trailer frame.
 #[tokio::test]

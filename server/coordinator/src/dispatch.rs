@@ -170,7 +170,7 @@ async fn drain_outbox(
         }
         publish(redis, &batch, config.shards)
             .await
-            .map_err(|e| CoordinatorError::Corrupt(format!("redis XADD: {e}")))?;
+            .map_err(|e| CoordinatorError::Redis(format!("XADD: {e}")))?;
         tx.commit().await?;
         sent += batch.len();
     }
@@ -225,7 +225,7 @@ impl Publisher {
         CoordinatorError,
     > {
         let redis = redis::Client::open(redis_url)
-            .map_err(|e| CoordinatorError::Corrupt(format!("redis url: {e}")))?;
+            .map_err(|e| CoordinatorError::Redis(format!("url: {e}")))?;
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         let publisher = Arc::new(Self {
             redis,
@@ -325,7 +325,7 @@ impl PollHub {
         config: DispatchConfig,
     ) -> Result<Arc<Self>, CoordinatorError> {
         let redis = redis::Client::open(redis_url)
-            .map_err(|e| CoordinatorError::Corrupt(format!("redis url: {e}")))?;
+            .map_err(|e| CoordinatorError::Redis(format!("url: {e}")))?;
         Ok(Arc::new(Self {
             store,
             redis,

@@ -69,6 +69,9 @@ pub enum CoordinatorError {
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Redis failed or could not be reached.
+    #[error("redis: {0}")]
+    Redis(String),
 }
 
 impl From<sqlx::Error> for CoordinatorError {

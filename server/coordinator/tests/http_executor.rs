@@ -458,7 +458,7 @@ async fn loopback_is_reached_only_when_allowed() {
     );
     assert_eq!((code.as_str(), retryable), ("SSRF_BLOCKED", false));
     assert!(
-        message.contains("127.0.0.1") && message.contains("allow_loopback"),
+        message.contains("127.0.0.1") && message.contains("--http-allow-loopback"),
         "{message}"
     );
 

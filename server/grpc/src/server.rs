@@ -140,6 +140,9 @@ fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
     tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(composer_proto::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        // google.rpc.BadRequest, ErrorInfo, ...: what grpcurl needs to decode
+        // the details of an error
+        .register_encoded_file_descriptor_set(tonic_types::pb::FILE_DESCRIPTOR_SET)
 }
 
 /// CORS for grpc-web from browsers: only the configured origins, only what

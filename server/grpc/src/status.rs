@@ -88,6 +88,10 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
             tracing::error!(%detail, "corrupt stored state");
             Status::internal("internal error: stored state could not be read")
         }
+        CoordinatorError::Redis(detail) => {
+            tracing::error!(%detail, "redis error");
+            Status::unavailable("dispatch (redis) unavailable, retry later")
+        }
         CoordinatorError::Store(store) => {
             tracing::error!(error = %store, "database error");
             Status::unavailable("database unavailable, retry later")

@@ -144,10 +144,15 @@ impl AddressPolicy {
             AddressClass::Public => return Ok(()),
             AddressClass::Loopback if self.allow_loopback => return Ok(()),
             AddressClass::Private(_) if self.allow_private_networks => return Ok(()),
-            AddressClass::Loopback => "loopback, refused because allow_loopback is off".to_owned(),
-            AddressClass::Private(range) => {
-                format!("{range}, refused because allow_private_networks is off")
+            AddressClass::Loopback => {
+                "loopback, refused unless the server runs with --http-allow-loopback \
+                 (COMPOSER_HTTP_ALLOW_LOOPBACK)"
+                    .to_owned()
             }
+            AddressClass::Private(range) => format!(
+                "{range}, refused unless the server runs with --http-allow-private \
+                 (COMPOSER_HTTP_ALLOW_PRIVATE)"
+            ),
             AddressClass::Forbidden(range) => format!("{range}, always refused"),
         };
         Err(Blocked {
