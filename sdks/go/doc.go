@@ -1,0 +1,54 @@
+// Package composer is the Go SDK of Composer, a distributed workflow
+// engine: a Client to register workflows, start and steer runs and wait for
+// their results, and a Worker that runs task handlers for the tasks the
+// server leases to it.
+//
+// The generated package gen/composer/v1 is the wire layer; this package is
+// the interface to program against.
+//
+// # A worker
+//
+//	client, err := composer.Dial(ctx, "127.0.0.1:7070") // token: COMPOSER_TOKEN
+//	if err != nil { ... }
+//	defer client.Close()
+//	w := composer.NewWorker(client, composer.WorkerOptions{Slots: 8})
+//	w.Handle("greetings", "hello", composer.Typed(func(ctx context.Context, in Greeting) (Reply, error) {
+//		return Reply{Text: "hello " + in.Name}, nil
+//	}))
+//	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+//	defer stop()
+//	err = w.Run(ctx) // until SIGTERM: stop polling, drain, stop heartbeating
+//
+// The worker never shows a lease to a handler. It long-polls its queues for
+// as many tasks as it has free slots, heartbeats each running attempt at a
+// third of its lease, reports the outcome with the lease's fencing token,
+// sends a report again with the same token after UNAVAILABLE or
+// DEADLINE_EXCEEDED, and drops it for good after LEASE_LOST.
+//
+// # Cancellation
+//
+// A handler's context is done when the attempt must stop; context.Cause
+// says why: ErrRunCancelled ("run cancelled": a heartbeat learnt that the
+// run was cancelled), ErrLeaseLost ("lease lost"), ErrAttemptTimeout (the
+// node's timeout, also the context's deadline) or ErrWorkerShutdown (the
+// worker stopped and the drain timed out). After a cancelled run or a lost
+// lease nothing is reported for the attempt, whatever the handler returns.
+//
+// # Failures
+//
+// A handler fails its attempt by returning an error. A *TaskError chooses
+// the code, the retryability and the details; NonRetryable(err) makes any
+// error final; any other error is retryable, its code the error's Go type
+// (e.g. errors.errorString) and its details the error chain. A panic is a
+// retryable failure with code PANIC and the stack in its details; it never
+// crashes the worker.
+//
+// # Errors of calls
+//
+// Every failed call returns an *Error (use errors.As) with the gRPC code,
+// the field violations of an invalid request and the ErrorInfo reason, and
+// helpers such as IsNotFound, IsInvalidArgument, IsFailedPrecondition and
+// IsLeaseLost. WaitForResult returns a *RunFailedError for a run that ended
+// FAILED or CANCELLED, and ctx's error (context.DeadlineExceeded) when ctx
+// ends first.
+package composer

@@ -1,0 +1,261 @@
+package composer
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	pb "github.com/composer-dev/composer/sdks/go/gen/composer/v1"
+)
+
+// RunStatus is where a run is in its life.
+type RunStatus int32
+
+// The run statuses of composer.v1.RunStatus.
+const (
+	RunStatusUnspecified RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_UNSPECIFIED)
+	RunRunning           RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_RUNNING)
+	RunCompensating      RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_COMPENSATING)
+	RunCompleted         RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_COMPLETED)
+	RunFailed            RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_FAILED)
+	RunCancelled         RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_CANCELLED)
+)
+
+// String is the status's name without its prefix, e.g. COMPLETED.
+func (s RunStatus) String() string {
+	return strings.TrimPrefix(pb.RunStatus(s).String(), "RUN_STATUS_")
+}
+
+// IsFinal reports whether the run ended (COMPLETED, FAILED or CANCELLED).
+func (s RunStatus) IsFinal() bool {
+	return s == RunCompleted || s == RunFailed || s == RunCancelled
+}
+
+// NodeStatus is where one node (or one MAP element) of a run is.
+type NodeStatus int32
+
+// The node statuses of composer.v1.NodeStatus.
+const (
+	NodeStatusUnspecified NodeStatus = NodeStatus(pb.NodeStatus_NODE_STATUS_UNSPECIFIED)
+	NodeScheduled         NodeStatus = NodeStatus(pb.NodeStatus_NODE_STATUS_SCHEDULED)
+	NodeRunning           NodeStatus = NodeStatus(pb.NodeStatus_NODE_STATUS_RUNNING)
+	NodeWaiting           NodeStatus = NodeStatus(pb.NodeStatus_NODE_STATUS_WAITING)
+	NodeCompleted         NodeStatus = NodeStatus(pb.NodeStatus_NODE_STATUS_COMPLETED)
+	NodeFailed            NodeStatus = NodeStatus(pb.NodeStatus_NODE_STATUS_FAILED)
+	NodeSkipped           NodeStatus = NodeStatus(pb.NodeStatus_NODE_STATUS_SKIPPED)
+	NodeCancelled         NodeStatus = NodeStatus(pb.NodeStatus_NODE_STATUS_CANCELLED)
+)
+
+// String is the status's name without its prefix, e.g. COMPLETED.
+func (s NodeStatus) String() string {
+	return strings.TrimPrefix(pb.NodeStatus(s).String(), "NODE_STATUS_")
+}
+
+// Failure says why a node or a run failed.
+type Failure struct {
+	// Code is a worker's own code or one of the engine's (TIMEOUT, LEASE_EXPIRED, ...).
+	Code    string
+	Message string
+	// NodeID is the failed node, empty for run-level failures.
+	NodeID string
+	// Details are the structured details reported with the failure, as JSON.
+	Details json.RawMessage
+}
+
+// NodeState is the state of one node of a run.
+type NodeState struct {
+	NodeID    string
+	NodeType  string
+	Status    NodeStatus
+	Attempt   int
+	Output    json.RawMessage
+	Error     *Failure
+	StartTime time.Time
+	EndTime   time.Time
+}
+
+// Run is one execution of a workflow version.
+type Run struct {
+	ID              string
+	Namespace       string
+	Workflow        string
+	WorkflowVersion int
+	Status          RunStatus
+	Input           json.RawMessage
+	// Output is the evaluated workflow output once COMPLETED (JSON).
+	Output         json.RawMessage
+	Error          *Failure
+	Labels         map[string]string
+	IdempotencyKey string
+	ParentRunID    string
+	ParentNodeID   string
+	CreateTime     time.Time
+	UpdateTime     time.Time
+	EndTime        time.Time
+	// Nodes is filled by GetRun and WatchRun, empty in ListRuns.
+	Nodes []NodeState
+	// Created is set by StartRun: false when an idempotency key matched an
+	// existing run.
+	Created bool
+}
+
+// Node returns the state of the node with this id, or nil.
+func (r *Run) Node(id string) *NodeState {
+	for i := range r.Nodes {
+		if r.Nodes[i].NodeID == id {
+			return &r.Nodes[i]
+		}
+	}
+	return nil
+}
+
+// DecodeOutput decodes the run's output into out (as encoding/json does).
+func (r *Run) DecodeOutput(out any) error {
+	if len(r.Output) == 0 {
+		return json.Unmarshal([]byte("null"), out)
+	}
+	return json.Unmarshal(r.Output, out)
+}
+
+// WorkflowVersion is one registered, immutable version of a workflow.
+type WorkflowVersion struct {
+	Namespace   string
+	Name        string
+	Version     int
+	Description string
+	Source      string
+	ContentHash string
+	CreateTime  time.Time
+	// Created is set by RegisterWorkflow: false when identical content was
+	// already the newest version.
+	Created bool
+}
+
+// ValidationProblem is one problem of a workflow definition.
+type ValidationProblem struct {
+	// Path of the offending field, e.g. nodes[3].retry.max_attempts.
+	Path    string
+	Message string
+}
+
+// HistoryEvent is one entry of a run's append-only history.
+type HistoryEvent struct {
+	Sequence  int64
+	EventTime time.Time
+	// EventType is e.g. TaskCompleted, LeaseExpired, RunCancelled.
+	EventType string
+	NodeID    string
+	Attempt   int
+	Actor     string
+	Details   json.RawMessage
+}
+
+// ServerInfo describes a server.
+type ServerInfo struct {
+	ServerVersion   string
+	ProtocolVersion string
+	Features        []string
+}
+
+// EventDelivery says where a SendEvent went.
+type EventDelivery struct {
+	// DeliveredRunIDs are the runs whose waiting node consumed the event now.
+	DeliveredRunIDs []string
+	// Stored is true when the event was kept for a wait not reached yet.
+	Stored bool
+}
+
+func toTime(ts *timestamppb.Timestamp) time.Time {
+	if ts == nil {
+		return time.Time{}
+	}
+	return ts.AsTime()
+}
+
+func rawJSON(v *structpb.Value) json.RawMessage {
+	if v == nil {
+		return nil
+	}
+	b, err := protojson.Marshal(v)
+	if err != nil {
+		return nil
+	}
+	return json.RawMessage(b)
+}
+
+// toValue encodes a Go value as a protobuf Value through encoding/json (so
+// struct tags and json.Marshaler apply). json.RawMessage is taken as it is.
+func toValue(v any) (*structpb.Value, error) {
+	var raw []byte
+	switch x := v.(type) {
+	case nil:
+		return structpb.NewNullValue(), nil
+	case *structpb.Value:
+		return x, nil
+	case json.RawMessage:
+		raw = x
+	default:
+		b, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		raw = b
+	}
+	if len(raw) == 0 {
+		return structpb.NewNullValue(), nil
+	}
+	out := &structpb.Value{}
+	if err := protojson.Unmarshal(raw, out); err != nil {
+		return nil, fmt.Errorf("not JSON: %w", err)
+	}
+	return out, nil
+}
+
+func failureFrom(f *pb.Failure) *Failure {
+	if f == nil {
+		return nil
+	}
+	return &Failure{Code: f.GetCode(), Message: f.GetMessage(), NodeID: f.GetNodeId(), Details: rawJSON(f.GetDetails())}
+}
+
+func runFrom(r *pb.Run) *Run {
+	if r == nil {
+		return nil
+	}
+	run := &Run{
+		ID: r.GetRunId(), Namespace: r.GetNamespace(), Workflow: r.GetWorkflowName(),
+		WorkflowVersion: int(r.GetWorkflowVersion()), Status: RunStatus(r.GetStatus()),
+		Input: rawJSON(r.GetInput()), Output: rawJSON(r.GetOutput()), Error: failureFrom(r.GetError()),
+		Labels: r.GetLabels(), IdempotencyKey: r.GetIdempotencyKey(), ParentRunID: r.GetParentRunId(),
+		ParentNodeID: r.GetParentNodeId(), CreateTime: toTime(r.GetCreateTime()),
+		UpdateTime: toTime(r.GetUpdateTime()), EndTime: toTime(r.GetEndTime()),
+	}
+	for _, n := range r.GetNodes() {
+		run.Nodes = append(run.Nodes, NodeState{
+			NodeID: n.GetNodeId(), NodeType: n.GetNodeType(), Status: NodeStatus(n.GetStatus()),
+			Attempt: int(n.GetAttempt()), Output: rawJSON(n.GetOutput()), Error: failureFrom(n.GetError()),
+			StartTime: toTime(n.GetStartTime()), EndTime: toTime(n.GetEndTime()),
+		})
+	}
+	return run
+}
+
+func workflowFrom(w *pb.WorkflowVersion, created bool) *WorkflowVersion {
+	return &WorkflowVersion{
+		Namespace: w.GetNamespace(), Name: w.GetName(), Version: int(w.GetVersion()),
+		Description: w.GetDescription(), Source: w.GetSource(), ContentHash: w.GetContentHash(),
+		CreateTime: toTime(w.GetCreateTime()), Created: created,
+	}
+}
+
+func historyFrom(e *pb.HistoryEvent) *HistoryEvent {
+	return &HistoryEvent{
+		Sequence: e.GetSequence(), EventTime: toTime(e.GetEventTime()), EventType: e.GetEventType(),
+		NodeID: e.GetNodeId(), Attempt: int(e.GetAttempt()), Actor: e.GetActor(), Details: rawJSON(e.GetDetails()),
+	}
+}

@@ -1,0 +1,696 @@
+package composer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	pb "github.com/composer-dev/composer/sdks/go/gen/composer/v1"
+)
+
+// DefaultLease is the lease length assumed for a task that carries none.
+const DefaultLease = 30 * time.Second
+
+// MaxPollTasks is the most tasks one PollTasks may ask for.
+const MaxPollTasks = 100
+
+const (
+	maxMessage = 4000
+	maxStack   = 32000
+)
+
+// WorkerOptions configures a Worker. The zero value of each field picks its default.
+type WorkerOptions struct {
+	// Slots is how many attempts run at once (default 10). Each poll asks
+	// for at most the free slots.
+	Slots int
+	// Queues are polled besides the queues named in Handle.
+	Queues []string
+	// WorkerID is recorded by the server as the lease owner (default
+	// <host>-<pid>-<random>).
+	WorkerID string
+	// PollWait is the long-poll wait of each PollTasks (default 20 s, at most 60 s).
+	PollWait time.Duration
+	// DrainTimeout is how long Run waits, once its ctx ended, for the
+	// attempts in flight (default 30 s). Attempts still running then are
+	// failed with WORKER_SHUTDOWN (retryable).
+	DrainTimeout time.Duration
+	// ReportTimeout bounds the retries of one report after UNAVAILABLE or
+	// DEADLINE_EXCEEDED (default 5 min).
+	ReportTimeout time.Duration
+	// HeartbeatInterval overrides the default of a third of each task's lease.
+	HeartbeatInterval time.Duration
+	// Backoff spaces the retries of failed polls, heartbeats and reports
+	// (default DefaultBackoff).
+	Backoff Backoff
+	// Logger receives the worker's structured logs (default: the Client's).
+	Logger *slog.Logger
+	// SkipServerCheck skips the protocol version check Run makes before polling.
+	SkipServerCheck bool
+}
+
+// Stats is a snapshot of what a worker did since it was made.
+type Stats struct {
+	// Polled is the number of tasks leased to this worker.
+	Polled int64
+	// Completed is the number of attempts reported complete (applied).
+	Completed int64
+	// Failed is the number of attempts reported failed (applied).
+	Failed int64
+	// LeaseLost is the number of attempts dropped because the server said
+	// the lease was no longer this worker's.
+	LeaseLost int64
+	// Cancelled is the number of attempts stopped because their run was cancelled.
+	Cancelled int64
+	// ReportRetries is the number of reports sent again after UNAVAILABLE
+	// or DEADLINE_EXCEEDED.
+	ReportRetries int64
+	// Polls is the number of PollTasks calls made, PollErrors those that failed.
+	Polls      int64
+	PollErrors int64
+	// MaxTasksAsked is the largest max_tasks a poll asked for.
+	MaxTasksAsked int64
+	// InFlight is the number of attempts running now; MaxInFlight the most
+	// that ever ran at once.
+	InFlight    int
+	MaxInFlight int
+}
+
+type counters struct {
+	polled, completed, failed, leaseLost, cancelled, reportRetries, polls, pollErrors, maxAsked atomic.Int64
+}
+
+type handlerKey struct{ queue, task string }
+
+// Worker runs handlers for the tasks a server leases to it. Register
+// handlers with Handle, then call Run. The worker never shows a lease to a
+// handler: it polls with as many tasks as it has free slots, heartbeats each
+// running attempt at a third of its lease, cancels the handler's context
+// when the run is cancelled or the lease lost, reports the outcome with the
+// lease token (again with the same token after UNAVAILABLE or
+// DEADLINE_EXCEEDED, never after LEASE_LOST), and on shutdown stops polling,
+// drains and only then stops heartbeating.
+type Worker struct {
+	client  *Client
+	opts    WorkerOptions
+	log     *slog.Logger
+	slots   *slots
+	stats   counters
+	running sync.WaitGroup
+
+	mu       sync.Mutex
+	handlers map[handlerKey]Handler
+	queues   []string
+	inFlight map[*attempt]struct{}
+	serving  bool
+	hard     context.Context
+}
+
+// NewWorker makes a worker that talks to the server through client.
+func NewWorker(client *Client, opts WorkerOptions) *Worker {
+	if opts.Slots <= 0 {
+		opts.Slots = 10
+	}
+	if opts.PollWait <= 0 {
+		opts.PollWait = 20 * time.Second
+	}
+	opts.PollWait = min(opts.PollWait, 60*time.Second)
+	if opts.DrainTimeout <= 0 {
+		opts.DrainTimeout = 30 * time.Second
+	}
+	if opts.ReportTimeout <= 0 {
+		opts.ReportTimeout = 5 * time.Minute
+	}
+	if opts.Backoff == (Backoff{}) {
+		opts.Backoff = DefaultBackoff
+	}
+	if opts.WorkerID == "" {
+		host, _ := os.Hostname()
+		opts.WorkerID = fmt.Sprintf("%s-%d-%s", host, os.Getpid(), randomHex(4))
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = client.logger
+	}
+	w := &Worker{
+		client: client, opts: opts, log: logger.With("worker_id", opts.WorkerID),
+		slots: newSlots(opts.Slots), handlers: map[handlerKey]Handler{}, inFlight: map[*attempt]struct{}{},
+	}
+	for _, q := range opts.Queues {
+		w.addQueue(q)
+	}
+	return w
+}
+
+// ID is the worker's id, recorded by the server as the lease owner.
+func (w *Worker) ID() string { return w.opts.WorkerID }
+
+func (w *Worker) addQueue(q string) {
+	for _, have := range w.queues {
+		if have == q {
+			return
+		}
+	}
+	w.queues = append(w.queues, q)
+}
+
+// Handle registers handler for the tasks named taskName on queue, which is
+// then polled. With an empty queue the handler serves taskName on every
+// queue the worker polls. It panics if the pair already has a handler.
+func (w *Worker) Handle(queue, taskName string, handler Handler) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	key := handlerKey{queue, taskName}
+	if _, dup := w.handlers[key]; dup {
+		panic(fmt.Sprintf("composer: task %q on queue %q already has a handler", taskName, queue))
+	}
+	w.handlers[key] = handler
+	if queue != "" {
+		w.addQueue(queue)
+	}
+}
+
+// HandleQueue registers handler for every task of queue that no handler
+// claims by name.
+func (w *Worker) HandleQueue(queue string, handler Handler) {
+	w.Handle(queue, "", handler)
+}
+
+// Queues returns the queues the worker polls.
+func (w *Worker) Queues() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]string(nil), w.queues...)
+}
+
+func (w *Worker) handlerFor(queue, task string) Handler {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, key := range []handlerKey{{queue, task}, {"", task}, {queue, ""}} {
+		if h, ok := w.handlers[key]; ok {
+			return h
+		}
+	}
+	return nil
+}
+
+// Stats returns a snapshot of the worker's counters.
+func (w *Worker) Stats() Stats {
+	used, high := w.slots.inUse()
+	return Stats{
+		Polled: w.stats.polled.Load(), Completed: w.stats.completed.Load(), Failed: w.stats.failed.Load(),
+		LeaseLost: w.stats.leaseLost.Load(), Cancelled: w.stats.cancelled.Load(),
+		ReportRetries: w.stats.reportRetries.Load(), Polls: w.stats.polls.Load(),
+		PollErrors: w.stats.pollErrors.Load(), MaxTasksAsked: w.stats.maxAsked.Load(),
+		InFlight: used, MaxInFlight: high,
+	}
+}
+
+// Run serves until ctx ends, then stops gracefully: it starts no new poll
+// (a poll already waiting may still return tasks, which run), waits up to
+// DrainTimeout for the attempts in flight to finish and report while still
+// heartbeating them, fails those still running with WORKER_SHUTDOWN, and
+// only then stops heartbeating. It returns nil after a graceful stop, or
+// the error that kept it from serving (no queue, a server of another
+// protocol, a refused token). Before polling it checks the server's
+// protocol version, waiting with back-off while the server is unreachable.
+//
+// For a main package, signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+// gives the ctx.
+func (w *Worker) Run(ctx context.Context) error {
+	w.mu.Lock()
+	if w.serving {
+		w.mu.Unlock()
+		return errors.New("composer: this worker is already running")
+	}
+	if len(w.queues) == 0 {
+		w.mu.Unlock()
+		return errors.New("composer: the worker has no queue to poll: Handle a task on a queue, or set WorkerOptions.Queues")
+	}
+	hard, stopAll := context.WithCancel(context.Background())
+	w.serving, w.hard = true, hard
+	queues := append([]string(nil), w.queues...)
+	w.mu.Unlock()
+	defer func() {
+		stopAll()
+		w.mu.Lock()
+		w.serving = false
+		w.mu.Unlock()
+	}()
+
+	if !w.opts.SkipServerCheck {
+		if err := w.waitForServer(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+	w.log.Info("composer worker polling", "queues", strings.Join(queues, ","), "slots", w.opts.Slots)
+
+	pollCtx, cancelPoll := context.WithCancel(hard)
+	defer cancelPoll()
+	pollDone := make(chan struct{})
+	go func() {
+		defer close(pollDone)
+		w.pollLoop(ctx, pollCtx, queues)
+	}()
+	<-ctx.Done()
+	drainDeadline := time.Now().Add(w.opts.DrainTimeout)
+	w.log.Info("composer worker stopping: no new polls; draining", "in_flight", w.Stats().InFlight, "drain_timeout", w.opts.DrainTimeout)
+
+	// 1. Stop polling. A poll already waiting may return tasks whose leases
+	// the server recorded: cancelling it would strand them until their
+	// leases expire, so it may finish (within the drain) and its tasks run.
+	timer := time.NewTimer(w.opts.DrainTimeout)
+	defer timer.Stop()
+	select {
+	case <-pollDone:
+	case <-timer.C:
+		cancelPoll()
+		<-pollDone
+	}
+	// 2. Drain: attempts finish and report; heartbeats go on.
+	w.drain(drainDeadline)
+	// 3. Only now stop heartbeating (stopAll, deferred).
+	w.log.Info("composer worker stopped", "completed", w.stats.completed.Load(), "failed", w.stats.failed.Load())
+	return nil
+}
+
+func (w *Worker) waitForServer(ctx context.Context) error {
+	failures := 0
+	for {
+		callCtx, cancel := context.WithTimeout(w.client.OutgoingContext(ctx), 10*time.Second)
+		r, err := w.client.server.GetServerInfo(callCtx, &pb.GetServerInfoRequest{})
+		cancel()
+		if err == nil {
+			if perr := CheckProtocol(r.GetProtocolVersion()); perr != nil {
+				return fmt.Errorf("composer: server %s: %w", w.client.address, perr)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		err = convertError(err)
+		if !IsRetryable(err) {
+			return fmt.Errorf("composer: server %s: %w", w.client.address, err)
+		}
+		failures++
+		w.log.Warn("composer server not reachable yet; retrying", "address", w.client.address, "error", err)
+		if !sleepCtx(ctx, w.opts.Backoff.Delay(failures)) {
+			return ctx.Err()
+		}
+	}
+}
+
+// pollLoop polls until stop ends; calls run under callCtx, which outlives stop.
+func (w *Worker) pollLoop(stop, callCtx context.Context, queues []string) {
+	failures := 0
+	wait := durationpb.New(w.opts.PollWait)
+	for stop.Err() == nil {
+		free, ok := w.slots.waitFree(stop)
+		if !ok {
+			return
+		}
+		n := min(free, MaxPollTasks)
+		req := &pb.PollTasksRequest{WorkerId: w.opts.WorkerID, Queues: queues, MaxTasks: int32(n), Wait: wait}
+		w.stats.polls.Add(1)
+		for {
+			old := w.stats.maxAsked.Load()
+			if int64(n) <= old || w.stats.maxAsked.CompareAndSwap(old, int64(n)) {
+				break
+			}
+		}
+		ctx, cancel := context.WithTimeout(w.client.OutgoingContext(callCtx), w.opts.PollWait+5*time.Second)
+		resp, err := w.client.workers.PollTasks(ctx, req)
+		cancel()
+		if err != nil {
+			if callCtx.Err() != nil {
+				return
+			}
+			err = convertError(err)
+			failures++
+			w.stats.pollErrors.Add(1)
+			delay := w.opts.Backoff.Delay(failures)
+			level := slog.LevelWarn
+			if IsRetryable(err) && failures == 1 {
+				level = slog.LevelDebug
+			}
+			w.log.Log(context.Background(), level, "composer poll failed; polling again after a back-off", "error", err, "delay", delay)
+			sleepCtx(stop, delay)
+			continue
+		}
+		failures = 0
+		for _, t := range resp.GetTasks() {
+			w.stats.polled.Add(1)
+			if err := w.slots.acquire(1); err != nil {
+				// The server leased more than asked: run it anyway, the lease is ours.
+				w.log.Error("composer server leased more tasks than free slots", "slots", w.opts.Slots)
+				w.slots.force()
+			}
+			w.start(t)
+		}
+	}
+}
+
+// attempt is one leased task running in this worker.
+type attempt struct {
+	raw    *pb.Task
+	task   *Task
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// claimed: the executor or the drain has taken the right to report.
+	claimed atomic.Bool
+	// handlerDone: the handler returned.
+	handlerDone atomic.Bool
+	leaseCount  atomic.Bool
+	stopBeats   context.CancelFunc
+	beatsDone   chan struct{}
+}
+
+func (w *Worker) start(raw *pb.Task) {
+	t := taskFrom(raw, w.log)
+	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), taskKey{}, t))
+	a := &attempt{raw: raw, task: t, cancel: cancel, beatsDone: make(chan struct{})}
+	var stopDeadline context.CancelFunc = func() {}
+	if !t.Deadline.IsZero() {
+		ctx, stopDeadline = context.WithDeadlineCause(ctx, t.Deadline, ErrAttemptTimeout)
+	}
+	a.ctx = ctx
+	beats, stopBeats := context.WithCancel(w.hard)
+	a.stopBeats = stopBeats
+	w.mu.Lock()
+	w.inFlight[a] = struct{}{}
+	w.mu.Unlock()
+	w.running.Add(1)
+	go func() {
+		defer close(a.beatsDone)
+		w.heartbeatLoop(beats, a)
+	}()
+	go func() {
+		defer w.running.Done()
+		defer func() {
+			stopBeats()
+			<-a.beatsDone
+			stopDeadline()
+			cancel(nil)
+			w.mu.Lock()
+			delete(w.inFlight, a)
+			w.mu.Unlock()
+			w.slots.release()
+		}()
+		w.execute(a)
+	}()
+}
+
+func (w *Worker) execute(a *attempt) {
+	out, err := w.invoke(a)
+	a.handlerDone.Store(true)
+	if !a.claimed.CompareAndSwap(false, true) {
+		return // the drain timed out and failed the attempt
+	}
+	cause := context.Cause(a.ctx)
+	switch {
+	case errors.Is(cause, ErrRunCancelled):
+		w.stats.cancelled.Add(1)
+		a.task.Logger.Info("composer task stopped: run cancelled; not reporting")
+		return
+	case errors.Is(cause, ErrLeaseLost):
+		a.task.Logger.Info("composer task stopped: lease lost; not reporting")
+		return
+	}
+	if err == nil {
+		w.complete(a, out)
+		return
+	}
+	w.fail(a, w.failureOf(a, err))
+}
+
+// invoke runs the handler, turning a panic into a retryable failure.
+func (w *Worker) invoke(a *attempt) (out any, err error) {
+	t := a.task
+	handler := w.handlerFor(t.Queue, t.Name)
+	if handler == nil {
+		t.Logger.Error("composer worker has no handler for this task", "queue", t.Queue)
+		return nil, &TaskError{Code: "UNKNOWN_TASK", Message: fmt.Sprintf("this worker has no handler for task %q on queue %q", t.Name, t.Queue), Retryable: true}
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			stack := string(debug.Stack())
+			t.Logger.Error("composer handler panicked", "panic", r)
+			err = &TaskError{
+				Code: "PANIC", Message: fmt.Sprintf("handler panicked: %v", r), Retryable: true,
+				Details: map[string]any{"panic": fmt.Sprint(r), "stack": truncate(stack, maxStack)},
+			}
+		}
+	}()
+	return handler(a.ctx, t)
+}
+
+// failureOf chooses the code, message, retryability and details of a handler's error.
+func (w *Worker) failureOf(a *attempt, err error) *TaskError {
+	var te *TaskError
+	if errors.As(err, &te) {
+		c := *te
+		c.Code, c.Message = te.code(), te.message()
+		return &c
+	}
+	if errors.Is(context.Cause(a.ctx), ErrAttemptTimeout) {
+		return &TaskError{Code: "TIMEOUT", Message: "the attempt's deadline passed: " + err.Error(), Retryable: true}
+	}
+	chain := []map[string]string{}
+	for e := err; e != nil && len(chain) < 16; e = errors.Unwrap(e) {
+		chain = append(chain, map[string]string{"type": typeName(e), "message": truncate(e.Error(), maxMessage)})
+	}
+	a.task.Logger.Warn("composer handler failed", "error", err)
+	return &TaskError{
+		Code: typeName(err), Message: err.Error(), Retryable: true,
+		Details: map[string]any{"type": typeName(err), "error": truncate(err.Error(), maxMessage), "chain": chain},
+	}
+}
+
+// typeName is the Go type of an error without its pointer star, e.g.
+// errors.errorString or fs.PathError: the code of a plain error.
+func typeName(err error) string {
+	return strings.TrimLeft(fmt.Sprintf("%T", err), "*")
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func (w *Worker) complete(a *attempt, out any) {
+	value, err := toValue(out)
+	if err != nil {
+		w.fail(a, &TaskError{Code: "INVALID_OUTPUT", Message: "the handler's output is not JSON: " + err.Error()})
+		return
+	}
+	req := &pb.CompleteTaskRequest{TaskId: a.raw.GetTaskId(), Attempt: a.raw.GetAttempt(), LeaseToken: a.raw.GetLeaseToken(), Output: value}
+	applied, err := w.send(a, func(ctx context.Context) error {
+		_, err := w.client.workers.CompleteTask(ctx, req)
+		return err
+	})
+	switch {
+	case IsResourceExhausted(err):
+		w.fail(a, &TaskError{Code: "OUTPUT_TOO_LARGE", Message: "output too large: " + err.(*Error).Message})
+	case err != nil:
+		a.task.Logger.Error("composer could not report the completion; the lease will expire", "error", err)
+	case applied:
+		w.stats.completed.Add(1)
+		a.task.Logger.Debug("composer task completed")
+	}
+}
+
+func (w *Worker) failRequest(a *attempt, f *TaskError) *pb.FailTaskRequest {
+	req := &pb.FailTaskRequest{
+		TaskId: a.raw.GetTaskId(), Attempt: a.raw.GetAttempt(), LeaseToken: a.raw.GetLeaseToken(),
+		ErrorCode: f.code(), Message: truncate(f.message(), maxMessage), Retryable: f.Retryable,
+	}
+	if f.Details != nil {
+		d, err := toValue(f.Details)
+		if err != nil {
+			d = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+				"repr": structpb.NewStringValue(truncate(fmt.Sprintf("%+v", f.Details), maxMessage)),
+			}})
+		}
+		req.Details = d
+	}
+	return req
+}
+
+func (w *Worker) fail(a *attempt, f *TaskError) {
+	req := w.failRequest(a, f)
+	applied, err := w.send(a, func(ctx context.Context) error {
+		_, err := w.client.workers.FailTask(ctx, req)
+		return err
+	})
+	if err != nil {
+		a.task.Logger.Error("composer could not report the failure; the lease will expire", "error", err)
+		return
+	}
+	if applied {
+		w.stats.failed.Add(1)
+		a.task.Logger.Info("composer task failed", "code", req.ErrorCode, "retryable", req.Retryable, "message", req.Message)
+	}
+}
+
+// send sends a report, again with the same lease token after UNAVAILABLE or
+// DEADLINE_EXCEEDED, for up to ReportTimeout. It returns false (and no
+// error) when the server said the lease was lost: the report is dropped and
+// never sent again.
+func (w *Worker) send(a *attempt, call func(context.Context) error) (bool, error) {
+	deadline := time.Now().Add(w.opts.ReportTimeout)
+	failures := 0
+	for {
+		ctx, cancel := context.WithTimeout(w.client.OutgoingContext(w.hard), 10*time.Second)
+		err := convertError(call(ctx))
+		cancel()
+		if err == nil {
+			return true, nil
+		}
+		if IsLeaseLost(err) {
+			w.countLeaseLost(a)
+			a.cancel(ErrLeaseLost)
+			a.task.Logger.Warn("composer report refused: the lease was lost; dropping it (not retried)")
+			return false, nil
+		}
+		if w.hard.Err() != nil || !IsRetryable(err) || time.Now().After(deadline) {
+			return false, err
+		}
+		failures++
+		w.stats.reportRetries.Add(1)
+		delay := w.opts.Backoff.Delay(failures)
+		a.task.Logger.Info("composer report failed; sending it again with the same lease", "error", err, "delay", delay)
+		if !sleepCtx(w.hard, delay) {
+			return false, err
+		}
+	}
+}
+
+func (w *Worker) countLeaseLost(a *attempt) {
+	if a.leaseCount.CompareAndSwap(false, true) {
+		w.stats.leaseLost.Add(1)
+	}
+}
+
+func (w *Worker) heartbeatInterval(a *attempt) time.Duration {
+	if w.opts.HeartbeatInterval > 0 {
+		return w.opts.HeartbeatInterval
+	}
+	lease := a.task.LeaseDuration
+	if lease <= 0 {
+		lease = DefaultLease
+	}
+	return max(lease/3, 50*time.Millisecond)
+}
+
+// heartbeatLoop extends the attempt's lease every interval until ctx ends;
+// it cancels the handler when the run was cancelled or the lease lost.
+func (w *Worker) heartbeatLoop(ctx context.Context, a *attempt) {
+	interval := w.heartbeatInterval(a)
+	req := &pb.HeartbeatRequest{TaskId: a.raw.GetTaskId(), Attempt: a.raw.GetAttempt(), LeaseToken: a.raw.GetLeaseToken()}
+	failures := 0
+	for {
+		delay := interval
+		if failures > 0 {
+			delay = min(w.opts.Backoff.Delay(failures), interval)
+		}
+		if !sleepCtx(ctx, delay) {
+			return
+		}
+		callCtx, cancel := context.WithTimeout(w.client.OutgoingContext(ctx), max(interval, time.Second))
+		resp, err := w.client.workers.Heartbeat(callCtx, req)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			err = convertError(err)
+			if IsLeaseLost(err) {
+				if a.handlerDone.Load() {
+					return
+				}
+				w.countLeaseLost(a)
+				a.task.Logger.Warn("composer lease lost; cancelling the handler, the attempt will not be reported")
+				a.cancel(ErrLeaseLost)
+				return
+			}
+			failures++
+			a.task.Logger.Debug("composer heartbeat failed; retrying", "error", err)
+			continue
+		}
+		failures = 0
+		if resp.GetCancelRequested() && !a.handlerDone.Load() {
+			a.task.Logger.Info("composer run cancelled; cancelling the handler")
+			a.cancel(ErrRunCancelled)
+			return
+		}
+	}
+}
+
+// drain waits for the attempts in flight until deadline, then fails those
+// still running with WORKER_SHUTDOWN (retryable) and stops their heartbeats.
+func (w *Worker) drain(deadline time.Time) {
+	done := make(chan struct{})
+	go func() {
+		w.running.Wait()
+		close(done)
+	}()
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case <-done:
+		return
+	case <-timer.C:
+	}
+	w.mu.Lock()
+	var late []*attempt
+	for a := range w.inFlight {
+		late = append(late, a)
+	}
+	w.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, a := range late {
+		if !a.claimed.CompareAndSwap(false, true) {
+			continue // reporting already
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a.cancel(ErrWorkerShutdown)
+			req := w.failRequest(a, &TaskError{Code: "WORKER_SHUTDOWN", Message: "the worker stopped before the task finished", Retryable: true})
+			ctx, cancel := context.WithTimeout(w.client.OutgoingContext(context.Background()), 5*time.Second)
+			_, err := w.client.workers.FailTask(ctx, req)
+			cancel()
+			if err != nil {
+				a.task.Logger.Warn("composer could not fail the unfinished attempt", "error", convertError(err))
+			} else {
+				w.stats.failed.Add(1)
+			}
+			a.stopBeats()
+		}()
+	}
+	if len(late) > 0 {
+		w.log.Warn("composer attempts did not finish within the drain; failed them as WORKER_SHUTDOWN", "count", len(late))
+	}
+	wg.Wait()
+	// Give the cancelled handlers a moment to return.
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+	}
+}
