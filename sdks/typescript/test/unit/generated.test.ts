@@ -11,15 +11,15 @@ import { createClient } from "@connectrpc/connect";
 import { createGrpcTransport } from "@connectrpc/connect-node";
 import { createGrpcWebTransport } from "@connectrpc/connect-web";
 
-import { RunStatus } from "../src/gen/composer/v1/common_pb.js";
-import { RunService, StartRunRequestSchema } from "../src/gen/composer/v1/run_service_pb.js";
-import { ServerService } from "../src/gen/composer/v1/server_service_pb.js";
+import { RunStatus } from "../../src/gen/composer/v1/common_pb.js";
+import { RunService, StartRunRequestSchema } from "../../src/gen/composer/v1/run_service_pb.js";
+import { ServerService } from "../../src/gen/composer/v1/server_service_pb.js";
 import {
   PollTasksResponseSchema,
   TaskSchema,
   WorkerService,
-} from "../src/gen/composer/v1/worker_service_pb.js";
-import { WorkflowService } from "../src/gen/composer/v1/workflow_service_pb.js";
+} from "../../src/gen/composer/v1/worker_service_pb.js";
+import { WorkflowService } from "../../src/gen/composer/v1/workflow_service_pb.js";
 
 test("StartRunRequest with a Value payload round-trips", () => {
   const request = create(StartRunRequestSchema, {

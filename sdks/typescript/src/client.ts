@@ -1,0 +1,370 @@
+// The Client: one implementation over any connect Transport (gRPC in Node, grpc-web in browsers).
+import { create } from "@bufbuild/protobuf";
+import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { createClient, type CallOptions, type Client as ConnectClient, type Transport } from "@connectrpc/connect";
+
+import { Backoff } from "./backoff.js";
+import { ComposerError, RunFailedError, TimeoutError, toComposerError } from "./errors.js";
+import { RunService, SendEventRequestSchema } from "./gen/composer/v1/run_service_pb.js";
+import { ServerService } from "./gen/composer/v1/server_service_pb.js";
+import { WorkerService } from "./gen/composer/v1/worker_service_pb.js";
+import { WorkflowService } from "./gen/composer/v1/workflow_service_pb.js";
+import {
+  deliveryFromWire,
+  historyFromWire,
+  isFinalStatus,
+  problemFromWire,
+  runFromWire,
+  runStatusToWire,
+  workflowFromWire,
+  type EventDelivery,
+  type HistoryEvent,
+  type Run,
+  type RunStatus,
+  type ServerInfo,
+  type ValidationProblem,
+  type WorkflowVersion,
+} from "./models.js";
+import { toValue, type Json } from "./values.js";
+
+/** The protocol major version this SDK speaks (GetServerInfo's `protocol_version`). */
+export const PROTOCOL_MAJOR = 1;
+/** The lowest protocol minor version this SDK needs. */
+export const PROTOCOL_MINOR = 0;
+
+/** Options every Client takes. */
+export interface BaseClientOptions {
+  /** A bearer JWT sent with every call (`composer token`, or the admin token `composer dev` prints). */
+  token?: string | undefined;
+  /** The deadline of each unary call in ms (default 30 s). */
+  timeoutMs?: number;
+}
+
+/** Options of the transport-agnostic client. */
+export interface ClientOptions extends BaseClientOptions {
+  /** The connect transport: `createGrpcTransport` (Node) or `createGrpcWebTransport` (browser). */
+  transport: Transport;
+}
+
+/** A workflow definition: YAML or JSON text, or an object sent as JSON. */
+export type WorkflowSource = string | Record<string, unknown>;
+
+/** Options of {@link ComposerClient.startRun}. */
+export interface StartRunOptions {
+  /** The version to run; 0 or absent: the latest. */
+  version?: number;
+  /** A repeated start with the same key returns the same run (`created` false) and starts nothing. */
+  idempotencyKey?: string;
+  /** Labels, for filtering in listRuns. */
+  labels?: Record<string, string>;
+  signal?: AbortSignal;
+}
+
+/** Filters of {@link ComposerClient.listRuns}. */
+export interface ListRunsOptions {
+  workflow?: string;
+  statuses?: readonly RunStatus[];
+  labels?: Record<string, string>;
+  createdAfter?: Date;
+  createdBefore?: Date;
+  parentRunId?: string;
+  /** Runs fetched per call (default 100). */
+  pageSize?: number;
+  signal?: AbortSignal;
+}
+
+/** Where {@link ComposerClient.sendEvent} sends an event: exactly one of `runId` and `correlationKey`. */
+export type SendEventOptions = ({ runId: string; correlationKey?: undefined } | { correlationKey: string; runId?: undefined }) & {
+  /** A repeated call with the same id delivers nothing new. */
+  requestId?: string;
+  signal?: AbortSignal;
+};
+
+/** Options of waiting for a run. */
+export interface WaitOptions {
+  /** Give up after this many ms with a {@link TimeoutError}. */
+  timeoutMs?: number;
+  /** Give up when this signal aborts (with its reason). */
+  signal?: AbortSignal;
+}
+
+function text(source: WorkflowSource): string {
+  if (typeof source === "string") return source;
+  if (source !== null && typeof source === "object") return JSON.stringify(source);
+  throw new TypeError("a workflow is YAML or JSON text, or an object");
+}
+
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const timer = setTimeout(done, ms);
+    function done(): void {
+      signal?.removeEventListener("abort", abort);
+      resolve();
+    }
+    function abort(): void {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    }
+    signal?.addEventListener("abort", abort, { once: true });
+  });
+}
+
+/** Checks a `protocol_version` against what this SDK speaks; throws FAILED_PRECONDITION if it cannot. */
+export function checkProtocolVersion(version: string, where = "the server"): void {
+  const [major, minor = "0"] = version.split(".");
+  const ok = /^\d+$/.test(major ?? "") && /^\d+$/.test(minor) && Number(major) === PROTOCOL_MAJOR && Number(minor) >= PROTOCOL_MINOR;
+  if (!ok) {
+    throw new ComposerError(
+      "FAILED_PRECONDITION",
+      `${where} speaks protocol ${JSON.stringify(version)}; this SDK needs ${PROTOCOL_MAJOR}.x with x >= ${PROTOCOL_MINOR}`,
+    );
+  }
+}
+
+/**
+ * A client of a Composer server over any connect transport. The Node entry point's `Client` and
+ * the `/web` entry point's `Client` are this class with their transport made for them.
+ */
+export class ComposerClient {
+  /** The raw connect clients of the four services (the wire layer), for what the SDK does not wrap. */
+  readonly raw: {
+    workflows: ConnectClient<typeof WorkflowService>;
+    runs: ConnectClient<typeof RunService>;
+    workers: ConnectClient<typeof WorkerService>;
+    server: ConnectClient<typeof ServerService>;
+  };
+  readonly transport: Transport;
+  readonly #headers: Record<string, string>;
+  readonly #timeoutMs: number;
+
+  constructor(options: ClientOptions) {
+    this.transport = options.transport;
+    this.#headers = options.token ? { authorization: `Bearer ${options.token}` } : {};
+    this.#timeoutMs = options.timeoutMs ?? 30_000;
+    this.raw = {
+      workflows: createClient(WorkflowService, this.transport),
+      runs: createClient(RunService, this.transport),
+      workers: createClient(WorkerService, this.transport),
+      server: createClient(ServerService, this.transport),
+    };
+  }
+
+  /** Closes the connection where the transport has one (the Node client); a no-op otherwise. */
+  close(): void {}
+
+  /** The call options of every call: the token header and the deadline. */
+  callOptions(extra: CallOptions = {}): CallOptions {
+    return { timeoutMs: this.#timeoutMs, ...extra, headers: { ...this.#headers, ...(extra.headers as Record<string, string> | undefined) } };
+  }
+
+  async #call<T>(call: (options: CallOptions) => Promise<T>, signal?: AbortSignal): Promise<T> {
+    try {
+      return await call(this.callOptions(signal ? { signal } : {}));
+    } catch (error) {
+      throw toComposerError(error);
+    }
+  }
+
+  // --- server ----------------------------------------------------------------------------------
+
+  /** The server's version, protocol version and features. */
+  async serverInfo(options: { signal?: AbortSignal } = {}): Promise<ServerInfo> {
+    const info = await this.#call((o) => this.raw.server.getServerInfo({}, o), options.signal);
+    return { serverVersion: info.serverVersion, protocolVersion: info.protocolVersion, features: [...info.features] };
+  }
+
+  /** Asks the server for its protocol version; throws FAILED_PRECONDITION when this SDK cannot speak it. */
+  async checkProtocol(options: { signal?: AbortSignal } = {}): Promise<ServerInfo> {
+    const info = await this.serverInfo(options);
+    checkProtocolVersion(info.protocolVersion);
+    return info;
+  }
+
+  // --- workflows -------------------------------------------------------------------------------
+
+  /**
+   * Registers a definition and returns its version. Identical content to the newest version returns
+   * that version with `created` false. An invalid one throws INVALID_ARGUMENT with `fieldViolations`.
+   */
+  async registerWorkflow(source: WorkflowSource, options: { signal?: AbortSignal } = {}): Promise<WorkflowVersion> {
+    const r = await this.#call((o) => this.raw.workflows.registerWorkflow({ source: text(source) }, o), options.signal);
+    return workflowFromWire(r.workflow, r.created);
+  }
+
+  /** Checks a definition as registration would, stores nothing; returns every problem (empty: valid). */
+  async validateWorkflow(source: WorkflowSource, options: { signal?: AbortSignal } = {}): Promise<ValidationProblem[]> {
+    const r = await this.#call((o) => this.raw.workflows.validateWorkflow({ source: text(source) }, o), options.signal);
+    return r.problems.map(problemFromWire);
+  }
+
+  /** One version of a workflow (the latest when `version` is 0); NOT_FOUND if absent. */
+  async getWorkflow(name: string, version = 0, options: { signal?: AbortSignal } = {}): Promise<WorkflowVersion> {
+    const r = await this.#call((o) => this.raw.workflows.getWorkflow({ name, version }, o), options.signal);
+    return workflowFromWire(r.workflow);
+  }
+
+  // --- runs ------------------------------------------------------------------------------------
+
+  /** Starts a run of `workflow` with a JSON `input`; with an idempotency key a repeat returns the same run. */
+  async startRun(workflow: string, input?: unknown, options: StartRunOptions = {}): Promise<Run> {
+    const request = {
+      workflowName: workflow,
+      version: options.version ?? 0,
+      idempotencyKey: options.idempotencyKey ?? "",
+      labels: { ...options.labels },
+      ...(input === undefined ? {} : { input: toValue(input) }),
+    };
+    const r = await this.#call((o) => this.raw.runs.startRun(request, o), options.signal);
+    return runFromWire(r.run, r.created);
+  }
+
+  /** A run with its node states (none with `skipNodes`); NOT_FOUND if absent. */
+  async getRun(runId: string, options: { skipNodes?: boolean; signal?: AbortSignal } = {}): Promise<Run> {
+    const r = await this.#call((o) => this.raw.runs.getRun({ runId, skipNodes: options.skipNodes ?? false }, o), options.signal);
+    return runFromWire(r.run);
+  }
+
+  /** The matching runs, newest first, fetched a page at a time as the loop goes (no node states). */
+  async *listRuns(options: ListRunsOptions = {}): AsyncGenerator<Run, void, undefined> {
+    let pageToken = "";
+    for (;;) {
+      const request = {
+        workflowName: options.workflow ?? "",
+        statuses: (options.statuses ?? []).map(runStatusToWire),
+        labels: { ...options.labels },
+        parentRunId: options.parentRunId ?? "",
+        pageSize: options.pageSize ?? 100,
+        pageToken,
+        ...(options.createdAfter ? { createTimeAfter: timestampFromDate(options.createdAfter) } : {}),
+        ...(options.createdBefore ? { createTimeBefore: timestampFromDate(options.createdBefore) } : {}),
+      };
+      const r = await this.#call((o) => this.raw.runs.listRuns(request, o), options.signal);
+      for (const run of r.runs) yield runFromWire(run);
+      if (!r.nextPageToken) return;
+      pageToken = r.nextPageToken;
+    }
+  }
+
+  /** Cancels a running run (its workers see it at their next heartbeat); FAILED_PRECONDITION if it ended. */
+  async cancelRun(runId: string, reason = "", options: { signal?: AbortSignal } = {}): Promise<Run> {
+    const r = await this.#call((o) => this.raw.runs.cancelRun({ runId, reason }, o), options.signal);
+    return runFromWire(r.run);
+  }
+
+  /** Resumes a FAILED run from its failed nodes; FAILED_PRECONDITION unless it is FAILED. */
+  async retryRun(runId: string, options: { signal?: AbortSignal } = {}): Promise<Run> {
+    const r = await this.#call((o) => this.raw.runs.retryRun({ runId }, o), options.signal);
+    return runFromWire(r.run);
+  }
+
+  /**
+   * Sends a named event to one run (`runId`) or every run waiting on `correlationKey`; the payload
+   * becomes the WAIT_FOR_EVENT node's output.
+   */
+  async sendEvent(eventName: string, payload: unknown, target: SendEventOptions): Promise<EventDelivery> {
+    const hasRun = typeof target.runId === "string";
+    const hasKey = typeof target.correlationKey === "string";
+    if (hasRun === hasKey) throw new TypeError("sendEvent needs exactly one of runId and correlationKey");
+    const request = create(SendEventRequestSchema, {
+        eventName,
+        requestId: target.requestId ?? "",
+        target: hasRun ? { case: "runId", value: target.runId as string } : { case: "correlationKey", value: target.correlationKey as string },
+      ...(payload === undefined ? {} : { payload: toValue(payload) }),
+    });
+    const r = await this.#call((o) => this.raw.runs.sendEvent(request, o), target.signal);
+    return deliveryFromWire(r);
+  }
+
+  /** A run's history, oldest first, fetched a page at a time as the loop goes. */
+  async *getRunHistory(runId: string, options: { pageSize?: number; signal?: AbortSignal } = {}): AsyncGenerator<HistoryEvent, void, undefined> {
+    let pageToken = "";
+    for (;;) {
+      const r = await this.#call(
+        (o) => this.raw.runs.getRunHistory({ runId, pageSize: options.pageSize ?? 100, pageToken }, o),
+        options.signal,
+      );
+      for (const event of r.events) yield historyFromWire(event);
+      if (!r.nextPageToken) return;
+      pageToken = r.nextPageToken;
+    }
+  }
+
+  /**
+   * The run's snapshots (the current one first, then one per change) until it ends. A stream that
+   * breaks (UNAVAILABLE, DEADLINE_EXCEEDED, or reset by the server: CANCELLED without the caller's
+   * signal) is opened again with back-off (the server answers with the current snapshot first, so
+   * nothing is missed). Breaking out of the loop closes the stream.
+   */
+  async *watchRun(runId: string, options: { signal?: AbortSignal } = {}): AsyncGenerator<Run, void, undefined> {
+    const backoff = new Backoff({ initialMs: 100, maximumMs: 2_000 });
+    let failures = 0;
+    for (;;) {
+      const controller = new AbortController();
+      const outer = options.signal;
+      const forward = (): void => controller.abort(outer?.reason);
+      if (outer?.aborted) throw outer.reason;
+      outer?.addEventListener("abort", forward, { once: true });
+      try {
+        const stream = this.raw.runs.watchRun({ runId }, { headers: { ...this.#headers }, signal: controller.signal });
+        for await (const response of stream) {
+          failures = 0;
+          const run = runFromWire(response.run);
+          yield run;
+          if (isFinalStatus(run.status)) return;
+        }
+      } catch (error) {
+        if (outer?.aborted) throw outer.reason;
+        const converted = toComposerError(error);
+        // A stream the server (or the network) reset is CANCELLED without our signal: watch again.
+        if (!converted.retryable && converted.code !== "CANCELLED") throw converted;
+      } finally {
+        outer?.removeEventListener("abort", forward);
+        controller.abort();
+      }
+      failures += 1;
+      await sleep(backoff.delay(failures), outer);
+    }
+  }
+
+  /** Waits (over WatchRun) until the run ends and returns it, whatever its final status. */
+  async waitForRun(runId: string, options: WaitOptions = {}): Promise<Run> {
+    const controller = new AbortController();
+    const timeout = new TimeoutError(`run ${runId} did not end within ${options.timeoutMs} ms`);
+    const timer = options.timeoutMs === undefined ? undefined : setTimeout(() => controller.abort(timeout), options.timeoutMs);
+    const outer = options.signal;
+    const forward = (): void => controller.abort(outer?.reason);
+    if (outer?.aborted) forward();
+    outer?.addEventListener("abort", forward, { once: true });
+    try {
+      for await (const run of this.watchRun(runId, { signal: controller.signal })) {
+        if (isFinalStatus(run.status)) return run;
+      }
+      throw new ComposerError("INTERNAL", `the watch of run ${runId} ended without a final status`);
+    } catch (error) {
+      if (controller.signal.aborted) throw controller.signal.reason;
+      throw error;
+    } finally {
+      clearTimeout(timer);
+      outer?.removeEventListener("abort", forward);
+    }
+  }
+
+  /**
+   * Waits until the run ends and returns its output. Throws {@link RunFailedError} (with the final
+   * run) when it ends FAILED or CANCELLED, {@link TimeoutError} after `timeoutMs`.
+   */
+  async waitForResult(runId: string, options: WaitOptions = {}): Promise<Json> {
+    const run = await this.waitForRun(runId, options);
+    if (run.status !== "COMPLETED") throw new RunFailedError(run);
+    return run.output;
+  }
+
+  /** Starts a run and waits for its output (startRun + waitForResult). */
+  async runWorkflow(workflow: string, input?: unknown, options: StartRunOptions & WaitOptions = {}): Promise<Json> {
+    const started = Date.now();
+    const run = await this.startRun(workflow, input, options);
+    const left = options.timeoutMs === undefined ? undefined : Math.max(0, options.timeoutMs - (Date.now() - started));
+    return this.waitForResult(run.runId, { ...(left === undefined ? {} : { timeoutMs: left }), ...(options.signal ? { signal: options.signal } : {}) });
+  }
+}

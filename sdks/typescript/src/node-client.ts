@@ -1,0 +1,54 @@
+// The Node Client: the shared ComposerClient over HTTP/2 gRPC, token and address from the environment.
+import type { Interceptor, Transport } from "@connectrpc/connect";
+
+import { ComposerClient, type BaseClientOptions } from "./client.js";
+import { createNodeTransport, resolveAddress, resolveToken } from "./transport-node.js";
+
+/** Options of the Node {@link Client}. */
+export interface NodeClientOptions extends BaseClientOptions {
+  /** `host:port` of the server (default `COMPOSER_ADDRESS`, else 127.0.0.1:7070), or a URL. */
+  address?: string;
+  /** TLS to the server (https). */
+  tls?: boolean;
+  /** connect interceptors for every call. */
+  interceptors?: Interceptor[];
+  /** A transport of your own (then `address`, `tls` and `interceptors` are not used). */
+  transport?: Transport;
+}
+
+/**
+ * A client of a Composer server from Node, over HTTP/2 gRPC. The token is `token`, else
+ * `COMPOSER_TOKEN`; the address `address`, else `COMPOSER_ADDRESS`. Call {@link close} when done
+ * (or use `await using`).
+ */
+export class Client extends ComposerClient {
+  readonly address: string;
+  readonly #close: () => void;
+
+  constructor(options: NodeClientOptions = {}) {
+    const address = resolveAddress(options.address);
+    let close = (): void => {};
+    let transport = options.transport;
+    if (!transport) {
+      const made = createNodeTransport(address, {
+        ...(options.tls ? { tls: true } : {}),
+        ...(options.interceptors ? { interceptors: options.interceptors } : {}),
+      });
+      transport = made.transport;
+      close = made.close;
+    }
+    super({ transport, token: resolveToken(options.token), ...(options.timeoutMs ? { timeoutMs: options.timeoutMs } : {}) });
+    this.address = address;
+    this.#close = close;
+  }
+
+  /** Closes the connection (calls still running fail). */
+  override close(): void {
+    this.#close();
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    this.close();
+    return Promise.resolve();
+  }
+}

@@ -1,0 +1,902 @@
+// The Worker: runs task handlers for the tasks a Composer server leases to it.
+//
+//   const worker = new Worker({ slots: 8 });
+//   worker.task("inventory", "reserve_stock", async (ctx) => {
+//     if (!ctx.input.sku) throw new NonRetryableError("no sku", { code: "BAD_SKU" });
+//     return { reserved: true, task: ctx.taskId };
+//   });
+//   await worker.run(); // until SIGTERM / SIGINT, then drains
+//
+// The worker long-polls its queues for as many tasks as it has free slots, heartbeats each running
+// task at a third of its lease, aborts the handler's `ctx.signal` when the run is cancelled, the
+// lease lost or the attempt's deadline passed, reports the outcome with the lease token, sends a
+// report again with the same token after UNAVAILABLE / DEADLINE_EXCEEDED, and treats LEASE_LOST as
+// final. On stop it stops polling, drains in-flight tasks within `drainTimeoutMs`, and only then
+// stops heartbeating.
+import { AsyncLocalStorage, createHook, type AsyncHook } from "node:async_hooks";
+import { randomUUID } from "node:crypto";
+import { hostname } from "node:os";
+
+import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import { timestampDate } from "@bufbuild/protobuf/wkt";
+import type { Interceptor, Transport } from "@connectrpc/connect";
+
+import { Backoff } from "./backoff.js";
+import { ComposerClient } from "./client.js";
+import { makeCodeHandler, type CodeRunnerOptions } from "./code-runner.js";
+import { ComposerError, TaskError, isLeaseLost, isResourceExhausted, toComposerError } from "./errors.js";
+import type { Task } from "./gen/composer/v1/worker_service_pb.js";
+import { createNodeTransport, resolveAddress, resolveToken } from "./transport-node.js";
+import { NotJsonError, fromValue, toValue, type Json } from "./values.js";
+
+/** Why a task's `ctx.signal` fired. */
+export type CancelReason = "run cancelled" | "lease lost" | "attempt deadline" | "worker shutdown" | "attempt failed";
+/** A heartbeat answered that the run was cancelled. Nothing is reported. */
+export const CANCEL_RUN_CANCELLED: CancelReason = "run cancelled";
+/** The server said the lease is no longer this worker's. Nothing is reported. */
+export const CANCEL_LEASE_LOST: CancelReason = "lease lost";
+/** The attempt's deadline (the node's `timeout`) passed; the attempt is failed with TIMEOUT. */
+export const CANCEL_ATTEMPT_DEADLINE: CancelReason = "attempt deadline";
+/** The worker stopped before the task finished draining; failed with WORKER_SHUTDOWN (retryable). */
+export const CANCEL_SHUTDOWN: CancelReason = "worker shutdown";
+/** The attempt was already failed (an unhandled rejection inside the handler); stop the rest. */
+export const CANCEL_ATTEMPT_FAILED: CancelReason = "attempt failed";
+
+/** The `reason` of an aborted `ctx.signal`. */
+export class TaskCancelledError extends Error {
+  override name = "TaskCancelledError";
+  readonly reason: CancelReason;
+  constructor(reason: CancelReason) {
+    super(`task cancelled: ${reason}`);
+    this.reason = reason;
+  }
+}
+
+/** Where the worker logs; `console` fits. */
+export interface Logger {
+  debug(message: string, ...args: unknown[]): void;
+  info(message: string, ...args: unknown[]): void;
+  warn(message: string, ...args: unknown[]): void;
+  error(message: string, ...args: unknown[]): void;
+}
+
+const LEVELS = ["debug", "info", "warn", "error", "silent"] as const;
+
+/** A console logger printing from `level` up (default: `COMPOSER_LOG_LEVEL`, else `warn`), to stderr. */
+export function consoleLogger(level: string = process.env["COMPOSER_LOG_LEVEL"] ?? "warn"): Logger {
+  const min = Math.max(0, LEVELS.indexOf(level as (typeof LEVELS)[number]));
+  const at = (name: (typeof LEVELS)[number]) => (message: string, ...args: unknown[]) => {
+    if (LEVELS.indexOf(name) >= min) console.error(`${new Date().toISOString()} ${name.toUpperCase()} composer ${message}`, ...args);
+  };
+  return { debug: at("debug"), info: at("info"), warn: at("warn"), error: at("error") };
+}
+
+function prefixed(logger: Logger, prefix: string): Logger {
+  return {
+    debug: (m, ...a) => logger.debug(`${prefix} ${m}`, ...a),
+    info: (m, ...a) => logger.info(`${prefix} ${m}`, ...a),
+    warn: (m, ...a) => logger.warn(`${prefix} ${m}`, ...a),
+    error: (m, ...a) => logger.error(`${prefix} ${m}`, ...a),
+  };
+}
+
+/** What a handler gets: the task's identity, its input, a cancellation signal and a logger. */
+export interface TaskContext {
+  /** The task's id, the same for every attempt: the idempotency key of the step's side effects. */
+  readonly taskId: string;
+  /** This attempt, from 1. */
+  readonly attempt: number;
+  readonly runId: string;
+  /** The node (or `<map id>[<index>]`) the task executes. */
+  readonly nodeId: string;
+  readonly workflowName: string;
+  readonly workflowVersion: number;
+  readonly namespace: string;
+  readonly queue: string;
+  readonly taskName: string;
+  /** The node's rendered input, as JSON. */
+  readonly input: any; // eslint-disable-line @typescript-eslint/no-explicit-any -- JSON of the workflow's making
+  /** The attempt must finish by this time (the node's `timeout`), if set. */
+  readonly deadline: Date | undefined;
+  /**
+   * Aborted when the run is cancelled, the lease is lost, the attempt's deadline passes, or the
+   * worker stops past its drain; `signal.reason` is a {@link TaskCancelledError} naming why. Pass it
+   * to `fetch`, timers and anything else that takes a signal.
+   */
+  readonly signal: AbortSignal;
+  /** Why the signal fired, once it did. */
+  readonly cancelReason: CancelReason | undefined;
+  /** A logger whose lines name the task. */
+  readonly logger: Logger;
+  /** Throws the signal's reason if it fired: a checkpoint for long loops. */
+  throwIfCancelled(): void;
+}
+
+/** A task handler: takes the context, returns (or resolves to) a JSON output. */
+export type Handler = (ctx: TaskContext) => unknown;
+
+/** Counters of what a worker did. */
+export interface WorkerStats {
+  /** Tasks leased to this worker. */
+  polled: number;
+  /** Attempts reported complete (applied by the server). */
+  completed: number;
+  /** Attempts reported failed (applied by the server). */
+  failed: number;
+  /** Attempts dropped because the server said the lease was lost. */
+  leaseLost: number;
+  /** Attempts stopped because their run was cancelled. */
+  cancelled: number;
+  /** Reports sent again after UNAVAILABLE or DEADLINE_EXCEEDED. */
+  reportRetries: number;
+  /** PollTasks calls that failed. */
+  pollErrors: number;
+}
+
+/** Options of {@link Worker}; durations in ms. */
+export interface WorkerOptions {
+  /** `host:port` (default `COMPOSER_ADDRESS`, else 127.0.0.1:7070). */
+  address?: string;
+  /** Bearer token (default `COMPOSER_TOKEN`). */
+  token?: string;
+  tls?: boolean;
+  /** How many tasks run at once (default 10). */
+  slots?: number;
+  /** Queues to poll besides those named in {@link Worker.task}. */
+  queues?: string[];
+  /** This process's id, recorded as the lease owner (default host-pid-random). */
+  workerId?: string;
+  /** The long-poll wait (default 20 s). */
+  pollWaitMs?: number;
+  /** How long a graceful stop waits for in-flight tasks (default 30 s). */
+  drainTimeoutMs?: number;
+  /** How long a report is retried after transient failures (default 300 s). */
+  reportTimeoutMs?: number;
+  /** Overrides the heartbeat interval (default a third of each task's lease). */
+  heartbeatIntervalMs?: number;
+  /** Back-off of failed polls, heartbeats and reports (default 200 ms .. 5 s, jitter 0.5). */
+  backoff?: Backoff;
+  /** connect interceptors for every call (tests record calls with one). */
+  interceptors?: Interceptor[];
+  /** A transport of your own (then address, tls and interceptors are not used). */
+  transport?: Transport;
+  /** Check the server's protocol version before polling (default true). */
+  checkServer?: boolean;
+  logger?: Logger;
+}
+
+/** The most tasks one PollTasks may ask for. */
+export const MAX_POLL_TASKS = 100;
+const DEFAULT_LEASE_MS = 30_000;
+const MAX_MESSAGE = 4_000;
+const MAX_STACK = 32_000;
+
+interface Deferred<T> {
+  promise: Promise<T>;
+  resolve: (value: T) => void;
+  settled: boolean;
+}
+
+function deferred<T = void>(): Deferred<T> {
+  let resolve!: (value: T) => void;
+  const d: Deferred<T> = {
+    promise: new Promise<T>((r) => (resolve = r)),
+    resolve: (value: T) => {
+      d.settled = true;
+      resolve(value);
+    },
+    settled: false,
+  };
+  return d;
+}
+
+/** Sleeps `ms`; resolves false early when `signal` aborts. */
+function sleep(ms: number, signal?: AbortSignal): Promise<boolean> {
+  return new Promise((resolve) => {
+    if (signal?.aborted) return resolve(false);
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", abort);
+      resolve(true);
+    }, ms);
+    function abort(): void {
+      clearTimeout(timer);
+      resolve(false);
+    }
+    signal?.addEventListener("abort", abort, { once: true });
+  });
+}
+
+function durationMs(d: Duration | undefined): number | undefined {
+  if (!d) return undefined;
+  return Number(d.seconds) * 1000 + d.nanos / 1e6;
+}
+
+function tsDate(t: Timestamp | undefined): Date | undefined {
+  return t ? timestampDate(t) : undefined;
+}
+
+/** Counts the tasks a worker runs against its limit. Only the poll loop takes slots. */
+export class Slots {
+  readonly capacity: number;
+  #used = 0;
+  #waiters: (() => void)[] = [];
+  /** The most slots ever used at once. */
+  highWater = 0;
+
+  constructor(capacity: number) {
+    if (!(capacity >= 1)) throw new RangeError("a worker needs at least one slot");
+    this.capacity = capacity;
+  }
+
+  get used(): number {
+    return this.#used;
+  }
+
+  get free(): number {
+    return this.capacity - this.#used;
+  }
+
+  /** Takes `count` slots; with `force` even when fewer are free (a server that leased too many). */
+  acquire(count = 1, force = false): void {
+    if (!force && count > this.free) throw new RangeError(`asked for ${count} slots with ${this.free} free`);
+    this.#used += count;
+    this.highWater = Math.max(this.highWater, this.#used);
+    this.#notify();
+  }
+
+  release(): void {
+    if (this.#used <= 0) throw new RangeError("release without acquire");
+    this.#used -= 1;
+    this.#notify();
+  }
+
+  #notify(): void {
+    const waiters = this.#waiters;
+    this.#waiters = [];
+    for (const w of waiters) w();
+  }
+
+  /** Resolves once a slot is free (or `signal` aborts). */
+  async waitFree(signal?: AbortSignal): Promise<void> {
+    while (this.free <= 0 && !signal?.aborted) {
+      await new Promise<void>((resolve) => {
+        this.#waiters.push(resolve);
+        signal?.addEventListener("abort", () => resolve(), { once: true });
+      });
+    }
+  }
+}
+
+// --- attributing unhandled rejections to the task whose handler made the promise -----------------
+
+const currentExecution = new AsyncLocalStorage<Execution>();
+const promiseOwners = new WeakMap<object, Execution>();
+let guardUsers = 0;
+let guardHook: AsyncHook | undefined;
+
+function onUnhandledRejection(reason: unknown, promise: Promise<unknown>): void {
+  const owner = promiseOwners.get(promise);
+  if (owner && !owner.finished) {
+    owner.crash.resolve(reason);
+    return;
+  }
+  // Not a handler's: do what Node does by default, unless the program listens itself.
+  if (process.listenerCount("unhandledRejection") <= 1) throw reason;
+}
+
+function installGuard(): void {
+  if (guardUsers++ > 0) return;
+  guardHook = createHook({
+    init(_id, type, _trigger, resource) {
+      if (type !== "PROMISE") return;
+      const owner = currentExecution.getStore();
+      if (owner) promiseOwners.set(resource as object, owner);
+    },
+  }).enable();
+  process.on("unhandledRejection", onUnhandledRejection);
+}
+
+function removeGuard(): void {
+  if (--guardUsers > 0) return;
+  guardHook?.disable();
+  guardHook = undefined;
+  process.off("unhandledRejection", onUnhandledRejection);
+}
+
+// --- one attempt ---------------------------------------------------------------------------------
+
+class Context implements TaskContext {
+  readonly taskId: string;
+  readonly attempt: number;
+  readonly runId: string;
+  readonly nodeId: string;
+  readonly workflowName: string;
+  readonly workflowVersion: number;
+  readonly namespace: string;
+  readonly queue: string;
+  readonly taskName: string;
+  readonly input: any; // eslint-disable-line @typescript-eslint/no-explicit-any
+  readonly deadline: Date | undefined;
+  readonly logger: Logger;
+  readonly controller = new AbortController();
+  cancelReason: CancelReason | undefined;
+
+  constructor(task: Task, logger: Logger) {
+    this.taskId = task.taskId;
+    this.attempt = task.attempt;
+    this.runId = task.runId;
+    this.nodeId = task.nodeId;
+    this.workflowName = task.workflowName;
+    this.workflowVersion = task.workflowVersion;
+    this.namespace = task.namespace;
+    this.queue = task.queue;
+    this.taskName = task.taskName;
+    this.input = fromValue(task.input);
+    this.deadline = tsDate(task.attemptDeadline);
+    this.logger = prefixed(logger, `[${task.nodeId}#${task.attempt} run ${task.runId}]`);
+  }
+
+  get signal(): AbortSignal {
+    return this.controller.signal;
+  }
+
+  throwIfCancelled(): void {
+    this.controller.signal.throwIfAborted();
+  }
+
+  /** Aborts the signal; false if it already was. */
+  cancel(reason: CancelReason): boolean {
+    if (this.cancelReason !== undefined) return false;
+    this.cancelReason = reason;
+    this.controller.abort(new TaskCancelledError(reason));
+    return true;
+  }
+}
+
+interface Execution {
+  task: Task;
+  ctx: Context;
+  /** Stops the attempt's heartbeats. */
+  heartbeatStop: AbortController;
+  /** Resolved with the reason of an unhandled rejection made by the handler. */
+  crash: Deferred<unknown>;
+  /** Resolved when the handler's promise settled. */
+  handlerSettled: Deferred<void>;
+  /** Resolved when everything about the attempt is done (handler, report, slot). */
+  done: Deferred<void>;
+  /** True once a report was applied or the attempt was dropped. */
+  finished: boolean;
+}
+
+type Outcome = { output: unknown } | { failure: TaskError };
+
+function errorCode(error: Error): string {
+  const name = typeof error.name === "string" && error.name ? error.name : "Error";
+  if (name !== "Error") return name;
+  const ctor = (error as { constructor?: { name?: unknown } }).constructor?.name;
+  return typeof ctor === "string" && ctor ? ctor : "Error";
+}
+
+function describe(value: unknown): string {
+  try {
+    return typeof value === "string" ? value : JSON.stringify(value) ?? String(value);
+  } catch {
+    return Object.prototype.toString.call(value);
+  }
+}
+
+/** The failure an error thrown by a handler (or a rejection it left unhandled) reports. */
+export function failureOf(error: unknown, unhandled = false): TaskError {
+  if (error instanceof TaskError) return error;
+  if (error instanceof Error) {
+    const code = errorCode(error);
+    const stack = String(error.stack ?? `${code}: ${error.message}`);
+    return new TaskError((error.message || code).slice(0, MAX_MESSAGE), {
+      code,
+      details: { type: code, message: error.message, stack: stack.slice(-MAX_STACK), ...(unhandled ? { unhandledRejection: true } : {}) },
+    });
+  }
+  const text = describe(error).slice(0, MAX_MESSAGE);
+  return new TaskError(`the handler threw a non-Error value: ${text}`, {
+    code: "NON_ERROR_THROWN",
+    details: { type: typeof error, value: text, ...(unhandled ? { unhandledRejection: true } : {}) },
+  });
+}
+
+/** Serves task handlers on one or more queues of a Composer server. */
+export class Worker {
+  readonly address: string;
+  readonly workerId: string;
+  /** Counters of what the worker did. */
+  readonly stats: WorkerStats = { polled: 0, completed: 0, failed: 0, leaseLost: 0, cancelled: 0, reportRetries: 0, pollErrors: 0 };
+  readonly #queues: string[];
+  readonly #handlers = new Map<string, Handler>();
+  readonly #capacity: number;
+  readonly #options: WorkerOptions;
+  readonly #backoff: Backoff;
+  readonly #log: Logger;
+  readonly #running = new Set<Execution>();
+  #slots: Slots | undefined;
+  #client: ComposerClient | undefined;
+  #stop = new AbortController();
+  #force = new AbortController();
+  #serving = false;
+
+  constructor(options: WorkerOptions = {}) {
+    const slots = options.slots ?? 10;
+    if (!Number.isInteger(slots) || slots < 1) throw new RangeError("slots must be an integer of at least 1");
+    this.#options = options;
+    this.#capacity = slots;
+    this.address = resolveAddress(options.address);
+    this.workerId = options.workerId ?? `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`;
+    this.#queues = [...new Set(options.queues ?? [])];
+    this.#backoff = options.backoff ?? new Backoff({ initialMs: 200, maximumMs: 5_000 });
+    this.#log = options.logger ?? consoleLogger();
+  }
+
+  // --- registration ------------------------------------------------------------------------------
+
+  /** Registers the handler of task `name` on `queue` (which is then polled). */
+  task(queue: string, name: string, handler: Handler): this {
+    const key = `${queue}\u0000${name}`;
+    if (this.#handlers.has(key)) throw new Error(`task ${JSON.stringify(name)} already has a handler on queue ${JSON.stringify(queue)}`);
+    this.#handlers.set(key, handler);
+    if (!this.#queues.includes(queue)) this.#queues.push(queue);
+    return this;
+  }
+
+  /** Registers `handler` for every task of `queue` that no handler claims by name. */
+  handleQueue(queue: string, handler: Handler): this {
+    const key = `${queue}\u0000*`;
+    if (this.#handlers.has(key)) throw new Error(`queue ${JSON.stringify(queue)} already has a default handler`);
+    this.#handlers.set(key, handler);
+    if (!this.#queues.includes(queue)) this.#queues.push(queue);
+    return this;
+  }
+
+  /**
+   * Makes this worker a JavaScript code runner: it serves CODE nodes (queue `code.javascript`).
+   * See `runSnippet` for the convention and limits.
+   */
+  serveCode(options: CodeRunnerOptions & { queue?: string } = {}): this {
+    return this.handleQueue(options.queue ?? "code.javascript", makeCodeHandler(options));
+  }
+
+  /** The queues this worker polls. */
+  get queues(): string[] {
+    return [...this.#queues];
+  }
+
+  /** Tasks running now. */
+  get inFlight(): number {
+    return this.#running.size;
+  }
+
+  /** The most tasks that ever ran at once in this worker. */
+  get maxConcurrencySeen(): number {
+    return this.#slots?.highWater ?? 0;
+  }
+
+  #handlerFor(task: Task): Handler | undefined {
+    return this.#handlers.get(`${task.queue}\u0000${task.taskName}`) ?? this.#handlers.get(`${task.queue}\u0000*`);
+  }
+
+  // --- life cycle --------------------------------------------------------------------------------
+
+  /**
+   * Serves until SIGTERM or SIGINT, then stops gracefully: stop polling, drain, stop heartbeating.
+   * A second signal stops waiting for the drain. Resolves when the worker stopped.
+   */
+  async run(): Promise<void> {
+    const onSignal = (): void => this.stop();
+    process.on("SIGTERM", onSignal);
+    process.on("SIGINT", onSignal);
+    try {
+      await this.serve();
+    } finally {
+      process.off("SIGTERM", onSignal);
+      process.off("SIGINT", onSignal);
+    }
+  }
+
+  /**
+   * Asks the worker to stop: no new poll, in-flight tasks drain within `drainTimeoutMs`, then
+   * heartbeats stop. A second call stops waiting for the drain (unfinished attempts are failed as
+   * WORKER_SHUTDOWN, retryable).
+   */
+  stop(): void {
+    if (this.#stop.signal.aborted) {
+      this.#log.warn("stopping at once: in-flight tasks are failed as WORKER_SHUTDOWN");
+      this.#force.abort();
+    } else {
+      this.#log.info(`stopping: no new polls; draining ${this.#running.size} in-flight tasks`);
+    }
+    this.#stop.abort();
+  }
+
+  /** Serves until {@link stop} is called; rejects if the server cannot be used (bad protocol, ...). */
+  async serve(): Promise<void> {
+    if (this.#serving) throw new Error("this worker is already serving");
+    if (this.#queues.length === 0) throw new Error("the worker has no queue to poll: register a handler, or pass queues");
+    this.#serving = true;
+    this.#slots = new Slots(this.#capacity);
+    let close = (): void => {};
+    let transport = this.#options.transport;
+    if (!transport) {
+      const made = createNodeTransport(this.address, {
+        ...(this.#options.tls ? { tls: true } : {}),
+        ...(this.#options.interceptors ? { interceptors: this.#options.interceptors } : {}),
+      });
+      transport = made.transport;
+      close = made.close;
+    }
+    this.#client = new ComposerClient({ transport, token: resolveToken(this.#options.token) });
+    installGuard();
+    let poller: Promise<void> | undefined;
+    let failure: unknown;
+    try {
+      if (this.#options.checkServer ?? true) await this.#waitForServer();
+      if (!this.#stop.signal.aborted) {
+        this.#log.info(`worker ${this.workerId} polling ${this.#queues.join(",")} with ${this.#capacity} slots`);
+        poller = this.#pollLoop();
+        const stopped = new Promise<void>((resolve) => this.#stop.signal.addEventListener("abort", () => resolve(), { once: true }));
+        await Promise.race([poller, stopped]);
+      }
+    } catch (error) {
+      failure = error;
+    } finally {
+      // 1. Stop polling. A poll already waiting may still return tasks whose leases the server
+      // recorded; they run and drain (a second stop cancels that poll).
+      if (!this.#stop.signal.aborted) {
+        this.#stop.abort();
+        this.#force.abort();
+      }
+      if (poller) {
+        try {
+          await poller;
+        } catch (error) {
+          failure ??= error;
+        }
+      }
+      // 2. Drain: in-flight tasks finish and report, heartbeating all the while.
+      await this.#drain();
+      // 3. Only now stop heartbeating (every attempt's loop ended with it) and close.
+      close();
+      removeGuard();
+      this.#serving = false;
+      this.#stop = new AbortController();
+      this.#force = new AbortController();
+      this.#log.info(`worker ${this.workerId} stopped`);
+    }
+    if (failure !== undefined) throw failure;
+  }
+
+  async #waitForServer(): Promise<void> {
+    const client = this.#client as ComposerClient;
+    let failures = 0;
+    while (!this.#stop.signal.aborted) {
+      try {
+        await client.checkProtocol({ signal: this.#stop.signal });
+        return;
+      } catch (error) {
+        const converted = toComposerError(error);
+        if (this.#stop.signal.aborted) return;
+        if (!converted.retryable) throw converted;
+        failures += 1;
+        this.#log.warn(`server ${this.address} not reachable yet (${converted.code}); retrying`);
+        await sleep(this.#backoff.delay(failures), this.#stop.signal);
+      }
+    }
+  }
+
+  async #drain(): Promise<void> {
+    if (this.#running.size === 0) return;
+    const timeoutMs = this.#options.drainTimeoutMs ?? 30_000;
+    this.#log.info(`draining ${this.#running.size} in-flight tasks (up to ${timeoutMs} ms)`);
+    const all = Promise.all([...this.#running].map((e) => e.done.promise));
+    const forced = new Promise<void>((resolve) => {
+      if (this.#force.signal.aborted) resolve();
+      this.#force.signal.addEventListener("abort", () => resolve(), { once: true });
+    });
+    let timer: NodeJS.Timeout | undefined;
+    const timedOut = new Promise<void>((resolve) => (timer = setTimeout(resolve, timeoutMs)));
+    await Promise.race([all, forced, timedOut]);
+    clearTimeout(timer);
+    const unfinished = [...this.#running].filter((e) => !e.finished);
+    if (unfinished.length === 0) return;
+    this.#log.warn(`${unfinished.length} tasks did not finish within the drain; failing them as WORKER_SHUTDOWN (retryable)`);
+    await Promise.all(
+      unfinished.map(async (execution) => {
+        execution.ctx.cancel(CANCEL_SHUTDOWN);
+        execution.finished = true;
+        execution.heartbeatStop.abort();
+        const failure = new TaskError("the worker stopped before the task finished", { code: "WORKER_SHUTDOWN" });
+        try {
+          await this.#sendFail(execution.task, failure, { timeoutMs: 5_000 });
+          this.stats.failed += 1;
+        } catch (error) {
+          this.#log.warn(`could not fail an unfinished task: ${String(error)}`);
+        }
+      }),
+    );
+  }
+
+  // --- polling -----------------------------------------------------------------------------------
+
+  async #pollLoop(): Promise<void> {
+    const client = this.#client as ComposerClient;
+    const slots = this.#slots as Slots;
+    const waitMs = this.#options.pollWaitMs ?? 20_000;
+    const wait = { seconds: BigInt(Math.floor(waitMs / 1000)), nanos: (waitMs % 1000) * 1e6 };
+    let failures = 0;
+    while (!this.#stop.signal.aborted) {
+      if (slots.free <= 0) {
+        await slots.waitFree(this.#stop.signal);
+        continue;
+      }
+      const free = slots.free;
+      let tasks: Task[];
+      try {
+        const response = await client.raw.workers.pollTasks(
+          { workerId: this.workerId, queues: this.#queues, maxTasks: Math.min(free, MAX_POLL_TASKS), wait },
+          client.callOptions({ timeoutMs: waitMs + 5_000, signal: this.#force.signal }),
+        );
+        tasks = response.tasks;
+      } catch (error) {
+        if (this.#force.signal.aborted) return;
+        const converted = toComposerError(error);
+        failures += 1;
+        this.stats.pollErrors += 1;
+        const delay = this.#backoff.delay(failures);
+        const line = `poll failed (${converted.code}: ${converted.rawMessage}); again in ${Math.round(delay)} ms`;
+        if (converted.retryable && failures === 1) this.#log.debug(line);
+        else this.#log.warn(line);
+        await sleep(delay, this.#stop.signal);
+        continue;
+      }
+      failures = 0;
+      for (const task of tasks) {
+        this.stats.polled += 1;
+        if (slots.free > 0) slots.acquire();
+        else {
+          this.#log.error(`the server leased more tasks than free slots (${this.#capacity})`);
+          slots.acquire(1, true);
+        }
+        void this.#execute(task);
+      }
+    }
+  }
+
+  // --- one task ----------------------------------------------------------------------------------
+
+  async #execute(task: Task): Promise<void> {
+    const ctx = new Context(task, this.#log);
+    const heartbeatStop = new AbortController();
+    const execution: Execution = {
+      ctx,
+      task,
+      heartbeatStop,
+      crash: deferred<unknown>(),
+      handlerSettled: deferred(),
+      done: deferred(),
+      finished: false,
+    };
+    this.#running.add(execution);
+    const heartbeat = this.#heartbeatLoop(task, execution, heartbeatStop.signal);
+    let deadlineTimer: NodeJS.Timeout | undefined;
+    const untilDeadline = ctx.deadline ? Math.max(0, ctx.deadline.getTime() - Date.now()) : Infinity;
+    if (untilDeadline <= 2_147_483_647) {
+      // (a timer cannot wait longer than 2^31 - 1 ms; a deadline further away than that is left to the server)
+      deadlineTimer = setTimeout(() => ctx.cancel(CANCEL_ATTEMPT_DEADLINE), untilDeadline);
+    }
+    try {
+      const outcome = await this.#runHandler(task, execution);
+      if (outcome && !execution.finished) await this.#report(task, execution, outcome);
+    } catch (error) {
+      ctx.logger.error(`the worker failed on this task: ${String(error)}`);
+    } finally {
+      clearTimeout(deadlineTimer);
+      execution.finished = true;
+      heartbeatStop.abort();
+      await heartbeat;
+      // The slot is free once the handler itself returned, even when its attempt was dropped.
+      await execution.handlerSettled.promise;
+      this.#running.delete(execution);
+      (this.#slots as Slots).release();
+      execution.done.resolve();
+    }
+  }
+
+  /** Runs the handler; undefined when the attempt was cancelled and nothing is to be reported. */
+  async #runHandler(task: Task, execution: Execution): Promise<Outcome | undefined> {
+    const ctx = execution.ctx;
+    const handler = this.#handlerFor(task);
+    if (!handler) {
+      execution.handlerSettled.resolve();
+      ctx.logger.error(`no handler for task ${JSON.stringify(task.taskName)} on queue ${JSON.stringify(task.queue)}`);
+      return { failure: new TaskError(`this worker has no handler for task ${JSON.stringify(task.taskName)}`, { code: "UNKNOWN_TASK" }) };
+    }
+    const result = currentExecution.run(execution, () => {
+      try {
+        return Promise.resolve(handler(ctx));
+      } catch (error) {
+        return Promise.reject(error);
+      }
+    });
+    const settled = result.then(
+      (output) => ({ kind: "ok" as const, output }),
+      (error: unknown) => ({ kind: "error" as const, error }),
+    );
+    void settled.then(() => execution.handlerSettled.resolve());
+    const aborted = new Promise<{ kind: "aborted" }>((resolve) => {
+      if (ctx.signal.aborted) resolve({ kind: "aborted" });
+      ctx.signal.addEventListener("abort", () => resolve({ kind: "aborted" }), { once: true });
+    });
+    const crashed = execution.crash.promise.then((error) => ({ kind: "crash" as const, error }));
+    const first = await Promise.race([settled, aborted, crashed]);
+    if (first.kind === "crash") {
+      ctx.logger.warn(`the handler left a rejection unhandled: ${describe(first.error instanceof Error ? first.error.message : first.error)}`);
+      ctx.cancel(CANCEL_ATTEMPT_FAILED);
+      return { failure: failureOf(first.error, true) };
+    }
+    if (first.kind === "aborted" || ctx.cancelReason !== undefined) {
+      const reason = ctx.cancelReason;
+      if (reason === CANCEL_ATTEMPT_DEADLINE) {
+        const at = ctx.deadline?.toISOString() ?? "its deadline";
+        return { failure: new TaskError(`the attempt did not finish by its deadline (${at})`, { code: "TIMEOUT" }) };
+      }
+      ctx.logger.info(`task stopped (${reason}); not reporting`);
+      return undefined;
+    }
+    if (first.kind === "ok") return { output: first.output };
+    if (!(first.error instanceof TaskError)) {
+      ctx.logger.warn(`handler threw ${first.error instanceof Error ? errorCode(first.error) : typeof first.error}: ${first.error instanceof Error ? first.error.message : describe(first.error)}`);
+    }
+    return { failure: failureOf(first.error) };
+  }
+
+  async #heartbeatLoop(task: Task, execution: Execution, stop: AbortSignal): Promise<void> {
+    const client = this.#client as ComposerClient;
+    const ctx = execution.ctx;
+    const lease = durationMs(task.leaseDuration) ?? DEFAULT_LEASE_MS;
+    const interval = this.#options.heartbeatIntervalMs ?? Math.max(lease / 3, 50);
+    const request = { taskId: task.taskId, attempt: task.attempt, leaseToken: task.leaseToken };
+    let failures = 0;
+    for (;;) {
+      const wait = failures === 0 ? interval : Math.min(this.#backoff.delay(failures), interval);
+      if (!(await sleep(wait, stop))) return;
+      let cancelRequested: boolean;
+      try {
+        const response = await client.raw.workers.heartbeat(request, client.callOptions({ timeoutMs: Math.max(interval, 1_000), signal: stop }));
+        cancelRequested = response.cancelRequested;
+      } catch (error) {
+        if (stop.aborted) return;
+        const converted = toComposerError(error);
+        if (isLeaseLost(converted as unknown)) {
+          if (execution.finished) return;
+          this.stats.leaseLost += 1;
+          ctx.logger.warn("lease lost; stopping the task, it will not be reported");
+          ctx.cancel(CANCEL_LEASE_LOST);
+          return;
+        }
+        failures += 1;
+        ctx.logger.debug(`heartbeat failed (${converted.code}: ${converted.rawMessage}); retrying`);
+        continue;
+      }
+      failures = 0;
+      if (cancelRequested && !execution.finished) {
+        ctx.logger.info("run cancelled; stopping the task");
+        if (ctx.cancel(CANCEL_RUN_CANCELLED)) this.stats.cancelled += 1;
+        return;
+      }
+    }
+  }
+
+  // --- reports -----------------------------------------------------------------------------------
+
+  async #report(task: Task, execution: Execution, outcome: Outcome): Promise<void> {
+    const client = this.#client as ComposerClient;
+    const ctx = execution.ctx;
+    if ("failure" in outcome) return this.#reportFailure(task, execution, outcome.failure);
+    let output;
+    try {
+      output = toValue(outcome.output);
+    } catch (error) {
+      const why = error instanceof NotJsonError ? error.message : String(error);
+      return this.#reportFailure(task, execution, new TaskError(`the handler's output is not JSON: ${why}`, { code: "INVALID_OUTPUT", retryable: false }));
+    }
+    try {
+      const request = { taskId: task.taskId, attempt: task.attempt, leaseToken: task.leaseToken, output };
+      if (await this.#sendWithRetries(ctx, (o) => client.raw.workers.completeTask(request, o))) {
+        execution.finished = true;
+        this.stats.completed += 1;
+        ctx.logger.debug("completed");
+      }
+    } catch (error) {
+      if (isResourceExhausted(error)) {
+        return this.#reportFailure(
+          task,
+          execution,
+          new TaskError(`output too large: ${error.rawMessage}`, { code: "OUTPUT_TOO_LARGE", retryable: false }),
+        );
+      }
+      ctx.logger.error(`could not report completion (${String(error)}); the lease will expire`);
+    }
+  }
+
+  async #reportFailure(task: Task, execution: Execution, failure: TaskError): Promise<void> {
+    const ctx = execution.ctx;
+    try {
+      if (await this.#sendFail(task, failure, { ctx })) {
+        execution.finished = true;
+        this.stats.failed += 1;
+        ctx.logger.info(`failed with ${failure.code} (retryable=${failure.retryable}): ${failure.message}`);
+      }
+    } catch (error) {
+      ctx.logger.error(`could not report failure (${String(error)}); the lease will expire`);
+    }
+  }
+
+  async #sendFail(task: Task, failure: TaskError, how: { ctx?: Context; timeoutMs?: number }): Promise<boolean> {
+    const client = this.#client as ComposerClient;
+    let details;
+    if (failure.details !== undefined && failure.details !== null) {
+      try {
+        details = toValue(failure.details);
+      } catch {
+        details = toValue({ repr: describe(failure.details).slice(0, MAX_MESSAGE) });
+      }
+    }
+    const request = {
+      taskId: task.taskId,
+      attempt: task.attempt,
+      leaseToken: task.leaseToken,
+      errorCode: failure.code,
+      message: failure.message.slice(0, MAX_MESSAGE),
+      retryable: failure.retryable,
+      ...(details ? { details } : {}),
+    };
+    if (!how.ctx) {
+      try {
+        await client.raw.workers.failTask(request, client.callOptions({ timeoutMs: how.timeoutMs ?? 5_000 }));
+      } catch (error) {
+        throw toComposerError(error);
+      }
+      return true;
+    }
+    return this.#sendWithRetries(how.ctx, (o) => client.raw.workers.failTask(request, o));
+  }
+
+  /**
+   * Sends a report, again with the same lease token after a transient failure. False when the
+   * lease was lost (the report is dropped, never retried); throws other errors.
+   */
+  async #sendWithRetries(ctx: Context, send: (options: ReturnType<ComposerClient["callOptions"]>) => Promise<unknown>): Promise<boolean> {
+    const client = this.#client as ComposerClient;
+    const deadline = Date.now() + (this.#options.reportTimeoutMs ?? 300_000);
+    let failures = 0;
+    for (;;) {
+      try {
+        await send(client.callOptions({ timeoutMs: 10_000 }));
+        return true;
+      } catch (error) {
+        const converted = toComposerError(error);
+        if (isLeaseLost(converted as unknown)) {
+          this.stats.leaseLost += 1;
+          ctx.cancel(CANCEL_LEASE_LOST);
+          ctx.logger.warn("report refused: the lease was lost; dropping it (not retried)");
+          return false;
+        }
+        if (!converted.retryable || Date.now() >= deadline) throw converted;
+        failures += 1;
+        this.stats.reportRetries += 1;
+        const delay = this.#backoff.delay(failures);
+        ctx.logger.info(`report failed (${converted.code}); sending it again in ${Math.round(delay)} ms`);
+        await sleep(delay);
+      }
+    }
+  }
+}
+
+export { ComposerError };
+export type { Json };

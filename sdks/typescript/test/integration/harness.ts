@@ -1,0 +1,316 @@
+// The real server for the integration tests: a fresh database per test process (dropped after),
+// `composer serve` on a free loopback port with --auth-secret, tokens minted by `composer token`.
+// Needs COMPOSER_TEST_DATABASE_URL and COMPOSER_TEST_REDIS_URL (scripts/with-services.sh) and the
+// binary COMPOSER_BIN (default <repo>/target/debug/composer).
+import { execFileSync, spawn, type ChildProcess } from "node:child_process";
+import { randomBytes } from "node:crypto";
+import { existsSync, mkdtempSync, appendFileSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+
+import { Backoff, Client, Worker, type Run, type WorkerOptions } from "../../src/index.js";
+
+const HERE = dirname(fileURLToPath(import.meta.url));
+/** sdks/typescript (tests run from dist-test/test/integration). */
+export const PACKAGE = resolve(HERE, "..", "..", "..");
+export const REPO = resolve(PACKAGE, "..", "..");
+export const BINARY = process.env["COMPOSER_BIN"] ?? join(REPO, "target", "debug", "composer");
+export const AUTH_SECRET = "typescript-sdk-integration-secret-0123456789abcdef";
+export const FAST = new Backoff({ initialMs: 50, maximumMs: 1_000 });
+
+/** A short random hex suffix for names. */
+export function hex(n = 8): string {
+  return randomBytes(n).toString("hex").slice(0, n);
+}
+
+/** A token for `roles`, minted by the composer binary itself. */
+export function mintToken(roles: string[], options: { namespace?: string; subject?: string; secret?: string } = {}): string {
+  return execFileSync(
+    BINARY,
+    ["token", "--sub", options.subject ?? "ts-tests", "--ns", options.namespace ?? "default", "--role", roles.join(","), "--ttl", "2h"],
+    { env: { ...process.env, COMPOSER_AUTH_SECRET: options.secret ?? AUTH_SECRET }, encoding: "utf8" },
+  ).trim();
+}
+
+function psql(url: string, sql: string): void {
+  execFileSync("psql", [url, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql], { stdio: ["ignore", "ignore", "pipe"] });
+}
+
+function withDatabase(url: string, name: string): string {
+  const u = new URL(url);
+  u.pathname = `/${name}`;
+  return u.toString();
+}
+
+/** A fresh database for this test process, and the Redis URL; `drop()` removes the database. */
+export function backingServices(): { databaseUrl: string; redisUrl: string; drop: () => void } {
+  const admin = process.env["COMPOSER_TEST_DATABASE_URL"];
+  const redis = process.env["COMPOSER_TEST_REDIS_URL"];
+  if (!admin || !redis) {
+    throw new Error("COMPOSER_TEST_DATABASE_URL and COMPOSER_TEST_REDIS_URL are not set: run through scripts/with-services.sh");
+  }
+  if (!existsSync(BINARY)) throw new Error(`${BINARY} is missing: set COMPOSER_BIN or build composer-cli`);
+  const name = `composer_sdk_ts_${hex(12)}`;
+  psql(admin, `CREATE DATABASE "${name}"`);
+  return {
+    databaseUrl: withDatabase(admin, name),
+    redisUrl: redis,
+    drop: () => {
+      try {
+        psql(admin, `DROP DATABASE IF EXISTS "${name}" WITH (FORCE)`);
+      } catch {
+        // best effort
+      }
+    },
+  };
+}
+
+/** One `composer serve` process; restartable on the same port. */
+export class ServerProcess {
+  address = "";
+  process: ChildProcess | undefined;
+  readonly logPath: string;
+
+  constructor(
+    readonly databaseUrl: string,
+    readonly redisUrl: string,
+    readonly extraArgs: string[] = [],
+  ) {
+    this.logPath = join(mkdtempSync(join(tmpdir(), "composer-ts-server-")), "server.log");
+  }
+
+  get port(): number {
+    return Number(this.address.split(":").pop());
+  }
+
+  async start(port = 0, timeoutMs = 60_000): Promise<string> {
+    const child = spawn(
+      BINARY,
+      [
+        "serve",
+        "--listen",
+        `127.0.0.1:${port}`,
+        "--log-format",
+        "json",
+        "--database-url",
+        this.databaseUrl,
+        "--redis-url",
+        this.redisUrl,
+        "--auth-secret",
+        AUTH_SECRET,
+        ...this.extraArgs,
+      ],
+      { stdio: ["ignore", "ignore", "pipe"] },
+    );
+    this.process = child;
+    const address = await new Promise<string>((resolvePromise, reject) => {
+      const timer = setTimeout(() => reject(new Error(`the server did not listen within ${timeoutMs} ms:\n${this.tail()}`)), timeoutMs);
+      const lines = createInterface({ input: child.stderr as NodeJS.ReadableStream });
+      let found = false;
+      lines.on("line", (line) => {
+        appendFileSync(this.logPath, line + "\n");
+        if (found) return;
+        try {
+          const record = JSON.parse(line) as Record<string, unknown>;
+          const fields = (record["fields"] as Record<string, unknown> | undefined) ?? record;
+          const message = fields["message"] ?? record["message"];
+          const addr = fields["addr"] ?? record["addr"];
+          if (message === "listening" && addr) {
+            found = true;
+            clearTimeout(timer);
+            resolvePromise(String(addr));
+          }
+        } catch {
+          // not JSON
+        }
+      });
+      child.on("exit", (code) => {
+        if (!found) {
+          clearTimeout(timer);
+          reject(new Error(`the server exited (${code}) before listening:\n${this.tail()}`));
+        }
+      });
+    });
+    this.address = address;
+    return address;
+  }
+
+  tail(): string {
+    try {
+      return readFileSync(this.logPath, "utf8").slice(-4000);
+    } catch {
+      return "";
+    }
+  }
+
+  async stop(signal: NodeJS.Signals = "SIGTERM", timeoutMs = 30_000): Promise<void> {
+    const child = this.process;
+    if (!child || child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise<void>((r) => child.once("exit", () => r()));
+    child.kill(signal);
+    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+    await exited;
+    clearTimeout(timer);
+  }
+
+  async restart(stopTimeoutMs = 30_000): Promise<void> {
+    const port = this.port;
+    await this.stop("SIGTERM", stopTimeoutMs);
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      try {
+        await this.start(port);
+        return;
+      } catch (error) {
+        if (Date.now() > deadline) throw error;
+        await sleep(500);
+      }
+    }
+  }
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+/** Waits until `predicate()` holds. */
+export async function until(predicate: () => boolean, timeoutMs = 30_000, what = "condition"): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!predicate()) {
+    if (Date.now() > deadline) throw new Error(`${what} not reached within ${timeoutMs} ms`);
+    await sleep(50);
+  }
+}
+
+/** Runs `worker` in the background for `body`, then stops it gracefully. */
+export async function serving<T>(worker: Worker, body: () => Promise<T>): Promise<T> {
+  const served = worker.serve();
+  let failure: unknown;
+  served.catch((error: unknown) => (failure = error));
+  try {
+    return await body();
+  } catch (error) {
+    throw failure ?? error;
+  } finally {
+    worker.stop();
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([served.catch(() => undefined), new Promise((r) => (timer = setTimeout(r, 60_000)))]);
+    clearTimeout(timer);
+  }
+}
+
+/** A worker with the test defaults (fast back-off). */
+export function worker(address: string, options: WorkerOptions = {}): Worker {
+  return new Worker({ address, backoff: FAST, pollWaitMs: 2_000, ...options });
+}
+
+export async function historyTypes(client: Client, runId: string): Promise<string[]> {
+  const types: string[] = [];
+  for await (const event of client.getRunHistory(runId)) types.push(event.eventType);
+  return types;
+}
+
+export async function final(client: Client, runId: string, timeoutMs = 60_000): Promise<Run> {
+  return client.waitForRun(runId, { timeoutMs });
+}
+
+/** A workflow of one TASK node `work` (`extra` is YAML added to the node, one entry per line). */
+export function oneTask(name: string, queue: string, task: string, extra = ""): string {
+  const nodeExtra = extra
+    .trim()
+    .split("\n")
+    .filter((l) => l.trim())
+    .map((l) => `    ${l}\n`)
+    .join("");
+  return `
+name: ${name}
+nodes:
+  - id: work
+    type: TASK
+    queue: ${queue}
+    task: ${task}
+${nodeExtra}output: { result: "\${nodes.work.output}" }
+`;
+}
+
+/** A three-step TASK workflow a -> b -> c on one queue, output from c. */
+export function threeStep(suffix: string): string {
+  return `
+name: c01-${suffix}
+description: conformance C1
+nodes:
+  - id: a
+    type: TASK
+    queue: c01-${suffix}
+    task: add_one
+    input: { x: "\${input.x}" }
+  - id: b
+    type: TASK
+    queue: c01-${suffix}
+    task: double
+    input: { x: "\${nodes.a.output.x}" }
+  - id: c
+    type: TASK
+    queue: c01-${suffix}
+    task: describe
+    input: { x: "\${nodes.b.output.x}" }
+edges:
+  - { from: a, to: b }
+  - { from: b, to: c }
+output: { result: "\${nodes.c.output}" }
+`;
+}
+
+interface ProcessEvent {
+  event: string;
+  [key: string]: unknown;
+}
+
+/** test/integration/worker-process.ts in a child process, its JSON lines collected. */
+export class WorkerProcess {
+  readonly process: ChildProcess;
+  readonly events: ProcessEvent[] = [];
+  readonly lines: string[] = [];
+  readonly exited: Promise<number | null>;
+
+  constructor(address: string, queue: string, options: { slots?: number; seconds?: number; drainSeconds?: number; script?: string } = {}) {
+    this.process = spawn(
+      process.execPath,
+      [join(HERE, options.script ?? "worker-process.js"), address, queue, String(options.slots ?? 2), String(options.seconds ?? 30), String(options.drainSeconds ?? 30)],
+      { stdio: ["ignore", "pipe", "pipe"], env: { ...process.env } },
+    );
+    const collect = (stream: NodeJS.ReadableStream): void => {
+      createInterface({ input: stream }).on("line", (line) => {
+        this.lines.push(line);
+        try {
+          const event = JSON.parse(line) as ProcessEvent;
+          if (event && typeof event === "object" && "event" in event) this.events.push(event);
+        } catch {
+          // a log line
+        }
+      });
+    };
+    collect(this.process.stdout as NodeJS.ReadableStream);
+    collect(this.process.stderr as NodeJS.ReadableStream);
+    this.exited = new Promise((r) => this.process.once("exit", (code) => r(code)));
+  }
+
+  seen(event: string): ProcessEvent[] {
+    return this.events.filter((e) => e.event === event);
+  }
+
+  async waitFor(event: string, count = 1, timeoutMs = 30_000): Promise<ProcessEvent[]> {
+    try {
+      await until(() => this.seen(event).length >= count, timeoutMs, `${count} x ${event}`);
+    } catch {
+      throw new Error(`worker process output:\n${this.lines.join("\n").slice(-4000)}`);
+    }
+    return this.seen(event);
+  }
+
+  kill(): void {
+    if (this.process.exitCode === null && this.process.signalCode === null) this.process.kill("SIGKILL");
+  }
+}

@@ -1,0 +1,117 @@
+// A fake WorkerService + ServerService transport for the worker's local behaviours (L1-L5): it
+// answers each call from a script of the test's own and records every request.
+import { create, type DescMessage, type DescMethodUnary, type MessageInitShape } from "@bufbuild/protobuf";
+import { BinaryWriter } from "@bufbuild/protobuf/wire";
+import { Code, ConnectError, type Transport, type UnaryResponse } from "@connectrpc/connect";
+
+import type { Task } from "../../src/gen/composer/v1/worker_service_pb.js";
+
+export type Answer = (request: any, signal: AbortSignal | undefined) => unknown; // eslint-disable-line @typescript-eslint/no-explicit-any
+
+/** Encodes a google.rpc.ErrorInfo as the server sends it. */
+export function errorInfo(reason: string, domain = "composer.dev", metadata: Record<string, string> = {}): Uint8Array {
+  const w = new BinaryWriter();
+  w.tag(1, 2).string(reason);
+  w.tag(2, 2).string(domain);
+  for (const [k, v] of Object.entries(metadata)) {
+    const entry = new BinaryWriter().tag(1, 2).string(k).tag(2, 2).string(v).finish();
+    w.tag(3, 2).bytes(entry);
+  }
+  return w.finish();
+}
+
+/** Encodes a google.rpc.BadRequest with `violations` [field, description]. */
+export function badRequest(violations: [string, string][]): Uint8Array {
+  const w = new BinaryWriter();
+  for (const [field, description] of violations) {
+    w.tag(1, 2).bytes(new BinaryWriter().tag(1, 2).string(field).tag(2, 2).string(description).finish());
+  }
+  return w.finish();
+}
+
+/** A ConnectError as the transport would decode it from the wire. */
+export function wireError(code: Code, message: string, details: { type: string; value: Uint8Array }[] = []): ConnectError {
+  const error = new ConnectError(message, code);
+  error.details = details;
+  return error;
+}
+
+export const leaseLost = (): ConnectError =>
+  wireError(Code.FailedPrecondition, "the lease is no longer yours", [{ type: "google.rpc.ErrorInfo", value: errorInfo("LEASE_LOST") }]);
+
+export const unavailable = (): ConnectError => wireError(Code.Unavailable, "server restarting");
+
+export function task(overrides: Partial<Task> = {}): MessageInitShape<typeof import("../../src/gen/composer/v1/worker_service_pb.js").TaskSchema> {
+  return {
+    taskId: "t-1",
+    attempt: 1,
+    leaseToken: "lease-1",
+    leaseDuration: { seconds: 3n, nanos: 0 },
+    runId: "run-1",
+    nodeId: "work",
+    workflowName: "wf",
+    workflowVersion: 1,
+    queue: "q",
+    taskName: "t",
+    namespace: "default",
+    ...(overrides as object),
+  };
+}
+
+/** The fake: `answers[method]` is called for each call (default: OK, empty); polls hand out `tasks` once. */
+export class FakeServer implements Transport {
+  readonly calls: { method: string; message: any; at: number }[] = []; // eslint-disable-line @typescript-eslint/no-explicit-any
+  readonly answers: Record<string, Answer> = {};
+  tasks: ReturnType<typeof task>[] = [];
+  protocolVersion = "1.0";
+
+  constructor(answers: Record<string, Answer> = {}) {
+    Object.assign(this.answers, answers);
+  }
+
+  requests(method: string): any[] { // eslint-disable-line @typescript-eslint/no-explicit-any
+    return this.calls.filter((c) => c.method === method).map((c) => c.message);
+  }
+
+  async unary<I extends DescMessage, O extends DescMessage>(
+    method: DescMethodUnary<I, O>,
+    signal: AbortSignal | undefined,
+    _timeoutMs: number | undefined,
+    _header: HeadersInit | undefined,
+    input: MessageInitShape<I>,
+  ): Promise<UnaryResponse<I, O>> {
+    const message = create(method.input, input);
+    this.calls.push({ method: method.name, message, at: Date.now() });
+    let output: unknown;
+    const answer = this.answers[method.name];
+    if (answer) output = await answer(message, signal);
+    else if (method.name === "GetServerInfo") output = { serverVersion: "fake", protocolVersion: this.protocolVersion };
+    else if (method.name === "PollTasks") output = await this.poll(message as unknown as { maxTasks: number }, signal);
+    else output = {};
+    return {
+      stream: false,
+      service: method.parent,
+      method,
+      header: new Headers(),
+      trailer: new Headers(),
+      message: create(method.output, (output ?? {}) as MessageInitShape<O>),
+    } as UnaryResponse<I, O>;
+  }
+
+  /** Hands out queued tasks (at most maxTasks), else waits a little like a long poll. */
+  async poll(request: { maxTasks: number }, signal: AbortSignal | undefined): Promise<unknown> {
+    if (this.tasks.length > 0) return { tasks: this.tasks.splice(0, request.maxTasks) };
+    await new Promise<void>((resolve) => {
+      const timer = setTimeout(resolve, 50);
+      signal?.addEventListener("abort", () => {
+        clearTimeout(timer);
+        resolve();
+      });
+    });
+    return { tasks: [] };
+  }
+
+  stream(): never {
+    throw new ConnectError("streams are not faked", Code.Unimplemented);
+  }
+}
