@@ -108,6 +108,7 @@ pub async fn run(
         drain_delay: server.drain_delay,
         health_check_interval: server.health_interval,
         auth,
+        max_payload_bytes: server.max_payload_bytes,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut deadline_rx = stop_tx.subscribe();

@@ -10,44 +10,68 @@ use crate::status::invalid_field;
 /// Deepest nesting accepted in a payload (stack safety).
 const MAX_DEPTH: usize = 128;
 
+/// Why a payload cannot be stored as JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unrepresentable {
+    /// NaN or an infinity.
+    NotANumber,
+    /// Deeper than [`MAX_DEPTH`].
+    TooDeep,
+    /// A NUL character in a string or key (Postgres cannot store it).
+    Nul,
+}
+
+impl Unrepresentable {
+    fn describe(self) -> String {
+        match self {
+            Unrepresentable::NotANumber => "holds NaN or an infinity, which JSON cannot".to_owned(),
+            Unrepresentable::TooDeep => format!("is nested deeper than {MAX_DEPTH} levels"),
+            Unrepresentable::Nul => "holds a NUL character in a string or key".to_owned(),
+        }
+    }
+}
+
 /// A protobuf Value as JSON; `field` names it in an error.
 pub fn to_json(value: Option<Value>, field: &str) -> Result<Json, Status> {
     match value {
         None => Ok(Json::Null),
-        Some(value) => value_to_json(value, 0).ok_or_else(|| {
-            invalid_field(
-                field,
-                format!(
-                    "not representable as JSON (NaN, infinity or nested deeper than {MAX_DEPTH})"
-                ),
-            )
-        }),
+        Some(value) => value_to_json(value, 0).map_err(|why| invalid_field(field, why.describe())),
     }
 }
 
-fn value_to_json(value: Value, depth: usize) -> Option<Json> {
+fn value_to_json(value: Value, depth: usize) -> Result<Json, Unrepresentable> {
     if depth > MAX_DEPTH {
-        return None;
+        return Err(Unrepresentable::TooDeep);
     }
-    Some(match value.kind? {
+    let Some(kind) = value.kind else {
+        return Ok(Json::Null);
+    };
+    Ok(match kind {
         Kind::NullValue(_) => Json::Null,
         Kind::BoolValue(b) => Json::Bool(b),
-        Kind::NumberValue(n) => number(n)?,
-        Kind::StringValue(s) => Json::String(s),
+        Kind::NumberValue(n) => number(n).ok_or(Unrepresentable::NotANumber)?,
+        Kind::StringValue(s) => Json::String(without_nul(s)?),
         Kind::ListValue(list) => Json::Array(
             list.values
                 .into_iter()
                 .map(|v| value_to_json(v, depth + 1))
-                .collect::<Option<_>>()?,
+                .collect::<Result<_, _>>()?,
         ),
         Kind::StructValue(object) => Json::Object(
             object
                 .fields
                 .into_iter()
-                .map(|(k, v)| Some((k, value_to_json(v, depth + 1)?)))
-                .collect::<Option<Map<_, _>>>()?,
+                .map(|(k, v)| Ok((without_nul(k)?, value_to_json(v, depth + 1)?)))
+                .collect::<Result<Map<_, _>, _>>()?,
         ),
     })
+}
+
+fn without_nul(text: String) -> Result<String, Unrepresentable> {
+    if text.contains('\0') {
+        return Err(Unrepresentable::Nul);
+    }
+    Ok(text)
 }
 
 /// Integral doubles become JSON integers, so `3` stays `3`, not `3.0`.

@@ -8,6 +8,7 @@ mod health;
 mod server;
 mod services;
 mod status;
+pub mod transport_status;
 
 pub use health::HealthMonitor;
 pub use server::{GrpcConfig, ServeError, Services, serve};

@@ -33,6 +33,9 @@ pub struct GrpcConfig {
     pub health_check_interval: Duration,
     /// How callers are authenticated.
     pub auth: AuthMode,
+    /// The largest payload a request may carry (`--max-payload-bytes`); a
+    /// request message may be 1 MiB larger, for its other fields.
+    pub max_payload_bytes: usize,
 }
 
 /// The application state behind the services.
@@ -102,6 +105,7 @@ pub async fn serve(
     if matches!(config.auth, AuthMode::Tokens { .. }) {
         features.push("auth".to_owned());
     }
+    let max_message = config.max_payload_bytes.saturating_add(1 << 20);
     // no Nagle: a small reply must not wait for the peer's delayed ACK (40 ms)
     let incoming = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
@@ -114,22 +118,32 @@ pub async fn serve(
             config.auth.clone(),
             config.cors_allowed_origins.clone(),
         ))))
+        .layer(crate::transport_status::TransportStatusLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(ServerServiceServer::new(ServerInfoService { features }))
-        .add_service(WorkflowServiceServer::new(WorkflowApi {
-            coordinator: services.coordinator.clone(),
-        }))
-        .add_service(RunServiceServer::new(RunApi {
-            coordinator: services.coordinator.clone(),
-            changes: services.changes.clone(),
-        }))
-        .add_service(WorkerServiceServer::new(WorkerApi {
-            coordinator: services.coordinator,
-            hub: services.hub,
-            draining: shutdown,
-        }))
+        .add_service(
+            WorkflowServiceServer::new(WorkflowApi {
+                coordinator: services.coordinator.clone(),
+            })
+            .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            RunServiceServer::new(RunApi {
+                coordinator: services.coordinator.clone(),
+                changes: services.changes.clone(),
+            })
+            .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            WorkerServiceServer::new(WorkerApi {
+                coordinator: services.coordinator,
+                hub: services.hub,
+                draining: shutdown,
+            })
+            .max_decoding_message_size(max_message),
+        )
         .serve_with_incoming_shutdown(incoming, stop)
         .await?;
     tracing::info!("stopped serving");

@@ -19,6 +19,27 @@ pub fn invalid_field(field: &str, description: impl Into<String>) -> Status {
     )
 }
 
+/// Longest idempotency key, correlation key, request id, page token or
+/// label value, in bytes.
+pub const MAX_KEY_BYTES: usize = 256;
+/// Longest free text a caller sends (a cancel reason, a failure message).
+pub const MAX_TEXT_BYTES: usize = 4096;
+
+/// INVALID_ARGUMENT naming `field` unless `value` is at most `max` bytes and
+/// holds no NUL (which Postgres cannot store in text).
+pub fn check_text(field: &str, value: &str, max: usize) -> Result<(), Status> {
+    if value.len() > max {
+        return Err(invalid_field(
+            field,
+            format!("is {} bytes; at most {max} are allowed", value.len()),
+        ));
+    }
+    if value.contains('\0') {
+        return Err(invalid_field(field, "must not contain NUL characters"));
+    }
+    Ok(())
+}
+
 /// INVALID_ARGUMENT naming `field` when `value` breaks the name rule
 /// (`docs/names.md`).
 pub fn check_name(field: &str, value: &str) -> Result<(), Status> {

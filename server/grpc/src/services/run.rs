@@ -19,7 +19,9 @@ use uuid::Uuid;
 use crate::{
     caller::caller,
     convert::{from_json, from_json_opt, from_timestamp, page_size, timestamp, to_json},
-    status::{check_name, from_coordinator, invalid_field},
+    status::{
+        MAX_KEY_BYTES, MAX_TEXT_BYTES, check_name, check_text, from_coordinator, invalid_field,
+    },
 };
 
 /// The RunService implementation.
@@ -145,14 +147,25 @@ fn history_message(row: HistoryRow) -> HistoryEvent {
     }
 }
 
-/// Label keys follow the name rule; the field path names the key.
+/// Labels a run may carry.
+const MAX_LABELS: usize = 64;
+
+/// At most [`MAX_LABELS`]; keys follow the name rule and values are short
+/// text; the field path names the key.
 fn check_label_keys(labels: &HashMap<String, String>) -> Result<(), Status> {
-    let mut keys: Vec<&String> = labels.keys().collect();
+    if labels.len() > MAX_LABELS {
+        return Err(invalid_field(
+            "labels",
+            format!("{} labels; at most {MAX_LABELS} are allowed", labels.len()),
+        ));
+    }
+    let mut keys: Vec<(&String, &String)> = labels.iter().collect();
     keys.sort();
-    for key in keys {
-        composer_coordinator::names::check_name(key).map_err(|problem| {
-            invalid_field(&format!("labels[{}]", clipped(key)), problem.to_string())
-        })?;
+    for (key, value) in keys {
+        let field = format!("labels[{}]", clipped(key));
+        composer_coordinator::names::check_name(key)
+            .map_err(|problem| invalid_field(&field, problem.to_string()))?;
+        check_text(&field, value, MAX_KEY_BYTES)?;
     }
     Ok(())
 }
@@ -171,13 +184,14 @@ fn require_run_id(run_id: &str) -> Result<(), Status> {
     if run_id.is_empty() {
         return Err(invalid_field("run_id", "must not be empty"));
     }
-    Ok(())
+    check_text("run_id", run_id, MAX_KEY_BYTES)
 }
 
 fn runs_cursor(token: &str) -> Result<Option<(chrono::DateTime<chrono::Utc>, Uuid)>, Status> {
     if token.is_empty() {
         return Ok(None);
     }
+    check_text("page_token", token, MAX_KEY_BYTES)?;
     let bad = || invalid_field("page_token", "not a token this server issued");
     let (micros, id) = token.split_once('_').ok_or_else(bad)?;
     let micros: i64 = micros.parse().map_err(|_| bad())?;
@@ -197,6 +211,7 @@ impl RunService for RunApi {
         let request = request.into_inner();
         check_name("workflow_name", &request.workflow_name)?;
         check_label_keys(&request.labels)?;
+        check_text("idempotency_key", &request.idempotency_key, MAX_KEY_BYTES)?;
         if request.version < 0 {
             return Err(invalid_field(
                 "version",
@@ -249,11 +264,15 @@ impl RunService for RunApi {
         let request = request.into_inner();
         let limit = page_size(request.page_size)?;
         let statuses = request
-            .statuses()
-            .map(|s| {
-                status_text(s).ok_or_else(|| {
-                    invalid_field("statuses", "RUN_STATUS_UNSPECIFIED matches nothing")
-                })
+            .statuses
+            .iter()
+            .enumerate()
+            .map(|(i, &number)| {
+                let field = format!("statuses[{i}]");
+                let status = RunStatus::try_from(number)
+                    .map_err(|_| invalid_field(&field, format!("{number} is not a RunStatus")))?;
+                status_text(status)
+                    .ok_or_else(|| invalid_field(&field, "RUN_STATUS_UNSPECIFIED matches nothing"))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let parent_run_id = match request.parent_run_id.as_str() {
@@ -310,6 +329,7 @@ impl RunService for RunApi {
         let caller = caller(&request)?;
         let request = request.into_inner();
         require_run_id(&request.run_id)?;
+        check_text("reason", &request.reason, MAX_TEXT_BYTES)?;
         let reason = if request.reason.is_empty() {
             "cancelled".to_owned()
         } else {
@@ -354,12 +374,19 @@ impl RunService for RunApi {
         let caller = caller(&request)?;
         let request = request.into_inner();
         check_name("event_name", &request.event_name)?;
+        check_text("request_id", &request.request_id, MAX_KEY_BYTES)?;
         let target = match request.target {
-            Some(Target::RunId(id)) => EventTarget::Run(
-                Uuid::parse_str(&id)
-                    .map_err(|_| Status::not_found(format!("run {id} not found")))?,
-            ),
-            Some(Target::CorrelationKey(key)) if !key.is_empty() => EventTarget::Correlation(key),
+            Some(Target::RunId(id)) => {
+                require_run_id(&id)?;
+                EventTarget::Run(
+                    Uuid::parse_str(&id)
+                        .map_err(|_| Status::not_found(format!("run {id} not found")))?,
+                )
+            }
+            Some(Target::CorrelationKey(key)) if !key.is_empty() => {
+                check_text("correlation_key", &key, MAX_KEY_BYTES)?;
+                EventTarget::Correlation(key)
+            }
             _ => return Err(invalid_field("target", "set run_id or correlation_key")),
         };
         let payload = to_json(request.payload, "payload")?;

@@ -19,7 +19,9 @@ use crate::{
     caller::Caller,
     caller::caller,
     convert::{from_json, timestamp, to_json},
-    status::{check_name, from_coordinator, invalid_field},
+    status::{
+        MAX_KEY_BYTES, MAX_TEXT_BYTES, check_name, check_text, from_coordinator, invalid_field,
+    },
 };
 
 const DEFAULT_WAIT: Duration = Duration::from_secs(20);
@@ -80,6 +82,8 @@ fn scope_of(caller: &Caller) -> TaskScope {
 }
 
 fn lease_fields(task_id: &str, lease_token: &str, attempt: i32) -> Result<(), Status> {
+    check_text("task_id", task_id, MAX_KEY_BYTES)?;
+    check_text("lease_token", lease_token, MAX_KEY_BYTES)?;
     if task_id.is_empty() {
         return Err(invalid_field("task_id", "must not be empty"));
     }
@@ -114,6 +118,7 @@ impl WorkerService for WorkerApi {
         if request.worker_id.is_empty() {
             return Err(invalid_field("worker_id", "must not be empty"));
         }
+        check_text("worker_id", &request.worker_id, MAX_KEY_BYTES)?;
         if request.queues.is_empty() {
             return Err(invalid_field("queues", "name at least one queue"));
         }
@@ -216,6 +221,8 @@ impl WorkerService for WorkerApi {
         if request.error_code.is_empty() {
             return Err(invalid_field("error_code", "must not be empty"));
         }
+        check_text("error_code", &request.error_code, MAX_KEY_BYTES)?;
+        check_text("message", &request.message, MAX_TEXT_BYTES)?;
         self.coordinator
             .report(
                 &scope_of(&caller),

@@ -14,7 +14,7 @@ use tonic::{Request, Response, Status};
 use crate::{
     caller::caller,
     convert::{from_json, page_size, timestamp},
-    status::{from_coordinator, invalid_field},
+    status::{MAX_KEY_BYTES, check_text, from_coordinator, invalid_field},
 };
 
 /// Largest definition text accepted, before parsing.
@@ -147,6 +147,8 @@ impl WorkflowService for WorkflowApi {
                 ),
             ));
         }
+        check_text("name_prefix", &request.name_prefix, MAX_KEY_BYTES)?;
+        check_text("page_token", &request.page_token, MAX_KEY_BYTES)?;
         let rows = self
             .coordinator
             .list_workflows(
