@@ -844,6 +844,14 @@ impl<'a> Ctx<'a> {
                     }
                     (None, None) => self.now,
                 };
+                if fire_at.0.saturating_sub(self.now.0) > crate::duration::MAX_DURATION_MS as i64 {
+                    return self.fail_at_start(
+                        idx,
+                        st,
+                        "until: more than 3660d (about ten years) away, the furthest a timer may be"
+                            .to_owned(),
+                    );
+                }
                 self.activate(&st);
                 st.status = NodeStatus::Waiting;
                 self.put(key.clone(), st);

@@ -1,8 +1,13 @@
 //! Durations (`500ms`, `30s`, `5m`, `72h`, `1d`, or sums such as `1h30m`) and
 //! RFC 3339 timestamps, both as milliseconds. Pure arithmetic: no clock.
 
+/// The longest duration, and so the furthest timer: 3,660 days (about ten
+/// years). Past it a duration is refused, so a timer never overflows the
+/// clock's arithmetic and fires at once.
+pub const MAX_DURATION_MS: u64 = 3_660 * 86_400_000;
+
 /// Parses a duration such as `500ms`, `30s`, `5m`, `72h`, `1d` or `1h30m`
-/// into milliseconds.
+/// into milliseconds, at most [`MAX_DURATION_MS`].
 pub fn parse_duration(text: &str) -> Result<u64, String> {
     let bad = || {
         format!(
@@ -40,9 +45,10 @@ pub fn parse_duration(text: &str) -> Result<u64, String> {
         let part = number.checked_mul(factor).ok_or_else(bad)?;
         total = total.checked_add(part).ok_or_else(bad)?;
     }
-    // A duration longer than ~292 million years would overflow i64 arithmetic later.
-    if total > i64::MAX as u64 / 4 {
-        return Err(format!("duration '{text}' is too long"));
+    if total > MAX_DURATION_MS {
+        return Err(format!(
+            "duration '{text}' is longer than the maximum of 3660d (about ten years)"
+        ));
     }
     Ok(total)
 }

@@ -128,6 +128,16 @@ fn broken_definitions_are_rejected_with_path_and_message() {
             vec![("name", "\"two words\" character ' ' at position 3 is not allowed (1 to 64 characters from A-Z a-z 0-9 _ . -, starting with a letter or digit)".into())],
         ),
         (
+            "a WAIT past the timer horizon (it once overflowed and fired at once)",
+            base(&format!("{A}\n  - {{ id: w, type: WAIT, duration: 26687997791d }}"), "  - { from: a, to: w }"),
+            vec![("nodes[1].duration", "duration '26687997791d' is longer than the maximum of 3660d (about ten years)".into())],
+        ),
+        (
+            "a timeout past the timer horizon",
+            base(&format!("  - {{ id: a, type: TASK, queue: q, task: t, timeout: 99999999d }}\n{B}"), AB),
+            vec![("nodes[0].timeout", "duration '99999999d' is longer than the maximum of 3660d (about ten years)".into())],
+        ),
+        (
             "compensate naming an unknown node",
             base(&format!("  - {{ id: a, type: TASK, queue: q, task: t, compensate: nope }}\n{B}"), AB),
             vec![("nodes[0].compensate", "unknown node 'nope'".into())],

@@ -470,6 +470,30 @@ edges:
 }
 
 #[test]
+fn a_wait_until_past_the_timer_horizon_fails_the_node_instead_of_firing_at_once() {
+    let yaml = "name: w
+nodes:
+  - id: u
+    type: WAIT
+    until: 'timestamp(input.at)'
+";
+    let mut d = Driver::new(yaml, json!({"at": "9999-01-01T00:00:00Z"}));
+    let acts = d.send(Event::RunStarted);
+    assert!(
+        !acts
+            .iter()
+            .any(|a| matches!(a, Action::ScheduleTimer { .. })),
+        "no timer is scheduled: {acts:?}"
+    );
+    assert_eq!(d.state.run.status, RunStatus::Failed);
+    let error = d.state.run.error.clone().expect("the run's error");
+    assert!(
+        error.message.contains("3660d"),
+        "the error names the horizon: {error:?}"
+    );
+}
+
+#[test]
 fn wait_for_event_awaits_its_correlation_key_and_outputs_the_payload() {
     let yaml = "name: e
 nodes:
