@@ -23,11 +23,23 @@ esac
 
 cargo build --release --quiet -p composer-cli -p composer-loadgen
 
-python_args=()
+sdk_args=()
 if python=$(scripts/python-venv.sh); then
-  python_args=(--python "$python")
+  sdk_args+=(--python "$python")
 else
   echo "bench: no Python SDK venv; the Python row is left out" >&2
+fi
+mkdir -p target/bench
+if (cd bench/go_worker && go build -o ../../target/bench/go_worker .) >&2; then
+  sdk_args+=(--go-worker target/bench/go_worker)
+else
+  echo "bench: the Go worker did not build; its row is left out" >&2
+fi
+if [[ -f sdks/typescript/dist/index.js ]] ||
+  (cd sdks/typescript && npm ci --no-audit --no-fund --loglevel=error && npm run --silent build) >&2; then
+  sdk_args+=(--ts-worker bench/ts_worker/worker.mjs)
+else
+  echo "bench: the TypeScript SDK did not build; its row is left out" >&2
 fi
 
 append_args=(--append BENCHMARKS.md)
@@ -36,4 +48,4 @@ if [[ ${BENCH_APPEND:-1} == 0 ]]; then
 fi
 
 exec target/release/composer-loadgen --profile "$profile" --composer target/release/composer \
-  "${python_args[@]}" "${append_args[@]}" --command "$command" "$@"
+  "${sdk_args[@]}" "${append_args[@]}" --command "$command" "$@"

@@ -42,7 +42,7 @@ pub struct Profile {
     /// B1/B5 measured window (Rust worker).
     pub measure_secs: u64,
     /// B1 measured window (Python worker).
-    pub python_secs: u64,
+    pub sdk_secs: u64,
     /// B2 duration at ~10 runs/s.
     pub latency_secs: u64,
     /// B3 sizes (the larger is capped at the 10,000-node definition limit
@@ -66,7 +66,7 @@ impl Profile {
             floor_secs: 8,
             warm_secs: 3,
             measure_secs: 10,
-            python_secs: 8,
+            sdk_secs: 8,
             latency_secs: 8,
             // 1,000 and 10,000 take minutes while MAP scales badly (see
             // BENCHMARKS.md); the full profile runs them
@@ -85,7 +85,7 @@ impl Profile {
             floor_secs: 60,
             warm_secs: 10,
             measure_secs: 60,
-            python_secs: 40,
+            sdk_secs: 40,
             latency_secs: 60,
             fan_sizes: [1_000, 10_000],
             timer_runs: 10_000,
@@ -110,8 +110,8 @@ pub struct Ctx {
     pub profile: Profile,
     /// Where artifacts go (`target/bench`).
     pub out_dir: PathBuf,
-    /// Python with the SDK installed, if any.
-    pub python: Option<PathBuf>,
+    /// The SDK workers that can run here (Python, Go, TypeScript).
+    pub sdk_workers: Vec<SdkWorker>,
     /// The repository root.
     pub repo: PathBuf,
 }
@@ -123,7 +123,7 @@ impl Ctx {
         backends: Backends,
         profile: Profile,
         out_dir: PathBuf,
-        python: Option<PathBuf>,
+        sdk_workers: Vec<SdkWorker>,
         repo: PathBuf,
     ) -> Result<Self> {
         let admin = PgPoolOptions::new()
@@ -141,7 +141,7 @@ impl Ctx {
             db,
             profile,
             out_dir,
-            python,
+            sdk_workers,
             repo,
         })
     }
@@ -422,8 +422,19 @@ fn ms(d: Duration) -> f64 {
 pub enum WorkerKind {
     /// [`FastWorker`], in this process.
     Rust,
-    /// `bench/python_worker.py` with the SDK's `composer.Worker`.
-    Python(PathBuf),
+    /// An SDK's worker program (`bench/python_worker.py`,
+    /// `bench/go_worker`, `bench/ts_worker`): run with `HOST:PORT QUEUE
+    /// SLOTS`, it prints its completed-task count every 50 ms.
+    Sdk(SdkWorker),
+}
+
+/// An SDK's B1 worker program.
+#[derive(Debug, Clone)]
+pub struct SdkWorker {
+    /// `Python SDK`, `Go SDK`, `TypeScript SDK`.
+    pub name: String,
+    /// The program and its first arguments; address, queue and slots follow.
+    pub command: Vec<String>,
 }
 
 /// One B1/B5 row.
@@ -508,16 +519,27 @@ async fn throughput_on(
     perf_secs: u64,
 ) -> Result<Throughput> {
     let urls: Vec<String> = servers.iter().map(|s| s.url.clone()).collect();
-    let (workflow, queue) = match kind {
-        WorkerKind::Rust => ("bench_linear", "bench"),
-        WorkerKind::Python(_) => ("bench_linear_py", "bench_py"),
+    // each worker kind its own workflow and queue: a run left from another
+    // row never reaches this row's worker
+    let (workflow, queue) = match &kind {
+        WorkerKind::Rust => ("bench_linear".to_owned(), "bench".to_owned()),
+        WorkerKind::Sdk(sdk) => {
+            let slug: String = sdk
+                .name
+                .chars()
+                .filter(char::is_ascii_alphanumeric)
+                .collect::<String>()
+                .to_ascii_lowercase();
+            (format!("bench_linear_{slug}"), format!("bench_{slug}"))
+        }
     };
+    let (workflow, queue) = (workflow.as_str(), queue.as_str());
     register(&urls[0], &linear_workflow(workflow, queue)).await?;
     let in_flight = Arc::new(Semaphore::new(ctx.profile.in_flight));
     let runs_done = Arc::new(AtomicU64::new(0));
     let tasks_done = Arc::new(AtomicU64::new(0));
     let mut rust_worker = None;
-    let mut python = None;
+    let mut sdk_child = None;
     match &kind {
         WorkerKind::Rust => {
             let permits = Arc::clone(&in_flight);
@@ -544,19 +566,20 @@ async fn throughput_on(
             .await?;
             rust_worker = Some(worker);
         }
-        WorkerKind::Python(python_bin) => {
-            let script = ctx.repo.join("bench/python_worker.py");
+        WorkerKind::Sdk(sdk) => {
             let address = urls[0].trim_start_matches("http://").to_owned();
-            let mut child = Command::new(python_bin)
-                .arg(&script)
+            let (program, first_args) = sdk.command.split_first().context("empty command")?;
+            let mut child = Command::new(program)
+                .args(first_args)
                 .args([&address, queue, "100"])
+                .current_dir(&ctx.repo)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .kill_on_drop(true)
                 .spawn()
-                .context("start the Python worker")?;
-            let stdout = child.stdout.take().context("python stdout")?;
+                .with_context(|| format!("start the {} worker", sdk.name))?;
+            let stdout = child.stdout.take().context("worker stdout")?;
             let permits = Arc::clone(&in_flight);
             let runs = Arc::clone(&runs_done);
             let tasks = Arc::clone(&tasks_done);
@@ -574,7 +597,7 @@ async fn throughput_on(
                     }
                 }
             });
-            python = Some(child);
+            sdk_child = Some(child);
         }
     }
 
@@ -619,7 +642,7 @@ async fn throughput_on(
         }));
     }
 
-    let python_pid = python
+    let sdk_pid = sdk_child
         .as_ref()
         .and_then(|c| c.id())
         .and_then(|p| i32::try_from(p).ok());
@@ -649,7 +672,7 @@ async fn throughput_on(
             server: servers.iter().map(|s| procs::cpu_ticks(s.pid)).sum(),
             pg: procs::tree_ticks(pg_pid),
             redis: procs::cpu_ticks(redis_pid),
-            client: procs::cpu_ticks(self_pid) + python_pid.map_or(0, procs::cpu_ticks),
+            client: procs::cpu_ticks(self_pid) + sdk_pid.map_or(0, procs::tree_ticks),
             tasks: tasks_now(),
             runs: runs_done.load(Ordering::Relaxed),
         })
@@ -699,7 +722,7 @@ async fn throughput_on(
         report_errors = worker.stats.report_errors.load(Ordering::Relaxed);
         worker.stop().await;
     }
-    if let Some(mut child) = python {
+    if let Some(mut child) = sdk_child {
         if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(pid),

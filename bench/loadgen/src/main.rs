@@ -11,7 +11,9 @@ mod worker;
 use std::{fmt::Write as _, path::PathBuf, time::Instant};
 
 use anyhow::{Context, Result};
-use benches::{Ctx, Dist, FanOut, Floor, Latency, Profile, Throughput, Timers, WorkerKind};
+use benches::{
+    Ctx, Dist, FanOut, Floor, Latency, Profile, SdkWorker, Throughput, Timers, WorkerKind,
+};
 use clap::Parser;
 
 #[derive(Debug, Parser)]
@@ -29,13 +31,20 @@ struct Args {
     /// A Python with the SDK installed (the Python-worker row is left out without it).
     #[arg(long)]
     python: Option<PathBuf>,
+    /// The Go SDK's B1 worker, built (`bench/go_worker`).
+    #[arg(long)]
+    go_worker: Option<PathBuf>,
+    /// The TypeScript SDK's B1 worker script (`bench/ts_worker/worker.mjs`),
+    /// run with `node`; the SDK must be built.
+    #[arg(long)]
+    ts_worker: Option<PathBuf>,
     /// Append the dated table to this file.
     #[arg(long)]
     append: Option<PathBuf>,
     /// The command to quote with the results.
     #[arg(long, default_value = "composer-loadgen")]
     command: String,
-    /// Only these sections (comma-separated: floor,b1,py,b2,b3,b4,b5).
+    /// Only these sections (comma-separated: floor,b1,sdk,b2,b3,b4,b5).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sample the machine with perf for this many seconds during B1 (the
@@ -48,8 +57,8 @@ struct Args {
 struct Results {
     floor: Option<Floor>,
     b1: Option<Throughput>,
-    python: Option<Throughput>,
-    python_note: Option<String>,
+    sdk: Vec<Throughput>,
+    sdk_notes: Vec<String>,
     latency: Option<Latency>,
     fan: Option<Vec<FanOut>>,
     timers: Option<Timers>,
@@ -102,11 +111,11 @@ async fn run(args: Args) -> Result<()> {
         profile.name
     );
     let backends = procs::Backends::start(&composer).await?;
-    let (python, python_note) = python_ready(args.python.as_ref(), &repo).await;
-    let ctx = Ctx::new(composer, backends, profile, out_dir, python, repo).await?;
+    let (sdk_workers, sdk_notes) = sdk_workers(&args, &repo).await;
+    let ctx = Ctx::new(composer, backends, profile, out_dir, sdk_workers, repo).await?;
     let run_all = async {
         let mut results = Results {
-            python_note,
+            sdk_notes,
             ..Results::default()
         };
         sections(&ctx, &args, &mut results).await;
@@ -153,34 +162,72 @@ async fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
-async fn python_ready(
-    python: Option<&PathBuf>,
-    repo: &std::path::Path,
-) -> (Option<PathBuf>, Option<String>) {
-    let Some(python) = python else {
-        return (None, Some("no Python given (--python)".to_owned()));
-    };
-    let checked = tokio::process::Command::new(python)
-        .args([
-            "-c",
-            "import composer; composer.Worker; composer.Worker.register",
-        ])
-        .current_dir(repo)
-        .output()
-        .await;
-    match checked {
-        Ok(out) if out.status.success() => (Some(python.clone()), None),
-        Ok(out) => (
-            None,
-            Some(format!(
-                "the Python SDK's composer.Worker is not usable: {}",
-                String::from_utf8_lossy(&out.stderr)
-                    .lines()
-                    .last()
-                    .unwrap_or_default()
-            )),
+/// The SDK workers given that can run here, and a note for each left out.
+async fn sdk_workers(args: &Args, repo: &std::path::Path) -> (Vec<SdkWorker>, Vec<String>) {
+    let mut workers = Vec::new();
+    let mut notes = Vec::new();
+    let candidates = [
+        (
+            "Python SDK",
+            args.python.as_ref().map(|python| {
+                vec![
+                    python.display().to_string(),
+                    repo.join("bench/python_worker.py").display().to_string(),
+                ]
+            }),
+            "no Python given (--python)",
         ),
-        Err(e) => (None, Some(format!("{}: {e}", python.display()))),
+        (
+            "Go SDK",
+            args.go_worker
+                .as_ref()
+                .map(|binary| vec![binary.display().to_string()]),
+            "no Go worker given (--go-worker)",
+        ),
+        (
+            "TypeScript SDK",
+            args.ts_worker
+                .as_ref()
+                .map(|script| vec!["node".to_owned(), script.display().to_string()]),
+            "no TypeScript worker given (--ts-worker)",
+        ),
+    ];
+    for (name, command, missing) in candidates {
+        let Some(command) = command else {
+            notes.push(format!("{name}: {missing}"));
+            continue;
+        };
+        match runnable(&command, repo).await {
+            Ok(()) => workers.push(SdkWorker {
+                name: name.to_owned(),
+                command,
+            }),
+            Err(why) => notes.push(format!("{name}: {why}")),
+        }
+    }
+    (workers, notes)
+}
+
+/// Checks that the worker's program starts (its usage error counts: it ran).
+async fn runnable(command: &[String], repo: &std::path::Path) -> Result<(), String> {
+    let (program, args) = command.split_first().ok_or("empty command")?;
+    let mut probe = tokio::process::Command::new(program);
+    probe.args(args).current_dir(repo);
+    if program.ends_with("python") || program.contains("python3") {
+        // the script needs the SDK: import it instead of running the script
+        probe = tokio::process::Command::new(program);
+        probe
+            .args(["-c", "import composer; composer.Worker.register"])
+            .current_dir(repo);
+    }
+    match probe.output().await {
+        Ok(out) if out.status.success() || out.status.code() == Some(2) => Ok(()),
+        Ok(out) => Err(String::from_utf8_lossy(&out.stderr)
+            .lines()
+            .last()
+            .unwrap_or("it exited non-zero")
+            .to_owned()),
+        Err(e) => Err(format!("{program}: {e}")),
     }
 }
 
@@ -223,20 +270,16 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
             )
         );
     }
-    if want("py")
-        && let Some(python) = ctx.python.clone()
-    {
-        results.python = section!(
-            "B1 Python worker",
-            benches::throughput(
-                ctx,
-                "B1 Python SDK worker",
-                1,
-                WorkerKind::Python(python),
-                profile.python_secs,
-                0
-            )
-        );
+    if want("sdk") || want("py") {
+        for sdk in ctx.sdk_workers.clone() {
+            let label = format!("B1 {} worker", sdk.name);
+            if let Some(row) = section!(
+                label.as_str(),
+                benches::throughput(ctx, &label, 1, WorkerKind::Sdk(sdk), profile.sdk_secs, 0)
+            ) {
+                results.sdk.push(row);
+            }
+        }
     }
     if want("b2") {
         results.latency = section!("B2 latency", benches::latency(ctx));
@@ -257,6 +300,17 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
                 results.scale.push(row);
             }
         }
+    }
+}
+
+/// The SDK issues' targets, as a ratio to the Rust worker.
+fn sdk_target(label: &str) -> Option<f64> {
+    if label.contains("Go SDK") {
+        Some(0.9)
+    } else if label.contains("TypeScript SDK") {
+        Some(0.7)
+    } else {
+        None
     }
 }
 
@@ -285,13 +339,25 @@ fn render(r: &Results, statements: bool) -> String {
             f.cte_tps
         );
     }
-    for row in [r.b1.as_ref(), r.python.as_ref()].into_iter().flatten() {
+    if let Some(row) = &r.b1 {
         throughput_rows(&mut t, row, floor, true, statements);
     }
-    if r.python.is_none()
-        && let Some(note) = &r.python_note
-    {
-        let _ = writeln!(t, "| B1 Python SDK worker | left out | {note} | | |");
+    for row in &r.sdk {
+        throughput_rows(&mut t, row, floor, true, statements);
+        if let Some(rust) = &r.b1 {
+            let ratio = row.tasks_per_s / rust.tasks_per_s.max(f64::MIN_POSITIVE);
+            let target = sdk_target(&row.label);
+            let _ = writeln!(
+                t,
+                "| {} | tasks/s as a ratio to the Rust worker in this run | {ratio:.2} × | {} | {} |",
+                row.label,
+                target.map_or(String::new(), |x| format!("≥ {x} ×")),
+                target.map_or("", |x| verdict(ratio >= x)),
+            );
+        }
+    }
+    for note in &r.sdk_notes {
+        let _ = writeln!(t, "| B1 SDK worker | left out | {note} | | |");
     }
     if let Some(l) = &r.latency {
         let _ = writeln!(
