@@ -1,10 +1,13 @@
 // The JavaScript code runner: serves CODE nodes (queue `code.javascript`), each snippet in a child
 // `node` process with a heap limit, a time limit, an empty environment, its own temporary folder
-// and no file system, network, child processes or modules. See the README for what a snippet can reach.
-import { spawn } from "node:child_process";
-import { mkdtemp, readFile, rm } from "node:fs/promises";
+// and no file system, network, child processes or modules, inside Linux namespaces (no network,
+// private /tmp, own PID namespace) as the user nobody when the runner is root. See the README for
+// what a snippet can reach, and docs/decisions/0011-snippet-sandbox.md.
+import { spawn, spawnSync } from "node:child_process";
+import { accessSync, constants as fsConstants, statSync, realpathSync } from "node:fs";
+import { mkdtemp, readFile, readdir, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { delimiter, join, sep } from "node:path";
 
 import { CHILD_SOURCE } from "./code-child.js";
 import { NonRetryableError, TaskError } from "./errors.js";
@@ -18,6 +21,9 @@ export const DEFAULT_MEMORY_LIMIT_MB = 256;
 const STDERR_TAIL = 8_000;
 /** Memory a node process needs besides the snippet's heap, before the resident-size watchdog kills it (MiB). */
 const RSS_ALLOWANCE_MB = 192;
+/** The unprivileged user (and group) a root runner's snippets run as. */
+const NOBODY = 65534;
+const NAMESPACES = ["--net", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", "--propagation", "private"];
 
 /** Options of the code runner. */
 export interface CodeRunnerOptions {
@@ -25,8 +31,241 @@ export interface CodeRunnerOptions {
   timeLimitMs?: number;
   /** The snippet's heap limit in MiB (default 256). */
   memoryLimitMb?: number;
-  /** The `node` binary for the child (default: this one). */
+  /** The `node` binary for the child (default: this one if the user nobody can read it, else /usr/bin/node). */
   nodePath?: string;
+  /**
+   * Start even where the kernel gives no namespaces (`unshare` fails): snippets then get only an
+   * empty environment and a temporary folder of their own, and CAN reach the network.
+   */
+  allowNetworkInSnippets?: boolean;
+  /** The sandbox to run snippets in (default: {@link detectSandbox}, once). */
+  sandbox?: Sandbox;
+}
+
+/** The kernel gives this runner no namespaces, and snippets were not allowed the network. */
+export class SandboxUnavailable extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "SandboxUnavailable";
+  }
+}
+
+/**
+ * How snippets are isolated on this machine (see {@link detectSandbox}). `root`: namespaces and
+ * the user nobody; `userns`: the same namespaces inside a user namespace (the runner is not root);
+ * `none`: an empty environment and a temporary working folder only (`--allow-network-in-snippets`).
+ */
+export interface Sandbox {
+  mode: "root" | "userns" | "none";
+  /** The node binary snippets run with: one the snippet's user can read. */
+  node: string;
+  /** Absolute paths of the tools the launcher uses (unused in mode `none`). */
+  tools: { unshare: string; sh: string; mount: string; setpriv: string; prlimit: string };
+}
+
+/** Where `name` is on PATH (or in the usual system folders), else `/usr/bin/<name>`. */
+function which(name: string): string {
+  const folders = [...(process.env["PATH"] ?? "").split(delimiter), "/usr/bin", "/bin", "/usr/sbin", "/sbin"];
+  for (const folder of folders) {
+    if (!folder) continue;
+    const candidate = join(folder, name);
+    try {
+      accessSync(candidate, fsConstants.X_OK);
+      return candidate;
+    } catch {
+      // next
+    }
+  }
+  return `/usr/bin/${name}`;
+}
+
+/** True when every folder above `path` may be searched, and the path read, by any user. */
+function worldReadable(path: string): boolean {
+  let real: string;
+  try {
+    real = realpathSync(path);
+  } catch {
+    return false;
+  }
+  const parts = real.split(sep);
+  for (let depth = 2; depth <= parts.length; depth++) {
+    const here = parts.slice(0, depth).join(sep) || sep;
+    try {
+      const st = statSync(here);
+      if (!(st.mode & 0o004) || (st.isDirectory() && !(st.mode & 0o001))) return false;
+    } catch {
+      return false;
+    }
+  }
+  return true;
+}
+
+/** A node binary the user nobody can read and run (for the root mode). */
+function snippetNode(mode: Sandbox["mode"], nodePath?: string): string | undefined {
+  if (nodePath) return nodePath;
+  if (mode !== "root") return process.execPath;
+  return [process.execPath, "/usr/bin/node", "/usr/local/bin/node"].find((c) => worldReadable(c));
+}
+
+// The namespace's PID 1 (run by `sh` as root, or as the mapped root of a user namespace): mounts a
+// fresh tmpfs on /tmp, /var/tmp and /dev/shm (the snippet's own folders, gone with the mount
+// namespace), enters /tmp, runs the rest of its arguments (setpriv ... prlimit ... node ...) and
+// ends with the snippet's status (128 + N for signal N). Its end takes every process left in the
+// PID namespace with it; orphans are reparented to it and reaped while it waits.
+const LAUNCHER = `set -e
+owner=$1; mount=$2; shift 2
+for spec in /tmp:64m /var/tmp:16m /dev/shm:16m; do
+  dir=\${spec%%:*}; size=\${spec#*:}
+  if [ -d "$dir" ]; then "$mount" -t tmpfs -o "nosuid,nodev,noexec,size=$size,mode=0700$owner" tmpfs "$dir"; fi
+done
+cd /tmp
+unset PWD OLDPWD
+set +e
+"$@"
+exit $?
+`;
+
+function permissionFlag(): string {
+  return process.allowedNodeEnvironmentFlags.has("--permission") ? "--permission" : "--experimental-permission";
+}
+
+/** The processes under `pid` (itself included), as far as /proc/<pid>/task/<tid>/children tells. */
+async function tree(pid: number, depth = 0): Promise<number[]> {
+  const found = [pid];
+  if (depth > 8) return found;
+  let tasks: string[] = [];
+  try {
+    tasks = await readdir(`/proc/${pid}/task`);
+  } catch {
+    return found;
+  }
+  for (const task of tasks) {
+    let children = "";
+    try {
+      children = await readFile(`/proc/${pid}/task/${task}/children`, "utf8");
+    } catch {
+      continue;
+    }
+    for (const child of children.split(" ").filter(Boolean)) found.push(...(await tree(Number(child), depth + 1)));
+  }
+  return found;
+}
+
+async function rssMb(pid: number): Promise<number> {
+  let total = 0;
+  for (const p of await tree(pid)) {
+    try {
+      const statm = await readFile(`/proc/${p}/statm`, "utf8");
+      total += (Number(statm.split(" ")[1]) * 4096) / (1024 * 1024);
+    } catch {
+      // gone
+    }
+  }
+  return total;
+}
+
+/**
+ * How a snippet's child process is started. Always: a `node` with the permission model (it may
+ * read and write only its folder; no child processes, workers or native addons), the heap limit,
+ * no code generation from strings, an empty environment, and its own process group (so that a kill
+ * reaches anything it started). In modes `root` and `userns` that node runs under `unshare` (new
+ * network, mount and PID namespaces) behind the launcher above, in a private tmpfs `/tmp` as its
+ * folder; in `root` it first becomes nobody (setpriv: uid/gid 65534, no groups, no capabilities,
+ * no_new_privs); rlimits: 256 processes (threads count), 64 MiB per file, no core. In mode `none`
+ * its folder is `folder` on the host. The program it runs is the argument after `-e`.
+ */
+export function snippetProcess(sandbox: Sandbox, memoryMb: number, folder = "/tmp") {
+  const dir = sandbox.mode === "none" ? folder : "/tmp";
+  const node = [
+    sandbox.node,
+    permissionFlag(),
+    `--allow-fs-read=${dir}`,
+    `--allow-fs-write=${dir}`,
+    `--max-old-space-size=${memoryMb}`,
+    "--disallow-code-generation-from-strings",
+    "--no-warnings",
+    "--experimental-vm-modules",
+    "-e",
+    CHILD_SOURCE,
+  ];
+  const stdio = ["pipe", "pipe", "pipe"] as ["pipe", "pipe", "pipe"];
+  if (sandbox.mode === "none") {
+    return { command: node[0]!, args: node.slice(1), options: { cwd: folder, env: {}, stdio, detached: true } };
+  }
+  const t = sandbox.tools;
+  const limits = [t.prlimit, "--nproc=256", `--fsize=${64 << 20}`, "--core=0", "--"];
+  const drop =
+    sandbox.mode === "root"
+      ? [t.setpriv, `--reuid=${NOBODY}`, `--regid=${NOBODY}`, "--clear-groups", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
+      : [t.setpriv, "--no-new-privs"];
+  const owner = sandbox.mode === "root" ? `,uid=${NOBODY},gid=${NOBODY}` : "";
+  const userns = sandbox.mode === "userns" ? ["--user", "--map-root-user"] : [];
+  return {
+    command: t.unshare,
+    args: [...userns, ...NAMESPACES, t.sh, "-c", LAUNCHER, "composer-snippet", owner, t.mount, ...drop, ...limits, ...node],
+    options: { cwd: "/", env: {}, stdio, detached: true },
+  };
+}
+
+/** True when a trivial snippet runs in `sandbox`. */
+function probe(sandbox: Sandbox): boolean {
+  const how = snippetProcess(sandbox, 64);
+  try {
+    const done = spawnSync(how.command, how.args, {
+      cwd: how.options.cwd,
+      env: {},
+      input: JSON.stringify({ code: "6 * 7", input: null, timeLimitMs: 10_000 }),
+      encoding: "utf8",
+      timeout: 20_000,
+      killSignal: "SIGKILL",
+    });
+    return done.status === 0 && done.stdout.includes('"ok":true') && done.stdout.includes('"output":"42"');
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The strongest sandbox this machine gives, checked by running a snippet in it: `root` when the
+ * runner is root, else `userns`. Where that fails, throws {@link SandboxUnavailable} unless
+ * `allowNetworkInSnippets` (then mode `none`, with a warning). `unshare` is the `unshare` binary
+ * (default: found on PATH).
+ */
+export function detectSandbox(options: { allowNetworkInSnippets?: boolean; nodePath?: string; unshare?: string } = {}): Sandbox {
+  const tools = {
+    unshare: options.unshare ?? which("unshare"),
+    sh: which("sh"),
+    mount: which("mount"),
+    setpriv: which("setpriv"),
+    prlimit: which("prlimit"),
+  };
+  const mode = process.getuid?.() === 0 ? "root" : "userns";
+  const node = snippetNode(mode, options.nodePath);
+  let why = "unshare failed";
+  if (process.platform !== "linux") why = "this is not Linux";
+  else if (!node) why = "no node binary readable by the user nobody was found (tried this one, /usr/bin/node, /usr/local/bin/node)";
+  else {
+    const sandbox: Sandbox = { mode, node, tools };
+    if (probe(sandbox)) return sandbox;
+  }
+  if (options.allowNetworkInSnippets) {
+    process.emitWarning(
+      `composer code runner: no namespaces here (${why}): snippets run with an empty environment but CAN reach the network and the runner's files`,
+    );
+    return { mode: "none", node: options.nodePath ?? process.execPath, tools };
+  }
+  throw new SandboxUnavailable(
+    `this machine gives the code runner no namespaces (${why}), so snippets could reach the network; ` +
+      "run the runner as root, enable unprivileged user namespaces, or pass --allow-network-in-snippets",
+  );
+}
+
+let detected: Sandbox | undefined;
+
+/** The sandbox {@link runSnippet} uses when given none (detected once). */
+export function defaultSandbox(): Sandbox {
+  detected ??= detectSandbox();
+  return detected;
 }
 
 /** What running a snippet gave: its output, or a failure code with message and details. */
@@ -45,48 +284,22 @@ export interface SnippetResult {
   ms: number;
 }
 
-function permissionFlag(): string {
-  return process.allowedNodeEnvironmentFlags.has("--permission") ? "--permission" : "--experimental-permission";
-}
-
-async function rssMb(pid: number): Promise<number> {
-  try {
-    const statm = await readFile(`/proc/${pid}/statm`, "utf8");
-    const pages = Number(statm.split(" ")[1]);
-    return (pages * 4096) / (1024 * 1024);
-  } catch {
-    return 0;
+/** The sandbox `options` ask for: theirs, else the one detected once (with their node binary). */
+function sandboxFor(options: CodeRunnerOptions): Sandbox {
+  if (options.sandbox) return options.sandbox;
+  if (options.allowNetworkInSnippets) {
+    detected ??= detectSandbox({ allowNetworkInSnippets: true });
   }
+  const sandbox = defaultSandbox();
+  return options.nodePath ? { ...sandbox, node: options.nodePath } : sandbox;
 }
 
 /**
- * How a snippet's child process is started: this node with the permission model (it may read and
- * write only `folder`; no child processes, workers or native addons), the heap limit, no code
- * generation from strings, an empty environment, `folder` as its working directory, and its own
- * process group (so that a kill reaches anything it started).
- */
-export function snippetProcess(folder: string, memoryMb: number, nodePath?: string) {
-  return {
-    command: nodePath ?? process.execPath,
-    args: [
-      permissionFlag(),
-      `--allow-fs-read=${folder}`,
-      `--allow-fs-write=${folder}`,
-      `--max-old-space-size=${memoryMb}`,
-      "--disallow-code-generation-from-strings",
-      "--no-warnings",
-      "--experimental-vm-modules",
-      "-e",
-      CHILD_SOURCE,
-    ],
-    options: { cwd: folder, env: {}, stdio: ["pipe", "pipe", "pipe"] as ["pipe", "pipe", "pipe"], detached: true },
-  };
-}
-
-/**
- * Runs `code` in a child process with `input` in scope. The output is the variable `result` if
- * the snippet assigns it, else the script's completion value (the value of its last expression
- * statement; a promise is awaited), else null. Aborting `signal` kills the child.
+ * Runs `code` in a sandboxed child process with `input` in scope. The output is the variable
+ * `result` if the snippet assigns it, else the script's completion value (the value of its last
+ * expression statement; a promise is awaited), else null. Aborting `signal` kills the child (and
+ * everything it started). Without `options.sandbox`, the sandbox is detected on first use
+ * ({@link defaultSandbox}; throws {@link SandboxUnavailable} where there are no namespaces).
  */
 export async function runSnippet(
   code: string,
@@ -95,10 +308,12 @@ export async function runSnippet(
 ): Promise<SnippetResult> {
   const timeLimitMs = Math.max(1, options.timeLimitMs ?? DEFAULT_TIME_LIMIT_MS);
   const memoryMb = Math.max(16, Math.floor(options.memoryLimitMb ?? DEFAULT_MEMORY_LIMIT_MB));
+  const sandbox = sandboxFor(options);
   const started = Date.now();
-  const folder = await mkdtemp(join(tmpdir(), "composer-js-"));
+  // without namespaces, the snippet's folder is one made for it here; else its private /tmp
+  const folder = sandbox.mode === "none" ? await mkdtemp(join(tmpdir(), "composer-js-")) : undefined;
   try {
-    const how = snippetProcess(folder, memoryMb, options.nodePath);
+    const how = snippetProcess(sandbox, memoryMb, folder);
     const child = spawn(how.command, how.args, how.options);
     let stdout = "";
     let stderr = "";
@@ -156,7 +371,12 @@ export async function runSnippet(
       answer = undefined;
     }
     if (!answer || typeof answer !== "object") {
-      const why = signal ? `signal ${signal}` : `exit code ${exitCode}`;
+      // in a namespace, PID 1 reports a snippet killed by signal N as exit code 128 + N
+      const why = signal
+        ? `signal ${signal}`
+        : exitCode !== null && exitCode > 128 && sandbox.mode !== "none"
+          ? `signal ${exitCode - 128}`
+          : `exit code ${exitCode}`;
       return failure("CODE_CRASHED", `the snippet's process ended without a result (${why})`);
     }
     if (answer.ok) {
@@ -170,13 +390,18 @@ export async function runSnippet(
     const message = kind === "CODE_ERROR" ? `${answer.type ?? "Error"}: ${answer.message ?? ""}` : (answer.message ?? "");
     return failure(kind, message, answer.type ?? "", answer.stack ?? "");
   } finally {
-    await rm(folder, { recursive: true, force: true });
+    if (folder) await rm(folder, { recursive: true, force: true });
   }
 }
 
-/** The handler of the code runner (what `worker.serveCode()` registers). */
+/**
+ * The handler of the code runner (what `worker.serveCode()` registers). Detects the sandbox at
+ * once, so a runner that cannot isolate snippets fails here ({@link SandboxUnavailable}), before
+ * it polls.
+ */
 export function makeCodeHandler(options: CodeRunnerOptions = {}): Handler {
   const limit = options.timeLimitMs ?? DEFAULT_TIME_LIMIT_MS;
+  const sandbox = sandboxFor(options);
   return async (ctx: TaskContext) => {
     const task = ctx.input as { code?: unknown; input?: unknown } | null;
     if (!task || typeof task !== "object" || typeof task.code !== "string") {
@@ -184,7 +409,7 @@ export function makeCodeHandler(options: CodeRunnerOptions = {}): Handler {
     }
     let ms = limit;
     if (ctx.deadline) ms = Math.min(ms, Math.max(1, ctx.deadline.getTime() - Date.now()));
-    const result = await runSnippet(task.code, task.input, { ...options, timeLimitMs: ms, signal: ctx.signal });
+    const result = await runSnippet(task.code, task.input, { ...options, sandbox, timeLimitMs: ms, signal: ctx.signal });
     if (result.stderr) ctx.logger.info(`snippet output:\n${result.stderr.slice(-STDERR_TAIL)}`);
     if (result.ok) return result.output;
     throw new TaskError(result.message, { code: result.code, retryable: result.retryable, details: result.details });

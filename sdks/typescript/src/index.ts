@@ -15,5 +15,13 @@ export {
 } from "./worker.js";
 export { consoleLogger, failureOf, MAX_POLL_TASKS } from "./worker.js";
 export type { CancelReason, Handler, Logger, TaskContext, WorkerOptions, WorkerStats } from "./worker.js";
-export { DEFAULT_MEMORY_LIMIT_MB, DEFAULT_TIME_LIMIT_MS, makeCodeHandler, runSnippet } from "./code-runner.js";
-export type { CodeRunnerOptions, SnippetResult } from "./code-runner.js";
+export {
+  DEFAULT_MEMORY_LIMIT_MB,
+  DEFAULT_TIME_LIMIT_MS,
+  SandboxUnavailable,
+  defaultSandbox,
+  detectSandbox,
+  makeCodeHandler,
+  runSnippet,
+} from "./code-runner.js";
+export type { CodeRunnerOptions, Sandbox, SnippetResult } from "./code-runner.js";
