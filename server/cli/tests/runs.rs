@@ -130,6 +130,16 @@ output: { joined: "${nodes.both.output}", merged: "${nodes.merge.output}" }
         .find(|n| n.node_id == "big")
         .expect("big has a state");
     assert_eq!(big.status(), composer_proto::v1::NodeStatus::Skipped);
+    // a JOIN shows the output expressions read from it
+    let both = run
+        .nodes
+        .iter()
+        .find(|n| n.node_id == "both")
+        .expect("both");
+    assert_eq!(
+        composer_testkit::worker::json_of(both.output.clone().expect("JOIN output")),
+        json!({"left": {"task": "left"}, "right": {"task": "right"}})
+    );
     let mut names: Vec<String> = worker.leases().into_iter().map(|l| l.task_name).collect();
     names.sort();
     assert_eq!(names, ["left", "right", "small"]);
@@ -167,6 +177,16 @@ output: { doubled: "${nodes.each.output}" }
     assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
     let expected: Vec<i64> = (0..100).map(|n| n * 2).collect();
     assert_eq!(output_of(&run), json!({ "doubled": expected }));
+    let each = run
+        .nodes
+        .iter()
+        .find(|n| n.node_id == "each")
+        .expect("each");
+    assert_eq!(
+        composer_testkit::worker::json_of(each.output.clone().expect("MAP output")),
+        json!(expected),
+        "a MAP shows its elements' outputs"
+    );
     assert_eq!(worker.leases().len(), 100);
     assert!(worker.max_active() <= 10, "{} at once", worker.max_active());
     assert!(worker.max_active() > 1, "elements ran in parallel");
@@ -199,6 +219,49 @@ async fn send(
         .await
         .expect("send the event")
         .into_inner()
+}
+
+#[tokio::test]
+async fn a_request_id_names_one_send_and_is_refused_for_another_target() {
+    use composer_proto::v1::{SendEventRequest, send_event_request::Target};
+    let (_server, mut client) = server_and_client().await;
+    client.register(WAITS).await;
+    let first = client.start("waits", json!({})).await;
+    let second = client.start("waits", json!({})).await;
+    let request = |run_id: &str| SendEventRequest {
+        target: Some(Target::RunId(run_id.to_owned())),
+        event_name: "approve".to_owned(),
+        payload: Some(composer_testkit::worker::value_of(&json!({"ok": run_id}))),
+        request_id: "r-1".to_owned(),
+    };
+    let sent = client
+        .runs
+        .send_event(request(&first))
+        .await
+        .expect("first send")
+        .into_inner();
+    let repeated = client
+        .runs
+        .send_event(request(&first))
+        .await
+        .expect("the same send again")
+        .into_inner();
+    assert_eq!(sent, repeated, "a repeat answers as the first did");
+    let reused = client
+        .runs
+        .send_event(request(&second))
+        .await
+        .expect_err("the id was used for another run");
+    assert_eq!(reused.code(), tonic::Code::InvalidArgument, "{reused:?}");
+    assert!(reused.message().contains("request_id"), "{reused:?}");
+    let run = client.wait_done(&first, WAIT).await;
+    assert_eq!(output_of(&run), json!({"ok": first}));
+    // the second run did not take the first one's event
+    let mut fresh = request(&second);
+    fresh.request_id = "r-2".to_owned();
+    client.runs.send_event(fresh).await.expect("its own send");
+    let run = client.wait_done(&second, WAIT).await;
+    assert_eq!(output_of(&run), json!({"ok": second}));
 }
 
 #[tokio::test]
@@ -297,7 +360,9 @@ output: { got: "${nodes.call.output}" }
     let fatal = client.start("flaky", json!({"fatal": true})).await;
     let run = client.wait_done(&fatal, WAIT).await;
     assert_eq!(run.status(), RunStatus::Failed);
-    assert_eq!(run.error.expect("error").code, "BAD_CARD");
+    let error = run.error.expect("error");
+    assert_eq!(error.code, "BAD_CARD");
+    assert_eq!(error.node_id, "call", "the run's failure names its node");
     let fatal_attempts = worker
         .leases()
         .iter()
@@ -685,6 +750,16 @@ async fn cancel_during_a_retry_back_off_starts_no_further_attempt() {
         .expect("cancel");
     let run = client.wait_done(&run_id, WAIT).await;
     assert_eq!(run.status(), RunStatus::Cancelled);
+    let only = run
+        .nodes
+        .iter()
+        .find(|n| n.node_id == "only")
+        .expect("only");
+    assert_eq!(
+        only.status(),
+        composer_proto::v1::NodeStatus::Cancelled,
+        "a node waiting for its retry shows CANCELLED once the run is"
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(worker.leases().len(), 1, "no attempt after the cancel");
     let history = client.history(&run_id).await;

@@ -227,6 +227,62 @@ async fn sigterm_reports_not_serving_then_exits_zero_within_five_seconds() {
     );
 }
 
+#[tokio::test]
+async fn an_open_watch_does_not_hold_a_stopping_server() {
+    let mut server = ServerProcess::start(&composer_binary(), &["--drain-delay", "500ms"]).await;
+    let channel = tonic::transport::Channel::from_shared(server.url())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    composer_proto::v1::workflow_service_client::WorkflowServiceClient::new(channel.clone())
+        .register_workflow(composer_proto::v1::RegisterWorkflowRequest {
+            source: "name: waits\nnodes:\n  - { id: w, type: WAIT_FOR_EVENT, event: go }\n"
+                .to_owned(),
+        })
+        .await
+        .expect("register");
+    let mut runs = RunServiceClient::new(channel);
+    let run = runs
+        .start_run(StartRunRequest {
+            workflow_name: "waits".to_owned(),
+            ..Default::default()
+        })
+        .await
+        .expect("start")
+        .into_inner()
+        .run
+        .expect("run");
+    let mut watch = runs
+        .watch_run(composer_proto::v1::WatchRunRequest {
+            run_id: run.run_id.clone(),
+        })
+        .await
+        .expect("watch")
+        .into_inner();
+    watch.message().await.expect("first").expect("a snapshot");
+    server.signal(Signal::SIGTERM);
+    // snapshots may still come (the watch re-reads every second) until the
+    // stream ends with a status telling the client to watch again
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match watch.message().await {
+                Ok(Some(_)) => continue,
+                other => return other,
+            }
+        }
+    })
+    .await
+    .expect("the watch ended within 5 s of SIGTERM");
+    let status = ended.expect_err("the watch ends with a status");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    let exit = server
+        .wait(Duration::from_secs(5))
+        .await
+        .expect("exited within 5 s of SIGTERM with a watch open");
+    assert!(exit.success(), "{exit:?}");
+}
+
 #[test]
 fn a_bad_database_url_exits_non_zero_with_one_line_naming_the_setting() {
     let output = StdCommand::new(composer_binary())

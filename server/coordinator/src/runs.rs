@@ -53,6 +53,16 @@ pub enum EventTarget {
     Correlation(String),
 }
 
+impl EventTarget {
+    /// `run:<id>` or `correlation:<key>`, as a request id records it.
+    fn describe(&self) -> String {
+        match self {
+            EventTarget::Run(id) => format!("run:{id}"),
+            EventTarget::Correlation(key) => format!("correlation:{key}"),
+        }
+    }
+}
+
 /// What SendEvent did.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SendEventResult {
@@ -289,7 +299,7 @@ impl Coordinator {
                 node_types: Default::default(),
             });
         }
-        let nodes = runs::list_nodes(self.store.pool(), run.id).await?;
+        let mut nodes = runs::list_nodes(self.store.pool(), run.id).await?;
         let workflow = self
             .workflows
             .get(
@@ -306,6 +316,8 @@ impl Coordinator {
             .iter()
             .map(|node| (node.id.clone(), node.node_type.to_string()))
             .collect();
+        assemble_outputs(&workflow.compiled, &mut nodes);
+        settle_unfinished(&run.status, &mut nodes);
         Ok(RunView {
             run,
             nodes,
@@ -409,11 +421,23 @@ impl Coordinator {
         actor: &str,
     ) -> Result<SendEventResult, CoordinatorError> {
         self.check_payload("payload", &payload)?;
+        // what a request id stands for: a repeat must name the same event
+        // and target, or it would answer for a send it never made
+        let sent_to = json!({"event": name, "target": target.describe()});
         if let Some(request_id) = request_id {
             let mut conn = self.store.pool().acquire().await?;
             if let Some(previous) =
                 events::idempotent_result(&mut conn, namespace, "send_event", request_id).await?
             {
+                let recorded = previous.get("sent_to");
+                if recorded.is_some_and(|recorded| *recorded != sent_to) {
+                    return Err(CoordinatorError::InvalidArgument(vec![FieldProblem {
+                        field: "request_id".to_owned(),
+                        description: "was used before for another event or target; \
+                                      a request id names one send"
+                            .to_owned(),
+                    }]));
+                }
                 return Ok(result_from_json(&previous));
             }
         }
@@ -432,6 +456,7 @@ impl Coordinator {
             let recorded = json!({
                 "delivered": result.delivered.iter().map(Uuid::to_string).collect::<Vec<_>>(),
                 "stored": result.stored,
+                "sent_to": sent_to,
             });
             events::record_idempotent_result(
                 &mut conn,
@@ -647,4 +672,69 @@ fn pointer_to_path(pointer: &str) -> String {
             }
         })
         .collect()
+}
+
+/// Fills in the outputs the engine assembles when an expression reads them
+/// rather than stores (LANGUAGE.md): a completed JOIN's, the map from each
+/// completed incoming node to its output, and a completed MAP's, the list of
+/// its elements' outputs. In topological order, so a JOIN after a JOIN or a
+/// MAP sees its predecessors already assembled.
+fn assemble_outputs(workflow: &composer_engine::CompiledWorkflow, nodes: &mut [runs::NodeRow]) {
+    let index: std::collections::HashMap<String, usize> = nodes
+        .iter()
+        .enumerate()
+        .map(|(i, row)| (row.key.clone(), i))
+        .collect();
+    let output_of = |nodes: &[runs::NodeRow], key: &str| {
+        index
+            .get(key)
+            .map(|&i| &nodes[i])
+            .filter(|row| row.status == "COMPLETED")
+            .map(|row| row.state.get("output").cloned().unwrap_or(Json::Null))
+    };
+    for id in workflow.topological_order() {
+        let Some(&at) = index.get(id) else { continue };
+        if nodes[at].status != "COMPLETED" || nodes[at].state.get("output").is_some() {
+            continue;
+        }
+        let assembled = match workflow.node(id).map(|n| n.node_type) {
+            Some(composer_engine::NodeType::Join) => Json::Object(
+                workflow
+                    .predecessors(id)
+                    .into_iter()
+                    .filter_map(|from| Some((from.to_owned(), output_of(nodes, from)?)))
+                    .collect(),
+            ),
+            Some(composer_engine::NodeType::Map) => {
+                let total = nodes[at].state["map"]["total"].as_u64().unwrap_or(0);
+                Json::Array(
+                    (0..total)
+                        .map(|i| output_of(nodes, &format!("{id}[{i}]")).unwrap_or(Json::Null))
+                        .collect(),
+                )
+            }
+            _ => continue,
+        };
+        if let Some(state) = nodes[at].state.as_object_mut() {
+            state.insert("output".to_owned(), assembled);
+        }
+    }
+}
+
+/// Once a run has ended, nothing of it runs: a node still scheduled,
+/// running or waiting in its rows was stopped by the run's end (the engine
+/// cancels a run's tasks and timers as a whole, without rewriting each
+/// node), and is shown CANCELLED, as the API says.
+fn settle_unfinished(run_status: &str, nodes: &mut [runs::NodeRow]) {
+    if !matches!(run_status, "COMPLETED" | "FAILED" | "CANCELLED") {
+        return;
+    }
+    for row in nodes.iter_mut() {
+        if matches!(
+            row.status.as_str(),
+            "PENDING" | "RETRY_SCHEDULED" | "RUNNING" | "WAITING"
+        ) {
+            row.status = "CANCELLED".to_owned();
+        }
+    }
 }

@@ -14,6 +14,9 @@ pub const MAX_EDGES: usize = 50_000;
 pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 30_000;
 /// Default MAP concurrency.
 pub const DEFAULT_MAP_CONCURRENCY: u32 = 100;
+/// The most elements a MAP runs: each is a node row and a task, so the
+/// width of one node is bounded like the number of nodes of a workflow.
+pub const MAX_MAP_ITEMS: usize = 10_000;
 /// Queue of the engine's own HTTP worker.
 pub const HTTP_QUEUE: &str = "_http";
 

@@ -907,8 +907,22 @@ impl<'a> Ctx<'a> {
                     }
                     Err(e) => return self.fail_at_start(idx, st, format!("items: {e}")),
                 };
-                let Ok(total) = u32::try_from(items.len()) else {
-                    return self.fail_at_start(idx, st, "items has too many elements".into());
+                let Ok(total) = u32::try_from(items.len()).map_err(|_| ()).and_then(|n| {
+                    if n as usize > crate::compile::MAX_MAP_ITEMS {
+                        Err(())
+                    } else {
+                        Ok(n)
+                    }
+                }) else {
+                    return self.fail_at_start(
+                        idx,
+                        st,
+                        format!(
+                            "items has {} elements; a MAP takes at most {}",
+                            items.len(),
+                            crate::compile::MAX_MAP_ITEMS
+                        ),
+                    );
                 };
                 // Every element's input is rendered now, once: later starts
                 // read one element row, never the whole list.
@@ -1243,10 +1257,11 @@ impl<'a> Ctx<'a> {
         self.put(key.clone(), st);
         let handled = self.route(idx, false)?;
         if handled == 0 {
+            let at = failed_key.to_string();
             if !self.run.failed.contains(&failed_key) {
                 self.run.failed.push(failed_key);
             }
-            self.end_run(Ending::Failed(error))?;
+            self.end_run(Ending::Failed(error.at_node(at)))?;
         }
         Ok(())
     }

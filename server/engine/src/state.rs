@@ -157,6 +157,9 @@ pub struct ErrorInfo {
     /// Structured details from the worker (a traceback, a response body).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub details: Option<Json>,
+    /// On a run's error: the node (key) whose failure ended the run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 impl ErrorInfo {
@@ -165,7 +168,14 @@ impl ErrorInfo {
             code: code.into(),
             message: message.into(),
             details: None,
+            node: None,
         }
+    }
+
+    /// The same failure, said to have happened at `node`.
+    pub fn at_node(mut self, node: String) -> ErrorInfo {
+        self.node = Some(node);
+        self
     }
 
     /// The same failure carrying `details` (absent when null).

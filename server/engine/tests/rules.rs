@@ -161,7 +161,11 @@ edges:
         "tasks: { a: [ { fail: { code: BOOM, message: it broke } } ], slow: [ { complete: 1, after: 1h } ] }",
     );
     assert_eq!(r.status, RunStatus::Failed);
-    assert_eq!(r.error, Some(ErrorInfo::new("BOOM", "it broke")));
+    assert_eq!(
+        r.error,
+        Some(ErrorInfo::new("BOOM", "it broke").at_node("a".into())),
+        "the run's error names the node that failed it"
+    );
     let last = &r.history.last().expect("history").actions;
     assert!(last.iter().any(|a| matches!(a, Action::FailRun { .. })));
     // The other branch is cancelled with the run, not waited for.
@@ -587,6 +591,30 @@ output: '${nodes.child.output}'
 }
 
 #[test]
+fn a_map_wider_than_its_limit_fails_the_node_before_creating_any_element() {
+    let yaml = "name: m
+nodes:
+  - id: m
+    type: MAP
+    items: input.xs
+    queue: q
+    task: t
+";
+    let too_wide: Vec<u32> = (0..=10_000).collect();
+    let mut d = Driver::new(yaml, json!({ "xs": too_wide }));
+    let acts = d.send(Event::RunStarted);
+    assert!(created(&acts).is_empty(), "no element was created");
+    assert_eq!(d.state.run.status, RunStatus::Failed);
+    let error = d.state.run.error.clone().expect("error");
+    assert!(error.message.contains("at most 10000"), "{error:?}");
+    assert_eq!(error.node.as_deref(), Some("m"));
+    let widest: Vec<u32> = (0..10_000).collect();
+    let mut d = Driver::new(yaml, json!({ "xs": widest }));
+    d.send(Event::RunStarted);
+    assert_eq!(d.state.run.status, RunStatus::Running, "10,000 is allowed");
+}
+
+#[test]
 fn map_runs_each_element_at_most_concurrency_at_a_time_and_outputs_results_in_order() {
     let yaml = "name: m
 nodes:
@@ -883,7 +911,10 @@ fn failing_compensation_is_retried_then_recorded_and_never_hides_the_original_er
         "tasks: { a: [ { complete: { id: A1 } } ], c: [ { fail: { code: ORIGINAL, message: first } } ], undo_b: [ { fail: { code: UNDO } }, { fail: { code: UNDO } } ] }",
     );
     assert_eq!(r.status, RunStatus::Failed);
-    assert_eq!(r.error, Some(ErrorInfo::new("ORIGINAL", "first")));
+    assert_eq!(
+        r.error,
+        Some(ErrorInfo::new("ORIGINAL", "first").at_node("c".into()))
+    );
     assert_eq!(
         r.actions()
             .filter(|a| matches!(a, Action::CreateTask { node, .. } if node.node == "undo_b"))

@@ -133,6 +133,7 @@ pub async fn serve(
             RunServiceServer::new(RunApi {
                 coordinator: services.coordinator.clone(),
                 changes: services.changes.clone(),
+                draining: shutdown.clone(),
             })
             .max_decoding_message_size(max_message),
         )

@@ -29,6 +29,8 @@ use crate::{
 pub(crate) struct RunApi {
     pub(crate) coordinator: Coordinator,
     pub(crate) changes: RunChanges,
+    /// Flips to true when the server drains: open watches end at once.
+    pub(crate) draining: tokio::sync::watch::Receiver<bool>,
 }
 
 fn run_status(text: &str) -> RunStatus {
@@ -66,8 +68,14 @@ fn node_status(text: &str) -> NodeStatus {
     }
 }
 
+/// A stored error as a Failure; `node_id` is the node's own key, or for a
+/// run the node the error records.
 fn failure(error: Option<&Json>, node_id: &str) -> Option<Failure> {
     let error = error?;
+    let node_id = match error["node"].as_str() {
+        Some(node) if node_id.is_empty() => node,
+        _ => node_id,
+    };
     Some(Failure {
         code: error["code"].as_str().unwrap_or_default().to_owned(),
         message: error["message"].as_str().unwrap_or_default().to_owned(),
@@ -456,6 +464,7 @@ impl RunService for RunApi {
             .map_err(from_coordinator)?;
         let id = first.run.id;
         let namespace = caller.namespace;
+        let mut draining = self.draining.clone();
         let stream = async_stream(move |sender| async move {
             let mut last_seq = 0_i64;
             let mut view = first;
@@ -478,7 +487,19 @@ impl RunService for RunApi {
                 if sender.send(Ok(message)).await.is_err() || finished {
                     return;
                 }
-                wait_for_change(&mut changes, id).await;
+                tokio::select! {
+                    () = wait_for_change(&mut changes, id) => {}
+                    _ = async { draining.wait_for(|d| *d).await.is_ok() } => {
+                        // a watch must not hold a stopping server open: the
+                        // client reconnects to another server and resumes
+                        let _ = sender
+                            .send(Err(Status::unavailable(
+                                "the server is shutting down; watch again",
+                            )))
+                            .await;
+                        return;
+                    }
+                }
                 view = match coordinator.get_run(Some(&namespace), &run_id, true).await {
                     Ok(view) => view,
                     Err(error) => {
