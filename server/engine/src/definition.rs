@@ -336,6 +336,73 @@ pub fn parse_definition(text: &str) -> Result<Definition, ValidationErrors> {
     }
 }
 
+/// The deepest nesting of `[` and `{` a definition may have.
+pub const MAX_FLOW_NESTING: usize = 64;
+
+/// Refuses deeply nested flow collections (`[[[[...`) in one linear pass,
+/// before the YAML parser, which takes time quadratic in their depth
+/// (60,000 levels: seconds of CPU from a 117 KiB request). It reads quotes
+/// as YAML does (a quote opens a scalar only where a scalar starts; `''`
+/// and `\"` escape), so brackets inside strings, which do not nest, neither
+/// count nor cancel real ones; comments are skipped.
+fn check_flow_nesting(text: &str) -> Result<(), String> {
+    let mut depth = 0usize;
+    let mut chars = text.chars().peekable();
+    // the last significant character (not blank, not in a comment), and
+    // the character just before the current one
+    let (mut last, mut before) = ('\n', '\n');
+    while let Some(c) = chars.next() {
+        let scalar_starts = (before.is_whitespace()
+            && matches!(last, '\n' | ':' | '-' | '[' | '{' | ',' | '?'))
+            || matches!(before, '[' | '{' | ',');
+        match c {
+            '\'' | '"' if scalar_starts => skip_quoted(c, &mut chars),
+            '#' if before.is_whitespace() => {
+                skip_comment(&mut chars);
+                before = '\n';
+                continue;
+            }
+            '[' | '{' => {
+                depth += 1;
+                if depth > MAX_FLOW_NESTING {
+                    return Err(format!(
+                        "not accepted: [ and {{ nest deeper than {MAX_FLOW_NESTING} levels"
+                    ));
+                }
+            }
+            ']' | '}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        if c == '\n' || !c.is_whitespace() {
+            last = c;
+        }
+        before = c;
+    }
+    Ok(())
+}
+
+/// Skips a quoted scalar opened by `quote`, up to its closing quote.
+fn skip_quoted(quote: char, chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+    while let Some(c) = chars.next() {
+        if quote == '"' && c == '\\' {
+            chars.next();
+        } else if c == quote {
+            if quote == '\'' && chars.peek() == Some(&'\'') {
+                chars.next();
+                continue;
+            }
+            return;
+        }
+    }
+}
+
+/// Skips to the end of the line (the newline is kept: it ends the line).
+fn skip_comment(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+    while chars.peek().is_some_and(|c| *c != '\n') {
+        chars.next();
+    }
+}
+
 /// What did not parse, so that semantic validation neither trips over the
 /// placeholders left in its place nor reports edges to it as unknown.
 #[derive(Debug, Default)]
@@ -357,6 +424,10 @@ pub(crate) fn parse_structure(text: &str) -> (Option<Definition>, ValidationErro
                 text.len()
             ),
         );
+        return (None, errors, Broken::default());
+    }
+    if let Err(problem) = check_flow_nesting(text) {
+        errors.push("", problem);
         return (None, errors, Broken::default());
     }
     let doc: Json = match serde_yaml_ng::from_str(text) {
@@ -433,4 +504,41 @@ pub(crate) fn parse_structure(text: &str) -> (Option<Definition>, ValidationErro
         }
     }
     (Some(def), errors, broken)
+}
+
+#[cfg(test)]
+mod nesting_tests {
+    use super::*;
+
+    #[test]
+    fn deep_flow_nesting_is_refused_before_the_parser_sees_it() {
+        let deep = format!(
+            "name: d\ninput: {}{}",
+            "[".repeat(60_000),
+            "]".repeat(60_000)
+        );
+        assert!(check_flow_nesting(&deep).is_err());
+        let fine = format!("name: d\ninput: {}{}", "[".repeat(64), "]".repeat(64));
+        assert_eq!(check_flow_nesting(&fine), Ok(()));
+    }
+
+    #[test]
+    fn brackets_in_strings_and_comments_neither_count_nor_cancel() {
+        let quoted = format!(
+            "a: '{}'\nb: \"{}\"\n# {}\n",
+            "[".repeat(100),
+            "{".repeat(100),
+            "[".repeat(100)
+        );
+        assert_eq!(check_flow_nesting(&quoted), Ok(()));
+        // closing brackets hidden in strings cannot cancel real nesting
+        let level = "[ 'it''s ]]]]]]]]]]' , \"\\\" ]]]]]]]]]]\" ,";
+        let evasive = format!("x: {}", level.repeat(100));
+        assert!(check_flow_nesting(&evasive).is_err());
+        // a quote inside a plain scalar opens nothing
+        let plain = format!("x: [ a:'b {}", "[".repeat(100));
+        assert!(check_flow_nesting(&plain).is_err());
+        let apostrophe = format!("x: it's {}", "[".repeat(100));
+        assert!(check_flow_nesting(&apostrophe).is_err());
+    }
 }
