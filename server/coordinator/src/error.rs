@@ -36,7 +36,7 @@ pub enum CoordinatorError {
     #[error("invalid argument")]
     InvalidArgument(Vec<FieldProblem>),
     /// A payload is larger than the configured limit.
-    #[error("{field} is {size} bytes, over the limit of {limit} bytes (max_payload_bytes)")]
+    #[error("{field} is {size} bytes, over the limit of {limit} bytes (--max-payload-bytes)")]
     PayloadTooLarge {
         /// The field.
         field: String,

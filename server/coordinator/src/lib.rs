@@ -88,7 +88,7 @@ impl Coordinator {
     pub fn new(store: Store, config: CoordinatorConfig) -> Self {
         Self {
             store,
-            workflows: Arc::new(WorkflowCache::default()),
+            workflows: Arc::new(WorkflowCache::new(config.max_payload_bytes)),
             config,
             publisher: None,
             changes: None,

@@ -29,8 +29,9 @@ type CacheKey = (String, String, i32);
 
 /// Compiled versions by (namespace, name, version). Versions are immutable,
 /// so entries never go stale; the map is cleared when it grows too large.
-#[derive(Default)]
 pub struct WorkflowCache {
+    /// What a template of any workflow may render (`--max-payload-bytes`).
+    max_rendered_bytes: usize,
     entries: Mutex<HashMap<CacheKey, Arc<LoadedWorkflow>>>,
     /// The latest version of each (namespace, name) as last read. A hint:
     /// StartRun checks it in the statement that inserts the run.
@@ -71,13 +72,15 @@ pub fn validate(source: &str) -> Result<CompiledWorkflow, Vec<FieldProblem>> {
     }
 }
 
-fn load(row: WorkflowRow) -> Result<LoadedWorkflow, CoordinatorError> {
-    let compiled = validate(&row.source).map_err(|p| {
-        CoordinatorError::Corrupt(format!(
-            "stored workflow {} v{} no longer validates: {p:?}",
-            row.name, row.version
-        ))
-    })?;
+fn load(row: WorkflowRow, max_rendered_bytes: usize) -> Result<LoadedWorkflow, CoordinatorError> {
+    let compiled = validate(&row.source)
+        .map_err(|p| {
+            CoordinatorError::Corrupt(format!(
+                "stored workflow {} v{} no longer validates: {p:?}",
+                row.name, row.version
+            ))
+        })?
+        .with_max_rendered_bytes(max_rendered_bytes);
     let input_schema = compiled
         .definition()
         .input_schema
@@ -93,6 +96,15 @@ fn load(row: WorkflowRow) -> Result<LoadedWorkflow, CoordinatorError> {
 }
 
 impl WorkflowCache {
+    /// An empty cache whose workflows render at most `max_rendered_bytes`.
+    pub fn new(max_rendered_bytes: usize) -> Self {
+        Self {
+            max_rendered_bytes,
+            entries: Mutex::default(),
+            latest: Mutex::default(),
+        }
+    }
+
     /// Registers a definition: a new version only when the content changed.
     pub async fn register(
         &self,
@@ -163,7 +175,7 @@ impl WorkflowCache {
             return Ok(hit);
         }
         let key = (namespace.to_owned(), name.to_owned(), row.version);
-        let loaded = Arc::new(load(row)?);
+        let loaded = Arc::new(load(row, self.max_rendered_bytes)?);
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if entries.len() >= CACHE_LIMIT {
             entries.clear();

@@ -166,9 +166,23 @@ pub struct CompiledWorkflow {
     pub(crate) output: Option<Template>,
     pub(crate) output_refs: Vec<usize>,
     pub(crate) run_timeout_ms: Option<u64>,
+    /// The largest value a template may render (a task's input, the run's
+    /// output), as JSON bytes; larger fails the node or the run.
+    pub(crate) max_rendered_bytes: usize,
 }
 
+/// The default of [`CompiledWorkflow::with_max_rendered_bytes`]: the
+/// server's default payload limit.
+pub const DEFAULT_MAX_RENDERED_BYTES: usize = 2 * 1024 * 1024;
+
 impl CompiledWorkflow {
+    /// The same workflow with another limit on what a template renders
+    /// (the server passes its `--max-payload-bytes`).
+    pub fn with_max_rendered_bytes(mut self, bytes: usize) -> CompiledWorkflow {
+        self.max_rendered_bytes = bytes;
+        self
+    }
+
     /// Validates `definition` and builds the index; every problem is reported.
     pub fn compile(definition: Definition) -> Result<CompiledWorkflow, ValidationErrors> {
         build(&definition, &Broken::default()).map(|parts| CompiledWorkflow {
@@ -982,5 +996,6 @@ pub(crate) fn build(
         output,
         output_refs,
         run_timeout_ms,
+        max_rendered_bytes: DEFAULT_MAX_RENDERED_BYTES,
     })
 }

@@ -995,11 +995,25 @@ impl<'a> Ctx<'a> {
             (None, Some((item, _))) => item.clone(),
             (None, None) => (*self.run.input).clone(),
         };
-        Ok(match &node.kind {
+        let rendered = match &node.kind {
             Kind::Http { request } => request.render(&env).map_err(|e| format!("http: {e}"))?,
             Kind::Code { code, .. } => json!({ "code": code, "input": input }),
             _ => input,
-        })
+        };
+        self.within_render_limit("input", rendered)
+    }
+
+    /// `value` if its JSON is at most the workflow's render limit: a template
+    /// that multiplies its input must fail, not reach the database.
+    fn within_render_limit(&self, what: &str, value: Json) -> Result<Json, String> {
+        let limit = self.wf.max_rendered_bytes;
+        let size = json_size(&value, limit);
+        if size > limit {
+            return Err(format!(
+                "{what}: renders to more than {limit} bytes (the payload limit)"
+            ));
+        }
+        Ok(value)
     }
 
     /// Sends out attempt `attempt` of `key` (a task or a child run).
@@ -1426,11 +1440,14 @@ impl<'a> Ctx<'a> {
         self.ensure_loaded(&self.wf.output_refs)?;
         let output = match &self.wf.output {
             None => Ok(Json::Null),
-            Some(t) => t.render(&EvalEnv {
-                ctx: self,
-                item: None,
-                index: None,
-            }),
+            Some(t) => t
+                .render(&EvalEnv {
+                    ctx: self,
+                    item: None,
+                    index: None,
+                })
+                .map_err(|e| e.to_string())
+                .and_then(|output| self.within_render_limit("output", output)),
         };
         match output {
             Ok(output) => {
@@ -1637,4 +1654,34 @@ impl<'a> Ctx<'a> {
         }
         Ok(())
     }
+}
+
+/// The size of `value` as compact JSON, counted up to a little past `limit`
+/// (then the count stops: the caller only needs to know it is over).
+fn json_size(value: &Json, limit: usize) -> usize {
+    let mut size = 0usize;
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        if size > limit {
+            break;
+        }
+        size += match value {
+            Json::Null => 4,
+            Json::Bool(_) => 5,
+            Json::Number(n) => n.to_string().len(),
+            Json::String(s) => s.len() + 2,
+            Json::Array(items) => {
+                stack.extend(items.iter());
+                items.len() + 1
+            }
+            Json::Object(map) => {
+                for (key, item) in map {
+                    size += key.len() + 3;
+                    stack.push(item);
+                }
+                map.len() + 1
+            }
+        };
+    }
+    size
 }

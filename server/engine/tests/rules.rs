@@ -615,6 +615,34 @@ nodes:
 }
 
 #[test]
+fn a_template_that_multiplies_its_input_past_the_payload_limit_fails_instead_of_rendering() {
+    // the expression is cheap in steps; what it builds is not
+    let yaml = "name: amp
+nodes:
+  - id: a
+    type: TASK
+    queue: q
+    task: t
+    input: '${[0, 1, 2, 3, 4, 5, 6, 7, 8, 9].map(x, [0, 1, 2, 3, 4].map(y, input))}'
+";
+    let mut d = Driver::new(yaml, json!({ "blob": "x".repeat(2_000) }));
+    d.wf = compile(yaml).with_max_rendered_bytes(50_000);
+    let acts = d.send(Event::RunStarted);
+    assert!(
+        !acts.iter().any(|a| matches!(a, Action::CreateTask { .. })),
+        "no task carries the amplified input"
+    );
+    assert_eq!(d.state.run.status, RunStatus::Failed);
+    let error = d.state.run.error.clone().expect("error");
+    assert!(error.message.contains("more than 50000 bytes"), "{error:?}");
+    // the same template within the limit renders
+    let mut d = Driver::new(yaml, json!({ "blob": "x".repeat(100) }));
+    d.wf = compile(yaml).with_max_rendered_bytes(50_000);
+    let acts = d.send(Event::RunStarted);
+    assert!(acts.iter().any(|a| matches!(a, Action::CreateTask { .. })));
+}
+
+#[test]
 fn map_runs_each_element_at_most_concurrency_at_a_time_and_outputs_results_in_order() {
     let yaml = "name: m
 nodes:
