@@ -635,11 +635,29 @@ pub struct Scope<'a> {
     pub node_ids: &'a dyn Fn(&str) -> bool,
     /// `item` and `index` are in scope (inside a MAP element's input).
     pub map_element: bool,
+    /// The workflow's `input_schema`, if any: `input.a.b` then has the type
+    /// the schema declares for it.
+    pub input_schema: Option<&'a Json>,
 }
 
 struct Checker<'s, 'a> {
     scope: &'s Scope<'a>,
     locals: Vec<String>,
+}
+
+/// The CEL type a JSON Schema declares (`type` as a single name); Dyn for
+/// anything else (several types, no type, `$ref`).
+fn schema_type(schema: &Json) -> Ty {
+    match schema.get("type").and_then(Json::as_str) {
+        Some("string") => Ty::String,
+        Some("integer") => Ty::Int,
+        Some("number") => Ty::Double,
+        Some("boolean") => Ty::Bool,
+        Some("array") => Ty::List,
+        Some("object") => Ty::Map,
+        Some("null") => Ty::Null,
+        _ => Ty::Dyn,
+    }
 }
 
 fn numeric(t: Ty) -> bool {
@@ -681,11 +699,12 @@ impl Checker<'_, '_> {
                     };
                     return Ok((Expr::Select(Box::new(Expr::Var(Var::Run)), field), ty));
                 }
+                let declared = self.input_field_type(&base, &field)?;
                 let (base, ty) = self.resolve(*base)?;
                 if !matches!(ty, Ty::Dyn | Ty::Map | Ty::Null) {
                     return Err(format!("cannot select field '{field}' of a {ty}"));
                 }
-                Ok((Expr::Select(Box::new(base), field), Ty::Dyn))
+                Ok((Expr::Select(Box::new(base), field), declared))
             }
             Ast::Index(base, index) => {
                 let (base, bt) = self.resolve(*base)?;
@@ -759,6 +778,53 @@ impl Checker<'_, '_> {
                 }
                 Ok((Expr::Map(out), Ty::Map))
             }
+        }
+    }
+
+    /// The type `input_schema` declares for `base.field`, when `base` is
+    /// `input` or a field path under it (Dyn when the schema says nothing).
+    /// A field a closed object (`additionalProperties: false`) does not list
+    /// is an error.
+    fn input_field_type(&self, base: &Ast, field: &str) -> Result<Ty, String> {
+        let Some(schema) = self.scope.input_schema else {
+            return Ok(Ty::Dyn);
+        };
+        let Some(path) = self.input_path(base) else {
+            return Ok(Ty::Dyn);
+        };
+        let mut at = schema;
+        for step in &path {
+            match at.get("properties").and_then(|p| p.get(*step)) {
+                Some(next) => at = next,
+                None => return Ok(Ty::Dyn),
+            }
+        }
+        match at.get("properties").and_then(|p| p.get(field)) {
+            Some(declared) => Ok(schema_type(declared)),
+            None if at.get("additionalProperties") == Some(&Json::Bool(false)) => {
+                let mut full: Vec<&str> = path.clone();
+                full.push(field);
+                Err(format!(
+                    "input.{} is not in the input_schema (its object allows no other properties)",
+                    full.join(".")
+                ))
+            }
+            None => Ok(Ty::Dyn),
+        }
+    }
+
+    /// `["a", "b"]` for `input.a.b`; None for anything not rooted at `input`.
+    fn input_path<'x>(&self, ast: &'x Ast) -> Option<Vec<&'x str>> {
+        match ast {
+            Ast::Ident(name) if name == "input" && !self.locals.iter().any(|l| l == "input") => {
+                Some(Vec::new())
+            }
+            Ast::Select(base, field) => {
+                let mut path = self.input_path(base)?;
+                path.push(field.as_str());
+                Some(path)
+            }
+            _ => None,
         }
     }
 
@@ -1633,6 +1699,7 @@ mod tests {
         let scope = Scope {
             node_ids: &known,
             map_element: true,
+            input_schema: None,
         };
         let p = compile(src, &scope)?;
         p.eval(&TestEnv).map_err(|e| e.to_string())
@@ -1706,6 +1773,7 @@ mod tests {
         let scope = Scope {
             node_ids: &known,
             map_element: false,
+            input_schema: None,
         };
         assert!(
             compile("item", &scope)
@@ -1746,6 +1814,7 @@ mod tests {
         let scope = Scope {
             node_ids: &known,
             map_element: false,
+            input_schema: None,
         };
         let eval = |src: &str| {
             compile(src, &scope)

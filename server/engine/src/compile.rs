@@ -478,10 +478,12 @@ pub(crate) fn build(
     let plain = Scope {
         node_ids: &all_nodes,
         map_element: false,
+        input_schema: def.input_schema.as_ref(),
     };
     let element = Scope {
         node_ids: &all_nodes,
         map_element: true,
+        input_schema: def.input_schema.as_ref(),
     };
     let mut nodes: Vec<CNode> = Vec::with_capacity(def.nodes.len());
     let mut expr_errors = Vec::new();

@@ -34,6 +34,7 @@ fn compile_and_eval(src: &str) {
     let scope = Scope {
         node_ids: &any_node,
         map_element: true,
+        input_schema: None,
     };
     if let Ok(program) = cel::compile(src, &scope) {
         let _ = program.eval(&AnyEnv);
