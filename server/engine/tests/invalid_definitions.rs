@@ -139,7 +139,7 @@ fn broken_definitions_are_rejected_with_path_and_message() {
         ),
         (
             "an expression over input checked against the input_schema's types",
-            format!("name: typed\ninput_schema: {{ type: object, properties: {{ x: {{ type: number }}, who: {{ type: object, properties: {{ name: {{ type: string }} }} }} }} }}\nnodes:\n  - {{ id: a, type: TASK, queue: q, task: t, input: {{ s: '${{input.x + \"a\"}}', n: '${{input.who.name * 2}}', ok: '${{input.x + 1}}' }} }}\n"),
+            "name: typed\ninput_schema: { type: object, properties: { x: { type: number }, who: { type: object, properties: { name: { type: string } } } } }\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, input: { s: '${input.x + \"a\"}', n: '${input.who.name * 2}', ok: '${input.x + 1}' } }\n".to_owned(),
             vec![
                 ("nodes[0].input.n", "no matching overload for '*' applied to (string, int)".into()),
                 ("nodes[0].input.s", "no matching overload for '+' applied to (double, string)".into()),
@@ -147,7 +147,7 @@ fn broken_definitions_are_rejected_with_path_and_message() {
         ),
         (
             "a field a closed input_schema does not list",
-            format!("name: closed\ninput_schema: {{ type: object, additionalProperties: false, properties: {{ x: {{ type: integer }} }} }}\nnodes:\n  - {{ id: a, type: TASK, queue: q, task: t, input: '${{input.y}}' }}\n"),
+            "name: closed\ninput_schema: { type: object, additionalProperties: false, properties: { x: { type: integer } } }\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, input: '${input.y}' }\n".to_owned(),
             vec![("nodes[0].input", "input.y is not in the input_schema (its object allows no other properties)".into())],
         ),
         (
