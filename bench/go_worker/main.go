@@ -10,6 +10,11 @@
 // The server is expected to run --insecure; COMPOSER_TOKEN is sent if set.
 // Logs (warnings and errors only) go to standard error.
 //
+// With COMPOSER_GO_WORKER_CPUPROFILE=PATH set it writes a CPU profile
+// (pprof) of the whole run to PATH when it stops; with
+// COMPOSER_GO_WORKER_STATS set it prints the worker's Stats to standard
+// error when it stops.
+//
 // Build: cd bench/go_worker && go build -o go_worker .
 package main
 
@@ -19,6 +24,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strconv"
 	"syscall"
 	"time"
@@ -36,6 +42,21 @@ func main() {
 	if err != nil || slots < 1 {
 		fmt.Fprintln(os.Stderr, "SLOTS must be a positive integer")
 		os.Exit(2)
+	}
+	if path := os.Getenv("COMPOSER_GO_WORKER_CPUPROFILE"); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		defer func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		}()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -70,6 +91,13 @@ func main() {
 	close(done)
 	<-printed
 	fmt.Println(w.Stats().Completed)
+	if os.Getenv("COMPOSER_GO_WORKER_STATS") != "" {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		s := w.Stats()
+		fmt.Fprintf(os.Stderr, "go_worker stats: %+v; CPU %s, %.1f µs per completed task\n", s, cpu, float64(cpu.Microseconds())/float64(max(s.Completed, 1)))
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -133,6 +133,12 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Client, error) 
 			MinConnectTimeout: 5 * time.Second,
 		}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64 << 20)),
+		// Fixed flow-control windows, large enough for any message this SDK
+		// receives in one go: they turn off gRPC's bandwidth-delay probing,
+		// which pings the server (and sends a window update) about once a
+		// round trip on a busy connection such as a worker's.
+		grpc.WithStaticStreamWindowSize(8 << 20),
+		grpc.WithStaticConnWindowSize(16 << 20),
 	}
 	if len(o.interceptors) > 0 {
 		dial = append(dial, grpc.WithChainUnaryInterceptor(o.interceptors...))

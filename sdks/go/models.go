@@ -181,6 +181,9 @@ func rawJSON(v *structpb.Value) json.RawMessage {
 	if v == nil {
 		return nil
 	}
+	if b, ok := appendValueJSON(nil, v, 0); ok {
+		return json.RawMessage(b)
+	}
 	b, err := protojson.Marshal(v)
 	if err != nil {
 		return nil
@@ -200,6 +203,9 @@ func toValue(v any) (*structpb.Value, error) {
 	case json.RawMessage:
 		raw = x
 	default:
+		if value, ok := fastValue(v, 0); ok {
+			return value, nil
+		}
 		b, err := json.Marshal(v)
 		if err != nil {
 			return nil, err

@@ -14,7 +14,10 @@ type slots struct {
 	capacity int
 	used     int
 	high     int
-	changed  chan struct{}
+	// changed is closed (and replaced) at the next change after someone
+	// took it to wait on (watched).
+	changed chan struct{}
+	watched bool
 }
 
 func newSlots(capacity int) *slots {
@@ -22,8 +25,12 @@ func newSlots(capacity int) *slots {
 }
 
 func (s *slots) notifyLocked() {
+	if !s.watched {
+		return
+	}
 	close(s.changed)
 	s.changed = make(chan struct{})
+	s.watched = false
 }
 
 // free is the number of slots free now.
@@ -80,10 +87,12 @@ func (s *slots) waitFree(ctx context.Context) (int, bool) {
 	for {
 		s.mu.Lock()
 		free, changed := s.capacity-s.used, s.changed
-		s.mu.Unlock()
 		if free > 0 {
+			s.mu.Unlock()
 			return free, true
 		}
+		s.watched = true
+		s.mu.Unlock()
 		select {
 		case <-changed:
 		case <-ctx.Done():

@@ -63,7 +63,8 @@ func taskFrom(p *pb.Task, logger *slog.Logger) *Task {
 	if p.GetLeaseDuration() != nil {
 		t.LeaseDuration = p.GetLeaseDuration().AsDuration()
 	}
-	t.Logger = logger.With("task_id", t.ID, "attempt", t.Attempt, "run_id", t.RunID, "node_id", t.NodeID, "task", t.Name)
+	t.Logger = taskLogger(logger, slog.String("task_id", t.ID), slog.Int("attempt", t.Attempt),
+		slog.String("run_id", t.RunID), slog.String("node_id", t.NodeID), slog.String("task", t.Name))
 	return t
 }
 

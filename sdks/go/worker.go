@@ -261,9 +261,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	pollCtx, cancelPoll := context.WithCancel(hard)
 	defer cancelPoll()
 	pollDone := make(chan struct{})
+	// Attempts run on goroutines kept for the next attempt once done (see
+	// start); closing idle, once no poll can start another attempt, lets
+	// them end.
+	idle := make(chan *attempt)
 	go func() {
 		defer close(pollDone)
-		w.pollLoop(ctx, pollCtx, queues)
+		w.pollLoop(ctx, pollCtx, queues, idle)
 	}()
 	<-ctx.Done()
 	drainDeadline := time.Now().Add(w.opts.DrainTimeout)
@@ -280,6 +284,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		cancelPoll()
 		<-pollDone
 	}
+	close(idle)
 	// 2. Drain: attempts finish and report; heartbeats go on.
 	w.drain(drainDeadline)
 	// 3. Only now stop heartbeating (stopAll, deferred).
@@ -315,7 +320,7 @@ func (w *Worker) waitForServer(ctx context.Context) error {
 }
 
 // pollLoop polls until stop ends; calls run under callCtx, which outlives stop.
-func (w *Worker) pollLoop(stop, callCtx context.Context, queues []string) {
+func (w *Worker) pollLoop(stop, callCtx context.Context, queues []string, idle chan *attempt) {
 	failures := 0
 	wait := durationpb.New(w.opts.PollWait)
 	for stop.Err() == nil {
@@ -359,7 +364,7 @@ func (w *Worker) pollLoop(stop, callCtx context.Context, queues []string) {
 				w.log.Error("composer server leased more tasks than free slots", "slots", w.opts.Slots)
 				w.slots.force()
 			}
-			w.start(t)
+			w.start(t, idle)
 		}
 	}
 }
@@ -370,48 +375,106 @@ type attempt struct {
 	task   *Task
 	ctx    context.Context
 	cancel context.CancelCauseFunc
+	// hard is the worker's context of the Run that started the attempt.
+	hard         context.Context
+	stopDeadline context.CancelFunc
 	// claimed: the executor or the drain has taken the right to report.
 	claimed atomic.Bool
 	// handlerDone: the handler returned.
 	handlerDone atomic.Bool
 	leaseCount  atomic.Bool
-	stopBeats   context.CancelFunc
-	beatsDone   chan struct{}
+
+	// Heartbeats: a timer armed for the first one; the heartbeat loop (a
+	// goroutine) only starts when it fires, so a task done within a third
+	// of its lease costs no goroutine for them.
+	beatMu     sync.Mutex
+	beatTimer  *time.Timer
+	beatStop   bool
+	beatCancel context.CancelFunc
+	beatsDone  chan struct{}
 }
 
-func (w *Worker) start(raw *pb.Task) {
+// start runs a leased task: on a goroutine waiting in idle for one if
+// there is, else on a new goroutine, which waits in idle for the next
+// attempt once this one is done. Reusing goroutines spares each attempt
+// a goroutine's start, exit and the growth of its stack (a gRPC call needs
+// more than a new goroutine has).
+func (w *Worker) start(raw *pb.Task, idle chan *attempt) {
 	t := taskFrom(raw, w.log)
 	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), taskKey{}, t))
-	a := &attempt{raw: raw, task: t, cancel: cancel, beatsDone: make(chan struct{})}
-	var stopDeadline context.CancelFunc = func() {}
+	a := &attempt{raw: raw, task: t, cancel: cancel, hard: w.hard, stopDeadline: func() {}}
 	if !t.Deadline.IsZero() {
-		ctx, stopDeadline = context.WithDeadlineCause(ctx, t.Deadline, ErrAttemptTimeout)
+		ctx, a.stopDeadline = context.WithDeadlineCause(ctx, t.Deadline, ErrAttemptTimeout)
 	}
 	a.ctx = ctx
-	beats, stopBeats := context.WithCancel(w.hard)
-	a.stopBeats = stopBeats
 	w.mu.Lock()
 	w.inFlight[a] = struct{}{}
 	w.mu.Unlock()
 	w.running.Add(1)
-	go func() {
-		defer close(a.beatsDone)
-		w.heartbeatLoop(beats, a)
+	a.beatMu.Lock()
+	a.beatTimer = time.AfterFunc(w.heartbeatInterval(a), func() { w.beginHeartbeats(a) })
+	a.beatMu.Unlock()
+	select {
+	case idle <- a:
+	default:
+		go w.runAttempts(a, idle)
+	}
+}
+
+// runAttempts runs a, then the attempts start hands it, until idle is closed.
+func (w *Worker) runAttempts(a *attempt, idle chan *attempt) {
+	for {
+		w.runAttempt(a)
+		var ok bool
+		if a, ok = <-idle; !ok {
+			return
+		}
+	}
+}
+
+func (w *Worker) runAttempt(a *attempt) {
+	defer w.running.Done()
+	defer func() {
+		a.stopBeats()
+		a.stopDeadline()
+		a.cancel(nil)
+		w.mu.Lock()
+		delete(w.inFlight, a)
+		w.mu.Unlock()
+		w.slots.release()
 	}()
-	go func() {
-		defer w.running.Done()
-		defer func() {
-			stopBeats()
-			<-a.beatsDone
-			stopDeadline()
-			cancel(nil)
-			w.mu.Lock()
-			delete(w.inFlight, a)
-			w.mu.Unlock()
-			w.slots.release()
-		}()
-		w.execute(a)
-	}()
+	w.execute(a)
+}
+
+// beginHeartbeats runs, on the timer's goroutine, the heartbeat loop of an
+// attempt still running a heartbeat interval after it started.
+func (w *Worker) beginHeartbeats(a *attempt) {
+	a.beatMu.Lock()
+	if a.beatStop || a.hard.Err() != nil {
+		a.beatMu.Unlock()
+		return
+	}
+	beats, cancel := context.WithCancel(a.hard)
+	a.beatCancel, a.beatsDone = cancel, make(chan struct{})
+	a.beatMu.Unlock()
+	defer close(a.beatsDone)
+	w.heartbeatLoop(beats, a)
+}
+
+// stopBeats stops the attempt's heartbeats and waits for a heartbeat in
+// flight to end.
+func (a *attempt) stopBeats() {
+	a.beatMu.Lock()
+	a.beatStop = true
+	if a.beatTimer != nil {
+		a.beatTimer.Stop()
+	}
+	cancel, done := a.beatCancel, a.beatsDone
+	a.beatMu.Unlock()
+	if cancel != nil {
+		cancel()
+		<-done
+	}
 }
 
 func (w *Worker) execute(a *attempt) {
@@ -598,19 +661,22 @@ func (w *Worker) heartbeatInterval(a *attempt) time.Duration {
 	return max(lease/3, 50*time.Millisecond)
 }
 
-// heartbeatLoop extends the attempt's lease every interval until ctx ends;
-// it cancels the handler when the run was cancelled or the lease lost.
+// heartbeatLoop extends the attempt's lease, at once and then every
+// interval, until ctx ends; it cancels the handler when the run was
+// cancelled or the lease lost.
 func (w *Worker) heartbeatLoop(ctx context.Context, a *attempt) {
 	interval := w.heartbeatInterval(a)
 	req := &pb.HeartbeatRequest{TaskId: a.raw.GetTaskId(), Attempt: a.raw.GetAttempt(), LeaseToken: a.raw.GetLeaseToken()}
 	failures := 0
-	for {
-		delay := interval
-		if failures > 0 {
-			delay = min(w.opts.Backoff.Delay(failures), interval)
-		}
-		if !sleepCtx(ctx, delay) {
-			return
+	for first := true; ; first = false {
+		if !first {
+			delay := interval
+			if failures > 0 {
+				delay = min(w.opts.Backoff.Delay(failures), interval)
+			}
+			if !sleepCtx(ctx, delay) {
+				return
+			}
 		}
 		callCtx, cancel := context.WithTimeout(w.client.OutgoingContext(ctx), max(interval, time.Second))
 		resp, err := w.client.workers.Heartbeat(callCtx, req)
