@@ -771,6 +771,52 @@ async fn cancel_during_a_retry_back_off_starts_no_further_attempt() {
 }
 
 #[tokio::test]
+async fn recursion_through_sub_workflows_stops_at_the_depth_limit() {
+    let (_server, mut client) = server_and_client().await;
+    // each starts the other: no registration can see the cycle
+    client
+        .register("name: ping\nnodes:\n  - { id: down, type: SUB_WORKFLOW, workflow: pong }\n")
+        .await;
+    client
+        .register("name: pong\nnodes:\n  - { id: down, type: SUB_WORKFLOW, workflow: ping }\n")
+        .await;
+    let root = client.start("ping", json!({})).await;
+    let run = client.wait_done(&root, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Failed, "{run:#?}");
+    let listed = client
+        .runs
+        .list_runs(composer_proto::v1::ListRunsRequest {
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .runs;
+    assert_eq!(
+        listed.len(),
+        17,
+        "the root and 16 levels of children, no more"
+    );
+    let deepest = listed
+        .iter()
+        .filter_map(|r| r.error.as_ref())
+        .any(|e| e.message.contains("SUB_WORKFLOW_TOO_DEEP") || e.code == "SUB_WORKFLOW_TOO_DEEP");
+    let node_errors: Vec<String> = listed
+        .iter()
+        .flat_map(|r| {
+            r.nodes
+                .iter()
+                .filter_map(|n| n.error.as_ref().map(|e| e.code.clone()))
+        })
+        .collect();
+    assert!(
+        deepest || node_errors.iter().any(|c| c == "SUB_WORKFLOW_TOO_DEEP"),
+        "the deepest run says why: {listed:#?}"
+    );
+}
+
+#[tokio::test]
 async fn cancelling_a_parent_cancels_its_child() {
     let (server, mut client) = server_and_client().await;
     client

@@ -27,6 +27,9 @@ pub const SYSTEM: &str = "system";
 
 /// The engine needs node state for at most this many rounds per event; more
 /// means it keeps asking for keys it was given (a bug), not a big run.
+/// Levels of parent runs a run may have: a child is started only below a
+/// run with fewer (SUB_WORKFLOW and MAP of workflows).
+pub const MAX_RUN_DEPTH: i32 = 16;
 const MAX_LOAD_ROUNDS: usize = 64;
 
 /// What applying events to a run did, for the caller to act on after commit.
@@ -602,6 +605,25 @@ impl<'a> RunTxn<'a> {
             }
             Err(other) => return Err(other),
         };
+        // a child of a run `MAX_RUN_DEPTH` levels down would be one too deep:
+        // recursion through SUB_WORKFLOW and MAP stops here, as a failure of
+        // the node that asked for it
+        let depth = runs::ancestor_count(conn, self.run.id, MAX_RUN_DEPTH).await?;
+        if depth + 1 > MAX_RUN_DEPTH {
+            let event = Event::ChildRunFinished {
+                node,
+                attempt,
+                status: ChildStatus::Failed,
+                output: Json::Null,
+                error: Some(ErrorInfo::new(
+                    composer_engine::codes::SUB_WORKFLOW_TOO_DEEP,
+                    format!("a run may have at most {MAX_RUN_DEPTH} levels of parent runs"),
+                )),
+                seed: seed(),
+            };
+            self.queue.push_back((event, actor.to_owned()));
+            return Ok(());
+        }
         let child_id = Uuid::new_v4();
         let record = RunState::new(
             child_id.to_string(),

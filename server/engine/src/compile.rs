@@ -493,6 +493,12 @@ pub(crate) fn build(
         if !skip {
             check_fields(node, &path, &mut errors);
             check_node_names(node, &path, &mut errors);
+            if node.workflow.as_deref() == Some(def.name.as_str()) {
+                errors.push(
+                    format!("{path}.workflow"),
+                    "a workflow may not start itself (recursion without a bound)",
+                );
+            }
         }
         let retry = match &node.retry {
             None => RetryPolicy::default(),

@@ -28,6 +28,9 @@ pub mod codes {
     pub const OUTPUT_ERROR: &str = "OUTPUT_ERROR";
     pub const CHILD_FAILED: &str = "CHILD_FAILED";
     pub const CHILD_CANCELLED: &str = "CHILD_CANCELLED";
+    /// A child run would be deeper than the server allows. Never retried,
+    /// at any level: a retry would only start the same too-deep tree again.
+    pub const SUB_WORKFLOW_TOO_DEEP: &str = "SUB_WORKFLOW_TOO_DEEP";
 }
 
 /// Decides what `event` does to the run. On `Err(NeedNodes(keys))`, load
@@ -467,7 +470,8 @@ impl<'a> Ctx<'a> {
                             let e = error.clone().unwrap_or_else(|| {
                                 ErrorInfo::new(codes::CHILD_FAILED, "the child run failed")
                             });
-                            self.attempt_failed(node, idx, st, e, true, *seed)?
+                            let retryable = e.code != codes::SUB_WORKFLOW_TOO_DEEP;
+                            self.attempt_failed(node, idx, st, e, retryable, *seed)?
                         }
                         ChildStatus::Cancelled => {
                             let e = ErrorInfo::new(

@@ -151,6 +151,11 @@ fn broken_definitions_are_rejected_with_path_and_message() {
             vec![("nodes[0].input", "input.y is not in the input_schema (its object allows no other properties)".into())],
         ),
         (
+            "a workflow that starts itself",
+            "name: again\nnodes:\n  - { id: m, type: MAP, items: 'input.xs', workflow: again }\n".to_owned(),
+            vec![("nodes[0].workflow", "a workflow may not start itself (recursion without a bound)".into())],
+        ),
+        (
             "compensate naming an unknown node",
             base(&format!("  - {{ id: a, type: TASK, queue: q, task: t, compensate: nope }}\n{B}"), AB),
             vec![("nodes[0].compensate", "unknown node 'nope'".into())],

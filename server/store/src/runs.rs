@@ -587,6 +587,29 @@ pub async fn list_runs(
         .map_err(StoreError::from)
 }
 
+/// How many ancestors `run_id` has (0 for a root run), counted up to
+/// `limit` at most: a bounded walk up `parent_run_id` by primary key.
+pub async fn ancestor_count(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    limit: i32,
+) -> Result<i32, StoreError> {
+    // ancestor_count: one index probe per level, never more than `limit`
+    let depth: Option<i32> = sqlx::query_scalar(
+        "WITH RECURSIVE chain(parent, depth) AS ( \
+           SELECT parent_run_id, 0 FROM runs WHERE id = $1 \
+           UNION ALL \
+           SELECT r.parent_run_id, c.depth + 1 FROM runs r JOIN chain c ON r.id = c.parent \
+           WHERE c.depth < $2) \
+         SELECT max(depth) FROM chain WHERE parent IS NULL OR depth = $2",
+    )
+    .bind(run_id)
+    .bind(limit)
+    .fetch_one(conn)
+    .await?;
+    Ok(depth.unwrap_or(0))
+}
+
 /// Ids of the children of a run that have not ended.
 pub async fn active_children(
     conn: &mut PgConnection,
