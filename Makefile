@@ -23,8 +23,8 @@ test: setup ## every test in every language (what CI runs)
 	scripts/with-services.sh cargo test --workspace $(CARGO_TEST_FLAGS)
 	scripts/smoke-sdks.sh
 	scripts/with-services.sh .tools/venv-sdk-python/bin/python -m pytest -q -p no:cacheprovider sdks/python/tests/integration
-	COMPOSER_BIN=target/debug/composer scripts/test-go-sdk.sh
-	COMPOSER_BIN=target/debug/composer scripts/test-ts-sdk.sh
+	COMPOSER_BIN=$(CURDIR)/target/debug/composer scripts/test-go-sdk.sh
+	COMPOSER_BIN=$(CURDIR)/target/debug/composer scripts/test-ts-sdk.sh
 	scripts/check-engine-purity.sh
 	BENCH_APPEND=0 bench/run.sh quick
 
