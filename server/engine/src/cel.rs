@@ -1259,6 +1259,21 @@ fn size_of(v: &Val) -> u64 {
     }
 }
 
+/// Roughly the bytes a value occupies, everything it holds included.
+fn byte_size(v: &Val) -> u64 {
+    match v {
+        Val::Str(s) => 8 + s.len() as u64,
+        Val::List(l) => 8 + l.iter().map(byte_size).sum::<u64>(),
+        Val::Map(m) => {
+            8 + m
+                .iter()
+                .map(|(k, v)| 8 + k.len() as u64 + byte_size(v))
+                .sum::<u64>()
+        }
+        _ => 8,
+    }
+}
+
 /// The variable a chain of field selections starts from.
 fn select_root(e: &Expr) -> Option<&Var> {
     match e {
@@ -1295,8 +1310,14 @@ impl Evaluator<'_> {
             };
         }
         let v = Val::from_json(json);
-        self.charge(size_of(&v) / 64)?;
+        self.charge_read(&v)?;
         Ok(v)
+    }
+
+    /// Reading a value copies it: a step per 64 bytes of all it holds, so
+    /// what an expression builds from its inputs is paid for by the byte.
+    fn charge_read(&mut self, v: &Val) -> Result<(), EvalError> {
+        self.charge(byte_size(v) / 64)
     }
 
     fn charge(&mut self, n: u64) -> Result<(), EvalError> {
@@ -1321,7 +1342,7 @@ impl Evaluator<'_> {
                     Var::Local(depth) => self.locals.get(*depth).cloned().unwrap_or(Val::Null),
                     Var::Node(id, field) => self.env.node(id, *field),
                 };
-                self.charge(size_of(&v) / 64)?;
+                self.charge_read(&v)?;
                 Ok(v)
             }
             Expr::Select(base, field)
@@ -1833,6 +1854,34 @@ mod tests {
             Err("cannot select 't' of a string".into())
         );
         assert_eq!(eval("input.n.t"), Err("cannot select 't' of null".into()));
+    }
+
+    #[test]
+    fn copying_a_large_input_is_charged_by_its_bytes() {
+        // the amplifier: 500 copies of a 1.9 MB input, cheap in steps
+        let big = serde_json::json!({ "blob": "x".repeat(1_900_000) });
+        let env = JsonEnv(big);
+        let scope = Scope {
+            node_ids: &known,
+            map_element: false,
+            input_schema: None,
+        };
+        let eval = |src: &str| compile(src, &scope).unwrap().eval(&env);
+        let zeros = |n: usize| format!("[{}]", vec!["0"; n].join(","));
+        let amplifier = format!(
+            "{}.map(x, {}.map(y, input))",
+            zeros(50),
+            zeros(10)
+        );
+        assert_eq!(eval(&amplifier), Err(EvalError::CostLimit));
+        // a local holding the input costs the same to read
+        assert_eq!(
+            eval("[input].map(i, [i, i, i, i, i])"),
+            Err(EvalError::CostLimit)
+        );
+        // reading it once or twice stays within the limit
+        assert!(eval("input").is_ok());
+        assert!(eval("[input, input]").is_ok());
     }
 
     #[test]
