@@ -58,6 +58,12 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_MAX_PAYLOAD_BYTES", default_value_t = 2 * 1024 * 1024)]
     pub max_payload_bytes: usize,
 
+    /// Most runs one root run's tree may hold (sub-workflows and MAPs of
+    /// workflows, at every level); past it the node starting a child fails.
+    #[arg(long, env = "COMPOSER_MAX_RUNS_PER_TREE", default_value_t = 100_000,
+          value_parser = clap::value_parser!(i32).range(2..))]
+    pub max_runs_per_tree: i32,
+
     /// Streams per queue in Redis (a run's tasks go to one of them).
     #[arg(long, env = "COMPOSER_STREAM_SHARDS", default_value_t = 4)]
     pub stream_shards: u32,

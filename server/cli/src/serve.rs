@@ -156,6 +156,7 @@ fn start_background(
         store.clone(),
         CoordinatorConfig {
             max_payload_bytes: server.max_payload_bytes,
+            max_runs_per_tree: server.max_runs_per_tree,
             ..CoordinatorConfig::default()
         },
     )

@@ -817,6 +817,70 @@ async fn recursion_through_sub_workflows_stops_at_the_depth_limit() {
 }
 
 #[tokio::test]
+async fn recursion_through_maps_of_workflows_stops_at_the_runs_per_tree_limit() {
+    let server = ServerProcess::start(&composer_binary(), &["--max-runs-per-tree", "40"]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    // ten children each, each starting ten more: unbounded without the limit
+    let fan = |name: &str, other: &str| {
+        format!(
+            "name: {name}\nnodes:\n  - {{ id: fan, type: MAP, items: '${{[1,2,3,4,5,6,7,8,9,10]}}', workflow: {other} }}\n"
+        )
+    };
+    client.register(&fan("tick", "tock")).await;
+    client.register(&fan("tock", "tick")).await;
+    let root = client.start("tick", json!({})).await;
+    let run = client.wait_done(&root, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Failed, "{run:#?}");
+    // every run the tree got ends; none starts after the root ended
+    let mut listed = Vec::new();
+    for _ in 0..100 {
+        listed = client
+            .runs
+            .list_runs(composer_proto::v1::ListRunsRequest {
+                page_size: 1000,
+                ..Default::default()
+            })
+            .await
+            .expect("list")
+            .into_inner()
+            .runs;
+        if listed.iter().all(|r| r.end_time.is_some()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(listed.len(), 40, "the tree holds exactly the limit");
+    let said_why = listed.iter().filter_map(|r| r.error.as_ref()).any(|e| {
+        e.code == "RUN_TREE_TOO_LARGE" && e.message.contains("--max-runs-per-tree")
+    });
+    assert!(said_why, "a run says which limit stopped it: {listed:#?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = client
+        .runs
+        .list_runs(composer_proto::v1::ListRunsRequest {
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .runs;
+    assert_eq!(after.len(), 40, "nothing grows after the root ended");
+    // another tree has its own budget
+    client
+        .register("name: small\nnodes:\n  - { id: fan, type: MAP, items: '${[1,2]}', workflow: leaf }\n")
+        .await;
+    client
+        .register("name: leaf\nnodes:\n  - { id: done, type: WAIT, duration: 1ms }\n")
+        .await;
+    let small = client.start("small", json!({})).await;
+    assert_eq!(
+        client.wait_done(&small, WAIT).await.status(),
+        RunStatus::Completed
+    );
+}
+
+#[tokio::test]
 async fn cancelling_a_parent_cancels_its_child() {
     let (server, mut client) = server_and_client().await;
     client

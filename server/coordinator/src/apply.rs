@@ -589,39 +589,17 @@ impl<'a> RunTxn<'a> {
         {
             Ok(loaded) => loaded,
             Err(CoordinatorError::WorkflowNotFound { name, version }) => {
-                let event = Event::ChildRunFinished {
-                    node,
-                    attempt,
-                    status: ChildStatus::Failed,
-                    output: Json::Null,
-                    error: Some(ErrorInfo::new(
-                        "WORKFLOW_NOT_FOUND",
-                        format!("workflow {name:?} {version} not found"),
-                    )),
-                    seed: seed(),
-                };
-                self.queue.push_back((event, actor.to_owned()));
+                let error = ErrorInfo::new(
+                    "WORKFLOW_NOT_FOUND",
+                    format!("workflow {name:?} {version} not found"),
+                );
+                self.child_not_started(node, attempt, error, actor);
                 return Ok(());
             }
             Err(other) => return Err(other),
         };
-        // a child of a run `MAX_RUN_DEPTH` levels down would be one too deep:
-        // recursion through SUB_WORKFLOW and MAP stops here, as a failure of
-        // the node that asked for it
-        let depth = runs::ancestor_count(conn, self.run.id, MAX_RUN_DEPTH).await?;
-        if depth + 1 > MAX_RUN_DEPTH {
-            let event = Event::ChildRunFinished {
-                node,
-                attempt,
-                status: ChildStatus::Failed,
-                output: Json::Null,
-                error: Some(ErrorInfo::new(
-                    composer_engine::codes::SUB_WORKFLOW_TOO_DEEP,
-                    format!("a run may have at most {MAX_RUN_DEPTH} levels of parent runs"),
-                )),
-                seed: seed(),
-            };
-            self.queue.push_back((event, actor.to_owned()));
+        if let Some(error) = self.tree_refuses_a_child(conn).await? {
+            self.child_not_started(node, attempt, error, actor);
             return Ok(());
         }
         let child_id = Uuid::new_v4();
@@ -656,6 +634,45 @@ impl<'a> RunTxn<'a> {
         events::push_inbox(conn, child_id, &started, &format!("run:{}", self.run.id)).await?;
         self.applied.inbox_runs.push(child_id);
         Ok(())
+    }
+
+    /// Why this run may not start another child run, if it may not:
+    /// recursion through SUB_WORKFLOW and MAP stops at a depth and at a
+    /// number of runs per root tree, as a failure of the node that asked.
+    async fn tree_refuses_a_child(
+        &self,
+        conn: &mut PgConnection,
+    ) -> Result<Option<ErrorInfo>, CoordinatorError> {
+        let (depth, root) = runs::ancestry(conn, self.run.id, MAX_RUN_DEPTH).await?;
+        let Some(root) = root.filter(|_| depth < MAX_RUN_DEPTH) else {
+            return Ok(Some(ErrorInfo::new(
+                composer_engine::codes::SUB_WORKFLOW_TOO_DEEP,
+                format!("a run may have at most {MAX_RUN_DEPTH} levels of parent runs"),
+            )));
+        };
+        let max = self.coordinator.config.max_runs_per_tree;
+        if !runs::count_run_in_tree(conn, root, max).await? {
+            return Ok(Some(ErrorInfo::new(
+                composer_engine::codes::RUN_TREE_TOO_LARGE,
+                format!(
+                    "the tree of run {root} already holds {max} runs (--max-runs-per-tree)"
+                ),
+            )));
+        }
+        Ok(None)
+    }
+
+    /// A child run that could not start: the node hears it as a failed child.
+    fn child_not_started(&mut self, node: NodeKey, attempt: u32, error: ErrorInfo, actor: &str) {
+        let event = Event::ChildRunFinished {
+            node,
+            attempt,
+            status: ChildStatus::Failed,
+            output: Json::Null,
+            error: Some(error),
+            seed: seed(),
+        };
+        self.queue.push_back((event, actor.to_owned()));
     }
 
     async fn cancel_children(

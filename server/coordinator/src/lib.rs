@@ -60,6 +60,8 @@ pub struct CoordinatorConfig {
     pub max_payload_bytes: usize,
     /// How long an event sent to a correlation key waits for a run.
     pub correlation_retention_secs: f64,
+    /// Most runs one root run's tree may hold (the root included).
+    pub max_runs_per_tree: i32,
 }
 
 impl Default for CoordinatorConfig {
@@ -67,6 +69,7 @@ impl Default for CoordinatorConfig {
         Self {
             max_payload_bytes: 2 * 1024 * 1024,
             correlation_retention_secs: 24.0 * 3600.0,
+            max_runs_per_tree: 100_000,
         }
     }
 }

@@ -31,6 +31,8 @@ pub mod codes {
     /// A child run would be deeper than the server allows. Never retried,
     /// at any level: a retry would only start the same too-deep tree again.
     pub const SUB_WORKFLOW_TOO_DEEP: &str = "SUB_WORKFLOW_TOO_DEEP";
+    /// The run's tree already holds `--max-runs-per-tree` runs; not retried.
+    pub const RUN_TREE_TOO_LARGE: &str = "RUN_TREE_TOO_LARGE";
 }
 
 /// Decides what `event` does to the run. On `Err(NeedNodes(keys))`, load
@@ -470,7 +472,8 @@ impl<'a> Ctx<'a> {
                             let e = error.clone().unwrap_or_else(|| {
                                 ErrorInfo::new(codes::CHILD_FAILED, "the child run failed")
                             });
-                            let retryable = e.code != codes::SUB_WORKFLOW_TOO_DEEP;
+                            let retryable = e.code != codes::SUB_WORKFLOW_TOO_DEEP
+                                && e.code != codes::RUN_TREE_TOO_LARGE;
                             self.attempt_failed(node, idx, st, e, retryable, *seed)?
                         }
                         ChildStatus::Cancelled => {

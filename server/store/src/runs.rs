@@ -587,27 +587,48 @@ pub async fn list_runs(
         .map_err(StoreError::from)
 }
 
-/// How many ancestors `run_id` has (0 for a root run), counted up to
-/// `limit` at most: a bounded walk up `parent_run_id` by primary key.
-pub async fn ancestor_count(
+/// Where a run sits in its tree: how many parent runs it has (counted up
+/// to `limit`) and the id of the root run (None past `limit`).
+pub async fn ancestry(
     conn: &mut PgConnection,
     run_id: Uuid,
     limit: i32,
-) -> Result<i32, StoreError> {
-    // ancestor_count: one index probe per level, never more than `limit`
-    let depth: Option<i32> = sqlx::query_scalar(
-        "WITH RECURSIVE chain(parent, depth) AS ( \
-           SELECT parent_run_id, 0 FROM runs WHERE id = $1 \
+) -> Result<(i32, Option<Uuid>), StoreError> {
+    // ancestry: one primary-key probe per level, never more than `limit`
+    let row: (Option<i32>, Option<Uuid>) = sqlx::query_as(
+        "WITH RECURSIVE chain(id, parent, depth) AS ( \
+           SELECT id, parent_run_id, 0 FROM runs WHERE id = $1 \
            UNION ALL \
-           SELECT r.parent_run_id, c.depth + 1 FROM runs r JOIN chain c ON r.id = c.parent \
+           SELECT r.id, r.parent_run_id, c.depth + 1 FROM runs r JOIN chain c ON r.id = c.parent \
            WHERE c.depth < $2) \
-         SELECT max(depth) FROM chain WHERE parent IS NULL OR depth = $2",
+         SELECT max(depth), (array_agg(id) FILTER (WHERE parent IS NULL))[1] FROM chain",
     )
     .bind(run_id)
     .bind(limit)
     .fetch_one(conn)
     .await?;
-    Ok(depth.unwrap_or(0))
+    Ok((row.0.unwrap_or(0), row.1))
+}
+
+/// Counts one more run in the tree of `root`; false (and nothing counted)
+/// when the tree already holds `max` runs.
+pub async fn count_run_in_tree(
+    conn: &mut PgConnection,
+    root: Uuid,
+    max: i32,
+) -> Result<bool, StoreError> {
+    // count_run_in_tree: the root's row is created with the root and its
+    // first child; a full tree updates nothing and returns no row
+    let counted: Option<i32> = sqlx::query_scalar(
+        "INSERT INTO run_trees AS t (root_run_id, runs) VALUES ($1, 2) \
+         ON CONFLICT (root_run_id) DO UPDATE SET runs = t.runs + 1 WHERE t.runs < $2 \
+         RETURNING runs",
+    )
+    .bind(root)
+    .bind(max)
+    .fetch_optional(conn)
+    .await?;
+    Ok(counted.is_some())
 }
 
 /// Ids of the children of a run that have not ended.

@@ -1,0 +1,223 @@
+// The dashboard's one door to the server: the SDK's browser Client over grpc-web on the page's own
+// origin, with the admin's namespace header and the "token expired" hook on every call. Calls the
+// SDK does not wrap the way a page needs them (one page of runs with its token, counts, workflow
+// lists) go through the SDK's raw connect clients and are converted here.
+import {
+  Client,
+  fromValue,
+  toComposerError,
+  type ComposerError,
+  type Failure,
+  type Json,
+  type NodeState,
+  type NodeStatus,
+  type Run,
+  type RunStatus,
+  type WebClientOptions,
+} from "@composer-dev/composer/web";
+
+import type { Session } from "./session";
+
+type Interceptor = NonNullable<WebClientOptions["interceptors"]>[number];
+type RawRuns = Client["raw"]["runs"];
+type WireRun = NonNullable<Awaited<ReturnType<RawRuns["getRun"]>>["run"]>;
+type WireTimestamp = WireRun["createTime"];
+
+/** The header an admin sets to act in another namespace (docs/tokens.md). */
+const NAMESPACE_HEADER = "x-composer-namespace";
+
+export const RUN_STATUSES: readonly RunStatus[] = ["RUNNING", "COMPENSATING", "COMPLETED", "FAILED", "CANCELLED"];
+const RUN_STATUS_NUMBERS: Record<RunStatus, number> = { UNSPECIFIED: 0, RUNNING: 1, COMPENSATING: 2, COMPLETED: 3, FAILED: 4, CANCELLED: 5 };
+const NODE_STATUS_NAMES: readonly NodeStatus[] = ["UNSPECIFIED", "SCHEDULED", "RUNNING", "WAITING", "COMPLETED", "FAILED", "SKIPPED", "CANCELLED"];
+
+/** The client of one session; `onUnauthenticated` runs when the server refuses the token. */
+export function makeClient(session: Session, onUnauthenticated: (message: string) => void): Client {
+  const namespace: Interceptor = (next) => (request) => {
+    if (session.namespace !== session.claims.namespace) request.header.set(NAMESPACE_HEADER, session.namespace);
+    return next(request);
+  };
+  const expiry: Interceptor = (next) => async (request) => {
+    try {
+      return await next(request);
+    } catch (error) {
+      const converted = toComposerError(error);
+      if (converted.code === "UNAUTHENTICATED") onUnauthenticated(converted.rawMessage);
+      throw error;
+    }
+  };
+  return new Client({ baseUrl: window.location.origin, token: session.token, interceptors: [namespace, expiry] });
+}
+
+/** A failed call as one readable line. */
+export function errorText(error: unknown): string {
+  const e: ComposerError = toComposerError(error);
+  const violations = e.fieldViolations.map((v) => `${v.field}: ${v.description}`).join("; ");
+  return `${e.code}: ${e.rawMessage}${violations ? ` (${violations})` : ""}`;
+}
+
+export function isUnauthenticatedError(error: unknown): boolean {
+  return toComposerError(error).code === "UNAUTHENTICATED";
+}
+
+// --- runs ----------------------------------------------------------------------------------------
+
+/** The list filters a user sets; the same for ListRuns and CountRuns. */
+export interface RunFilters {
+  statuses: RunStatus[];
+  workflow: string;
+  /** 0: any version. */
+  version: number;
+  labels: Record<string, string>;
+  createdAfter: Date | null;
+  createdBefore: Date | null;
+  /** A run id (exact) or an idempotency key (prefix). */
+  search: string;
+  parentRunId: string;
+}
+
+export const NO_FILTERS: RunFilters = {
+  statuses: [],
+  workflow: "",
+  version: 0,
+  labels: {},
+  createdAfter: null,
+  createdBefore: null,
+  search: "",
+  parentRunId: "",
+};
+
+export interface RunPage {
+  runs: Run[];
+  nextPageToken: string;
+}
+
+function timestamp(date: Date | null): { seconds: bigint; nanos: number } | undefined {
+  if (!date) return undefined;
+  const ms = date.getTime();
+  return { seconds: BigInt(Math.floor(ms / 1000)), nanos: (ms % 1000) * 1_000_000 };
+}
+
+function dateOf(ts: WireTimestamp): Date | null {
+  return ts ? new Date(Number(ts.seconds) * 1000 + Math.floor(ts.nanos / 1_000_000)) : null;
+}
+
+function filterRequest(filters: RunFilters) {
+  const after = timestamp(filters.createdAfter);
+  const before = timestamp(filters.createdBefore);
+  return {
+    workflowName: filters.workflow,
+    workflowVersion: filters.version,
+    labels: { ...filters.labels },
+    search: filters.search,
+    parentRunId: filters.parentRunId,
+    ...(after ? { createTimeAfter: after } : {}),
+    ...(before ? { createTimeBefore: before } : {}),
+  };
+}
+
+function failureOf(f: WireRun["error"]): Failure | null {
+  return f ? { code: f.code, message: f.message, nodeId: f.nodeId, details: fromValue(f.details) } : null;
+}
+
+/** A wire run as the SDK's Run (ListRuns answers wire messages; the rest of the UI reads SDK runs). */
+function runOf(r: WireRun): Run {
+  const nodes: NodeState[] = r.nodes.map((n) => ({
+    nodeId: n.nodeId,
+    nodeType: n.nodeType,
+    status: NODE_STATUS_NAMES[n.status] ?? "UNSPECIFIED",
+    attempt: n.attempt,
+    output: fromValue(n.output),
+    error: failureOf(n.error),
+    startTime: dateOf(n.startTime),
+    endTime: dateOf(n.endTime),
+  }));
+  return {
+    runId: r.runId,
+    namespace: r.namespace,
+    workflowName: r.workflowName,
+    workflowVersion: r.workflowVersion,
+    status: RUN_STATUSES[r.status - 1] ?? "UNSPECIFIED",
+    input: fromValue(r.input),
+    output: fromValue(r.output),
+    error: failureOf(r.error),
+    labels: { ...r.labels },
+    idempotencyKey: r.idempotencyKey,
+    parentRunId: r.parentRunId,
+    parentNodeId: r.parentNodeId,
+    createTime: dateOf(r.createTime),
+    updateTime: dateOf(r.updateTime),
+    endTime: dateOf(r.endTime),
+    nodes,
+  };
+}
+
+/** One page of runs, newest first. */
+export async function listRunsPage(client: Client, filters: RunFilters, pageSize: number, pageToken: string, signal?: AbortSignal): Promise<RunPage> {
+  const request = {
+    ...filterRequest(filters),
+    statuses: filters.statuses.map((s) => RUN_STATUS_NUMBERS[s]),
+    pageSize,
+    pageToken,
+  };
+  const response = await client.raw.runs.listRuns(request, client.callOptions(signal ? { signal } : {}));
+  return { runs: response.runs.map(runOf), nextPageToken: response.nextPageToken };
+}
+
+/** How many runs match the filters (statuses aside), by status. */
+export async function countRuns(client: Client, filters: RunFilters, signal?: AbortSignal): Promise<Partial<Record<RunStatus, number>>> {
+  const response = await client.raw.runs.countRuns(filterRequest(filters), client.callOptions(signal ? { signal } : {}));
+  const counts: Partial<Record<RunStatus, number>> = {};
+  for (const c of response.counts) {
+    const status = RUN_STATUSES[c.status - 1];
+    if (status) counts[status] = Number(c.count);
+  }
+  return counts;
+}
+
+/** Every child run of a run (SUB_WORKFLOW and MAP children), newest first, up to `limit`. */
+export async function childRuns(client: Client, parentRunId: string, limit = 200): Promise<Run[]> {
+  const page = await listRunsPage(client, { ...NO_FILTERS, parentRunId }, limit, "");
+  return page.runs;
+}
+
+// --- workflows -----------------------------------------------------------------------------------
+
+export interface WorkflowSummary {
+  name: string;
+  latestVersion: number;
+  description: string;
+  updateTime: Date | null;
+}
+
+export interface WorkflowVersionSummary {
+  version: number;
+  description: string;
+  contentHash: string;
+  createTime: Date | null;
+}
+
+/** Every workflow of the namespace, by name (fetched a page at a time). */
+export async function listWorkflows(client: Client, signal?: AbortSignal): Promise<WorkflowSummary[]> {
+  const out: WorkflowSummary[] = [];
+  let pageToken = "";
+  do {
+    const r = await client.raw.workflows.listWorkflows({ pageSize: 1000, pageToken, namePrefix: "" }, client.callOptions(signal ? { signal } : {}));
+    for (const w of r.workflows) out.push({ name: w.name, latestVersion: w.latestVersion, description: w.description, updateTime: dateOf(w.updateTime) });
+    pageToken = r.nextPageToken;
+  } while (pageToken);
+  return out;
+}
+
+/** Every version of a workflow, newest first. */
+export async function listWorkflowVersions(client: Client, name: string, signal?: AbortSignal): Promise<WorkflowVersionSummary[]> {
+  const out: WorkflowVersionSummary[] = [];
+  let pageToken = "";
+  do {
+    const r = await client.raw.workflows.listWorkflowVersions({ name, pageSize: 1000, pageToken }, client.callOptions(signal ? { signal } : {}));
+    for (const v of r.versions) out.push({ version: v.version, description: v.description, contentHash: v.contentHash, createTime: dateOf(v.createTime) });
+    pageToken = r.nextPageToken;
+  } while (pageToken);
+  return out;
+}
+
+export type { Json, Run, RunStatus, NodeState, NodeStatus, Failure };
