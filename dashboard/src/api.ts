@@ -175,8 +175,8 @@ export async function countRuns(client: Client, filters: RunFilters, signal?: Ab
 }
 
 /** Every child run of a run (SUB_WORKFLOW and MAP children), newest first, up to `limit`. */
-export async function childRuns(client: Client, parentRunId: string, limit = 200): Promise<Run[]> {
-  const page = await listRunsPage(client, { ...NO_FILTERS, parentRunId }, limit, "");
+export async function childRuns(client: Client, parentRunId: string, signal?: AbortSignal, limit = 1000): Promise<Run[]> {
+  const page = await listRunsPage(client, { ...NO_FILTERS, parentRunId }, limit, "", signal);
   return page.runs;
 }
 

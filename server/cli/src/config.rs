@@ -38,6 +38,11 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_CONNECT_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub connect_timeout: Duration,
 
+    /// After start, the longest a call waits on Postgres (a pooled
+    /// connection, a statement, the whole call) before it is UNAVAILABLE.
+    #[arg(long, env = "COMPOSER_DB_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub db_timeout: Duration,
+
     /// Browser origins allowed to call over grpc-web, comma-separated.
     #[arg(long, env = "COMPOSER_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,

@@ -139,6 +139,12 @@ impl LocalServices {
         }
     }
 
+    /// The Postgres server's process id (fault tests stop and continue it
+    /// and its backends).
+    pub fn postgres_pid(&self) -> Option<i32> {
+        self.postgres.id().and_then(|pid| i32::try_from(pid).ok())
+    }
+
     /// The folder holding the data and the logs.
     pub fn root(&self) -> &Path {
         &self.root

@@ -60,6 +60,7 @@ pub async fn migrate(backend: &BackendArgs, server: &ServerArgs) -> Result<Store
         database_url: backend.database_url.clone(),
         max_connections: server.database_max_connections,
         connect_timeout: server.connect_timeout,
+        query_timeout: server.db_timeout,
     })
     .await
     .map_err(StartError::Database)?;
@@ -109,6 +110,7 @@ pub async fn run(
         health_check_interval: server.health_interval,
         auth,
         max_payload_bytes: server.max_payload_bytes,
+        call_timeout: server.db_timeout,
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut deadline_rx = stop_tx.subscribe();
@@ -164,6 +166,7 @@ fn start_background(
     .with_changes(feed);
     let dispatch_config = DispatchConfig {
         shards: server.stream_shards,
+        lease_timeout: server.db_timeout,
         ..DispatchConfig::default()
     };
     let recovery = RecoveryConfig {
@@ -186,6 +189,7 @@ fn start_background(
         database_url: backend.database_url.clone(),
         max_connections: server.database_background_connections,
         connect_timeout: server.connect_timeout,
+        query_timeout: server.db_timeout,
     })
     .map_err(StartError::Database)?;
     let recovering = coordinator.on_store(background);

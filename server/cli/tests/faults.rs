@@ -276,3 +276,133 @@ output: {{ id: "${{nodes.charge.output.body.id}}", status: "${{nodes.charge.outp
     assert_eq!(run.status(), RunStatus::Failed);
     assert_eq!(run.error.expect("error").code, "SSRF_BLOCKED");
 }
+
+/// Postgres and every backend stopped (SIGSTOP; each backend is a session
+/// of its own, so each is signalled): connections stay open and nothing
+/// answers. Continued when dropped.
+struct FrozenDatabase(Vec<nix::unistd::Pid>);
+
+impl FrozenDatabase {
+    fn freeze(services: &LocalServices) -> Self {
+        let postmaster = services.postgres_pid().expect("postgres pid");
+        let mut pids = vec![postmaster];
+        pids.extend(children_of(postmaster));
+        let pids: Vec<_> = pids.into_iter().map(nix::unistd::Pid::from_raw).collect();
+        for &pid in &pids {
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("SIGSTOP");
+        }
+        Self(pids)
+    }
+}
+
+impl Drop for FrozenDatabase {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT);
+        }
+    }
+}
+
+/// The processes whose parent is `parent` (from /proc).
+fn children_of(parent: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // the field after the parenthesised command is the state, then the parent
+            let after = stat.rsplit_once(')').map(|(_, rest)| rest).unwrap_or("");
+            after.split_whitespace().nth(1) == Some(parent.to_string().as_str())
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_frozen_database_makes_calls_unavailable_by_the_server_not_the_callers_deadline() {
+    use composer_proto::v1::{GetRunRequest, ListRunsRequest, StartRunRequest};
+    let services = LocalServices::start(LocalServicesOptions::default())
+        .await
+        .expect("private services");
+    let server = ServerProcess::start_with(
+        &composer_binary(),
+        &services.database_url,
+        &services.redis_url,
+        &["--db-timeout", "1s"],
+    )
+    .await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(PIPELINE).await;
+    let before = client.start("pipeline", json!({ "n": 1 })).await;
+    let start = || StartRunRequest {
+        workflow_name: "pipeline".to_owned(),
+        input: Some(composer_grpc::convert::from_json(&json!({ "n": 2 }))),
+        idempotency_key: "during-the-freeze".to_owned(),
+        ..Default::default()
+    };
+    // a caller's deadline far away: the answer must come from the server
+    fn patient<T>(message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(Duration::from_secs(120));
+        request
+    }
+
+    let frozen = FrozenDatabase::freeze(&services);
+    let answers = [
+        client
+            .runs
+            .get_run(patient(GetRunRequest {
+                run_id: before.clone(),
+                ..Default::default()
+            }))
+            .await
+            .map(|_| ())
+            .expect_err("no answer from a frozen database"),
+        client
+            .runs
+            .list_runs(patient(ListRunsRequest::default()))
+            .await
+            .map(|_| ())
+            .expect_err("no answer from a frozen database"),
+        client
+            .runs
+            .start_run(patient(start()))
+            .await
+            .map(|_| ())
+            .expect_err("no answer from a frozen database"),
+    ];
+    for status in &answers {
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+        assert!(status.message().contains("--db-timeout"), "{status:?}");
+    }
+    drop(frozen);
+
+    // nothing was lost or doubled: the start retried with its key makes
+    // one run, and both runs finish once the database answers again
+    let retried = client
+        .runs
+        .start_run(start())
+        .await
+        .expect("start after the freeze")
+        .into_inner()
+        .run
+        .expect("run")
+        .run_id;
+    let again = client
+        .runs
+        .start_run(start())
+        .await
+        .expect("same key")
+        .into_inner()
+        .run
+        .expect("run")
+        .run_id;
+    assert_eq!(retried, again);
+    let worker = TestWorker::start(&server.url(), &["qf"], 1, 4, step).await;
+    assert_all_completed_once(&mut client, &[before, retried]).await;
+    drop(worker);
+    drop(server);
+    services.stop().await;
+}

@@ -16,7 +16,7 @@ use std::{
 };
 
 use composer_store::{
-    Store,
+    Store, StoreError,
     runs::OUTBOX_CHANNEL,
     tasks::{self, LeasedTask, OutboxMessage},
 };
@@ -46,6 +46,9 @@ pub struct DispatchConfig {
     pub read_block: Duration,
     /// A reader with no waiting poll for this long stops.
     pub reader_idle: Duration,
+    /// The longest a lease statement may take (`--db-timeout`); past it the
+    /// tasks stay dispatched and recovery offers them again.
+    pub lease_timeout: Duration,
 }
 
 impl Default for DispatchConfig {
@@ -57,6 +60,7 @@ impl Default for DispatchConfig {
             outbox_min_age: Duration::from_secs(1),
             read_block: Duration::from_millis(1000),
             reader_idle: Duration::from_secs(60),
+            lease_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -492,14 +496,16 @@ impl PollHub {
             };
             let take = waiter.want.min(buffered.len());
             let candidates: Vec<(Uuid, i32)> = buffered.drain(..take).collect();
-            let leased = match tasks::lease_tasks(
+            let lease = tasks::lease_tasks(
                 self.store.pool(),
                 &candidates,
                 &waiter.worker_id,
                 namespace,
                 queue,
-            )
-            .await
+            );
+            let leased = match tokio::time::timeout(self.config.lease_timeout, lease)
+                .await
+                .unwrap_or_else(|_| Err(StoreError::TimedOut))
             {
                 Ok(leased) => leased,
                 Err(error) => {

@@ -13,6 +13,7 @@ async fn a_large_input_is_stored_once_and_still_read_by_later_events() {
         database_url: composer_testkit::fresh_database().await,
         max_connections: 4,
         connect_timeout: Duration::from_secs(10),
+        query_timeout: std::time::Duration::from_secs(30),
     })
     .await
     .expect("connect");

@@ -12,6 +12,7 @@ async fn coordinator() -> Coordinator {
         database_url: composer_testkit::fresh_database().await,
         max_connections: 4,
         connect_timeout: Duration::from_secs(10),
+        query_timeout: std::time::Duration::from_secs(30),
     })
     .await
     .expect("connect");

@@ -3,6 +3,7 @@
 
 pub mod auth;
 mod caller;
+mod deadline;
 pub mod convert;
 mod health;
 mod server;

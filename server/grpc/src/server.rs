@@ -36,6 +36,9 @@ pub struct GrpcConfig {
     /// The largest payload a request may carry (`--max-payload-bytes`); a
     /// request message may be 1 MiB larger, for its other fields.
     pub max_payload_bytes: usize,
+    /// How long a call (the long poll aside) may take before it is
+    /// UNAVAILABLE (`--db-timeout`).
+    pub call_timeout: Duration,
 }
 
 /// The application state behind the services.
@@ -119,6 +122,7 @@ pub async fn serve(
             config.cors_allowed_origins.clone(),
         ))))
         .layer(crate::transport_status::TransportStatusLayer)
+        .layer(crate::deadline::CallDeadlineLayer::new(config.call_timeout))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

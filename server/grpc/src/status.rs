@@ -113,6 +113,13 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
             tracing::error!(%detail, "redis error");
             Status::unavailable("dispatch (redis) unavailable, retry later")
         }
+        CoordinatorError::Store(store) if store.is_timeout() => {
+            tracing::warn!(error = %store, "database too slow");
+            Status::unavailable(
+                "the database did not answer within --db-timeout: it is slow or unreachable; \
+                 retry later",
+            )
+        }
         CoordinatorError::Store(store) => {
             tracing::error!(error = %store, "database error");
             Status::unavailable("database unavailable, retry later")

@@ -27,9 +27,24 @@ pub enum StoreError {
     /// A migration failed to apply.
     #[error("migration failed: {0}")]
     Migration(String),
+    /// A statement did not end within its time (the `query_timeout`).
+    #[error("the database did not answer in time")]
+    TimedOut,
     /// Any other database failure.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+}
+
+impl StoreError {
+    /// True when the database was too slow rather than wrong: no pooled
+    /// connection in time, or a statement cancelled by `statement_timeout`.
+    pub fn is_timeout(&self) -> bool {
+        match self {
+            Self::TimedOut | Self::Database(sqlx::Error::PoolTimedOut) => true,
+            Self::Database(sqlx::Error::Database(db)) => db.code().as_deref() == Some("57014"),
+            _ => false,
+        }
+    }
 }
 
 /// How to connect to Postgres.
@@ -41,6 +56,10 @@ pub struct StoreConfig {
     pub max_connections: u32,
     /// How long to wait for a first connection before giving up.
     pub connect_timeout: Duration,
+    /// After start, the longest any one statement runs and any one caller
+    /// waits for a pooled connection: a stopped or frozen database becomes
+    /// an error in bounded time instead of a hang.
+    pub query_timeout: Duration,
 }
 
 /// A handle on the database: a connection pool. Cheap to clone.
@@ -52,11 +71,17 @@ pub struct Store {
 impl Store {
     /// Connects to Postgres and checks that it answers.
     pub async fn connect(config: &StoreConfig) -> Result<Self, StoreError> {
-        let pool = Self::pool_options(config)
-            .connect_with(Self::connect_options(config)?)
-            .await
-            .map_err(|e| StoreError::Unreachable(e.to_string()))?;
-        Ok(Self { pool })
+        let store = Self::connect_lazy(config)?;
+        let deadline = tokio::time::Instant::now() + config.connect_timeout;
+        loop {
+            match store.pool.acquire().await {
+                Ok(_) => return Ok(store),
+                Err(error) if tokio::time::Instant::now() >= deadline => {
+                    return Err(StoreError::Unreachable(error.to_string()));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
     }
 
     /// A pool that connects when first used (a second pool of a server
@@ -69,7 +94,7 @@ impl Store {
     fn pool_options(config: &StoreConfig) -> PgPoolOptions {
         PgPoolOptions::new()
             .max_connections(config.max_connections)
-            .acquire_timeout(config.connect_timeout)
+            .acquire_timeout(config.query_timeout)
     }
 
     fn connect_options(config: &StoreConfig) -> Result<PgConnectOptions, StoreError> {
@@ -82,9 +107,11 @@ impl Store {
         // array parameters the default `auto` mode judges each custom plan
         // cheaper and plans again at every execution: under load that was a
         // fifth of Postgres' time (BENCHMARKS.md, decision 0009).
-        Ok(options
-            .application_name("composer")
-            .options([("plan_cache_mode", "force_generic_plan")]))
+        let statement_timeout = format!("{}ms", config.query_timeout.as_millis().max(1));
+        Ok(options.application_name("composer").options([
+            ("plan_cache_mode", "force_generic_plan"),
+            ("statement_timeout", statement_timeout.as_str()),
+        ]))
     }
 
     /// Wraps an existing pool (tests).
@@ -99,10 +126,20 @@ impl Store {
 
     /// Applies every migration not applied yet. Running it again is a no-op.
     pub async fn migrate(&self) -> Result<(), StoreError> {
-        MIGRATOR
-            .run(&self.pool)
+        let mut conn = self.pool.acquire().await?;
+        // a migration (an index on a large table) may take longer than any
+        // request's statement should
+        sqlx::query("SET statement_timeout = 0")
+            .execute(&mut *conn)
+            .await?;
+        let migrated = MIGRATOR
+            .run(&mut *conn)
             .await
-            .map_err(|e| StoreError::Migration(e.to_string()))
+            .map_err(|e| StoreError::Migration(e.to_string()));
+        sqlx::query("RESET statement_timeout")
+            .execute(&mut *conn)
+            .await?;
+        migrated
     }
 
     /// Checks that Postgres answers a trivial query.

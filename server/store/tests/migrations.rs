@@ -10,6 +10,7 @@ async fn migrations_run_twice_are_a_no_op() {
         database_url: composer_testkit::fresh_database().await,
         max_connections: 2,
         connect_timeout: Duration::from_secs(10),
+        query_timeout: std::time::Duration::from_secs(30),
     })
     .await
     .expect("connect");
