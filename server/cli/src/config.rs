@@ -69,6 +69,11 @@ pub struct ServerArgs {
           value_parser = clap::value_parser!(i32).range(2..))]
     pub max_runs_per_tree: i32,
 
+    /// A queue no poll has waited on for this long is forgotten by the
+    /// server, and its Redis streams deleted if empty, e.g. `60s`.
+    #[arg(long, env = "COMPOSER_QUEUE_IDLE", default_value = "60s", value_parser = parse_duration)]
+    pub queue_idle: Duration,
+
     /// Streams per queue in Redis (a run's tasks go to one of them).
     #[arg(long, env = "COMPOSER_STREAM_SHARDS", default_value_t = 4)]
     pub stream_shards: u32,

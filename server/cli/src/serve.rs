@@ -167,6 +167,7 @@ fn start_background(
     let dispatch_config = DispatchConfig {
         shards: server.stream_shards,
         lease_timeout: server.db_timeout,
+        reader_idle: server.queue_idle,
         ..DispatchConfig::default()
     };
     let recovery = RecoveryConfig {

@@ -850,9 +850,10 @@ async fn recursion_through_maps_of_workflows_stops_at_the_runs_per_tree_limit() 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(listed.len(), 40, "the tree holds exactly the limit");
-    let said_why = listed.iter().filter_map(|r| r.error.as_ref()).any(|e| {
-        e.code == "RUN_TREE_TOO_LARGE" && e.message.contains("--max-runs-per-tree")
-    });
+    let said_why = listed
+        .iter()
+        .filter_map(|r| r.error.as_ref())
+        .any(|e| e.code == "RUN_TREE_TOO_LARGE" && e.message.contains("--max-runs-per-tree"));
     assert!(said_why, "a run says which limit stopped it: {listed:#?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = client
@@ -868,7 +869,9 @@ async fn recursion_through_maps_of_workflows_stops_at_the_runs_per_tree_limit() 
     assert_eq!(after.len(), 40, "nothing grows after the root ended");
     // another tree has its own budget
     client
-        .register("name: small\nnodes:\n  - { id: fan, type: MAP, items: '${[1,2]}', workflow: leaf }\n")
+        .register(
+            "name: small\nnodes:\n  - { id: fan, type: MAP, items: '${[1,2]}', workflow: leaf }\n",
+        )
         .await;
     client
         .register("name: leaf\nnodes:\n  - { id: done, type: WAIT, duration: 1ms }\n")

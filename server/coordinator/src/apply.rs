@@ -654,9 +654,7 @@ impl<'a> RunTxn<'a> {
         if !runs::count_run_in_tree(conn, root, max).await? {
             return Ok(Some(ErrorInfo::new(
                 composer_engine::codes::RUN_TREE_TOO_LARGE,
-                format!(
-                    "the tree of run {root} already holds {max} runs (--max-runs-per-tree)"
-                ),
+                format!("the tree of run {root} already holds {max} runs (--max-runs-per-tree)"),
             )));
         }
         Ok(None)

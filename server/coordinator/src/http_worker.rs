@@ -77,7 +77,9 @@ async fn serve_namespace(
                 free,
                 Duration::from_secs(5),
             )
-            .await;
+            .await
+            // one internal queue: never past the namespace's queue limit
+            .unwrap_or_default();
         coordinator.remember_leases(&tasks);
         for task in tasks {
             let Ok(permit) = Arc::clone(&slots).acquire_owned().await else {

@@ -1868,11 +1868,7 @@ mod tests {
         };
         let eval = |src: &str| compile(src, &scope).unwrap().eval(&env);
         let zeros = |n: usize| format!("[{}]", vec!["0"; n].join(","));
-        let amplifier = format!(
-            "{}.map(x, {}.map(y, input))",
-            zeros(50),
-            zeros(10)
-        );
+        let amplifier = format!("{}.map(x, {}.map(y, input))", zeros(50), zeros(10));
         assert_eq!(eval(&amplifier), Err(EvalError::CostLimit));
         // a local holding the input costs the same to read
         assert_eq!(

@@ -3,8 +3,8 @@
 
 pub mod auth;
 mod caller;
-mod deadline;
 pub mod convert;
+mod deadline;
 mod health;
 mod server;
 mod services;

@@ -157,7 +157,7 @@ impl WorkerService for WorkerApi {
             wait,
         );
         let tasks = tokio::select! {
-            tasks = poll => tasks,
+            tasks = poll => tasks.map_err(|e| Status::resource_exhausted(e.to_string()))?,
             _ = draining.wait_for(|d| *d) => Vec::new(),
         };
         self.coordinator.remember_leases(&tasks);

@@ -1,0 +1,560 @@
+//! The poll hub: hands tasks read from Redis to the PollTasks calls waiting
+//! in this server.
+//!
+//! One reader per server reads the streams of every queue some poll waits
+//! on, with one blocking XREADGROUP over all of them, so the Redis
+//! connections of a server (the reader's and one for control) do not grow
+//! with the number of queues. A poll naming a queue outside the read in
+//! flight XADDs to the server's wake stream, which is part of every read,
+//! so the read returns and starts again with the new queue. A queue no poll
+//! has waited on for `reader_idle` is forgotten and its streams, if empty,
+//! deleted: a worker polling made-up queue names leaves nothing behind.
+
+use std::{
+    collections::{HashMap, HashSet, VecDeque},
+    sync::{
+        Arc, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use composer_store::{
+    Store, StoreError,
+    tasks::{self, LeasedTask},
+};
+use redis::{AsyncCommands, aio::MultiplexedConnection, streams::StreamReadReply};
+use tokio::{
+    sync::{Notify, oneshot},
+    time::Instant,
+};
+use uuid::Uuid;
+
+use crate::{
+    dispatch::{DispatchConfig, GROUP, stream_key},
+    error::CoordinatorError,
+};
+
+/// Queues of one namespace that polls on one server may wait on at once;
+/// past it a poll naming a new queue is refused, so one tenant's made-up
+/// queue names cost a bounded amount and never slow another's reads.
+pub const MAX_POLLED_QUEUES_PER_NAMESPACE: usize = 1024;
+
+/// Messages read from one stream per XREADGROUP, at most.
+const MAX_READ_COUNT: usize = 1000;
+
+/// Why a poll was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PollError {
+    /// The namespace already has the most queues polled on this server.
+    #[error(
+        "namespace {namespace:?} already has {limit} queues polled on this server; \
+         poll fewer distinct queues"
+    )]
+    TooManyQueues {
+        /// The namespace.
+        namespace: String,
+        /// [`MAX_POLLED_QUEUES_PER_NAMESPACE`].
+        limit: usize,
+    },
+}
+
+/// A PollTasks call waiting in this server.
+struct Waiter {
+    worker_id: String,
+    want: usize,
+    sender: Mutex<Option<oneshot::Sender<Vec<LeasedTask>>>>,
+}
+
+impl Waiter {
+    fn take_sender(&self) -> Option<oneshot::Sender<Vec<LeasedTask>>> {
+        lock(&self.sender).take()
+    }
+
+    fn is_waiting(&self) -> bool {
+        lock(&self.sender).as_ref().is_some_and(|s| !s.is_closed())
+    }
+}
+
+/// (namespace, queue)
+type QueueKey = (String, String);
+
+/// The polls waiting on one queue, and what was read for it but not leased.
+struct QueueState {
+    waiters: VecDeque<Arc<Waiter>>,
+    buffered: VecDeque<(Uuid, i32)>,
+    last_waited: Instant,
+}
+
+impl QueueState {
+    fn new() -> Self {
+        Self {
+            waiters: VecDeque::new(),
+            buffered: VecDeque::new(),
+            last_waited: Instant::now(),
+        }
+    }
+}
+
+/// Hands tasks read from Redis to the polls waiting in this server.
+pub struct PollHub {
+    store: Store,
+    redis: redis::Client,
+    consumer: String,
+    wake_key: String,
+    config: DispatchConfig,
+    queues: Mutex<HashMap<QueueKey, QueueState>>,
+    /// The queues of the read in flight, or of the next one.
+    reading: Mutex<HashSet<QueueKey>>,
+    wake: Notify,
+    reader_started: AtomicBool,
+    control: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl PollHub {
+    /// A hub for this server (`consumer` names it in the consumer group).
+    pub fn new(
+        store: Store,
+        redis_url: &str,
+        config: DispatchConfig,
+    ) -> Result<Arc<Self>, CoordinatorError> {
+        let redis = redis::Client::open(redis_url)
+            .map_err(|e| CoordinatorError::Redis(format!("url: {e}")))?;
+        let consumer = format!("server-{}", Uuid::new_v4().simple());
+        Ok(Arc::new(Self {
+            store,
+            redis,
+            wake_key: format!("composer:wake:{{{consumer}}}"),
+            consumer,
+            config,
+            queues: Mutex::new(HashMap::new()),
+            reading: Mutex::new(HashSet::new()),
+            wake: Notify::new(),
+            reader_started: AtomicBool::new(false),
+            control: tokio::sync::Mutex::new(None),
+        }))
+    }
+
+    /// Waits up to `wait` for tasks on `queues`; returns at most `max`, each
+    /// leased to `worker_id`.
+    pub async fn poll(
+        self: &Arc<Self>,
+        namespace: &str,
+        queues: &[String],
+        worker_id: &str,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<LeasedTask>, PollError> {
+        self.start_reader();
+        let (sender, mut receiver) = oneshot::channel();
+        let waiter = Arc::new(Waiter {
+            worker_id: worker_id.to_owned(),
+            want: max.max(1),
+            sender: Mutex::new(Some(sender)),
+        });
+        let outside_the_read = self.enlist(namespace, queues, &waiter)?;
+        self.wake.notify_one();
+        if outside_the_read {
+            self.interrupt_read().await;
+        }
+        Ok(tokio::select! {
+            got = &mut receiver => got.unwrap_or_default(),
+            () = tokio::time::sleep(wait) => {
+                if waiter.take_sender().is_some() {
+                    // nobody was handing us tasks: none will be
+                    return Ok(Vec::new());
+                }
+                // the reader is leasing for us right now: take what it sends
+                receiver.await.unwrap_or_default()
+            }
+        })
+    }
+
+    /// Adds the waiter to each queue; true when one of them is not in the
+    /// read in flight (or has tasks waiting), so the reader must look again.
+    fn enlist(
+        &self,
+        namespace: &str,
+        queues: &[String],
+        waiter: &Arc<Waiter>,
+    ) -> Result<bool, PollError> {
+        let mut states = lock(&self.queues);
+        let new = queues
+            .iter()
+            .filter(|q| !states.contains_key(&(namespace.to_owned(), (*q).clone())))
+            .count();
+        if new > 0 {
+            let known = states.keys().filter(|(ns, _)| ns == namespace).count();
+            if known + new > MAX_POLLED_QUEUES_PER_NAMESPACE {
+                return Err(PollError::TooManyQueues {
+                    namespace: namespace.to_owned(),
+                    limit: MAX_POLLED_QUEUES_PER_NAMESPACE,
+                });
+            }
+        }
+        let reading = lock(&self.reading);
+        let mut outside = false;
+        for queue in queues {
+            let key = (namespace.to_owned(), queue.clone());
+            outside |= !reading.contains(&key);
+            let state = states.entry(key).or_insert_with(QueueState::new);
+            outside |= !state.buffered.is_empty();
+            state.waiters.push_back(Arc::clone(waiter));
+            state.last_waited = Instant::now();
+        }
+        Ok(outside)
+    }
+
+    fn start_reader(self: &Arc<Self>) {
+        if self.reader_started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let hub = Arc::clone(self);
+        tokio::spawn(async move { hub.read_loop().await });
+    }
+
+    /// Makes a blocked read return: a message on the wake stream.
+    async fn interrupt_read(&self) {
+        let mut guard = self.control.lock().await;
+        if guard.is_none() {
+            *guard = self.redis.get_multiplexed_async_connection().await.ok();
+        }
+        let Some(connection) = guard.as_mut() else {
+            return;
+        };
+        let sent: redis::RedisResult<()> = redis::pipe()
+            .cmd("XADD")
+            .arg(&self.wake_key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(16)
+            .arg("*")
+            .arg("wake")
+            .arg(1)
+            .ignore()
+            // a server that dies leaves its wake stream for an hour at most
+            .cmd("EXPIRE")
+            .arg(&self.wake_key)
+            .arg(3600)
+            .ignore()
+            .query_async(connection)
+            .await;
+        if let Err(error) = sent {
+            tracing::warn!(%error, "could not wake the stream reader");
+            *guard = None;
+        }
+    }
+
+    /// The one reader of this server.
+    async fn read_loop(self: Arc<Self>) {
+        let mut connection: Option<MultiplexedConnection> = None;
+        let mut grouped: HashSet<String> = HashSet::new();
+        loop {
+            self.forget_idle_queues().await;
+            self.hand_out_all().await;
+            let (wanted, count) = self.wanted();
+            if wanted.is_empty() {
+                let _ = tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
+                continue;
+            }
+            if connection.is_none() {
+                connection = self.reader_connection().await;
+                grouped.clear();
+            }
+            let Some(active) = connection.as_mut() else {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            };
+            let streams = self.streams_of(&wanted);
+            let keys: Vec<&str> = streams.keys().map(String::as_str).collect();
+            if let Err(error) = ensure_groups(active, &keys, &mut grouped).await {
+                tracing::warn!(%error, "could not create consumer groups");
+                connection = None;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+            let read =
+                read_batch(active, &keys, &self.consumer, count, self.config.read_block).await;
+            match read {
+                Ok(read) => self.buffer(read, &streams),
+                Err(error) if error.code() == Some("NOGROUP") => {
+                    // Redis lost its data (FLUSHALL, restart) or an empty
+                    // stream was cleaned up: create the groups again;
+                    // recovery republishes what was lost
+                    grouped.clear();
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "stream read failed");
+                    connection = None;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+
+    /// The streams to read for `wanted`, each with its queue; the wake
+    /// stream maps to no queue.
+    fn streams_of(&self, wanted: &[QueueKey]) -> HashMap<String, Option<QueueKey>> {
+        let mut streams = HashMap::from([(self.wake_key.clone(), None)]);
+        for (namespace, queue) in wanted {
+            for shard in 0..self.config.shards.max(1) {
+                streams.insert(
+                    stream_key(namespace, queue, shard),
+                    Some((namespace.clone(), queue.clone())),
+                );
+            }
+        }
+        streams
+    }
+
+    /// The queues with a waiting poll and the most any of them wants; drops
+    /// polls that went away. They become the queues of the next read in the
+    /// same step (under the same lock as [`PollHub::enlist`]), so a poll
+    /// either is in the next read or sees that it is not and wakes it.
+    fn wanted(&self) -> (Vec<QueueKey>, usize) {
+        let mut states = lock(&self.queues);
+        let mut wanted = Vec::new();
+        let mut count = 1;
+        for (key, state) in states.iter_mut() {
+            state.waiters.retain(|w| w.is_waiting());
+            if state.waiters.is_empty() {
+                continue;
+            }
+            state.last_waited = Instant::now();
+            count = count.max(state.waiters.iter().map(|w| w.want).sum::<usize>());
+            wanted.push(key.clone());
+        }
+        *lock(&self.reading) = wanted.iter().cloned().collect();
+        (wanted, count.min(MAX_READ_COUNT))
+    }
+
+    fn buffer(&self, read: Vec<(String, Uuid, i32)>, streams: &HashMap<String, Option<QueueKey>>) {
+        let mut states = lock(&self.queues);
+        for (key, task, attempt) in read {
+            let Some(Some(queue)) = streams.get(&key) else {
+                continue;
+            };
+            states
+                .entry(queue.clone())
+                .or_insert_with(QueueState::new)
+                .buffered
+                .push_back((task, attempt));
+        }
+    }
+
+    /// Forgets queues no poll waited on for `reader_idle`, and deletes
+    /// their streams when they are empty. Tasks read for such a queue but
+    /// never leased are offered again by recovery.
+    async fn forget_idle_queues(&self) {
+        let idle: Vec<QueueKey> = {
+            let mut states = lock(&self.queues);
+            let idle: Vec<QueueKey> = states
+                .iter()
+                .filter(|(_, s)| {
+                    s.waiters.is_empty() && s.last_waited.elapsed() > self.config.reader_idle
+                })
+                .map(|(k, _)| k.clone())
+                .collect();
+            for key in &idle {
+                states.remove(key);
+            }
+            idle
+        };
+        if idle.is_empty() {
+            return;
+        }
+        let mut guard = self.control.lock().await;
+        if guard.is_none() {
+            *guard = self.redis.get_multiplexed_async_connection().await.ok();
+        }
+        let Some(connection) = guard.as_mut() else {
+            return;
+        };
+        let script = redis::Script::new(DELETE_IF_EMPTY);
+        for (namespace, queue) in &idle {
+            for shard in 0..self.config.shards.max(1) {
+                let key = stream_key(namespace, queue, shard);
+                // one key per call: the shards live in different slots of a
+                // Redis Cluster
+                let deleted: redis::RedisResult<i64> =
+                    script.key(&key).invoke_async(connection).await;
+                if let Err(error) = deleted {
+                    tracing::warn!(%error, "could not clean up an idle stream");
+                    *guard = None;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Leases buffered tasks to the polls waiting for them.
+    async fn hand_out_all(&self) {
+        let ready: Vec<QueueKey> = lock(&self.queues)
+            .iter()
+            .filter(|(_, s)| !s.buffered.is_empty() && !s.waiters.is_empty())
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in ready {
+            self.hand_out(&key).await;
+        }
+    }
+
+    /// Leases one queue's buffered tasks to its waiting polls, first come
+    /// first served.
+    async fn hand_out(&self, key: &QueueKey) {
+        loop {
+            let Some((waiter, sender, candidates)) = self.next_hand_out(key) else {
+                return;
+            };
+            let lease = tasks::lease_tasks(
+                self.store.pool(),
+                &candidates,
+                &waiter.worker_id,
+                &key.0,
+                &key.1,
+            );
+            let leased = match tokio::time::timeout(self.config.lease_timeout, lease)
+                .await
+                .unwrap_or(Err(StoreError::TimedOut))
+            {
+                Ok(leased) => leased,
+                Err(error) => {
+                    tracing::warn!(%error, "lease failed; recovery offers the tasks again");
+                    let _ = sender.send(Vec::new());
+                    continue;
+                }
+            };
+            if let Err(unsent) = sender.send(leased) {
+                let leases: Vec<(Uuid, Uuid)> =
+                    unsent.iter().map(|t| (t.id, t.lease_token)).collect();
+                if let Err(error) = tasks::release_leases(self.store.pool(), &leases).await {
+                    tracing::warn!(%error, "could not release leases of a vanished poll; they will expire");
+                }
+            }
+        }
+    }
+
+    /// The next waiting poll of a queue with tasks for it, taken from the
+    /// queue's state.
+    #[allow(clippy::type_complexity)]
+    fn next_hand_out(
+        &self,
+        key: &QueueKey,
+    ) -> Option<(
+        Arc<Waiter>,
+        oneshot::Sender<Vec<LeasedTask>>,
+        Vec<(Uuid, i32)>,
+    )> {
+        let mut states = lock(&self.queues);
+        let state = states.get_mut(key)?;
+        while !state.buffered.is_empty() {
+            let waiter = state.waiters.pop_front()?;
+            let Some(sender) = waiter.take_sender() else {
+                continue;
+            };
+            let take = waiter.want.min(state.buffered.len());
+            let candidates = state.buffered.drain(..take).collect();
+            return Some((waiter, sender, candidates));
+        }
+        None
+    }
+
+    async fn reader_connection(&self) -> Option<MultiplexedConnection> {
+        match self.redis.get_multiplexed_async_connection().await {
+            Ok(mut connection) => {
+                // a blocking read must not time out before its BLOCK does:
+                // with NOACK, a reply dropped by a timeout loses its messages
+                // until recovery republishes them
+                connection.set_response_timeout(self.config.read_block + Duration::from_secs(5));
+                Some(connection)
+            }
+            Err(error) => {
+                tracing::warn!(%error, "redis unreachable for the stream reader");
+                None
+            }
+        }
+    }
+}
+
+/// Deletes a stream that holds no message (and is not being written: the
+/// check and the delete are one step in Redis). An XADD after it creates the
+/// stream again, without the group; the next read then re-creates the group
+/// from the stream's start, so that message is read.
+const DELETE_IF_EMPTY: &str = "if redis.call('XLEN', KEYS[1]) == 0 then \
+     return redis.call('DEL', KEYS[1]) else return 0 end";
+
+/// Creates the consumer group (and the stream) of each key not grouped yet.
+async fn ensure_groups(
+    connection: &mut MultiplexedConnection,
+    keys: &[&str],
+    grouped: &mut HashSet<String>,
+) -> redis::RedisResult<()> {
+    for key in keys {
+        if grouped.contains(*key) {
+            continue;
+        }
+        let created: redis::RedisResult<()> =
+            connection.xgroup_create_mkstream(*key, GROUP, "0").await;
+        if let Err(error) = created
+            && error.code() != Some("BUSYGROUP")
+        {
+            return Err(error);
+        }
+        grouped.insert((*key).to_owned());
+    }
+    Ok(())
+}
+
+/// Reads up to `count` new messages from each stream (NOACK: Postgres, not
+/// a pending list, is what recovers a lost message) and deletes them from
+/// the streams so they do not grow. Each message comes with its stream.
+async fn read_batch(
+    connection: &mut MultiplexedConnection,
+    keys: &[&str],
+    consumer: &str,
+    count: usize,
+    block: Duration,
+) -> redis::RedisResult<Vec<(String, Uuid, i32)>> {
+    let mut command = redis::cmd("XREADGROUP");
+    command
+        .arg("GROUP")
+        .arg(GROUP)
+        .arg(consumer)
+        .arg("COUNT")
+        .arg(count)
+        .arg("BLOCK")
+        .arg(u64::try_from(block.as_millis()).unwrap_or(1000))
+        .arg("NOACK")
+        .arg("STREAMS")
+        .arg(keys);
+    for _ in keys {
+        command.arg(">");
+    }
+    let reply: Option<StreamReadReply> = command.query_async(connection).await?;
+    let Some(reply) = reply else {
+        return Ok(Vec::new());
+    };
+    let mut read = Vec::new();
+    let mut pipe = redis::pipe();
+    for stream in &reply.keys {
+        let ids: Vec<&str> = stream.ids.iter().map(|m| m.id.as_str()).collect();
+        if !ids.is_empty() {
+            pipe.cmd("XDEL").arg(&stream.key).arg(&ids).ignore();
+        }
+        for message in &stream.ids {
+            let task: Option<String> = message.get("task_id");
+            let attempt: Option<i32> = message.get("attempt");
+            if let (Some(task), Some(attempt)) =
+                (task.and_then(|t| Uuid::parse_str(&t).ok()), attempt)
+            {
+                read.push((stream.key.clone(), task, attempt));
+            }
+        }
+    }
+    pipe.query_async::<()>(connection).await?;
+    Ok(read)
+}
