@@ -88,6 +88,9 @@ export class Stack {
         // the page calls grpc-web on its own origin, and the server checks every browser Origin
         "--cors-origins",
         this.url,
+        // the build under test, whatever the binary embedded
+        "--dashboard-dir",
+        join(DASHBOARD, "dist"),
         "--log-format",
         "json",
         ...this.extraArgs,

@@ -88,13 +88,13 @@ output: "\${nodes.ship.output}"
   await expect(page.locator("#run-title .badge")).toHaveText("completed");
   expect(reloads, "the graph updates without reloading the page").toEqual([]);
 
-  // a node's detail: its output, attempt and worker
+  // a node's detail: its output, and who reported it (the worker token's subject)
   await graphNode(page, "charge").click();
   const detail = page.getByRole("complementary");
   await expect(detail.getByRole("heading", { name: "TASK charge" })).toBeVisible();
   await expect(detail.getByLabel("Node output")).toContainText('"receipt": "R-A-1"');
   await expect(detail.getByLabel("Node output")).toContainText('"charged": 12');
-  await expect(detail.locator(".facts")).toContainText("Worker");
+  await expect(detail.locator(".facts")).toContainText("Reported bydashboard-worker");
   await page.screenshot({ path: join(SCREENSHOTS, "node-detail.png"), fullPage: true });
 
   // keyboard: a node opens with Enter

@@ -163,6 +163,7 @@ impl Poller {
                 }
             }
             let request = PollTasksRequest {
+                confirm_receipt: false,
                 worker_id: self.worker_id.clone(),
                 queues: vec![self.queue.clone()],
                 max_tasks: i32::try_from(permits.len()).unwrap_or(1),

@@ -1,4 +1,5 @@
-// One node of a run: state, output, error with details, attempts and workers (from the history),
+// One node of a run: state, output, error with details, attempts and who reported them (the
+// worker's token subject, from the history),
 // and for MAP / SUB_WORKFLOW the items or child runs it started.
 import type { HistoryEvent, NodeState, Run } from "@composer-dev/composer/web";
 
@@ -25,7 +26,7 @@ interface Attempt {
   worker: string;
 }
 
-/** History events of this node grouped by attempt; the worker is the actor of its reports. */
+/** History events of this node grouped by attempt; reports carry the actor `worker:<token subject>`. */
 function attemptsOf(nodeId: string, history: HistoryEvent[]): Attempt[] {
   const byAttempt = new Map<number, Attempt>();
   for (const e of history) {
@@ -79,7 +80,7 @@ export function NodeDetail({ run, node, view, history, onClose }: Props) {
         <dd>{state?.startTime ? duration(state.startTime, state.endTime ?? null) : "—"}</dd>
         {lastWorker ? (
           <>
-            <dt>Worker</dt>
+            <dt>Reported by</dt>
             <dd className="mono">{lastWorker}</dd>
           </>
         ) : null}
@@ -106,7 +107,7 @@ export function NodeDetail({ run, node, view, history, onClose }: Props) {
             <thead>
               <tr>
                 <th scope="col">#</th>
-                <th scope="col">Worker</th>
+                <th scope="col">Reported by</th>
                 <th scope="col">What happened</th>
               </tr>
             </thead>

@@ -69,6 +69,12 @@ pub struct ServerArgs {
           value_parser = clap::value_parser!(i32).range(2..))]
     pub max_runs_per_tree: i32,
 
+    /// How long a lease lasts until the worker's first heartbeat, for
+    /// workers that confirm receipt (the SDKs): a poll answer that never
+    /// arrives offers the task again this soon, e.g. `5s`.
+    #[arg(long, env = "COMPOSER_LEASE_RECEIPT_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub lease_receipt_timeout: Duration,
+
     /// A queue no poll has waited on for this long is forgotten by the
     /// server, and its Redis streams deleted if empty, e.g. `60s`.
     #[arg(long, env = "COMPOSER_QUEUE_IDLE", default_value = "60s", value_parser = parse_duration)]

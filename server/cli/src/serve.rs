@@ -168,6 +168,7 @@ fn start_background(
         shards: server.stream_shards,
         lease_timeout: server.db_timeout,
         reader_idle: server.queue_idle,
+        receipt_timeout: server.lease_receipt_timeout,
         ..DispatchConfig::default()
     };
     let recovery = RecoveryConfig {

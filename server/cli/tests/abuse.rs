@@ -770,6 +770,7 @@ async fn set_up(channel: &Channel, admin: &str) -> Context {
         let tasks = worker
             .poll_tasks(authed(
                 PollTasksRequest {
+                    confirm_receipt: false,
                     worker_id: "abuse-setup".to_owned(),
                     queues: vec![QUEUE.to_owned()],
                     max_tasks: 100,
@@ -1862,6 +1863,7 @@ async fn run_hostile_workflows(
         step(&watch, WatchRunRequest { run_id }.encode_to_vec()).await;
         // its first tasks fail, so hostile retry policies get computed
         let polled = PollTasksRequest {
+            confirm_receipt: false,
             worker_id: "abuse-scenario".to_owned(),
             queues: vec![QUEUE.to_owned(), "abuse_map".to_owned()],
             max_tasks: 20,

@@ -262,6 +262,7 @@ async fn workers_poll_only_their_queues_and_cannot_touch_another_namespaces_task
     scoped.queues = Some(vec!["mine".to_owned()]);
     let scoped = mint(&scoped, SigningKey::Secret(SECRET.as_bytes()), None).expect("mint");
     let poll = |queue: &str| PollTasksRequest {
+        confirm_receipt: false,
         worker_id: "w1".to_owned(),
         queues: vec![queue.to_owned()],
         max_tasks: 1,

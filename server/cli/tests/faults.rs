@@ -406,3 +406,129 @@ async fn a_frozen_database_makes_calls_unavailable_by_the_server_not_the_callers
     drop(server);
     services.stop().await;
 }
+
+/// Polls `queue` once for one task, as a worker that confirms receipt.
+async fn poll_confirming(
+    workers: &mut composer_proto::v1::worker_service_client::WorkerServiceClient<
+        tonic::transport::Channel,
+    >,
+    queue: &str,
+) -> composer_proto::v1::Task {
+    loop {
+        let tasks = workers
+            .poll_tasks(composer_proto::v1::PollTasksRequest {
+                worker_id: "confirming".to_owned(),
+                queues: vec![queue.to_owned()],
+                max_tasks: 1,
+                wait: Some(prost_types::Duration {
+                    seconds: 5,
+                    nanos: 0,
+                }),
+                confirm_receipt: true,
+            })
+            .await
+            .expect("poll")
+            .into_inner()
+            .tasks;
+        if let Some(task) = tasks.into_iter().next() {
+            return task;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_poll_answer_that_never_arrives_offers_the_task_again_without_spending_an_attempt() {
+    use composer_proto::v1::{
+        CompleteTaskRequest, HeartbeatRequest, worker_service_client::WorkerServiceClient,
+    };
+    let database = composer_testkit::fresh_database().await;
+    let redis = composer_testkit::fresh_redis_url();
+    let server = ServerProcess::start_with(
+        &composer_binary(),
+        &database,
+        &redis,
+        &["--lease-receipt-timeout", "1s"],
+    )
+    .await;
+    let mut client = TestClient::connect(&server.url()).await;
+    // one attempt only, and a heartbeat timeout far longer than the test
+    client
+        .register(
+            "name: once\nnodes:\n  - { id: only, type: TASK, queue: qr, task: t, \
+             heartbeat_timeout: 1h, retry: { max_attempts: 1 } }\n\
+             output: '${nodes.only.output}'\n",
+        )
+        .await;
+    let channel = tonic::transport::Channel::from_shared(server.url())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut workers = WorkerServiceClient::new(channel);
+    let run_id = client.start("once", json!({})).await;
+
+    // the answer "never arrives": this worker takes it and never confirms
+    let lost = poll_confirming(&mut workers, "qr").await;
+    assert_eq!(lost.attempt, 1);
+    let lease_ends = lost.lease_expire_time.clone().expect("expiry");
+    let heartbeat_ends = lost.lease_duration.clone().expect("lease duration");
+    assert!(
+        heartbeat_ends.seconds == 3600 && lease_ends.seconds < now_seconds() + 60,
+        "until confirmed the lease is the receipt timeout, not the hour: {lost:?}"
+    );
+
+    // offered again, same attempt: the node's only attempt is not spent
+    let again = poll_confirming(&mut workers, "qr").await;
+    assert_eq!(again.task_id, lost.task_id);
+    assert_eq!(again.attempt, 1, "the lost lease cost no attempt");
+    assert_ne!(again.lease_token, lost.lease_token);
+
+    // confirmed at once, the lease is the node's full heartbeat timeout and
+    // outlives the receipt timeout
+    let confirmed = workers
+        .heartbeat(HeartbeatRequest {
+            task_id: again.task_id.clone(),
+            attempt: again.attempt,
+            lease_token: again.lease_token.clone(),
+        })
+        .await
+        .expect("confirm")
+        .into_inner();
+    assert!(confirmed.lease_expire_time.expect("expiry").seconds > now_seconds() + 600);
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+
+    // the lost lease's token is fenced out; the confirmed one completes
+    let stale = workers
+        .complete_task(CompleteTaskRequest {
+            task_id: lost.task_id.clone(),
+            attempt: lost.attempt,
+            lease_token: lost.lease_token.clone(),
+            output: Some(composer_grpc::convert::from_json(
+                &json!({ "from": "lost" }),
+            )),
+        })
+        .await
+        .expect_err("the lost lease is no longer the task's");
+    assert_eq!(stale.code(), tonic::Code::FailedPrecondition, "{stale:?}");
+    workers
+        .complete_task(CompleteTaskRequest {
+            task_id: again.task_id.clone(),
+            attempt: again.attempt,
+            lease_token: again.lease_token.clone(),
+            output: Some(composer_grpc::convert::from_json(
+                &json!({ "from": "confirmed" }),
+            )),
+        })
+        .await
+        .expect("the confirmed lease reports");
+    let run = client.wait_done(&run_id, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
+    assert_eq!(output_of(&run), json!({ "from": "confirmed" }));
+}
+
+fn now_seconds() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs() as i64
+}

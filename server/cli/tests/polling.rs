@@ -62,6 +62,7 @@ async fn poll(
 ) -> Result<usize, tonic::Status> {
     workers
         .poll_tasks(PollTasksRequest {
+            confirm_receipt: false,
             worker_id: "prober".to_owned(),
             queues,
             max_tasks: 1,

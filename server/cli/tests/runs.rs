@@ -528,6 +528,7 @@ async fn poll_one(
 ) -> Vec<composer_proto::v1::Task> {
     worker
         .poll_tasks(composer_proto::v1::PollTasksRequest {
+            confirm_receipt: false,
             worker_id: id.to_owned(),
             queues: vec![queue.to_owned()],
             max_tasks: 1,

@@ -87,6 +87,7 @@ fn violated_field(status: &Status) -> String {
 
 fn poll(queues: &[&str], wait_ms: i32) -> PollTasksRequest {
     PollTasksRequest {
+        confirm_receipt: false,
         worker_id: "attacker".to_owned(),
         queues: queues.iter().map(|q| (*q).to_owned()).collect(),
         max_tasks: 10,

@@ -43,6 +43,9 @@ pub struct DispatchConfig {
     /// The longest a lease statement may take (`--db-timeout`); past it the
     /// tasks stay dispatched and recovery offers them again.
     pub lease_timeout: Duration,
+    /// How long a lease lasts before its worker's first heartbeat, when the
+    /// worker confirms receipt (`--lease-receipt-timeout`).
+    pub receipt_timeout: Duration,
 }
 
 impl Default for DispatchConfig {
@@ -55,6 +58,7 @@ impl Default for DispatchConfig {
             read_block: Duration::from_millis(1000),
             reader_idle: Duration::from_secs(60),
             lease_timeout: Duration::from_secs(5),
+            receipt_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -287,7 +291,7 @@ async fn sleep_or_stop(period: Duration, shutdown: &mut watch::Receiver<bool>) {
     }
 }
 
-pub use crate::poll_hub::{PollError, PollHub};
+pub use crate::poll_hub::{PollError, PollHub, PollRequest};
 
 #[cfg(test)]
 mod tests {

@@ -9,7 +9,7 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::{
     Coordinator, TaskReport,
-    dispatch::PollHub,
+    dispatch::{PollHub, PollRequest},
     http::{HTTP_QUEUE, HttpExecutor, HttpOutcome},
 };
 
@@ -73,9 +73,13 @@ async fn serve_namespace(
             .poll(
                 &namespace,
                 &queues,
-                "composer-http-worker",
-                free,
-                Duration::from_secs(5),
+                PollRequest {
+                    worker_id: "composer-http-worker",
+                    max: free,
+                    wait: Duration::from_secs(5),
+                    // in-process: its answer cannot be lost
+                    confirm_receipt: false,
+                },
             )
             .await
             // one internal queue: never past the namespace's queue limit

@@ -59,10 +59,26 @@ pub enum PollError {
     },
 }
 
+/// What one poll asks for.
+#[derive(Debug, Clone, Copy)]
+pub struct PollRequest<'a> {
+    /// Recorded as the lease owner.
+    pub worker_id: &'a str,
+    /// At most this many tasks.
+    pub max: usize,
+    /// How long to wait for one.
+    pub wait: Duration,
+    /// The worker confirms receipt with a first heartbeat (see
+    /// `PollTasksRequest.confirm_receipt`).
+    pub confirm_receipt: bool,
+}
+
 /// A PollTasks call waiting in this server.
 struct Waiter {
     worker_id: String,
     want: usize,
+    /// Set when the worker confirms receipt: its lease's first length.
+    receipt: Option<Duration>,
     sender: Mutex<Option<oneshot::Sender<Vec<LeasedTask>>>>,
 }
 
@@ -139,21 +155,23 @@ impl PollHub {
         }))
     }
 
-    /// Waits up to `wait` for tasks on `queues`; returns at most `max`, each
-    /// leased to `worker_id`.
+    /// Waits up to `request.wait` for tasks on `queues`; returns at most
+    /// `request.max`, each leased to `request.worker_id`.
     pub async fn poll(
         self: &Arc<Self>,
         namespace: &str,
         queues: &[String],
-        worker_id: &str,
-        max: usize,
-        wait: Duration,
+        request: PollRequest<'_>,
     ) -> Result<Vec<LeasedTask>, PollError> {
         self.start_reader();
+        let wait = request.wait;
         let (sender, mut receiver) = oneshot::channel();
         let waiter = Arc::new(Waiter {
-            worker_id: worker_id.to_owned(),
-            want: max.max(1),
+            worker_id: request.worker_id.to_owned(),
+            want: request.max.max(1),
+            receipt: request
+                .confirm_receipt
+                .then_some(self.config.receipt_timeout),
             sender: Mutex::new(Some(sender)),
         });
         let outside_the_read = self.enlist(namespace, queues, &waiter)?;
@@ -416,6 +434,7 @@ impl PollHub {
                 &waiter.worker_id,
                 &key.0,
                 &key.1,
+                waiter.receipt,
             );
             let leased = match tokio::time::timeout(self.config.lease_timeout, lease)
                 .await

@@ -219,9 +219,20 @@ impl Coordinator {
         }
     }
 
-    /// Expires leases past their deadline.
+    /// Offers again the leases whose worker never confirmed receipt, and
+    /// expires the others past their deadline.
     pub async fn run_lease_loop(self, config: RecoveryConfig, mut shutdown: watch::Receiver<bool>) {
         while !*shutdown.borrow() {
+            match tasks::return_unconfirmed_leases(self.store.pool(), config.batch).await {
+                Ok(0) => {}
+                Ok(returned) => {
+                    tracing::info!(
+                        returned,
+                        "leases never confirmed by their worker offered again"
+                    )
+                }
+                Err(error) => tracing::warn!(%error, "returning unconfirmed leases"),
+            }
             match tasks::expired_leases(self.store.pool(), config.batch).await {
                 Ok(expired) => {
                     for lease in &expired {

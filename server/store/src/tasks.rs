@@ -237,17 +237,23 @@ pub async fn lease_tasks(
     owner: &str,
     namespace: &str,
     queue: &str,
+    receipt: Option<std::time::Duration>,
 ) -> Result<Vec<LeasedTask>, StoreError> {
     if candidates.is_empty() {
         return Ok(Vec::new());
     }
+    // a worker that confirms receipt holds the lease for the receipt time
+    // (or less) until its first heartbeat
+    let receipt_ms = receipt.map(|r| i64::try_from(r.as_millis()).unwrap_or(i64::MAX));
     let ids: Vec<Uuid> = candidates.iter().map(|c| c.0).collect();
     let attempts: Vec<i32> = candidates.iter().map(|c| c.1).collect();
     // lease_tasks: conditional DISPATCHED -> LEASED with a fresh fencing token
     let rows = sqlx::query(
         "UPDATE tasks t SET status = 'LEASED', lease_token = gen_random_uuid(), \
            lease_owner = $3, \
-           lease_expires_at = now() + make_interval(secs => t.heartbeat_timeout_ms / 1000.0), \
+           lease_expires_at = now() + make_interval(secs => \
+             LEAST(t.heartbeat_timeout_ms, COALESCE($6, t.heartbeat_timeout_ms)) / 1000.0), \
+           lease_confirmed = CASE WHEN $6::bigint IS NULL THEN NULL ELSE false END, \
            attempt_deadline = CASE WHEN t.attempt_timeout_ms IS NULL THEN NULL \
              ELSE now() + make_interval(secs => t.attempt_timeout_ms / 1000.0) END, \
            updated_at = now() \
@@ -263,6 +269,7 @@ pub async fn lease_tasks(
     .bind(owner)
     .bind(namespace)
     .bind(queue)
+    .bind(receipt_ms)
     .fetch_all(pool)
     .await?;
     rows.iter()
@@ -293,7 +300,8 @@ pub async fn heartbeat(
 ) -> Result<HeartbeatOutcome, StoreError> {
     // heartbeat: extend the caller's lease, and only the caller's
     let extended: Option<DateTime<Utc>> = sqlx::query_scalar(&format!(
-        "UPDATE tasks SET lease_expires_at = now() + make_interval(secs => heartbeat_timeout_ms / 1000.0) \
+        "UPDATE tasks SET lease_expires_at = now() + make_interval(secs => heartbeat_timeout_ms / 1000.0), \
+           lease_confirmed = CASE WHEN lease_confirmed IS NULL THEN NULL ELSE true END \
          WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND status = 'LEASED' AND {} \
          RETURNING lease_expires_at",
         scope_condition(4, 5)
@@ -380,6 +388,7 @@ pub async fn expired_leases(pool: &PgPool, limit: i64) -> Result<Vec<ExpiredLeas
     let rows = sqlx::query(
         "SELECT id, run_id, node_key, attempt FROM tasks \
          WHERE status = 'LEASED' AND lease_expires_at < now() \
+           AND lease_confirmed IS DISTINCT FROM false \
          ORDER BY lease_expires_at LIMIT $1",
     )
     .bind(limit)
@@ -408,7 +417,8 @@ pub async fn expire_lease(
     // expire_lease: LEASED and past its deadline -> EXPIRED
     Ok(sqlx::query(
         "UPDATE tasks SET status = 'EXPIRED', updated_at = now() \
-         WHERE id = $1 AND attempt = $2 AND status = 'LEASED' AND lease_expires_at < now()",
+         WHERE id = $1 AND attempt = $2 AND status = 'LEASED' AND lease_expires_at < now() \
+           AND lease_confirmed IS DISTINCT FROM false",
     )
     .bind(task_id)
     .bind(attempt)
@@ -522,7 +532,8 @@ pub async fn release_leases(pool: &PgPool, leases: &[(Uuid, Uuid)]) -> Result<u6
     Ok(sqlx::query(
         "WITH released AS ( \
            UPDATE tasks t SET status = 'DISPATCHED', lease_token = NULL, lease_owner = NULL, \
-             lease_expires_at = NULL, attempt_deadline = NULL, dispatched_at = now(), updated_at = now() \
+             lease_expires_at = NULL, lease_confirmed = NULL, attempt_deadline = NULL, \
+             dispatched_at = now(), updated_at = now() \
            FROM UNNEST($1::uuid[], $2::uuid[]) AS l(id, token) \
            WHERE t.id = ANY($1::uuid[]) AND t.id = l.id AND t.lease_token = l.token \
              AND t.status = 'LEASED' \
@@ -532,6 +543,31 @@ pub async fn release_leases(pool: &PgPool, leases: &[(Uuid, Uuid)]) -> Result<u6
     )
     .bind(&ids)
     .bind(&tokens)
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
+
+/// Leases whose worker asked to confirm receipt and never did, past their
+/// short expiry: the answer to the poll was lost. Each goes back to
+/// DISPATCHED with the same attempt (no attempt is spent, the run is not
+/// touched) and is re-enqueued. Returns how many.
+pub async fn return_unconfirmed_leases(pool: &PgPool, limit: i64) -> Result<u64, StoreError> {
+    // return_unconfirmed_leases: LEASED, never confirmed, expired -> DISPATCHED
+    Ok(sqlx::query(
+        "WITH returned AS ( \
+           UPDATE tasks t SET status = 'DISPATCHED', lease_token = NULL, lease_owner = NULL, \
+             lease_expires_at = NULL, lease_confirmed = NULL, attempt_deadline = NULL, \
+             dispatched_at = now(), updated_at = now() \
+           WHERE t.id IN (SELECT id FROM tasks WHERE status = 'LEASED' \
+               AND lease_confirmed = false AND lease_expires_at < now() \
+             ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+             AND t.status = 'LEASED' AND t.lease_confirmed = false \
+           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id) \
+         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
+         SELECT namespace, queue, id, attempt, run_id FROM returned",
+    )
+    .bind(limit)
     .execute(pool)
     .await?
     .rows_affected())

@@ -146,6 +146,7 @@ impl PollerContext {
             let polled = self
                 .client
                 .poll_tasks(PollTasksRequest {
+                    confirm_receipt: false,
                     worker_id: self.worker_id.clone(),
                     queues: self.queues.clone(),
                     max_tasks: self.max_tasks,

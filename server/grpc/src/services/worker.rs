@@ -4,7 +4,10 @@
 
 use std::{sync::Arc, time::Duration};
 
-use composer_coordinator::{Coordinator, TaskReport, dispatch::PollHub};
+use composer_coordinator::{
+    Coordinator, TaskReport,
+    dispatch::{PollHub, PollRequest},
+};
 use composer_proto::v1::{
     CompleteTaskRequest, CompleteTaskResponse, FailTaskRequest, FailTaskResponse, HeartbeatRequest,
     HeartbeatResponse, PollTasksRequest, PollTasksResponse, Task,
@@ -152,9 +155,12 @@ impl WorkerService for WorkerApi {
         let poll = hub.poll(
             &caller.namespace,
             &request.queues,
-            &request.worker_id,
-            max,
-            wait,
+            PollRequest {
+                worker_id: &request.worker_id,
+                max,
+                wait,
+                confirm_receipt: request.confirm_receipt,
+            },
         );
         let tasks = tokio::select! {
             tasks = poll => tasks.map_err(|e| Status::resource_exhausted(e.to_string()))?,
