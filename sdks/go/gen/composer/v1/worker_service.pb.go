@@ -39,9 +39,20 @@ type PollTasksRequest struct {
 	MaxTasks int32 `protobuf:"varint,3,opt,name=max_tasks,json=maxTasks,proto3" json:"max_tasks,omitempty"`
 	// How long to wait for a task before answering with none (default 20s, at
 	// most 60s). Clients should set their RPC deadline a few seconds longer.
-	Wait          *durationpb.Duration `protobuf:"bytes,4,opt,name=wait,proto3" json:"wait,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Wait *durationpb.Duration `protobuf:"bytes,4,opt,name=wait,proto3" json:"wait,omitempty"`
+	// The worker confirms each task it receives that it has not reported
+	// before the task's first lease_expire_time, with a Heartbeat (the SDKs
+	// send it a third of the way there; a task reported sooner needs none).
+	// Until then the lease lasts only the server's receipt timeout
+	// (`--lease-receipt-timeout`, 5s), not the node's heartbeat_timeout; a
+	// lease that ends unconfirmed (the answer never reached the worker: the
+	// server died before answering, the connection broke) offers the task
+	// again with the same attempt number, so it costs none of the node's
+	// retries. Without it a lost answer strands the task for the whole
+	// heartbeat_timeout and then spends an attempt.
+	ConfirmReceipt bool `protobuf:"varint,5,opt,name=confirm_receipt,json=confirmReceipt,proto3" json:"confirm_receipt,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *PollTasksRequest) Reset() {
@@ -100,6 +111,13 @@ func (x *PollTasksRequest) GetWait() *durationpb.Duration {
 		return x.Wait
 	}
 	return nil
+}
+
+func (x *PollTasksRequest) GetConfirmReceipt() bool {
+	if x != nil {
+		return x.ConfirmReceipt
+	}
+	return false
 }
 
 // Task is one leased attempt of a node, handed to a worker.
@@ -683,12 +701,13 @@ var File_composer_v1_worker_service_proto protoreflect.FileDescriptor
 
 const file_composer_v1_worker_service_proto_rawDesc = "" +
 	"\n" +
-	" composer/v1/worker_service.proto\x12\vcomposer.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x93\x01\n" +
+	" composer/v1/worker_service.proto\x12\vcomposer.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x01\n" +
 	"\x10PollTasksRequest\x12\x1b\n" +
 	"\tworker_id\x18\x01 \x01(\tR\bworkerId\x12\x16\n" +
 	"\x06queues\x18\x02 \x03(\tR\x06queues\x12\x1b\n" +
 	"\tmax_tasks\x18\x03 \x01(\x05R\bmaxTasks\x12-\n" +
-	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\"\xaa\x04\n" +
+	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12'\n" +
+	"\x0fconfirm_receipt\x18\x05 \x01(\bR\x0econfirmReceipt\"\xaa\x04\n" +
 	"\x04Task\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1f\n" +

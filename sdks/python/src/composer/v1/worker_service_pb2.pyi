@@ -12,16 +12,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class PollTasksRequest(_message.Message):
-    __slots__ = ("worker_id", "queues", "max_tasks", "wait")
+    __slots__ = ("worker_id", "queues", "max_tasks", "wait", "confirm_receipt")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     MAX_TASKS_FIELD_NUMBER: _ClassVar[int]
     WAIT_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_RECEIPT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     queues: _containers.RepeatedScalarFieldContainer[str]
     max_tasks: int
     wait: _duration_pb2.Duration
-    def __init__(self, worker_id: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., max_tasks: _Optional[int] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+    confirm_receipt: bool
+    def __init__(self, worker_id: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., max_tasks: _Optional[int] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., confirm_receipt: _Optional[bool] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("task_id", "attempt", "lease_token", "lease_expire_time", "lease_duration", "run_id", "node_id", "workflow_name", "workflow_version", "queue", "task_name", "input", "attempt_deadline", "namespace")
