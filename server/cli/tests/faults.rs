@@ -470,8 +470,8 @@ async fn a_poll_answer_that_never_arrives_offers_the_task_again_without_spending
     // the answer "never arrives": this worker takes it and never confirms
     let lost = poll_confirming(&mut workers, "qr").await;
     assert_eq!(lost.attempt, 1);
-    let lease_ends = lost.lease_expire_time.clone().expect("expiry");
-    let heartbeat_ends = lost.lease_duration.clone().expect("lease duration");
+    let lease_ends = lost.lease_expire_time.expect("expiry");
+    let heartbeat_ends = lost.lease_duration.expect("lease duration");
     assert!(
         heartbeat_ends.seconds == 3600 && lease_ends.seconds < now_seconds() + 60,
         "until confirmed the lease is the receipt timeout, not the hour: {lost:?}"

@@ -1135,3 +1135,65 @@ async fn watch_run_streams_over_grpc_web_until_the_run_ends() {
     assert_eq!(last.status(), RunStatus::Completed);
     assert!(trailers.contains("grpc-status:0"), "{trailers}");
 }
+
+#[tokio::test]
+async fn history_records_who_held_each_lease_and_when_one_expired() {
+    let (server, mut client) = server_and_client().await;
+    client
+        .register(
+            "name: flaky_lease\nnodes:\n  - { id: step, type: TASK, queue: ql, task: t, \
+             heartbeat_timeout: 1s, retry: { max_attempts: 2, initial_interval: 10ms } }\n",
+        )
+        .await;
+    // the first attempt's worker vanishes; the second completes it
+    let worker = TestWorker::start(&server.url(), &["ql"], 1, 1, |lease| {
+        if lease.attempt == 1 {
+            Outcome::Vanish
+        } else {
+            Outcome::Complete(json!({ "ok": true }))
+        }
+    })
+    .await;
+    let run_id = client.start("flaky_lease", json!({})).await;
+    let run = client.wait_done(&run_id, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Completed, "{run:#?}");
+    drop(worker);
+    let history = client.history(&run_id).await;
+    let of_step: Vec<(&str, i32)> = history
+        .iter()
+        .filter(|e| e.node_id == "step")
+        .map(|e| (e.event_type.as_str(), e.attempt))
+        .collect();
+    assert_eq!(
+        of_step,
+        [
+            ("node_started", 0),
+            ("task_leased", 1),
+            ("lease_expired", 1),
+            ("attempt_failed", 1),
+            ("retry_scheduled", 2),
+            ("task_leased", 2),
+            ("node_completed", 2),
+        ],
+        "{history:#?}"
+    );
+    let holders: Vec<String> = history
+        .iter()
+        .filter(|e| e.event_type == "task_leased")
+        .map(|e| {
+            composer_testkit::worker::json_of(e.details.clone().expect("details"))["worker_id"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(holders, ["test-worker-0", "test-worker-0"]);
+    // every type the server wrote is one of the documented list
+    let known: Vec<&str> = composer_engine::history::HistoryEventType::ALL
+        .iter()
+        .map(|t| t.as_str())
+        .collect();
+    for event in &history {
+        assert!(known.contains(&event.event_type.as_str()), "{event:?}");
+    }
+}

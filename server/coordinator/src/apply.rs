@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, VecDeque};
 use chrono::{DateTime, TimeZone, Utc};
 use composer_engine::{
     Action, ChildStatus, DecideError, ErrorInfo, Event, NodeKey, NodeState, RunRecord, RunState,
-    RunStatus, TimerId, TimerKind, Timestamp, decide, prefetch,
+    RunStatus, TimerId, TimerKind, Timestamp, decide, history::HistoryEventType, prefetch,
 };
 use composer_store::{
     events,
@@ -142,7 +142,9 @@ pub(crate) struct RunTxn<'a> {
     touched: BTreeMap<NodeKey, NodeState>,
     timers: BTreeMap<String, Option<TimerWrite>>,
     history: Vec<HistoryWrite>,
-    queue: VecDeque<(Event, String)>,
+    /// Events to apply, each with its actor and, for the end of a leased
+    /// attempt, the worker that held the lease.
+    queue: VecDeque<(Event, String, Option<String>)>,
     /// Tasks to arm, written with the rest at the end (one per node key).
     arms: Vec<PendingArm>,
     /// A run inserted by this transaction: it has no node rows to load.
@@ -266,7 +268,7 @@ impl<'a> RunTxn<'a> {
     pub(crate) fn first_queued_keys(&self) -> Vec<String> {
         self.queue
             .front()
-            .map(|(event, _)| self.first_keys(event))
+            .map(|(event, _, _)| self.first_keys(event))
             .unwrap_or_default()
     }
 
@@ -298,17 +300,40 @@ impl<'a> RunTxn<'a> {
 
     /// Queues an event.
     pub(crate) fn push(&mut self, event: Event, actor: &str) {
-        self.queue.push_back((event, actor.to_owned()));
+        self.queue.push_back((event, actor.to_owned(), None));
     }
 
     /// Records a history entry that no decision makes (e.g. who asked).
-    pub(crate) fn note(&mut self, event_type: &str, actor: &str, details: Json) {
+    pub(crate) fn note(&mut self, event_type: HistoryEventType, actor: &str, details: Json) {
         self.history.push(HistoryWrite {
-            event_type: event_type.to_owned(),
+            event_type: event_type.as_str().to_owned(),
             node_key: None,
             attempt: None,
             actor: actor.to_owned(),
             details,
+        });
+    }
+
+    /// Queues an event that ends a leased attempt (a report, an expiry):
+    /// its history starts with which worker held the lease.
+    pub(crate) fn push_lease_end(&mut self, event: Event, actor: &str, worker_id: String) {
+        self.queue
+            .push_back((event, actor.to_owned(), Some(worker_id)));
+    }
+
+    fn note_lease(&mut self, event: &Event, worker_id: &str, actor: &str) {
+        let (Event::TaskCompleted { node, attempt, .. }
+        | Event::TaskFailed { node, attempt, .. }
+        | Event::LeaseExpired { node, attempt, .. }) = event
+        else {
+            return;
+        };
+        self.history.push(HistoryWrite {
+            event_type: HistoryEventType::TaskLeased.as_str().to_owned(),
+            node_key: Some(node.to_string()),
+            attempt: i32::try_from(*attempt).ok(),
+            actor: actor.to_owned(),
+            details: json!({ "worker_id": worker_id }),
         });
     }
 
@@ -318,7 +343,10 @@ impl<'a> RunTxn<'a> {
         mut self,
         conn: &mut PgConnection,
     ) -> Result<Applied, CoordinatorError> {
-        while let Some((event, actor)) = self.queue.pop_front() {
+        while let Some((event, actor, lease_holder)) = self.queue.pop_front() {
+            if let Some(worker_id) = lease_holder {
+                self.note_lease(&event, &worker_id, &actor);
+            }
             self.apply_one(conn, &event, &actor).await?;
         }
         self.persist(conn).await?;
@@ -516,6 +544,7 @@ impl<'a> RunTxn<'a> {
                             node: Some(node),
                         },
                         actor.to_owned(),
+                        None,
                     )),
                     None => {
                         events::insert_wait(
@@ -559,7 +588,7 @@ impl<'a> RunTxn<'a> {
                 attempt,
                 detail,
             } => self.history.push(HistoryWrite {
-                event_type: kind,
+                event_type: kind.as_str().to_owned(),
                 node_key: node.map(|n| n.to_string()),
                 attempt: attempt.and_then(|a| i32::try_from(a).ok()),
                 actor: actor.to_owned(),
@@ -670,7 +699,7 @@ impl<'a> RunTxn<'a> {
             error: Some(error),
             seed: seed(),
         };
-        self.queue.push_back((event, actor.to_owned()));
+        self.queue.push_back((event, actor.to_owned(), None));
     }
 
     async fn cancel_children(

@@ -137,20 +137,21 @@ impl Coordinator {
         let Some(run) = runs::lock_run(&mut tx, None, lease.run_id).await? else {
             return Ok(false);
         };
-        if !tasks::expire_lease(&mut tx, lease.task_id, lease.attempt).await? {
+        let Some(holder) = tasks::expire_lease(&mut tx, lease.task_id, lease.attempt).await? else {
             return Ok(false);
-        }
+        };
         let node: NodeKey = lease.node_key.parse().map_err(|_| {
             CoordinatorError::Corrupt(format!("task node key {:?}", lease.node_key))
         })?;
         let mut txn = RunTxn::new(self, run, &mut tx).await?;
-        txn.push(
+        txn.push_lease_end(
             Event::LeaseExpired {
                 node,
                 attempt: u32::try_from(lease.attempt).unwrap_or_default(),
                 seed: seed(),
             },
             SYSTEM,
+            holder,
         );
         txn.commit(tx).await?;
         Ok(true)

@@ -270,7 +270,12 @@ impl Coordinator {
         }
         for (index, queued) in batch.iter().enumerate() {
             if found.applied.get(index).copied().unwrap_or(false) {
-                txn.push(queued.event.clone(), &queued.actor);
+                let holder = found.holders.get(index).cloned().flatten();
+                txn.push_lease_end(
+                    queued.event.clone(),
+                    &queued.actor,
+                    holder.unwrap_or_default(),
+                );
                 answers.push(Ok(()));
                 continue;
             }
@@ -337,7 +342,7 @@ impl Coordinator {
     ) -> Result<(), CoordinatorError> {
         let mut txn = RunTxn::new(self, run, &mut tx).await?;
         let keys = txn.first_keys(&event);
-        let (check, rows) = tasks::finish_task_and_load(
+        let (check, holder, rows) = tasks::finish_task_and_load(
             &mut tx,
             (lease.task, lease.attempt, lease.token, lease.outcome),
             txn.run_id(),
@@ -350,7 +355,7 @@ impl Coordinator {
             ReportCheck::Stale => return lease.refused(false),
         }
         txn.preload(&keys, rows)?;
-        txn.push(event, actor);
+        txn.push_lease_end(event, actor, holder.unwrap_or_default());
         txn.commit(tx).await?;
         Ok(())
     }

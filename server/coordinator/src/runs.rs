@@ -1,6 +1,6 @@
 //! Run control: start, read, cancel, retry, send events.
 
-use composer_engine::{Event, NodeKey};
+use composer_engine::{Event, NodeKey, history::HistoryEventType};
 use composer_store::{
     events,
     runs::{self, HistoryRow, NewRun, NodeRow, RunFilter, RunRow},
@@ -367,7 +367,7 @@ impl Coordinator {
         }
         let mut txn = RunTxn::new(self, run, &mut tx).await?;
         txn.note(
-            "cancel_requested_by",
+            HistoryEventType::CancelRequestedBy,
             actor,
             json!({"reason": reason, "by": actor}),
         );
@@ -403,7 +403,11 @@ impl Coordinator {
             .filter_map(|k| k.parse().ok())
             .collect();
         let mut txn = RunTxn::new(self, run, &mut tx).await?;
-        txn.note("retry_requested_by", actor, json!({"by": actor}));
+        txn.note(
+            HistoryEventType::RetryRequestedBy,
+            actor,
+            json!({"by": actor}),
+        );
         txn.push(Event::RetryRequested { interrupted }, actor);
         txn.commit(tx).await?;
         self.expect_run(namespace, run_id).await
@@ -494,7 +498,7 @@ impl Coordinator {
                 run_id,
                 namespace,
                 &[composer_store::runs::HistoryWrite {
-                    event_type: "event_stored".to_owned(),
+                    event_type: HistoryEventType::EventStored.as_str().to_owned(),
                     node_key: None,
                     attempt: None,
                     actor: actor.to_owned(),

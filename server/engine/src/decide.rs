@@ -5,6 +5,7 @@
 //! own state, the run's completion is read from its active counter, and
 //! cancellation is run-scoped (`CancelAll*`), so nothing scans the run.
 
+use crate::history::HistoryEventType as H;
 use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use serde_json::{Value as Json, json};
@@ -377,9 +378,9 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    fn history(&mut self, kind: &str, node: Option<&NodeKey>, attempt: Option<u32>, detail: Json) {
+    fn history(&mut self, kind: H, node: Option<&NodeKey>, attempt: Option<u32>, detail: Json) {
         self.actions.push(Action::AppendHistory {
-            kind: kind.to_owned(),
+            kind,
             node: node.cloned(),
             attempt,
             detail,
@@ -387,7 +388,7 @@ impl<'a> Ctx<'a> {
     }
 
     fn ignore(&mut self, node: Option<&NodeKey>, attempt: Option<u32>, reason: &str) {
-        self.history("event_ignored", node, attempt, ignored(reason));
+        self.history(H::EventIgnored, node, attempt, ignored(reason));
     }
 
     fn finish(self) -> Decision {
@@ -443,6 +444,7 @@ impl<'a> Ctx<'a> {
                 seed,
             } => {
                 if let Some((idx, st)) = self.current_attempt(node, *attempt, &TASK_TYPES, false)? {
+                    self.history(H::LeaseExpired, Some(node), Some(*attempt), json!({}));
                     let error = ErrorInfo::new(
                         codes::LEASE_EXPIRED,
                         format!("attempt {attempt} lost its lease: no heartbeat or report in time"),
@@ -494,7 +496,7 @@ impl<'a> Ctx<'a> {
             } => self.event_received(name, payload, node.as_ref())?,
             Event::CancelRequested { reason } => match self.run.status {
                 RunStatus::Pending | RunStatus::Running => {
-                    self.history("cancel_requested", None, None, json!({ "reason": reason }));
+                    self.history(H::CancelRequested, None, None, json!({ "reason": reason }));
                     self.end_run(Ending::Cancelled(reason.clone()))?;
                 }
                 _ => self.ignore(None, None, "the run is not running"),
@@ -592,7 +594,7 @@ impl<'a> Ctx<'a> {
         self.run.status = RunStatus::Running;
         self.run.started_at = Some(self.now);
         self.history(
-            "run_started",
+            H::RunStarted,
             None,
             None,
             json!({ "input": self.run.input }),
@@ -715,7 +717,7 @@ impl<'a> Ctx<'a> {
                 match st {
                     Some(st) if st.status == NodeStatus::Waiting => {
                         if timer.kind == TimerKind::Wait {
-                            self.history("wait_elapsed", Some(key), None, json!({}));
+                            self.history(H::WaitElapsed, Some(key), None, json!({}));
                             self.complete_node(idx, st, Some(json!({ "fired_at": self.now.0 })))?;
                         } else {
                             let ms = self.wf.nodes[idx].timeout_ms.unwrap_or(0) as i64;
@@ -772,11 +774,11 @@ impl<'a> Ctx<'a> {
                     timer: TimerId::node(TimerKind::EventTimeout, key.clone(), None),
                 });
             }
-            self.history("event_received", Some(&key), None, json!({ "name": name }));
+            self.history(H::EventReceived, Some(&key), None, json!({ "name": name }));
             return self.complete_node(c, st, Some(payload.clone()));
         }
         self.history(
-            "event_ignored",
+            H::EventIgnored,
             node,
             None,
             json!({ "reason": "no node is waiting for this event", "name": name }),
@@ -793,7 +795,7 @@ impl<'a> Ctx<'a> {
         let key = self.key(idx);
         self.ensure_loaded(&node.refs)?;
         self.history(
-            "node_started",
+            H::NodeStarted,
             Some(&key),
             None,
             json!({ "type": node.node_type }),
@@ -1090,7 +1092,7 @@ impl<'a> Ctx<'a> {
         }
         if self.run.status == RunStatus::Compensating {
             self.history(
-                "compensation_completed",
+                H::CompensationCompleted,
                 Some(key),
                 Some(st.attempt),
                 json!({ "output": output }),
@@ -1125,7 +1127,7 @@ impl<'a> Ctx<'a> {
         let policy = &node.retry;
         let non_retryable = !retryable || policy.non_retryable.contains(&error.code);
         self.history(
-            "attempt_failed",
+            H::AttemptFailed,
             Some(key),
             Some(st.attempt),
             json!({ "code": error.code, "message": error.message, "retryable": !non_retryable }),
@@ -1138,7 +1140,7 @@ impl<'a> Ctx<'a> {
         st.status = NodeStatus::RetryScheduled;
         st.error = Some(error);
         self.history(
-            "retry_scheduled",
+            H::RetryScheduled,
             Some(key),
             Some(next),
             json!({ "delay_ms": delay }),
@@ -1204,7 +1206,7 @@ impl<'a> Ctx<'a> {
             self.run.compensable.push(node.id.clone());
         }
         self.history(
-            "node_completed",
+            H::NodeCompleted,
             Some(&key),
             (st.attempt > 0).then_some(st.attempt),
             json!({}),
@@ -1218,7 +1220,7 @@ impl<'a> Ctx<'a> {
     fn node_failed(&mut self, idx: usize, key: &NodeKey, mut st: NodeState, error: ErrorInfo) -> R {
         if self.run.status == RunStatus::Compensating {
             self.history(
-                "compensation_failed",
+                H::CompensationFailed,
                 Some(key),
                 Some(st.attempt),
                 json!({ "code": error.code, "message": error.message }),
@@ -1270,7 +1272,7 @@ impl<'a> Ctx<'a> {
         st.status = NodeStatus::Failed;
         st.error = Some(error.clone());
         self.history(
-            "node_failed",
+            H::NodeFailed,
             Some(key),
             None,
             json!({ "code": error.code, "message": error.message }),
@@ -1310,12 +1312,12 @@ impl<'a> Ctx<'a> {
                 Ok(Val::Bool(b)) => b,
                 Ok(other) => {
                     let detail = json!({ "edge": e, "error": format!("when is not a bool: {}", other.to_json()) });
-                    ctx.history("expression_error", Some(&ctx.key(idx)), None, detail);
+                    ctx.history(H::ExpressionError, Some(&ctx.key(idx)), None, detail);
                     false
                 }
                 Err(err) => {
                     let detail = json!({ "edge": e, "error": err.to_string() });
-                    ctx.history("expression_error", Some(&ctx.key(idx)), None, detail);
+                    ctx.history(H::ExpressionError, Some(&ctx.key(idx)), None, detail);
                     false
                 }
             }
@@ -1371,7 +1373,7 @@ impl<'a> Ctx<'a> {
                     if self.wf.nodes[to].node_type == NodeType::Join {
                         if st.status != NodeStatus::Pending {
                             self.history(
-                                "arrival_ignored",
+                                H::ArrivalIgnored,
                                 Some(&key),
                                 None,
                                 json!({ "from": self.wf.nodes[from].id }),
@@ -1382,7 +1384,7 @@ impl<'a> Ctx<'a> {
                         self.check_join(to, st)?;
                     } else if st.status != NodeStatus::Pending {
                         self.history(
-                            "arrival_ignored",
+                            H::ArrivalIgnored,
                             Some(&key),
                             None,
                             json!({ "from": self.wf.nodes[from].id, "reason": "the node already started" }),
@@ -1429,7 +1431,7 @@ impl<'a> Ctx<'a> {
     fn skip_node(&mut self, idx: usize, mut st: NodeState) {
         let key = self.key(idx);
         st.status = NodeStatus::Skipped;
-        self.history("node_skipped", Some(&key), None, json!({}));
+        self.history(H::NodeSkipped, Some(&key), None, json!({}));
         self.put(key, st);
         for &e in &self.wf.nodes[idx].out_edges {
             self.work.push_back(Work::Skip {
@@ -1465,7 +1467,7 @@ impl<'a> Ctx<'a> {
                 }
                 self.run.status = RunStatus::Completed;
                 self.run.output = Some(output.clone());
-                self.history("run_completed", None, None, json!({ "output": output }));
+                self.history(H::RunCompleted, None, None, json!({ "output": output }));
                 self.actions.push(Action::CompleteRun { output });
                 Ok(())
             }
@@ -1494,7 +1496,7 @@ impl<'a> Ctx<'a> {
         }
         let remaining: Vec<String> = self.run.compensable.iter().rev().cloned().collect();
         self.history(
-            "compensation_started",
+            H::CompensationStarted,
             None,
             None,
             json!({ "nodes": remaining }),
@@ -1532,7 +1534,7 @@ impl<'a> Ctx<'a> {
                 comp.current = Some(done.clone());
             }
             self.history(
-                "compensation_node_started",
+                H::CompensationNodeStarted,
                 Some(&key),
                 None,
                 json!({ "for": done }),
@@ -1547,7 +1549,7 @@ impl<'a> Ctx<'a> {
                 }
                 Err(message) => {
                     self.history(
-                        "compensation_failed",
+                        H::CompensationFailed,
                         Some(&key),
                         None,
                         json!({ "code": codes::INPUT_ERROR, "message": message }),
@@ -1563,7 +1565,7 @@ impl<'a> Ctx<'a> {
                 self.run.status = RunStatus::Failed;
                 self.run.error = Some(error.clone());
                 self.history(
-                    "run_failed",
+                    H::RunFailed,
                     None,
                     None,
                     json!({ "code": error.code, "message": error.message }),
@@ -1572,7 +1574,7 @@ impl<'a> Ctx<'a> {
             }
             Ending::Cancelled(reason) => {
                 self.run.status = RunStatus::Cancelled;
-                self.history("run_cancelled", None, None, json!({ "reason": reason }));
+                self.history(H::RunCancelled, None, None, json!({ "reason": reason }));
                 self.actions.push(Action::CancelRun { reason });
             }
         }
@@ -1610,7 +1612,7 @@ impl<'a> Ctx<'a> {
             return Err(DecideError::NeedNodes(missing));
         }
         self.history(
-            "run_retried",
+            H::RunRetried,
             None,
             None,
             json!({ "nodes": keys.iter().map(|k| k.to_string()).collect::<Vec<_>>() }),

@@ -42,6 +42,7 @@ mod compile;
 mod decide;
 mod definition;
 pub mod duration;
+pub mod history;
 pub mod names;
 pub mod simulate;
 mod state;

@@ -214,8 +214,9 @@ impl SimulationReport {
 
     /// The history entries of `kind`, in order.
     pub fn history_of<'r>(&'r self, kind: &'r str) -> impl Iterator<Item = &'r Action> + 'r {
-        self.actions()
-            .filter(move |a| matches!(a, Action::AppendHistory { kind: k, .. } if k == kind))
+        self.actions().filter(
+            move |a| matches!(a, Action::AppendHistory { kind: k, .. } if k.as_str() == kind),
+        )
     }
 
     /// A readable timeline, one line per event and per action, times relative

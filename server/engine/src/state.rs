@@ -558,7 +558,7 @@ pub enum Action {
         reason: String,
     },
     AppendHistory {
-        kind: String,
+        kind: crate::history::HistoryEventType,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         node: Option<NodeKey>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -598,7 +598,7 @@ impl Decision {
     pub fn event_consumed(&self) -> bool {
         self.actions
             .iter()
-            .any(|a| matches!(a, Action::AppendHistory { kind, .. } if kind == "event_received"))
+            .any(|a| matches!(a, Action::AppendHistory { kind, .. } if *kind == crate::history::HistoryEventType::EventReceived))
     }
 }
 

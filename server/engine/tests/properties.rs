@@ -210,7 +210,7 @@ fn check_invariants(
             "node_completed" | "node_failed" => {
                 first_done.entry(id.clone()).or_insert(i);
                 first_resolved.entry(id.clone()).or_insert(i);
-                if kind == "node_completed" {
+                if kind.as_str() == "node_completed" {
                     *completions.entry(id).or_default() += 1;
                 }
             }
@@ -292,7 +292,7 @@ proptest! {
                     "compensation_node_started" => compensated.push(detail["for"].as_str().unwrap_or_default().to_owned()),
                     _ => {}
                 },
-                Action::AppendHistory { kind, .. } if kind == "compensation_started" || kind == "run_completed" => ended = true,
+                Action::AppendHistory { kind, .. } if kind.as_str() == "compensation_started" || kind.as_str() == "run_completed" => ended = true,
                 _ => {}
             }
         }

@@ -926,7 +926,7 @@ fn compensation_runs_for_every_completed_node_in_reverse_completion_order() {
     });
     let last_comp = r.history.iter().rposition(|s| {
         s.actions.iter().any(
-            |a| matches!(a, Action::AppendHistory { kind, .. } if kind == "compensation_completed"),
+            |a| matches!(a, Action::AppendHistory { kind, .. } if kind.as_str() == "compensation_completed"),
         )
     });
     assert_eq!(fail_step, last_comp);
@@ -968,7 +968,7 @@ fn a_compensated_run_cannot_be_retried() {
     assert_eq!(
         last.actions,
         vec![Action::AppendHistory {
-            kind: "event_ignored".into(),
+            kind: composer_engine::history::HistoryEventType::EventIgnored,
             node: None,
             attempt: None,
             detail: json!({"reason": "the run was compensated: its completed work was undone, start a new run"}),
@@ -1074,7 +1074,7 @@ fn stale_event_for_another_attempt_is_ignored_and_recorded() {
     assert_eq!(
         decision.actions,
         vec![Action::AppendHistory {
-            kind: "event_ignored".into(),
+            kind: composer_engine::history::HistoryEventType::EventIgnored,
             node: Some(key("a")),
             attempt: Some(1),
             detail: json!({"reason": "stale attempt (current attempt is 2)"}),

@@ -1034,6 +1034,8 @@ pub struct FencedReports {
     /// Per lease, in order: true when it held and the task now has its
     /// outcome.
     pub applied: Vec<bool>,
+    /// Per lease: the worker that held it, when it applied.
+    pub holders: Vec<Option<String>>,
     /// Per lease: the same outcome was already recorded for it (as read by
     /// the statement's snapshot: trust it only if `consistent`).
     pub repeat: Vec<bool>,
@@ -1076,11 +1078,13 @@ pub async fn lock_run_fence_and_load(
            WHERE t.id = ANY($3::uuid[]) AND t.id = l.id AND t.attempt = l.attempt \
              AND t.lease_token = l.token \
              AND t.status = 'LEASED' AND t.run_id = $1 AND EXISTS (SELECT 1 FROM locked) \
-           RETURNING t.id) \
+           RETURNING t.id, t.lease_owner) \
          SELECT locked.*, \
            (SELECT xmin::text FROM runs WHERE id = $1) AS seen_version, \
            ARRAY(SELECT EXISTS (SELECT 1 FROM finished f WHERE f.id = l.id) \
              FROM lease l ORDER BY l.ord) AS applied, \
+           ARRAY(SELECT (SELECT f.lease_owner FROM finished f WHERE f.id = l.id) \
+             FROM lease l ORDER BY l.ord) AS holders, \
            ARRAY(SELECT COALESCE((SELECT t.outcome = l.outcome FROM tasks t \
                WHERE t.id = l.id AND t.attempt = l.attempt AND t.lease_token = l.token), false) \
              FROM lease l ORDER BY l.ord) AS repeat, \
@@ -1107,6 +1111,7 @@ pub async fn lock_run_fence_and_load(
     Ok(Some(FencedReports {
         run: run_from_row(&row)?,
         applied: row.try_get("applied")?,
+        holders: row.try_get("holders")?,
         repeat: row.try_get("repeat")?,
         consistent: seen.as_deref() == Some(locked.as_str()),
         nodes: node_keys.into_iter().zip(states).collect(),

@@ -407,25 +407,25 @@ pub async fn expired_leases(pool: &PgPool, limit: i64) -> Result<Vec<ExpiredLeas
         .map_err(StoreError::from)
 }
 
-/// Marks a lease expired if it still is; under the run lock. `false`: a
-/// heartbeat or report got there first.
+/// Marks a lease expired if it still is; under the run lock. Returns the
+/// worker that held it; None: a heartbeat or report got there first.
 pub async fn expire_lease(
     conn: &mut PgConnection,
     task_id: Uuid,
     attempt: i32,
-) -> Result<bool, StoreError> {
+) -> Result<Option<String>, StoreError> {
     // expire_lease: LEASED and past its deadline -> EXPIRED
-    Ok(sqlx::query(
+    let holder: Option<Option<String>> = sqlx::query_scalar(
         "UPDATE tasks SET status = 'EXPIRED', updated_at = now() \
          WHERE id = $1 AND attempt = $2 AND status = 'LEASED' AND lease_expires_at < now() \
-           AND lease_confirmed IS DISTINCT FROM false",
+           AND lease_confirmed IS DISTINCT FROM false \
+         RETURNING lease_owner",
     )
     .bind(task_id)
     .bind(attempt)
-    .execute(conn)
-    .await?
-    .rows_affected()
-        == 1)
+    .fetch_optional(conn)
+    .await?;
+    Ok(holder.map(Option::unwrap_or_default))
 }
 
 /// Writes fresh outbox rows for tasks dispatched longer than `grace_ms` ago
@@ -582,7 +582,7 @@ pub async fn finish_task_and_load(
     finish: (Uuid, i32, Uuid, &str),
     run_id: Uuid,
     keys: &[String],
-) -> Result<(ReportCheck, Vec<(String, Json)>), StoreError> {
+) -> Result<(ReportCheck, Option<String>, Vec<(String, Json)>), StoreError> {
     let (task_id, attempt, lease_token, outcome) = finish;
     // finish_task_and_load: LEASED -> outcome for the caller's lease only;
     // `repeat` reads the row as it was before this statement's update
@@ -590,8 +590,9 @@ pub async fn finish_task_and_load(
         "WITH finished AS ( \
            UPDATE tasks SET status = $4, outcome = $4, lease_expires_at = NULL, updated_at = now() \
            WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND status = 'LEASED' \
-           RETURNING 1) \
+           RETURNING lease_owner) \
          SELECT EXISTS (SELECT 1 FROM finished) AS applied, \
+           (SELECT lease_owner FROM finished) AS holder, \
            (SELECT outcome = $4 FROM tasks WHERE id = $1 AND attempt = $2 AND lease_token = $3) \
              AS repeat, \
            {}",
@@ -612,9 +613,10 @@ pub async fn finish_task_and_load(
         (false, Some(true)) => ReportCheck::Repeat,
         (false, _) => ReportCheck::Stale,
     };
+    let holder: Option<String> = row.try_get("holder")?;
     let node_keys: Vec<String> = row.try_get("node_keys")?;
     let states: Vec<Json> = row.try_get("node_states")?;
-    Ok((check, node_keys.into_iter().zip(states).collect()))
+    Ok((check, holder, node_keys.into_iter().zip(states).collect()))
 }
 
 /// Whether this lease already reported `outcome` (a repeat report, answered

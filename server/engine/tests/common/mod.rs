@@ -144,7 +144,7 @@ pub fn history_kinds(actions: &[Action]) -> Vec<String> {
         .filter_map(|a| match a {
             Action::AppendHistory { kind, node, .. } => Some(
                 node.as_ref()
-                    .map_or_else(|| kind.clone(), |n| format!("{kind}:{n}")),
+                    .map_or_else(|| kind.to_string(), |n| format!("{kind}:{n}")),
             ),
             _ => None,
         })

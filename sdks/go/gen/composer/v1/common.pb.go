@@ -728,10 +728,14 @@ type HistoryEvent struct {
 	Sequence int64 `protobuf:"varint,1,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	// When the event was recorded.
 	EventTime *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=event_time,json=eventTime,proto3" json:"event_time,omitempty"`
-	// What happened: RunStarted, TaskCreated, TaskLeased, TaskCompleted,
-	// TaskFailed, LeaseExpired, TimerFired, EventReceived, NodeSkipped,
-	// ArrivalIgnored, StaleEventIgnored, CompensationStarted, RunCompleted,
-	// RunFailed, CancelRequested, RunCancelled, RetryRequested, ...
+	// What happened, one of (docs/history.md says what each means):
+	// run_started, node_started, task_leased, lease_expired, node_completed,
+	// attempt_failed, retry_scheduled, node_failed, node_skipped, wait_elapsed,
+	// event_received, event_stored, event_ignored, arrival_ignored,
+	// expression_error, cancel_requested_by, cancel_requested,
+	// retry_requested_by, run_retried, compensation_started,
+	// compensation_node_started, compensation_completed, compensation_failed,
+	// run_completed, run_failed, run_cancelled.
 	EventType string `protobuf:"bytes,3,opt,name=event_type,json=eventType,proto3" json:"event_type,omitempty"`
 	// The node the event is about, if any.
 	NodeId string `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`

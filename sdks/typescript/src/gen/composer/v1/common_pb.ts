@@ -395,10 +395,14 @@ export type HistoryEvent = Message<"composer.v1.HistoryEvent"> & {
   eventTime?: Timestamp | undefined;
 
   /**
-   * What happened: RunStarted, TaskCreated, TaskLeased, TaskCompleted,
-   * TaskFailed, LeaseExpired, TimerFired, EventReceived, NodeSkipped,
-   * ArrivalIgnored, StaleEventIgnored, CompensationStarted, RunCompleted,
-   * RunFailed, CancelRequested, RunCancelled, RetryRequested, ...
+   * What happened, one of (docs/history.md says what each means):
+   * run_started, node_started, task_leased, lease_expired, node_completed,
+   * attempt_failed, retry_scheduled, node_failed, node_skipped, wait_elapsed,
+   * event_received, event_stored, event_ignored, arrival_ignored,
+   * expression_error, cancel_requested_by, cancel_requested,
+   * retry_requested_by, run_retried, compensation_started,
+   * compensation_node_started, compensation_completed, compensation_failed,
+   * run_completed, run_failed, run_cancelled.
    *
    * @generated from field: string event_type = 3;
    */

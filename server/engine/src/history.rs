@@ -1,0 +1,178 @@
+//! The one list of history event types: what the server records in a run's
+//! history (`GetRunHistory`, `WatchRun`). The proto comment of
+//! `HistoryEvent.event_type` and `docs/history.md` list the same names; a
+//! test holds them to this list.
+
+/// What a history event records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HistoryEventType {
+    /// the run was started (by StartRun, or by a parent's SUB_WORKFLOW or MAP node).
+    RunStarted,
+    /// a node became ready and started its attempt (for a TASK: the task was created and dispatched).
+    NodeStarted,
+    /// a worker held this attempt's lease.
+    TaskLeased,
+    /// the attempt's lease ended without a heartbeat or report (`details.
+    LeaseExpired,
+    /// the node's attempt succeeded.
+    NodeCompleted,
+    /// one attempt failed.
+    AttemptFailed,
+    /// a next attempt is due after `details.
+    RetryScheduled,
+    /// the node failed for good (no attempts left, or not retryable).
+    NodeFailed,
+    /// the node will not run: its branch was not taken.
+    NodeSkipped,
+    /// a WAIT node's timer fired.
+    WaitElapsed,
+    /// a WAIT_FOR_EVENT node got its event (`details.
+    EventReceived,
+    /// an event arrived for the run before any node waited for it.
+    EventStored,
+    /// an event or report arrived that the run no longer needed (`details.
+    EventIgnored,
+    /// a branch arrived at a JOIN that had already decided.
+    ArrivalIgnored,
+    /// an expression failed at run time.
+    ExpressionError,
+    /// CancelRun was called.
+    CancelRequestedBy,
+    /// the cancellation was applied to the run.
+    CancelRequested,
+    /// RetryRun was called.
+    RetryRequestedBy,
+    /// the run was reopened from its failed nodes.
+    RunRetried,
+    /// the run failed and compensations run, in reverse order.
+    CompensationStarted,
+    /// one compensation node started.
+    CompensationNodeStarted,
+    /// every compensation finished.
+    CompensationCompleted,
+    /// a compensation failed.
+    CompensationFailed,
+    /// the run ended COMPLETED.
+    RunCompleted,
+    /// the run ended FAILED.
+    RunFailed,
+    /// the run ended CANCELLED.
+    RunCancelled,
+}
+
+impl HistoryEventType {
+    /// Every type, in the order the documentation lists them.
+    pub const ALL: [Self; 26] = [
+        Self::RunStarted,
+        Self::NodeStarted,
+        Self::TaskLeased,
+        Self::LeaseExpired,
+        Self::NodeCompleted,
+        Self::AttemptFailed,
+        Self::RetryScheduled,
+        Self::NodeFailed,
+        Self::NodeSkipped,
+        Self::WaitElapsed,
+        Self::EventReceived,
+        Self::EventStored,
+        Self::EventIgnored,
+        Self::ArrivalIgnored,
+        Self::ExpressionError,
+        Self::CancelRequestedBy,
+        Self::CancelRequested,
+        Self::RetryRequestedBy,
+        Self::RunRetried,
+        Self::CompensationStarted,
+        Self::CompensationNodeStarted,
+        Self::CompensationCompleted,
+        Self::CompensationFailed,
+        Self::RunCompleted,
+        Self::RunFailed,
+        Self::RunCancelled,
+    ];
+
+    /// The name stored and returned as `event_type`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::RunStarted => "run_started",
+            Self::NodeStarted => "node_started",
+            Self::TaskLeased => "task_leased",
+            Self::LeaseExpired => "lease_expired",
+            Self::NodeCompleted => "node_completed",
+            Self::AttemptFailed => "attempt_failed",
+            Self::RetryScheduled => "retry_scheduled",
+            Self::NodeFailed => "node_failed",
+            Self::NodeSkipped => "node_skipped",
+            Self::WaitElapsed => "wait_elapsed",
+            Self::EventReceived => "event_received",
+            Self::EventStored => "event_stored",
+            Self::EventIgnored => "event_ignored",
+            Self::ArrivalIgnored => "arrival_ignored",
+            Self::ExpressionError => "expression_error",
+            Self::CancelRequestedBy => "cancel_requested_by",
+            Self::CancelRequested => "cancel_requested",
+            Self::RetryRequestedBy => "retry_requested_by",
+            Self::RunRetried => "run_retried",
+            Self::CompensationStarted => "compensation_started",
+            Self::CompensationNodeStarted => "compensation_node_started",
+            Self::CompensationCompleted => "compensation_completed",
+            Self::CompensationFailed => "compensation_failed",
+            Self::RunCompleted => "run_completed",
+            Self::RunFailed => "run_failed",
+            Self::RunCancelled => "run_cancelled",
+        }
+    }
+
+    /// What it means, as `docs/history.md` says it.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Self::RunStarted => {
+                "the run was started (by StartRun, or by a parent's SUB_WORKFLOW or MAP node)"
+            }
+            Self::NodeStarted => {
+                "a node became ready and started its attempt (for a TASK: the task was created and dispatched)"
+            }
+            Self::TaskLeased => {
+                "a worker held this attempt's lease; `details.worker_id` names it. Written with the attempt's outcome (its report or its expiry), not when the lease is taken, so leasing stays one statement"
+            }
+            Self::LeaseExpired => {
+                "the attempt's lease ended without a heartbeat or report (`details.worker_id`); the attempt fails with LEASE_EXPIRED and is retried by the node's policy"
+            }
+            Self::NodeCompleted => "the node's attempt succeeded; `details.output` is its output",
+            Self::AttemptFailed => "one attempt failed; `details.code`, `message`, `retryable`",
+            Self::RetryScheduled => "a next attempt is due after `details.delay_ms`",
+            Self::NodeFailed => "the node failed for good (no attempts left, or not retryable)",
+            Self::NodeSkipped => "the node will not run: its branch was not taken",
+            Self::WaitElapsed => "a WAIT node's timer fired",
+            Self::EventReceived => "a WAIT_FOR_EVENT node got its event (`details.name`)",
+            Self::EventStored => {
+                "an event arrived for the run before any node waited for it; it is kept for the first that does"
+            }
+            Self::EventIgnored => {
+                "an event or report arrived that the run no longer needed (`details.reason`)"
+            }
+            Self::ArrivalIgnored => "a branch arrived at a JOIN that had already decided",
+            Self::ExpressionError => "an expression failed at run time; the node fails",
+            Self::CancelRequestedBy => {
+                "CancelRun was called; the actor is the caller, `details.reason` why"
+            }
+            Self::CancelRequested => "the cancellation was applied to the run",
+            Self::RetryRequestedBy => "RetryRun was called; the actor is the caller",
+            Self::RunRetried => "the run was reopened from its failed nodes",
+            Self::CompensationStarted => "the run failed and compensations run, in reverse order",
+            Self::CompensationNodeStarted => "one compensation node started",
+            Self::CompensationCompleted => "every compensation finished",
+            Self::CompensationFailed => "a compensation failed",
+            Self::RunCompleted => "the run ended COMPLETED; `details.output`",
+            Self::RunFailed => "the run ended FAILED; `details` is the error",
+            Self::RunCancelled => "the run ended CANCELLED",
+        }
+    }
+}
+
+impl std::fmt::Display for HistoryEventType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
