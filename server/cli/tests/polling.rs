@@ -178,3 +178,45 @@ async fn a_thousand_polled_queues_share_one_reader_and_leave_no_stream_behind() 
     drop(server);
     services.stop().await;
 }
+
+#[tokio::test]
+async fn a_poll_whose_caller_went_away_holds_no_task() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register("name: left\nnodes:\n  - { id: work, type: TASK, queue: left, task: t }\n")
+        .await;
+    // a poll waiting 30 s whose caller gives up after 300 ms
+    let mut workers = WorkerServiceClient::new(
+        Channel::from_shared(server.url())
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        poll(&mut workers, vec!["left".to_owned()], 30),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the caller left before an answer");
+    drop(workers);
+
+    let run_id = client.start("left", json!({})).await;
+    let worker = TestWorker::start(&server.url(), &["left"], 1, 1, |_| {
+        Outcome::Complete(json!({}))
+    })
+    .await;
+    let run = client.wait_done(&run_id, WAIT).await;
+    assert_eq!(run.status(), RunStatus::Completed);
+    assert_eq!(worker.leases().len(), 1);
+    assert_eq!(worker.leases()[0].attempt, 1);
+    let leased: Vec<String> = client
+        .history(&run_id)
+        .await
+        .into_iter()
+        .filter(|e| e.event_type == "task_leased" || e.event_type == "lease_expired")
+        .map(|e| e.event_type)
+        .collect();
+    assert_eq!(leased, ["task_leased"], "one lease, the live worker's");
+}

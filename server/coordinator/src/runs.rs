@@ -582,8 +582,18 @@ impl Coordinator {
     }
 
     /// Applies the inbox of each run (and of the runs that causes), each in
-    /// its own transaction. Failures are left for the recovery loop.
-    pub(crate) async fn after_commit(&self, mut pending: Vec<Uuid>) {
+    /// its own transaction, in a task of its own: the caller's answer does
+    /// not wait for a cascade through child runs, and a caller that goes
+    /// away does not cut one short. Failures are left for the recovery loop.
+    pub(crate) async fn after_commit(&self, pending: Vec<Uuid>) {
+        if pending.is_empty() {
+            return;
+        }
+        let coordinator = self.clone();
+        tokio::spawn(async move { coordinator.apply_inboxes(pending).await });
+    }
+
+    async fn apply_inboxes(&self, mut pending: Vec<Uuid>) {
         let mut rounds = 0;
         while let Some(run_id) = pending.pop() {
             rounds += 1;
