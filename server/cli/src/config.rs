@@ -69,6 +69,11 @@ pub struct ServerArgs {
           value_parser = clap::value_parser!(i32).range(2..))]
     pub max_runs_per_tree: i32,
 
+    /// Serve Prometheus metrics at /metrics, and /healthz and /readyz, on
+    /// this address (off when unset), e.g. `127.0.0.1:9090`.
+    #[arg(long, env = "COMPOSER_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+
     /// How long a lease lasts until the worker's first heartbeat, for
     /// workers that confirm receipt (the SDKs): a poll answer that never
     /// arrives offers the task again this soon, e.g. `5s`.

@@ -95,6 +95,12 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
     };
     let mut server = args.server.clone();
     let tokens = dev_tokens(&mut server.auth, services.root())?;
+    // metrics on in development, on a free loopback port unless one is set
+    if server.metrics_listen.is_none() {
+        server.metrics_listen = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|probe| probe.local_addr())
+            .ok();
+    }
     let backends = serve::connect_backends(&backend, &server).await?;
     let listener = serve::bind(server.listen).await?;
     let addr = listener
@@ -103,6 +109,9 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
         .unwrap_or_default();
     println!("Composer dev is running");
     println!("  gRPC + grpc-web  http://{addr}");
+    if let Some(metrics) = server.metrics_listen {
+        println!("  metrics          http://{metrics}/metrics  (/healthz, /readyz)");
+    }
     println!("  Postgres         {}", services.database_url);
     println!("  Redis            {}", services.redis_url);
     println!("  data             {} ({kept})", services.root().display());

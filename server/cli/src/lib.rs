@@ -7,5 +7,6 @@ pub mod config;
 pub mod dev;
 pub mod local_services;
 pub mod logging;
+pub mod metrics_server;
 pub mod serve;
 pub mod workflow_test;

@@ -49,6 +49,9 @@ pub enum StartError {
     /// The HTTP client could not be built.
     #[error("http worker: {0}")]
     Http(String),
+    /// The metrics port could not start.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics_server::MetricsError),
     /// Draining took longer than the shutdown timeout.
     #[error("did not stop within COMPOSER_SHUTDOWN_TIMEOUT (--shutdown-timeout) {0:?}")]
     ShutdownTimeout(std::time::Duration),
@@ -111,6 +114,7 @@ pub async fn run(
         auth,
         max_payload_bytes: server.max_payload_bytes,
         call_timeout: server.db_timeout,
+        readiness: composer_grpc::Readiness::default(),
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut deadline_rx = stop_tx.subscribe();
@@ -118,7 +122,15 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let services = start_background(server, backend, &backends, &stop_rx)?;
+    let (services, background) = start_background(server, backend, &backends, &stop_rx)?;
+    if let Some(addr) = server.metrics_listen {
+        let pools = vec![
+            ("requests", backends.store.clone()),
+            ("background", background),
+        ];
+        crate::metrics_server::start(addr, config.readiness.clone(), pools, stop_rx.clone())
+            .await?;
+    }
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "listening");
     }
@@ -142,7 +154,7 @@ fn start_background(
     backend: &BackendArgs,
     backends: &Backends,
     stop: &watch::Receiver<bool>,
-) -> Result<Services, StartError> {
+) -> Result<(Services, Store), StartError> {
     let store = backends.store.clone();
     let (publisher, deleter) =
         Publisher::new(store.clone(), &backend.redis_url, server.stream_shards)
@@ -194,7 +206,7 @@ fn start_background(
         query_timeout: server.db_timeout,
     })
     .map_err(StartError::Database)?;
-    let recovering = coordinator.on_store(background);
+    let recovering = coordinator.on_store(background.clone());
     tokio::spawn(
         recovering
             .clone()
@@ -223,11 +235,14 @@ fn start_background(
         },
         stop.clone(),
     ));
-    Ok(Services {
-        coordinator,
-        hub,
-        changes,
-    })
+    Ok((
+        Services {
+            coordinator,
+            hub,
+            changes,
+        },
+        background,
+    ))
 }
 
 /// Resolves at the first SIGTERM or SIGINT. A second one exits the process at

@@ -51,6 +51,34 @@ pub struct Applied {
     /// When the run was created; None when a run to insert was not (its
     /// idempotency key was taken, or a newer version was registered).
     pub created_at: Option<DateTime<Utc>>,
+    /// What the metrics count once the transaction committed.
+    pub(crate) counted: Counted,
+}
+
+/// An event transaction as the metrics see it.
+#[derive(Debug, Default)]
+pub(crate) struct Counted {
+    namespace: String,
+    workflow: String,
+    events: usize,
+    run_started: bool,
+    run_ended: bool,
+    took: std::time::Duration,
+}
+
+impl Counted {
+    fn record(&self, status: &str) {
+        if self.events == 0 {
+            return;
+        }
+        crate::metrics::event_transaction(self.took, self.events);
+        if self.run_started {
+            crate::metrics::run_started(&self.namespace, &self.workflow);
+        }
+        if self.run_ended {
+            crate::metrics::run_ended(&self.namespace, &self.workflow, status);
+        }
+    }
 }
 
 /// Milliseconds since the epoch, the engine's clock.
@@ -125,6 +153,7 @@ impl Coordinator {
     /// tasks it armed (the fast path of dispatch), and apply the inboxes of
     /// the runs it reached. Takes the outbox and inbox out of `applied`.
     pub(crate) async fn announce(&self, applied: &mut Applied) {
+        applied.counted.record(&applied.status);
         self.run_changed(applied.run_id);
         self.publish(std::mem::take(&mut applied.outbox)).await;
         self.after_commit(std::mem::take(&mut applied.inbox_runs))
@@ -154,6 +183,8 @@ pub(crate) struct RunTxn<'a> {
     /// before that one.
     insert: Option<bool>,
     applied: Applied,
+    /// When this transaction began, for its duration.
+    began: std::time::Instant,
 }
 
 /// A task attempt an event armed, not written yet.
@@ -244,6 +275,7 @@ impl<'a> RunTxn<'a> {
             timers: BTreeMap::new(),
             history: Vec::new(),
             queue: VecDeque::new(),
+            began: std::time::Instant::now(),
             arms: Vec::new(),
             fresh,
             insert: None,
@@ -348,8 +380,13 @@ impl<'a> RunTxn<'a> {
                 self.note_lease(&event, &worker_id, &actor);
             }
             self.apply_one(conn, &event, &actor).await?;
+            self.applied.counted.events += 1;
+            self.applied.counted.run_started |= matches!(event, Event::RunStarted);
         }
         self.persist(conn).await?;
+        self.applied.counted.namespace = self.run.namespace.clone();
+        self.applied.counted.workflow = self.run.workflow_name.clone();
+        self.applied.counted.took = self.began.elapsed();
         Ok(self.applied)
     }
 
@@ -773,6 +810,7 @@ impl<'a> RunTxn<'a> {
         let record = &self.state.run;
         let status = run_status_text(record.status);
         let ended = record.status.is_terminal() && !self.was_terminal;
+        self.applied.counted.run_ended = ended;
         if ended {
             // the run's end cancels its live tasks, these included
             self.write_arms(conn).await?;

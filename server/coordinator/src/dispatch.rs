@@ -98,6 +98,7 @@ pub async fn run_enqueuer(
             match drain_outbox(&store, connection, &config).await {
                 Ok(_) => backoff = Duration::from_millis(100),
                 Err(error) => {
+                    crate::metrics::redis_error("enqueue");
                     tracing::warn!(%error, "outbox drain failed; rows stay in postgres");
                     redis = None;
                     sleep_or_stop(backoff, &mut shutdown).await;
@@ -125,6 +126,7 @@ async fn connect_redis(url: &str) -> Option<redis::aio::MultiplexedConnection> {
     match client.get_multiplexed_async_connection().await {
         Ok(connection) => Some(connection),
         Err(error) => {
+            crate::metrics::redis_error("connect");
             tracing::warn!(%error, "redis unreachable");
             None
         }
@@ -199,7 +201,22 @@ async fn publish(
             .arg(message.attempt)
             .ignore();
     }
-    pipe.query_async::<()>(redis).await
+    pipe.query_async::<()>(redis).await?;
+    count_dispatched(batch);
+    Ok(())
+}
+
+/// Counts what one publish sent, by namespace and queue.
+fn count_dispatched(batch: &[OutboxMessage]) {
+    let mut by_queue: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
+    for message in batch {
+        *by_queue
+            .entry((message.namespace.as_str(), message.queue.as_str()))
+            .or_default() += 1;
+    }
+    for ((namespace, queue), count) in by_queue {
+        crate::metrics::tasks_dispatched(namespace, queue, count);
+    }
 }
 
 /// The fast path of dispatch: the server that committed an event XADDs its
@@ -257,6 +274,7 @@ impl Publisher {
                 }
             }
             Err(error) => {
+                crate::metrics::redis_error("publish");
                 tracing::warn!(%error, "publish failed; the enqueuer will send it");
                 *self.connection.lock().await = None;
             }

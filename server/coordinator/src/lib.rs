@@ -7,6 +7,7 @@ pub mod dispatch;
 pub mod error;
 pub mod http;
 pub mod http_worker;
+pub mod metrics;
 mod poll_hub;
 pub mod recovery;
 mod reports;

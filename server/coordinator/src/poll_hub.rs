@@ -262,6 +262,7 @@ impl PollHub {
             .query_async(connection)
             .await;
         if let Err(error) = sent {
+            crate::metrics::redis_error("wake");
             tracing::warn!(%error, "could not wake the stream reader");
             *guard = None;
         }
@@ -290,6 +291,7 @@ impl PollHub {
             let streams = self.streams_of(&wanted);
             let keys: Vec<&str> = streams.keys().map(String::as_str).collect();
             if let Err(error) = ensure_groups(active, &keys, &mut grouped).await {
+                crate::metrics::redis_error("groups");
                 tracing::warn!(%error, "could not create consumer groups");
                 connection = None;
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -306,6 +308,7 @@ impl PollHub {
                     grouped.clear();
                 }
                 Err(error) => {
+                    crate::metrics::redis_error("read");
                     tracing::warn!(%error, "stream read failed");
                     connection = None;
                     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -401,6 +404,7 @@ impl PollHub {
                 let deleted: redis::RedisResult<i64> =
                     script.key(&key).invoke_async(connection).await;
                 if let Err(error) = deleted {
+                    crate::metrics::redis_error("clean_up");
                     tracing::warn!(%error, "could not clean up an idle stream");
                     *guard = None;
                     return;
@@ -447,6 +451,9 @@ impl PollHub {
                     continue;
                 }
             };
+            for task in &leased {
+                crate::metrics::task_leased(&task.namespace, &task.queue, task.dispatched_at);
+            }
             if let Err(unsent) = sender.send(leased) {
                 let leases: Vec<(Uuid, Uuid)> =
                     unsent.iter().map(|t| (t.id, t.lease_token)).collect();
@@ -492,6 +499,7 @@ impl PollHub {
                 Some(connection)
             }
             Err(error) => {
+                crate::metrics::redis_error("connect");
                 tracing::warn!(%error, "redis unreachable for the stream reader");
                 None
             }

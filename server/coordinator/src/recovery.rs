@@ -207,7 +207,9 @@ impl Coordinator {
                             fired_ref.fetch_add(count, std::sync::atomic::Ordering::Relaxed);
                         })
                         .await;
-                    fired.into_inner()
+                    let fired = fired.into_inner();
+                    crate::metrics::recovery("timers", "fired", fired as u64);
+                    fired
                 }
                 Err(error) => {
                     tracing::warn!(%error, "timer loop");
@@ -227,6 +229,8 @@ impl Coordinator {
             match tasks::return_unconfirmed_leases(self.store.pool(), config.batch).await {
                 Ok(0) => {}
                 Ok(returned) => {
+                    crate::metrics::leases_returned(returned);
+                    crate::metrics::recovery("leases", "returned", returned);
                     tracing::info!(
                         returned,
                         "leases never confirmed by their worker offered again"
@@ -239,6 +243,8 @@ impl Coordinator {
                     for lease in &expired {
                         match self.expire_lease(lease).await {
                             Ok(true) => {
+                                crate::metrics::lease_expired(&lease.namespace, &lease.queue);
+                                crate::metrics::recovery("leases", "expired", 1);
                                 tracing::info!(task_id = %lease.task_id, attempt = lease.attempt, "lease expired")
                             }
                             Ok(false) => {}
@@ -267,11 +273,17 @@ impl Coordinator {
             match tasks::republish_lost_dispatches(self.store.pool(), grace_ms, config.batch).await
             {
                 Ok(0) => {}
-                Ok(count) => tracing::info!(count, "republished dispatches never leased"),
+                Ok(count) => {
+                    crate::metrics::recovery("reconcile", "republished", count);
+                    tracing::info!(count, "republished dispatches never leased")
+                }
                 Err(error) => tracing::warn!(%error, "lost dispatch pass"),
             }
             match events::runs_with_inbox(self.store.pool(), config.batch).await {
-                Ok(runs) => self.after_commit(runs).await,
+                Ok(runs) => {
+                    crate::metrics::recovery("reconcile", "inboxes", runs.len() as u64);
+                    self.after_commit(runs).await
+                }
                 Err(error) => tracing::warn!(%error, "inbox pass"),
             }
             if last_partition_check.is_none_or(|at| at.elapsed() > Duration::from_secs(3600)) {

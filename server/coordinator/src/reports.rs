@@ -126,14 +126,19 @@ impl Coordinator {
             token,
             outcome,
         };
-        match self.lease_hints.take(task) {
+        let reported = match self.lease_hints.take(task) {
             Some(hint) if scope.covers(&hint.namespace, &hint.queue) => {
+                let queue = hint.queue.clone();
                 self.report_leased_here(scope, lease, hint, report, actor)
                     .await
+                    .map(|()| queue)
             }
             Some(_) => Err(CoordinatorError::TaskNotFound(task.to_string())),
             None => self.report_by_task(scope, lease, report, actor).await,
-        }
+        };
+        let queue = reported?;
+        crate::metrics::task_reported(&scope.namespace, &queue, outcome);
+        Ok(())
     }
 
     /// A report of a task this server leased. Reports of one run that
@@ -305,14 +310,17 @@ impl Coordinator {
         lease: Lease,
         report: TaskReport,
         actor: &str,
-    ) -> Result<(), CoordinatorError> {
+    ) -> Result<String, CoordinatorError> {
         let mut tx = self.store.begin().await?;
-        let Some((run, node_key)) = runs::lock_run_of_task(&mut tx, scope, lease.task).await?
+        let Some((run, node_key, queue)) =
+            runs::lock_run_of_task(&mut tx, scope, lease.task).await?
         else {
             return Err(CoordinatorError::TaskNotFound(lease.task.to_string()));
         };
         let event = task_event(&node_key, lease.attempt, report)?;
-        self.apply_locked_report(tx, run, lease, event, actor).await
+        self.apply_locked_report(tx, run, lease, event, actor)
+            .await?;
+        Ok(queue)
     }
 
     /// One report on its own: lock the task's run, then fence and load.
@@ -324,7 +332,7 @@ impl Coordinator {
         actor: &str,
     ) -> Result<(), CoordinatorError> {
         let mut tx = self.store.begin().await?;
-        let Some((run, _)) = runs::lock_run_of_task(&mut tx, scope, lease.task).await? else {
+        let Some((run, _, _)) = runs::lock_run_of_task(&mut tx, scope, lease.task).await? else {
             return Err(CoordinatorError::TaskNotFound(lease.task.to_string()));
         };
         self.apply_locked_report(tx, run, lease, event, actor).await

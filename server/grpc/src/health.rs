@@ -21,22 +21,39 @@ const SERVICE_NAMES: &[&str] = &[
     "composer.v1.ServerService",
 ];
 
+/// Whether this server should get traffic now: what the health service
+/// says, shared with the HTTP `/readyz` of the metrics port.
+#[derive(Clone, Debug, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    /// True while Postgres and Redis answer and the server is not draining.
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
 /// Keeps the health service's answer in step with the backends.
 #[derive(Clone)]
 pub struct HealthMonitor {
     reporter: HealthReporter,
     draining: Arc<AtomicBool>,
+    readiness: Readiness,
 }
 
 impl HealthMonitor {
-    pub(crate) fn new(reporter: HealthReporter) -> Self {
+    pub(crate) fn new(reporter: HealthReporter, readiness: Readiness) -> Self {
         Self {
             reporter,
             draining: Arc::new(AtomicBool::new(false)),
+            readiness,
         }
     }
 
     async fn set_all(&self, status: ServingStatus) {
+        self.readiness
+            .0
+            .store(status == ServingStatus::Serving, Ordering::SeqCst);
         self.reporter.set_service_status("", status).await;
         for name in SERVICE_NAMES {
             self.reporter.set_service_status(*name, status).await;

@@ -6,10 +6,11 @@ mod caller;
 pub mod convert;
 mod deadline;
 mod health;
+pub mod request_metrics;
 mod server;
 mod services;
 mod status;
 pub mod transport_status;
 
-pub use health::HealthMonitor;
+pub use health::{HealthMonitor, Readiness};
 pub use server::{GrpcConfig, ServeError, Services, serve};

@@ -39,6 +39,8 @@ pub struct GrpcConfig {
     /// How long a call (the long poll aside) may take before it is
     /// UNAVAILABLE (`--db-timeout`).
     pub call_timeout: Duration,
+    /// Set while this server should get traffic (for `/readyz`).
+    pub readiness: crate::health::Readiness,
 }
 
 /// The application state behind the services.
@@ -77,7 +79,7 @@ pub async fn serve(
     shutdown: watch::Receiver<bool>,
 ) -> Result<(), ServeError> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let monitor = HealthMonitor::new(reporter);
+    let monitor = HealthMonitor::new(reporter, config.readiness.clone());
     monitor.refresh(&backends).await;
     tokio::spawn(
         monitor
@@ -115,6 +117,7 @@ pub async fn serve(
         .with_keepalive(Some(Duration::from_secs(60)));
     Server::builder()
         .accept_http1(true)
+        .layer(crate::request_metrics::RequestMetricsLayer::new())
         .layer(tower::util::option_layer(cors))
         .layer(tonic_web::GrpcWebLayer::new())
         .layer(AuthLayer::new(Arc::new(Authenticator::new(

@@ -170,3 +170,39 @@ impl Store {
         self.pool.close().await;
     }
 }
+
+/// How much is waiting: for the metrics gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Backlog {
+    /// Outbox rows not yet sent to Redis.
+    pub outbox_rows: i64,
+    /// Seconds since the oldest of them was written (0 when none).
+    pub outbox_oldest_secs: f64,
+    /// Timers past their time, counted up to 100,000.
+    pub timers_due: i64,
+    /// Seconds the most overdue timer is late (0 when none).
+    pub timer_lag_secs: f64,
+}
+
+impl Store {
+    /// The backlog now, in one statement (index range scans, bounded).
+    pub async fn backlog(&self) -> Result<Backlog, StoreError> {
+        // backlog: served by the outbox primary key and timers_due
+        let row: (i64, f64, i64, f64) = sqlx::query_as(
+            "SELECT \
+               (SELECT count(*) FROM (SELECT 1 FROM outbox LIMIT 100000) o), \
+               COALESCE(EXTRACT(EPOCH FROM now() - (SELECT min(created_at) FROM outbox))::float8, 0), \
+               (SELECT count(*) FROM (SELECT 1 FROM timers WHERE fire_at <= now() LIMIT 100000) t), \
+               COALESCE(EXTRACT(EPOCH FROM now() - (SELECT min(fire_at) FROM timers \
+                 WHERE fire_at <= now()))::float8, 0)",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(Backlog {
+            outbox_rows: row.0,
+            outbox_oldest_secs: row.1.max(0.0),
+            timers_due: row.2,
+            timer_lag_secs: row.3.max(0.0),
+        })
+    }
+}

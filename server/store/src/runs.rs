@@ -1119,19 +1119,20 @@ pub async fn lock_run_fence_and_load(
 }
 
 /// Locks the run a task belongs to, as [`lock_run`] does, and returns it with
-/// the task's node key. None: no such task in `namespace`.
+/// the task's node key and queue. None: no such task in `namespace`.
 pub async fn lock_run_of_task(
     conn: &mut PgConnection,
     scope: &crate::tasks::TaskScope,
     task_id: Uuid,
-) -> Result<Option<(RunRow, String)>, StoreError> {
+) -> Result<Option<(RunRow, String, String)>, StoreError> {
     // lock_run_of_task: the task's run and node never change, so reading
     // them without a lock is safe; the run row lock serialises the event.
     // Only a task inside the caller's scope is found.
     let row = sqlx::query(&format!(
         "WITH task AS ( \
-           SELECT run_id, node_key FROM tasks WHERE id = $1 AND {}) \
-         SELECT {RUN_COLUMNS}, (SELECT node_key FROM task) AS task_node_key FROM runs \
+           SELECT run_id, node_key, queue FROM tasks WHERE id = $1 AND {}) \
+         SELECT {RUN_COLUMNS}, (SELECT node_key FROM task) AS task_node_key, \
+           (SELECT queue FROM task) AS task_queue FROM runs \
          WHERE id = (SELECT run_id FROM task) FOR UPDATE",
         crate::tasks::scope_condition(2, 3)
     ))
@@ -1144,5 +1145,6 @@ pub async fn lock_run_of_task(
         return Ok(None);
     };
     let node_key: String = row.try_get("task_node_key")?;
-    Ok(Some((run_from_row(&row)?, node_key)))
+    let queue: String = row.try_get("task_queue")?;
+    Ok(Some((run_from_row(&row)?, node_key, queue)))
 }

@@ -206,6 +206,8 @@ pub struct LeasedTask {
     pub heartbeat_timeout_ms: i64,
     /// Attempt deadline.
     pub attempt_deadline: Option<DateTime<Utc>>,
+    /// When it was made due (or offered again): the start of its wait.
+    pub dispatched_at: Option<DateTime<Utc>>,
 }
 
 fn leased_from_row(row: &PgRow) -> Result<LeasedTask, sqlx::Error> {
@@ -224,6 +226,7 @@ fn leased_from_row(row: &PgRow) -> Result<LeasedTask, sqlx::Error> {
         lease_expires_at: row.try_get("lease_expires_at")?,
         heartbeat_timeout_ms: row.try_get("heartbeat_timeout_ms")?,
         attempt_deadline: row.try_get("attempt_deadline")?,
+        dispatched_at: row.try_get("dispatched_at")?,
     })
 }
 
@@ -262,7 +265,7 @@ pub async fn lease_tasks(
            AND t.status = 'DISPATCHED' AND t.namespace = $4 AND t.queue = $5 \
          RETURNING t.id, t.namespace, t.run_id, t.node_key, t.workflow_name, t.workflow_version, \
            t.queue, t.task_name, t.attempt, t.input, t.lease_token, t.lease_expires_at, \
-           t.heartbeat_timeout_ms, t.attempt_deadline",
+           t.heartbeat_timeout_ms, t.attempt_deadline, t.dispatched_at",
     )
     .bind(&ids)
     .bind(&attempts)
@@ -373,6 +376,10 @@ pub enum ReportCheck {
 pub struct ExpiredLease {
     /// Task.
     pub task_id: Uuid,
+    /// Namespace.
+    pub namespace: String,
+    /// Queue.
+    pub queue: String,
     /// Run.
     pub run_id: Uuid,
     /// Node key.
@@ -386,7 +393,7 @@ pub struct ExpiredLease {
 pub async fn expired_leases(pool: &PgPool, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
     // expired_leases: candidates only; each is re-checked under its run lock
     let rows = sqlx::query(
-        "SELECT id, run_id, node_key, attempt FROM tasks \
+        "SELECT id, namespace, queue, run_id, node_key, attempt FROM tasks \
          WHERE status = 'LEASED' AND lease_expires_at < now() \
            AND lease_confirmed IS DISTINCT FROM false \
          ORDER BY lease_expires_at LIMIT $1",
@@ -398,6 +405,8 @@ pub async fn expired_leases(pool: &PgPool, limit: i64) -> Result<Vec<ExpiredLeas
         .map(|row| {
             Ok(ExpiredLease {
                 task_id: row.try_get("id")?,
+                namespace: row.try_get("namespace")?,
+                queue: row.try_get("queue")?,
                 run_id: row.try_get("run_id")?,
                 node_key: row.try_get("node_key")?,
                 attempt: row.try_get("attempt")?,

@@ -1,0 +1,215 @@
+//! The operator's port: Prometheus metrics named by convention with
+//! bounded labels, and HTTP liveness and readiness, against the real server.
+
+use std::{path::PathBuf, time::Duration};
+
+use composer_proto::v1::RunStatus;
+use composer_testkit::{
+    ServerProcess,
+    client::TestClient,
+    worker::{Outcome, TestWorker},
+};
+use serde_json::json;
+
+fn composer_binary() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_composer"))
+}
+
+const WAIT: Duration = Duration::from_secs(120);
+
+fn free_addr() -> String {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    probe.local_addr().expect("addr").to_string()
+}
+
+async fn get(url: &str) -> (u16, String) {
+    let response = reqwest::get(url).await.expect("http");
+    let status = response.status().as_u16();
+    (status, response.text().await.expect("body"))
+}
+
+/// The value of the first sample of `metric` whose labels contain all of
+/// `labels` (`key="value"` pieces).
+fn sample(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| {
+            line.starts_with(&format!("{metric}{{")) || line.starts_with(&format!("{metric} "))
+        })
+        .find(|line| labels.iter().all(|l| line.contains(l)))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+}
+
+#[tokio::test]
+async fn metrics_count_runs_tasks_and_calls_and_readiness_follows_the_drain() {
+    let metrics = free_addr();
+    let server = ServerProcess::start(
+        &composer_binary(),
+        &["--metrics-listen", &metrics, "--drain-delay", "3s"],
+    )
+    .await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register(
+            "name: measured\nnodes:\n  - { id: a, type: TASK, queue: mq, task: t }\n  - { id: b, type: TASK, queue: mq, task: t }\nedges:\n  - { from: a, to: b }\n",
+        )
+        .await;
+    let worker = TestWorker::start(&server.url(), &["mq"], 1, 4, |_| {
+        Outcome::Complete(json!({}))
+    })
+    .await;
+    for _ in 0..3 {
+        let run = client.start("measured", json!({})).await;
+        assert_eq!(
+            client.wait_done(&run, WAIT).await.status(),
+            RunStatus::Completed
+        );
+    }
+    drop(worker);
+    let base = format!("http://{metrics}");
+    assert_eq!(get(&format!("{base}/healthz")).await.0, 200);
+    assert_eq!(get(&format!("{base}/readyz")).await.0, 200);
+
+    // the gauges refresh every few seconds
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = get(&format!("{base}/metrics")).await.1;
+        if text.contains("composer_db_pool_connections") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let run = ["namespace=\"default\"", "workflow=\"measured\""];
+    let queue = ["namespace=\"default\"", "queue=\"mq\""];
+    assert_eq!(
+        sample(&text, "composer_runs_started_total", &run),
+        Some(3.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "composer_runs_ended_total",
+            &[run[0], run[1], "status=\"completed\""]
+        ),
+        Some(3.0)
+    );
+    assert_eq!(
+        sample(&text, "composer_tasks_dispatched_total", &queue),
+        Some(6.0)
+    );
+    assert_eq!(
+        sample(&text, "composer_tasks_leased_total", &queue),
+        Some(6.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "composer_tasks_reported_total",
+            &[queue[0], queue[1], "outcome=\"completed\""]
+        ),
+        Some(6.0)
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "composer_task_dispatch_latency_seconds_count",
+            &queue
+        ),
+        Some(6.0)
+    );
+    assert!(
+        sample(&text, "composer_event_transaction_seconds_count", &[]).is_some_and(|n| n >= 9.0)
+    );
+    assert!(
+        sample(
+            &text,
+            "composer_event_transaction_events_bucket",
+            &["le=\"+Inf\""]
+        )
+        .is_some()
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "composer_grpc_requests_total",
+            &["method=\"/composer.v1.RunService/StartRun\"", "code=\"Ok\""]
+        ),
+        Some(3.0)
+    );
+    assert!(
+        sample(
+            &text,
+            "composer_grpc_request_duration_seconds_bucket",
+            &["StartRun"]
+        )
+        .is_some()
+    );
+    for gauge in [
+        "composer_outbox_rows",
+        "composer_outbox_oldest_age_seconds",
+        "composer_timers_due",
+        "composer_timer_lag_seconds",
+    ] {
+        assert!(sample(&text, gauge, &[]).is_some(), "{gauge} in {text}");
+    }
+    assert!(
+        sample(
+            &text,
+            "composer_db_pool_connections",
+            &["pool=\"requests\"", "state=\"idle\""]
+        )
+        .is_some()
+    );
+    assert!(
+        text.contains("# HELP composer_runs_started_total"),
+        "help text"
+    );
+    assert!(!text.contains("run_id"), "no run id is ever a label");
+
+    // a made-up method is counted as unknown, not by its path
+    let channel = tonic::transport::Channel::from_shared(server.url())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect");
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("ready");
+    let made_up: Result<tonic::Response<()>, tonic::Status> = grpc
+        .unary(
+            tonic::Request::new(()),
+            http::uri::PathAndQuery::from_static("/composer.v1.RunService/MadeUp12345"),
+            tonic_prost::ProstCodec::<(), ()>::default(),
+        )
+        .await;
+    assert_eq!(
+        made_up.expect_err("no such method").code(),
+        tonic::Code::Unimplemented
+    );
+    let text = get(&format!("{base}/metrics")).await.1;
+    assert!(
+        !text.contains("MadeUp12345"),
+        "an invented path is not a label"
+    );
+    assert!(
+        sample(
+            &text,
+            "composer_grpc_requests_total",
+            &["method=\"unknown\""]
+        )
+        .is_some()
+    );
+
+    // draining: not ready, still alive
+    server.signal(nix::sys::signal::Signal::SIGTERM);
+    let mut ready = 200;
+    for _ in 0..50 {
+        ready = get(&format!("{base}/readyz")).await.0;
+        if ready == 503 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ready, 503, "a draining server is not ready");
+}

@@ -1,0 +1,264 @@
+//! What the coordinator counts, through the `metrics` facade. Without a
+//! recorder installed (`--metrics-listen` unset) every call here is a no-op
+//! that costs a branch.
+//!
+//! Names follow Prometheus' conventions (`composer_..._total`,
+//! `..._seconds`). Labels are bounded: a namespace, workflow or queue name
+//! comes from tenants, so each kind keeps its first [`MAX_LABEL_VALUES`]
+//! values and reports the rest as `_other`. No run or task id is a label.
+
+use std::{
+    collections::HashSet,
+    sync::{Mutex, OnceLock},
+    time::Duration,
+};
+
+use chrono::{DateTime, Utc};
+use metrics::{counter, gauge, histogram};
+
+/// Distinct values one label kind may take before the rest are `_other`.
+pub const MAX_LABEL_VALUES: usize = 500;
+
+/// Every metric this process may report, with its help text (for
+/// `describe_all` and docs/operations.md).
+pub const METRICS: &[(&str, &str)] = &[
+    (RUNS_STARTED, "runs started, by namespace and workflow"),
+    (
+        RUNS_ENDED,
+        "runs ended, by namespace, workflow and status (completed, failed, cancelled)",
+    ),
+    (
+        TASKS_DISPATCHED,
+        "task messages sent to Redis, by namespace and queue",
+    ),
+    (
+        TASKS_LEASED,
+        "tasks leased to workers, by namespace and queue",
+    ),
+    (
+        TASKS_REPORTED,
+        "task reports applied, by namespace, queue and outcome (completed, failed)",
+    ),
+    (
+        LEASES_EXPIRED,
+        "leases that expired (an attempt spent), by namespace and queue",
+    ),
+    (
+        LEASES_RETURNED,
+        "leases never confirmed by their worker, offered again without spending an attempt",
+    ),
+    (
+        DISPATCH_LATENCY,
+        "from the commit that made a task due (or its re-offer) to its lease, by namespace and queue",
+    ),
+    (
+        EVENT_TX_SECONDS,
+        "duration of one event transaction (lock, decide, write, commit)",
+    ),
+    (EVENT_TX_EVENTS, "events applied in one event transaction"),
+    (OUTBOX_WAITING, "outbox rows not yet sent to Redis"),
+    (OUTBOX_OLDEST, "age of the oldest outbox row"),
+    (TIMERS_DUE, "timers past their time and not yet fired"),
+    (TIMER_LAG, "how late the most overdue timer is"),
+    (
+        RECOVERY_ACTIONS,
+        "what the recovery loops did, by loop and action",
+    ),
+    (
+        DB_POOL_CONNECTIONS,
+        "database connections by pool and state (in_use, idle)",
+    ),
+    (REDIS_ERRORS, "failed Redis operations, by operation"),
+    (GRPC_REQUESTS, "gRPC requests by method and status code"),
+    (
+        GRPC_SECONDS,
+        "gRPC request duration until the response starts, by method",
+    ),
+];
+
+pub const RUNS_STARTED: &str = "composer_runs_started_total";
+pub const RUNS_ENDED: &str = "composer_runs_ended_total";
+pub const TASKS_DISPATCHED: &str = "composer_tasks_dispatched_total";
+pub const TASKS_LEASED: &str = "composer_tasks_leased_total";
+pub const TASKS_REPORTED: &str = "composer_tasks_reported_total";
+pub const LEASES_EXPIRED: &str = "composer_leases_expired_total";
+pub const LEASES_RETURNED: &str = "composer_leases_returned_total";
+pub const DISPATCH_LATENCY: &str = "composer_task_dispatch_latency_seconds";
+pub const EVENT_TX_SECONDS: &str = "composer_event_transaction_seconds";
+pub const EVENT_TX_EVENTS: &str = "composer_event_transaction_events";
+pub const OUTBOX_WAITING: &str = "composer_outbox_rows";
+pub const OUTBOX_OLDEST: &str = "composer_outbox_oldest_age_seconds";
+pub const TIMERS_DUE: &str = "composer_timers_due";
+pub const TIMER_LAG: &str = "composer_timer_lag_seconds";
+pub const RECOVERY_ACTIONS: &str = "composer_recovery_actions_total";
+pub const DB_POOL_CONNECTIONS: &str = "composer_db_pool_connections";
+pub const REDIS_ERRORS: &str = "composer_redis_errors_total";
+pub const GRPC_REQUESTS: &str = "composer_grpc_requests_total";
+pub const GRPC_SECONDS: &str = "composer_grpc_request_duration_seconds";
+
+/// Registers the help text of every metric with the installed recorder.
+pub fn describe_all() {
+    for (name, help) in METRICS {
+        if name.ends_with("_total") {
+            metrics::describe_counter!(*name, *help);
+        } else if name.ends_with("_seconds") && !name.contains("oldest") && !name.contains("lag")
+            || name.ends_with("_events")
+        {
+            metrics::describe_histogram!(*name, *help);
+        } else {
+            metrics::describe_gauge!(*name, *help);
+        }
+    }
+}
+
+/// The values seen so far of one label kind.
+struct Seen(OnceLock<Mutex<HashSet<String>>>);
+
+static NAMESPACES: Seen = Seen(OnceLock::new());
+static WORKFLOWS: Seen = Seen(OnceLock::new());
+static QUEUES: Seen = Seen(OnceLock::new());
+
+impl Seen {
+    /// `value` if it is one of the first [`MAX_LABEL_VALUES`], else `_other`.
+    fn bounded(&self, value: &str) -> String {
+        let mut seen = self
+            .0
+            .get_or_init(|| Mutex::new(HashSet::new()))
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if seen.contains(value) {
+            return value.to_owned();
+        }
+        if seen.len() >= MAX_LABEL_VALUES {
+            return "_other".to_owned();
+        }
+        seen.insert(value.to_owned());
+        value.to_owned()
+    }
+}
+
+fn workflow_labels(namespace: &str, workflow: &str) -> [(&'static str, String); 2] {
+    [
+        ("namespace", NAMESPACES.bounded(namespace)),
+        ("workflow", WORKFLOWS.bounded(workflow)),
+    ]
+}
+
+fn queue_labels(namespace: &str, queue: &str) -> [(&'static str, String); 2] {
+    [
+        ("namespace", NAMESPACES.bounded(namespace)),
+        ("queue", QUEUES.bounded(queue)),
+    ]
+}
+
+pub(crate) fn run_started(namespace: &str, workflow: &str) {
+    counter!(RUNS_STARTED, &workflow_labels(namespace, workflow)).increment(1);
+}
+
+pub(crate) fn run_ended(namespace: &str, workflow: &str, status: &str) {
+    let [ns, wf] = workflow_labels(namespace, workflow);
+    counter!(
+        RUNS_ENDED,
+        &[ns, wf, ("status", status.to_ascii_lowercase())]
+    )
+    .increment(1);
+}
+
+pub(crate) fn tasks_dispatched(namespace: &str, queue: &str, count: u64) {
+    counter!(TASKS_DISPATCHED, &queue_labels(namespace, queue)).increment(count);
+}
+
+pub(crate) fn task_leased(namespace: &str, queue: &str, dispatched_at: Option<DateTime<Utc>>) {
+    let labels = queue_labels(namespace, queue);
+    counter!(TASKS_LEASED, &labels).increment(1);
+    if let Some(since) = dispatched_at {
+        let waited = (Utc::now() - since).num_microseconds().unwrap_or(0).max(0);
+        histogram!(DISPATCH_LATENCY, &labels).record(waited as f64 / 1e6);
+    }
+}
+
+/// A report applied; `outcome` is `completed` or `failed`.
+pub(crate) fn task_reported(namespace: &str, queue: &str, outcome: &str) {
+    let [ns, q] = queue_labels(namespace, queue);
+    counter!(
+        TASKS_REPORTED,
+        &[ns, q, ("outcome", outcome.to_ascii_lowercase())]
+    )
+    .increment(1);
+}
+
+pub(crate) fn lease_expired(namespace: &str, queue: &str) {
+    counter!(LEASES_EXPIRED, &queue_labels(namespace, queue)).increment(1);
+}
+
+pub(crate) fn leases_returned(count: u64) {
+    counter!(LEASES_RETURNED).increment(count);
+}
+
+pub(crate) fn event_transaction(took: Duration, events: usize) {
+    histogram!(EVENT_TX_SECONDS).record(took.as_secs_f64());
+    histogram!(EVENT_TX_EVENTS).record(events as f64);
+}
+
+/// What a recovery loop did, e.g. (`timers`, `fired`).
+pub(crate) fn recovery(loop_name: &'static str, action: &'static str, count: u64) {
+    if count > 0 {
+        counter!(RECOVERY_ACTIONS, "loop" => loop_name, "action" => action).increment(count);
+    }
+}
+
+/// A Redis operation that failed, e.g. `publish`, `read`, `groups`.
+pub(crate) fn redis_error(operation: &'static str) {
+    counter!(REDIS_ERRORS, "operation" => operation).increment(1);
+}
+
+/// The backlog gauges, from one look at the tables.
+pub fn backlog(outbox_rows: i64, outbox_oldest: f64, timers_due: i64, timer_lag: f64) {
+    gauge!(OUTBOX_WAITING).set(outbox_rows as f64);
+    gauge!(OUTBOX_OLDEST).set(outbox_oldest);
+    gauge!(TIMERS_DUE).set(timers_due as f64);
+    gauge!(TIMER_LAG).set(timer_lag);
+}
+
+/// Connections of a pool (`requests` or `background`).
+pub fn pool(name: &'static str, size: u32, idle: usize) {
+    let idle = idle as f64;
+    gauge!(DB_POOL_CONNECTIONS, "pool" => name, "state" => "in_use").set(f64::from(size) - idle);
+    gauge!(DB_POOL_CONNECTIONS, "pool" => name, "state" => "idle").set(idle);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_past_the_bound_are_other() {
+        let seen = Seen(OnceLock::new());
+        for i in 0..MAX_LABEL_VALUES {
+            assert_eq!(seen.bounded(&format!("q{i}")), format!("q{i}"));
+        }
+        assert_eq!(seen.bounded("one-more"), "_other");
+        assert_eq!(
+            seen.bounded("q7"),
+            "q7",
+            "values seen before keep their name"
+        );
+    }
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        for (name, help) in METRICS {
+            assert!(name.starts_with("composer_"), "{name}");
+            assert!(
+                name.ends_with("_total")
+                    || name.ends_with("_seconds")
+                    || name.ends_with("_events")
+                    || name.ends_with("_rows")
+                    || name.ends_with("_due")
+                    || name.ends_with("_connections"),
+                "{name}: a unit or _total"
+            );
+            assert!(!help.is_empty());
+        }
+    }
+}
