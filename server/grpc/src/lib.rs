@@ -4,6 +4,7 @@
 pub mod auth;
 mod caller;
 pub mod convert;
+pub mod dashboard;
 mod health;
 mod server;
 mod services;
