@@ -1,5 +1,5 @@
 //! End-to-end: the browser dashboard's files on the server's one port,
-//! beside gRPC and grpc-web (decision 0012). Requests are written by hand
+//! beside gRPC and grpc-web (decision 0013). Requests are written by hand
 //! over TCP, so paths reach the server exactly as sent (an HTTP client
 //! library would normalise `/../` and `%2e%2e` away).
 

@@ -1,7 +1,7 @@
 //! The browser dashboard's files, served on the gRPC port: a tower layer
 //! outside authentication (static files need no token) that answers GET
 //! and HEAD requests which are not gRPC or grpc-web, and passes every other
-//! request through unchanged (decision 0012).
+//! request through unchanged (decision 0013).
 //!
 //! - `/` and any path without a file extension: `index.html` (the
 //!   dashboard routes on the client);
@@ -9,7 +9,7 @@
 //! - no dashboard built: a small page saying how to build it;
 //! - another method on a non-gRPC path: 405.
 //!
-//! Every answer carries the Content-Security-Policy of decision 0012,
+//! Every answer carries the Content-Security-Policy of decision 0013,
 //! `nosniff` and `no-referrer`. `index.html` is never cached; Vite's hashed
 //! files under `assets/` are cached for a year.
 
