@@ -1,7 +1,16 @@
 # The composer binary in a small image (used by docker-compose.yml).
+# The dashboard is built first: the release build embeds dashboard/dist.
+FROM node:22-bookworm-slim AS dashboard
+WORKDIR /src/dashboard
+COPY dashboard/package.json dashboard/package-lock.json ./
+RUN npm ci
+COPY dashboard/ ./
+RUN npm run build
+
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
+COPY --from=dashboard /src/dashboard/dist dashboard/dist
 RUN cargo build --release -p composer-cli
 
 FROM debian:bookworm-slim

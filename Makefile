@@ -5,7 +5,7 @@ SHELL := bash
 BUF := .tools/node_modules/.bin/buf
 CARGO_TEST_FLAGS ?=
 
-.PHONY: help setup build dev test test-rust test-sdks verify lint fmt clippy buf-lint buf-breaking generate generate-check purity bench bench-quick
+.PHONY: help setup build dashboard dev test test-rust test-sdks verify lint fmt clippy buf-lint buf-breaking generate generate-check purity bench bench-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -13,8 +13,15 @@ help: ## list the targets
 setup: ## install what is missing (Postgres, Redis, buf, plugins, grpcurl)
 	@scripts/setup.sh
 
-build: setup ## build the composer binary
+build: setup dashboard ## build the dashboard (when npm is here) and the composer binary
 	cargo build -p composer-cli
+
+dashboard: ## build the browser dashboard into dashboard/dist (needs npm; skipped without it)
+	@if [[ ! -f dashboard/package.json ]]; then \
+	  echo "dashboard: no dashboard/package.json yet, skipped (the server serves a page saying so)"; \
+	elif ! command -v npm >/dev/null; then \
+	  echo "dashboard: npm not found, skipped (the server serves a page saying how to build it)"; \
+	else cd dashboard && npm ci && npm run build; fi
 
 dev: build ## run Composer: private Postgres + Redis, the server, the example worker; Ctrl-C stops all
 	scripts/dev.sh $(ARGS)

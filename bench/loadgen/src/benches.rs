@@ -56,6 +56,10 @@ pub struct Profile {
     pub perf_secs: u64,
     /// Runs in flight in the closed loops.
     pub in_flight: usize,
+    /// B6: runs in the database.
+    pub list_runs: usize,
+    /// B6: calls measured per case.
+    pub list_calls: usize,
 }
 
 impl Profile {
@@ -75,6 +79,8 @@ impl Profile {
             scale_servers: vec![1, 2, 3],
             perf_secs: 0,
             in_flight: 200,
+            list_runs: 100_000,
+            list_calls: 30,
         }
     }
 
@@ -92,6 +98,8 @@ impl Profile {
             scale_servers: vec![1, 2, 3],
             perf_secs: 15,
             in_flight: 200,
+            list_runs: 100_000,
+            list_calls: 200,
         }
     }
 }
@@ -146,7 +154,7 @@ impl Ctx {
         })
     }
 
-    async fn start_servers(&self, count: usize) -> Result<Vec<Server>> {
+    pub(crate) async fn start_servers(&self, count: usize) -> Result<Vec<Server>> {
         let mut servers = Vec::new();
         for _ in 0..count {
             servers.push(Server::start(&self.composer, &self.backends).await?);
@@ -156,7 +164,7 @@ impl Ctx {
 
     /// Empties the run tables (servers stopped), so each benchmark starts
     /// from the same place.
-    async fn reset(&self) -> Result<()> {
+    pub(crate) async fn reset(&self) -> Result<()> {
         let exists: bool = sqlx::query_scalar("SELECT to_regclass('runs') IS NOT NULL")
             .fetch_one(&self.db)
             .await?;
@@ -172,7 +180,7 @@ impl Ctx {
     }
 }
 
-async fn stop_all(servers: Vec<Server>) {
+pub(crate) async fn stop_all(servers: Vec<Server>) {
     for server in servers {
         for line in server.complaints().iter().take(5) {
             eprintln!("bench: server said: {line}");
@@ -351,7 +359,7 @@ async fn run_pgbench(
 
 // ---------------------------------------------------------------- helpers
 
-async fn register(url: &str, source: &str) -> Result<()> {
+pub(crate) async fn register(url: &str, source: &str) -> Result<()> {
     let mut client = WorkflowServiceClient::new(channel(url).await?)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);
@@ -364,7 +372,7 @@ async fn register(url: &str, source: &str) -> Result<()> {
     Ok(())
 }
 
-fn start_request(workflow: &str, input: Json) -> StartRunRequest {
+pub(crate) fn start_request(workflow: &str, input: Json) -> StartRunRequest {
     StartRunRequest {
         workflow_name: workflow.to_owned(),
         version: 0,
@@ -397,7 +405,7 @@ pub struct Dist {
     pub n: usize,
 }
 
-fn dist(mut values: Vec<f64>) -> Dist {
+pub(crate) fn dist(mut values: Vec<f64>) -> Dist {
     if values.is_empty() {
         return Dist::default();
     }
@@ -411,7 +419,7 @@ fn dist(mut values: Vec<f64>) -> Dist {
     }
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 

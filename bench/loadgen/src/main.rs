@@ -5,6 +5,7 @@
 //! reports; it never fails on a time.
 
 mod benches;
+mod listing;
 mod procs;
 mod worker;
 
@@ -44,7 +45,7 @@ struct Args {
     /// The command to quote with the results.
     #[arg(long, default_value = "composer-loadgen")]
     command: String,
-    /// Only these sections (comma-separated: floor,b1,sdk,b2,b3,b4,b5).
+    /// Only these sections (comma-separated: floor,b1,sdk,b2,b3,b4,b5,b6).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sample the machine with perf for this many seconds during B1 (the
@@ -63,6 +64,7 @@ struct Results {
     fan: Option<Vec<FanOut>>,
     timers: Option<Timers>,
     scale: Vec<Throughput>,
+    listing: Option<listing::Listing>,
     failures: Vec<String>,
 }
 
@@ -290,6 +292,9 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
     if want("b4") {
         results.timers = section!("B4 timers", benches::timers(ctx));
     }
+    if want("b6") {
+        results.listing = section!("B6 dashboard reads", listing::listing(ctx));
+    }
     if want("b5") {
         for &n in &profile.scale_servers {
             let label = format!("B5 {n} server{}", if n == 1 { "" } else { "s" });
@@ -440,6 +445,9 @@ fn render(r: &Results, statements: bool) -> String {
             }
         }
     }
+    if let Some(listing) = &r.listing {
+        listing_rows(&mut t, listing);
+    }
     for f in &r.failures {
         let _ = writeln!(
             t,
@@ -448,6 +456,28 @@ fn render(r: &Results, statements: bool) -> String {
         );
     }
     t
+}
+
+fn listing_rows(t: &mut String, listing: &listing::Listing) {
+    let _ = writeln!(
+        t,
+        "| B6 dashboard reads | {} runs written by one INSERT ... SELECT, then VACUUM ANALYZE | {:.1} s | | |",
+        listing.runs, listing.load_secs
+    );
+    for case in &listing.cases {
+        let (target, verdict_text) = if case.first_page {
+            ("p99 < 300", verdict(case.latency.p99 < 300.0))
+        } else {
+            ("", "")
+        };
+        let _ = writeln!(
+            t,
+            "| B6 dashboard reads | {} ({} runs), ms p50 / p99 / max | {} | {target} | {verdict_text} |",
+            case.label,
+            case.rows,
+            d3(&case.latency)
+        );
+    }
 }
 
 fn throughput_rows(

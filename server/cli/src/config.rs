@@ -43,9 +43,19 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_DB_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub db_timeout: Duration,
 
-    /// Browser origins allowed to call over grpc-web, comma-separated.
+    /// Browser origins allowed to call over grpc-web, comma-separated. The
+    /// dashboard served on this port calls from this server's own origin
+    /// (e.g. `https://composer.example.com`): list it here.
     #[arg(long, env = "COMPOSER_CORS_ORIGINS", value_delimiter = ',')]
     pub cors_origins: Vec<String>,
+
+    /// Serve the browser dashboard from this folder (read at each request)
+    /// instead of the files built into the binary: for dashboard
+    /// development (`dashboard/dist` after `npm run build`) and tests.
+    /// Without it, a release binary serves the dashboard it embedded and a
+    /// debug binary reads the repository's `dashboard/dist`.
+    #[arg(long, env = "COMPOSER_DASHBOARD_DIR")]
+    pub dashboard_dir: Option<std::path::PathBuf>,
 
     /// After SIGTERM, keep answering (health NOT_SERVING) this long, e.g. `1s`.
     #[arg(long, env = "COMPOSER_DRAIN_DELAY", default_value = "1s", value_parser = parse_duration)]

@@ -107,8 +107,14 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
         .local_addr()
         .map(|a| a.to_string())
         .unwrap_or_default();
+    allow_own_origin(&mut server, &listener);
     println!("Composer dev is running");
     println!("  gRPC + grpc-web  http://{addr}");
+    match &tokens {
+        // the fragment never reaches the server: the dashboard reads it
+        Some((admin, _)) => println!("  dashboard        http://{addr}/#token={admin}"),
+        None => println!("  dashboard        http://{addr}/"),
+    }
     if let Some(metrics) = server.metrics_listen {
         println!("  metrics          http://{metrics}/metrics  (/healthz, /readyz)");
     }
@@ -151,6 +157,21 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
     )
     .await?;
     Ok(())
+}
+
+/// The dashboard served on this port calls the API from this port's origin,
+/// which the origin check refuses unless listed: list it (as typed in the
+/// printed URL, and as `localhost` for a loopback address).
+fn allow_own_origin(server: &mut ServerArgs, listener: &tokio::net::TcpListener) {
+    let Ok(addr) = listener.local_addr() else {
+        return;
+    };
+    server.cors_origins.push(format!("http://{addr}"));
+    if addr.ip().is_loopback() {
+        server
+            .cors_origins
+            .push(format!("http://localhost:{}", addr.port()));
+    }
 }
 
 /// How to call grpcurl so that the printed command works as typed: by name

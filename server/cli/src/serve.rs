@@ -10,7 +10,7 @@ use composer_coordinator::{
     recovery::RecoveryConfig,
     watch::{ChangeFeed, RunChanges},
 };
-use composer_grpc::{GrpcConfig, ServeError, Services};
+use composer_grpc::{GrpcConfig, ServeError, Services, dashboard::DashboardFiles};
 use composer_store::{Store, StoreConfig, StoreError};
 use tokio::{net::TcpListener, sync::watch};
 
@@ -115,6 +115,10 @@ pub async fn run(
         max_payload_bytes: server.max_payload_bytes,
         call_timeout: server.db_timeout,
         readiness: composer_grpc::Readiness::default(),
+        dashboard: match &server.dashboard_dir {
+            Some(dir) => DashboardFiles::Directory(dir.clone()),
+            None => DashboardFiles::for_this_build(),
+        },
     };
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut deadline_rx = stop_tx.subscribe();

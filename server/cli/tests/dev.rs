@@ -39,7 +39,7 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
         .spawn()
         .expect("spawn composer dev");
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let (mut url, mut data, mut admin) = (None, None, None);
+    let (mut url, mut data, mut admin, mut dashboard) = (None, None, None, None);
     let started = Instant::now();
     while let Ok(Ok(Some(line))) =
         tokio::time::timeout(Duration::from_secs(120), stdout.next_line()).await
@@ -47,6 +47,7 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
         url = url.or(field(&line, "gRPC + grpc-web").map(str::to_owned));
         data = data.or(field(&line, "data").map(PathBuf::from));
         admin = admin.or(field(&line, "admin token").map(str::to_owned));
+        dashboard = dashboard.or(field(&line, "dashboard").map(str::to_owned));
         if line.starts_with("Press Ctrl-C") {
             break;
         }
@@ -92,6 +93,42 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
         .await
         .expect_err("no token");
     assert_eq!(anonymous.code(), tonic::Code::Unauthenticated);
+
+    // the dashboard: one click logs in (the token rides in the fragment),
+    // and its grpc-web calls from its own origin pass the origin check
+    assert_eq!(
+        dashboard.expect("dev printed the dashboard's URL"),
+        format!("{url}/#token={admin}")
+    );
+    let http = reqwest::Client::builder()
+        .http1_only()
+        .build()
+        .expect("client");
+    let page = http.get(format!("{url}/")).send().await.expect("GET /");
+    assert_eq!(page.status(), 200);
+    let mut body = vec![0u8, 0, 0, 0, 0];
+    body.extend(prost::Message::encode_to_vec(
+        &composer_proto::v1::ListRunsRequest::default(),
+    ));
+    let same_origin = http
+        .post(format!("{url}/composer.v1.RunService/ListRuns"))
+        .header("content-type", "application/grpc-web+proto")
+        .header("x-grpc-web", "1")
+        .header("origin", url.clone())
+        .header("authorization", format!("Bearer {admin}"))
+        .body(body)
+        .send()
+        .await
+        .expect("grpc-web from the dashboard's origin");
+    let status = same_origin
+        .headers()
+        .get("grpc-status")
+        .map(|v| v.to_str().unwrap_or_default().to_owned());
+    let text = String::from_utf8_lossy(&same_origin.bytes().await.expect("body")).into_owned();
+    assert!(
+        status.as_deref() == Some("0") || text.contains("grpc-status:0"),
+        "{status:?} {text}"
+    );
 
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).expect("pid");
     kill(Pid::from_raw(pid), Signal::SIGINT).expect("ctrl-c");

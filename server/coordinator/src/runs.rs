@@ -336,6 +336,15 @@ impl Coordinator {
         Ok(runs::list_runs(self.store.pool(), namespace, filter, cursor, limit).await?)
     }
 
+    /// Runs matching `filter` by stored status (see [`runs::count_runs`]).
+    pub async fn count_runs(
+        &self,
+        namespace: &str,
+        filter: &RunFilter,
+    ) -> Result<Vec<(String, i64)>, CoordinatorError> {
+        Ok(runs::count_runs(self.store.pool(), namespace, filter).await?)
+    }
+
     /// One page of a run's history after `after_seq`.
     pub async fn history(
         &self,

@@ -80,6 +80,7 @@ pub const RPC_ROLES: &[(&str, &[Role])] = &[
     ),
     ("/composer.v1.RunService/GetRun", READ),
     ("/composer.v1.RunService/ListRuns", READ),
+    ("/composer.v1.RunService/CountRuns", READ),
     ("/composer.v1.RunService/CancelRun", &[Admin, Operator]),
     ("/composer.v1.RunService/RetryRun", &[Admin, Operator]),
     (

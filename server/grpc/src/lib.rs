@@ -4,6 +4,7 @@
 pub mod auth;
 mod caller;
 pub mod convert;
+pub mod dashboard;
 mod deadline;
 mod health;
 pub mod request_metrics;

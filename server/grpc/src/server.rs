@@ -1,5 +1,6 @@
 //! Wires the services onto one port that speaks gRPC (HTTP/2) and grpc-web
-//! (HTTP/1.1 or HTTP/2), with health and reflection beside them.
+//! (HTTP/1.1 or HTTP/2), with health and reflection beside them, and serves
+//! the browser dashboard's files to every other GET.
 
 use std::{sync::Arc, time::Duration};
 
@@ -15,6 +16,7 @@ use tower_http::cors::{AllowOrigin, CorsLayer};
 
 use crate::{
     auth::{AuthLayer, AuthMode, Authenticator},
+    dashboard::{DashboardFiles, DashboardLayer},
     health::HealthMonitor,
     services::{
         run::RunApi, server_info::ServerInfoService, worker::WorkerApi, workflow::WorkflowApi,
@@ -41,6 +43,8 @@ pub struct GrpcConfig {
     pub call_timeout: Duration,
     /// Set while this server should get traffic (for `/readyz`).
     pub readiness: crate::health::Readiness,
+    /// Where the browser dashboard's files come from.
+    pub dashboard: DashboardFiles,
 }
 
 /// The application state behind the services.
@@ -117,6 +121,9 @@ pub async fn serve(
         .with_keepalive(Some(Duration::from_secs(60)));
     Server::builder()
         .accept_http1(true)
+        // outermost: the dashboard's files need no token and no CORS, and
+        // every gRPC or grpc-web request passes it untouched
+        .layer(DashboardLayer::new(config.dashboard.clone()))
         .layer(crate::request_metrics::RequestMetricsLayer::new())
         .layer(tower::util::option_layer(cors))
         .layer(tonic_web::GrpcWebLayer::new())

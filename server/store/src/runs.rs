@@ -2,7 +2,10 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value as Json;
-use sqlx::{PgConnection, PgPool, Row, postgres::PgRow};
+use sqlx::{
+    Arguments, PgConnection, PgPool, Postgres, Row,
+    postgres::{PgArguments, PgRow},
+};
 use uuid::Uuid;
 
 use crate::StoreError;
@@ -494,11 +497,13 @@ pub async fn history_page(
         .map_err(StoreError::from)
 }
 
-/// Filters of ListRuns.
+/// Filters of ListRuns and CountRuns.
 #[derive(Debug, Clone, Default)]
 pub struct RunFilter {
     /// Only this workflow.
     pub workflow_name: Option<String>,
+    /// Only this version of the workflow.
+    pub workflow_version: Option<i32>,
     /// Only these statuses (empty: any).
     pub statuses: Vec<String>,
     /// Only runs carrying these labels (a JSON object; empty object: any).
@@ -509,6 +514,117 @@ pub struct RunFilter {
     pub created_before: Option<DateTime<Utc>>,
     /// Only children of this run.
     pub parent_run_id: Option<Uuid>,
+    /// Only the run with this id, and runs whose idempotency key starts
+    /// with this text (taken literally: `%` and `_` match themselves).
+    pub search: Option<String>,
+}
+
+/// A WHERE clause being built: its conditions and their parameters, added
+/// together so a placeholder's number always matches its value.
+struct Conditions {
+    texts: Vec<String>,
+    arguments: PgArguments,
+}
+
+impl Conditions {
+    fn new() -> Self {
+        Self {
+            texts: Vec::new(),
+            arguments: PgArguments::default(),
+        }
+    }
+
+    /// Adds `value` as the next parameter and returns its placeholder.
+    fn bind<'q, T>(&mut self, value: T) -> Result<String, StoreError>
+    where
+        T: 'q + sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres>,
+    {
+        self.arguments
+            .add(value)
+            .map_err(|e| StoreError::Database(sqlx::Error::Encode(e)))?;
+        Ok(format!("${}", self.arguments.len()))
+    }
+
+    fn and(&mut self, text: String) {
+        self.texts.push(text);
+    }
+
+    fn sql(&self) -> String {
+        self.texts.join(" AND ")
+    }
+}
+
+/// The conditions of `filter` in `namespace`, for list_runs and count_runs
+/// alike. Only the filters given are in the text, so each combination has a
+/// generic plan of its own (the server runs on generic plans, see
+/// Store::connect); runs_by_workflow / runs_by_status / runs_by_created /
+/// runs_by_labels serve them.
+fn filter_conditions(namespace: &str, filter: &RunFilter) -> Result<Conditions, StoreError> {
+    let mut c = Conditions::new();
+    let p = c.bind(namespace.to_owned())?;
+    c.and(format!("namespace = {p}"));
+    if let Some(name) = &filter.workflow_name {
+        let p = c.bind(name.clone())?;
+        c.and(format!("workflow_name = {p}"));
+    }
+    if let Some(version) = filter.workflow_version {
+        let p = c.bind(version)?;
+        c.and(format!("workflow_version = {p}"));
+    }
+    if !filter.statuses.is_empty() {
+        let p = c.bind(filter.statuses.clone())?;
+        c.and(format!("status = ANY({p}::text[])"));
+    }
+    if let Some(labels) = &filter.labels {
+        let p = c.bind(labels.clone())?;
+        c.and(format!("labels @> {p}::jsonb"));
+    }
+    if let Some(after) = filter.created_after {
+        let p = c.bind(after)?;
+        c.and(format!("created_at >= {p}"));
+    }
+    if let Some(before) = filter.created_before {
+        let p = c.bind(before)?;
+        c.and(format!("created_at < {p}"));
+    }
+    if let Some(parent) = filter.parent_run_id {
+        let p = c.bind(parent)?;
+        c.and(format!("parent_run_id = {p}"));
+    }
+    if let Some(search) = &filter.search {
+        search_condition(&mut c, search)?;
+    }
+    Ok(c)
+}
+
+/// The run whose id `search` is, or runs whose idempotency key starts with
+/// it. The key is compared by a LIKE pattern with the text's own `\`, `%`
+/// and `_` escaped, so they match only themselves.
+fn search_condition(c: &mut Conditions, search: &str) -> Result<(), StoreError> {
+    let p = c.bind(like_prefix(search))?;
+    let by_key = format!("idempotency_key LIKE {p}");
+    match Uuid::parse_str(search) {
+        Ok(id) => {
+            let p = c.bind(id)?;
+            c.and(format!("(id = {p} OR {by_key})"));
+        }
+        Err(_) => c.and(by_key),
+    }
+    Ok(())
+}
+
+/// A LIKE pattern matching every text that starts with `prefix`
+/// (backslash is LIKE's default escape character).
+fn like_prefix(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + 1);
+    for ch in prefix.chars() {
+        if matches!(ch, '\\' | '%' | '_') {
+            pattern.push('\\');
+        }
+        pattern.push(ch);
+    }
+    pattern.push('%');
+    pattern
 }
 
 /// Runs matching `filter`, newest first, strictly after the keyset cursor
@@ -520,69 +636,41 @@ pub async fn list_runs(
     cursor: Option<(DateTime<Utc>, Uuid)>,
     limit: i64,
 ) -> Result<Vec<RunRow>, StoreError> {
-    // list_runs: keyset page newest first; runs_by_workflow / runs_by_status /
-    // runs_by_created / runs_by_labels serve the filters. Only the filters
-    // given are in the text, so each combination has a generic plan of its
-    // own (the server runs on generic plans, see Store::connect).
-    let mut conditions = vec!["namespace = $1".to_owned()];
-    let mut next = 2;
-    let mut condition = |text: &str| {
-        conditions.push(text.replace('?', &format!("${next}")));
-        next += 1;
-    };
-    if filter.workflow_name.is_some() {
-        condition("workflow_name = ?");
-    }
-    if !filter.statuses.is_empty() {
-        condition("status = ANY(?::text[])");
-    }
-    if filter.labels.is_some() {
-        condition("labels @> ?::jsonb");
-    }
-    if filter.created_after.is_some() {
-        condition("created_at >= ?");
-    }
-    if filter.created_before.is_some() {
-        condition("created_at < ?");
-    }
-    if filter.parent_run_id.is_some() {
-        condition("parent_run_id = ?");
-    }
-    if cursor.is_some() {
-        condition("(created_at, id) < (?");
-        let last = conditions.pop().unwrap_or_default();
-        conditions.push(format!("{last}, ${next})"));
-        next += 1;
-    }
-    let sql = format!(
-        "SELECT {RUN_COLUMNS} FROM runs WHERE {} ORDER BY created_at DESC, id DESC LIMIT ${next}",
-        conditions.join(" AND ")
-    );
-    let mut query = sqlx::query(&sql).bind(namespace);
-    if let Some(name) = &filter.workflow_name {
-        query = query.bind(name);
-    }
-    if !filter.statuses.is_empty() {
-        query = query.bind(&filter.statuses);
-    }
-    if let Some(labels) = &filter.labels {
-        query = query.bind(labels);
-    }
-    if let Some(after) = filter.created_after {
-        query = query.bind(after);
-    }
-    if let Some(before) = filter.created_before {
-        query = query.bind(before);
-    }
-    if let Some(parent) = filter.parent_run_id {
-        query = query.bind(parent);
-    }
+    // list_runs: keyset page newest first over the filter's conditions.
+    let mut c = filter_conditions(namespace, filter)?;
     if let Some((time, id)) = cursor {
-        query = query.bind(time).bind(id);
+        let (t, i) = (c.bind(time)?, c.bind(id)?);
+        c.and(format!("(created_at, id) < ({t}, {i})"));
     }
-    let rows = query.bind(limit).fetch_all(pool).await?;
+    let limit = c.bind(limit)?;
+    let sql = format!(
+        "SELECT {RUN_COLUMNS} FROM runs WHERE {} ORDER BY created_at DESC, id DESC LIMIT {limit}",
+        c.sql()
+    );
+    let rows = sqlx::query_with(&sql, c.arguments).fetch_all(pool).await?;
     rows.iter()
         .map(run_from_row)
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(StoreError::from)
+}
+
+/// How many runs match `filter`, by stored status (statuses with none are
+/// absent).
+pub async fn count_runs(
+    pool: &PgPool,
+    namespace: &str,
+    filter: &RunFilter,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    // count_runs: the same conditions as list_runs, grouped by status; with
+    // no other filter runs_by_status answers it from the index alone.
+    let c = filter_conditions(namespace, filter)?;
+    let sql = format!(
+        "SELECT status, count(*) FROM runs WHERE {} GROUP BY status ORDER BY status",
+        c.sql()
+    );
+    let rows = sqlx::query_with(&sql, c.arguments).fetch_all(pool).await?;
+    rows.iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
         .collect::<Result<_, sqlx::Error>>()
         .map_err(StoreError::from)
 }

@@ -4,11 +4,12 @@ use std::{collections::HashMap, pin::Pin, time::Duration};
 
 use composer_coordinator::{Coordinator, EventTarget, RunView, StartRun, watch::RunChanges};
 use composer_proto::v1::{
-    CancelRunRequest, CancelRunResponse, Failure, GetRunHistoryRequest, GetRunHistoryResponse,
-    GetRunRequest, GetRunResponse, HistoryEvent, ListRunsRequest, ListRunsResponse, NodeState,
-    NodeStatus, RetryRunRequest, RetryRunResponse, Run, RunStatus, SendEventRequest,
-    SendEventResponse, StartRunRequest, StartRunResponse, WatchRunRequest, WatchRunResponse,
-    run_service_server::RunService, send_event_request::Target,
+    CancelRunRequest, CancelRunResponse, CountRunsRequest, CountRunsResponse, Failure,
+    GetRunHistoryRequest, GetRunHistoryResponse, GetRunRequest, GetRunResponse, HistoryEvent,
+    ListRunsRequest, ListRunsResponse, NodeState, NodeStatus, RetryRunRequest, RetryRunResponse,
+    Run, RunStatus, RunStatusCount, SendEventRequest, SendEventResponse, StartRunRequest,
+    StartRunResponse, WatchRunRequest, WatchRunResponse, run_service_server::RunService,
+    send_event_request::Target,
 };
 use composer_store::runs::{HistoryRow, NodeRow, RunFilter, RunRow};
 use serde_json::{Value as Json, json};
@@ -207,6 +208,119 @@ fn runs_cursor(token: &str) -> Result<Option<(chrono::DateTime<chrono::Utc>, Uui
     Ok(Some((time, Uuid::parse_str(id).map_err(|_| bad())?)))
 }
 
+/// The statuses a ListRuns asks for, as stored; each names its index.
+fn status_filter(numbers: &[i32]) -> Result<Vec<&'static str>, Status> {
+    numbers
+        .iter()
+        .enumerate()
+        .map(|(i, &number)| {
+            let field = format!("statuses[{i}]");
+            let status = RunStatus::try_from(number)
+                .map_err(|_| invalid_field(&field, format!("{number} is not a RunStatus")))?;
+            status_text(status)
+                .ok_or_else(|| invalid_field(&field, "RUN_STATUS_UNSPECIFIED matches nothing"))
+        })
+        .collect()
+}
+
+/// The filters ListRuns and CountRuns share, as the caller sent them.
+struct FilterFields<'a> {
+    workflow_name: &'a str,
+    workflow_version: i32,
+    labels: &'a HashMap<String, String>,
+    create_time_after: Option<&'a prost_types::Timestamp>,
+    create_time_before: Option<&'a prost_types::Timestamp>,
+    parent_run_id: &'a str,
+    search: &'a str,
+}
+
+impl<'a> From<&'a ListRunsRequest> for FilterFields<'a> {
+    fn from(request: &'a ListRunsRequest) -> Self {
+        Self {
+            workflow_name: &request.workflow_name,
+            workflow_version: request.workflow_version,
+            labels: &request.labels,
+            create_time_after: request.create_time_after.as_ref(),
+            create_time_before: request.create_time_before.as_ref(),
+            parent_run_id: &request.parent_run_id,
+            search: &request.search,
+        }
+    }
+}
+
+impl<'a> From<&'a CountRunsRequest> for FilterFields<'a> {
+    fn from(request: &'a CountRunsRequest) -> Self {
+        Self {
+            workflow_name: &request.workflow_name,
+            workflow_version: request.workflow_version,
+            labels: &request.labels,
+            create_time_after: request.create_time_after.as_ref(),
+            create_time_before: request.create_time_before.as_ref(),
+            parent_run_id: &request.parent_run_id,
+            search: &request.search,
+        }
+    }
+}
+
+/// Checks the shared filters (INVALID_ARGUMENT naming the field) and turns
+/// them into the store's filter, with no status filter.
+fn run_filter(fields: FilterFields<'_>) -> Result<RunFilter, Status> {
+    if !fields.workflow_name.is_empty() {
+        check_name("workflow_name", fields.workflow_name)?;
+    }
+    let workflow_version = match fields.workflow_version {
+        0 => None,
+        n if n < 0 => {
+            return Err(invalid_field(
+                "workflow_version",
+                "must be 0 (any) or a version number",
+            ));
+        }
+        _ if fields.workflow_name.is_empty() => {
+            return Err(invalid_field(
+                "workflow_version",
+                "needs workflow_name: a version belongs to one workflow",
+            ));
+        }
+        n => Some(n),
+    };
+    check_label_keys(fields.labels)?;
+    check_text("search", fields.search, MAX_KEY_BYTES)?;
+    let parent_run_id = match fields.parent_run_id {
+        "" => None,
+        id => {
+            Some(Uuid::parse_str(id).map_err(|_| invalid_field("parent_run_id", "not a run id"))?)
+        }
+    };
+    let time = |t: Option<&prost_types::Timestamp>, field| t.map(|t| from_timestamp(t, field));
+    Ok(RunFilter {
+        workflow_name: Some(fields.workflow_name.to_owned()).filter(|n| !n.is_empty()),
+        workflow_version,
+        statuses: Vec::new(),
+        labels: (!fields.labels.is_empty()).then(|| json!(fields.labels)),
+        created_after: time(fields.create_time_after, "create_time_after").transpose()?,
+        created_before: time(fields.create_time_before, "create_time_before").transpose()?,
+        parent_run_id,
+        search: Some(fields.search.to_owned()).filter(|s| !s.is_empty()),
+    })
+}
+
+/// Stored statuses and their counts as the API's: PENDING counts as
+/// RUNNING, in the order of RunStatus, statuses without runs left out.
+fn status_counts(rows: Vec<(String, i64)>) -> Vec<RunStatusCount> {
+    let mut counts = std::collections::BTreeMap::<i32, i64>::new();
+    for (text, count) in rows {
+        let status = run_status(&text);
+        if status != RunStatus::Unspecified && count > 0 {
+            *counts.entry(status as i32).or_default() += count;
+        }
+    }
+    counts
+        .into_iter()
+        .map(|(status, count)| RunStatusCount { status, count })
+        .collect()
+}
+
 type WatchStream = Pin<Box<dyn Stream<Item = Result<WatchRunResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -271,43 +385,10 @@ impl RunService for RunApi {
         let caller = caller(&request)?;
         let request = request.into_inner();
         let limit = page_size(request.page_size)?;
-        let statuses = request
-            .statuses
-            .iter()
-            .enumerate()
-            .map(|(i, &number)| {
-                let field = format!("statuses[{i}]");
-                let status = RunStatus::try_from(number)
-                    .map_err(|_| invalid_field(&field, format!("{number} is not a RunStatus")))?;
-                status_text(status)
-                    .ok_or_else(|| invalid_field(&field, "RUN_STATUS_UNSPECIFIED matches nothing"))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let parent_run_id = match request.parent_run_id.as_str() {
-            "" => None,
-            id => Some(
-                Uuid::parse_str(id).map_err(|_| invalid_field("parent_run_id", "not a run id"))?,
-            ),
-        };
-        if !request.workflow_name.is_empty() {
-            check_name("workflow_name", &request.workflow_name)?;
-        }
-        check_label_keys(&request.labels)?;
+        let statuses = status_filter(&request.statuses)?;
         let filter = RunFilter {
-            workflow_name: Some(request.workflow_name).filter(|n| !n.is_empty()),
             statuses: statuses.into_iter().map(str::to_owned).collect(),
-            labels: (!request.labels.is_empty()).then(|| json!(request.labels)),
-            created_after: request
-                .create_time_after
-                .as_ref()
-                .map(|t| from_timestamp(t, "create_time_after"))
-                .transpose()?,
-            created_before: request
-                .create_time_before
-                .as_ref()
-                .map(|t| from_timestamp(t, "create_time_before"))
-                .transpose()?,
-            parent_run_id,
+            ..run_filter(FilterFields::from(&request))?
         };
         let cursor = runs_cursor(&request.page_token)?;
         let rows = self
@@ -327,6 +408,23 @@ impl RunService for RunApi {
                 .map(|run| run_message(run, Vec::new(), &HashMap::new()))
                 .collect(),
             next_page_token,
+        }))
+    }
+
+    async fn count_runs(
+        &self,
+        request: Request<CountRunsRequest>,
+    ) -> Result<Response<CountRunsResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let filter = run_filter(FilterFields::from(&request))?;
+        let rows = self
+            .coordinator
+            .count_runs(&caller.namespace, &filter)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(CountRunsResponse {
+            counts: status_counts(rows),
         }))
     }
 

@@ -285,7 +285,14 @@ type ListRunsRequest struct {
 	PageSize int32 `protobuf:"varint,7,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// The `next_page_token` of the previous page; empty for the first. The
 	// filters must be the same as for the first page.
-	PageToken     string `protobuf:"bytes,8,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	PageToken string `protobuf:"bytes,8,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Only runs of this version of `workflow_name` (which it requires); 0
+	// means any version.
+	WorkflowVersion int32 `protobuf:"varint,9,opt,name=workflow_version,json=workflowVersion,proto3" json:"workflow_version,omitempty"`
+	// Only runs this text finds: the run whose id it is, and runs whose
+	// idempotency key starts with it (`%` and `_` are plain characters).
+	// Empty: no search. At most 256 bytes.
+	Search        string `protobuf:"bytes,10,opt,name=search,proto3" json:"search,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -376,6 +383,20 @@ func (x *ListRunsRequest) GetPageToken() string {
 	return ""
 }
 
+func (x *ListRunsRequest) GetWorkflowVersion() int32 {
+	if x != nil {
+		return x.WorkflowVersion
+	}
+	return 0
+}
+
+func (x *ListRunsRequest) GetSearch() string {
+	if x != nil {
+		return x.Search
+	}
+	return ""
+}
+
 // ListRunsResponse is one page of runs.
 type ListRunsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -431,6 +452,208 @@ func (x *ListRunsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// CountRunsRequest filters the runs to count, as ListRunsRequest does.
+type CountRunsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only runs of this workflow.
+	WorkflowName string `protobuf:"bytes,1,opt,name=workflow_name,json=workflowName,proto3" json:"workflow_name,omitempty"`
+	// Only runs of this version of `workflow_name` (which it requires); 0
+	// means any version.
+	WorkflowVersion int32 `protobuf:"varint,2,opt,name=workflow_version,json=workflowVersion,proto3" json:"workflow_version,omitempty"`
+	// Only runs carrying all of these labels with these values.
+	Labels map[string]string `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Only runs created at or after this time.
+	CreateTimeAfter *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time_after,json=createTimeAfter,proto3" json:"create_time_after,omitempty"`
+	// Only runs created before this time.
+	CreateTimeBefore *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time_before,json=createTimeBefore,proto3" json:"create_time_before,omitempty"`
+	// Only child runs of this run.
+	ParentRunId string `protobuf:"bytes,6,opt,name=parent_run_id,json=parentRunId,proto3" json:"parent_run_id,omitempty"`
+	// Only runs this text finds, as ListRunsRequest's `search`.
+	Search        string `protobuf:"bytes,7,opt,name=search,proto3" json:"search,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CountRunsRequest) Reset() {
+	*x = CountRunsRequest{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CountRunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CountRunsRequest) ProtoMessage() {}
+
+func (x *CountRunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CountRunsRequest.ProtoReflect.Descriptor instead.
+func (*CountRunsRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *CountRunsRequest) GetWorkflowName() string {
+	if x != nil {
+		return x.WorkflowName
+	}
+	return ""
+}
+
+func (x *CountRunsRequest) GetWorkflowVersion() int32 {
+	if x != nil {
+		return x.WorkflowVersion
+	}
+	return 0
+}
+
+func (x *CountRunsRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *CountRunsRequest) GetCreateTimeAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTimeAfter
+	}
+	return nil
+}
+
+func (x *CountRunsRequest) GetCreateTimeBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTimeBefore
+	}
+	return nil
+}
+
+func (x *CountRunsRequest) GetParentRunId() string {
+	if x != nil {
+		return x.ParentRunId
+	}
+	return ""
+}
+
+func (x *CountRunsRequest) GetSearch() string {
+	if x != nil {
+		return x.Search
+	}
+	return ""
+}
+
+// CountRunsResponse holds the counts by status.
+type CountRunsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One entry per status that has runs, in the order of RunStatus.
+	Counts        []*RunStatusCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CountRunsResponse) Reset() {
+	*x = CountRunsResponse{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CountRunsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CountRunsResponse) ProtoMessage() {}
+
+func (x *CountRunsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CountRunsResponse.ProtoReflect.Descriptor instead.
+func (*CountRunsResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *CountRunsResponse) GetCounts() []*RunStatusCount {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+// RunStatusCount is how many runs are in one status.
+type RunStatusCount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The status.
+	Status RunStatus `protobuf:"varint,1,opt,name=status,proto3,enum=composer.v1.RunStatus" json:"status,omitempty"`
+	// How many matching runs are in it.
+	Count         int64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunStatusCount) Reset() {
+	*x = RunStatusCount{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunStatusCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunStatusCount) ProtoMessage() {}
+
+func (x *RunStatusCount) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunStatusCount.ProtoReflect.Descriptor instead.
+func (*RunStatusCount) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *RunStatusCount) GetStatus() RunStatus {
+	if x != nil {
+		return x.Status
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *RunStatusCount) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 // CancelRunRequest names the run to cancel.
 type CancelRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -444,7 +667,7 @@ type CancelRunRequest struct {
 
 func (x *CancelRunRequest) Reset() {
 	*x = CancelRunRequest{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[6]
+	mi := &file_composer_v1_run_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -456,7 +679,7 @@ func (x *CancelRunRequest) String() string {
 func (*CancelRunRequest) ProtoMessage() {}
 
 func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[6]
+	mi := &file_composer_v1_run_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -469,7 +692,7 @@ func (x *CancelRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunRequest.ProtoReflect.Descriptor instead.
 func (*CancelRunRequest) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{6}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CancelRunRequest) GetRunId() string {
@@ -497,7 +720,7 @@ type CancelRunResponse struct {
 
 func (x *CancelRunResponse) Reset() {
 	*x = CancelRunResponse{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[7]
+	mi := &file_composer_v1_run_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -509,7 +732,7 @@ func (x *CancelRunResponse) String() string {
 func (*CancelRunResponse) ProtoMessage() {}
 
 func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[7]
+	mi := &file_composer_v1_run_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -522,7 +745,7 @@ func (x *CancelRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRunResponse.ProtoReflect.Descriptor instead.
 func (*CancelRunResponse) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{7}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *CancelRunResponse) GetRun() *Run {
@@ -543,7 +766,7 @@ type RetryRunRequest struct {
 
 func (x *RetryRunRequest) Reset() {
 	*x = RetryRunRequest{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[8]
+	mi := &file_composer_v1_run_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -555,7 +778,7 @@ func (x *RetryRunRequest) String() string {
 func (*RetryRunRequest) ProtoMessage() {}
 
 func (x *RetryRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[8]
+	mi := &file_composer_v1_run_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -568,7 +791,7 @@ func (x *RetryRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryRunRequest.ProtoReflect.Descriptor instead.
 func (*RetryRunRequest) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{8}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RetryRunRequest) GetRunId() string {
@@ -589,7 +812,7 @@ type RetryRunResponse struct {
 
 func (x *RetryRunResponse) Reset() {
 	*x = RetryRunResponse{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[9]
+	mi := &file_composer_v1_run_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -601,7 +824,7 @@ func (x *RetryRunResponse) String() string {
 func (*RetryRunResponse) ProtoMessage() {}
 
 func (x *RetryRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[9]
+	mi := &file_composer_v1_run_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -614,7 +837,7 @@ func (x *RetryRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryRunResponse.ProtoReflect.Descriptor instead.
 func (*RetryRunResponse) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{9}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RetryRunResponse) GetRun() *Run {
@@ -647,7 +870,7 @@ type SendEventRequest struct {
 
 func (x *SendEventRequest) Reset() {
 	*x = SendEventRequest{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[10]
+	mi := &file_composer_v1_run_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -659,7 +882,7 @@ func (x *SendEventRequest) String() string {
 func (*SendEventRequest) ProtoMessage() {}
 
 func (x *SendEventRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[10]
+	mi := &file_composer_v1_run_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -672,7 +895,7 @@ func (x *SendEventRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendEventRequest.ProtoReflect.Descriptor instead.
 func (*SendEventRequest) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{10}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SendEventRequest) GetTarget() isSendEventRequest_Target {
@@ -752,7 +975,7 @@ type SendEventResponse struct {
 
 func (x *SendEventResponse) Reset() {
 	*x = SendEventResponse{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[11]
+	mi := &file_composer_v1_run_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -764,7 +987,7 @@ func (x *SendEventResponse) String() string {
 func (*SendEventResponse) ProtoMessage() {}
 
 func (x *SendEventResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[11]
+	mi := &file_composer_v1_run_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -777,7 +1000,7 @@ func (x *SendEventResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendEventResponse.ProtoReflect.Descriptor instead.
 func (*SendEventResponse) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{11}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SendEventResponse) GetDeliveredRunIds() []string {
@@ -809,7 +1032,7 @@ type GetRunHistoryRequest struct {
 
 func (x *GetRunHistoryRequest) Reset() {
 	*x = GetRunHistoryRequest{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[12]
+	mi := &file_composer_v1_run_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +1044,7 @@ func (x *GetRunHistoryRequest) String() string {
 func (*GetRunHistoryRequest) ProtoMessage() {}
 
 func (x *GetRunHistoryRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[12]
+	mi := &file_composer_v1_run_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +1057,7 @@ func (x *GetRunHistoryRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunHistoryRequest.ProtoReflect.Descriptor instead.
 func (*GetRunHistoryRequest) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{12}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRunHistoryRequest) GetRunId() string {
@@ -871,7 +1094,7 @@ type GetRunHistoryResponse struct {
 
 func (x *GetRunHistoryResponse) Reset() {
 	*x = GetRunHistoryResponse{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[13]
+	mi := &file_composer_v1_run_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -883,7 +1106,7 @@ func (x *GetRunHistoryResponse) String() string {
 func (*GetRunHistoryResponse) ProtoMessage() {}
 
 func (x *GetRunHistoryResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[13]
+	mi := &file_composer_v1_run_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -896,7 +1119,7 @@ func (x *GetRunHistoryResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRunHistoryResponse.ProtoReflect.Descriptor instead.
 func (*GetRunHistoryResponse) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{13}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetRunHistoryResponse) GetEvents() []*HistoryEvent {
@@ -924,7 +1147,7 @@ type WatchRunRequest struct {
 
 func (x *WatchRunRequest) Reset() {
 	*x = WatchRunRequest{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[14]
+	mi := &file_composer_v1_run_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -936,7 +1159,7 @@ func (x *WatchRunRequest) String() string {
 func (*WatchRunRequest) ProtoMessage() {}
 
 func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[14]
+	mi := &file_composer_v1_run_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -949,7 +1172,7 @@ func (x *WatchRunRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunRequest.ProtoReflect.Descriptor instead.
 func (*WatchRunRequest) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{14}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *WatchRunRequest) GetRunId() string {
@@ -972,7 +1195,7 @@ type WatchRunResponse struct {
 
 func (x *WatchRunResponse) Reset() {
 	*x = WatchRunResponse{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[15]
+	mi := &file_composer_v1_run_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -984,7 +1207,7 @@ func (x *WatchRunResponse) String() string {
 func (*WatchRunResponse) ProtoMessage() {}
 
 func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[15]
+	mi := &file_composer_v1_run_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -997,7 +1220,7 @@ func (x *WatchRunResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRunResponse.ProtoReflect.Descriptor instead.
 func (*WatchRunResponse) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{15}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WatchRunResponse) GetRun() *Run {
@@ -1036,7 +1259,7 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\n" +
 	"skip_nodes\x18\x02 \x01(\bR\tskipNodes\"4\n" +
 	"\x0eGetRunResponse\x12\"\n" +
-	"\x03run\x18\x01 \x01(\v2\x10.composer.v1.RunR\x03run\"\xd9\x03\n" +
+	"\x03run\x18\x01 \x01(\v2\x10.composer.v1.RunR\x03run\"\x9c\x04\n" +
 	"\x0fListRunsRequest\x12#\n" +
 	"\rworkflow_name\x18\x01 \x01(\tR\fworkflowName\x122\n" +
 	"\bstatuses\x18\x02 \x03(\x0e2\x16.composer.v1.RunStatusR\bstatuses\x12@\n" +
@@ -1046,13 +1269,32 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\rparent_run_id\x18\x06 \x01(\tR\vparentRunId\x12\x1b\n" +
 	"\tpage_size\x18\a \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\b \x01(\tR\tpageToken\x1a9\n" +
+	"page_token\x18\b \x01(\tR\tpageToken\x12)\n" +
+	"\x10workflow_version\x18\t \x01(\x05R\x0fworkflowVersion\x12\x16\n" +
+	"\x06search\x18\n" +
+	" \x01(\tR\x06search\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"`\n" +
 	"\x10ListRunsResponse\x12$\n" +
 	"\x04runs\x18\x01 \x03(\v2\x10.composer.v1.RunR\x04runs\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"A\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xae\x03\n" +
+	"\x10CountRunsRequest\x12#\n" +
+	"\rworkflow_name\x18\x01 \x01(\tR\fworkflowName\x12)\n" +
+	"\x10workflow_version\x18\x02 \x01(\x05R\x0fworkflowVersion\x12A\n" +
+	"\x06labels\x18\x03 \x03(\v2).composer.v1.CountRunsRequest.LabelsEntryR\x06labels\x12F\n" +
+	"\x11create_time_after\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x0fcreateTimeAfter\x12H\n" +
+	"\x12create_time_before\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x10createTimeBefore\x12\"\n" +
+	"\rparent_run_id\x18\x06 \x01(\tR\vparentRunId\x12\x16\n" +
+	"\x06search\x18\a \x01(\tR\x06search\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"H\n" +
+	"\x11CountRunsResponse\x123\n" +
+	"\x06counts\x18\x01 \x03(\v2\x1b.composer.v1.RunStatusCountR\x06counts\"V\n" +
+	"\x0eRunStatusCount\x12.\n" +
+	"\x06status\x18\x01 \x01(\x0e2\x16.composer.v1.RunStatusR\x06status\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x03R\x05count\"A\n" +
 	"\x10CancelRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"7\n" +
@@ -1086,12 +1328,13 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"i\n" +
 	"\x10WatchRunResponse\x12\"\n" +
 	"\x03run\x18\x01 \x01(\v2\x10.composer.v1.RunR\x03run\x121\n" +
-	"\x06events\x18\x02 \x03(\v2\x19.composer.v1.HistoryEventR\x06events2\xe5\x04\n" +
+	"\x06events\x18\x02 \x03(\v2\x19.composer.v1.HistoryEventR\x06events2\xb1\x05\n" +
 	"\n" +
 	"RunService\x12G\n" +
 	"\bStartRun\x12\x1c.composer.v1.StartRunRequest\x1a\x1d.composer.v1.StartRunResponse\x12A\n" +
 	"\x06GetRun\x12\x1a.composer.v1.GetRunRequest\x1a\x1b.composer.v1.GetRunResponse\x12G\n" +
 	"\bListRuns\x12\x1c.composer.v1.ListRunsRequest\x1a\x1d.composer.v1.ListRunsResponse\x12J\n" +
+	"\tCountRuns\x12\x1d.composer.v1.CountRunsRequest\x1a\x1e.composer.v1.CountRunsResponse\x12J\n" +
 	"\tCancelRun\x12\x1d.composer.v1.CancelRunRequest\x1a\x1e.composer.v1.CancelRunResponse\x12G\n" +
 	"\bRetryRun\x12\x1c.composer.v1.RetryRunRequest\x1a\x1d.composer.v1.RetryRunResponse\x12J\n" +
 	"\tSendEvent\x12\x1d.composer.v1.SendEventRequest\x1a\x1e.composer.v1.SendEventResponse\x12V\n" +
@@ -1110,7 +1353,7 @@ func file_composer_v1_run_service_proto_rawDescGZIP() []byte {
 	return file_composer_v1_run_service_proto_rawDescData
 }
 
-var file_composer_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_composer_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_composer_v1_run_service_proto_goTypes = []any{
 	(*StartRunRequest)(nil),       // 0: composer.v1.StartRunRequest
 	(*StartRunResponse)(nil),      // 1: composer.v1.StartRunResponse
@@ -1118,61 +1361,72 @@ var file_composer_v1_run_service_proto_goTypes = []any{
 	(*GetRunResponse)(nil),        // 3: composer.v1.GetRunResponse
 	(*ListRunsRequest)(nil),       // 4: composer.v1.ListRunsRequest
 	(*ListRunsResponse)(nil),      // 5: composer.v1.ListRunsResponse
-	(*CancelRunRequest)(nil),      // 6: composer.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 7: composer.v1.CancelRunResponse
-	(*RetryRunRequest)(nil),       // 8: composer.v1.RetryRunRequest
-	(*RetryRunResponse)(nil),      // 9: composer.v1.RetryRunResponse
-	(*SendEventRequest)(nil),      // 10: composer.v1.SendEventRequest
-	(*SendEventResponse)(nil),     // 11: composer.v1.SendEventResponse
-	(*GetRunHistoryRequest)(nil),  // 12: composer.v1.GetRunHistoryRequest
-	(*GetRunHistoryResponse)(nil), // 13: composer.v1.GetRunHistoryResponse
-	(*WatchRunRequest)(nil),       // 14: composer.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 15: composer.v1.WatchRunResponse
-	nil,                           // 16: composer.v1.StartRunRequest.LabelsEntry
-	nil,                           // 17: composer.v1.ListRunsRequest.LabelsEntry
-	(*structpb.Value)(nil),        // 18: google.protobuf.Value
-	(*Run)(nil),                   // 19: composer.v1.Run
-	(RunStatus)(0),                // 20: composer.v1.RunStatus
-	(*timestamppb.Timestamp)(nil), // 21: google.protobuf.Timestamp
-	(*HistoryEvent)(nil),          // 22: composer.v1.HistoryEvent
+	(*CountRunsRequest)(nil),      // 6: composer.v1.CountRunsRequest
+	(*CountRunsResponse)(nil),     // 7: composer.v1.CountRunsResponse
+	(*RunStatusCount)(nil),        // 8: composer.v1.RunStatusCount
+	(*CancelRunRequest)(nil),      // 9: composer.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),     // 10: composer.v1.CancelRunResponse
+	(*RetryRunRequest)(nil),       // 11: composer.v1.RetryRunRequest
+	(*RetryRunResponse)(nil),      // 12: composer.v1.RetryRunResponse
+	(*SendEventRequest)(nil),      // 13: composer.v1.SendEventRequest
+	(*SendEventResponse)(nil),     // 14: composer.v1.SendEventResponse
+	(*GetRunHistoryRequest)(nil),  // 15: composer.v1.GetRunHistoryRequest
+	(*GetRunHistoryResponse)(nil), // 16: composer.v1.GetRunHistoryResponse
+	(*WatchRunRequest)(nil),       // 17: composer.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),      // 18: composer.v1.WatchRunResponse
+	nil,                           // 19: composer.v1.StartRunRequest.LabelsEntry
+	nil,                           // 20: composer.v1.ListRunsRequest.LabelsEntry
+	nil,                           // 21: composer.v1.CountRunsRequest.LabelsEntry
+	(*structpb.Value)(nil),        // 22: google.protobuf.Value
+	(*Run)(nil),                   // 23: composer.v1.Run
+	(RunStatus)(0),                // 24: composer.v1.RunStatus
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
+	(*HistoryEvent)(nil),          // 26: composer.v1.HistoryEvent
 }
 var file_composer_v1_run_service_proto_depIdxs = []int32{
-	18, // 0: composer.v1.StartRunRequest.input:type_name -> google.protobuf.Value
-	16, // 1: composer.v1.StartRunRequest.labels:type_name -> composer.v1.StartRunRequest.LabelsEntry
-	19, // 2: composer.v1.StartRunResponse.run:type_name -> composer.v1.Run
-	19, // 3: composer.v1.GetRunResponse.run:type_name -> composer.v1.Run
-	20, // 4: composer.v1.ListRunsRequest.statuses:type_name -> composer.v1.RunStatus
-	17, // 5: composer.v1.ListRunsRequest.labels:type_name -> composer.v1.ListRunsRequest.LabelsEntry
-	21, // 6: composer.v1.ListRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
-	21, // 7: composer.v1.ListRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
-	19, // 8: composer.v1.ListRunsResponse.runs:type_name -> composer.v1.Run
-	19, // 9: composer.v1.CancelRunResponse.run:type_name -> composer.v1.Run
-	19, // 10: composer.v1.RetryRunResponse.run:type_name -> composer.v1.Run
-	18, // 11: composer.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
-	22, // 12: composer.v1.GetRunHistoryResponse.events:type_name -> composer.v1.HistoryEvent
-	19, // 13: composer.v1.WatchRunResponse.run:type_name -> composer.v1.Run
-	22, // 14: composer.v1.WatchRunResponse.events:type_name -> composer.v1.HistoryEvent
-	0,  // 15: composer.v1.RunService.StartRun:input_type -> composer.v1.StartRunRequest
-	2,  // 16: composer.v1.RunService.GetRun:input_type -> composer.v1.GetRunRequest
-	4,  // 17: composer.v1.RunService.ListRuns:input_type -> composer.v1.ListRunsRequest
-	6,  // 18: composer.v1.RunService.CancelRun:input_type -> composer.v1.CancelRunRequest
-	8,  // 19: composer.v1.RunService.RetryRun:input_type -> composer.v1.RetryRunRequest
-	10, // 20: composer.v1.RunService.SendEvent:input_type -> composer.v1.SendEventRequest
-	12, // 21: composer.v1.RunService.GetRunHistory:input_type -> composer.v1.GetRunHistoryRequest
-	14, // 22: composer.v1.RunService.WatchRun:input_type -> composer.v1.WatchRunRequest
-	1,  // 23: composer.v1.RunService.StartRun:output_type -> composer.v1.StartRunResponse
-	3,  // 24: composer.v1.RunService.GetRun:output_type -> composer.v1.GetRunResponse
-	5,  // 25: composer.v1.RunService.ListRuns:output_type -> composer.v1.ListRunsResponse
-	7,  // 26: composer.v1.RunService.CancelRun:output_type -> composer.v1.CancelRunResponse
-	9,  // 27: composer.v1.RunService.RetryRun:output_type -> composer.v1.RetryRunResponse
-	11, // 28: composer.v1.RunService.SendEvent:output_type -> composer.v1.SendEventResponse
-	13, // 29: composer.v1.RunService.GetRunHistory:output_type -> composer.v1.GetRunHistoryResponse
-	15, // 30: composer.v1.RunService.WatchRun:output_type -> composer.v1.WatchRunResponse
-	23, // [23:31] is the sub-list for method output_type
-	15, // [15:23] is the sub-list for method input_type
-	15, // [15:15] is the sub-list for extension type_name
-	15, // [15:15] is the sub-list for extension extendee
-	0,  // [0:15] is the sub-list for field type_name
+	22, // 0: composer.v1.StartRunRequest.input:type_name -> google.protobuf.Value
+	19, // 1: composer.v1.StartRunRequest.labels:type_name -> composer.v1.StartRunRequest.LabelsEntry
+	23, // 2: composer.v1.StartRunResponse.run:type_name -> composer.v1.Run
+	23, // 3: composer.v1.GetRunResponse.run:type_name -> composer.v1.Run
+	24, // 4: composer.v1.ListRunsRequest.statuses:type_name -> composer.v1.RunStatus
+	20, // 5: composer.v1.ListRunsRequest.labels:type_name -> composer.v1.ListRunsRequest.LabelsEntry
+	25, // 6: composer.v1.ListRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
+	25, // 7: composer.v1.ListRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
+	23, // 8: composer.v1.ListRunsResponse.runs:type_name -> composer.v1.Run
+	21, // 9: composer.v1.CountRunsRequest.labels:type_name -> composer.v1.CountRunsRequest.LabelsEntry
+	25, // 10: composer.v1.CountRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
+	25, // 11: composer.v1.CountRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
+	8,  // 12: composer.v1.CountRunsResponse.counts:type_name -> composer.v1.RunStatusCount
+	24, // 13: composer.v1.RunStatusCount.status:type_name -> composer.v1.RunStatus
+	23, // 14: composer.v1.CancelRunResponse.run:type_name -> composer.v1.Run
+	23, // 15: composer.v1.RetryRunResponse.run:type_name -> composer.v1.Run
+	22, // 16: composer.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
+	26, // 17: composer.v1.GetRunHistoryResponse.events:type_name -> composer.v1.HistoryEvent
+	23, // 18: composer.v1.WatchRunResponse.run:type_name -> composer.v1.Run
+	26, // 19: composer.v1.WatchRunResponse.events:type_name -> composer.v1.HistoryEvent
+	0,  // 20: composer.v1.RunService.StartRun:input_type -> composer.v1.StartRunRequest
+	2,  // 21: composer.v1.RunService.GetRun:input_type -> composer.v1.GetRunRequest
+	4,  // 22: composer.v1.RunService.ListRuns:input_type -> composer.v1.ListRunsRequest
+	6,  // 23: composer.v1.RunService.CountRuns:input_type -> composer.v1.CountRunsRequest
+	9,  // 24: composer.v1.RunService.CancelRun:input_type -> composer.v1.CancelRunRequest
+	11, // 25: composer.v1.RunService.RetryRun:input_type -> composer.v1.RetryRunRequest
+	13, // 26: composer.v1.RunService.SendEvent:input_type -> composer.v1.SendEventRequest
+	15, // 27: composer.v1.RunService.GetRunHistory:input_type -> composer.v1.GetRunHistoryRequest
+	17, // 28: composer.v1.RunService.WatchRun:input_type -> composer.v1.WatchRunRequest
+	1,  // 29: composer.v1.RunService.StartRun:output_type -> composer.v1.StartRunResponse
+	3,  // 30: composer.v1.RunService.GetRun:output_type -> composer.v1.GetRunResponse
+	5,  // 31: composer.v1.RunService.ListRuns:output_type -> composer.v1.ListRunsResponse
+	7,  // 32: composer.v1.RunService.CountRuns:output_type -> composer.v1.CountRunsResponse
+	10, // 33: composer.v1.RunService.CancelRun:output_type -> composer.v1.CancelRunResponse
+	12, // 34: composer.v1.RunService.RetryRun:output_type -> composer.v1.RetryRunResponse
+	14, // 35: composer.v1.RunService.SendEvent:output_type -> composer.v1.SendEventResponse
+	16, // 36: composer.v1.RunService.GetRunHistory:output_type -> composer.v1.GetRunHistoryResponse
+	18, // 37: composer.v1.RunService.WatchRun:output_type -> composer.v1.WatchRunResponse
+	29, // [29:38] is the sub-list for method output_type
+	20, // [20:29] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_composer_v1_run_service_proto_init() }
@@ -1181,7 +1435,7 @@ func file_composer_v1_run_service_proto_init() {
 		return
 	}
 	file_composer_v1_common_proto_init()
-	file_composer_v1_run_service_proto_msgTypes[10].OneofWrappers = []any{
+	file_composer_v1_run_service_proto_msgTypes[13].OneofWrappers = []any{
 		(*SendEventRequest_RunId)(nil),
 		(*SendEventRequest_CorrelationKey)(nil),
 	}
@@ -1191,7 +1445,7 @@ func file_composer_v1_run_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_composer_v1_run_service_proto_rawDesc), len(file_composer_v1_run_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

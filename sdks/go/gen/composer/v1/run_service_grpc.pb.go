@@ -22,6 +22,7 @@ const (
 	RunService_StartRun_FullMethodName      = "/composer.v1.RunService/StartRun"
 	RunService_GetRun_FullMethodName        = "/composer.v1.RunService/GetRun"
 	RunService_ListRuns_FullMethodName      = "/composer.v1.RunService/ListRuns"
+	RunService_CountRuns_FullMethodName     = "/composer.v1.RunService/CountRuns"
 	RunService_CancelRun_FullMethodName     = "/composer.v1.RunService/CancelRun"
 	RunService_RetryRun_FullMethodName      = "/composer.v1.RunService/RetryRun"
 	RunService_SendEvent_FullMethodName     = "/composer.v1.RunService/SendEvent"
@@ -49,8 +50,15 @@ type RunServiceClient interface {
 	// not exist in the caller's namespace.
 	GetRun(ctx context.Context, in *GetRunRequest, opts ...grpc.CallOption) (*GetRunResponse, error)
 	// ListRuns lists runs matching the filters, newest first, one page at a
-	// time. Node states are not included.
+	// time. Node states are not included. INVALID_ARGUMENT naming the field
+	// for a bad filter (a `workflow_version` without `workflow_name`, a
+	// negative one, a `search` over 256 bytes, a bad label key, ...).
 	ListRuns(ctx context.Context, in *ListRunsRequest, opts ...grpc.CallOption) (*ListRunsResponse, error)
+	// CountRuns counts the runs matching the filters, by status: what a
+	// ListRuns walk over every page with the same filters would return,
+	// grouped by `status`. The filters are ListRuns' but `statuses` and
+	// paging, checked the same way. A status that no run has is left out.
+	CountRuns(ctx context.Context, in *CountRunsRequest, opts ...grpc.CallOption) (*CountRunsResponse, error)
 	// CancelRun cancels a running run: its tasks are cancelled (a worker holding
 	// one learns it from its next Heartbeat, which answers cancel_requested),
 	// its timers removed, its child runs cancelled, compensations run, and the
@@ -109,6 +117,16 @@ func (c *runServiceClient) ListRuns(ctx context.Context, in *ListRunsRequest, op
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListRunsResponse)
 	err := c.cc.Invoke(ctx, RunService_ListRuns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runServiceClient) CountRuns(ctx context.Context, in *CountRunsRequest, opts ...grpc.CallOption) (*CountRunsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CountRunsResponse)
+	err := c.cc.Invoke(ctx, RunService_CountRuns_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -194,8 +212,15 @@ type RunServiceServer interface {
 	// not exist in the caller's namespace.
 	GetRun(context.Context, *GetRunRequest) (*GetRunResponse, error)
 	// ListRuns lists runs matching the filters, newest first, one page at a
-	// time. Node states are not included.
+	// time. Node states are not included. INVALID_ARGUMENT naming the field
+	// for a bad filter (a `workflow_version` without `workflow_name`, a
+	// negative one, a `search` over 256 bytes, a bad label key, ...).
 	ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error)
+	// CountRuns counts the runs matching the filters, by status: what a
+	// ListRuns walk over every page with the same filters would return,
+	// grouped by `status`. The filters are ListRuns' but `statuses` and
+	// paging, checked the same way. A status that no run has is left out.
+	CountRuns(context.Context, *CountRunsRequest) (*CountRunsResponse, error)
 	// CancelRun cancels a running run: its tasks are cancelled (a worker holding
 	// one learns it from its next Heartbeat, which answers cancel_requested),
 	// its timers removed, its child runs cancelled, compensations run, and the
@@ -238,6 +263,9 @@ func (UnimplementedRunServiceServer) GetRun(context.Context, *GetRunRequest) (*G
 }
 func (UnimplementedRunServiceServer) ListRuns(context.Context, *ListRunsRequest) (*ListRunsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListRuns not implemented")
+}
+func (UnimplementedRunServiceServer) CountRuns(context.Context, *CountRunsRequest) (*CountRunsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CountRuns not implemented")
 }
 func (UnimplementedRunServiceServer) CancelRun(context.Context, *CancelRunRequest) (*CancelRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CancelRun not implemented")
@@ -325,6 +353,24 @@ func _RunService_ListRuns_Handler(srv interface{}, ctx context.Context, dec func
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(RunServiceServer).ListRuns(ctx, req.(*ListRunsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunService_CountRuns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CountRunsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).CountRuns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_CountRuns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).CountRuns(ctx, req.(*CountRunsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -430,6 +476,10 @@ var RunService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListRuns",
 			Handler:    _RunService_ListRuns_Handler,
+		},
+		{
+			MethodName: "CountRuns",
+			Handler:    _RunService_CountRuns_Handler,
 		},
 		{
 			MethodName: "CancelRun",

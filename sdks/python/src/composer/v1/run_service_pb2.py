@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63omposer/v1/run_service.proto\x12\x0b\x63omposer.v1\x1a\x18\x63omposer/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\x02\n\x0fStartRunRequest\x12#\n\rworkflow_name\x18\x01 \x01(\tR\x0cworkflowName\x12\x18\n\x07version\x18\x02 \x01(\x05R\x07version\x12,\n\x05input\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueR\x05input\x12\'\n\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\x12@\n\x06labels\x18\x05 \x03(\x0b\x32(.composer.v1.StartRunRequest.LabelsEntryR\x06labels\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"P\n\x10StartRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x10.composer.v1.RunR\x03run\x12\x18\n\x07\x63reated\x18\x02 \x01(\x08R\x07\x63reated\"E\n\rGetRunRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n\nskip_nodes\x18\x02 \x01(\x08R\tskipNodes\"4\n\x0eGetRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x10.composer.v1.RunR\x03run\"\xd9\x03\n\x0fListRunsRequest\x12#\n\rworkflow_name\x18\x01 \x01(\tR\x0cworkflowName\x12\x32\n\x08statuses\x18\x02 \x03(\x0e\x32\x16.composer.v1.RunStatusR\x08statuses\x12@\n\x06labels\x18\x03 \x03(\x0b\x32(.composer.v1.ListRunsRequest.LabelsEntryR\x06labels\x12\x46\n\x11\x63reate_time_after\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0f\x63reateTimeAfter\x12H\n\x12\x63reate_time_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x10\x63reateTimeBefore\x12\"\n\rparent_run_id\x18\x06 \x01(\tR\x0bparentRunId\x12\x1b\n\tpage_size\x18\x07 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x08 \x01(\tR\tpageToken\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"`\n\x10ListRunsResponse\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x10.composer.v1.RunR\x04runs\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"A\n\x10\x43\x61ncelRunRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n\x06reason\x18\x02 \x01(\tR\x06reason\"7\n\x11\x43\x61ncelRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x10.composer.v1.RunR\x03run\"(\n\x0fRetryRunRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\"6\n\x10RetryRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x10.composer.v1.RunR\x03run\"\xd0\x01\n\x10SendEventRequest\x12\x17\n\x06run_id\x18\x01 \x01(\tH\x00R\x05runId\x12)\n\x0f\x63orrelation_key\x18\x02 \x01(\tH\x00R\x0e\x63orrelationKey\x12\x1d\n\nevent_name\x18\x03 \x01(\tR\teventName\x12\x30\n\x07payload\x18\x04 \x01(\x0b\x32\x16.google.protobuf.ValueR\x07payload\x12\x1d\n\nrequest_id\x18\x05 \x01(\tR\trequestIdB\x08\n\x06target\"W\n\x11SendEventResponse\x12*\n\x11\x64\x65livered_run_ids\x18\x01 \x03(\tR\x0f\x64\x65liveredRunIds\x12\x16\n\x06stored\x18\x02 \x01(\x08R\x06stored\"i\n\x14GetRunHistoryRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n\tpage_size\x18\x02 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x03 \x01(\tR\tpageToken\"r\n\x15GetRunHistoryResponse\x12\x31\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x19.composer.v1.HistoryEventR\x06\x65vents\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"(\n\x0fWatchRunRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\"i\n\x10WatchRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x10.composer.v1.RunR\x03run\x12\x31\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x19.composer.v1.HistoryEventR\x06\x65vents2\xe5\x04\n\nRunService\x12G\n\x08StartRun\x12\x1c.composer.v1.StartRunRequest\x1a\x1d.composer.v1.StartRunResponse\x12\x41\n\x06GetRun\x12\x1a.composer.v1.GetRunRequest\x1a\x1b.composer.v1.GetRunResponse\x12G\n\x08ListRuns\x12\x1c.composer.v1.ListRunsRequest\x1a\x1d.composer.v1.ListRunsResponse\x12J\n\tCancelRun\x12\x1d.composer.v1.CancelRunRequest\x1a\x1e.composer.v1.CancelRunResponse\x12G\n\x08RetryRun\x12\x1c.composer.v1.RetryRunRequest\x1a\x1d.composer.v1.RetryRunResponse\x12J\n\tSendEvent\x12\x1d.composer.v1.SendEventRequest\x1a\x1e.composer.v1.SendEventResponse\x12V\n\rGetRunHistory\x12!.composer.v1.GetRunHistoryRequest\x1a\".composer.v1.GetRunHistoryResponse\x12I\n\x08WatchRun\x12\x1c.composer.v1.WatchRunRequest\x1a\x1d.composer.v1.WatchRunResponse0\x01\x42\x45ZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x63omposer/v1/run_service.proto\x12\x0b\x63omposer.v1\x1a\x18\x63omposer/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\x02\n\x0fStartRunRequest\x12#\n\rworkflow_name\x18\x01 \x01(\tR\x0cworkflowName\x12\x18\n\x07version\x18\x02 \x01(\x05R\x07version\x12,\n\x05input\x18\x03 \x01(\x0b\x32\x16.google.protobuf.ValueR\x05input\x12\'\n\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\x12@\n\x06labels\x18\x05 \x03(\x0b\x32(.composer.v1.StartRunRequest.LabelsEntryR\x06labels\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"P\n\x10StartRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x10.composer.v1.RunR\x03run\x12\x18\n\x07\x63reated\x18\x02 \x01(\x08R\x07\x63reated\"E\n\rGetRunRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1d\n\nskip_nodes\x18\x02 \x01(\x08R\tskipNodes\"4\n\x0eGetRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x10.composer.v1.RunR\x03run\"\x9c\x04\n\x0fListRunsRequest\x12#\n\rworkflow_name\x18\x01 \x01(\tR\x0cworkflowName\x12\x32\n\x08statuses\x18\x02 \x03(\x0e\x32\x16.composer.v1.RunStatusR\x08statuses\x12@\n\x06labels\x18\x03 \x03(\x0b\x32(.composer.v1.ListRunsRequest.LabelsEntryR\x06labels\x12\x46\n\x11\x63reate_time_after\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0f\x63reateTimeAfter\x12H\n\x12\x63reate_time_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x10\x63reateTimeBefore\x12\"\n\rparent_run_id\x18\x06 \x01(\tR\x0bparentRunId\x12\x1b\n\tpage_size\x18\x07 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x08 \x01(\tR\tpageToken\x12)\n\x10workflow_version\x18\t \x01(\x05R\x0fworkflowVersion\x12\x16\n\x06search\x18\n \x01(\tR\x06search\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"`\n\x10ListRunsResponse\x12$\n\x04runs\x18\x01 \x03(\x0b\x32\x10.composer.v1.RunR\x04runs\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xae\x03\n\x10\x43ountRunsRequest\x12#\n\rworkflow_name\x18\x01 \x01(\tR\x0cworkflowName\x12)\n\x10workflow_version\x18\x02 \x01(\x05R\x0fworkflowVersion\x12\x41\n\x06labels\x18\x03 \x03(\x0b\x32).composer.v1.CountRunsRequest.LabelsEntryR\x06labels\x12\x46\n\x11\x63reate_time_after\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0f\x63reateTimeAfter\x12H\n\x12\x63reate_time_before\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x10\x63reateTimeBefore\x12\"\n\rparent_run_id\x18\x06 \x01(\tR\x0bparentRunId\x12\x16\n\x06search\x18\x07 \x01(\tR\x06search\x1a\x39\n\x0bLabelsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"H\n\x11\x43ountRunsResponse\x12\x33\n\x06\x63ounts\x18\x01 \x03(\x0b\x32\x1b.composer.v1.RunStatusCountR\x06\x63ounts\"V\n\x0eRunStatusCount\x12.\n\x06status\x18\x01 \x01(\x0e\x32\x16.composer.v1.RunStatusR\x06status\x12\x14\n\x05\x63ount\x18\x02 \x01(\x03R\x05\x63ount\"A\n\x10\x43\x61ncelRunRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n\x06reason\x18\x02 \x01(\tR\x06reason\"7\n\x11\x43\x61ncelRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x10.composer.v1.RunR\x03run\"(\n\x0fRetryRunRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\"6\n\x10RetryRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x10.composer.v1.RunR\x03run\"\xd0\x01\n\x10SendEventRequest\x12\x17\n\x06run_id\x18\x01 \x01(\tH\x00R\x05runId\x12)\n\x0f\x63orrelation_key\x18\x02 \x01(\tH\x00R\x0e\x63orrelationKey\x12\x1d\n\nevent_name\x18\x03 \x01(\tR\teventName\x12\x30\n\x07payload\x18\x04 \x01(\x0b\x32\x16.google.protobuf.ValueR\x07payload\x12\x1d\n\nrequest_id\x18\x05 \x01(\tR\trequestIdB\x08\n\x06target\"W\n\x11SendEventResponse\x12*\n\x11\x64\x65livered_run_ids\x18\x01 \x03(\tR\x0f\x64\x65liveredRunIds\x12\x16\n\x06stored\x18\x02 \x01(\x08R\x06stored\"i\n\x14GetRunHistoryRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1b\n\tpage_size\x18\x02 \x01(\x05R\x08pageSize\x12\x1d\n\npage_token\x18\x03 \x01(\tR\tpageToken\"r\n\x15GetRunHistoryResponse\x12\x31\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x19.composer.v1.HistoryEventR\x06\x65vents\x12&\n\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"(\n\x0fWatchRunRequest\x12\x15\n\x06run_id\x18\x01 \x01(\tR\x05runId\"i\n\x10WatchRunResponse\x12\"\n\x03run\x18\x01 \x01(\x0b\x32\x10.composer.v1.RunR\x03run\x12\x31\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x19.composer.v1.HistoryEventR\x06\x65vents2\xb1\x05\n\nRunService\x12G\n\x08StartRun\x12\x1c.composer.v1.StartRunRequest\x1a\x1d.composer.v1.StartRunResponse\x12\x41\n\x06GetRun\x12\x1a.composer.v1.GetRunRequest\x1a\x1b.composer.v1.GetRunResponse\x12G\n\x08ListRuns\x12\x1c.composer.v1.ListRunsRequest\x1a\x1d.composer.v1.ListRunsResponse\x12J\n\tCountRuns\x12\x1d.composer.v1.CountRunsRequest\x1a\x1e.composer.v1.CountRunsResponse\x12J\n\tCancelRun\x12\x1d.composer.v1.CancelRunRequest\x1a\x1e.composer.v1.CancelRunResponse\x12G\n\x08RetryRun\x12\x1c.composer.v1.RetryRunRequest\x1a\x1d.composer.v1.RetryRunResponse\x12J\n\tSendEvent\x12\x1d.composer.v1.SendEventRequest\x1a\x1e.composer.v1.SendEventResponse\x12V\n\rGetRunHistory\x12!.composer.v1.GetRunHistoryRequest\x1a\".composer.v1.GetRunHistoryResponse\x12I\n\x08WatchRun\x12\x1c.composer.v1.WatchRunRequest\x1a\x1d.composer.v1.WatchRunResponse0\x01\x42\x45ZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,6 +39,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_LISTRUNSREQUEST_LABELSENTRY']._loaded_options = None
   _globals['_LISTRUNSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
+  _globals['_COUNTRUNSREQUEST_LABELSENTRY']._loaded_options = None
+  _globals['_COUNTRUNSREQUEST_LABELSENTRY']._serialized_options = b'8\001'
   _globals['_STARTRUNREQUEST']._serialized_start=136
   _globals['_STARTRUNREQUEST']._serialized_end=428
   _globals['_STARTRUNREQUEST_LABELSENTRY']._serialized_start=371
@@ -50,31 +52,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETRUNRESPONSE']._serialized_start=583
   _globals['_GETRUNRESPONSE']._serialized_end=635
   _globals['_LISTRUNSREQUEST']._serialized_start=638
-  _globals['_LISTRUNSREQUEST']._serialized_end=1111
+  _globals['_LISTRUNSREQUEST']._serialized_end=1178
   _globals['_LISTRUNSREQUEST_LABELSENTRY']._serialized_start=371
   _globals['_LISTRUNSREQUEST_LABELSENTRY']._serialized_end=428
-  _globals['_LISTRUNSRESPONSE']._serialized_start=1113
-  _globals['_LISTRUNSRESPONSE']._serialized_end=1209
-  _globals['_CANCELRUNREQUEST']._serialized_start=1211
-  _globals['_CANCELRUNREQUEST']._serialized_end=1276
-  _globals['_CANCELRUNRESPONSE']._serialized_start=1278
-  _globals['_CANCELRUNRESPONSE']._serialized_end=1333
-  _globals['_RETRYRUNREQUEST']._serialized_start=1335
-  _globals['_RETRYRUNREQUEST']._serialized_end=1375
-  _globals['_RETRYRUNRESPONSE']._serialized_start=1377
-  _globals['_RETRYRUNRESPONSE']._serialized_end=1431
-  _globals['_SENDEVENTREQUEST']._serialized_start=1434
-  _globals['_SENDEVENTREQUEST']._serialized_end=1642
-  _globals['_SENDEVENTRESPONSE']._serialized_start=1644
-  _globals['_SENDEVENTRESPONSE']._serialized_end=1731
-  _globals['_GETRUNHISTORYREQUEST']._serialized_start=1733
-  _globals['_GETRUNHISTORYREQUEST']._serialized_end=1838
-  _globals['_GETRUNHISTORYRESPONSE']._serialized_start=1840
-  _globals['_GETRUNHISTORYRESPONSE']._serialized_end=1954
-  _globals['_WATCHRUNREQUEST']._serialized_start=1956
-  _globals['_WATCHRUNREQUEST']._serialized_end=1996
-  _globals['_WATCHRUNRESPONSE']._serialized_start=1998
-  _globals['_WATCHRUNRESPONSE']._serialized_end=2103
-  _globals['_RUNSERVICE']._serialized_start=2106
-  _globals['_RUNSERVICE']._serialized_end=2719
+  _globals['_LISTRUNSRESPONSE']._serialized_start=1180
+  _globals['_LISTRUNSRESPONSE']._serialized_end=1276
+  _globals['_COUNTRUNSREQUEST']._serialized_start=1279
+  _globals['_COUNTRUNSREQUEST']._serialized_end=1709
+  _globals['_COUNTRUNSREQUEST_LABELSENTRY']._serialized_start=371
+  _globals['_COUNTRUNSREQUEST_LABELSENTRY']._serialized_end=428
+  _globals['_COUNTRUNSRESPONSE']._serialized_start=1711
+  _globals['_COUNTRUNSRESPONSE']._serialized_end=1783
+  _globals['_RUNSTATUSCOUNT']._serialized_start=1785
+  _globals['_RUNSTATUSCOUNT']._serialized_end=1871
+  _globals['_CANCELRUNREQUEST']._serialized_start=1873
+  _globals['_CANCELRUNREQUEST']._serialized_end=1938
+  _globals['_CANCELRUNRESPONSE']._serialized_start=1940
+  _globals['_CANCELRUNRESPONSE']._serialized_end=1995
+  _globals['_RETRYRUNREQUEST']._serialized_start=1997
+  _globals['_RETRYRUNREQUEST']._serialized_end=2037
+  _globals['_RETRYRUNRESPONSE']._serialized_start=2039
+  _globals['_RETRYRUNRESPONSE']._serialized_end=2093
+  _globals['_SENDEVENTREQUEST']._serialized_start=2096
+  _globals['_SENDEVENTREQUEST']._serialized_end=2304
+  _globals['_SENDEVENTRESPONSE']._serialized_start=2306
+  _globals['_SENDEVENTRESPONSE']._serialized_end=2393
+  _globals['_GETRUNHISTORYREQUEST']._serialized_start=2395
+  _globals['_GETRUNHISTORYREQUEST']._serialized_end=2500
+  _globals['_GETRUNHISTORYRESPONSE']._serialized_start=2502
+  _globals['_GETRUNHISTORYRESPONSE']._serialized_end=2616
+  _globals['_WATCHRUNREQUEST']._serialized_start=2618
+  _globals['_WATCHRUNREQUEST']._serialized_end=2658
+  _globals['_WATCHRUNRESPONSE']._serialized_start=2660
+  _globals['_WATCHRUNRESPONSE']._serialized_end=2765
+  _globals['_RUNSERVICE']._serialized_start=2768
+  _globals['_RUNSERVICE']._serialized_end=3457
 # @@protoc_insertion_point(module_scope)

@@ -55,7 +55,7 @@ class GetRunResponse(_message.Message):
     def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...
 
 class ListRunsRequest(_message.Message):
-    __slots__ = ("workflow_name", "statuses", "labels", "create_time_after", "create_time_before", "parent_run_id", "page_size", "page_token")
+    __slots__ = ("workflow_name", "statuses", "labels", "create_time_after", "create_time_before", "parent_run_id", "page_size", "page_token", "workflow_version", "search")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +71,8 @@ class ListRunsRequest(_message.Message):
     PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_FIELD_NUMBER: _ClassVar[int]
     workflow_name: str
     statuses: _containers.RepeatedScalarFieldContainer[_common_pb2.RunStatus]
     labels: _containers.ScalarMap[str, str]
@@ -79,7 +81,9 @@ class ListRunsRequest(_message.Message):
     parent_run_id: str
     page_size: int
     page_token: str
-    def __init__(self, workflow_name: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_common_pb2.RunStatus, str]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., create_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_run_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    workflow_version: int
+    search: str
+    def __init__(self, workflow_name: _Optional[str] = ..., statuses: _Optional[_Iterable[_Union[_common_pb2.RunStatus, str]]] = ..., labels: _Optional[_Mapping[str, str]] = ..., create_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_run_id: _Optional[str] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., workflow_version: _Optional[int] = ..., search: _Optional[str] = ...) -> None: ...
 
 class ListRunsResponse(_message.Message):
     __slots__ = ("runs", "next_page_token")
@@ -88,6 +92,45 @@ class ListRunsResponse(_message.Message):
     runs: _containers.RepeatedCompositeFieldContainer[_common_pb2.Run]
     next_page_token: str
     def __init__(self, runs: _Optional[_Iterable[_Union[_common_pb2.Run, _Mapping]]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class CountRunsRequest(_message.Message):
+    __slots__ = ("workflow_name", "workflow_version", "labels", "create_time_after", "create_time_before", "parent_run_id", "search")
+    class LabelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    WORKFLOW_NAME_FIELD_NUMBER: _ClassVar[int]
+    WORKFLOW_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LABELS_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_AFTER_FIELD_NUMBER: _ClassVar[int]
+    CREATE_TIME_BEFORE_FIELD_NUMBER: _ClassVar[int]
+    PARENT_RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_FIELD_NUMBER: _ClassVar[int]
+    workflow_name: str
+    workflow_version: int
+    labels: _containers.ScalarMap[str, str]
+    create_time_after: _timestamp_pb2.Timestamp
+    create_time_before: _timestamp_pb2.Timestamp
+    parent_run_id: str
+    search: str
+    def __init__(self, workflow_name: _Optional[str] = ..., workflow_version: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., create_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_run_id: _Optional[str] = ..., search: _Optional[str] = ...) -> None: ...
+
+class CountRunsResponse(_message.Message):
+    __slots__ = ("counts",)
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    counts: _containers.RepeatedCompositeFieldContainer[RunStatusCount]
+    def __init__(self, counts: _Optional[_Iterable[_Union[RunStatusCount, _Mapping]]] = ...) -> None: ...
+
+class RunStatusCount(_message.Message):
+    __slots__ = ("status", "count")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    status: _common_pb2.RunStatus
+    count: int
+    def __init__(self, status: _Optional[_Union[_common_pb2.RunStatus, str]] = ..., count: _Optional[int] = ...) -> None: ...
 
 class CancelRunRequest(_message.Message):
     __slots__ = ("run_id", "reason")

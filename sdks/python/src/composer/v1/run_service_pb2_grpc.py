@@ -52,6 +52,11 @@ class RunServiceStub:
                 request_serializer=composer_dot_v1_dot_run__service__pb2.ListRunsRequest.SerializeToString,
                 response_deserializer=composer_dot_v1_dot_run__service__pb2.ListRunsResponse.FromString,
                 _registered_method=True)
+        self.CountRuns = channel.unary_unary(
+                '/composer.v1.RunService/CountRuns',
+                request_serializer=composer_dot_v1_dot_run__service__pb2.CountRunsRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_run__service__pb2.CountRunsResponse.FromString,
+                _registered_method=True)
         self.CancelRun = channel.unary_unary(
                 '/composer.v1.RunService/CancelRun',
                 request_serializer=composer_dot_v1_dot_run__service__pb2.CancelRunRequest.SerializeToString,
@@ -108,7 +113,19 @@ class RunServiceServicer:
 
     def ListRuns(self, request, context):
         """ListRuns lists runs matching the filters, newest first, one page at a
-        time. Node states are not included.
+        time. Node states are not included. INVALID_ARGUMENT naming the field
+        for a bad filter (a `workflow_version` without `workflow_name`, a
+        negative one, a `search` over 256 bytes, a bad label key, ...).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CountRuns(self, request, context):
+        """CountRuns counts the runs matching the filters, by status: what a
+        ListRuns walk over every page with the same filters would return,
+        grouped by `status`. The filters are ListRuns' but `statuses` and
+        paging, checked the same way. A status that no run has is left out.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -180,6 +197,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.ListRuns,
                     request_deserializer=composer_dot_v1_dot_run__service__pb2.ListRunsRequest.FromString,
                     response_serializer=composer_dot_v1_dot_run__service__pb2.ListRunsResponse.SerializeToString,
+            ),
+            'CountRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.CountRuns,
+                    request_deserializer=composer_dot_v1_dot_run__service__pb2.CountRunsRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_run__service__pb2.CountRunsResponse.SerializeToString,
             ),
             'CancelRun': grpc.unary_unary_rpc_method_handler(
                     servicer.CancelRun,
@@ -291,6 +313,33 @@ class RunService:
             '/composer.v1.RunService/ListRuns',
             composer_dot_v1_dot_run__service__pb2.ListRunsRequest.SerializeToString,
             composer_dot_v1_dot_run__service__pb2.ListRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CountRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.RunService/CountRuns',
+            composer_dot_v1_dot_run__service__pb2.CountRunsRequest.SerializeToString,
+            composer_dot_v1_dot_run__service__pb2.CountRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,

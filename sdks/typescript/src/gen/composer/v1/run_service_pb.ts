@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file composer/v1/run_service.proto.
  */
 export const file_composer_v1_run_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch1jb21wb3Nlci92MS9ydW5fc2VydmljZS5wcm90bxILY29tcG9zZXIudjEi4gEKD1N0YXJ0UnVuUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSJQoFaW5wdXQYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEjgKBmxhYmVscxgFIAMoCzIoLmNvbXBvc2VyLnYxLlN0YXJ0UnVuUmVxdWVzdC5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkIKEFN0YXJ0UnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuEg8KB2NyZWF0ZWQYAiABKAgiMwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSEgoKc2tpcF9ub2RlcxgCIAEoCCIvCg5HZXRSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4i6AIKD0xpc3RSdW5zUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEigKCHN0YXR1c2VzGAIgAygOMhYuY29tcG9zZXIudjEuUnVuU3RhdHVzEjgKBmxhYmVscxgDIAMoCzIoLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAYgASgJEhEKCXBhZ2Vfc2l6ZRgHIAEoBRISCgpwYWdlX3Rva2VuGAggASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiSwoQTGlzdFJ1bnNSZXNwb25zZRIeCgRydW5zGAEgAygLMhAuY29tcG9zZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiMgoRQ2FuY2VsUnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuIiEKD1JldHJ5UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiMQoQUmV0cnlSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4imgEKEFNlbmRFdmVudFJlcXVlc3QSEAoGcnVuX2lkGAEgASgJSAASGQoPY29ycmVsYXRpb25fa2V5GAIgASgJSAASEgoKZXZlbnRfbmFtZRgDIAEoCRInCgdwYXlsb2FkGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhIKCnJlcXVlc3RfaWQYBSABKAlCCAoGdGFyZ2V0Ij4KEVNlbmRFdmVudFJlc3BvbnNlEhkKEWRlbGl2ZXJlZF9ydW5faWRzGAEgAygJEg4KBnN0b3JlZBgCIAEoCCJNChRHZXRSdW5IaXN0b3J5UmVxdWVzdBIOCgZydW5faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiWwoVR2V0UnVuSGlzdG9yeVJlc3BvbnNlEikKBmV2ZW50cxgBIAMoCzIZLmNvbXBvc2VyLnYxLkhpc3RvcnlFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiIQoPV2F0Y2hSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJcChBXYXRjaFJ1blJlc3BvbnNlEh0KA3J1bhgBIAEoCzIQLmNvbXBvc2VyLnYxLlJ1bhIpCgZldmVudHMYAiADKAsyGS5jb21wb3Nlci52MS5IaXN0b3J5RXZlbnQy5QQKClJ1blNlcnZpY2USRwoIU3RhcnRSdW4SHC5jb21wb3Nlci52MS5TdGFydFJ1blJlcXVlc3QaHS5jb21wb3Nlci52MS5TdGFydFJ1blJlc3BvbnNlEkEKBkdldFJ1bhIaLmNvbXBvc2VyLnYxLkdldFJ1blJlcXVlc3QaGy5jb21wb3Nlci52MS5HZXRSdW5SZXNwb25zZRJHCghMaXN0UnVucxIcLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVxdWVzdBodLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVzcG9uc2USSgoJQ2FuY2VsUnVuEh0uY29tcG9zZXIudjEuQ2FuY2VsUnVuUmVxdWVzdBoeLmNvbXBvc2VyLnYxLkNhbmNlbFJ1blJlc3BvbnNlEkcKCFJldHJ5UnVuEhwuY29tcG9zZXIudjEuUmV0cnlSdW5SZXF1ZXN0Gh0uY29tcG9zZXIudjEuUmV0cnlSdW5SZXNwb25zZRJKCglTZW5kRXZlbnQSHS5jb21wb3Nlci52MS5TZW5kRXZlbnRSZXF1ZXN0Gh4uY29tcG9zZXIudjEuU2VuZEV2ZW50UmVzcG9uc2USVgoNR2V0UnVuSGlzdG9yeRIhLmNvbXBvc2VyLnYxLkdldFJ1bkhpc3RvcnlSZXF1ZXN0GiIuY29tcG9zZXIudjEuR2V0UnVuSGlzdG9yeVJlc3BvbnNlEkkKCFdhdGNoUnVuEhwuY29tcG9zZXIudjEuV2F0Y2hSdW5SZXF1ZXN0Gh0uY29tcG9zZXIudjEuV2F0Y2hSdW5SZXNwb25zZTABQkVaQ2dpdGh1Yi5jb20vY29tcG9zZXItZGV2L2NvbXBvc2VyL3Nka3MvZ28vZ2VuL2NvbXBvc2VyL3YxO2NvbXBvc2VydjFiBnByb3RvMw", [file_composer_v1_common, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch1jb21wb3Nlci92MS9ydW5fc2VydmljZS5wcm90bxILY29tcG9zZXIudjEi4gEKD1N0YXJ0UnVuUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSJQoFaW5wdXQYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEjgKBmxhYmVscxgFIAMoCzIoLmNvbXBvc2VyLnYxLlN0YXJ0UnVuUmVxdWVzdC5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkIKEFN0YXJ0UnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuEg8KB2NyZWF0ZWQYAiABKAgiMwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSEgoKc2tpcF9ub2RlcxgCIAEoCCIvCg5HZXRSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4ikgMKD0xpc3RSdW5zUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEigKCHN0YXR1c2VzGAIgAygOMhYuY29tcG9zZXIudjEuUnVuU3RhdHVzEjgKBmxhYmVscxgDIAMoCzIoLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAYgASgJEhEKCXBhZ2Vfc2l6ZRgHIAEoBRISCgpwYWdlX3Rva2VuGAggASgJEhgKEHdvcmtmbG93X3ZlcnNpb24YCSABKAUSDgoGc2VhcmNoGAogASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiSwoQTGlzdFJ1bnNSZXNwb25zZRIeCgRydW5zGAEgAygLMhAuY29tcG9zZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLDAgoQQ291bnRSdW5zUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEhgKEHdvcmtmbG93X3ZlcnNpb24YAiABKAUSOQoGbGFiZWxzGAMgAygLMikuY29tcG9zZXIudjEuQ291bnRSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAYgASgJEg4KBnNlYXJjaBgHIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkAKEUNvdW50UnVuc1Jlc3BvbnNlEisKBmNvdW50cxgBIAMoCzIbLmNvbXBvc2VyLnYxLlJ1blN0YXR1c0NvdW50IkcKDlJ1blN0YXR1c0NvdW50EiYKBnN0YXR1cxgBIAEoDjIWLmNvbXBvc2VyLnYxLlJ1blN0YXR1cxINCgVjb3VudBgCIAEoAyIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiMgoRQ2FuY2VsUnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuIiEKD1JldHJ5UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiMQoQUmV0cnlSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4imgEKEFNlbmRFdmVudFJlcXVlc3QSEAoGcnVuX2lkGAEgASgJSAASGQoPY29ycmVsYXRpb25fa2V5GAIgASgJSAASEgoKZXZlbnRfbmFtZRgDIAEoCRInCgdwYXlsb2FkGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhIKCnJlcXVlc3RfaWQYBSABKAlCCAoGdGFyZ2V0Ij4KEVNlbmRFdmVudFJlc3BvbnNlEhkKEWRlbGl2ZXJlZF9ydW5faWRzGAEgAygJEg4KBnN0b3JlZBgCIAEoCCJNChRHZXRSdW5IaXN0b3J5UmVxdWVzdBIOCgZydW5faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiWwoVR2V0UnVuSGlzdG9yeVJlc3BvbnNlEikKBmV2ZW50cxgBIAMoCzIZLmNvbXBvc2VyLnYxLkhpc3RvcnlFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiIQoPV2F0Y2hSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJcChBXYXRjaFJ1blJlc3BvbnNlEh0KA3J1bhgBIAEoCzIQLmNvbXBvc2VyLnYxLlJ1bhIpCgZldmVudHMYAiADKAsyGS5jb21wb3Nlci52MS5IaXN0b3J5RXZlbnQysQUKClJ1blNlcnZpY2USRwoIU3RhcnRSdW4SHC5jb21wb3Nlci52MS5TdGFydFJ1blJlcXVlc3QaHS5jb21wb3Nlci52MS5TdGFydFJ1blJlc3BvbnNlEkEKBkdldFJ1bhIaLmNvbXBvc2VyLnYxLkdldFJ1blJlcXVlc3QaGy5jb21wb3Nlci52MS5HZXRSdW5SZXNwb25zZRJHCghMaXN0UnVucxIcLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVxdWVzdBodLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVzcG9uc2USSgoJQ291bnRSdW5zEh0uY29tcG9zZXIudjEuQ291bnRSdW5zUmVxdWVzdBoeLmNvbXBvc2VyLnYxLkNvdW50UnVuc1Jlc3BvbnNlEkoKCUNhbmNlbFJ1bhIdLmNvbXBvc2VyLnYxLkNhbmNlbFJ1blJlcXVlc3QaHi5jb21wb3Nlci52MS5DYW5jZWxSdW5SZXNwb25zZRJHCghSZXRyeVJ1bhIcLmNvbXBvc2VyLnYxLlJldHJ5UnVuUmVxdWVzdBodLmNvbXBvc2VyLnYxLlJldHJ5UnVuUmVzcG9uc2USSgoJU2VuZEV2ZW50Eh0uY29tcG9zZXIudjEuU2VuZEV2ZW50UmVxdWVzdBoeLmNvbXBvc2VyLnYxLlNlbmRFdmVudFJlc3BvbnNlElYKDUdldFJ1bkhpc3RvcnkSIS5jb21wb3Nlci52MS5HZXRSdW5IaXN0b3J5UmVxdWVzdBoiLmNvbXBvc2VyLnYxLkdldFJ1bkhpc3RvcnlSZXNwb25zZRJJCghXYXRjaFJ1bhIcLmNvbXBvc2VyLnYxLldhdGNoUnVuUmVxdWVzdBodLmNvbXBvc2VyLnYxLldhdGNoUnVuUmVzcG9uc2UwAUJFWkNnaXRodWIuY29tL2NvbXBvc2VyLWRldi9jb21wb3Nlci9zZGtzL2dvL2dlbi9jb21wb3Nlci92MTtjb21wb3NlcnYxYgZwcm90bzM", [file_composer_v1_common, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * StartRunRequest names the workflow and carries the input.
@@ -209,6 +209,23 @@ export type ListRunsRequest = Message<"composer.v1.ListRunsRequest"> & {
    * @generated from field: string page_token = 8;
    */
   pageToken: string;
+
+  /**
+   * Only runs of this version of `workflow_name` (which it requires); 0
+   * means any version.
+   *
+   * @generated from field: int32 workflow_version = 9;
+   */
+  workflowVersion: number;
+
+  /**
+   * Only runs this text finds: the run whose id it is, and runs whose
+   * idempotency key starts with it (`%` and `_` are plain characters).
+   * Empty: no search. At most 256 bytes.
+   *
+   * @generated from field: string search = 10;
+   */
+  search: string;
 };
 
 /**
@@ -247,6 +264,119 @@ export const ListRunsResponseSchema: GenMessage<ListRunsResponse> = /*@__PURE__*
   messageDesc(file_composer_v1_run_service, 5);
 
 /**
+ * CountRunsRequest filters the runs to count, as ListRunsRequest does.
+ *
+ * @generated from message composer.v1.CountRunsRequest
+ */
+export type CountRunsRequest = Message<"composer.v1.CountRunsRequest"> & {
+  /**
+   * Only runs of this workflow.
+   *
+   * @generated from field: string workflow_name = 1;
+   */
+  workflowName: string;
+
+  /**
+   * Only runs of this version of `workflow_name` (which it requires); 0
+   * means any version.
+   *
+   * @generated from field: int32 workflow_version = 2;
+   */
+  workflowVersion: number;
+
+  /**
+   * Only runs carrying all of these labels with these values.
+   *
+   * @generated from field: map<string, string> labels = 3;
+   */
+  labels: { [key: string]: string };
+
+  /**
+   * Only runs created at or after this time.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time_after = 4;
+   */
+  createTimeAfter?: Timestamp | undefined;
+
+  /**
+   * Only runs created before this time.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time_before = 5;
+   */
+  createTimeBefore?: Timestamp | undefined;
+
+  /**
+   * Only child runs of this run.
+   *
+   * @generated from field: string parent_run_id = 6;
+   */
+  parentRunId: string;
+
+  /**
+   * Only runs this text finds, as ListRunsRequest's `search`.
+   *
+   * @generated from field: string search = 7;
+   */
+  search: string;
+};
+
+/**
+ * Describes the message composer.v1.CountRunsRequest.
+ * Use `create(CountRunsRequestSchema)` to create a new message.
+ */
+export const CountRunsRequestSchema: GenMessage<CountRunsRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 6);
+
+/**
+ * CountRunsResponse holds the counts by status.
+ *
+ * @generated from message composer.v1.CountRunsResponse
+ */
+export type CountRunsResponse = Message<"composer.v1.CountRunsResponse"> & {
+  /**
+   * One entry per status that has runs, in the order of RunStatus.
+   *
+   * @generated from field: repeated composer.v1.RunStatusCount counts = 1;
+   */
+  counts: RunStatusCount[];
+};
+
+/**
+ * Describes the message composer.v1.CountRunsResponse.
+ * Use `create(CountRunsResponseSchema)` to create a new message.
+ */
+export const CountRunsResponseSchema: GenMessage<CountRunsResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 7);
+
+/**
+ * RunStatusCount is how many runs are in one status.
+ *
+ * @generated from message composer.v1.RunStatusCount
+ */
+export type RunStatusCount = Message<"composer.v1.RunStatusCount"> & {
+  /**
+   * The status.
+   *
+   * @generated from field: composer.v1.RunStatus status = 1;
+   */
+  status: RunStatus;
+
+  /**
+   * How many matching runs are in it.
+   *
+   * @generated from field: int64 count = 2;
+   */
+  count: bigint;
+};
+
+/**
+ * Describes the message composer.v1.RunStatusCount.
+ * Use `create(RunStatusCountSchema)` to create a new message.
+ */
+export const RunStatusCountSchema: GenMessage<RunStatusCount> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 8);
+
+/**
  * CancelRunRequest names the run to cancel.
  *
  * @generated from message composer.v1.CancelRunRequest
@@ -272,7 +402,7 @@ export type CancelRunRequest = Message<"composer.v1.CancelRunRequest"> & {
  * Use `create(CancelRunRequestSchema)` to create a new message.
  */
 export const CancelRunRequestSchema: GenMessage<CancelRunRequest> = /*@__PURE__*/
-  messageDesc(file_composer_v1_run_service, 6);
+  messageDesc(file_composer_v1_run_service, 9);
 
 /**
  * CancelRunResponse carries the run after the cancel was applied.
@@ -293,7 +423,7 @@ export type CancelRunResponse = Message<"composer.v1.CancelRunResponse"> & {
  * Use `create(CancelRunResponseSchema)` to create a new message.
  */
 export const CancelRunResponseSchema: GenMessage<CancelRunResponse> = /*@__PURE__*/
-  messageDesc(file_composer_v1_run_service, 7);
+  messageDesc(file_composer_v1_run_service, 10);
 
 /**
  * RetryRunRequest names the failed run to resume.
@@ -314,7 +444,7 @@ export type RetryRunRequest = Message<"composer.v1.RetryRunRequest"> & {
  * Use `create(RetryRunRequestSchema)` to create a new message.
  */
 export const RetryRunRequestSchema: GenMessage<RetryRunRequest> = /*@__PURE__*/
-  messageDesc(file_composer_v1_run_service, 8);
+  messageDesc(file_composer_v1_run_service, 11);
 
 /**
  * RetryRunResponse carries the resumed run.
@@ -335,7 +465,7 @@ export type RetryRunResponse = Message<"composer.v1.RetryRunResponse"> & {
  * Use `create(RetryRunResponseSchema)` to create a new message.
  */
 export const RetryRunResponseSchema: GenMessage<RetryRunResponse> = /*@__PURE__*/
-  messageDesc(file_composer_v1_run_service, 9);
+  messageDesc(file_composer_v1_run_service, 12);
 
 /**
  * SendEventRequest carries an event and its target.
@@ -394,7 +524,7 @@ export type SendEventRequest = Message<"composer.v1.SendEventRequest"> & {
  * Use `create(SendEventRequestSchema)` to create a new message.
  */
 export const SendEventRequestSchema: GenMessage<SendEventRequest> = /*@__PURE__*/
-  messageDesc(file_composer_v1_run_service, 10);
+  messageDesc(file_composer_v1_run_service, 13);
 
 /**
  * SendEventResponse says where the event went.
@@ -422,7 +552,7 @@ export type SendEventResponse = Message<"composer.v1.SendEventResponse"> & {
  * Use `create(SendEventResponseSchema)` to create a new message.
  */
 export const SendEventResponseSchema: GenMessage<SendEventResponse> = /*@__PURE__*/
-  messageDesc(file_composer_v1_run_service, 11);
+  messageDesc(file_composer_v1_run_service, 14);
 
 /**
  * GetRunHistoryRequest asks for one page of a run's history.
@@ -457,7 +587,7 @@ export type GetRunHistoryRequest = Message<"composer.v1.GetRunHistoryRequest"> &
  * Use `create(GetRunHistoryRequestSchema)` to create a new message.
  */
 export const GetRunHistoryRequestSchema: GenMessage<GetRunHistoryRequest> = /*@__PURE__*/
-  messageDesc(file_composer_v1_run_service, 12);
+  messageDesc(file_composer_v1_run_service, 15);
 
 /**
  * GetRunHistoryResponse is one page of history.
@@ -485,7 +615,7 @@ export type GetRunHistoryResponse = Message<"composer.v1.GetRunHistoryResponse">
  * Use `create(GetRunHistoryResponseSchema)` to create a new message.
  */
 export const GetRunHistoryResponseSchema: GenMessage<GetRunHistoryResponse> = /*@__PURE__*/
-  messageDesc(file_composer_v1_run_service, 13);
+  messageDesc(file_composer_v1_run_service, 16);
 
 /**
  * WatchRunRequest names the run to watch.
@@ -506,7 +636,7 @@ export type WatchRunRequest = Message<"composer.v1.WatchRunRequest"> & {
  * Use `create(WatchRunRequestSchema)` to create a new message.
  */
 export const WatchRunRequestSchema: GenMessage<WatchRunRequest> = /*@__PURE__*/
-  messageDesc(file_composer_v1_run_service, 14);
+  messageDesc(file_composer_v1_run_service, 17);
 
 /**
  * WatchRunResponse is one snapshot of the watched run.
@@ -534,7 +664,7 @@ export type WatchRunResponse = Message<"composer.v1.WatchRunResponse"> & {
  * Use `create(WatchRunResponseSchema)` to create a new message.
  */
 export const WatchRunResponseSchema: GenMessage<WatchRunResponse> = /*@__PURE__*/
-  messageDesc(file_composer_v1_run_service, 15);
+  messageDesc(file_composer_v1_run_service, 18);
 
 /**
  * RunService starts, reads and steers runs. Every change to a run is one
@@ -573,7 +703,9 @@ export const RunService: GenService<{
   },
   /**
    * ListRuns lists runs matching the filters, newest first, one page at a
-   * time. Node states are not included.
+   * time. Node states are not included. INVALID_ARGUMENT naming the field
+   * for a bad filter (a `workflow_version` without `workflow_name`, a
+   * negative one, a `search` over 256 bytes, a bad label key, ...).
    *
    * @generated from rpc composer.v1.RunService.ListRuns
    */
@@ -581,6 +713,19 @@ export const RunService: GenService<{
     methodKind: "unary";
     input: typeof ListRunsRequestSchema;
     output: typeof ListRunsResponseSchema;
+  },
+  /**
+   * CountRuns counts the runs matching the filters, by status: what a
+   * ListRuns walk over every page with the same filters would return,
+   * grouped by `status`. The filters are ListRuns' but `statuses` and
+   * paging, checked the same way. A status that no run has is left out.
+   *
+   * @generated from rpc composer.v1.RunService.CountRuns
+   */
+  countRuns: {
+    methodKind: "unary";
+    input: typeof CountRunsRequestSchema;
+    output: typeof CountRunsResponseSchema;
   },
   /**
    * CancelRun cancels a running run: its tasks are cancelled (a worker holding
