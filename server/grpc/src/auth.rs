@@ -269,11 +269,14 @@ impl Authenticator {
     /// The caller of a request to `path`, or the status that refuses it.
     /// `Ok(None)`: a public path.
     pub fn authorize(&self, path: &str, headers: &HeaderMap) -> Result<Option<Caller>, Status> {
-        // browsers name their page's origin; only configured ones may call
+        // browsers name their page's origin; only configured ones may call,
+        // and, where a token is needed anyway, the page this server served
+        // (the dashboard): a token, never a cookie, is what grants access,
+        // so a page elsewhere cannot borrow the user's
         if let Some(origin) = headers.get(http::header::ORIGIN) {
-            let allowed = origin
-                .to_str()
-                .is_ok_and(|o| self.allowed_origins.iter().any(|a| a == o));
+            let origin = origin.to_str().unwrap_or_default();
+            let allowed = self.allowed_origins.iter().any(|a| a == origin)
+                || (matches!(self.mode, AuthMode::Tokens { .. }) && same_origin(origin, headers));
             if !allowed {
                 return Err(Status::permission_denied(
                     "this origin may not call the API (COMPOSER_CORS_ORIGINS)",
@@ -344,6 +347,23 @@ fn with_namespace_override(mut caller: Caller, headers: &HeaderMap) -> Result<Ca
     })?;
     caller.namespace = namespace.to_owned();
     Ok(caller)
+}
+
+/// True when `origin` names the host this request was sent to.
+fn same_origin(origin: &str, headers: &HeaderMap) -> bool {
+    let Some(host) = headers
+        .get(http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+    else {
+        return false;
+    };
+    let Some(origin_host) = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+    else {
+        return false;
+    };
+    !host.is_empty() && origin_host.eq_ignore_ascii_case(host)
 }
 
 fn bearer(headers: &HeaderMap) -> Result<&str, Status> {
@@ -575,4 +595,30 @@ pub fn mint(token: &NewToken, key: SigningKey<'_>, kid: Option<&str>) -> Result<
     let mut header = jsonwebtoken::Header::new(algorithm);
     header.kid = kid.map(str::to_owned);
     jsonwebtoken::encode(&header, token, &encoding).map_err(|e| MintError::Key(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(value: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::HOST, value.parse().expect("host"));
+        headers
+    }
+
+    #[test]
+    fn a_page_served_by_this_host_is_its_own_origin() {
+        assert!(same_origin("http://127.0.0.1:7070", &host("127.0.0.1:7070")));
+        assert!(same_origin("https://Composer.example.com", &host("composer.example.com")));
+    }
+
+    #[test]
+    fn another_host_or_port_or_scheme_is_not() {
+        assert!(!same_origin("http://127.0.0.1:7071", &host("127.0.0.1:7070")));
+        assert!(!same_origin("http://evil.example", &host("composer.example.com")));
+        assert!(!same_origin("null", &host("composer.example.com")));
+        assert!(!same_origin("file://", &host("")));
+        assert!(!same_origin("http://127.0.0.1:7070", &HeaderMap::new()));
+    }
 }
