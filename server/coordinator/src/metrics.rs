@@ -261,4 +261,30 @@ mod tests {
             assert!(!help.is_empty());
         }
     }
+
+    #[test]
+    fn the_grafana_dashboard_and_operations_guide_use_only_these_names() {
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../");
+        for file in ["deploy/grafana/composer.json", "docs/operations.md"] {
+            let text = std::fs::read_to_string(format!("{root}{file}")).expect(file);
+            let mut rest = text.as_str();
+            while let Some(at) = rest.find("composer_") {
+                let name: String = rest[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                rest = &rest[at + name.len().max(1)..];
+                if name == "composer_" {
+                    continue;
+                }
+                let base = ["_bucket", "_count", "_sum"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(&name);
+                let known = METRICS.iter().any(|(m, _)| *m == base)
+                    || base.starts_with("composer_coordinator");
+                assert!(known, "{file} names {name}, which is not a metric");
+            }
+        }
+    }
 }
