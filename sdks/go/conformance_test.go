@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -335,6 +336,9 @@ func TestC05AWorkerKilledMidTaskHasItsTaskRunAgainAsAttempt2(t *testing.T) {
 	if began["attempt"] != 1.0 || began["run_id"] != run.ID {
 		t.Fatalf("first worker began %v", began)
 	}
+	// Killed once its lease is confirmed: before that the task would come
+	// back as attempt 1 (C15).
+	first.waitFor(t, "heartbeat", 1, 30*time.Second)
 	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -902,4 +906,86 @@ func TestC14TokensComeFromTheOptionOrCOMPOSER_TOKENAndBadOnesAreRefused(t *testi
 	stop := serve(t, w)
 	until(t, 20*time.Second, "a refused poll", func() bool { return w.Stats().PollErrors >= 1 })
 	stop()
+}
+
+func TestC15ATaskRunningPastTheFirstShortLeaseIsConfirmedAndKeepsItsLease(t *testing.T) {
+	srv := ownServer(t, "--lease-receipt-timeout", "2s")
+	n := names()
+	ctx := testContext(t, 120*time.Second)
+	rec := &recorder{}
+	client := dial(t, srv.address(), composer.WithUnaryInterceptor(rec.intercept))
+	w := composer.NewWorker(client, fast(2))
+	type out struct {
+		Attempt int    `json:"attempt"`
+		Run     string `json:"run"`
+	}
+	var mu sync.Mutex
+	var started []string // "<run>#<attempt>", each time the handler starts
+	w.Handle("receipt-"+n, "long", func(ctx context.Context, task *composer.Task) (any, error) {
+		mu.Lock()
+		started = append(started, fmt.Sprintf("%s#%d", task.RunID, task.Attempt))
+		mu.Unlock()
+		select {
+		case <-time.After(7 * time.Second): // 3.5 first leases of 2 s
+			return out{task.Attempt, task.RunID}, nil
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
+	})
+	serve(t, w)
+	// heartbeat_timeout 30s: heartbeats at the interval alone (10 s) would all
+	// come after the first lease (2 s) ended unconfirmed, and the task would
+	// be offered again and again.
+	workflows := map[string]int{"receipt-" + n: 3, "receipt-once-" + n: 1}
+	var runs []string
+	for name, attempts := range workflows {
+		extra := fmt.Sprintf("heartbeat_timeout: 30s\nretry: { max_attempts: %d }", attempts)
+		if _, err := client.RegisterWorkflow(ctx, oneTask(name, "receipt-"+n, "long", extra)); err != nil {
+			t.Fatal(err)
+		}
+		run, err := client.StartRun(ctx, name, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, run.ID)
+	}
+	var want []string
+	for _, id := range runs {
+		var got struct{ Result out }
+		if err := client.WaitForResult(testContext(t, 60*time.Second), id, &got); err != nil || got.Result != (out{1, id}) {
+			t.Fatalf("run %s: output %+v, %v", id, got, err)
+		}
+		done := finalRun(t, client, id, 30*time.Second)
+		if node := done.Node("work"); node == nil || node.Status != composer.NodeCompleted || node.Attempt != 1 {
+			t.Errorf("run %s: node %+v", id, node)
+		}
+		for _, e := range historyTypes(t, client, id) {
+			if strings.Contains(strings.ToLower(e), "expired") {
+				t.Errorf("run %s: history has %s", id, e)
+			}
+		}
+		want = append(want, id+"#1")
+	}
+	// Each handler ran once: a lease that ended unconfirmed would have
+	// offered its task again.
+	mu.Lock()
+	got := append([]string(nil), started...)
+	mu.Unlock()
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("handlers started %v, want %v", got, want)
+	}
+	if s := w.Stats(); s.LeaseLost != 0 || s.Completed != 2 {
+		t.Errorf("stats %+v", s)
+	}
+	polls := rec.requests("PollTasks")
+	if len(polls) == 0 {
+		t.Fatal("no PollTasks recorded")
+	}
+	for i, m := range polls {
+		if !m.(*pb.PollTasksRequest).GetConfirmReceipt() {
+			t.Fatalf("poll %d did not ask to confirm receipt", i)
+		}
+	}
 }

@@ -20,10 +20,12 @@
 //	err = w.Run(ctx) // until SIGTERM: stop polling, drain, stop heartbeating
 //
 // The worker never shows a lease to a handler. It long-polls its queues for
-// as many tasks as it has free slots, heartbeats each running attempt at a
-// third of its lease, reports the outcome with the lease's fencing token,
-// sends a report again with the same token after UNAVAILABLE or
-// DEADLINE_EXCEEDED, and drops it for good after LEASE_LOST.
+// as many tasks as it has free slots, confirms the receipt of each attempt
+// still running a third of the way to its first, short expiry with an early
+// heartbeat (so a poll answer lost on the way costs no attempt), heartbeats
+// each running attempt at a third of its lease, reports the outcome with
+// the lease's fencing token, sends a report again with the same token after
+// UNAVAILABLE or DEADLINE_EXCEEDED, and drops it for good after LEASE_LOST.
 //
 // # Cancellation
 //

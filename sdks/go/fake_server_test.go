@@ -38,12 +38,16 @@ type fakeServer struct {
 	completeErrs []error
 	// onHeartbeat, when set, answers heartbeats.
 	onHeartbeat func(*pb.HeartbeatRequest) (*pb.HeartbeatResponse, error)
+	// receipt, when set, is the first lease of the tasks of a poll that
+	// asks to confirm receipt (the server's --lease-receipt-timeout).
+	receipt time.Duration
 }
 
 type pollRecord struct {
-	at          time.Time
-	maxTasks    int
-	outstanding int
+	at             time.Time
+	maxTasks       int
+	outstanding    int
+	confirmReceipt bool
 }
 
 type beatRecord struct {
@@ -93,7 +97,9 @@ func (f *fakeServer) GetServerInfo(context.Context, *pb.GetServerInfoRequest) (*
 
 func (f *fakeServer) PollTasks(ctx context.Context, req *pb.PollTasksRequest) (*pb.PollTasksResponse, error) {
 	f.mu.Lock()
-	f.polls = append(f.polls, pollRecord{at: time.Now(), maxTasks: int(req.GetMaxTasks()), outstanding: len(f.outstanding)})
+	f.polls = append(f.polls, pollRecord{
+		at: time.Now(), maxTasks: int(req.GetMaxTasks()), outstanding: len(f.outstanding), confirmReceipt: req.GetConfirmReceipt(),
+	})
 	if f.pollErrors > 0 {
 		f.pollErrors--
 		f.mu.Unlock()
@@ -110,6 +116,9 @@ func (f *fakeServer) PollTasks(ctx context.Context, req *pb.PollTasksRequest) (*
 			f.pending = f.pending[n:]
 			for _, task := range out {
 				f.outstanding[task.GetTaskId()] = true
+				if f.receipt > 0 && req.GetConfirmReceipt() {
+					task.LeaseExpireTime = timestamppb.New(time.Now().Add(f.receipt))
+				}
 			}
 			f.mu.Unlock()
 			return &pb.PollTasksResponse{Tasks: out}, nil

@@ -149,13 +149,15 @@ func mustToken(t *testing.T, subject string, roles ...string) string {
 	return token
 }
 
-// serverProcess is one `composer serve`, restartable on its port.
+// serverProcess is one `composer serve`, restartable on its port;
+// extraArgs are added to `serve`.
 type serverProcess struct {
-	logPath string
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	addr    string
-	exited  chan struct{}
+	logPath   string
+	extraArgs []string
+	mu        sync.Mutex
+	cmd       *exec.Cmd
+	addr      string
+	exited    chan struct{}
 }
 
 func (s *serverProcess) address() string {
@@ -165,8 +167,9 @@ func (s *serverProcess) address() string {
 }
 
 func (s *serverProcess) start(port int) error {
-	cmd := exec.Command(composerBin(), "serve", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json",
-		"--database-url", session.dbURL, "--redis-url", session.redisURL, "--auth-secret", authSecret)
+	args := []string{"serve", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json",
+		"--database-url", session.dbURL, "--redis-url", session.redisURL, "--auth-secret", authSecret}
+	cmd := exec.Command(composerBin(), append(args, s.extraArgs...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return err
@@ -276,11 +279,11 @@ func sharedServer(t *testing.T) string {
 }
 
 // ownServer is a server of the test's own (same database), for tests that
-// stop or restart it.
-func ownServer(t *testing.T) *serverProcess {
+// stop or restart it or need flags of their own (extraArgs, added to `serve`).
+func ownServer(t *testing.T, extraArgs ...string) *serverProcess {
 	t.Helper()
 	services(t)
-	s := &serverProcess{logPath: filepath.Join(t.TempDir(), "own-server.log")}
+	s := &serverProcess{logPath: filepath.Join(t.TempDir(), "own-server.log"), extraArgs: extraArgs}
 	if err := s.start(0); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,10 @@ const DefaultLease = 30 * time.Second
 // MaxPollTasks is the most tasks one PollTasks may ask for.
 const MaxPollTasks = 100
 
+// skewedFirstHeartbeat is the first heartbeat's delay when a task's first
+// expiry is already past by this process's clock (the clocks are apart).
+const skewedFirstHeartbeat = 500 * time.Millisecond
+
 const (
 	maxMessage = 4000
 	maxStack   = 32000
@@ -48,7 +52,9 @@ type WorkerOptions struct {
 	// ReportTimeout bounds the retries of one report after UNAVAILABLE or
 	// DEADLINE_EXCEEDED (default 5 min).
 	ReportTimeout time.Duration
-	// HeartbeatInterval overrides the default of a third of each task's lease.
+	// HeartbeatInterval overrides the default of a third of each task's
+	// lease. The first heartbeat comes sooner when the first, short lease
+	// must be confirmed before it ends (see PollTasksRequest.confirm_receipt).
 	HeartbeatInterval time.Duration
 	// Backoff spaces the retries of failed polls, heartbeats and reports
 	// (default DefaultBackoff).
@@ -94,12 +100,14 @@ type handlerKey struct{ queue, task string }
 
 // Worker runs handlers for the tasks a server leases to it. Register
 // handlers with Handle, then call Run. The worker never shows a lease to a
-// handler: it polls with as many tasks as it has free slots, heartbeats each
-// running attempt at a third of its lease, cancels the handler's context
-// when the run is cancelled or the lease lost, reports the outcome with the
-// lease token (again with the same token after UNAVAILABLE or
-// DEADLINE_EXCEEDED, never after LEASE_LOST), and on shutdown stops polling,
-// drains and only then stops heartbeating.
+// handler: it polls with as many tasks as it has free slots, confirms the
+// receipt of each attempt still running a third of the way to its first,
+// short expiry with an early heartbeat (so a poll answer lost on the way
+// costs no attempt), heartbeats each running attempt at a third of its
+// lease, cancels the handler's context when the run is cancelled or the
+// lease lost, reports the outcome with the lease token (again with the same
+// token after UNAVAILABLE or DEADLINE_EXCEEDED, never after LEASE_LOST), and
+// on shutdown stops polling, drains and only then stops heartbeating.
 type Worker struct {
 	client  *Client
 	opts    WorkerOptions
@@ -329,7 +337,9 @@ func (w *Worker) pollLoop(stop, callCtx context.Context, queues []string, idle c
 			return
 		}
 		n := min(free, MaxPollTasks)
-		req := &pb.PollTasksRequest{WorkerId: w.opts.WorkerID, Queues: queues, MaxTasks: int32(n), Wait: wait}
+		// ConfirmReceipt: a poll answer lost on the way costs no attempt
+		// (decision 0012); the first heartbeat confirms (firstHeartbeatDelay).
+		req := &pb.PollTasksRequest{WorkerId: w.opts.WorkerID, Queues: queues, MaxTasks: int32(n), Wait: wait, ConfirmReceipt: true}
 		w.stats.polls.Add(1)
 		for {
 			old := w.stats.maxAsked.Load()
@@ -384,9 +394,9 @@ type attempt struct {
 	handlerDone atomic.Bool
 	leaseCount  atomic.Bool
 
-	// Heartbeats: a timer armed for the first one; the heartbeat loop (a
-	// goroutine) only starts when it fires, so a task done within a third
-	// of its lease costs no goroutine for them.
+	// Heartbeats: a timer armed for the first one (firstHeartbeatDelay);
+	// the heartbeat loop (a goroutine) only starts when it fires, so a task
+	// done before then costs no goroutine for them.
 	beatMu     sync.Mutex
 	beatTimer  *time.Timer
 	beatStop   bool
@@ -412,7 +422,8 @@ func (w *Worker) start(raw *pb.Task, idle chan *attempt) {
 	w.mu.Unlock()
 	w.running.Add(1)
 	a.beatMu.Lock()
-	a.beatTimer = time.AfterFunc(w.heartbeatInterval(a), func() { w.beginHeartbeats(a) })
+	first := firstHeartbeatDelay(raw, w.heartbeatInterval(a), time.Now())
+	a.beatTimer = time.AfterFunc(first, func() { w.beginHeartbeats(a) })
 	a.beatMu.Unlock()
 	select {
 	case idle <- a:
@@ -447,7 +458,7 @@ func (w *Worker) runAttempt(a *attempt) {
 }
 
 // beginHeartbeats runs, on the timer's goroutine, the heartbeat loop of an
-// attempt still running a heartbeat interval after it started.
+// attempt still running when its first heartbeat is due.
 func (w *Worker) beginHeartbeats(a *attempt) {
 	a.beatMu.Lock()
 	if a.beatStop || a.hard.Err() != nil {
@@ -659,6 +670,23 @@ func (w *Worker) heartbeatInterval(a *attempt) time.Duration {
 		lease = DefaultLease
 	}
 	return max(lease/3, 50*time.Millisecond)
+}
+
+// firstHeartbeatDelay is how long after receipt (now) the first heartbeat
+// goes out. A task polled with ConfirmReceipt is held only until its first,
+// short LeaseExpireTime unless a heartbeat confirms it: so the first
+// heartbeat comes a third of the way there, or after interval if that is
+// sooner. An expiry already past by this clock (clocks apart) gets a short
+// delay instead.
+func firstHeartbeatDelay(raw *pb.Task, interval time.Duration, now time.Time) time.Duration {
+	if raw.GetLeaseExpireTime() == nil {
+		return interval
+	}
+	untilExpiry := raw.GetLeaseExpireTime().AsTime().Sub(now)
+	if untilExpiry <= 0 {
+		return min(skewedFirstHeartbeat, interval)
+	}
+	return min(untilExpiry/3, interval)
 }
 
 // heartbeatLoop extends the attempt's lease, at once and then every

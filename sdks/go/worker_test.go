@@ -186,6 +186,77 @@ func TestHeartbeatsAtAThirdOfTheLease(t *testing.T) {
 	}
 }
 
+// C15 locally: every poll asks to confirm receipt; a first lease of 600 ms
+// is confirmed at about 200 ms, and later heartbeats keep the interval of
+// the task's lease (1 s).
+func TestPollsConfirmReceiptAndTheFirstHeartbeatComesAThirdOfTheWayToTheFirstExpiry(t *testing.T) {
+	f, client := startFake(t)
+	f.receipt = 600 * time.Millisecond
+	f.add(fakeTask("rc", "q", "long", 3*time.Second, nil))
+	w := NewWorker(client, WorkerOptions{Slots: 1, PollWait: 200 * time.Millisecond})
+	var started atomic.Pointer[time.Time]
+	w.Handle("q", "long", func(ctx context.Context, task *Task) (any, error) {
+		now := time.Now()
+		started.Store(&now)
+		time.Sleep(1500 * time.Millisecond)
+		return "done", nil
+	})
+	runWorker(t, w)
+	eventually(t, 10*time.Second, "completion", func() bool { return w.Stats().Completed == 1 })
+	polls, beats, _, _ := f.snapshot()
+	for i, p := range polls {
+		if !p.confirmReceipt {
+			t.Errorf("poll %d did not ask to confirm receipt", i)
+		}
+	}
+	if len(beats) != 2 {
+		t.Fatalf("%d heartbeats, want 2 (about 200 ms: the confirmation; about 1200 ms: the interval)", len(beats))
+	}
+	if first := beats[0].at.Sub(*started.Load()); first > 450*time.Millisecond {
+		t.Errorf("the first heartbeat came %s after receipt, want well before the first expiry (600 ms)", first)
+	}
+	if gap := beats[1].at.Sub(beats[0].at); gap < 700*time.Millisecond {
+		t.Errorf("the second heartbeat came %s after the first, want the lease's third (1 s)", gap)
+	}
+}
+
+func TestATaskReportedBeforeItsFirstHeartbeatSendsNone(t *testing.T) {
+	f, client := startFake(t)
+	f.receipt = 2 * time.Second
+	f.add(fakeTask("quick", "q", "quick", 3*time.Second, nil))
+	w := NewWorker(client, WorkerOptions{Slots: 1, PollWait: 200 * time.Millisecond})
+	w.Handle("q", "quick", func(context.Context, *Task) (any, error) { return "done", nil })
+	runWorker(t, w)
+	eventually(t, 10*time.Second, "completion", func() bool { return w.Stats().Completed == 1 })
+	time.Sleep(500 * time.Millisecond)
+	if _, beats, _, _ := f.snapshot(); len(beats) != 0 {
+		t.Errorf("%d heartbeats for a task reported at once", len(beats))
+	}
+}
+
+func TestFirstHeartbeatDelay(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	expiring := func(in time.Duration) *pb.Task {
+		return &pb.Task{LeaseExpireTime: timestamppb.New(now.Add(in))}
+	}
+	for _, c := range []struct {
+		name     string
+		task     *pb.Task
+		interval time.Duration
+		want     time.Duration
+	}{
+		{"no first expiry: the interval", &pb.Task{}, 10 * time.Second, 10 * time.Second},
+		{"a third of the way to the first expiry", expiring(6 * time.Second), 10 * time.Second, 2 * time.Second},
+		{"the interval when sooner", expiring(60 * time.Second), 10 * time.Second, 10 * time.Second},
+		{"an expiry already past (clocks apart): soon", expiring(-3 * time.Second), 10 * time.Second, 500 * time.Millisecond},
+		{"and never later than the interval", expiring(-3 * time.Second), 200 * time.Millisecond, 200 * time.Millisecond},
+	} {
+		if got := firstHeartbeatDelay(c.task, c.interval, now); got != c.want {
+			t.Errorf("%s: %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
 // L1: a report that meets UNAVAILABLE or DEADLINE_EXCEEDED is sent again with
 // the same (task_id, attempt, lease_token) until it is applied.
 func TestL01ReportRetriedWithTheSameLease(t *testing.T) {

@@ -10,6 +10,7 @@ same behaviours against the real one.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -50,11 +51,15 @@ class FakeServer:
     """The fake's state; tests read and steer it."""
 
     lease_seconds: float = 3.0
+    receipt_seconds: float | None = None
+    """The first lease of a poll that asks to confirm receipt (the server's --lease-receipt-timeout)."""
     pending: asyncio.Queue[worker_service_pb2.Task] = field(default_factory=asyncio.Queue)
     leases: dict[str, Lease] = field(default_factory=dict)
     completed: dict[str, worker_service_pb2.CompleteTaskRequest] = field(default_factory=dict)
     failed: dict[str, worker_service_pb2.FailTaskRequest] = field(default_factory=dict)
     calls: list[tuple[str, Any]] = field(default_factory=list)
+    heartbeat_times: list[float] = field(default_factory=list)
+    """When each Heartbeat arrived (time.monotonic())."""
     inject: dict[str, list[grpc.StatusCode]] = field(default_factory=lambda: defaultdict(list))
     polls: int = 0
 
@@ -125,11 +130,16 @@ class _Worker(worker_service_pb2_grpc.WorkerServiceServicer):
                 raise AssertionError(f"task on queue {task.queue} polled from {list(request.queues)}")
             task.lease_token = uuid.uuid4().hex
             task.lease_duration.FromMilliseconds(int(self.state.lease_seconds * 1000))
+            first_lease = self.state.lease_seconds
+            if request.confirm_receipt and self.state.receipt_seconds is not None:
+                first_lease = self.state.receipt_seconds
+            task.lease_expire_time.FromNanoseconds(time.time_ns() + int(first_lease * 1e9))
             self.state.leases[task.task_id] = Lease(task)
         return worker_service_pb2.PollTasksResponse(tasks=tasks)
 
     async def Heartbeat(self, request: Any, context: Any) -> worker_service_pb2.HeartbeatResponse:
         self.state.calls.append(("Heartbeat", request))
+        self.state.heartbeat_times.append(time.monotonic())
         await self._injected("Heartbeat", context)
         lease = await self._check(request, context)
         return worker_service_pb2.HeartbeatResponse(cancel_requested=lease.cancel_requested)

@@ -18,14 +18,19 @@ from _fakes import FakeServer, start_fake
 
 from composer import Backoff, NonRetryableError, TaskContext, TaskError, Worker
 from composer._values import from_value
-from composer.worker import CANCEL_LEASE_LOST, CANCEL_RUN_CANCELLED
+from composer.v1 import worker_service_pb2
+from composer.worker import CANCEL_LEASE_LOST, CANCEL_RUN_CANCELLED, first_heartbeat_delay
 
 FAST = Backoff(initial=0.01, maximum=0.05)
 
 
-def run(test: Callable[[FakeServer, str], Coroutine[Any, Any, None]], lease_seconds: float = 3.0) -> None:
+def run(
+    test: Callable[[FakeServer, str], Coroutine[Any, Any, None]],
+    lease_seconds: float = 3.0,
+    receipt_seconds: float | None = None,
+) -> None:
     async def main() -> None:
-        state = FakeServer(lease_seconds=lease_seconds)
+        state = FakeServer(lease_seconds=lease_seconds, receipt_seconds=receipt_seconds)
         server, address = await start_fake(state)
         try:
             await asyncio.wait_for(test(state, address), 30)
@@ -151,6 +156,63 @@ def test_heartbeats_keep_the_lease_and_a_cancelled_run_cancels_the_async_handler
         assert {(b.task_id, b.attempt) for b in beats} == {(task_id, 1)}
 
     run(test, lease_seconds=0.3)
+
+
+def test_polls_confirm_receipt_and_the_first_heartbeat_comes_a_third_of_the_way_to_the_first_expiry() -> None:
+    """C15 locally: a first lease of 0.6 s is confirmed at about 0.2 s; later beats keep the interval (1 s)."""
+
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address)
+        received: list[float] = []
+
+        @worker.task("long")
+        async def long(ctx: TaskContext) -> str:
+            received.append(time.monotonic())
+            await asyncio.sleep(1.5)
+            return "done"
+
+        task_id = state.add_task("long")
+
+        async def body() -> None:
+            await until(lambda: state.count("CompleteTask", task_id) == 1)
+
+        await serving(worker, body)
+        beat_times = state.heartbeat_times
+        polls = [r for m, r in state.calls if m == "PollTasks"]
+        assert polls and all(r.confirm_receipt for r in polls)
+        assert len(beat_times) == 2, beat_times  # at ~0.2 s (confirms) and ~1.2 s (the interval)
+        assert beat_times[0] - received[0] < 0.45  # well before the first expiry at 0.6 s
+        assert beat_times[1] - beat_times[0] > 0.7  # then the lease's third (1 s), not a third of 0.6 s
+        assert worker.stats.completed == 1 and worker.stats.lease_lost == 0
+
+    run(test, lease_seconds=3.0, receipt_seconds=0.6)
+
+
+def test_a_task_reported_before_its_first_heartbeat_sends_none() -> None:
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address)
+        worker.register("quick", lambda ctx: "done")
+        task_id = state.add_task("quick")
+        await serving(worker, lambda: until(lambda: state.count("CompleteTask", task_id) == 1))
+        await asyncio.sleep(0.5)
+        assert state.count("Heartbeat") == 0
+
+    run(test, lease_seconds=3.0, receipt_seconds=2.0)
+
+
+def test_first_heartbeat_delay() -> None:
+    def task(expires_in: float | None) -> worker_service_pb2.Task:
+        t = worker_service_pb2.Task(task_id="t")
+        if expires_in is not None:
+            t.lease_expire_time.FromNanoseconds(int((1_000.0 + expires_in) * 1e9))
+        return t
+
+    now = 1_000.0
+    assert first_heartbeat_delay(task(None), 10.0, now) == 10.0  # no first expiry: the interval
+    assert first_heartbeat_delay(task(6.0), 10.0, now) == pytest.approx(2.0)  # a third of the way
+    assert first_heartbeat_delay(task(60.0), 10.0, now) == 10.0  # the interval when sooner
+    assert first_heartbeat_delay(task(-3.0), 10.0, now) == 0.5  # already past (clocks apart): soon
+    assert first_heartbeat_delay(task(-3.0), 0.2, now) == 0.2
 
 
 def test_a_sync_handler_sees_the_lost_lease_and_nothing_is_reported() -> None:

@@ -7,12 +7,14 @@
 //   });
 //   await worker.run(); // until SIGTERM / SIGINT, then drains
 //
-// The worker long-polls its queues for as many tasks as it has free slots, heartbeats each running
-// task at a third of its lease, aborts the handler's `ctx.signal` when the run is cancelled, the
-// lease lost or the attempt's deadline passed, reports the outcome with the lease token, sends a
-// report again with the same token after UNAVAILABLE / DEADLINE_EXCEEDED, and treats LEASE_LOST as
-// final. On stop it stops polling, drains in-flight tasks within `drainTimeoutMs`, and only then
-// stops heartbeating.
+// The worker long-polls its queues for as many tasks as it has free slots, confirms the receipt of
+// each task still running a third of the way to its first, short expiry with an early heartbeat
+// (so a poll answer lost on the way costs no attempt), heartbeats each running task at a third of
+// its lease, aborts the handler's `ctx.signal` when the run is cancelled, the lease lost or the
+// attempt's deadline passed, reports the outcome with the lease token, sends a report again with
+// the same token after UNAVAILABLE / DEADLINE_EXCEEDED, and treats LEASE_LOST as final. On stop
+// it stops polling, drains in-flight tasks within `drainTimeoutMs`, and only then stops
+// heartbeating.
 import { AsyncLocalStorage, createHook, type AsyncHook } from "node:async_hooks";
 import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
@@ -152,7 +154,10 @@ export interface WorkerOptions {
   drainTimeoutMs?: number;
   /** How long a report is retried after transient failures (default 300 s). */
   reportTimeoutMs?: number;
-  /** Overrides the heartbeat interval (default a third of each task's lease). */
+  /**
+   * Overrides the heartbeat interval (default a third of each task's lease). The first heartbeat
+   * comes sooner when the first, short lease must be confirmed before it ends.
+   */
   heartbeatIntervalMs?: number;
   /** Back-off of failed polls, heartbeats and reports (default 200 ms .. 5 s, jitter 0.5). */
   backoff?: Backoff;
@@ -168,6 +173,8 @@ export interface WorkerOptions {
 /** The most tasks one PollTasks may ask for. */
 export const MAX_POLL_TASKS = 100;
 const DEFAULT_LEASE_MS = 30_000;
+/** The first heartbeat's delay when a task's first expiry is already past by this clock (clocks apart). */
+const SKEWED_FIRST_HEARTBEAT_MS = 500;
 const MAX_MESSAGE = 4_000;
 const MAX_STACK = 32_000;
 
@@ -213,6 +220,20 @@ function durationMs(d: Duration | undefined): number | undefined {
 
 function tsDate(t: Timestamp | undefined): Date | undefined {
   return t ? timestampDate(t) : undefined;
+}
+
+/**
+ * How long after receipt (`nowMs`) the first heartbeat goes out. A task polled with
+ * `confirmReceipt` is held only until its first, short `leaseExpireTime` unless a heartbeat
+ * confirms it: so the first heartbeat comes a third of the way there, or after `intervalMs` if that
+ * is sooner. An expiry already past by this clock (clocks apart) gets a short delay instead.
+ */
+export function firstHeartbeatDelayMs(task: Pick<Task, "leaseExpireTime">, intervalMs: number, nowMs: number): number {
+  const expiry = tsDate(task.leaseExpireTime);
+  if (!expiry) return intervalMs;
+  const untilExpiry = expiry.getTime() - nowMs;
+  if (!(untilExpiry > 0)) return Math.min(SKEWED_FIRST_HEARTBEAT_MS, intervalMs);
+  return Math.min(untilExpiry / 3, intervalMs);
 }
 
 /** Counts the tasks a worker runs against its limit. Only the poll loop takes slots. */
@@ -637,8 +658,10 @@ export class Worker {
       const free = slots.free;
       let tasks: Task[];
       try {
+        // confirmReceipt: a poll answer lost on the way costs no attempt (decision 0012); the first
+        // heartbeat confirms (firstHeartbeatDelayMs).
         const response = await client.raw.workers.pollTasks(
-          { workerId: this.workerId, queues: this.#queues, maxTasks: Math.min(free, MAX_POLL_TASKS), wait },
+          { workerId: this.workerId, queues: this.#queues, maxTasks: Math.min(free, MAX_POLL_TASKS), wait, confirmReceipt: true },
           client.callOptions({ timeoutMs: waitMs + 5_000, signal: this.#force.signal }),
         );
         tasks = response.tasks;
@@ -755,6 +778,7 @@ export class Worker {
     return { failure: failureOf(first.error) };
   }
 
+  /** Heartbeats the task: first a third of the way to its first expiry (it confirms receipt), then every interval. */
   async #heartbeatLoop(task: Task, execution: Execution, stop: AbortSignal): Promise<void> {
     const client = this.#client as ComposerClient;
     const ctx = execution.ctx;
@@ -762,9 +786,11 @@ export class Worker {
     const interval = this.#options.heartbeatIntervalMs ?? Math.max(lease / 3, 50);
     const request = { taskId: task.taskId, attempt: task.attempt, leaseToken: task.leaseToken };
     let failures = 0;
+    // Computed at receipt: #execute calls this loop before its first await.
+    let wait = firstHeartbeatDelayMs(task, interval, Date.now());
     for (;;) {
-      const wait = failures === 0 ? interval : Math.min(this.#backoff.delay(failures), interval);
       if (!(await sleep(wait, stop))) return;
+      wait = interval;
       let cancelRequested: boolean;
       try {
         const response = await client.raw.workers.heartbeat(request, client.callOptions({ timeoutMs: Math.max(interval, 1_000), signal: stop }));
@@ -780,6 +806,7 @@ export class Worker {
           return;
         }
         failures += 1;
+        wait = Math.min(this.#backoff.delay(failures), interval);
         ctx.logger.debug(`heartbeat failed (${converted.code}: ${converted.rawMessage}); retrying`);
         continue;
       }

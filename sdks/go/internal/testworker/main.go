@@ -6,8 +6,9 @@
 // It serves task "slow" on QUEUE: prints {"event":"started",...} as a JSON
 // line when an attempt starts, sleeps SECONDS on attempt 1 (returns at once
 // on later attempts), prints "finished" and returns {"pid":..,"attempt":..}.
-// SIGTERM or SIGINT stop it gracefully (Worker.Run); it then prints "exited"
-// with its counters. The token comes from COMPOSER_TOKEN.
+// It prints "heartbeat" after each heartbeat the server accepted (the first
+// confirms the lease). SIGTERM or SIGINT stop it gracefully (Worker.Run); it
+// then prints "exited" with its counters. The token comes from COMPOSER_TOKEN.
 package main
 
 import (
@@ -22,7 +23,10 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+
 	composer "github.com/composer-dev/composer/sdks/go"
+	pb "github.com/composer-dev/composer/sdks/go/gen/composer/v1"
 )
 
 var mu sync.Mutex
@@ -36,6 +40,15 @@ func emit(event string, fields map[string]any) {
 	mu.Lock()
 	defer mu.Unlock()
 	fmt.Println(string(b))
+}
+
+// heartbeatEvents prints "heartbeat" once the server accepted a Heartbeat.
+func heartbeatEvents(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if beat, ok := req.(*pb.HeartbeatRequest); ok && err == nil {
+		emit("heartbeat", map[string]any{"task_id": beat.GetTaskId(), "attempt": beat.GetAttempt()})
+	}
+	return err
 }
 
 func main() {
@@ -53,7 +66,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	client, err := composer.Dial(ctx, address, composer.WithLogger(logger))
+	client, err := composer.Dial(ctx, address, composer.WithLogger(logger), composer.WithUnaryInterceptor(heartbeatEvents))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

@@ -15,11 +15,14 @@ A worker in ten lines::
     worker.run()  # until SIGTERM / SIGINT, then drains
 
 The worker never shows a lease to the handler. It long-polls its queues with
-as many tasks as it has free slots, heartbeats each running task at a third
-of its lease, tells the handler when the run was cancelled or the lease lost
-(``ctx.cancelled``; an async handler is also cancelled), reports the outcome
-with the lease token, retries a report that met UNAVAILABLE or
-DEADLINE_EXCEEDED with the same token, and treats a LEASE_LOST answer as final.
+as many tasks as it has free slots, confirms the receipt of each task still
+running a third of the way to its first, short expiry with an early heartbeat
+(so a poll answer lost on the way costs no attempt), heartbeats each running
+task at a third of its lease, tells the handler when the run was cancelled or
+the lease lost (``ctx.cancelled``; an async handler is also cancelled),
+reports the outcome with the lease token, retries a report that met
+UNAVAILABLE or DEADLINE_EXCEEDED with the same token, and treats a LEASE_LOST
+answer as final.
 On shutdown it stops polling, drains in-flight tasks within ``drain_timeout``,
 and only then stops heartbeating.
 """
@@ -69,6 +72,9 @@ DEFAULT_LEASE = 30.0
 
 MAX_POLL_TASKS = 100
 """The most tasks one PollTasks may ask for."""
+
+SKEWED_FIRST_HEARTBEAT = 0.5
+"""The first heartbeat's delay when the task's first expiry looks wrong (clocks apart)."""
 
 CANCEL_RUN_CANCELLED = "run cancelled"
 """``TaskContext.cancel_reason`` when a heartbeat answered that the run was cancelled."""
@@ -254,8 +260,9 @@ class Worker:
     ``slots``: how many tasks run at once. ``drain_timeout``: how long a
     graceful stop waits for in-flight tasks. ``poll_wait``: the long-poll
     wait. ``heartbeat_interval``: overrides the default of a third of each
-    task's lease (tests use it). ``interceptors``: ``grpc.aio`` client
-    interceptors for every call.
+    task's lease (tests use it); the first heartbeat comes sooner when the
+    first, short lease must be confirmed before it ends. ``interceptors``:
+    ``grpc.aio`` client interceptors for every call.
     """
 
     def __init__(
@@ -538,8 +545,14 @@ class Worker:
                 await _first_of(self._slots.wait_free(), stop.wait())
                 continue
             free = self._slots.free
+            # confirm_receipt: a poll answer lost on the way costs no attempt (decision 0012);
+            # the first heartbeat confirms (see first_heartbeat_delay).
             request = worker_service_pb2.PollTasksRequest(
-                worker_id=self.worker_id, queues=self._queues, max_tasks=min(free, MAX_POLL_TASKS), wait=wait
+                worker_id=self.worker_id,
+                queues=self._queues,
+                max_tasks=min(free, MAX_POLL_TASKS),
+                wait=wait,
+                confirm_receipt=True,
             )
             try:
                 response: worker_service_pb2.PollTasksResponse = await self._conn.unary(
@@ -566,16 +579,25 @@ class Worker:
     def _start(self, task: worker_service_pb2.Task) -> None:
         assert self._loop is not None
         ctx = TaskContext(task, self._log, self._loop)
-        runner = asyncio.create_task(self._execute(task, ctx), name=f"composer-task-{task.task_id}-{task.attempt}")
+        interval = self._heartbeat_interval_of(task)
+        first_beat = first_heartbeat_delay(task, interval, time.time())
+        runner = asyncio.create_task(
+            self._execute(task, ctx, interval, first_beat), name=f"composer-task-{task.task_id}-{task.attempt}"
+        )
         self._running[runner] = ctx
+
+    def _heartbeat_interval_of(self, task: worker_service_pb2.Task) -> float:
+        """The configured interval, else a third of the task's lease."""
+        lease = task.lease_duration.ToTimedelta().total_seconds() if task.HasField("lease_duration") else DEFAULT_LEASE
+        return self._heartbeat_interval or max(lease / 3.0, 0.05)
 
     # --- one task ---------------------------------------------------------
 
-    async def _execute(self, task: worker_service_pb2.Task, ctx: TaskContext) -> None:
+    async def _execute(self, task: worker_service_pb2.Task, ctx: TaskContext, interval: float, first_beat: float) -> None:
         assert self._slots is not None
         finished = asyncio.Event()
         handler_box: list[asyncio.Future[Any]] = []
-        heartbeat = asyncio.create_task(self._heartbeat_loop(task, ctx, finished, handler_box))
+        heartbeat = asyncio.create_task(self._heartbeat_loop(task, ctx, finished, handler_box, interval, first_beat))
         try:
             outcome = await self._run_handler(task, ctx, handler_box)
             if outcome is None:
@@ -650,14 +672,17 @@ class Worker:
         ctx: TaskContext,
         finished: asyncio.Event,
         handler_box: list[asyncio.Future[Any]],
+        interval: float,
+        first_beat: float,
     ) -> None:
+        """Heartbeats the task: first after ``first_beat`` (it confirms receipt), then every ``interval``."""
         assert self._conn is not None
-        lease = task.lease_duration.ToTimedelta().total_seconds() if task.HasField("lease_duration") else DEFAULT_LEASE
-        interval = self._heartbeat_interval or max(lease / 3.0, 0.05)
         request = worker_service_pb2.HeartbeatRequest(task_id=task.task_id, attempt=task.attempt, lease_token=task.lease_token)
         failures = 0
+        delay = first_beat
         while True:
-            await asyncio.sleep(interval if failures == 0 else min(self._backoff.delay(failures), interval))
+            await asyncio.sleep(delay)
+            delay = interval
             try:
                 response: worker_service_pb2.HeartbeatResponse = await self._conn.unary(
                     self._conn.workers.Heartbeat, request, timeout=max(interval, 1.0)
@@ -671,6 +696,7 @@ class Worker:
                 return
             except ComposerError as error:
                 failures += 1
+                delay = min(self._backoff.delay(failures), interval)
                 ctx.logger.log(
                     logging.DEBUG if error.retryable else logging.WARNING,
                     "heartbeat failed (%s: %s); retrying",
@@ -770,6 +796,22 @@ class Worker:
                 delay = self._backoff.delay(failures)
                 ctx.logger.info("report failed (%s); sending it again in %.2f s", error.code.name, delay)
                 await asyncio.sleep(delay)
+
+
+def first_heartbeat_delay(task: worker_service_pb2.Task, interval: float, now: float) -> float:
+    """How long after receipt the first heartbeat goes out (``now``: the wall clock at receipt, in seconds).
+
+    A worker that asks to confirm receipt holds the task only until its first,
+    short ``lease_expire_time`` unless a heartbeat confirms it: so the first
+    heartbeat comes a third of the way there, or at ``interval`` if that is
+    sooner. An expiry already past (clocks apart) gets a short delay instead.
+    """
+    if not task.HasField("lease_expire_time"):
+        return interval
+    until_expiry = task.lease_expire_time.ToNanoseconds() / 1e9 - now
+    if until_expiry <= 0:
+        return min(SKEWED_FIRST_HEARTBEAT, interval)
+    return min(until_expiry / 3.0, interval)
 
 
 async def _first_of(*awaitables: Awaitable[Any]) -> None:

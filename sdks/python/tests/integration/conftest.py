@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -79,12 +79,13 @@ def session_token() -> Iterator[str]:
 
 
 class ServerProcess:
-    """One `composer serve` process; restartable on the same port."""
+    """One `composer serve` process; restartable on the same port. ``extra_args`` are added to `serve`."""
 
-    def __init__(self, database_url: str, redis_url: str, log_path: Path) -> None:
+    def __init__(self, database_url: str, redis_url: str, log_path: Path, extra_args: Sequence[str] = ()) -> None:
         self.database_url = database_url
         self.redis_url = redis_url
         self.log_path = log_path
+        self.extra_args = list(extra_args)
         self.address = ""
         self.process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -107,6 +108,7 @@ class ServerProcess:
                 self.redis_url,
                 "--auth-secret",
                 AUTH_SECRET,
+                *self.extra_args,
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -215,6 +217,18 @@ def own_server(backing_services: tuple[str, str], tmp_path: Path) -> Iterator[Se
     """A server of the test's own, for tests that stop or restart it (same database as the session's)."""
     database_url, redis_url = backing_services
     process = ServerProcess(database_url, redis_url, tmp_path / "own-server.log")
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture()
+def short_receipt_server(backing_services: tuple[str, str], tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of the test's own whose unconfirmed leases last 2 s (``--lease-receipt-timeout 2s``)."""
+    database_url, redis_url = backing_services
+    process = ServerProcess(database_url, redis_url, tmp_path / "receipt-server.log", ["--lease-receipt-timeout", "2s"])
     process.start()
     try:
         yield process

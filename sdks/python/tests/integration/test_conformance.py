@@ -193,6 +193,8 @@ def test_c05_a_worker_killed_mid_task_has_its_task_run_again_as_attempt_2(server
                 started = await client.start_run(f"kill_{names}")
                 (began,) = await first.wait_for("started")
                 assert began["attempt"] == 1 and began["run_id"] == started.run_id
+                # Killed once its lease is confirmed: before that the task would come back as attempt 1 (C15).
+                await first.wait_for("heartbeat")
                 first.process.send_signal(signal.SIGKILL)
                 first.process.wait()
                 second = WorkerProcess(server.address, queue, slots=1, seconds=120)
@@ -559,5 +561,45 @@ def test_c14_tokens_come_from_the_argument_or_composer_token_and_bad_ones_are_re
         async with Client(server.address, token=mint_token("client")) as client:
             with pytest.raises(PermissionDeniedError):
                 await client._conn.unary(client._conn.workers.PollTasks, request)
+
+    run(main())
+
+
+def test_c15_a_task_running_past_the_first_short_lease_is_confirmed_and_keeps_its_lease(
+    short_receipt_server: ServerProcess, names: str
+) -> None:
+    async def main() -> None:
+        queue = f"receipt_{names}"
+        recorder = Recorder()
+        worker = Worker(short_receipt_server.address, slots=2, backoff=FAST, interceptors=[recorder])
+        started: list[tuple[str, int]] = []
+
+        @worker.task("long", queue=queue)
+        async def long(ctx: TaskContext) -> dict[str, Any]:
+            started.append((ctx.run_id, ctx.attempt))
+            await asyncio.sleep(7.0)  # 3.5 first leases of 2 s
+            return {"attempt": ctx.attempt, "run": ctx.run_id}
+
+        # heartbeat_timeout 30s: heartbeats at the interval alone (10 s) would all come after the
+        # first lease (2 s) ended unconfirmed, and the task would be offered again and again.
+        workflows = {f"receipt_{names}": 3, f"receipt_once_{names}": 1}
+        async with Client(short_receipt_server.address) as client, serving(worker):
+            for name, attempts in workflows.items():
+                retry = f"heartbeat_timeout: 30s\nretry: {{ max_attempts: {attempts} }}"
+                await client.register_workflow(one_task(name, queue, "long", extra=retry))
+            runs = [await client.start_run(name) for name in workflows]
+            outputs = await asyncio.gather(*(client.wait_for_result(r.run_id, timeout=60) for r in runs))
+            nodes = [(await client.get_run(r.run_id)).node("work") for r in runs]
+            histories = [await history_types(client, r.run_id) for r in runs]
+        assert outputs == [{"result": {"attempt": 1, "run": r.run_id}} for r in runs]
+        for node in nodes:
+            assert node is not None and node.status is NodeStatus.COMPLETED and node.attempt == 1
+        for history in histories:
+            assert not any("expired" in event.lower() for event in history), history
+        # Each handler ran once: a lease that ended unconfirmed would have offered its task again.
+        assert sorted(started) == sorted((r.run_id, 1) for r in runs)
+        assert worker.stats.lease_lost == 0 and worker.stats.completed == 2
+        polls = recorder.requests("PollTasks")
+        assert polls and all(poll.confirm_receipt for poll in polls), "the worker must ask to confirm receipt"
 
     run(main())

@@ -4,8 +4,9 @@
 
 Serves task ``slow`` on QUEUE: prints ``{"event": "started", ...}`` as a JSON
 line when a task starts, sleeps SECONDS (or returns at once on attempt >= 2),
-returns ``{"pid": <pid>, "attempt": <n>}`` and prints ``finished``. On
-SIGTERM it stops gracefully (Worker.run) and prints ``exited``.
+returns ``{"pid": <pid>, "attempt": <n>}`` and prints ``finished``; prints
+``heartbeat`` after each heartbeat the server accepted (the first confirms the
+lease). On SIGTERM it stops gracefully (Worker.run) and prints ``exited``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import asyncio
 import json
 import os
 import sys
+from typing import Any
+
+import grpc
 
 from composer import TaskContext, Worker
 
@@ -22,10 +26,25 @@ def emit(event: str, **fields: object) -> None:
     print(json.dumps({"event": event, **fields}), flush=True)
 
 
+class HeartbeatEvents(grpc.aio.UnaryUnaryClientInterceptor):
+    """Prints ``heartbeat`` once the server accepted a Heartbeat."""
+
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        call = await continuation(details, request)
+        method = details.method.decode() if isinstance(details.method, bytes) else details.method
+        if method.endswith("/Heartbeat"):
+            try:
+                await call
+            except grpc.aio.AioRpcError:
+                return call
+            emit("heartbeat", task_id=request.task_id, attempt=request.attempt)
+        return call
+
+
 def main() -> None:
     address, queue, slots, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     drain = float(sys.argv[5]) if len(sys.argv) > 5 else 30.0
-    worker = Worker(address, slots=slots, drain_timeout=drain)
+    worker = Worker(address, slots=slots, drain_timeout=drain, interceptors=[HeartbeatEvents()])
 
     @worker.task("slow", queue=queue)
     async def slow(ctx: TaskContext) -> dict[str, int]:

@@ -1,5 +1,5 @@
 // The SDK conformance behaviours (tests/conformance/README.md) against the real server.
-// Each test is named after its number: c01 ... c14.
+// Each test is named after its number: c01 ... c15.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -25,7 +25,7 @@ import {
   type HistoryEvent,
   type Run,
 } from "../../src/index.js";
-import { WorkerService, type CompleteTaskRequest } from "../../src/gen/composer/v1/worker_service_pb.js";
+import { WorkerService, type CompleteTaskRequest, type PollTasksRequest } from "../../src/gen/composer/v1/worker_service_pb.js";
 import {
   ServerProcess,
   WorkerProcess,
@@ -263,6 +263,8 @@ describe("conformance", { timeout: 600_000 }, () => {
       const [began] = await first.waitFor("started");
       assert.equal(began?.["attempt"], 1);
       assert.equal(began?.["run_id"], run.runId);
+      // Killed once its lease is confirmed: before that the task would come back as attempt 1 (C15).
+      await first.waitFor("heartbeat");
       first.process.kill("SIGKILL");
       await first.exited;
       second = new WorkerProcess(server.address, queue, { slots: 1, seconds: 120 });
@@ -735,6 +737,52 @@ output: { approved: "\${nodes.approval.output.ok}" }
     } finally {
       process.env["COMPOSER_TOKEN"] = saved;
     }
+  });
+
+  test("c15 a task running past the first, short lease is confirmed and keeps its lease", async () => {
+    const s = hex();
+    const queue = `c15-${s}`;
+    const own = new ServerProcess(services.databaseUrl, services.redisUrl, ["--lease-receipt-timeout", "2s"]);
+    await own.start();
+    const recorder = new Recorder();
+    const worker = makeWorker(own.address, { slots: 2, interceptors: [recorder.interceptor] });
+    const started: string[] = []; // `${runId}#${attempt}`, each time the handler starts
+    worker.task(queue, "long", async (ctx) => {
+      started.push(`${ctx.runId}#${ctx.attempt}`);
+      await sleep(7_000, undefined, { signal: ctx.signal }); // 3.5 first leases of 2 s
+      return { attempt: ctx.attempt, run: ctx.runId };
+    });
+    // heartbeat_timeout 30s: heartbeats at the interval alone (10 s) would all come after the first
+    // lease (2 s) ended unconfirmed, and the task would be offered again and again.
+    const workflows: [string, number][] = [[queue, 3], [`${queue}-once`, 1]];
+    const client = newClient(own.address);
+    try {
+      await serving(worker, async () => {
+        const runs: Run[] = [];
+        for (const [name, attempts] of workflows) {
+          await client.registerWorkflow(oneTask(name, queue, "long", `heartbeat_timeout: 30s\nretry: { max_attempts: ${attempts} }`));
+          runs.push(await client.startRun(name));
+        }
+        const outputs = await Promise.all(runs.map((r) => client.waitForResult(r.runId, { timeoutMs: 60_000 })));
+        assert.deepEqual(outputs, runs.map((r) => ({ result: { attempt: 1, run: r.runId } })));
+        for (const r of runs) {
+          const node = (await client.getRun(r.runId)).nodes.find((n) => n.nodeId === "work");
+          assert.equal(node?.status, "COMPLETED");
+          assert.equal(node?.attempt, 1);
+          const history = await historyTypes(client, r.runId);
+          assert.ok(!history.some((t) => t.toLowerCase().includes("expired")), history.join(","));
+        }
+        // Each handler ran once: a lease that ended unconfirmed would have offered its task again.
+        assert.deepEqual([...started].sort(), runs.map((r) => `${r.runId}#1`).sort());
+      });
+    } finally {
+      client.close();
+      await own.stop();
+    }
+    assert.equal(worker.stats.leaseLost, 0);
+    assert.equal(worker.stats.completed, 2);
+    const polls = recorder.requests<PollTasksRequest>("PollTasks");
+    assert.ok(polls.length > 0 && polls.every((p) => p.confirmReceipt), "the worker must ask to confirm receipt");
   });
 });
 

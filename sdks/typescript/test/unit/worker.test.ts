@@ -7,6 +7,9 @@ import { setTimeout as sleep } from "node:timers/promises";
 import { Code } from "@connectrpc/connect";
 
 import { Backoff, NonRetryableError, Slots, TaskCancelledError, TaskError, Worker, type CancelReason, type Handler } from "../../src/index.js";
+import { timestampFromMs } from "@bufbuild/protobuf/wkt";
+
+import { firstHeartbeatDelayMs } from "../../src/worker.js";
 import { FakeServer, leaseLost, task, unavailable, wireError } from "./fake.js";
 
 const QUIET = { debug() {}, info() {}, warn() {}, error() {} };
@@ -156,6 +159,52 @@ describe("worker (local, fake server)", () => {
     assert.equal(reason, "run cancelled");
     assert.equal(fake.requests("CompleteTask").length + fake.requests("FailTask").length, 0);
     assert.equal(worker.stats.cancelled, 1);
+  });
+
+  test("c15 (local) polls confirm receipt; the first heartbeat comes a third of the way to the first expiry, then the interval", async () => {
+    const fake = new FakeServer();
+    let receivedAt = 0;
+    fake.answers["PollTasks"] = (request, signal) => {
+      if (fake.tasks.length === 0 || !request.confirmReceipt) return fake.poll(request, signal);
+      receivedAt = Date.now();
+      // A first lease of 600 ms (the server's --lease-receipt-timeout); the lease is 3 s (interval 1 s).
+      return { tasks: fake.tasks.splice(0).map((t) => ({ ...t, leaseExpireTime: timestampFromMs(receivedAt + 600) })) };
+    };
+    fake.tasks.push(task());
+    const worker = await serveOn(
+      fake,
+      async () => {
+        await sleep(1_500);
+        return "done";
+      },
+      () => fake.requests("CompleteTask").length === 1,
+    );
+    const polls = fake.requests("PollTasks");
+    assert.ok(polls.length > 0 && polls.every((p) => p.confirmReceipt === true), "every poll asks to confirm receipt");
+    const beats = fake.calls.filter((c) => c.method === "Heartbeat").map((c) => c.at);
+    assert.equal(beats.length, 2, `heartbeats at ${beats.map((b) => b - receivedAt).join(", ")} ms`);
+    assert.ok((beats[0] as number) - receivedAt < 450, "the first heartbeat confirms well before the first expiry (600 ms)");
+    assert.ok((beats[1] as number) - (beats[0] as number) > 700, "then the lease's third (1 s), not a third of 600 ms");
+    assert.equal(worker.stats.completed, 1);
+    assert.equal(worker.stats.leaseLost, 0);
+  });
+
+  test("a task reported before its first heartbeat sends none", async () => {
+    const fake = new FakeServer();
+    fake.tasks.push(task({ leaseExpireTime: timestampFromMs(Date.now() + 2_000) } as never));
+    await serveOn(fake, () => "done", () => fake.requests("CompleteTask").length === 1);
+    await sleep(500);
+    assert.equal(fake.requests("Heartbeat").length, 0);
+  });
+
+  test("firstHeartbeatDelayMs", () => {
+    const now = 1_000_000;
+    const expiring = (inMs: number) => ({ leaseExpireTime: timestampFromMs(now + inMs) });
+    assert.equal(firstHeartbeatDelayMs({ leaseExpireTime: undefined }, 10_000, now), 10_000, "no first expiry: the interval");
+    assert.equal(firstHeartbeatDelayMs(expiring(6_000), 10_000, now), 2_000, "a third of the way");
+    assert.equal(firstHeartbeatDelayMs(expiring(60_000), 10_000, now), 10_000, "the interval when sooner");
+    assert.equal(firstHeartbeatDelayMs(expiring(-3_000), 10_000, now), 500, "already past (clocks apart): soon");
+    assert.equal(firstHeartbeatDelayMs(expiring(-3_000), 200, now), 200, "never later than the interval");
   });
 
   test("the attempt's deadline aborts the signal and fails the attempt with TIMEOUT", async () => {
