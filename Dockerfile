@@ -1,6 +1,10 @@
 # The composer binary in a small image (used by docker-compose.yml).
 # The dashboard is built first: the release build embeds dashboard/dist.
 FROM node:22-bookworm-slim AS dashboard
+# the dashboard uses the TypeScript SDK by path: build it first
+WORKDIR /src/sdks/typescript
+COPY sdks/typescript/ ./
+RUN npm ci && npx tsc -p tsconfig.json
 WORKDIR /src/dashboard
 COPY dashboard/package.json dashboard/package-lock.json ./
 RUN npm ci

@@ -21,7 +21,8 @@ dashboard: ## build the browser dashboard into dashboard/dist (needs npm; skippe
 	  echo "dashboard: no dashboard/package.json yet, skipped (the server serves a page saying so)"; \
 	elif ! command -v npm >/dev/null; then \
 	  echo "dashboard: npm not found, skipped (the server serves a page saying how to build it)"; \
-	else cd dashboard && npm ci && npm run build; fi
+	else (cd sdks/typescript && npm ci --no-audit --no-fund && npx tsc -p tsconfig.json) && \
+	  cd dashboard && npm ci --no-audit --no-fund && npm run build; fi
 
 dev: build ## run Composer: private Postgres + Redis, the server, the example worker; Ctrl-C stops all
 	scripts/dev.sh $(ARGS)
@@ -32,6 +33,7 @@ test: setup ## every test in every language (what CI runs)
 	scripts/with-services.sh .tools/venv-sdk-python/bin/python -m pytest -q -p no:cacheprovider sdks/python/tests/integration
 	COMPOSER_BIN=$(CURDIR)/target/debug/composer scripts/test-go-sdk.sh
 	COMPOSER_BIN=$(CURDIR)/target/debug/composer scripts/test-ts-sdk.sh
+	COMPOSER_BIN=$(CURDIR)/target/debug/composer scripts/test-dashboard.sh
 	scripts/check-engine-purity.sh
 	BENCH_APPEND=0 bench/run.sh quick
 

@@ -46,7 +46,9 @@ export function bigDefinition(target: number): Json {
     edges.push({ from: pick, to: wait, when: "input.wait == true" });
     previous = pick;
   }
-  return { name: "bench", nodes: nodes.slice(0, target), edges: edges.filter((e) => nodes.slice(0, target).some((n) => n["id"] === e["to"])) };
+  const kept = nodes.slice(0, target);
+  const ids = new Set(kept.map((n) => n["id"]));
+  return { name: "bench", nodes: kept, edges: edges.filter((e) => ids.has(e["from"] ?? null) && ids.has(e["to"] ?? null)) };
 }
 
 const nextFrame = (): Promise<void> => new Promise((r) => requestAnimationFrame(() => setTimeout(r, 0)));

@@ -55,6 +55,11 @@ export function errorText(error: unknown): string {
   return `${e.code}: ${e.rawMessage}${violations ? ` (${violations})` : ""}`;
 }
 
+/** The server's own message of a failed call. */
+export function rawMessage(error: unknown): string {
+  return toComposerError(error).rawMessage;
+}
+
 export function isUnauthenticatedError(error: unknown): boolean {
   return toComposerError(error).code === "UNAUTHENTICATED";
 }

@@ -20,6 +20,7 @@ export function duration(start: Date | null, end: Date | null, now = new Date())
   return `${Math.floor(ms / 3_600_000)} h ${Math.floor((ms % 3_600_000) / 60_000)} m`;
 }
 
+/** The end of a run id: UUIDv7 ids start with their creation time, so their ends tell them apart. */
 export function shortId(id: string): string {
-  return id.length > 13 ? `${id.slice(0, 8)}…${id.slice(-4)}` : id;
+  return id.length > 13 ? `…${id.slice(-12)}` : id;
 }

@@ -2,7 +2,7 @@
 import { useCallback, useEffect, useRef, useState } from "react";
 import type { HistoryEvent, Run } from "@composer-dev/composer/web";
 
-import { errorText, isUnauthenticatedError } from "./api";
+import { errorText, isUnauthenticatedError, rawMessage } from "./api";
 import { useApp } from "./context";
 
 export interface Loaded<T> {
@@ -14,11 +14,9 @@ export interface Loaded<T> {
 
 /**
  * Loads with `load` when `key` changes, and again every `intervalMs` while `live` (a slow answer
- * is never overlapped by the next poll). The last data stays shown while the next loads. An
- * UNAUTHENTICATED answer ends the session.
+ * is never overlapped by the next poll). The last data stays shown while the next loads.
  */
 export function usePolled<T>(load: (signal: AbortSignal) => Promise<T>, key: string, options: { live?: boolean; intervalMs?: number } = {}): Loaded<T> {
-  const { expire } = useApp();
   const [data, setData] = useState<T | null>(null);
   const [error, setError] = useState<string | null>(null);
   const [loading, setLoading] = useState(true);
@@ -39,7 +37,8 @@ export function usePolled<T>(load: (signal: AbortSignal) => Promise<T>, key: str
         setError(null);
       } catch (e) {
         if (controller.signal.aborted) return;
-        if (isUnauthenticatedError(e)) return expire(errorText(e));
+        // the client's interceptor has already sent the user back to log in
+        if (isUnauthenticatedError(e)) return;
         setError(errorText(e));
       } finally {
         if (!controller.signal.aborted) setLoading(false);
@@ -51,7 +50,7 @@ export function usePolled<T>(load: (signal: AbortSignal) => Promise<T>, key: str
       controller.abort();
       clearTimeout(timer);
     };
-  }, [key, tick, live, intervalMs, expire]);
+  }, [key, tick, live, intervalMs]);
 
   const reload = useCallback(() => setTick((t) => t + 1), []);
   return { data, error, loading, reload };
@@ -71,7 +70,8 @@ export function useWatchedRun(runId: string): { run: Run | null; error: string |
         for await (const snapshot of client.watchRun(runId, { signal: controller.signal })) setRun(snapshot);
       } catch (e) {
         if (controller.signal.aborted) return;
-        if (isUnauthenticatedError(e)) return expire(errorText(e));
+        // a stream's error reaches no interceptor: end the session here
+        if (isUnauthenticatedError(e)) return expire(rawMessage(e));
         setError(errorText(e));
       }
     })();

@@ -34,7 +34,7 @@ output: "\${nodes.done.output}"
   await expect(form.getByRole("alert")).toContainText("not valid JSON");
   await form.getByLabel("Payload (JSON)").fill('{"ok": true, "by": "ada"}');
   await form.getByRole("button", { name: "Send event" }).click();
-  await expect(form.getByRole("status")).toContainText("approved delivered");
+  await expect(page.getByRole("region", { name: "Actions" }).getByRole("status")).toHaveText("Event approved delivered");
 
   await expect(graphNode(page, "approval")).toHaveAttribute("data-status", "COMPLETED");
   await expect(graphNode(page, "done")).toHaveAttribute("data-status", "COMPLETED");

@@ -67,8 +67,8 @@ nodes:
 test("a namespace's token never shows another namespace's runs; an admin switches namespace", async ({ page }) => {
   const check = guardPage(page);
   const s = hex();
-  const inA = await stack.client(stack.token("admin", { namespace: `a-${s}` }));
-  const inB = await stack.client(stack.token("admin", { namespace: `b-${s}` }));
+  const inA = stack.client(stack.token("admin", { namespace: `a-${s}` }));
+  const inB = stack.client(stack.token("admin", { namespace: `b-${s}` }));
   await inA.registerWorkflow(workflow(`alpha-${s}`, `qa-${s}`));
   await inB.registerWorkflow(workflow(`beta-${s}`, `qb-${s}`));
   const runA = await inA.startRun(`alpha-${s}`, {}, { idempotencyKey: `key-a-${s}` });

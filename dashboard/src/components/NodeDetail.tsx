@@ -20,6 +20,9 @@ interface Props {
   onClose: () => void;
 }
 
+/** Node kinds whose `input` is handed on (to a worker, a snippet or a child run). */
+const TAKES_INPUT = new Set<GraphNode["kind"]>(["TASK", "CODE", "SUB_WORKFLOW", "MAP"]);
+
 interface Attempt {
   attempt: number;
   events: HistoryEvent[];
@@ -98,6 +101,12 @@ export function NodeDetail({ run, node, view, history, onClose }: Props) {
         <>
           <h3>Output</h3>
           <JsonBlock value={state.output} label="Node output" />
+        </>
+      ) : null}
+      {TAKES_INPUT.has(node.kind) ? (
+        <>
+          <h3>Input, as defined</h3>
+          {node.input !== null ? <JsonBlock value={node.input} label="Node input as defined" /> : <p className="sub">The run's input.</p>}
         </>
       ) : null}
       {attempts.length > 0 ? (

@@ -32,11 +32,13 @@ export function RunActions({ run, graph, onResumed }: Props) {
   const [confirmCancel, setConfirmCancel] = useState(false);
   const [reason, setReason] = useState("");
   const [busy, setBusy] = useState(false);
+  // what the last action did; kept here, as the form that did it may be gone once the run moved on
+  const [done, setDone] = useState<string | null>(null);
   const active = ACTIVE.has(run.status);
   const canCancel = session.can.cancelRun && active;
   const canRetry = session.can.retryRun && run.status === "FAILED";
   const canSend = session.can.sendEvent && active;
-  if (!canCancel && !canRetry && !canSend) return null;
+  if (!canCancel && !canRetry && !canSend && !done) return null;
 
   const act = async (what: () => Promise<unknown>): Promise<void> => {
     setBusy(true);
@@ -54,7 +56,18 @@ export function RunActions({ run, graph, onResumed }: Props) {
     <section className="panel actions" aria-label="Actions">
       <div className="action-row">
         {canRetry ? (
-          <button type="button" className="primary" disabled={busy} onClick={() => void act(async () => (await client.retryRun(run.runId), onResumed()))}>
+          <button
+            type="button"
+            className="primary"
+            disabled={busy}
+            onClick={() =>
+              void act(async () => {
+                await client.retryRun(run.runId);
+                setDone("Run resumed from its failed nodes");
+                onResumed();
+              })
+            }
+          >
             Retry from failed nodes
           </button>
         ) : null}
@@ -72,6 +85,7 @@ export function RunActions({ run, graph, onResumed }: Props) {
             void act(async () => {
               await client.cancelRun(run.runId, reason.trim());
               setConfirmCancel(false);
+              setDone("Run cancelled");
             });
           }}
         >
@@ -87,18 +101,22 @@ export function RunActions({ run, graph, onResumed }: Props) {
           </button>
         </form>
       ) : null}
-      {canSend ? <SendEventForm run={run} offered={awaitedEvents(run, graph)} /> : null}
+      {canSend ? <SendEventForm run={run} offered={awaitedEvents(run, graph)} onSent={setDone} /> : null}
+      {done ? (
+        <p className="sub" role="status">
+          {done}
+        </p>
+      ) : null}
       <ErrorBanner error={error} />
     </section>
   );
 }
 
-function SendEventForm({ run, offered }: { run: Run; offered: string[] }) {
+function SendEventForm({ run, offered, onSent }: { run: Run; offered: string[]; onSent: (what: string) => void }) {
   const { client } = useApp();
   const [name, setName] = useState("");
   const [payload, setPayload] = useState("{}");
   const [problem, setProblem] = useState<string | null>(null);
-  const [sent, setSent] = useState<string | null>(null);
   const chosen = name || offered[0] || "";
 
   const submit = async (event: FormEvent): Promise<void> => {
@@ -109,7 +127,7 @@ function SendEventForm({ run, offered }: { run: Run; offered: string[] }) {
     setProblem(null);
     try {
       const delivery = await client.sendEvent(chosen, parsed.value, { runId: run.runId });
-      setSent(delivery.deliveredRunIds.length > 0 ? `${chosen} delivered` : `${chosen} kept until the run waits for it`);
+      onSent(delivery.deliveredRunIds.length > 0 ? `Event ${chosen} delivered` : `Event ${chosen} kept until the run waits for it`);
     } catch (e) {
       setProblem(errorText(e));
     }
@@ -129,11 +147,6 @@ function SendEventForm({ run, offered }: { run: Run; offered: string[] }) {
       </div>
       <JsonInput id="event-payload" label="Payload (JSON)" value={payload} onChange={setPayload} problems={problem} rows={3} />
       <button type="submit">Send event</button>
-      {sent ? (
-        <p className="sub" role="status">
-          {sent}
-        </p>
-      ) : null}
     </form>
   );
 }

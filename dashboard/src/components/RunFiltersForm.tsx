@@ -80,7 +80,7 @@ export function RunFiltersForm({ value, workflows, showStatus, onChange }: Props
       ...value,
       statuses: showStatus ? (status ? [status as RunStatus] : []) : value.statuses,
       workflow: workflow.trim(),
-      version: Number(version) || 0,
+      version: workflow.trim() ? Number(version) || 0 : 0,
       labels: parseLabels(labels),
       createdAfter: after ? new Date(after) : null,
       createdBefore: before ? new Date(before) : null,
@@ -128,7 +128,8 @@ export function RunFiltersForm({ value, workflows, showStatus, onChange }: Props
       </div>
       <div className="field narrow">
         <label htmlFor="f-version">Version</label>
-        <input id="f-version" type="number" min={0} value={version} onChange={(e) => setVersion(e.target.value)} placeholder="any" />
+        {/* a version means nothing without its workflow (the server requires both) */}
+        <input id="f-version" type="number" min={0} value={workflow ? version : ""} onChange={(e) => setVersion(e.target.value)} placeholder="any" disabled={!workflow.trim()} />
       </div>
       <div className="field">
         <label htmlFor="f-labels">Labels</label>

@@ -3,7 +3,7 @@
 import type { KeyboardEvent } from "react";
 import type { Run } from "@composer-dev/composer/web";
 
-import { duration, shortId, time } from "../format";
+import { duration, time } from "../format";
 import { Link, runPath, workflowPath } from "../router";
 import { StatusBadge } from "./common";
 
@@ -59,8 +59,8 @@ export function RunsTable({ runs, caption, selection, showError = false }: Props
               </td>
             ) : null}
             <td>
-              <Link className="run-link mono" href={runPath(run.runId)} title={run.runId}>
-                {shortId(run.runId)}
+              <Link className="run-link mono" href={runPath(run.runId)}>
+                {run.runId}
               </Link>
               {run.idempotencyKey ? <div className="sub mono">{run.idempotencyKey}</div> : null}
             </td>

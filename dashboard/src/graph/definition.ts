@@ -28,6 +28,8 @@ export interface GraphNode {
   workflow: string;
   /** Named by some node's `compensate`: has no edges, runs only when compensating. */
   compensation: boolean;
+  /** The node's `input` as written (expressions unevaluated); null when it takes the run's input. */
+  input: Json;
 }
 
 export interface GraphEdge {
@@ -91,6 +93,7 @@ export function graphOf(definition: Json): WorkflowGraph {
       event: text(n["event"]),
       workflow: text(n["workflow"]),
       compensation: compensations.has(id),
+      input: (n["input"] ?? null) as Json,
     };
   });
   const edges = rawEdges.map(

@@ -16,7 +16,7 @@ import { useHistory, usePolled, useWatchedRun } from "../hooks";
 import { Link, runPath, workflowPath } from "../router";
 
 export function RunPage({ runId }: { runId: string }) {
-  const { client } = useApp();
+  const { client, session } = useApp();
   const { run, error, restart } = useWatchedRun(runId);
   const [selected, setSelected] = useState<string | null>(null);
   const workflowKey = run ? `${run.workflowName}@${run.workflowVersion}` : "";
@@ -85,6 +85,11 @@ export function RunPage({ runId }: { runId: string }) {
             </>
           ) : null}
         </dl>
+        {session.can.startRun ? (
+          <p>
+            <Link href={workflowPath(run.workflowName, run.workflowVersion)}>Start another run of this workflow</Link>
+          </p>
+        ) : null}
         <ErrorBanner error={error} />
       </section>
       <RunActions run={run} graph={graph} onResumed={restart} />
