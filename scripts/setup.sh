@@ -3,7 +3,8 @@
 # Idempotent and quick when everything is there. Reaches only Debian's
 # packages, crates.io, the npm registry, the Go module proxy and PyPI.
 #
-#   postgresql, redis-server   apt-get (as root; otherwise prints the command)
+#   postgresql, redis-server,  apt-get (as root; otherwise prints the command);
+#   chromium                   chromium drives the browser tests (no download)
 #   rustfmt, clippy            rustup components
 #   buf, codegen plugins       scripts/install-codegen-tools.sh (into .tools/)
 #   grpcurl                    go install (into .tools/bin)
@@ -22,6 +23,7 @@ have_postgres() {
 missing_packages=()
 have_postgres || missing_packages+=(postgresql)
 command -v redis-server >/dev/null 2>&1 || missing_packages+=(redis-server)
+[[ -x ${CHROMIUM_PATH:-/usr/bin/chromium} ]] || missing_packages+=(chromium)
 command -v pgbench >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/pgbench' >/dev/null ||
   missing_packages+=(postgresql-contrib)
 if ((${#missing_packages[@]})); then
