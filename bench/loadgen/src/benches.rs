@@ -171,7 +171,7 @@ impl Ctx {
         if exists {
             sqlx::query(
                 "TRUNCATE runs, run_nodes, tasks, timers, event_waits, pending_events, \
-                 run_inbox, outbox, run_events, idempotency_keys",
+                 run_inbox, outbox, run_events, idempotency_keys, run_trees",
             )
             .execute(&self.db)
             .await?;
