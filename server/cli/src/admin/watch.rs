@@ -1,0 +1,189 @@
+//! Following a run to its end over WatchRun (`run watch`, `run start
+//! --wait`): in a terminal a table of the run's nodes redrawn in place on
+//! each change; otherwise one line per change, so a log or a script can read
+//! it; with `-o json` one WatchRunResponse per line.
+
+use std::{collections::HashMap, io::IsTerminal, time::Duration};
+
+use composer_proto::v1::{NodeState, Run, RunStatus, WatchRunRequest, WatchRunResponse};
+
+use super::{
+    AdminError, Api, Format,
+    output::{Table, failure, node_status, print_json_line, print_text, run_status, time},
+};
+
+/// Streams that end before the run does, in a row, before giving up.
+const MAX_REOPENS: u32 = 5;
+
+/// True once the run has its final status.
+pub fn has_ended(run: &Run) -> bool {
+    matches!(
+        RunStatus::try_from(run.status),
+        Ok(RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled)
+    )
+}
+
+/// Calls `on_snapshot` with every snapshot of the run until it ends, and
+/// returns the last one. A stream that ends early (a server restarting) is
+/// opened again: it starts with the current snapshot, so nothing is missed.
+pub async fn follow(
+    api: &mut Api,
+    run_id: &str,
+    mut on_snapshot: impl FnMut(&WatchRunResponse) -> Result<(), AdminError>,
+) -> Result<Run, AdminError> {
+    let mut reopens = 0;
+    loop {
+        let mut stream = api
+            .runs
+            .watch_run(WatchRunRequest {
+                run_id: run_id.to_owned(),
+            })
+            .await?
+            .into_inner();
+        while let Some(snapshot) = stream.message().await? {
+            reopens = 0;
+            on_snapshot(&snapshot)?;
+            if let Some(run) = snapshot.run.filter(has_ended) {
+                return Ok(run);
+            }
+        }
+        reopens += 1;
+        if reopens > MAX_REOPENS {
+            return Err(AdminError::from(tonic::Status::unavailable(
+                "the server keeps closing the watch before the run ends",
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200 * u64::from(reopens))).await;
+    }
+}
+
+/// The error a script sees for a run that ended without completing.
+pub fn outcome(run: &Run) -> Result<(), AdminError> {
+    match RunStatus::try_from(run.status) {
+        Ok(RunStatus::Failed | RunStatus::Cancelled) => Err(AdminError::RunNotCompleted {
+            run_id: run.run_id.clone(),
+            status: run_status(run.status),
+            reason: run.error.as_ref().map(|f| failure(Some(f))),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// `run watch`: prints the run as it changes; its outcome is the exit code.
+pub async fn watch(api: &mut Api, run_id: &str, format: Format) -> Result<(), AdminError> {
+    let mut view = View::new(format);
+    let run = follow(api, run_id, |snapshot| view.show(snapshot)).await?;
+    outcome(&run)
+}
+
+/// What has been shown so far.
+struct View {
+    format: Format,
+    terminal: bool,
+    /// Lines drawn by the last redraw (terminal).
+    drawn: usize,
+    /// The run status and each node's (status, attempt) last printed (lines).
+    run_status: i32,
+    nodes: HashMap<String, (i32, i32)>,
+}
+
+impl View {
+    fn new(format: Format) -> Self {
+        Self {
+            format,
+            terminal: std::io::stdout().is_terminal(),
+            drawn: 0,
+            run_status: 0,
+            nodes: HashMap::new(),
+        }
+    }
+
+    fn show(&mut self, snapshot: &WatchRunResponse) -> Result<(), AdminError> {
+        let Some(run) = &snapshot.run else {
+            return Ok(());
+        };
+        match (self.format, self.terminal) {
+            (Format::Json, _) => print_json_line(snapshot),
+            (Format::Table, true) => self.redraw(run),
+            (Format::Table, false) => self.print_changes(run),
+        }
+    }
+
+    /// Moves the cursor back over the last drawing and draws the run again.
+    fn redraw(&mut self, run: &Run) -> Result<(), AdminError> {
+        let text = format!("{}\n{}", headline(run), node_table(&run.nodes));
+        let rewind = match self.drawn {
+            0 => String::new(),
+            lines => format!("\x1b[{lines}A\x1b[J"),
+        };
+        self.drawn = text.lines().count();
+        print_text(&format!("{rewind}{text}"))
+    }
+
+    /// Prints one line per node whose status or attempt changed, and one
+    /// when the run's status changes.
+    fn print_changes(&mut self, run: &Run) -> Result<(), AdminError> {
+        let mut text = String::new();
+        for node in &run.nodes {
+            let now = (node.status, node.attempt);
+            if self.nodes.insert(node.node_id.clone(), now) != Some(now) {
+                text.push_str(&change_line(node));
+            }
+        }
+        if run.status != self.run_status {
+            self.run_status = run.status;
+            text.push_str(&format!("{}\n", headline(run)));
+        }
+        print_text(&text)
+    }
+}
+
+fn headline(run: &Run) -> String {
+    let error = failure(run.error.as_ref());
+    let mut line = format!(
+        "run {} {} v{} {}",
+        run.run_id,
+        run.workflow_name,
+        run.workflow_version,
+        run_status(run.status)
+    );
+    if !error.is_empty() {
+        line.push_str(&format!(" ({error})"));
+    }
+    line
+}
+
+fn change_line(node: &NodeState) -> String {
+    let error = failure(node.error.as_ref());
+    format!(
+        "node {} {} {} attempt {}{}\n",
+        node.node_id,
+        node.node_type,
+        node_status(node.status),
+        node.attempt,
+        if error.is_empty() {
+            String::new()
+        } else {
+            format!(" ({error})")
+        }
+    )
+}
+
+/// The nodes of a run as a table (`run get`, `run watch`).
+pub fn node_table(nodes: &[NodeState]) -> String {
+    let mut table = Table::new(&[
+        "NODE", "TYPE", "STATUS", "ATTEMPT", "STARTED", "ENDED", "ERROR",
+    ]);
+    for node in nodes {
+        table.row(vec![
+            node.node_id.clone(),
+            node.node_type.clone(),
+            node_status(node.status).to_owned(),
+            node.attempt.to_string(),
+            time(node.start_time.as_ref()),
+            time(node.end_time.as_ref()),
+            super::output::shorten(&failure(node.error.as_ref()), 60),
+        ]);
+    }
+    table.render()
+}
