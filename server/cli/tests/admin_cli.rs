@@ -2,7 +2,7 @@
 //! binary run as a subprocess with `--address`, its output read in both
 //! formats and its exit codes checked against the documented table.
 
-use std::{path::PathBuf, process::Stdio, time::Duration};
+use std::{path::PathBuf, process::Stdio, sync::Arc, time::Duration};
 
 use composer_grpc::auth::{NewToken, SigningKey, mint};
 use composer_testkit::ServerProcess;
@@ -39,18 +39,25 @@ fn binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_composer"))
 }
 
-/// `composer <args> --address <server>`, with no connection settings
-/// inherited from the environment.
-fn composer(server: &ServerProcess, args: &[&str]) -> Command {
+/// `composer <args>` with no connection settings from the environment.
+fn bare(args: &[&str]) -> Command {
     let mut command = Command::new(binary());
     command
         .args(args)
-        .args(["--address", &server.url()])
         .env_remove("COMPOSER_ADDRESS")
         .env_remove("COMPOSER_TOKEN")
         .env_remove("COMPOSER_NAMESPACE")
+        .env_remove("COMPOSER_CA_CERT")
         .stdin(Stdio::null())
         .kill_on_drop(true);
+    command
+}
+
+/// `composer <args> --address <server>`, with no connection settings
+/// inherited from the environment.
+fn composer(server: &ServerProcess, args: &[&str]) -> Command {
+    let mut command = bare(args);
+    command.args(["--address", &server.url()]);
     command
 }
 
@@ -797,5 +804,95 @@ async fn completions_and_help_describe_the_cli() {
             .contains("1   the run ended FAILED or CANCELLED"),
         "{}",
         help.stdout
+    );
+}
+
+fn tls_fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tls")
+}
+
+/// A TLS endpoint in front of the server, as an ingress would be: it
+/// terminates TLS with a certificate for 127.0.0.1 from the test CA and
+/// passes the bytes on. Returns its `https://` address.
+async fn tls_proxy(server: &ServerProcess) -> (String, tokio::task::JoinHandle<()>) {
+    use tokio_rustls::{
+        TlsAcceptor,
+        rustls::{
+            ServerConfig,
+            crypto::aws_lc_rs,
+            pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject},
+        },
+    };
+    let certs = CertificateDer::pem_file_iter(tls_fixtures().join("server.pem"))
+        .expect("server.pem")
+        .collect::<Result<Vec<_>, _>>()
+        .expect("certificates");
+    let key = PrivateKeyDer::from_pem_file(tls_fixtures().join("server.key")).expect("key");
+    let mut config = ServerConfig::builder_with_provider(Arc::new(aws_lc_rs::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("certificate and key");
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = format!("https://{}", listener.local_addr().expect("addr"));
+    let backend = server.addr.clone();
+    let task = tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, backend) = (acceptor.clone(), backend.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(&backend).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut upstream).await;
+            });
+        }
+    });
+    (address, task)
+}
+
+#[tokio::test]
+async fn an_https_address_speaks_tls_and_trusts_a_private_ca_only_when_given() {
+    let server = insecure_server().await;
+    let (address, _proxy) = tls_proxy(&server).await;
+    let ca = tls_fixtures().join("ca.pem");
+    let ca = ca.to_str().expect("utf-8 path");
+
+    let trusted = finish(
+        bare(&[
+            "server",
+            "info",
+            "-o",
+            "json",
+            "--address",
+            &address,
+            "--ca-cert",
+            ca,
+        ]),
+        None,
+    )
+    .await
+    .ok()
+    .json();
+    assert_eq!(
+        trusted["protocol_version"],
+        composer_proto::PROTOCOL_VERSION
+    );
+    let mut from_env = bare(&["workflow", "list", "--address", &address]);
+    from_env.env("COMPOSER_CA_CERT", ca);
+    finish(from_env, None).await.ok();
+
+    let untrusted = finish(bare(&["server", "info", "--address", &address]), None).await;
+    assert_eq!(untrusted.code, 24, "UNAVAILABLE: {untrusted:?}");
+    assert!(
+        untrusted.stderr.contains("certificate"),
+        "the reason names the certificate: {untrusted:?}"
     );
 }

@@ -1,7 +1,7 @@
 //! The connection every admin command makes: one channel to `--address`,
 //! with the token and namespace sent on every call.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
 use clap::Args;
 use composer_grpc::auth::NAMESPACE_HEADER;
@@ -13,7 +13,7 @@ use tonic::{
     Request, Status,
     metadata::AsciiMetadataValue,
     service::{Interceptor, interceptor::InterceptedService},
-    transport::{Channel, Endpoint},
+    transport::{Certificate, Channel, ClientTlsConfig, Endpoint},
 };
 
 use super::AdminError;
@@ -27,9 +27,15 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 /// Where the server is and who the caller is.
 #[derive(Debug, Clone, Args)]
 pub struct ConnectArgs {
-    /// The server's gRPC address, e.g. `http://composer.internal:7070`.
+    /// The server's gRPC address, e.g. `http://composer.internal:7070`;
+    /// `https://` speaks TLS, checked against the system's roots.
     #[arg(long, env = "COMPOSER_ADDRESS", default_value = DEFAULT_ADDRESS)]
     pub address: String,
+
+    /// A PEM file of CA certificates to trust for an `https://` address,
+    /// besides the system's (a private CA).
+    #[arg(long, env = "COMPOSER_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
 
     /// A token (JWT) sent as `authorization: Bearer <token>`; `composer
     /// token` mints one. Not needed by a server started with `--insecure`.
@@ -80,9 +86,15 @@ impl Api {
     pub async fn connect(args: &ConnectArgs) -> Result<Self, AdminError> {
         let metadata = call_metadata(args)?;
         let address = with_scheme(&args.address)?;
-        let channel = Endpoint::from_shared(address.clone())
+        let mut endpoint = Endpoint::from_shared(address.clone())
             .map_err(|e| AdminError::Usage(format!("--address `{}`: {e}", args.address)))?
-            .connect_timeout(Duration::from_secs(10))
+            .connect_timeout(Duration::from_secs(10));
+        if address.starts_with("https://") {
+            endpoint = endpoint
+                .tls_config(tls(args)?)
+                .map_err(|e| AdminError::Usage(format!("--address `{address}`: {e}")))?;
+        }
+        let channel = endpoint
             .connect()
             .await
             .map_err(|e| AdminError::Unreachable {
@@ -129,18 +141,26 @@ fn call_metadata(args: &ConnectArgs) -> Result<CallMetadata, AdminError> {
     })
 }
 
-/// `host:port` means `http://host:port`; TLS is not built in.
+/// `host:port` means `http://host:port`.
 fn with_scheme(address: &str) -> Result<String, AdminError> {
-    if address.starts_with("https://") {
-        return Err(AdminError::Usage(format!(
-            "--address `{address}`: this build speaks plaintext HTTP/2 only; \
-             reach a TLS server through a local proxy or tunnel"
-        )));
+    match address.split_once("://") {
+        Some(("http" | "https", _)) => Ok(address.to_owned()),
+        Some((scheme, _)) => Err(AdminError::Usage(format!(
+            "--address `{address}`: the scheme must be http or https, not {scheme}"
+        ))),
+        None => Ok(format!("http://{address}")),
     }
-    if address.contains("://") {
-        return Ok(address.to_owned());
-    }
-    Ok(format!("http://{address}"))
+}
+
+/// The system's roots, and `--ca-cert` if given.
+fn tls(args: &ConnectArgs) -> Result<ClientTlsConfig, AdminError> {
+    let config = ClientTlsConfig::new().with_native_roots();
+    let Some(path) = &args.ca_cert else {
+        return Ok(config);
+    };
+    let pem = std::fs::read(path)
+        .map_err(|e| AdminError::local(format!("--ca-cert {}", path.display()), e))?;
+    Ok(config.ca_certificate(Certificate::from_pem(pem)))
 }
 
 /// The innermost cause (e.g. `Connection refused`), not tonic's wrapper.
@@ -157,7 +177,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_address_without_a_scheme_is_plain_http_and_https_is_refused() {
+    fn an_address_without_a_scheme_is_plain_http_and_other_schemes_are_refused() {
         assert_eq!(
             with_scheme("127.0.0.1:7070").ok().as_deref(),
             Some("http://127.0.0.1:7070")
@@ -166,8 +186,12 @@ mod tests {
             with_scheme("http://h:1").ok().as_deref(),
             Some("http://h:1")
         );
+        assert_eq!(
+            with_scheme("https://h:1").ok().as_deref(),
+            Some("https://h:1")
+        );
         assert!(matches!(
-            with_scheme("https://h:1"),
+            with_scheme("ftp://h:1"),
             Err(AdminError::Usage(_))
         ));
     }
