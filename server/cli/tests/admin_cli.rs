@@ -896,3 +896,49 @@ async fn an_https_address_speaks_tls_and_trusts_a_private_ca_only_when_given() {
         "the reason names the certificate: {untrusted:?}"
     );
 }
+
+#[tokio::test]
+async fn watch_outlives_a_server_restart_and_still_sees_the_run_end() {
+    let database = composer_testkit::fresh_database().await;
+    let redis = composer_testkit::fresh_redis_url();
+    let mut server = ServerProcess::start_with(&binary(), &database, &redis, &[]).await;
+    let address = server.addr.clone();
+    finish(
+        composer(&server, &["workflow", "register", "-"]),
+        Some(APPROVAL),
+    )
+    .await
+    .ok();
+    let run_id = start(&server, "approval").await;
+
+    let mut watch = spawn(&mut composer(&server, &["run", "watch", &run_id]));
+    let mut lines = BufReader::new(watch.stdout.take().expect("stdout")).lines();
+    while let Some(line) = lines.next_line().await.expect("read watch") {
+        if line.starts_with("node approved WAIT_FOR_EVENT WAITING") {
+            break;
+        }
+    }
+    server.kill().await;
+    let restarted = ServerProcess::start_on(&binary(), &address, &database, &redis, &[]).await;
+    cli(&restarted, &["run", "send-event", "approve", &run_id])
+        .await
+        .ok();
+    let mut rest = Vec::new();
+    while let Some(line) = lines.next_line().await.expect("read watch") {
+        rest.push(line);
+    }
+    let status = tokio::time::timeout(Duration::from_secs(60), watch.wait())
+        .await
+        .expect("watch ends")
+        .expect("watch exits");
+    let mut errors = String::new();
+    if let Some(mut stderr) = watch.stderr.take() {
+        let _ = tokio::io::AsyncReadExt::read_to_string(&mut stderr, &mut errors).await;
+    }
+    assert_eq!(status.code(), Some(0), "{rest:#?}\n{errors}");
+    assert_eq!(
+        rest.last(),
+        Some(&format!("run {run_id} approval v1 COMPLETED")),
+        "{rest:#?}"
+    );
+}

@@ -6,14 +6,16 @@
 use std::{collections::HashMap, io::IsTerminal, time::Duration};
 
 use composer_proto::v1::{NodeState, Run, RunStatus, WatchRunRequest, WatchRunResponse};
+use tonic::{Code, Status};
 
 use super::{
     AdminError, Api, Format,
     output::{Table, failure, node_status, print_json_line, print_text, run_status, time},
 };
 
-/// Streams that end before the run does, in a row, before giving up.
-const MAX_REOPENS: u32 = 5;
+/// Times in a row the watch may be cut, with no snapshot between, before
+/// giving up (about 15 s of back-off: a server restarting behind its address).
+const MAX_REOPENS: u32 = 10;
 
 /// True once the run has its final status.
 pub fn has_ended(run: &Run) -> bool {
@@ -24,8 +26,9 @@ pub fn has_ended(run: &Run) -> bool {
 }
 
 /// Calls `on_snapshot` with every snapshot of the run until it ends, and
-/// returns the last one. A stream that ends early (a server restarting) is
-/// opened again: it starts with the current snapshot, so nothing is missed.
+/// returns the last one. A watch cut before the end (the stream closed, or
+/// UNAVAILABLE while a server restarts) is opened again: it starts with the
+/// current snapshot, so nothing is missed.
 pub async fn follow(
     api: &mut Api,
     run_id: &str,
@@ -33,28 +36,58 @@ pub async fn follow(
 ) -> Result<Run, AdminError> {
     let mut reopens = 0;
     loop {
-        let mut stream = api
-            .runs
-            .watch_run(WatchRunRequest {
-                run_id: run_id.to_owned(),
-            })
-            .await?
-            .into_inner();
-        while let Some(snapshot) = stream.message().await? {
-            reopens = 0;
-            on_snapshot(&snapshot)?;
-            if let Some(run) = snapshot.run.filter(has_ended) {
-                return Ok(run);
-            }
-        }
-        reopens += 1;
+        let cut = match watch_once(api, run_id, &mut on_snapshot).await {
+            Ok(Watched::Ended(run)) => return Ok(*run),
+            Ok(Watched::Cut { progressed }) => (progressed, None),
+            Err(AdminError::Rpc(status)) if is_transport_failure(&status) => (false, Some(status)),
+            Err(error) => return Err(error),
+        };
+        reopens = if cut.0 { 1 } else { reopens + 1 };
         if reopens > MAX_REOPENS {
-            return Err(AdminError::from(tonic::Status::unavailable(
-                "the server keeps closing the watch before the run ends",
+            return Err(AdminError::from(cut.1.map_or_else(
+                || Status::unavailable("the server keeps closing the watch before the run ends"),
+                |status| *status,
             )));
         }
-        tokio::time::sleep(Duration::from_millis(200 * u64::from(reopens))).await;
+        tokio::time::sleep(Duration::from_millis(250 * u64::from(reopens.min(8)))).await;
     }
+}
+
+/// UNAVAILABLE, or a status made here from a broken connection (a server
+/// killed mid-stream is `UNKNOWN: h2 protocol error`), not one a server sent.
+fn is_transport_failure(status: &Status) -> bool {
+    status.code() == Code::Unavailable || std::error::Error::source(status).is_some()
+}
+
+/// How one WatchRun call ended.
+enum Watched {
+    /// The run reached its final status.
+    Ended(Box<Run>),
+    /// The stream closed first; `progressed` if it brought any snapshot.
+    Cut { progressed: bool },
+}
+
+async fn watch_once(
+    api: &mut Api,
+    run_id: &str,
+    on_snapshot: &mut impl FnMut(&WatchRunResponse) -> Result<(), AdminError>,
+) -> Result<Watched, AdminError> {
+    let mut stream = api
+        .runs
+        .watch_run(WatchRunRequest {
+            run_id: run_id.to_owned(),
+        })
+        .await?
+        .into_inner();
+    let mut progressed = false;
+    while let Some(snapshot) = stream.message().await? {
+        progressed = true;
+        on_snapshot(&snapshot)?;
+        if let Some(run) = snapshot.run.filter(has_ended) {
+            return Ok(Watched::Ended(Box::new(run)));
+        }
+    }
+    Ok(Watched::Cut { progressed })
 }
 
 /// The error a script sees for a run that ended without completing.
