@@ -119,6 +119,9 @@ pub struct ListArgs {
     /// Only child runs of this run.
     #[arg(long, default_value = "", hide_default_value = true)]
     pub parent: String,
+    /// Only runs created within this long before now, e.g. `90s`, `15m`, `24h`.
+    #[arg(long, value_parser = crate::config::parse_duration)]
+    pub since: Option<std::time::Duration>,
     #[command(flatten)]
     pub page: PageArgs,
     #[command(flatten)]
@@ -303,6 +306,7 @@ async fn list(args: ListArgs) -> Result<(), AdminError> {
             .collect(),
         labels: args.labels.into_iter().collect::<HashMap<_, _>>(),
         parent_run_id: args.parent,
+        create_time_after: args.since.map(ago),
         ..Default::default()
     };
     let mut all = ListRunsResponse {
@@ -342,6 +346,14 @@ async fn list(args: ListArgs) -> Result<(), AdminError> {
     }
     print_text(&table.render())?;
     more(&all.next_page_token)
+}
+
+/// The time `duration` before now.
+fn ago(duration: std::time::Duration) -> prost_types::Timestamp {
+    let then = std::time::SystemTime::now()
+        .checked_sub(duration)
+        .unwrap_or(std::time::UNIX_EPOCH);
+    prost_types::Timestamp::from(then)
 }
 
 async fn history(args: HistoryArgs) -> Result<(), AdminError> {
