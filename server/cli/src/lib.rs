@@ -2,6 +2,7 @@
 //! services that `composer dev` and the test harness start. Wiring only: the
 //! behaviour lives in the layer crates.
 
+pub mod admin;
 pub mod auth;
 pub mod config;
 pub mod dev;

@@ -2,8 +2,13 @@
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+use clap_complete::Shell;
 use composer_cli::{
+    admin::{
+        self, EXIT_CODES_HELP, run::RunCommand, server::ServerCommand,
+        workflow::WorkflowCommand as RemoteWorkflowCommand,
+    },
     auth::{self, TokenArgs},
     config::{BackendArgs, LogFormat, ServerArgs},
     dev::{self, DevArgs},
@@ -15,7 +20,8 @@ use composer_cli::{
 #[command(
     name = "composer",
     version,
-    about = "Composer: a distributed workflow engine"
+    about = "Composer: a distributed workflow engine",
+    after_help = EXIT_CODES_HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -35,9 +41,21 @@ enum Command {
     Dev(DevArgs),
     /// Mint a token signed with the configured key.
     Token(TokenArgs),
-    /// Work with workflow definitions offline.
+    /// Work with workflow definitions: on a server, or offline (`test`).
     #[command(subcommand)]
     Workflow(WorkflowCommand),
+    /// Start, read and steer runs on a server.
+    #[command(subcommand)]
+    Run(RunCommand),
+    /// Ask a server about itself.
+    #[command(subcommand)]
+    Server(ServerCommand),
+    /// Print a shell completion script, e.g. `composer completions bash > /etc/bash_completion.d/composer`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
     /// Apply the database migrations and exit.
     Migrate {
         #[command(flatten)]
@@ -51,25 +69,43 @@ enum Command {
 enum WorkflowCommand {
     /// Run a workflow in the simulator with scripted outcomes; no server needed.
     Test(WorkflowTestArgs),
+    #[command(flatten)]
+    Remote(RemoteWorkflowCommand),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    if let Command::Token(args) = &cli.command {
-        return match auth::mint_token(args) {
+    match Cli::parse().command {
+        Command::Token(args) => match auth::mint_token(&args) {
             Ok(token) => {
                 println!("{token}");
                 ExitCode::SUCCESS
             }
             Err(error) => fail(&error),
-        };
-    }
-    if let Command::Workflow(WorkflowCommand::Test(args)) = &cli.command {
-        return match workflow_test::run(args) {
+        },
+        Command::Workflow(WorkflowCommand::Test(args)) => match workflow_test::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => fail(&error),
-        };
+        },
+        Command::Workflow(WorkflowCommand::Remote(command)) => {
+            admin::execute(admin::workflow::run(command))
+        }
+        Command::Run(command) => admin::execute(admin::run::run(command)),
+        Command::Server(command) => admin::execute(admin::server::run(command)),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "composer",
+                &mut std::io::stdout(),
+            );
+            ExitCode::SUCCESS
+        }
+        command => serve_or_migrate(command),
     }
+}
+
+/// The commands that run the server or touch its backends.
+fn serve_or_migrate(command: Command) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -78,7 +114,7 @@ fn main() -> ExitCode {
         Err(error) => return fail(&error),
     };
     let result: anyhow::Result<()> = runtime.block_on(async move {
-        match cli.command {
+        match command {
             Command::Serve { backend, server } => {
                 // refuse a server without authentication before touching anything
                 auth::auth_mode(&server.auth)?;
@@ -102,7 +138,11 @@ fn main() -> ExitCode {
                 logging::init(format, &args.server.log);
                 dev::run(args).await?;
             }
-            Command::Workflow(_) | Command::Token(_) => {}
+            Command::Workflow(_)
+            | Command::Token(_)
+            | Command::Run(_)
+            | Command::Server(_)
+            | Command::Completions { .. } => {}
             Command::Migrate { backend, server } => {
                 logging::init(server.log_format, &server.log);
                 serve::migrate(&backend, &server).await?;
