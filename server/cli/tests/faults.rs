@@ -1,14 +1,15 @@
 //! Fault injection: Redis wiped, the server killed, several servers, HTTP
 //! nodes against a flaky endpoint. Real processes, real Postgres and Redis.
 
+mod common;
+
 use std::{
     collections::{HashMap, HashSet},
-    path::PathBuf,
     sync::{Arc, Mutex},
     time::Duration,
 };
 
-use composer_cli::local_services::{LocalServices, LocalServicesOptions};
+use composer_cli::local_services::LocalServices;
 use composer_proto::v1::RunStatus;
 use composer_testkit::{
     ServerProcess,
@@ -21,9 +22,7 @@ use tokio::{
     net::TcpListener,
 };
 
-fn composer_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_composer"))
-}
+use common::composer_binary;
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -80,16 +79,8 @@ async fn redis_command(port: u16, command: &[u8]) -> String {
 
 #[tokio::test]
 async fn flushall_on_redis_in_the_middle_of_200_runs_loses_none() {
-    let services = LocalServices::start(LocalServicesOptions::default())
-        .await
-        .expect("private services");
-    let server = ServerProcess::start_with(
-        &composer_binary(),
-        &services.database_url,
-        &services.redis_url,
-        &["--lost-dispatch-grace", "2s"],
-    )
-    .await;
+    let (services, server) =
+        common::server_on_private_services(&["--lost-dispatch-grace", "2s"]).await;
     let mut client = TestClient::connect(&server.url()).await;
     client.register(PIPELINE).await;
     let worker = TestWorker::start(&server.url(), &["qf"], 4, 10, step).await;
@@ -323,16 +314,7 @@ fn children_of(parent: i32) -> Vec<i32> {
 #[tokio::test]
 async fn a_frozen_database_makes_calls_unavailable_by_the_server_not_the_callers_deadline() {
     use composer_proto::v1::{GetRunRequest, ListRunsRequest, StartRunRequest};
-    let services = LocalServices::start(LocalServicesOptions::default())
-        .await
-        .expect("private services");
-    let server = ServerProcess::start_with(
-        &composer_binary(),
-        &services.database_url,
-        &services.redis_url,
-        &["--db-timeout", "1s"],
-    )
-    .await;
+    let (services, server) = common::server_on_private_services(&["--db-timeout", "1s"]).await;
     let mut client = TestClient::connect(&server.url()).await;
     client.register(PIPELINE).await;
     let before = client.start("pipeline", json!({ "n": 1 })).await;

@@ -2,9 +2,10 @@
 //! for all of them, a limit on the distinct queues a namespace may have
 //! polled, and nothing left in Redis once the polls stop.
 
-use std::{path::PathBuf, time::Duration};
+mod common;
 
-use composer_cli::local_services::{LocalServices, LocalServicesOptions};
+use std::time::Duration;
+
 use composer_proto::v1::{PollTasksRequest, RunStatus, worker_service_client::WorkerServiceClient};
 use composer_testkit::{
     ServerProcess,
@@ -14,9 +15,7 @@ use composer_testkit::{
 use serde_json::json;
 use tonic::transport::Channel;
 
-fn composer_binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_composer"))
-}
+use common::composer_binary;
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -77,16 +76,7 @@ async fn poll(
 
 #[tokio::test]
 async fn a_thousand_polled_queues_share_one_reader_and_leave_no_stream_behind() {
-    let services = LocalServices::start(LocalServicesOptions::default())
-        .await
-        .expect("private services");
-    let server = ServerProcess::start_with(
-        &composer_binary(),
-        &services.database_url,
-        &services.redis_url,
-        &["--queue-idle", "1s"],
-    )
-    .await;
+    let (services, server) = common::server_on_private_services(&["--queue-idle", "1s"]).await;
     let mut client = TestClient::connect(&server.url()).await;
     let channel = Channel::from_shared(server.url())
         .expect("url")

@@ -18,6 +18,20 @@ fn composer_binary() -> PathBuf {
 const WAIT: Duration = Duration::from_secs(60);
 
 /// The real server (no tokens) and a client connected to it.
+/// Every run of the namespace (up to 1,000), newest first.
+async fn all_runs(client: &mut TestClient) -> Vec<composer_proto::v1::Run> {
+    client
+        .runs
+        .list_runs(composer_proto::v1::ListRunsRequest {
+            page_size: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("list")
+        .into_inner()
+        .runs
+}
+
 async fn server_and_client() -> (ServerProcess, TestClient) {
     let server = ServerProcess::start(&composer_binary(), &[]).await;
     let client = TestClient::connect(&server.url()).await;
@@ -784,16 +798,7 @@ async fn recursion_through_sub_workflows_stops_at_the_depth_limit() {
     let root = client.start("ping", json!({})).await;
     let run = client.wait_done(&root, WAIT).await;
     assert_eq!(run.status(), RunStatus::Failed, "{run:#?}");
-    let listed = client
-        .runs
-        .list_runs(composer_proto::v1::ListRunsRequest {
-            page_size: 1000,
-            ..Default::default()
-        })
-        .await
-        .expect("list")
-        .into_inner()
-        .runs;
+    let listed = all_runs(&mut client).await;
     assert_eq!(
         listed.len(),
         17,
@@ -835,16 +840,7 @@ async fn recursion_through_maps_of_workflows_stops_at_the_runs_per_tree_limit() 
     // every run the tree got ends; none starts after the root ended
     let mut listed = Vec::new();
     for _ in 0..100 {
-        listed = client
-            .runs
-            .list_runs(composer_proto::v1::ListRunsRequest {
-                page_size: 1000,
-                ..Default::default()
-            })
-            .await
-            .expect("list")
-            .into_inner()
-            .runs;
+        listed = all_runs(&mut client).await;
         if listed.iter().all(|r| r.end_time.is_some()) {
             break;
         }
@@ -857,16 +853,7 @@ async fn recursion_through_maps_of_workflows_stops_at_the_runs_per_tree_limit() 
         .any(|e| e.code == "RUN_TREE_TOO_LARGE" && e.message.contains("--max-runs-per-tree"));
     assert!(said_why, "a run says which limit stopped it: {listed:#?}");
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = client
-        .runs
-        .list_runs(composer_proto::v1::ListRunsRequest {
-            page_size: 1000,
-            ..Default::default()
-        })
-        .await
-        .expect("list")
-        .into_inner()
-        .runs;
+    let after = all_runs(&mut client).await;
     assert_eq!(after.len(), 40, "nothing grows after the root ended");
     // another tree has its own budget
     client
