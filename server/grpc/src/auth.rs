@@ -609,14 +609,26 @@ mod tests {
 
     #[test]
     fn a_page_served_by_this_host_is_its_own_origin() {
-        assert!(same_origin("http://127.0.0.1:7070", &host("127.0.0.1:7070")));
-        assert!(same_origin("https://Composer.example.com", &host("composer.example.com")));
+        assert!(same_origin(
+            "http://127.0.0.1:7070",
+            &host("127.0.0.1:7070")
+        ));
+        assert!(same_origin(
+            "https://Composer.example.com",
+            &host("composer.example.com")
+        ));
     }
 
     #[test]
     fn another_host_or_port_or_scheme_is_not() {
-        assert!(!same_origin("http://127.0.0.1:7071", &host("127.0.0.1:7070")));
-        assert!(!same_origin("http://evil.example", &host("composer.example.com")));
+        assert!(!same_origin(
+            "http://127.0.0.1:7071",
+            &host("127.0.0.1:7070")
+        ));
+        assert!(!same_origin(
+            "http://evil.example",
+            &host("composer.example.com")
+        ));
         assert!(!same_origin("null", &host("composer.example.com")));
         assert!(!same_origin("file://", &host("")));
         assert!(!same_origin("http://127.0.0.1:7070", &HeaderMap::new()));
