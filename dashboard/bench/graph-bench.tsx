@@ -68,7 +68,7 @@ async function main(): Promise<void> {
     const layout = layoutGraph(graph);
     const laidOut = performance.now();
     // some nodes done, some running: the colours a live run shows
-    const views = nodeViews(graph.nodes.slice(0, n / 2).map((node) => ({ nodeId: node.id, nodeType: node.type, status: "COMPLETED", attempt: 1, output: null, error: null, startTime: null, endTime: null })));
+    const views = nodeViews(graph.nodes.slice(0, n / 2).map((node) => ({ nodeId: node.id, nodeType: node.type, status: "COMPLETED", attempt: 1, output: null, error: null, startTime: null, endTime: null, input: null, workerId: "", leaseExpireTime: null })));
     flushSync(() => root.render(<WorkflowGraphView layout={layout} views={views} onSelect={() => undefined} label="bench" />));
     await nextFrame();
     runs.push({ layoutMs: laidOut - start, totalMs: performance.now() - start });

@@ -135,6 +135,9 @@ function runOf(r: WireRun): Run {
     error: failureOf(n.error),
     startTime: dateOf(n.startTime),
     endTime: dateOf(n.endTime),
+    input: fromValue(n.input),
+    workerId: n.workerId,
+    leaseExpireTime: dateOf(n.leaseExpireTime),
   }));
   return {
     runId: r.runId,

@@ -95,6 +95,10 @@ output: "\${nodes.ship.output}"
   await expect(detail.getByLabel("Node output")).toContainText('"receipt": "R-A-1"');
   await expect(detail.getByLabel("Node output")).toContainText('"charged": 12');
   await expect(detail.locator(".facts")).toContainText("Reported bydashboard-worker");
+  // the input as the worker got it (templates rendered), and the worker's id
+  await expect(detail.getByLabel("Node input as the worker got it")).toContainText('"order": "A-1"');
+  await expect(detail.getByLabel("Node input as the worker got it")).toContainText('"amount": 12');
+  await expect(detail.locator(".facts")).toContainText("Worker");
   await page.screenshot({ path: join(SCREENSHOTS, "node-detail.png"), fullPage: true });
 
   // keyboard: a node opens with Enter

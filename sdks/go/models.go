@@ -77,6 +77,12 @@ type NodeState struct {
 	Error     *Failure
 	StartTime time.Time
 	EndTime   time.Time
+	// Input is, for a node a worker runs, the input it gets (templates rendered).
+	Input json.RawMessage
+	// WorkerID is the worker that holds (or last held) its task's lease.
+	WorkerID string
+	// LeaseExpireTime is when the current lease ends; zero when not leased.
+	LeaseExpireTime time.Time
 }
 
 // Run is one execution of a workflow version.
@@ -246,6 +252,7 @@ func runFrom(r *pb.Run) *Run {
 			NodeID: n.GetNodeId(), NodeType: n.GetNodeType(), Status: NodeStatus(n.GetStatus()),
 			Attempt: int(n.GetAttempt()), Output: rawJSON(n.GetOutput()), Error: failureFrom(n.GetError()),
 			StartTime: toTime(n.GetStartTime()), EndTime: toTime(n.GetEndTime()),
+			Input: rawJSON(n.GetInput()), WorkerID: n.GetWorkerId(), LeaseExpireTime: toTime(n.GetLeaseExpireTime()),
 		})
 	}
 	return run

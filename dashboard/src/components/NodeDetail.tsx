@@ -81,6 +81,18 @@ export function NodeDetail({ run, node, view, history, onClose }: Props) {
         <dd>{time(state?.endTime ?? null)}</dd>
         <dt>Took</dt>
         <dd>{state?.startTime ? duration(state.startTime, state.endTime ?? null) : "—"}</dd>
+        {state?.workerId ? (
+          <>
+            <dt>Worker</dt>
+            <dd className="mono">{state.workerId}</dd>
+          </>
+        ) : null}
+        {state?.leaseExpireTime ? (
+          <>
+            <dt>Lease ends</dt>
+            <dd>{time(state.leaseExpireTime)}</dd>
+          </>
+        ) : null}
         {lastWorker ? (
           <>
             <dt>Reported by</dt>
@@ -103,7 +115,12 @@ export function NodeDetail({ run, node, view, history, onClose }: Props) {
           <JsonBlock value={state.output} label="Node output" />
         </>
       ) : null}
-      {TAKES_INPUT.has(node.kind) ? (
+      {state && state.input !== null ? (
+        <>
+          <h3>Input</h3>
+          <JsonBlock value={state.input} label="Node input as the worker got it" />
+        </>
+      ) : TAKES_INPUT.has(node.kind) ? (
         <>
           <h3>Input, as defined</h3>
           {node.input !== null ? <JsonBlock value={node.input} label="Node input as defined" /> : <p className="sub">The run's input.</p>}

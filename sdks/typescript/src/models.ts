@@ -69,6 +69,12 @@ export interface NodeState {
   error: Failure | null;
   startTime: Date | null;
   endTime: Date | null;
+  /** For a node a worker runs: the input it gets, templates rendered. */
+  input: Json;
+  /** The worker that holds (or last held) its task's lease. */
+  workerId: string;
+  /** When the current lease ends; null when the task is not leased. */
+  leaseExpireTime: Date | null;
 }
 
 /** One run of a workflow version. */
@@ -158,6 +164,9 @@ export function nodeFromWire(n: WireNodeState): NodeState {
     error: failureFromWire(n.error),
     startTime: date(n.startTime),
     endTime: date(n.endTime),
+    input: fromValue(n.input),
+    workerId: n.workerId,
+    leaseExpireTime: date(n.leaseExpireTime),
   };
 }
 

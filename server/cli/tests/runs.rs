@@ -1184,3 +1184,57 @@ async fn history_records_who_held_each_lease_and_when_one_expired() {
         assert!(known.contains(&event.event_type.as_str()), "{event:?}");
     }
 }
+
+#[tokio::test]
+async fn a_node_shows_its_rendered_input_its_worker_and_its_lease() {
+    let (server, mut client) = server_and_client().await;
+    client
+        .register(
+            "name: shown\nnodes:\n  - { id: step, type: TASK, queue: qs, task: t, \
+             heartbeat_timeout: 30s, input: { n: '${input.n * 2}' } }\n",
+        )
+        .await;
+    let worker = TestWorker::start(&server.url(), &["qs"], 1, 1, |_| {
+        Outcome::Slow(Duration::from_millis(1500), json!({ "ok": true }))
+    })
+    .await;
+    let run_id = client.start("shown", json!({ "n": 21 })).await;
+    let node_of = |run: &composer_proto::v1::Run| {
+        run.nodes
+            .iter()
+            .find(|n| n.node_id == "step")
+            .cloned()
+            .expect("step")
+    };
+    // while the worker holds it
+    let mut running = None;
+    for _ in 0..200 {
+        let run = client
+            .runs
+            .get_run(composer_proto::v1::GetRunRequest {
+                run_id: run_id.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("get")
+            .into_inner()
+            .run
+            .expect("run");
+        let node = node_of(&run);
+        if node.lease_expire_time.is_some() {
+            running = Some(node);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let running = running.expect("a lease shows while the task runs");
+    assert_eq!(running.worker_id, "test-worker-0");
+    let input = composer_testkit::worker::json_of(running.input.clone().expect("input"));
+    assert_eq!(input, json!({ "n": 42 }), "the input as the worker gets it");
+    // once done: no lease, the worker and the input stay
+    let done = node_of(&client.wait_done(&run_id, WAIT).await);
+    assert!(done.lease_expire_time.is_none());
+    assert_eq!(done.worker_id, "test-worker-0");
+    assert!(done.input.is_some());
+    drop(worker);
+}

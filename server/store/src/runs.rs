@@ -352,10 +352,13 @@ pub struct NodeWrite {
 
 /// Every node state of a run (GetRun, WatchRun), ordered by first start.
 pub async fn list_nodes(pool: &PgPool, run_id: Uuid) -> Result<Vec<NodeRow>, StoreError> {
-    // list_nodes: all node rows of one run (primary key prefix)
+    // list_nodes: all node rows of one run (primary key prefix), with the
+    // task of each TASK-like node (the tasks' unique (run_id, node_key))
     let rows = sqlx::query(
-        "SELECT node_key, status, state, started_at, ended_at FROM run_nodes \
-         WHERE run_id = $1 ORDER BY started_at, node_key",
+        "SELECT n.node_key, n.status, n.state, n.started_at, n.ended_at, \
+           t.input AS task_input, t.lease_owner, t.lease_expires_at \
+         FROM run_nodes n LEFT JOIN tasks t ON t.run_id = n.run_id AND t.node_key = n.node_key \
+         WHERE n.run_id = $1 ORDER BY n.started_at, n.node_key",
     )
     .bind(run_id)
     .fetch_all(pool)
@@ -368,6 +371,16 @@ pub async fn list_nodes(pool: &PgPool, run_id: Uuid) -> Result<Vec<NodeRow>, Sto
                 state: row.try_get("state")?,
                 started_at: row.try_get("started_at")?,
                 ended_at: row.try_get("ended_at")?,
+                task: row
+                    .try_get::<Option<Json>, _>("task_input")?
+                    .map(|input| -> Result<TaskView, sqlx::Error> {
+                        Ok(TaskView {
+                            input,
+                            worker_id: row.try_get("lease_owner")?,
+                            lease_expires_at: row.try_get("lease_expires_at")?,
+                        })
+                    })
+                    .transpose()?,
             })
         })
         .collect::<Result<_, sqlx::Error>>()
@@ -387,6 +400,19 @@ pub struct NodeRow {
     pub started_at: Option<DateTime<Utc>>,
     /// When it ended.
     pub ended_at: Option<DateTime<Utc>>,
+    /// Its task, for a node run by a worker (TASK, HTTP, CODE).
+    pub task: Option<TaskView>,
+}
+
+/// What a node's task shows: its rendered input and its latest lease.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskView {
+    /// The input the worker gets (the node's templates rendered).
+    pub input: Json,
+    /// The worker that holds or last held its lease.
+    pub worker_id: Option<String>,
+    /// When the current lease ends (none when not leased).
+    pub lease_expires_at: Option<DateTime<Utc>>,
 }
 
 /// A history entry to append.

@@ -129,6 +129,12 @@ class NodeState:
     """When the node first started."""
     end_time: datetime | None
     """When the node reached its final status."""
+    input: Any = None
+    """For a node a worker runs: the input it gets, templates rendered."""
+    worker_id: str = ""
+    """The worker that holds (or last held) its task's lease."""
+    lease_expire_time: datetime | None = None
+    """When the current lease ends; None when the task is not leased."""
 
     @classmethod
     def from_proto(cls, message: common_pb2.NodeState) -> NodeState:
@@ -142,6 +148,9 @@ class NodeState:
             error=Failure.from_proto(message.error) if message.HasField("error") else None,
             start_time=_time(message, "start_time"),
             end_time=_time(message, "end_time"),
+            input=from_optional_field(message, "input"),
+            worker_id=message.worker_id,
+            lease_expire_time=_time(message, "lease_expire_time"),
         )
 
 

@@ -102,6 +102,17 @@ fn node_message(row: NodeRow, types: &HashMap<String, String>) -> NodeState {
         error: failure(row.state.get("error"), &node_id),
         start_time: row.started_at.map(timestamp),
         end_time: row.ended_at.map(timestamp),
+        input: row.task.as_ref().map(|task| from_json(&task.input)),
+        worker_id: row
+            .task
+            .as_ref()
+            .and_then(|task| task.worker_id.clone())
+            .unwrap_or_default(),
+        lease_expire_time: row
+            .task
+            .as_ref()
+            .and_then(|task| task.lease_expires_at)
+            .map(timestamp),
         node_type,
         node_id,
     }

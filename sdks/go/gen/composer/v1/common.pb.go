@@ -449,9 +449,17 @@ type NodeState struct {
 	// When the node first started.
 	StartTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
 	// When the node reached its final status.
-	EndTime       *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,8,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// For a node a worker runs (TASK, HTTP, CODE): the input it gets, with
+	// the node's templates rendered.
+	Input *structpb.Value `protobuf:"bytes,9,opt,name=input,proto3" json:"input,omitempty"`
+	// The `worker_id` of the poll that holds (or last held) the task's lease.
+	WorkerId string `protobuf:"bytes,10,opt,name=worker_id,json=workerId,proto3" json:"worker_id,omitempty"`
+	// When the current lease ends unless a Heartbeat extends it; unset when
+	// the task is not leased.
+	LeaseExpireTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=lease_expire_time,json=leaseExpireTime,proto3" json:"lease_expire_time,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *NodeState) Reset() {
@@ -536,6 +544,27 @@ func (x *NodeState) GetStartTime() *timestamppb.Timestamp {
 func (x *NodeState) GetEndTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.EndTime
+	}
+	return nil
+}
+
+func (x *NodeState) GetInput() *structpb.Value {
+	if x != nil {
+		return x.Input
+	}
+	return nil
+}
+
+func (x *NodeState) GetWorkerId() string {
+	if x != nil {
+		return x.WorkerId
+	}
+	return ""
+}
+
+func (x *NodeState) GetLeaseExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LeaseExpireTime
 	}
 	return nil
 }
@@ -857,7 +886,7 @@ const file_composer_v1_common_proto_rawDesc = "" +
 	"\x0elatest_version\x18\x03 \x01(\x05R\rlatestVersion\x12 \n" +
 	"\vdescription\x18\x04 \x01(\tR\vdescription\x12;\n" +
 	"\vupdate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"updateTime\"\xda\x02\n" +
+	"updateTime\"\xed\x03\n" +
 	"\tNodeState\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x1b\n" +
 	"\tnode_type\x18\x02 \x01(\tR\bnodeType\x12/\n" +
@@ -867,7 +896,11 @@ const file_composer_v1_common_proto_rawDesc = "" +
 	"\x05error\x18\x06 \x01(\v2\x14.composer.v1.FailureR\x05error\x129\n" +
 	"\n" +
 	"start_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x125\n" +
-	"\bend_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\"\x87\x06\n" +
+	"\bend_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12,\n" +
+	"\x05input\x18\t \x01(\v2\x16.google.protobuf.ValueR\x05input\x12\x1b\n" +
+	"\tworker_id\x18\n" +
+	" \x01(\tR\bworkerId\x12F\n" +
+	"\x11lease_expire_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\"\x87\x06\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12#\n" +
@@ -956,22 +989,24 @@ var file_composer_v1_common_proto_depIdxs = []int32{
 	2,  // 6: composer.v1.NodeState.error:type_name -> composer.v1.Failure
 	10, // 7: composer.v1.NodeState.start_time:type_name -> google.protobuf.Timestamp
 	10, // 8: composer.v1.NodeState.end_time:type_name -> google.protobuf.Timestamp
-	0,  // 9: composer.v1.Run.status:type_name -> composer.v1.RunStatus
-	9,  // 10: composer.v1.Run.input:type_name -> google.protobuf.Value
-	9,  // 11: composer.v1.Run.output:type_name -> google.protobuf.Value
-	2,  // 12: composer.v1.Run.error:type_name -> composer.v1.Failure
-	8,  // 13: composer.v1.Run.labels:type_name -> composer.v1.Run.LabelsEntry
-	10, // 14: composer.v1.Run.create_time:type_name -> google.protobuf.Timestamp
-	10, // 15: composer.v1.Run.update_time:type_name -> google.protobuf.Timestamp
-	10, // 16: composer.v1.Run.end_time:type_name -> google.protobuf.Timestamp
-	5,  // 17: composer.v1.Run.nodes:type_name -> composer.v1.NodeState
-	10, // 18: composer.v1.HistoryEvent.event_time:type_name -> google.protobuf.Timestamp
-	9,  // 19: composer.v1.HistoryEvent.details:type_name -> google.protobuf.Value
-	20, // [20:20] is the sub-list for method output_type
-	20, // [20:20] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	9,  // 9: composer.v1.NodeState.input:type_name -> google.protobuf.Value
+	10, // 10: composer.v1.NodeState.lease_expire_time:type_name -> google.protobuf.Timestamp
+	0,  // 11: composer.v1.Run.status:type_name -> composer.v1.RunStatus
+	9,  // 12: composer.v1.Run.input:type_name -> google.protobuf.Value
+	9,  // 13: composer.v1.Run.output:type_name -> google.protobuf.Value
+	2,  // 14: composer.v1.Run.error:type_name -> composer.v1.Failure
+	8,  // 15: composer.v1.Run.labels:type_name -> composer.v1.Run.LabelsEntry
+	10, // 16: composer.v1.Run.create_time:type_name -> google.protobuf.Timestamp
+	10, // 17: composer.v1.Run.update_time:type_name -> google.protobuf.Timestamp
+	10, // 18: composer.v1.Run.end_time:type_name -> google.protobuf.Timestamp
+	5,  // 19: composer.v1.Run.nodes:type_name -> composer.v1.NodeState
+	10, // 20: composer.v1.HistoryEvent.event_time:type_name -> google.protobuf.Timestamp
+	9,  // 21: composer.v1.HistoryEvent.details:type_name -> google.protobuf.Value
+	22, // [22:22] is the sub-list for method output_type
+	22, // [22:22] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_composer_v1_common_proto_init() }

@@ -92,7 +92,7 @@ class WorkflowSummary(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., name: _Optional[str] = ..., latest_version: _Optional[int] = ..., description: _Optional[str] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class NodeState(_message.Message):
-    __slots__ = ("node_id", "node_type", "status", "attempt", "output", "error", "start_time", "end_time")
+    __slots__ = ("node_id", "node_type", "status", "attempt", "output", "error", "start_time", "end_time", "input", "worker_id", "lease_expire_time")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_TYPE_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -101,6 +101,9 @@ class NodeState(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     START_TIME_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
+    INPUT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     node_type: str
     status: NodeStatus
@@ -109,7 +112,10 @@ class NodeState(_message.Message):
     error: Failure
     start_time: _timestamp_pb2.Timestamp
     end_time: _timestamp_pb2.Timestamp
-    def __init__(self, node_id: _Optional[str] = ..., node_type: _Optional[str] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., attempt: _Optional[int] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[Failure, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    input: _struct_pb2.Value
+    worker_id: str
+    lease_expire_time: _timestamp_pb2.Timestamp
+    def __init__(self, node_id: _Optional[str] = ..., node_type: _Optional[str] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., attempt: _Optional[int] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[Failure, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., worker_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Run(_message.Message):
     __slots__ = ("run_id", "namespace", "workflow_name", "workflow_version", "status", "input", "output", "error", "labels", "idempotency_key", "parent_run_id", "parent_node_id", "create_time", "update_time", "end_time", "nodes")
