@@ -59,6 +59,7 @@ pub async fn start(
         .install_recorder()
         .map_err(|e| MetricsError::Recorder(e.to_string()))?;
     composer_coordinator::metrics::describe_all();
+    composer_coordinator::metrics::enable();
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| MetricsError::Listen { addr, source })?;

@@ -9,7 +9,10 @@
 
 use std::{
     collections::HashSet,
-    sync::{Mutex, OnceLock},
+    sync::{
+        Mutex, OnceLock,
+        atomic::{AtomicBool, Ordering},
+    },
     time::Duration,
 };
 
@@ -96,6 +99,20 @@ pub const REDIS_ERRORS: &str = "composer_redis_errors_total";
 pub const GRPC_REQUESTS: &str = "composer_grpc_requests_total";
 pub const GRPC_SECONDS: &str = "composer_grpc_request_duration_seconds";
 
+/// Set once a recorder is installed: until then nothing here builds a
+/// label or takes a lock.
+static ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Turns counting on (after installing a recorder).
+pub fn enable() {
+    ENABLED.store(true, Ordering::Relaxed);
+}
+
+/// Whether anything is counted.
+pub fn enabled() -> bool {
+    ENABLED.load(Ordering::Relaxed)
+}
+
 /// Registers the help text of every metric with the installed recorder.
 pub fn describe_all() {
     for (name, help) in METRICS {
@@ -152,10 +169,16 @@ fn queue_labels(namespace: &str, queue: &str) -> [(&'static str, String); 2] {
 }
 
 pub(crate) fn run_started(namespace: &str, workflow: &str) {
+    if !enabled() {
+        return;
+    }
     counter!(RUNS_STARTED, &workflow_labels(namespace, workflow)).increment(1);
 }
 
 pub(crate) fn run_ended(namespace: &str, workflow: &str, status: &str) {
+    if !enabled() {
+        return;
+    }
     let [ns, wf] = workflow_labels(namespace, workflow);
     counter!(
         RUNS_ENDED,
@@ -165,10 +188,16 @@ pub(crate) fn run_ended(namespace: &str, workflow: &str, status: &str) {
 }
 
 pub(crate) fn tasks_dispatched(namespace: &str, queue: &str, count: u64) {
+    if !enabled() {
+        return;
+    }
     counter!(TASKS_DISPATCHED, &queue_labels(namespace, queue)).increment(count);
 }
 
 pub(crate) fn task_leased(namespace: &str, queue: &str, dispatched_at: Option<DateTime<Utc>>) {
+    if !enabled() {
+        return;
+    }
     let labels = queue_labels(namespace, queue);
     counter!(TASKS_LEASED, &labels).increment(1);
     if let Some(since) = dispatched_at {
@@ -179,6 +208,9 @@ pub(crate) fn task_leased(namespace: &str, queue: &str, dispatched_at: Option<Da
 
 /// A report applied; `outcome` is `completed` or `failed`.
 pub(crate) fn task_reported(namespace: &str, queue: &str, outcome: &str) {
+    if !enabled() {
+        return;
+    }
     let [ns, q] = queue_labels(namespace, queue);
     counter!(
         TASKS_REPORTED,
@@ -188,20 +220,32 @@ pub(crate) fn task_reported(namespace: &str, queue: &str, outcome: &str) {
 }
 
 pub(crate) fn lease_expired(namespace: &str, queue: &str) {
+    if !enabled() {
+        return;
+    }
     counter!(LEASES_EXPIRED, &queue_labels(namespace, queue)).increment(1);
 }
 
 pub(crate) fn leases_returned(count: u64) {
+    if !enabled() {
+        return;
+    }
     counter!(LEASES_RETURNED).increment(count);
 }
 
 pub(crate) fn event_transaction(took: Duration, events: usize) {
+    if !enabled() {
+        return;
+    }
     histogram!(EVENT_TX_SECONDS).record(took.as_secs_f64());
     histogram!(EVENT_TX_EVENTS).record(events as f64);
 }
 
 /// What a recovery loop did, e.g. (`timers`, `fired`).
 pub(crate) fn recovery(loop_name: &'static str, action: &'static str, count: u64) {
+    if !enabled() {
+        return;
+    }
     if count > 0 {
         counter!(RECOVERY_ACTIONS, "loop" => loop_name, "action" => action).increment(count);
     }
@@ -209,11 +253,17 @@ pub(crate) fn recovery(loop_name: &'static str, action: &'static str, count: u64
 
 /// A Redis operation that failed, e.g. `publish`, `read`, `groups`.
 pub(crate) fn redis_error(operation: &'static str) {
+    if !enabled() {
+        return;
+    }
     counter!(REDIS_ERRORS, "operation" => operation).increment(1);
 }
 
 /// The backlog gauges, from one look at the tables.
 pub fn backlog(outbox_rows: i64, outbox_oldest: f64, timers_due: i64, timer_lag: f64) {
+    if !enabled() {
+        return;
+    }
     gauge!(OUTBOX_WAITING).set(outbox_rows as f64);
     gauge!(OUTBOX_OLDEST).set(outbox_oldest);
     gauge!(TIMERS_DUE).set(timers_due as f64);
@@ -222,6 +272,9 @@ pub fn backlog(outbox_rows: i64, outbox_oldest: f64, timers_due: i64, timer_lag:
 
 /// Connections of a pool (`requests` or `background`).
 pub fn pool(name: &'static str, size: u32, idle: usize) {
+    if !enabled() {
+        return;
+    }
     let idle = idle as f64;
     gauge!(DB_POOL_CONNECTIONS, "pool" => name, "state" => "in_use").set(f64::from(size) - idle);
     gauge!(DB_POOL_CONNECTIONS, "pool" => name, "state" => "idle").set(idle);

@@ -106,6 +106,9 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
+        if !composer_coordinator::metrics::enabled() {
+            return Box::pin(self.inner.call(request));
+        }
         let path = request.uri().path();
         let method = if self.known.contains(path) {
             path.to_owned()
