@@ -16,6 +16,9 @@ use tokio::{net::TcpListener, sync::watch};
 
 use crate::config::{BackendArgs, ServerArgs};
 
+/// The least statement timeout of the recovery loops' pool.
+const BACKGROUND_QUERY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Why the server could not start or stop cleanly. Each names the setting
 /// to look at, so the one line printed is enough to fix it.
 #[derive(Debug, thiserror::Error)]
@@ -207,7 +210,9 @@ fn start_background(
         database_url: backend.database_url.clone(),
         max_connections: server.database_background_connections,
         connect_timeout: server.connect_timeout,
-        query_timeout: server.db_timeout,
+        // no caller waits on these loops, and a retention batch on a large
+        // database may take longer than a request should
+        query_timeout: server.db_timeout.max(BACKGROUND_QUERY_TIMEOUT),
     })
     .map_err(StartError::Database)?;
     let recovering = coordinator.on_store(background.clone());
