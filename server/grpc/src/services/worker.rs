@@ -61,6 +61,7 @@ fn task_message(task: LeasedTask) -> Task {
         input: Some(from_json(&task.input)),
         attempt_deadline: task.attempt_deadline.map(timestamp),
         namespace: task.namespace,
+        trace_context: Default::default(),
     }
 }
 

@@ -151,7 +151,12 @@ type Task struct {
 	// The attempt must finish by this time (the node's `timeout`), if set.
 	AttemptDeadline *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=attempt_deadline,json=attemptDeadline,proto3" json:"attempt_deadline,omitempty"`
 	// The namespace of the run.
-	Namespace     string `protobuf:"bytes,14,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	Namespace string `protobuf:"bytes,14,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// W3C trace context of this lease (keys `traceparent` and, when the run's
+	// trace has one, `tracestate`), empty unless the server exports traces.
+	// A worker opens the handler's span as its child, so one trace shows the
+	// run on the server and on its workers (docs/operations.md, "Traces").
+	TraceContext  map[string]string `protobuf:"bytes,15,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -282,6 +287,13 @@ func (x *Task) GetNamespace() string {
 		return x.Namespace
 	}
 	return ""
+}
+
+func (x *Task) GetTraceContext() map[string]string {
+	if x != nil {
+		return x.TraceContext
+	}
+	return nil
 }
 
 // PollTasksResponse carries the leased tasks.
@@ -707,7 +719,7 @@ const file_composer_v1_worker_service_proto_rawDesc = "" +
 	"\x06queues\x18\x02 \x03(\tR\x06queues\x12\x1b\n" +
 	"\tmax_tasks\x18\x03 \x01(\x05R\bmaxTasks\x12-\n" +
 	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12'\n" +
-	"\x0fconfirm_receipt\x18\x05 \x01(\bR\x0econfirmReceipt\"\xaa\x04\n" +
+	"\x0fconfirm_receipt\x18\x05 \x01(\bR\x0econfirmReceipt\"\xb5\x05\n" +
 	"\x04Task\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1f\n" +
@@ -724,7 +736,11 @@ const file_composer_v1_worker_service_proto_rawDesc = "" +
 	"\ttask_name\x18\v \x01(\tR\btaskName\x12,\n" +
 	"\x05input\x18\f \x01(\v2\x16.google.protobuf.ValueR\x05input\x12E\n" +
 	"\x10attempt_deadline\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0fattemptDeadline\x12\x1c\n" +
-	"\tnamespace\x18\x0e \x01(\tR\tnamespace\"<\n" +
+	"\tnamespace\x18\x0e \x01(\tR\tnamespace\x12H\n" +
+	"\rtrace_context\x18\x0f \x03(\v2#.composer.v1.Task.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"<\n" +
 	"\x11PollTasksResponse\x12'\n" +
 	"\x05tasks\x18\x01 \x03(\v2\x11.composer.v1.TaskR\x05tasks\"f\n" +
 	"\x10HeartbeatRequest\x12\x17\n" +
@@ -771,7 +787,7 @@ func file_composer_v1_worker_service_proto_rawDescGZIP() []byte {
 	return file_composer_v1_worker_service_proto_rawDescData
 }
 
-var file_composer_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_composer_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_composer_v1_worker_service_proto_goTypes = []any{
 	(*PollTasksRequest)(nil),      // 0: composer.v1.PollTasksRequest
 	(*Task)(nil),                  // 1: composer.v1.Task
@@ -782,33 +798,35 @@ var file_composer_v1_worker_service_proto_goTypes = []any{
 	(*CompleteTaskResponse)(nil),  // 6: composer.v1.CompleteTaskResponse
 	(*FailTaskRequest)(nil),       // 7: composer.v1.FailTaskRequest
 	(*FailTaskResponse)(nil),      // 8: composer.v1.FailTaskResponse
-	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
-	(*structpb.Value)(nil),        // 11: google.protobuf.Value
+	nil,                           // 9: composer.v1.Task.TraceContextEntry
+	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
+	(*structpb.Value)(nil),        // 12: google.protobuf.Value
 }
 var file_composer_v1_worker_service_proto_depIdxs = []int32{
-	9,  // 0: composer.v1.PollTasksRequest.wait:type_name -> google.protobuf.Duration
-	10, // 1: composer.v1.Task.lease_expire_time:type_name -> google.protobuf.Timestamp
-	9,  // 2: composer.v1.Task.lease_duration:type_name -> google.protobuf.Duration
-	11, // 3: composer.v1.Task.input:type_name -> google.protobuf.Value
-	10, // 4: composer.v1.Task.attempt_deadline:type_name -> google.protobuf.Timestamp
-	1,  // 5: composer.v1.PollTasksResponse.tasks:type_name -> composer.v1.Task
-	10, // 6: composer.v1.HeartbeatResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
-	11, // 7: composer.v1.CompleteTaskRequest.output:type_name -> google.protobuf.Value
-	11, // 8: composer.v1.FailTaskRequest.details:type_name -> google.protobuf.Value
-	0,  // 9: composer.v1.WorkerService.PollTasks:input_type -> composer.v1.PollTasksRequest
-	3,  // 10: composer.v1.WorkerService.Heartbeat:input_type -> composer.v1.HeartbeatRequest
-	5,  // 11: composer.v1.WorkerService.CompleteTask:input_type -> composer.v1.CompleteTaskRequest
-	7,  // 12: composer.v1.WorkerService.FailTask:input_type -> composer.v1.FailTaskRequest
-	2,  // 13: composer.v1.WorkerService.PollTasks:output_type -> composer.v1.PollTasksResponse
-	4,  // 14: composer.v1.WorkerService.Heartbeat:output_type -> composer.v1.HeartbeatResponse
-	6,  // 15: composer.v1.WorkerService.CompleteTask:output_type -> composer.v1.CompleteTaskResponse
-	8,  // 16: composer.v1.WorkerService.FailTask:output_type -> composer.v1.FailTaskResponse
-	13, // [13:17] is the sub-list for method output_type
-	9,  // [9:13] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	10, // 0: composer.v1.PollTasksRequest.wait:type_name -> google.protobuf.Duration
+	11, // 1: composer.v1.Task.lease_expire_time:type_name -> google.protobuf.Timestamp
+	10, // 2: composer.v1.Task.lease_duration:type_name -> google.protobuf.Duration
+	12, // 3: composer.v1.Task.input:type_name -> google.protobuf.Value
+	11, // 4: composer.v1.Task.attempt_deadline:type_name -> google.protobuf.Timestamp
+	9,  // 5: composer.v1.Task.trace_context:type_name -> composer.v1.Task.TraceContextEntry
+	1,  // 6: composer.v1.PollTasksResponse.tasks:type_name -> composer.v1.Task
+	11, // 7: composer.v1.HeartbeatResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	12, // 8: composer.v1.CompleteTaskRequest.output:type_name -> google.protobuf.Value
+	12, // 9: composer.v1.FailTaskRequest.details:type_name -> google.protobuf.Value
+	0,  // 10: composer.v1.WorkerService.PollTasks:input_type -> composer.v1.PollTasksRequest
+	3,  // 11: composer.v1.WorkerService.Heartbeat:input_type -> composer.v1.HeartbeatRequest
+	5,  // 12: composer.v1.WorkerService.CompleteTask:input_type -> composer.v1.CompleteTaskRequest
+	7,  // 13: composer.v1.WorkerService.FailTask:input_type -> composer.v1.FailTaskRequest
+	2,  // 14: composer.v1.WorkerService.PollTasks:output_type -> composer.v1.PollTasksResponse
+	4,  // 15: composer.v1.WorkerService.Heartbeat:output_type -> composer.v1.HeartbeatResponse
+	6,  // 16: composer.v1.WorkerService.CompleteTask:output_type -> composer.v1.CompleteTaskResponse
+	8,  // 17: composer.v1.WorkerService.FailTask:output_type -> composer.v1.FailTaskResponse
+	14, // [14:18] is the sub-list for method output_type
+	10, // [10:14] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_composer_v1_worker_service_proto_init() }
@@ -822,7 +840,7 @@ func file_composer_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_composer_v1_worker_service_proto_rawDesc), len(file_composer_v1_worker_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
