@@ -329,7 +329,9 @@ func WithLabels(labels map[string]string) StartOption {
 func WithVersion(version int) StartOption { return func(o *startOptions) { o.version = version } }
 
 // StartRun starts a run of workflow with input (any JSON-encodable value;
-// nil is null). NOT_FOUND when the workflow does not exist.
+// nil is null). NOT_FOUND when the workflow does not exist. When ctx holds
+// an OpenTelemetry span, the call carries its W3C trace context
+// (traceparent), so the run's trace continues the caller's.
 func (c *Client) StartRun(ctx context.Context, workflow string, input any, opts ...StartOption) (*Run, error) {
 	var o startOptions
 	for _, opt := range opts {
@@ -339,7 +341,7 @@ func (c *Client) StartRun(ctx context.Context, workflow string, input any, opts 
 	if err != nil {
 		return nil, fmt.Errorf("composer: encode run input: %w", err)
 	}
-	ctx, cancel := c.callContext(ctx)
+	ctx, cancel := c.callContext(withTraceMetadata(ctx, traceMetadata(ctx)))
 	defer cancel()
 	r, err := c.runs.StartRun(ctx, &pb.StartRunRequest{
 		WorkflowName: workflow, Version: int32(o.version), Input: value, IdempotencyKey: o.key, Labels: o.labels,
@@ -453,7 +455,8 @@ type Event struct {
 	RequestID string
 }
 
-// SendEvent delivers an event. Exactly one of RunID and CorrelationKey must be set.
+// SendEvent delivers an event. Exactly one of RunID and CorrelationKey must
+// be set. Like StartRun, it carries the trace context of ctx's span.
 func (c *Client) SendEvent(ctx context.Context, event Event) (*EventDelivery, error) {
 	if (event.RunID == "") == (event.CorrelationKey == "") {
 		return nil, errors.New("composer: an Event needs exactly one of RunID and CorrelationKey")
@@ -468,7 +471,7 @@ func (c *Client) SendEvent(ctx context.Context, event Event) (*EventDelivery, er
 	} else {
 		req.Target = &pb.SendEventRequest_CorrelationKey{CorrelationKey: event.CorrelationKey}
 	}
-	ctx, cancel := c.callContext(ctx)
+	ctx, cancel := c.callContext(withTraceMetadata(ctx, traceMetadata(ctx)))
 	defer cancel()
 	r, err := c.runs.SendEvent(ctx, req, waitForReady)
 	if err != nil {

@@ -45,6 +45,14 @@
 // retryable failure with code PANIC and the stack in its details; it never
 // crashes the worker.
 //
+// # Tracing
+//
+// With OpenTelemetry, each handler runs in a span "task <name>" that
+// continues the server's lease span (Task.trace_context, W3C); the
+// attempt's report carries that span's traceparent back, and StartRun
+// carries the caller's. WorkerOptions.TracerProvider, else the global
+// provider, makes the spans.
+//
 // # Errors of calls
 //
 // Every failed call returns an *Error (use errors.As) with the gRPC code,

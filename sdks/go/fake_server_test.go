@@ -10,6 +10,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -38,6 +39,8 @@ type fakeServer struct {
 	completeErrs []error
 	// onHeartbeat, when set, answers heartbeats.
 	onHeartbeat func(*pb.HeartbeatRequest) (*pb.HeartbeatResponse, error)
+	// onReport, when set, sees each CompleteTask and FailTask with its metadata.
+	onReport func(method, taskID string, md metadata.MD)
 	// receipt, when set, is the first lease of the tasks of a poll that
 	// asks to confirm receipt (the server's --lease-receipt-timeout).
 	receipt time.Duration
@@ -146,10 +149,11 @@ func (f *fakeServer) Heartbeat(_ context.Context, req *pb.HeartbeatRequest) (*pb
 	return &pb.HeartbeatResponse{LeaseExpireTime: timestamppb.New(time.Now().Add(time.Second))}, nil
 }
 
-func (f *fakeServer) CompleteTask(_ context.Context, req *pb.CompleteTaskRequest) (*pb.CompleteTaskResponse, error) {
+func (f *fakeServer) CompleteTask(ctx context.Context, req *pb.CompleteTaskRequest) (*pb.CompleteTaskResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	defer f.notifyLocked()
+	f.seeReport(ctx, "CompleteTask", req.GetTaskId())
 	f.completes = append(f.completes, req)
 	if len(f.completeErrs) > 0 {
 		err := f.completeErrs[0]
@@ -162,13 +166,21 @@ func (f *fakeServer) CompleteTask(_ context.Context, req *pb.CompleteTaskRequest
 	return &pb.CompleteTaskResponse{}, nil
 }
 
-func (f *fakeServer) FailTask(_ context.Context, req *pb.FailTaskRequest) (*pb.FailTaskResponse, error) {
+func (f *fakeServer) FailTask(ctx context.Context, req *pb.FailTaskRequest) (*pb.FailTaskResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	defer f.notifyLocked()
+	f.seeReport(ctx, "FailTask", req.GetTaskId())
 	f.fails = append(f.fails, req)
 	delete(f.outstanding, req.GetTaskId())
 	return &pb.FailTaskResponse{}, nil
+}
+
+func (f *fakeServer) seeReport(ctx context.Context, method, taskID string) {
+	if f.onReport != nil {
+		md, _ := metadata.FromIncomingContext(ctx)
+		f.onReport(method, taskID, md)
+	}
 }
 
 // snapshot copies the records under the lock.

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -63,6 +65,10 @@ type WorkerOptions struct {
 	Logger *slog.Logger
 	// SkipServerCheck skips the protocol version check Run makes before polling.
 	SkipServerCheck bool
+	// TracerProvider makes the spans of the handlers (default
+	// otel.GetTracerProvider(): the global one, a no-op until the program
+	// sets one).
+	TracerProvider trace.TracerProvider
 }
 
 // Stats is a snapshot of what a worker did since it was made.
@@ -112,6 +118,7 @@ type Worker struct {
 	client  *Client
 	opts    WorkerOptions
 	log     *slog.Logger
+	tracer  trace.Tracer
 	slots   *slots
 	stats   counters
 	running sync.WaitGroup
@@ -150,8 +157,11 @@ func NewWorker(client *Client, opts WorkerOptions) *Worker {
 	if logger == nil {
 		logger = client.logger
 	}
+	if opts.TracerProvider == nil {
+		opts.TracerProvider = otel.GetTracerProvider()
+	}
 	w := &Worker{
-		client: client, opts: opts, log: logger.With("worker_id", opts.WorkerID),
+		client: client, opts: opts, log: logger.With("worker_id", opts.WorkerID), tracer: opts.TracerProvider.Tracer(TracerName),
 		slots: newSlots(opts.Slots), handlers: map[handlerKey]Handler{}, inFlight: map[*attempt]struct{}{},
 	}
 	for _, q := range opts.Queues {
@@ -393,6 +403,10 @@ type attempt struct {
 	// handlerDone: the handler returned.
 	handlerDone atomic.Bool
 	leaseCount  atomic.Bool
+	// span is the handler's span (ended before the report goes out, so an
+	// exporter has it when the run ends); traceMD its context for the reports.
+	span    trace.Span
+	traceMD []string
 
 	// Heartbeats: a timer armed for the first one (firstHeartbeatDelay);
 	// the heartbeat loop (a goroutine) only starts when it fires, so a task
@@ -411,8 +425,9 @@ type attempt struct {
 // more than a new goroutine has).
 func (w *Worker) start(raw *pb.Task, idle chan *attempt) {
 	t := taskFrom(raw, w.log)
-	ctx, cancel := context.WithCancelCause(context.WithValue(context.Background(), taskKey{}, t))
-	a := &attempt{raw: raw, task: t, cancel: cancel, hard: w.hard, stopDeadline: func() {}}
+	ctx, span := startHandlerSpan(context.WithValue(context.Background(), taskKey{}, t), w.tracer, raw)
+	ctx, cancel := context.WithCancelCause(ctx)
+	a := &attempt{raw: raw, task: t, cancel: cancel, hard: w.hard, stopDeadline: func() {}, span: span, traceMD: reportTraceMetadata(span)}
 	if !t.Deadline.IsZero() {
 		ctx, a.stopDeadline = context.WithDeadlineCause(ctx, t.Deadline, ErrAttemptTimeout)
 	}
@@ -497,18 +512,27 @@ func (w *Worker) execute(a *attempt) {
 	cause := context.Cause(a.ctx)
 	switch {
 	case errors.Is(cause, ErrRunCancelled):
+		endHandlerSpan(a.span, cause.Error(), nil)
 		w.stats.cancelled.Add(1)
 		a.task.Logger.Info("composer task stopped: run cancelled; not reporting")
 		return
 	case errors.Is(cause, ErrLeaseLost):
+		endHandlerSpan(a.span, cause.Error(), nil)
 		a.task.Logger.Info("composer task stopped: lease lost; not reporting")
 		return
 	}
 	if err == nil {
-		w.complete(a, out)
-		return
+		value, verr := toValue(out)
+		if verr == nil {
+			endHandlerSpan(a.span, "", nil)
+			w.complete(a, value)
+			return
+		}
+		err = &TaskError{Code: "INVALID_OUTPUT", Message: "the handler's output is not JSON: " + verr.Error(), Err: verr}
 	}
-	w.fail(a, w.failureOf(a, err))
+	failure := w.failureOf(a, err)
+	endHandlerSpan(a.span, failure.Error(), err)
+	w.fail(a, failure)
 }
 
 // invoke runs the handler, turning a panic into a retryable failure.
@@ -567,12 +591,7 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
-func (w *Worker) complete(a *attempt, out any) {
-	value, err := toValue(out)
-	if err != nil {
-		w.fail(a, &TaskError{Code: "INVALID_OUTPUT", Message: "the handler's output is not JSON: " + err.Error()})
-		return
-	}
+func (w *Worker) complete(a *attempt, value *structpb.Value) {
 	req := &pb.CompleteTaskRequest{TaskId: a.raw.GetTaskId(), Attempt: a.raw.GetAttempt(), LeaseToken: a.raw.GetLeaseToken(), Output: value}
 	applied, err := w.send(a, func(ctx context.Context) error {
 		_, err := w.client.workers.CompleteTask(ctx, req)
@@ -630,7 +649,7 @@ func (w *Worker) send(a *attempt, call func(context.Context) error) (bool, error
 	deadline := time.Now().Add(w.opts.ReportTimeout)
 	failures := 0
 	for {
-		ctx, cancel := context.WithTimeout(w.client.OutgoingContext(w.hard), 10*time.Second)
+		ctx, cancel := context.WithTimeout(withTraceMetadata(w.client.OutgoingContext(w.hard), a.traceMD), 10*time.Second)
 		err := convertError(call(ctx))
 		cancel()
 		if err == nil {
@@ -766,8 +785,9 @@ func (w *Worker) drain(deadline time.Time) {
 		go func() {
 			defer wg.Done()
 			a.cancel(ErrWorkerShutdown)
+			endHandlerSpan(a.span, ErrWorkerShutdown.Error(), nil)
 			req := w.failRequest(a, &TaskError{Code: "WORKER_SHUTDOWN", Message: "the worker stopped before the task finished", Retryable: true})
-			ctx, cancel := context.WithTimeout(w.client.OutgoingContext(context.Background()), 5*time.Second)
+			ctx, cancel := context.WithTimeout(withTraceMetadata(w.client.OutgoingContext(context.Background()), a.traceMD), 5*time.Second)
 			_, err := w.client.workers.FailTask(ctx, req)
 			cancel()
 			if err != nil {

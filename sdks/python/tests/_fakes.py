@@ -13,6 +13,7 @@ import asyncio
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,8 +63,21 @@ class FakeServer:
     """When each Heartbeat arrived (time.monotonic())."""
     inject: dict[str, list[grpc.StatusCode]] = field(default_factory=lambda: defaultdict(list))
     polls: int = 0
+    report_metadata: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    """The gRPC metadata of each CompleteTask and FailTask, by (method, task_id)."""
+    on_report: Callable[[str, str], None] | None = None
+    """Called with (method, task_id) as each CompleteTask and FailTask arrives."""
 
-    def add_task(self, task_name: str, input: Any = None, *, queue: str = "q", attempt: int = 1, task_id: str | None = None) -> str:
+    def add_task(
+        self,
+        task_name: str,
+        input: Any = None,
+        *,
+        queue: str = "q",
+        attempt: int = 1,
+        task_id: str | None = None,
+        trace_context: Mapping[str, str] | None = None,
+    ) -> str:
         task = worker_service_pb2.Task(
             task_id=task_id or uuid.uuid4().hex,
             attempt=attempt,
@@ -74,6 +88,7 @@ class FakeServer:
             queue=queue,
             task_name=task_name,
             namespace="default",
+            trace_context=trace_context or {},
         )
         if input is not None:
             task.input.CopyFrom(to_value(input))
@@ -144,8 +159,14 @@ class _Worker(worker_service_pb2_grpc.WorkerServiceServicer):
         lease = await self._check(request, context)
         return worker_service_pb2.HeartbeatResponse(cancel_requested=lease.cancel_requested)
 
+    def _see_report(self, method: str, request: Any, context: Any) -> None:
+        self.state.calls.append((method, request))
+        self.state.report_metadata[(method, request.task_id)] = dict(context.invocation_metadata())
+        if self.state.on_report is not None:
+            self.state.on_report(method, request.task_id)
+
     async def CompleteTask(self, request: Any, context: Any) -> worker_service_pb2.CompleteTaskResponse:
-        self.state.calls.append(("CompleteTask", request))
+        self._see_report("CompleteTask", request, context)
         await self._injected("CompleteTask", context)
         if self.state.completed.get(request.task_id) == request:
             return worker_service_pb2.CompleteTaskResponse()
@@ -155,7 +176,7 @@ class _Worker(worker_service_pb2_grpc.WorkerServiceServicer):
         return worker_service_pb2.CompleteTaskResponse()
 
     async def FailTask(self, request: Any, context: Any) -> worker_service_pb2.FailTaskResponse:
-        self.state.calls.append(("FailTask", request))
+        self._see_report("FailTask", request, context)
         await self._injected("FailTask", context)
         if self.state.failed.get(request.task_id) == request:
             return worker_service_pb2.FailTaskResponse()

@@ -44,6 +44,11 @@ export interface BaseClientOptions {
 export interface ClientOptions extends BaseClientOptions {
   /** The connect transport: `createGrpcTransport` (Node) or `createGrpcWebTransport` (browser). */
   transport: Transport;
+  /**
+   * Headers naming the caller's trace (W3C `traceparent`, `tracestate`), sent with StartRun and
+   * SendEvent; the Node Client gives the active OpenTelemetry span's.
+   */
+  traceHeaders?: () => Promise<Record<string, string>>;
 }
 
 /** A workflow definition: YAML or JSON text, or an object sent as JSON. */
@@ -137,9 +142,11 @@ export class ComposerClient {
   readonly transport: Transport;
   readonly #headers: Record<string, string>;
   readonly #timeoutMs: number;
+  readonly #traceHeaders: () => Promise<Record<string, string>>;
 
   constructor(options: ClientOptions) {
     this.transport = options.transport;
+    this.#traceHeaders = options.traceHeaders ?? (() => Promise.resolve({}));
     this.#headers = options.token ? { authorization: `Bearer ${options.token}` } : {};
     this.#timeoutMs = options.timeoutMs ?? 30_000;
     this.raw = {
@@ -158,9 +165,9 @@ export class ComposerClient {
     return { timeoutMs: this.#timeoutMs, ...extra, headers: { ...this.#headers, ...(extra.headers as Record<string, string> | undefined) } };
   }
 
-  async #call<T>(call: (options: CallOptions) => Promise<T>, signal?: AbortSignal): Promise<T> {
+  async #call<T>(call: (options: CallOptions) => Promise<T>, signal?: AbortSignal, headers?: Record<string, string>): Promise<T> {
     try {
-      return await call(this.callOptions(signal ? { signal } : {}));
+      return await call(this.callOptions({ ...(signal ? { signal } : {}), ...(headers ? { headers } : {}) }));
     } catch (error) {
       throw toComposerError(error);
     }
@@ -206,7 +213,11 @@ export class ComposerClient {
 
   // --- runs ------------------------------------------------------------------------------------
 
-  /** Starts a run of `workflow` with a JSON `input`; with an idempotency key a repeat returns the same run. */
+  /**
+   * Starts a run of `workflow` with a JSON `input`; with an idempotency key a repeat returns the same
+   * run. In Node, called with an OpenTelemetry span active, it sends the span's W3C context: the
+   * run's trace continues the caller's.
+   */
   async startRun(workflow: string, input?: unknown, options: StartRunOptions = {}): Promise<Run> {
     const request = {
       workflowName: workflow,
@@ -215,7 +226,7 @@ export class ComposerClient {
       labels: { ...options.labels },
       ...(input === undefined ? {} : { input: toValue(input) }),
     };
-    const r = await this.#call((o) => this.raw.runs.startRun(request, o), options.signal);
+    const r = await this.#call((o) => this.raw.runs.startRun(request, o), options.signal, await this.#traceHeaders());
     return runFromWire(r.run, r.created);
   }
 
@@ -272,7 +283,7 @@ export class ComposerClient {
         target: hasRun ? { case: "runId", value: target.runId as string } : { case: "correlationKey", value: target.correlationKey as string },
       ...(payload === undefined ? {} : { payload: toValue(payload) }),
     });
-    const r = await this.#call((o) => this.raw.runs.sendEvent(request, o), target.signal);
+    const r = await this.#call((o) => this.raw.runs.sendEvent(request, o), target.signal, await this.#traceHeaders());
     return deliveryFromWire(r);
   }
 

@@ -2,6 +2,7 @@
 import type { Interceptor, Transport } from "@connectrpc/connect";
 
 import { ComposerClient, type BaseClientOptions } from "./client.js";
+import { callerTraceHeaders } from "./tracing.js";
 import { createNodeTransport, resolveAddress, resolveToken } from "./transport-node.js";
 
 /** Options of the Node {@link Client}. */
@@ -37,7 +38,12 @@ export class Client extends ComposerClient {
       transport = made.transport;
       close = made.close;
     }
-    super({ transport, token: resolveToken(options.token), ...(options.timeoutMs ? { timeoutMs: options.timeoutMs } : {}) });
+    super({
+      transport,
+      token: resolveToken(options.token),
+      traceHeaders: callerTraceHeaders,
+      ...(options.timeoutMs ? { timeoutMs: options.timeoutMs } : {}),
+    });
     this.address = address;
     this.#close = close;
   }

@@ -19,7 +19,7 @@ import { AsyncLocalStorage, createHook, type AsyncHook } from "node:async_hooks"
 import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
 
-import type { Duration, Timestamp } from "@bufbuild/protobuf/wkt";
+import type { Duration, Timestamp, Value } from "@bufbuild/protobuf/wkt";
 import { timestampDate } from "@bufbuild/protobuf/wkt";
 import type { Interceptor, Transport } from "@connectrpc/connect";
 
@@ -28,6 +28,7 @@ import { ComposerClient } from "./client.js";
 import { makeCodeHandler, type CodeRunnerOptions } from "./code-runner.js";
 import { ComposerError, TaskError, isLeaseLost, isResourceExhausted, toComposerError } from "./errors.js";
 import type { Task } from "./gen/composer/v1/worker_service_pb.js";
+import { HandlerSpan, workerTracing, type Tracing } from "./tracing.js";
 import { createNodeTransport, resolveAddress, resolveToken } from "./transport-node.js";
 import { NotJsonError, fromValue, toValue, type Json } from "./values.js";
 
@@ -168,6 +169,16 @@ export interface WorkerOptions {
   /** Check the server's protocol version before polling (default true). */
   checkServer?: boolean;
   logger?: Logger;
+  /**
+   * The OpenTelemetry `TracerProvider` of the handlers' spans (default: the global one). Used only
+   * when `@opentelemetry/api` is installed; see the README's "Tracing".
+   */
+  tracerProvider?: TracerProviderLike;
+}
+
+/** What the worker uses of an OpenTelemetry `TracerProvider` (any provider fits). */
+export interface TracerProviderLike {
+  getTracer(name: string): unknown;
 }
 
 /** The most tasks one PollTasks may ask for. */
@@ -383,13 +394,16 @@ interface Execution {
   crash: Deferred<unknown>;
   /** Resolved when the handler's promise settled. */
   handlerSettled: Deferred<void>;
+  /** The handler's span; ended before the report goes out, so an exporter has it when the run ends. */
+  span: HandlerSpan;
   /** Resolved when everything about the attempt is done (handler, report, slot). */
   done: Deferred<void>;
   /** True once a report was applied or the attempt was dropped. */
   finished: boolean;
 }
 
-type Outcome = { output: unknown } | { failure: TaskError };
+/** A handler's output, already JSON, or its failure (with the error behind it, if one was thrown). */
+type Outcome = { output: Value } | { failure: TaskError; error?: unknown };
 
 function errorCode(error: Error): string {
   const name = typeof error.name === "string" && error.name ? error.name : "Error";
@@ -442,6 +456,7 @@ export class Worker {
   #stop = new AbortController();
   #force = new AbortController();
   #serving = false;
+  #tracing: Tracing | undefined;
 
   constructor(options: WorkerOptions = {}) {
     const slots = options.slots ?? 10;
@@ -552,6 +567,7 @@ export class Worker {
       close = made.close;
     }
     this.#client = new ComposerClient({ transport, token: resolveToken(this.#options.token) });
+    this.#tracing = await workerTracing(this.#options.tracerProvider);
     installGuard();
     let poller: Promise<void> | undefined;
     let failure: unknown;
@@ -631,9 +647,10 @@ export class Worker {
         execution.ctx.cancel(CANCEL_SHUTDOWN);
         execution.finished = true;
         execution.heartbeatStop.abort();
+        execution.span.end(CANCEL_SHUTDOWN);
         const failure = new TaskError("the worker stopped before the task finished", { code: "WORKER_SHUTDOWN" });
         try {
-          await this.#sendFail(execution.task, failure, { timeoutMs: 5_000 });
+          await this.#sendFail(execution.task, failure, { timeoutMs: 5_000, headers: execution.span.reportHeaders });
           this.stats.failed += 1;
         } catch (error) {
           this.#log.warn(`could not fail an unfinished task: ${String(error)}`);
@@ -701,6 +718,7 @@ export class Worker {
       heartbeatStop,
       crash: deferred<unknown>(),
       handlerSettled: deferred(),
+      span: new HandlerSpan(task, this.#tracing),
       done: deferred(),
       finished: false,
     };
@@ -714,6 +732,9 @@ export class Worker {
     }
     try {
       const outcome = await this.#runHandler(task, execution);
+      if (!outcome) execution.span.end(ctx.cancelReason ?? "cancelled");
+      else if ("failure" in outcome) execution.span.end(`${outcome.failure.code}: ${outcome.failure.message}`, outcome.error);
+      else execution.span.end();
       if (outcome && !execution.finished) await this.#report(task, execution, outcome);
     } catch (error) {
       ctx.logger.error(`the worker failed on this task: ${String(error)}`);
@@ -739,13 +760,16 @@ export class Worker {
       ctx.logger.error(`no handler for task ${JSON.stringify(task.taskName)} on queue ${JSON.stringify(task.queue)}`);
       return { failure: new TaskError(`this worker has no handler for task ${JSON.stringify(task.taskName)}`, { code: "UNKNOWN_TASK" }) };
     }
-    const result = currentExecution.run(execution, () => {
-      try {
-        return Promise.resolve(handler(ctx));
-      } catch (error) {
-        return Promise.reject(error);
-      }
-    });
+    // The handler runs with its span active, so the spans it starts are the span's children.
+    const result = currentExecution.run(execution, () =>
+      execution.span.run(() => {
+        try {
+          return Promise.resolve(handler(ctx));
+        } catch (error) {
+          return Promise.reject(error);
+        }
+      }),
+    );
     const settled = result.then(
       (output) => ({ kind: "ok" as const, output }),
       (error: unknown) => ({ kind: "error" as const, error }),
@@ -760,7 +784,7 @@ export class Worker {
     if (first.kind === "crash") {
       ctx.logger.warn(`the handler left a rejection unhandled: ${describe(first.error instanceof Error ? first.error.message : first.error)}`);
       ctx.cancel(CANCEL_ATTEMPT_FAILED);
-      return { failure: failureOf(first.error, true) };
+      return { failure: failureOf(first.error, true), error: first.error };
     }
     if (first.kind === "aborted" || ctx.cancelReason !== undefined) {
       const reason = ctx.cancelReason;
@@ -771,11 +795,18 @@ export class Worker {
       ctx.logger.info(`task stopped (${reason}); not reporting`);
       return undefined;
     }
-    if (first.kind === "ok") return { output: first.output };
+    if (first.kind === "ok") {
+      try {
+        return { output: toValue(first.output) };
+      } catch (error) {
+        const why = error instanceof NotJsonError ? error.message : String(error);
+        return { failure: new TaskError(`the handler's output is not JSON: ${why}`, { code: "INVALID_OUTPUT", retryable: false }), error };
+      }
+    }
     if (!(first.error instanceof TaskError)) {
       ctx.logger.warn(`handler threw ${first.error instanceof Error ? errorCode(first.error) : typeof first.error}: ${first.error instanceof Error ? first.error.message : describe(first.error)}`);
     }
-    return { failure: failureOf(first.error) };
+    return { failure: failureOf(first.error), error: first.error };
   }
 
   /** Heartbeats the task: first a third of the way to its first expiry (it confirms receipt), then every interval. */
@@ -821,20 +852,15 @@ export class Worker {
 
   // --- reports -----------------------------------------------------------------------------------
 
+  /** Reports the outcome; every call carries the handler span's trace headers. */
   async #report(task: Task, execution: Execution, outcome: Outcome): Promise<void> {
     const client = this.#client as ComposerClient;
     const ctx = execution.ctx;
     if ("failure" in outcome) return this.#reportFailure(task, execution, outcome.failure);
-    let output;
     try {
-      output = toValue(outcome.output);
-    } catch (error) {
-      const why = error instanceof NotJsonError ? error.message : String(error);
-      return this.#reportFailure(task, execution, new TaskError(`the handler's output is not JSON: ${why}`, { code: "INVALID_OUTPUT", retryable: false }));
-    }
-    try {
-      const request = { taskId: task.taskId, attempt: task.attempt, leaseToken: task.leaseToken, output };
-      if (await this.#sendWithRetries(ctx, (o) => client.raw.workers.completeTask(request, o))) {
+      const request = { taskId: task.taskId, attempt: task.attempt, leaseToken: task.leaseToken, output: outcome.output };
+      const headers = execution.span.reportHeaders;
+      if (await this.#sendWithRetries(ctx, (o) => client.raw.workers.completeTask(request, o), headers)) {
         execution.finished = true;
         this.stats.completed += 1;
         ctx.logger.debug("completed");
@@ -854,7 +880,7 @@ export class Worker {
   async #reportFailure(task: Task, execution: Execution, failure: TaskError): Promise<void> {
     const ctx = execution.ctx;
     try {
-      if (await this.#sendFail(task, failure, { ctx })) {
+      if (await this.#sendFail(task, failure, { ctx, headers: execution.span.reportHeaders })) {
         execution.finished = true;
         this.stats.failed += 1;
         ctx.logger.info(`failed with ${failure.code} (retryable=${failure.retryable}): ${failure.message}`);
@@ -864,7 +890,7 @@ export class Worker {
     }
   }
 
-  async #sendFail(task: Task, failure: TaskError, how: { ctx?: Context; timeoutMs?: number }): Promise<boolean> {
+  async #sendFail(task: Task, failure: TaskError, how: { ctx?: Context; timeoutMs?: number; headers?: Record<string, string> }): Promise<boolean> {
     const client = this.#client as ComposerClient;
     let details;
     if (failure.details !== undefined && failure.details !== null) {
@@ -885,26 +911,30 @@ export class Worker {
     };
     if (!how.ctx) {
       try {
-        await client.raw.workers.failTask(request, client.callOptions({ timeoutMs: how.timeoutMs ?? 5_000 }));
+        await client.raw.workers.failTask(request, client.callOptions({ timeoutMs: how.timeoutMs ?? 5_000, headers: how.headers ?? {} }));
       } catch (error) {
         throw toComposerError(error);
       }
       return true;
     }
-    return this.#sendWithRetries(how.ctx, (o) => client.raw.workers.failTask(request, o));
+    return this.#sendWithRetries(how.ctx, (o) => client.raw.workers.failTask(request, o), how.headers ?? {});
   }
 
   /**
    * Sends a report, again with the same lease token after a transient failure. False when the
    * lease was lost (the report is dropped, never retried); throws other errors.
    */
-  async #sendWithRetries(ctx: Context, send: (options: ReturnType<ComposerClient["callOptions"]>) => Promise<unknown>): Promise<boolean> {
+  async #sendWithRetries(
+    ctx: Context,
+    send: (options: ReturnType<ComposerClient["callOptions"]>) => Promise<unknown>,
+    headers: Record<string, string>,
+  ): Promise<boolean> {
     const client = this.#client as ComposerClient;
     const deadline = Date.now() + (this.#options.reportTimeoutMs ?? 300_000);
     let failures = 0;
     for (;;) {
       try {
-        await send(client.callOptions({ timeoutMs: 10_000 }));
+        await send(client.callOptions({ timeoutMs: 10_000, headers }));
         return true;
       } catch (error) {
         const converted = toComposerError(error);

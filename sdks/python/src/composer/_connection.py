@@ -65,15 +65,24 @@ class Connection:
         self.server = server_service_pb2_grpc.ServerServiceStub(self.channel)
 
     async def unary(
-        self, method: Any, request: Any, *, timeout: float | None = 30.0, wait_for_ready: bool = False
+        self,
+        method: Any,
+        request: Any,
+        *,
+        timeout: float | None = 30.0,
+        wait_for_ready: bool = False,
+        metadata: Sequence[tuple[str, str]] = (),
     ) -> Any:
-        """Calls a unary RPC with the connection's metadata; raises a typed ComposerError on failure.
+        """Calls a unary RPC with the connection's metadata and ``metadata``; raises a typed
+        ComposerError on failure.
 
         With ``wait_for_ready`` the call waits (within ``timeout``) for an
         unreachable server to come back instead of failing UNAVAILABLE at once.
         """
         try:
-            return await method(request, metadata=self.metadata, timeout=timeout, wait_for_ready=wait_for_ready)
+            return await method(
+                request, metadata=self.metadata + tuple(metadata), timeout=timeout, wait_for_ready=wait_for_ready
+            )
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
 

@@ -27,6 +27,7 @@ import grpc
 
 from composer.v1 import run_service_pb2, server_service_pb2, workflow_service_pb2
 
+from . import _tracing
 from ._connection import DEFAULT_ADDRESS, Connection
 from ._values import to_value
 from .backoff import Backoff
@@ -99,8 +100,10 @@ class Client:
         """Closes the connection."""
         await self._conn.close()
 
-    async def _call(self, method: Any, request: Any) -> Any:
-        return await self._conn.unary(method, request, timeout=self._timeout, wait_for_ready=self._wait_for_ready)
+    async def _call(self, method: Any, request: Any, metadata: _tracing.Metadata = ()) -> Any:
+        return await self._conn.unary(
+            method, request, timeout=self._timeout, wait_for_ready=self._wait_for_ready, metadata=metadata
+        )
 
     # --- server -----------------------------------------------------------
 
@@ -156,7 +159,9 @@ class Client:
         """Starts a run of ``workflow`` (its latest version unless ``version``) with a JSON ``input``.
 
         With an ``idempotency_key``, a repeated call returns the run the first
-        call created, with ``created`` False, and starts nothing.
+        call created, with ``created`` False, and starts nothing. Called inside
+        an OpenTelemetry span, it sends the span's W3C context: the run's trace
+        continues the caller's.
         """
         request = run_service_pb2.StartRunRequest(
             workflow_name=workflow,
@@ -166,7 +171,9 @@ class Client:
         )
         if input is not None:
             request.input.CopyFrom(to_value(input))
-        response: run_service_pb2.StartRunResponse = await self._call(self._conn.runs.StartRun, request)
+        response: run_service_pb2.StartRunResponse = await self._call(
+            self._conn.runs.StartRun, request, _tracing.caller_metadata()
+        )
         return Run.from_proto(response.run, created=response.created)
 
     async def get_run(self, run_id: str, *, skip_nodes: bool = False) -> Run:
@@ -248,7 +255,9 @@ class Client:
             request.correlation_key = correlation_key or ""
         if payload is not None:
             request.payload.CopyFrom(to_value(payload))
-        response: run_service_pb2.SendEventResponse = await self._call(self._conn.runs.SendEvent, request)
+        response: run_service_pb2.SendEventResponse = await self._call(
+            self._conn.runs.SendEvent, request, _tracing.caller_metadata()
+        )
         return EventDelivery.from_proto(response)
 
     async def get_run_history(self, run_id: str, *, page_size: int = 100) -> AsyncIterator[HistoryEvent]:

@@ -46,17 +46,21 @@ import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from datetime import datetime, timezone
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
 from composer.v1 import worker_service_pb2
 
+from . import _tracing
 from ._connection import DEFAULT_ADDRESS, Connection
 from ._values import from_optional_field, to_value
 from .backoff import Backoff
 from .errors import ComposerError, LeaseLostError, ResourceExhaustedError, TaskError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer, TracerProvider
 
 log = logging.getLogger("composer.worker")
 
@@ -249,8 +253,10 @@ class WorkerStats:
 
 @dataclasses.dataclass(frozen=True)
 class _Outcome:
-    output: Any = None
+    output: struct_pb2.Value | None = None
     failure: TaskError | None = None
+    error: BaseException | None = None
+    """The exception behind ``failure``, if one was raised."""
 
 
 class Worker:
@@ -262,7 +268,9 @@ class Worker:
     wait. ``heartbeat_interval``: overrides the default of a third of each
     task's lease (tests use it); the first heartbeat comes sooner when the
     first, short lease must be confirmed before it ends. ``interceptors``:
-    ``grpc.aio`` client interceptors for every call.
+    ``grpc.aio`` client interceptors for every call. ``tracer_provider``: the
+    OpenTelemetry provider of the handlers' spans (default: the global one;
+    see the README's "Tracing").
     """
 
     def __init__(
@@ -282,6 +290,7 @@ class Worker:
         interceptors: Iterable[Any] = (),
         check_server: bool = True,
         logger: logging.Logger | None = None,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
@@ -302,6 +311,8 @@ class Worker:
         self._interceptors = list(interceptors)
         self._check_server = check_server
         self._log = logger or log
+        self._tracer_provider = tracer_provider
+        self._tracer: Tracer | None = None
         self._handlers: dict[tuple[str | None, str | None], Handler] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: asyncio.Event | None = None
@@ -456,6 +467,7 @@ class Worker:
         self._slots = Slots(self._capacity)
         self._executor = concurrent.futures.ThreadPoolExecutor(self._capacity, thread_name_prefix="composer-task")
         self._conn = Connection(self.address, token=self._token, tls=self._tls, interceptors=self._interceptors)
+        self._tracer = _tracing.get_tracer(self._tracer_provider)
         poller: asyncio.Task[None] | None = None
         try:
             if self._check_server:
@@ -598,19 +610,23 @@ class Worker:
         finished = asyncio.Event()
         handler_box: list[asyncio.Future[Any]] = []
         heartbeat = asyncio.create_task(self._heartbeat_loop(task, ctx, finished, handler_box, interval, first_beat))
+        span = _tracing.HandlerSpan(task, self._tracer)
         try:
-            outcome = await self._run_handler(task, ctx, handler_box)
+            outcome = await self._run_handler(task, ctx, handler_box, span)
             if outcome is None:
+                span.end(ctx.cancel_reason or "cancelled")
                 return
-            await self._report(task, ctx, outcome)
+            # The span ends before the report goes out: an exporter has it by the time the run ends.
+            failure = outcome.failure
+            span.end(None if failure is None else f"{failure.code}: {failure.message}", outcome.error)
+            await self._report(task, ctx, outcome, span.report_metadata)
         except asyncio.CancelledError:
+            span.end(ctx.cancel_reason or "cancelled")
             if ctx.cancel_reason == CANCEL_SHUTDOWN:
                 # The drain timed out: give the attempt back so it runs again soon.
+                shutdown = TaskError("the worker stopped before the task finished", code="WORKER_SHUTDOWN")
                 with contextlib.suppress(ComposerError, asyncio.TimeoutError):
-                    await asyncio.wait_for(
-                        self._send_fail(task, TaskError("the worker stopped before the task finished", code="WORKER_SHUTDOWN")),
-                        5.0,
-                    )
+                    await asyncio.wait_for(self._send_fail(task, shutdown, metadata=span.report_metadata), 5.0)
             raise
         finally:
             finished.set()
@@ -621,19 +637,24 @@ class Worker:
             self._running.pop(asyncio.current_task(), None)  # type: ignore[arg-type]
 
     async def _run_handler(
-        self, task: worker_service_pb2.Task, ctx: TaskContext, handler_box: list[asyncio.Future[Any]]
+        self,
+        task: worker_service_pb2.Task,
+        ctx: TaskContext,
+        handler_box: list[asyncio.Future[Any]],
+        span: _tracing.HandlerSpan,
     ) -> _Outcome | None:
-        """Runs the handler; None when the task was cancelled (no report is due)."""
+        """Runs the handler with its span current; None when the task was cancelled (no report is due)."""
         assert self._loop is not None and self._executor is not None
         handler = self._handler_for(task)
         if handler is None:
             ctx.logger.error("no handler for task %r on queue %r", task.task_name, task.queue)
             return _Outcome(failure=TaskError(f"this worker has no handler for task {task.task_name!r}", code="UNKNOWN_TASK"))
-        if _is_async(handler):
-            future: asyncio.Future[Any] = asyncio.ensure_future(handler(ctx))
-        else:
-            call = functools.partial(contextvars.copy_context().run, handler, ctx)
-            future = self._loop.run_in_executor(self._executor, call)
+        with span.current():  # the handler's task or thread copies the context, span included
+            if _is_async(handler):
+                future: asyncio.Future[Any] = asyncio.ensure_future(handler(ctx))
+            else:
+                call = functools.partial(contextvars.copy_context().run, handler, ctx)
+                future = self._loop.run_in_executor(self._executor, call)
         handler_box.append(future)
         try:
             await asyncio.wait({future})
@@ -653,10 +674,15 @@ class Worker:
         if error is None:
             result = future.result()
             if inspect.isawaitable(result):  # a sync function that returned a coroutine
-                result = await result
-            return _Outcome(output=result)
+                with span.current():
+                    result = await result
+            try:
+                return _Outcome(output=to_value(result))
+            except (TypeError, ValueError) as not_json:
+                failure = TaskError(f"the handler's output is not JSON: {not_json}", code="INVALID_OUTPUT", retryable=False)
+                return _Outcome(failure=failure, error=not_json)
         if isinstance(error, TaskError):
-            return _Outcome(failure=error)
+            return _Outcome(failure=error, error=error)
         tb = "".join(traceback.format_exception(error))
         ctx.logger.warning("handler raised %s: %s", type(error).__name__, error)
         failure = TaskError(
@@ -664,7 +690,7 @@ class Worker:
             code=type(error).__name__,
             details={"type": type(error).__name__, "traceback": tb[-_MAX_TRACEBACK:]},
         )
-        return _Outcome(failure=failure)
+        return _Outcome(failure=failure, error=error)
 
     async def _heartbeat_loop(
         self,
@@ -719,39 +745,44 @@ class Worker:
 
     # --- reports ----------------------------------------------------------
 
-    async def _report(self, task: worker_service_pb2.Task, ctx: TaskContext, outcome: _Outcome) -> None:
+    async def _report(
+        self, task: worker_service_pb2.Task, ctx: TaskContext, outcome: _Outcome, metadata: _tracing.Metadata
+    ) -> None:
+        """Reports the outcome; ``metadata`` (the handler span's trace context) goes with each call."""
         assert self._conn is not None
         if outcome.failure is None:
-            try:
-                output = to_value(outcome.output)
-            except (TypeError, ValueError) as error:
-                await self._report_failure(task, ctx, TaskError(f"the handler's output is not JSON: {error}", code="INVALID_OUTPUT", retryable=False))
-                return
             request = worker_service_pb2.CompleteTaskRequest(
-                task_id=task.task_id, attempt=task.attempt, lease_token=task.lease_token, output=output
+                task_id=task.task_id, attempt=task.attempt, lease_token=task.lease_token, output=outcome.output
             )
             try:
-                if await self._send_with_retries(ctx, self._conn.workers.CompleteTask, request):
+                if await self._send_with_retries(ctx, self._conn.workers.CompleteTask, request, metadata):
                     self.stats.completed += 1
                     ctx.logger.debug("completed")
             except ResourceExhaustedError as error:
-                await self._report_failure(
-                    task, ctx, TaskError(f"output too large: {error.message}", code="OUTPUT_TOO_LARGE", retryable=False)
-                )
+                too_large = TaskError(f"output too large: {error.message}", code="OUTPUT_TOO_LARGE", retryable=False)
+                await self._report_failure(task, ctx, too_large, metadata)
             except ComposerError as error:
                 ctx.logger.error("could not report completion (%s); the lease will expire", error)
             return
-        await self._report_failure(task, ctx, outcome.failure)
+        await self._report_failure(task, ctx, outcome.failure, metadata)
 
-    async def _report_failure(self, task: worker_service_pb2.Task, ctx: TaskContext, failure: TaskError) -> None:
+    async def _report_failure(
+        self, task: worker_service_pb2.Task, ctx: TaskContext, failure: TaskError, metadata: _tracing.Metadata
+    ) -> None:
         try:
-            if await self._send_fail(task, failure, ctx):
+            if await self._send_fail(task, failure, ctx, metadata):
                 self.stats.failed += 1
                 ctx.logger.info("failed with %s (retryable=%s): %s", failure.code, failure.retryable, failure.message)
         except ComposerError as error:
             ctx.logger.error("could not report failure (%s); the lease will expire", error)
 
-    async def _send_fail(self, task: worker_service_pb2.Task, failure: TaskError, ctx: TaskContext | None = None) -> bool:
+    async def _send_fail(
+        self,
+        task: worker_service_pb2.Task,
+        failure: TaskError,
+        ctx: TaskContext | None = None,
+        metadata: _tracing.Metadata = (),
+    ) -> bool:
         assert self._conn is not None
         request = worker_service_pb2.FailTaskRequest(
             task_id=task.task_id,
@@ -767,11 +798,11 @@ class Worker:
             except (TypeError, ValueError):
                 request.details.CopyFrom(to_value({"repr": repr(failure.details)[:_MAX_MESSAGE]}))
         if ctx is None:
-            await self._conn.unary(self._conn.workers.FailTask, request, timeout=5.0)
+            await self._conn.unary(self._conn.workers.FailTask, request, timeout=5.0, metadata=metadata)
             return True
-        return await self._send_with_retries(ctx, self._conn.workers.FailTask, request)
+        return await self._send_with_retries(ctx, self._conn.workers.FailTask, request, metadata)
 
-    async def _send_with_retries(self, ctx: TaskContext, method: Any, request: Any) -> bool:
+    async def _send_with_retries(self, ctx: TaskContext, method: Any, request: Any, metadata: _tracing.Metadata) -> bool:
         """Sends a report, again with the same lease token after a transient failure.
 
         Returns False when the lease was lost (the report is dropped, never retried).
@@ -781,7 +812,7 @@ class Worker:
         deadline = time.monotonic() + self._report_timeout
         while True:
             try:
-                await self._conn.unary(method, request, timeout=10.0)
+                await self._conn.unary(method, request, timeout=10.0, metadata=metadata)
                 return True
             except LeaseLostError:
                 self.stats.lease_lost += 1

@@ -1,5 +1,6 @@
 // `npm pack` gives a tarball that installs and imports in a fresh folder: both entry points, the
-// declaration files (a strict TypeScript program type-checks against them) and the bin.
+// declaration files (a strict TypeScript program type-checks against them) and the bin. The
+// optional peer @opentelemetry/api is not installed there: the worker and the client work without it.
 import assert from "node:assert/strict";
 import { execFileSync } from "node:child_process";
 import { mkdtempSync, readdirSync, rmSync, writeFileSync, existsSync } from "node:fs";
@@ -32,7 +33,14 @@ worker.task("q", "t", async (ctx: TaskContext) => {
 const client = new Client({ address: "127.0.0.1:1" });
 const web = new WebClient({ baseUrl: "http://127.0.0.1:1" });
 const guard: (e: unknown) => boolean = isNotFound;
-console.log(JSON.stringify({ worker: worker.queues, client: typeof client.startRun, web: typeof web.watchRun, guard: typeof guard }));
+// Without @opentelemetry/api: the call still goes out (and finds no server), the worker serves and stops.
+const start = await client.startRun("wf", {}, { signal: AbortSignal.timeout(10_000) }).then(() => "started", (e: { code?: string }) => e.code);
+const quiet = { debug() {}, info() {}, warn() {}, error() {} };
+const serving = new Worker({ address: "127.0.0.1:1", queues: ["q"], logger: quiet });
+const served = serving.serve();
+setTimeout(() => serving.stop(), 200);
+await served;
+console.log(JSON.stringify({ worker: worker.queues, client: typeof client.startRun, web: typeof web.watchRun, guard: typeof guard, start }));
 client.close();
 `,
     );
@@ -42,7 +50,8 @@ client.close();
     );
     execFileSync(join(app, "node_modules", ".bin", "tsc"), ["-p", "."], { cwd: app, encoding: "utf8" });
     const out = execFileSync("node", ["out/main.js"], { cwd: app, encoding: "utf8" });
-    assert.deepEqual(JSON.parse(out), { worker: ["q"], client: "function", web: "function", guard: "function" });
+    assert.ok(!existsSync(join(app, "node_modules", "@opentelemetry", "api")), "the optional peer was installed");
+    assert.deepEqual(JSON.parse(out), { worker: ["q"], client: "function", web: "function", guard: "function", start: "UNAVAILABLE" });
     const bin = join(app, "node_modules", ".bin", "composer-code-runner-js");
     assert.ok(existsSync(bin));
     assert.match(execFileSync(bin, ["--help"], { encoding: "utf8" }), /Serves JavaScript CODE nodes/);

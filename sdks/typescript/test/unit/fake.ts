@@ -60,7 +60,7 @@ export function task(overrides: Partial<Task> = {}): MessageInitShape<typeof imp
 
 /** The fake: `answers[method]` is called for each call (default: OK, empty); polls hand out `tasks` once. */
 export class FakeServer implements Transport {
-  readonly calls: { method: string; message: any; at: number }[] = []; // eslint-disable-line @typescript-eslint/no-explicit-any
+  readonly calls: { method: string; message: any; at: number; headers: Headers }[] = []; // eslint-disable-line @typescript-eslint/no-explicit-any
   readonly answers: Record<string, Answer> = {};
   tasks: ReturnType<typeof task>[] = [];
   protocolVersion = "1.0";
@@ -73,15 +73,20 @@ export class FakeServer implements Transport {
     return this.calls.filter((c) => c.method === method).map((c) => c.message);
   }
 
+  /** The headers of each call of `method`, in order. */
+  headers(method: string): Headers[] {
+    return this.calls.filter((c) => c.method === method).map((c) => c.headers);
+  }
+
   async unary<I extends DescMessage, O extends DescMessage>(
     method: DescMethodUnary<I, O>,
     signal: AbortSignal | undefined,
     _timeoutMs: number | undefined,
-    _header: HeadersInit | undefined,
+    header: HeadersInit | undefined,
     input: MessageInitShape<I>,
   ): Promise<UnaryResponse<I, O>> {
     const message = create(method.input, input);
-    this.calls.push({ method: method.name, message, at: Date.now() });
+    this.calls.push({ method: method.name, message, at: Date.now(), headers: new Headers(header) });
     let output: unknown;
     const answer = this.answers[method.name];
     if (answer) output = await answer(message, signal);
