@@ -84,6 +84,17 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
 
+    /// Export traces over OTLP/HTTP to this collector (its base URL, as
+    /// OTEL_EXPORTER_OTLP_ENDPOINT: `/v1/traces` is appended), e.g.
+    /// `http://otel-collector:4318`. Off when unset: no span is made.
+    #[arg(long, env = "COMPOSER_OTLP_ENDPOINT")]
+    pub otlp_endpoint: Option<String>,
+
+    /// The share of runs whose traces are kept (0 to 1), unless the caller's
+    /// traceparent already decided.
+    #[arg(long, env = "COMPOSER_OTLP_SAMPLE_RATIO", default_value_t = 1.0, value_parser = parse_ratio)]
+    pub otlp_sample_ratio: f64,
+
     /// How long a lease lasts until the worker's first heartbeat, for
     /// workers that confirm receipt (the SDKs): a poll answer that never
     /// arrives offers the task again this soon, e.g. `5s`.
@@ -212,4 +223,11 @@ pub struct AuthArgs {
     /// Clock leeway for `exp` and `nbf`, e.g. `30s`.
     #[arg(long, env = "COMPOSER_AUTH_LEEWAY", default_value = "30s", value_parser = parse_duration)]
     pub auth_leeway: Duration,
+}
+
+fn parse_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+        _ => Err(format!("{text:?} is not a ratio from 0 to 1")),
+    }
 }

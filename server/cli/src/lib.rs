@@ -10,4 +10,5 @@ pub mod local_services;
 pub mod logging;
 pub mod metrics_server;
 pub mod serve;
+pub mod traces;
 pub mod workflow_test;

@@ -1,15 +1,30 @@
 //! Logs through `tracing` to standard error: JSON by default, text for people.
 
-use tracing_subscriber::{EnvFilter, fmt};
+use tracing_subscriber::{
+    EnvFilter, Layer, Registry, fmt, layer::SubscriberExt, util::SubscriberInitExt,
+};
 
 use crate::config::LogFormat;
 
-/// Installs the global subscriber. Call once, before anything logs.
-pub fn init(format: LogFormat, filter: &str) {
-    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = fmt().with_env_filter(filter).with_writer(std::io::stderr);
+/// Installs the global subscriber: the log, and the layer that exports
+/// traces when there is one. Call once, before anything logs.
+pub fn init(
+    format: LogFormat,
+    filter: &str,
+    traces: Option<Box<dyn Layer<Registry> + Send + Sync>>,
+) {
+    // the trace spans are for the exporter, not the log's line prefixes
+    let filter = EnvFilter::try_new(format!(
+        "{filter},{}=off",
+        composer_coordinator::traces::TARGET
+    ))
+    .unwrap_or_else(|_| EnvFilter::new("info"));
+    let registry = tracing_subscriber::registry().with(traces);
+    let log = fmt::layer().with_writer(std::io::stderr);
     let _ = match format {
-        LogFormat::Json => builder.json().flatten_event(true).try_init(),
-        LogFormat::Text => builder.compact().try_init(),
+        LogFormat::Json => registry
+            .with(log.json().flatten_event(true).with_filter(filter))
+            .try_init(),
+        LogFormat::Text => registry.with(log.compact().with_filter(filter)).try_init(),
     };
 }

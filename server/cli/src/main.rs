@@ -106,6 +106,12 @@ fn main() -> ExitCode {
 
 /// The commands that run the server or touch its backends.
 fn serve_or_migrate(command: Command) -> ExitCode {
+    // made before the runtime and dropped after it: its HTTP client blocks
+    let (exporter, mut trace_layer) = match trace_exporter(&command) {
+        Ok(Some((exporter, layer))) => (Some(exporter), Some(layer)),
+        Ok(None) => (None, None),
+        Err(error) => return fail(&error),
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -118,7 +124,7 @@ fn serve_or_migrate(command: Command) -> ExitCode {
             Command::Serve { backend, server } => {
                 // refuse a server without authentication before touching anything
                 auth::auth_mode(&server.auth)?;
-                logging::init(server.log_format, &server.log);
+                logging::init(server.log_format, &server.log, trace_layer.take());
                 let backends = serve::connect_backends(&backend, &server).await?;
                 let listener = serve::bind(server.listen).await?;
                 serve::run(
@@ -135,7 +141,7 @@ fn serve_or_migrate(command: Command) -> ExitCode {
                     Some(_) => args.server.log_format,
                     None => LogFormat::Text,
                 };
-                logging::init(format, &args.server.log);
+                logging::init(format, &args.server.log, trace_layer.take());
                 dev::run(args).await?;
             }
             Command::Workflow(_)
@@ -144,7 +150,7 @@ fn serve_or_migrate(command: Command) -> ExitCode {
             | Command::Server(_)
             | Command::Completions { .. } => {}
             Command::Migrate { backend, server } => {
-                logging::init(server.log_format, &server.log);
+                logging::init(server.log_format, &server.log, None);
                 serve::migrate(&backend, &server).await?;
                 println!("migrations applied");
             }
@@ -153,11 +159,32 @@ fn serve_or_migrate(command: Command) -> ExitCode {
     });
     // Do not wait for tasks still parked on long polls or timers.
     runtime.shutdown_background();
+    drop(exporter);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => fail(&*error),
     }
 }
+
+/// The trace exporter a serving command asked for, if any.
+fn trace_exporter(
+    command: &Command,
+) -> Result<
+    Option<(composer_cli::traces::TraceExporter, TraceLayer)>,
+    composer_cli::traces::TraceSetupError,
+> {
+    let server = match command {
+        Command::Serve { server, .. } => server,
+        Command::Dev(args) => &args.server,
+        _ => return Ok(None),
+    };
+    let Some(endpoint) = server.otlp_endpoint.as_deref() else {
+        return Ok(None);
+    };
+    composer_cli::traces::install(endpoint, server.otlp_sample_ratio).map(Some)
+}
+
+type TraceLayer = Box<dyn tracing_subscriber::Layer<tracing_subscriber::Registry> + Send + Sync>;
 
 /// Prints one line, never a backtrace: the error names what to fix.
 fn fail(error: &dyn std::fmt::Display) -> ExitCode {

@@ -18,6 +18,7 @@ use composer_store::{
 };
 use serde_json::{Value as Json, json};
 use sqlx::PgConnection;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::{Coordinator, error::CoordinatorError, workflows::LoadedWorkflow};
@@ -53,6 +54,9 @@ pub struct Applied {
     pub created_at: Option<DateTime<Utc>>,
     /// What the metrics count once the transaction committed.
     pub(crate) counted: Counted,
+    /// The transaction's span (traces on only), the parent of its
+    /// dispatch; it ends when this is dropped.
+    pub(crate) span: Option<tracing::Span>,
 }
 
 /// An event transaction as the metrics see it.
@@ -155,7 +159,14 @@ impl Coordinator {
     pub(crate) async fn announce(&self, applied: &mut Applied) {
         applied.counted.record(&applied.status);
         self.run_changed(applied.run_id);
-        self.publish(std::mem::take(&mut applied.outbox)).await;
+        let outbox = std::mem::take(&mut applied.outbox);
+        match applied.span.take() {
+            Some(armed_by) if !outbox.is_empty() => {
+                let span = crate::traces::dispatch(&armed_by, outbox.len());
+                self.publish(outbox).instrument(span).await;
+            }
+            _ => self.publish(outbox).await,
+        }
         self.after_commit(std::mem::take(&mut applied.inbox_runs))
             .await;
     }
@@ -185,6 +196,10 @@ pub(crate) struct RunTxn<'a> {
     applied: Applied,
     /// When this transaction began, for its duration.
     began: std::time::Instant,
+    /// Its span and that span's traceparent (the parent of the tasks it
+    /// arms and the children it starts); none unless traces are on.
+    span: tracing::Span,
+    traceparent: Option<String>,
 }
 
 /// A task attempt an event armed, not written yet.
@@ -262,7 +277,11 @@ impl<'a> RunTxn<'a> {
     ) -> Result<RunTxn<'a>, CoordinatorError> {
         let record = record_from_row(&run)?;
         let was_terminal = record.status.is_terminal();
+        let span = crate::traces::run_events(run.traceparent.as_deref(), &run.id);
+        let traceparent = crate::traces::traceparent(&span);
         Ok(RunTxn {
+            span,
+            traceparent,
             coordinator,
             workflow,
             state: RunState {
@@ -387,6 +406,9 @@ impl<'a> RunTxn<'a> {
         self.applied.counted.namespace = self.run.namespace.clone();
         self.applied.counted.workflow = self.run.workflow_name.clone();
         self.applied.counted.took = self.began.elapsed();
+        if !self.span.is_disabled() {
+            self.applied.span = Some(self.span);
+        }
         Ok(self.applied)
     }
 
@@ -692,6 +714,9 @@ impl<'a> RunTxn<'a> {
                 parent_node: Some(&node_key),
                 parent_attempt: i32::try_from(attempt).ok(),
                 record: &stored_record(&record)?,
+                // a child run's spans hang under the transaction that
+                // started it: one trace for the whole tree
+                traceparent: self.traceparent.as_deref(),
             },
             false,
         )
@@ -783,6 +808,7 @@ impl<'a> RunTxn<'a> {
             input: &arm.input,
             heartbeat_timeout_ms: arm.heartbeat_timeout_ms,
             attempt_timeout_ms: arm.attempt_timeout_ms,
+            traceparent: self.traceparent.as_deref(),
         }
     }
 
@@ -851,6 +877,7 @@ impl<'a> RunTxn<'a> {
                     labels: &self.run.labels,
                     idempotency_key: self.run.idempotency_key.as_deref(),
                     only_if_latest: *only_if_latest,
+                    traceparent: self.run.traceparent.as_deref(),
                 })
                 .as_ref(),
         )

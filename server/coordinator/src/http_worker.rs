@@ -8,7 +8,7 @@ use composer_store::tasks::{LeasedTask, TaskScope};
 use tokio::sync::{Semaphore, watch};
 
 use crate::{
-    Coordinator, TaskReport,
+    Coordinator, Reporter, TaskReport,
     dispatch::{PollHub, PollRequest},
     http::{HTTP_QUEUE, HttpExecutor, HttpOutcome},
 };
@@ -146,7 +146,10 @@ async fn execute(coordinator: &Coordinator, executor: &HttpExecutor, task: Lease
             task.attempt,
             &token,
             report,
-            "worker:composer-http",
+            Reporter {
+                actor: "worker:composer-http",
+                traceparent: None,
+            },
         )
         .await;
     if let Err(error) = reported {

@@ -12,6 +12,7 @@ mod poll_hub;
 pub mod recovery;
 mod reports;
 mod runs;
+pub mod traces;
 pub mod watch;
 pub mod workflows;
 
@@ -22,7 +23,7 @@ pub use broker::{Broker, BrokerError};
 pub use composer_engine::names;
 use composer_store::Store;
 pub use error::{CoordinatorError, FieldProblem};
-pub use reports::{HeartbeatAnswer, TaskReport};
+pub use reports::{HeartbeatAnswer, Reporter, TaskReport};
 pub use runs::{EventTarget, RunView, SendEventResult, StartRun};
 use workflows::WorkflowCache;
 

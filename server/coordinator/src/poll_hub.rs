@@ -440,7 +440,7 @@ impl PollHub {
                 &key.1,
                 waiter.receipt,
             );
-            let leased = match tokio::time::timeout(self.config.lease_timeout, lease)
+            let mut leased = match tokio::time::timeout(self.config.lease_timeout, lease)
                 .await
                 .unwrap_or(Err(StoreError::TimedOut))
             {
@@ -451,8 +451,9 @@ impl PollHub {
                     continue;
                 }
             };
-            for task in &leased {
+            for task in &mut leased {
                 crate::metrics::task_leased(&task.namespace, &task.queue, task.dispatched_at);
+                trace_lease(task, &waiter.worker_id);
             }
             if let Err(unsent) = sender.send(leased) {
                 let leases: Vec<(Uuid, Uuid)> =
@@ -584,4 +585,23 @@ async fn read_batch(
     }
     pipe.query_async::<()>(connection).await?;
     Ok(read)
+}
+
+/// Opens and closes the task's lease span (traces on only) and hands the
+/// worker its traceparent in place of the arming transaction's.
+fn trace_lease(task: &mut LeasedTask, worker_id: &str) {
+    if task.traceparent.is_none() {
+        return;
+    }
+    let span = crate::traces::lease(
+        task.traceparent.as_deref(),
+        &task.id.to_string(),
+        &task.queue,
+        worker_id,
+    );
+    if let Some(waited) = task.dispatched_at {
+        let waited = (chrono::Utc::now() - waited).num_milliseconds();
+        crate::traces::attribute(&span, "composer.queue_wait_ms", waited.to_string());
+    }
+    task.traceparent = crate::traces::traceparent(&span);
 }

@@ -10,6 +10,7 @@ use composer_store::{
     tasks::{self, HeartbeatOutcome, LeasedTask, ReportCheck, TaskScope},
 };
 use serde_json::Value as Json;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::{
@@ -37,6 +38,16 @@ pub enum TaskReport {
         /// Structured details (a traceback).
         details: Option<Json>,
     },
+}
+
+/// Who reports: the actor the history names, and the traceparent of the
+/// worker's span that sent the report, if any.
+#[derive(Debug, Clone, Copy)]
+pub struct Reporter<'a> {
+    /// `worker:<subject>`, as the history records it.
+    pub actor: &'a str,
+    /// The report's `traceparent` header (read only when traces are on).
+    pub traceparent: Option<&'a str>,
 }
 
 /// The answer to a heartbeat.
@@ -110,15 +121,19 @@ impl Coordinator {
         attempt: i32,
         lease_token: &str,
         report: TaskReport,
-        actor: &str,
+        reporter: Reporter<'_>,
     ) -> Result<(), CoordinatorError> {
+        let Reporter {
+            actor,
+            traceparent: worker_trace,
+        } = reporter;
         let (task, token) = parse_ids(task_id, lease_token, attempt)?;
         if let TaskReport::Completed { output } = &report {
             self.check_payload("output", output)?;
         }
-        let outcome = match report {
-            TaskReport::Completed { .. } => tasks::status::COMPLETED,
-            TaskReport::Failed { .. } => tasks::status::FAILED,
+        let (outcome, span_name) = match report {
+            TaskReport::Completed { .. } => (tasks::status::COMPLETED, "CompleteTask"),
+            TaskReport::Failed { .. } => (tasks::status::FAILED, "FailTask"),
         };
         let lease = Lease {
             task,
@@ -126,7 +141,37 @@ impl Coordinator {
             token,
             outcome,
         };
-        let reported = match self.lease_hints.take(task) {
+        let hint = self.lease_hints.take(task);
+        let trace = ReportTrace {
+            name: span_name,
+            worker: worker_trace,
+        };
+        match hint.as_ref().and_then(|h| h.traceparent.as_deref()) {
+            Some(lease_trace) => {
+                let span = crate::traces::report(span_name, worker_trace, Some(lease_trace));
+                self.report_with_hint(scope, lease, hint, report, actor, trace)
+                    .instrument(span)
+                    .await
+            }
+            None => {
+                self.report_with_hint(scope, lease, hint, report, actor, trace)
+                    .await
+            }
+        }
+    }
+
+    /// [`report`](Coordinator::report) once the lease hint, if any, is taken.
+    async fn report_with_hint(
+        &self,
+        scope: &TaskScope,
+        lease: Lease,
+        hint: Option<LeaseHint>,
+        report: TaskReport,
+        actor: &str,
+        trace: ReportTrace<'_>,
+    ) -> Result<(), CoordinatorError> {
+        let (task, outcome) = (lease.task, lease.outcome);
+        let reported = match hint {
             Some(hint) if scope.covers(&hint.namespace, &hint.queue) => {
                 let queue = hint.queue.clone();
                 self.report_leased_here(scope, lease, hint, report, actor)
@@ -134,7 +179,10 @@ impl Coordinator {
                     .map(|()| queue)
             }
             Some(_) => Err(CoordinatorError::TaskNotFound(task.to_string())),
-            None => self.report_by_task(scope, lease, report, actor).await,
+            None => {
+                self.report_by_task(scope, lease, report, actor, trace)
+                    .await
+            }
         };
         let queue = reported?;
         crate::metrics::task_reported(&scope.namespace, &queue, outcome);
@@ -310,6 +358,7 @@ impl Coordinator {
         lease: Lease,
         report: TaskReport,
         actor: &str,
+        trace: ReportTrace<'_>,
     ) -> Result<String, CoordinatorError> {
         let mut tx = self.store.begin().await?;
         let Some((run, node_key, queue)) =
@@ -318,7 +367,10 @@ impl Coordinator {
             return Err(CoordinatorError::TaskNotFound(lease.task.to_string()));
         };
         let event = task_event(&node_key, lease.attempt, report)?;
+        // not leased here: the run's root stands for the lease span
+        let span = crate::traces::report(trace.name, trace.worker, run.traceparent.as_deref());
         self.apply_locked_report(tx, run, lease, event, actor)
+            .instrument(span)
             .await?;
         Ok(queue)
     }
@@ -373,6 +425,13 @@ impl Coordinator {
     pub fn remember_leases(&self, leased: &[LeasedTask]) {
         self.lease_hints.remember(leased);
     }
+}
+
+/// What a report's span needs: its name and the worker's traceparent.
+#[derive(Debug, Clone, Copy)]
+struct ReportTrace<'a> {
+    name: &'static str,
+    worker: Option<&'a str>,
 }
 
 /// The lease a report names, and the outcome it reports.
@@ -445,6 +504,8 @@ pub(crate) struct LeaseHint {
     workflow_name: String,
     workflow_version: i32,
     node_key: String,
+    /// The lease span's traceparent (traces on only).
+    traceparent: Option<String>,
 }
 
 /// The tasks this server leased and not yet heard of, bounded: a hint only
@@ -473,6 +534,7 @@ impl LeaseHints {
                     workflow_name: task.workflow_name.clone(),
                     workflow_version: task.workflow_version,
                     node_key: task.node_key.clone(),
+                    traceparent: task.traceparent.clone(),
                 },
             );
         }

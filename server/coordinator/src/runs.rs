@@ -6,6 +6,7 @@ use composer_store::{
     runs::{self, HistoryRow, NewRun, NodeRow, RunFilter, RunRow},
 };
 use serde_json::{Value as Json, json};
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::{
@@ -31,6 +32,9 @@ pub struct StartRun {
     pub labels: Json,
     /// Who asks.
     pub actor: String,
+    /// The caller's W3C traceparent, if it sent one: the run's trace
+    /// continues it (when traces are on).
+    pub traceparent: Option<String>,
 }
 
 /// A run with its node states.
@@ -83,10 +87,30 @@ impl Coordinator {
     /// that "the latest version" taken from the cache still is), then the
     /// write of its first event. A new run has no node state to read.
     pub async fn start_run(&self, request: StartRun) -> Result<(RunRow, bool), CoordinatorError> {
+        let span = crate::traces::start_run(
+            request.traceparent.as_deref(),
+            &request.namespace,
+            &request.workflow_name,
+        );
+        let run_trace = crate::traces::traceparent(&span);
+        self.start_run_traced(request, run_trace)
+            .instrument(span)
+            .await
+    }
+
+    /// [`start_run`](Coordinator::start_run), whose spans hang under `run_trace`.
+    async fn start_run_traced(
+        &self,
+        request: StartRun,
+        run_trace: Option<String>,
+    ) -> Result<(RunRow, bool), CoordinatorError> {
         let mut workflow = self.workflow_to_start(&request, false).await?;
         self.check_payload("input", &request.input)?;
         for _ in 0..3 {
-            if let Some(started) = self.try_start_run(&request, &workflow).await? {
+            if let Some(started) = self
+                .try_start_run(&request, &workflow, run_trace.clone())
+                .await?
+            {
                 return Ok(started);
             }
             // a newer version was registered since the cache learnt "latest"
@@ -145,6 +169,7 @@ impl Coordinator {
         &self,
         request: &StartRun,
         workflow: &std::sync::Arc<crate::workflows::LoadedWorkflow>,
+        traceparent: Option<String>,
     ) -> Result<Option<(RunRow, bool)>, CoordinatorError> {
         let run_id = Uuid::now_v7();
         let record = composer_engine::RunState::new(
@@ -173,6 +198,7 @@ impl Coordinator {
             created_at: now,
             updated_at: now,
             ended_at: None,
+            traceparent,
         };
         let only_if_latest = request.version.is_none();
         let applied = if crate::apply::start_writes_rows_only(workflow, &record) {
@@ -226,6 +252,7 @@ impl Coordinator {
                 parent_node: None,
                 parent_attempt: None,
                 record: &run.record,
+                traceparent: run.traceparent.as_deref(),
             },
             only_if_latest,
         )

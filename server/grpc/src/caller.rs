@@ -15,3 +15,14 @@ pub fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
         .cloned()
         .ok_or_else(|| Status::unauthenticated("the request carries no verified caller"))
 }
+
+/// The caller's W3C `traceparent` header, read only when the server exports
+/// traces. A header of the wrong size is dropped unread; what it says is
+/// parsed (strictly) where a span is opened under it.
+pub fn traceparent<T>(request: &Request<T>) -> Option<String> {
+    if !composer_coordinator::traces::enabled() {
+        return None;
+    }
+    let value = request.metadata().get("traceparent")?.to_str().ok()?;
+    (value.len() == composer_coordinator::traces::TRACEPARENT_LEN).then(|| value.to_owned())
+}

@@ -47,11 +47,13 @@ pub struct RunRow {
     pub updated_at: DateTime<Utc>,
     /// Ended.
     pub ended_at: Option<DateTime<Utc>>,
+    /// The W3C traceparent its spans hang under; None unless traces are on.
+    pub traceparent: Option<String>,
 }
 
 const RUN_COLUMNS: &str = "id, namespace, workflow_name, workflow_version, status, input, output, \
      error, labels, idempotency_key, parent_run_id, parent_node, parent_attempt, record, \
-     created_at, updated_at, ended_at";
+     created_at, updated_at, ended_at, traceparent";
 
 fn run_from_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {
     Ok(RunRow {
@@ -72,6 +74,7 @@ fn run_from_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         ended_at: row.try_get("ended_at")?,
+        traceparent: row.try_get("traceparent")?,
     })
 }
 
@@ -102,6 +105,8 @@ pub struct NewRun<'a> {
     pub parent_attempt: Option<i32>,
     /// The engine's initial run record.
     pub record: &'a Json,
+    /// The W3C traceparent its spans hang under, if traces are on.
+    pub traceparent: Option<&'a str>,
 }
 
 /// Inserts a run and locks it (the inserting transaction holds the row).
@@ -118,8 +123,8 @@ pub async fn insert_run(
     // (or a newer version, when asked) inserts nothing
     let created = sqlx::query_scalar(
         "INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
-           idempotency_key, parent_run_id, parent_node, parent_attempt, record) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 \
+           idempotency_key, parent_run_id, parent_node, parent_attempt, record, traceparent) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $14 \
          WHERE NOT ($13 AND EXISTS (SELECT 1 FROM workflow_definitions \
            WHERE namespace = $2 AND name = $3 AND version > $4)) \
          ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
@@ -138,6 +143,7 @@ pub async fn insert_run(
     .bind(run.parent_attempt)
     .bind(run.record)
     .bind(only_if_latest)
+    .bind(run.traceparent)
     .fetch_optional(conn)
     .await?;
     Ok(created)
@@ -863,6 +869,8 @@ pub struct RunInsert<'a> {
     pub idempotency_key: Option<&'a str>,
     /// Insert nothing if the workflow has a newer version than this one.
     pub only_if_latest: bool,
+    /// The W3C traceparent its spans hang under, if traces are on.
+    pub traceparent: Option<&'a str>,
 }
 
 /// What [`write_event`] wrote.
@@ -888,8 +896,9 @@ const UPDATE_RUN: &str = "run_row AS ( \
 /// every other part writes nothing either (they read `run_row`).
 const INSERT_RUN: &str = "run_row AS ( \
        INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
-         idempotency_key, record, output, error, ended_at, history_seq) \
-       SELECT $1, $8, $18, $19, $2, $20, $21, $22, $3, $4, $5, CASE WHEN $6 THEN now() END, $7 \
+         idempotency_key, record, output, error, ended_at, history_seq, traceparent) \
+       SELECT $1, $8, $18, $19, $2, $20, $21, $22, $3, $4, $5, CASE WHEN $6 THEN now() END, $7, \
+         $24 \
        WHERE NOT ($23 AND EXISTS (SELECT 1 FROM workflow_definitions \
          WHERE namespace = $8 AND name = $18 AND version > $19)) \
        ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
@@ -917,9 +926,9 @@ fn write_tasks(n: usize) -> String {
         "armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-             dispatched_at) \
+             dispatched_at, traceparent) \
            SELECT a.id, $8, $1, a.node, {wf}, {ver}, a.queue, a.task_name, 'DISPATCHED', \
-             a.attempt, a.input, a.heartbeat, a.timeout, now() \
+             a.attempt, a.input, a.heartbeat, a.timeout, now(), {trace}::text \
              FROM UNNEST({ids}::uuid[], {nodes}::text[], {queues}::text[], {names}::text[], \
                {attempts}::int[], {inputs}::jsonb[], {beats}::bigint[], {timeouts}::bigint[]) \
                AS a(id, node, queue, task_name, attempt, input, heartbeat, timeout) \
@@ -929,7 +938,8 @@ fn write_tasks(n: usize) -> String {
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
-             outcome = NULL, dispatched_at = now(), updated_at = now() \
+             outcome = NULL, dispatched_at = now(), updated_at = now(), \
+             traceparent = EXCLUDED.traceparent \
            RETURNING id, namespace, queue, attempt, run_id), \
          queued AS ( \
            INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
@@ -944,6 +954,7 @@ fn write_tasks(n: usize) -> String {
         timeouts = p(7),
         wf = p(8),
         ver = p(9),
+        trace = p(10),
     )
 }
 
@@ -1018,10 +1029,10 @@ pub async fn write_event(
         .to_owned(),
         WRITE_ROWS.to_owned(),
     ];
-    let mut next = if insert.is_some() { 24 } else { 18 };
+    let mut next = if insert.is_some() { 25 } else { 18 };
     if !tasks.is_empty() {
         parts.push(write_tasks(next));
-        next += 10;
+        next += 11;
     }
     if !timers.is_empty() {
         parts.push(write_timers(next));
@@ -1079,7 +1090,8 @@ pub async fn write_event(
             .bind(run.input)
             .bind(run.labels)
             .bind(run.idempotency_key)
-            .bind(run.only_if_latest);
+            .bind(run.only_if_latest)
+            .bind(run.traceparent);
     }
     if let Some(first) = tasks.first() {
         query = query
@@ -1102,7 +1114,8 @@ pub async fn write_event(
                     .collect::<Vec<_>>(),
             )
             .bind(first.workflow_name)
-            .bind(first.workflow_version);
+            .bind(first.workflow_version)
+            .bind(first.traceparent);
     }
     if !timers.is_empty() {
         query = query

@@ -86,6 +86,8 @@ pub struct TaskArm<'a> {
     pub heartbeat_timeout_ms: i64,
     /// Attempt timeout.
     pub attempt_timeout_ms: Option<i64>,
+    /// The W3C traceparent of the span that armed it, if traces are on.
+    pub traceparent: Option<&'a str>,
 }
 
 /// Arms a task for an attempt and writes its outbox row, in one statement.
@@ -101,14 +103,15 @@ pub async fn arm_task(
         "WITH armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-             dispatched_at) \
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'DISPATCHED', $9, $10, $11, $12, now()) \
+             dispatched_at, traceparent) \
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'DISPATCHED', $9, $10, $11, $12, now(), $13) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
              task_name = EXCLUDED.task_name, status = 'DISPATCHED', attempt = EXCLUDED.attempt, \
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
-             outcome = NULL, dispatched_at = now(), updated_at = now() \
+             outcome = NULL, dispatched_at = now(), updated_at = now(), \
+             traceparent = EXCLUDED.traceparent \
            RETURNING id, namespace, queue, attempt, run_id), \
          queued AS ( \
            INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
@@ -127,6 +130,7 @@ pub async fn arm_task(
     .bind(task.input)
     .bind(task.heartbeat_timeout_ms)
     .bind(task.attempt_timeout_ms)
+    .bind(task.traceparent)
     .fetch_one(conn)
     .await?;
     Ok(outbox_from_row(&row)?)
@@ -208,6 +212,9 @@ pub struct LeasedTask {
     pub attempt_deadline: Option<DateTime<Utc>>,
     /// When it was made due (or offered again): the start of its wait.
     pub dispatched_at: Option<DateTime<Utc>>,
+    /// The W3C traceparent its lease span hangs under (the lease span's own
+    /// once the poll hub has opened it); None unless traces are on.
+    pub traceparent: Option<String>,
 }
 
 fn leased_from_row(row: &PgRow) -> Result<LeasedTask, sqlx::Error> {
@@ -227,6 +234,7 @@ fn leased_from_row(row: &PgRow) -> Result<LeasedTask, sqlx::Error> {
         heartbeat_timeout_ms: row.try_get("heartbeat_timeout_ms")?,
         attempt_deadline: row.try_get("attempt_deadline")?,
         dispatched_at: row.try_get("dispatched_at")?,
+        traceparent: row.try_get("traceparent")?,
     })
 }
 
@@ -265,7 +273,7 @@ pub async fn lease_tasks(
            AND t.status = 'DISPATCHED' AND t.namespace = $4 AND t.queue = $5 \
          RETURNING t.id, t.namespace, t.run_id, t.node_key, t.workflow_name, t.workflow_version, \
            t.queue, t.task_name, t.attempt, t.input, t.lease_token, t.lease_expires_at, \
-           t.heartbeat_timeout_ms, t.attempt_deadline, t.dispatched_at",
+           t.heartbeat_timeout_ms, t.attempt_deadline, t.dispatched_at, t.traceparent",
     )
     .bind(&ids)
     .bind(&attempts)

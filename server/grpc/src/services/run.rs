@@ -341,6 +341,7 @@ impl RunService for RunApi {
         request: Request<StartRunRequest>,
     ) -> Result<Response<StartRunResponse>, Status> {
         let caller = caller(&request)?;
+        let traceparent = crate::caller::traceparent(&request);
         let request = request.into_inner();
         check_name("workflow_name", &request.workflow_name)?;
         check_label_keys(&request.labels)?;
@@ -362,6 +363,7 @@ impl RunService for RunApi {
                 idempotency_key: Some(request.idempotency_key).filter(|k| !k.is_empty()),
                 labels: json!(request.labels),
                 actor: caller.subject,
+                traceparent,
             })
             .await
             .map_err(from_coordinator)?;

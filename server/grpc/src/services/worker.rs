@@ -5,7 +5,7 @@
 use std::{sync::Arc, time::Duration};
 
 use composer_coordinator::{
-    Coordinator, TaskReport,
+    Coordinator, Reporter, TaskReport,
     dispatch::{PollHub, PollRequest},
 };
 use composer_proto::v1::{
@@ -61,7 +61,10 @@ fn task_message(task: LeasedTask) -> Task {
         input: Some(from_json(&task.input)),
         attempt_deadline: task.attempt_deadline.map(timestamp),
         namespace: task.namespace,
-        trace_context: Default::default(),
+        trace_context: task
+            .traceparent
+            .map(|parent| [("traceparent".to_owned(), parent)].into())
+            .unwrap_or_default(),
     }
 }
 
@@ -201,6 +204,7 @@ impl WorkerService for WorkerApi {
         request: Request<CompleteTaskRequest>,
     ) -> Result<Response<CompleteTaskResponse>, Status> {
         let caller = caller(&request)?;
+        let traceparent = crate::caller::traceparent(&request);
         let request = request.into_inner();
         lease_fields(&request.task_id, &request.lease_token, request.attempt)?;
         let output = to_json(request.output, "output")?;
@@ -211,7 +215,10 @@ impl WorkerService for WorkerApi {
                 request.attempt,
                 &request.lease_token,
                 TaskReport::Completed { output },
-                &format!("worker:{}", caller.subject),
+                Reporter {
+                    actor: &format!("worker:{}", caller.subject),
+                    traceparent: traceparent.as_deref(),
+                },
             )
             .await
             .map_err(from_coordinator)?;
@@ -223,6 +230,7 @@ impl WorkerService for WorkerApi {
         request: Request<FailTaskRequest>,
     ) -> Result<Response<FailTaskResponse>, Status> {
         let caller = caller(&request)?;
+        let traceparent = crate::caller::traceparent(&request);
         let request = request.into_inner();
         lease_fields(&request.task_id, &request.lease_token, request.attempt)?;
         if request.error_code.is_empty() {
@@ -245,7 +253,10 @@ impl WorkerService for WorkerApi {
                         .map(|d| to_json(Some(d), "details"))
                         .transpose()?,
                 },
-                &format!("worker:{}", caller.subject),
+                Reporter {
+                    actor: &format!("worker:{}", caller.subject),
+                    traceparent: traceparent.as_deref(),
+                },
             )
             .await
             .map_err(from_coordinator)?;
