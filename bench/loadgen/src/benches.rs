@@ -60,6 +60,9 @@ pub struct Profile {
     pub list_runs: usize,
     /// B6: calls measured per case.
     pub list_calls: usize,
+    /// Observability cost: B1 window per variant, and rounds of the three.
+    pub observe_secs: u64,
+    pub observe_rounds: usize,
 }
 
 impl Profile {
@@ -81,6 +84,8 @@ impl Profile {
             in_flight: 200,
             list_runs: 100_000,
             list_calls: 30,
+            observe_secs: 8,
+            observe_rounds: 2,
         }
     }
 
@@ -100,6 +105,8 @@ impl Profile {
             in_flight: 200,
             list_runs: 100_000,
             list_calls: 200,
+            observe_secs: 30,
+            observe_rounds: 3,
         }
     }
 }
@@ -155,9 +162,18 @@ impl Ctx {
     }
 
     pub(crate) async fn start_servers(&self, count: usize) -> Result<Vec<Server>> {
+        self.start_servers_with(count, &[]).await
+    }
+
+    /// [`start_servers`](Ctx::start_servers) with more flags for `serve`.
+    pub(crate) async fn start_servers_with(
+        &self,
+        count: usize,
+        extra: &[String],
+    ) -> Result<Vec<Server>> {
         let mut servers = Vec::new();
         for _ in 0..count {
-            servers.push(Server::start(&self.composer, &self.backends).await?);
+            servers.push(Server::start_with(&self.composer, &self.backends, extra).await?);
         }
         Ok(servers)
     }
@@ -505,8 +521,21 @@ pub async fn throughput(
     measure_secs: u64,
     perf_secs: u64,
 ) -> Result<Throughput> {
+    throughput_with(ctx, label, server_count, kind, measure_secs, perf_secs, &[]).await
+}
+
+/// [`throughput`] on servers started with more flags.
+pub async fn throughput_with(
+    ctx: &Ctx,
+    label: &str,
+    server_count: usize,
+    kind: WorkerKind,
+    measure_secs: u64,
+    perf_secs: u64,
+    extra: &[String],
+) -> Result<Throughput> {
     ctx.reset().await?;
-    let servers = ctx.start_servers(server_count).await?;
+    let servers = ctx.start_servers_with(server_count, extra).await?;
     let result = throughput_on(ctx, label, &servers, kind, measure_secs, perf_secs).await;
     let peak = servers
         .iter()

@@ -6,6 +6,7 @@
 
 mod benches;
 mod listing;
+mod observability;
 mod procs;
 mod worker;
 
@@ -45,7 +46,7 @@ struct Args {
     /// The command to quote with the results.
     #[arg(long, default_value = "composer-loadgen")]
     command: String,
-    /// Only these sections (comma-separated: floor,b1,sdk,b2,b3,b4,b5,b6).
+    /// Only these sections (comma-separated: floor,b1,sdk,b2,b3,b4,b5,b6,obs).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sample the machine with perf for this many seconds during B1 (the
@@ -65,6 +66,7 @@ struct Results {
     timers: Option<Timers>,
     scale: Vec<Throughput>,
     listing: Option<listing::Listing>,
+    observability: Option<observability::Observability>,
     failures: Vec<String>,
 }
 
@@ -295,6 +297,12 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
     if want("b6") {
         results.listing = section!("B6 dashboard reads", listing::listing(ctx));
     }
+    if want("obs") {
+        results.observability = section!(
+            "B1 with metrics and traces on",
+            observability::observability(ctx)
+        );
+    }
     if want("b5") {
         for &n in &profile.scale_servers {
             let label = format!("B5 {n} server{}", if n == 1 { "" } else { "s" });
@@ -448,6 +456,9 @@ fn render(r: &Results, statements: bool) -> String {
     if let Some(listing) = &r.listing {
         listing_rows(&mut t, listing);
     }
+    if let Some(observed) = &r.observability {
+        observability_rows(&mut t, observed);
+    }
     for f in &r.failures {
         let _ = writeln!(
             t,
@@ -536,6 +547,43 @@ fn throughput_rows(
             row.errors
         );
     }
+}
+
+fn observability_rows(t: &mut String, observed: &observability::Observability) {
+    let Some(off) = observed.variants.iter().find(|v| v.name == "off") else {
+        return;
+    };
+    let rounds = off.tasks_per_s.len();
+    for on in observed.variants.iter().filter(|v| v.name != "off") {
+        let ratio = on.median() / off.median();
+        let (what, target) = match on.name {
+            "metrics" => ("metrics on (scraped every second)", Some(0.97)),
+            _ => ("traces on (OTLP/HTTP to a receiver that drops them)", None),
+        };
+        let rounds_text = |v: &observability::Variant| {
+            v.tasks_per_s
+                .iter()
+                .map(|x| format!("{x:.0}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(
+            t,
+            "| B1 {what} | tasks/s, median of {rounds} rounds taking turns with off: on ({}) / off ({}); server CPU s per 1,000 tasks on / off | **{ratio:.3} ×**; {:.2} / {:.2} | {} | {} |",
+            rounds_text(on),
+            rounds_text(off),
+            on.median_cpu(),
+            off.median_cpu(),
+            target.map_or(String::new(), |t| format!("≥ {t} × (within 3 %)")),
+            target.map_or("", |t| verdict(ratio >= t)),
+        );
+    }
+    let _ = writeln!(
+        t,
+        "| B1 traces on | OTLP export requests / MB the receiver took | {} / {:.1} | | |",
+        observed.otlp_requests,
+        observed.otlp_bytes as f64 / 1e6
+    );
 }
 
 fn render_details(r: &Results) -> String {

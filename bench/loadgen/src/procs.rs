@@ -198,8 +198,13 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `composer serve` on a free port and waits until it listens.
-    pub async fn start(composer: &Path, backends: &Backends) -> Result<Self> {
+    /// Starts `composer serve` on a free port, with `extra` flags, and
+    /// waits until it listens.
+    pub async fn start_with(
+        composer: &Path,
+        backends: &Backends,
+        extra: &[String],
+    ) -> Result<Self> {
         let mut child = Command::new(composer)
             .arg("serve")
             .args([
@@ -216,6 +221,7 @@ impl Server {
             // namespace's admin (servers before auth ignore the variable)
             .env("COMPOSER_INSECURE", "true")
             .args(["--redis-url", &backends.redis_url])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
