@@ -762,9 +762,11 @@ impl<'a> RunTxn<'a> {
             return Ok(());
         }
         self.saved()?;
+        let held = self.held();
         for arm in std::mem::take(&mut self.arms) {
-            let message = tasks::arm_task(conn, &self.task_arm(&arm)).await?;
-            self.applied.outbox.push(message);
+            if let Some(message) = tasks::arm_task(conn, &self.task_arm(&arm), held).await? {
+                self.applied.outbox.push(message);
+            }
         }
         Ok(())
     }
@@ -784,6 +786,11 @@ impl<'a> RunTxn<'a> {
             heartbeat_timeout_ms: arm.heartbeat_timeout_ms,
             attempt_timeout_ms: arm.attempt_timeout_ms,
         }
+    }
+
+    /// True while the run is paused and not ended: what it arms is held.
+    fn held(&self) -> bool {
+        self.run.status == composer_store::pause::PAUSED && !self.state.run.status.is_terminal()
     }
 
     async fn persist(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
@@ -808,7 +815,14 @@ impl<'a> RunTxn<'a> {
         let writes: Vec<TimerWrite> = writes.into_iter().filter_map(|(_, w)| w).collect();
 
         let record = &self.state.run;
-        let status = run_status_text(record.status);
+        let held = self.held();
+        // a paused run shows PAUSED until it resumes or ends; the engine's
+        // status stays in its record
+        let status = if held {
+            composer_store::pause::PAUSED.to_owned()
+        } else {
+            run_status_text(record.status)
+        };
         let ended = record.status.is_terminal() && !self.was_terminal;
         self.applied.counted.run_ended = ended;
         if ended {
@@ -841,6 +855,7 @@ impl<'a> RunTxn<'a> {
                 tasks: &arms,
                 timers: &writes,
                 cancelled_timers: &deletes,
+                held,
             },
             self.insert
                 .as_ref()

@@ -262,7 +262,7 @@ impl Coordinator {
 
     /// Opens a transaction holding the run's lock; NOT_FOUND outside its
     /// namespace.
-    async fn lock_existing(
+    pub(crate) async fn lock_existing(
         &self,
         namespace: Option<&str>,
         run_id: Uuid,
@@ -274,7 +274,7 @@ impl Coordinator {
         Ok((tx, run))
     }
 
-    async fn expect_run(
+    pub(crate) async fn expect_run(
         &self,
         namespace: Option<&str>,
         run_id: Uuid,
@@ -366,13 +366,18 @@ impl Coordinator {
         actor: &str,
     ) -> Result<RunRow, CoordinatorError> {
         let run_id = parse_run_id(run_id)?;
-        let (mut tx, run) = self.lock_existing(namespace, run_id).await?;
+        let (mut tx, mut run) = self.lock_existing(namespace, run_id).await?;
         if is_final(&run.status) {
             return Err(CoordinatorError::WrongRunStatus {
                 run_id: run_id.to_string(),
                 status: run.status,
                 why: "a run that ended cannot be cancelled",
             });
+        }
+        if run.status == composer_store::pause::PAUSED {
+            // a cancel ends the pause: compensations it starts must run
+            composer_store::pause::release_timers(&mut tx, run_id).await?;
+            run.status = crate::pause::engine_status(&run)?;
         }
         let mut txn = RunTxn::new(self, run, &mut tx).await?;
         txn.note(

@@ -212,7 +212,7 @@ pub async fn lock_runs_taking_timers(
          taken AS ( \
            DELETE FROM timers t USING wanted w \
            WHERE t.run_id = w.run_id AND t.timer_key = w.timer_key AND t.fire_at <= now() \
-             AND t.run_id IN (SELECT id FROM locked) \
+             AND NOT t.held AND t.run_id IN (SELECT id FROM locked) \
            RETURNING t.run_id, t.timer_key, t.timer) \
          SELECT locked.*, taken.timer_key AS taken_key, taken.timer AS taken_timer \
          FROM locked JOIN taken ON taken.run_id = locked.id ORDER BY locked.id"
@@ -846,6 +846,9 @@ pub struct EventWrite<'a> {
     pub timers: &'a [crate::timers::TimerWrite],
     /// Keys of timers to remove (ignored when the run just ended).
     pub cancelled_timers: &'a [String],
+    /// The run is paused: tasks are armed HELD (no outbox row) and timers
+    /// held, until it resumes.
+    pub held: bool,
 }
 
 /// A run to create with its first event's write (see [`write_event`]).
@@ -910,22 +913,24 @@ const WRITE_ROWS: &str = "node_rows AS ( \
          FROM run_row, UNNEST($13::text[], $14::text[], $15::int[], $16::text[], $17::jsonb[]) \
            WITH ORDINALITY AS h(ty, node, attempt, actor, details, ord))";
 
-/// Arms tasks and queues them; parameters from `$n`.
-fn write_tasks(n: usize) -> String {
+/// Arms tasks and queues them; parameters from `$n`. `held` (the run is
+/// paused): the tasks are HELD and get no outbox row.
+fn write_tasks(n: usize, held: bool) -> String {
     let p = |i: usize| format!("${}", n + i);
+    let status = if held { "'HELD'" } else { "'DISPATCHED'" };
     format!(
         "armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
              dispatched_at) \
-           SELECT a.id, $8, $1, a.node, {wf}, {ver}, a.queue, a.task_name, 'DISPATCHED', \
+           SELECT a.id, $8, $1, a.node, {wf}, {ver}, a.queue, a.task_name, {status}, \
              a.attempt, a.input, a.heartbeat, a.timeout, now() \
              FROM UNNEST({ids}::uuid[], {nodes}::text[], {queues}::text[], {names}::text[], \
                {attempts}::int[], {inputs}::jsonb[], {beats}::bigint[], {timeouts}::bigint[]) \
                AS a(id, node, queue, task_name, attempt, input, heartbeat, timeout) \
              WHERE EXISTS (SELECT 1 FROM run_row) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
-             task_name = EXCLUDED.task_name, status = 'DISPATCHED', attempt = EXCLUDED.attempt, \
+             task_name = EXCLUDED.task_name, status = {status}, attempt = EXCLUDED.attempt, \
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
@@ -933,7 +938,8 @@ fn write_tasks(n: usize) -> String {
            RETURNING id, namespace, queue, attempt, run_id), \
          queued AS ( \
            INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-           SELECT namespace, queue, id, attempt, run_id FROM armed RETURNING *)",
+           SELECT namespace, queue, id, attempt, run_id FROM armed WHERE NOT {held} \
+           RETURNING *)",
         ids = p(0),
         nodes = p(1),
         queues = p(2),
@@ -947,15 +953,17 @@ fn write_tasks(n: usize) -> String {
     )
 }
 
-/// Schedules (or moves) timers; parameters from `$n`.
-fn write_timers(n: usize) -> String {
+/// Schedules (or moves) timers; parameters from `$n`. `held`: the run is
+/// paused, the timers wait for its resume.
+fn write_timers(n: usize, held: bool) -> String {
     format!(
         "scheduled AS ( \
-           INSERT INTO timers (run_id, timer_key, namespace, timer, fire_at) \
-           SELECT $1, k, $8, t, f FROM UNNEST(${}::text[], ${}::jsonb[], ${}::timestamptz[]) \
+           INSERT INTO timers (run_id, timer_key, namespace, timer, fire_at, held) \
+           SELECT $1, k, $8, t, f, {held} \
+             FROM UNNEST(${}::text[], ${}::jsonb[], ${}::timestamptz[]) \
              AS x(k, t, f) WHERE EXISTS (SELECT 1 FROM run_row) \
            ON CONFLICT (run_id, timer_key) DO UPDATE SET timer = EXCLUDED.timer, \
-             fire_at = EXCLUDED.fire_at)",
+             fire_at = EXCLUDED.fire_at, held = EXCLUDED.held)",
         n,
         n + 1,
         n + 2
@@ -973,7 +981,7 @@ fn delete_timers(n: usize) -> String {
 const END_RUN: &str = "ended_timers AS (DELETE FROM timers WHERE run_id = $1), \
      ended_tasks AS ( \
        UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
-       WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED')), \
+       WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED', 'HELD')), \
      ended_waits AS (DELETE FROM event_waits WHERE run_id = $1), \
      ended_events AS (DELETE FROM pending_events WHERE run_id = $1)";
 
@@ -1020,11 +1028,11 @@ pub async fn write_event(
     ];
     let mut next = if insert.is_some() { 24 } else { 18 };
     if !tasks.is_empty() {
-        parts.push(write_tasks(next));
+        parts.push(write_tasks(next, write.held));
         next += 10;
     }
     if !timers.is_empty() {
-        parts.push(write_timers(next));
+        parts.push(write_timers(next, write.held));
         next += 3;
     }
     if !cancelled.is_empty() {

@@ -56,6 +56,9 @@ pub mod status {
     pub const EXPIRED: &str = "EXPIRED";
     /// The run was cancelled (or the node no longer needs the task).
     pub const CANCELLED: &str = "CANCELLED";
+    /// Armed while its run is paused: no outbox row, not leasable; resume
+    /// makes it DISPATCHED.
+    pub const HELD: &str = "HELD";
 }
 
 /// A task attempt to arm: inserted, or the existing row of the same
@@ -90,11 +93,13 @@ pub struct TaskArm<'a> {
 
 /// Arms a task for an attempt and writes its outbox row, in one statement.
 /// Returns the outbox message (the task id is stable across attempts), so
-/// the committing server can publish it at once.
+/// the committing server can publish it at once. `held` (the run is
+/// paused): the task is HELD, with no outbox row, and None is returned.
 pub async fn arm_task(
     conn: &mut PgConnection,
     task: &TaskArm<'_>,
-) -> Result<OutboxMessage, StoreError> {
+    held: bool,
+) -> Result<Option<OutboxMessage>, StoreError> {
     // arm_task: upsert the task as DISPATCHED for this attempt (clearing any
     // lease) and enqueue it; the task id survives re-arming
     let row = sqlx::query(
@@ -102,9 +107,10 @@ pub async fn arm_task(
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
              dispatched_at) \
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'DISPATCHED', $9, $10, $11, $12, now()) \
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+             CASE WHEN $13 THEN 'HELD' ELSE 'DISPATCHED' END, $9, $10, $11, $12, now()) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
-             task_name = EXCLUDED.task_name, status = 'DISPATCHED', attempt = EXCLUDED.attempt, \
+             task_name = EXCLUDED.task_name, status = EXCLUDED.status, attempt = EXCLUDED.attempt, \
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
@@ -112,7 +118,7 @@ pub async fn arm_task(
            RETURNING id, namespace, queue, attempt, run_id), \
          queued AS ( \
            INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-           SELECT namespace, queue, id, attempt, run_id FROM armed RETURNING *) \
+           SELECT namespace, queue, id, attempt, run_id FROM armed WHERE NOT $13 RETURNING *) \
          SELECT id AS outbox_id, namespace, queue, task_id, attempt, shard_key FROM queued",
     )
     .bind(task.new_id)
@@ -127,9 +133,10 @@ pub async fn arm_task(
     .bind(task.input)
     .bind(task.heartbeat_timeout_ms)
     .bind(task.attempt_timeout_ms)
-    .fetch_one(conn)
+    .bind(held)
+    .fetch_optional(conn)
     .await?;
-    Ok(outbox_from_row(&row)?)
+    Ok(row.as_ref().map(outbox_from_row).transpose()?)
 }
 
 pub(crate) fn outbox_from_row(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
@@ -149,11 +156,11 @@ pub async fn cancel_node_tasks(
     run_id: Uuid,
     node_key: &str,
 ) -> Result<u64, StoreError> {
-    // cancel_node_tasks: DISPATCHED or LEASED tasks of the node or its elements
+    // cancel_node_tasks: DISPATCHED, HELD or LEASED tasks of the node or its elements
     Ok(sqlx::query(
         "UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
          WHERE run_id = $1 AND (node_key = $2 OR node_key LIKE $2 || '[%') \
-           AND status IN ('DISPATCHED', 'LEASED')",
+           AND status IN ('DISPATCHED', 'LEASED', 'HELD')",
     )
     .bind(run_id)
     .bind(node_key)
@@ -164,10 +171,10 @@ pub async fn cancel_node_tasks(
 
 /// Cancels every live task of a run.
 pub async fn cancel_all_tasks(conn: &mut PgConnection, run_id: Uuid) -> Result<u64, StoreError> {
-    // cancel_all_tasks: DISPATCHED or LEASED tasks of the run
+    // cancel_all_tasks: DISPATCHED, HELD or LEASED tasks of the run
     Ok(sqlx::query(
         "UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
-         WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED')",
+         WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED', 'HELD')",
     )
     .bind(run_id)
     .execute(conn)
