@@ -13,3 +13,10 @@ CREATE INDEX timers_due ON timers (fire_at) WHERE NOT held;
 
 -- HELD tasks of a run, found on resume through tasks' (run_id, node_key)
 -- unique index; no index of their own is needed.
+
+-- Dispatch priority, 1 (lowest) to 5 (highest), 3 by default: set on the
+-- run, copied to each task it arms and to each outbox row, which the
+-- enqueuer sends to the stream of that priority (decision 0017).
+ALTER TABLE runs ADD COLUMN priority SMALLINT NOT NULL DEFAULT 3;
+ALTER TABLE tasks ADD COLUMN priority SMALLINT NOT NULL DEFAULT 3;
+ALTER TABLE outbox ADD COLUMN priority SMALLINT NOT NULL DEFAULT 3;

@@ -466,3 +466,105 @@ async fn pause_and_resume_stay_inside_the_namespace_and_need_an_operator() {
         .expect("run");
     assert_eq!(paused.status(), RunStatus::Paused);
 }
+
+const ONE_TASK: &str = r#"
+name: one_task
+nodes:
+  - { id: only, type: TASK, queue: prio, task: work }
+"#;
+
+/// Starts `count` runs of `one_task` at `priority`, a few at a time;
+/// returns their ids.
+async fn start_many(client: &TestClient, count: usize, priority: i32) -> Vec<String> {
+    let mut ids = Vec::with_capacity(count);
+    let mut pending = futures::stream::FuturesUnordered::new();
+    for i in 0..count {
+        let mut runs = client.runs.clone();
+        pending.push(async move {
+            runs.start_run(StartRunRequest {
+                workflow_name: "one_task".to_owned(),
+                priority,
+                idempotency_key: format!("p{priority}-{i}"),
+                ..Default::default()
+            })
+            .await
+            .expect("start")
+            .into_inner()
+            .run
+            .expect("run")
+            .run_id
+        });
+        if pending.len() >= 16 {
+            ids.push(futures::StreamExt::next(&mut pending).await.expect("one"));
+        }
+    }
+    while let Some(id) = futures::StreamExt::next(&mut pending).await {
+        ids.push(id);
+    }
+    ids
+}
+
+/// 2,000 tasks of priority 1 wait on a queue; a run of priority 5 started
+/// after them is what the next poll for one task gets.
+#[tokio::test]
+async fn a_high_priority_task_overtakes_a_flood_of_low_priority_ones() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    let mut workers = WorkerServiceClient::new(channel(&server).await);
+    client.register(ONE_TASK).await;
+    let low = start_many(&client, 2_000, 1).await;
+    // the poll hub reads the queue now: one low task is leased
+    let first = poll(&mut workers, "prio", 1, Duration::from_secs(5)).await;
+    assert_eq!(first.len(), 1);
+    assert!(low.contains(&first[0].run_id));
+
+    let high = client
+        .runs
+        .start_run(StartRunRequest {
+            workflow_name: "one_task".to_owned(),
+            priority: 5,
+            ..Default::default()
+        })
+        .await
+        .expect("start the high-priority run")
+        .into_inner()
+        .run
+        .expect("run");
+    assert_eq!(high.priority, 5);
+    let next = poll(&mut workers, "prio", 1, Duration::from_secs(5)).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(
+        next[0].run_id, high.run_id,
+        "the next poll got a low-priority task"
+    );
+    // the low ones are all still there, in order of their own priority
+    let more = poll(&mut workers, "prio", 100, Duration::from_secs(5)).await;
+    assert!(!more.is_empty());
+    assert!(more.iter().all(|t| low.contains(&t.run_id)));
+    let low_run = client.get(&low[0]).await;
+    assert_eq!(low_run.priority, 1);
+}
+
+/// Priority is 0 (the default, 3) or 1 to 5; anything else is refused by
+/// field, and the default shows as 3.
+#[tokio::test]
+async fn priority_outside_one_to_five_is_refused() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(ONE_TASK).await;
+    for priority in [-1, 6, 1000, i32::MIN] {
+        let refused = client
+            .runs
+            .start_run(StartRunRequest {
+                workflow_name: "one_task".to_owned(),
+                priority,
+                ..Default::default()
+            })
+            .await
+            .expect_err("out of range");
+        assert_eq!(refused.code(), Code::InvalidArgument, "{priority}");
+        assert_eq!(violated_field(&refused), "priority", "{priority}");
+    }
+    let default = client.start("one_task", json!({})).await;
+    assert_eq!(client.get(&default).await.priority, 3);
+}

@@ -692,6 +692,8 @@ impl<'a> RunTxn<'a> {
                 parent_node: Some(&node_key),
                 parent_attempt: i32::try_from(attempt).ok(),
                 record: &stored_record(&record)?,
+                // a child run dispatches at its parent's priority
+                priority: self.run.priority,
             },
             false,
         )
@@ -866,6 +868,7 @@ impl<'a> RunTxn<'a> {
                     labels: &self.run.labels,
                     idempotency_key: self.run.idempotency_key.as_deref(),
                     only_if_latest: *only_if_latest,
+                    priority: self.run.priority,
                 })
                 .as_ref(),
         )

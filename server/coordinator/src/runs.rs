@@ -31,6 +31,8 @@ pub struct StartRun {
     pub labels: Json,
     /// Who asks.
     pub actor: String,
+    /// Dispatch priority, 1 (lowest) to 5 (highest).
+    pub priority: i16,
 }
 
 /// A run with its node states.
@@ -173,6 +175,7 @@ impl Coordinator {
             created_at: now,
             updated_at: now,
             ended_at: None,
+            priority: request.priority,
         };
         let only_if_latest = request.version.is_none();
         let applied = if crate::apply::start_writes_rows_only(workflow, &record) {
@@ -226,6 +229,7 @@ impl Coordinator {
                 parent_node: None,
                 parent_attempt: None,
                 record: &run.record,
+                priority: run.priority,
             },
             only_if_latest,
         )

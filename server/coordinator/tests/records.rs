@@ -38,6 +38,7 @@ async fn a_large_input_is_stored_once_and_still_read_by_later_events() {
             idempotency_key: None,
             labels: json!({}),
             actor: "test".to_owned(),
+            priority: 3,
         })
         .await
         .expect("start");

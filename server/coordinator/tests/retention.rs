@@ -29,6 +29,7 @@ fn start(workflow: &str) -> StartRun {
         idempotency_key: None,
         labels: json!({}),
         actor: "test".to_owned(),
+        priority: 3,
     }
 }
 

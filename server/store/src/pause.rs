@@ -48,10 +48,10 @@ pub async fn resume_run(
          released AS ( \
            UPDATE tasks SET status = 'DISPATCHED', dispatched_at = now(), updated_at = now() \
            WHERE run_id = $1 AND status = 'HELD' \
-           RETURNING namespace, queue, id, attempt, run_id) \
-         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-         SELECT namespace, queue, id, attempt, run_id FROM released \
-         RETURNING id AS outbox_id, namespace, queue, task_id, attempt, shard_key",
+           RETURNING namespace, queue, id, attempt, run_id, priority) \
+         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+         SELECT namespace, queue, id, attempt, run_id, priority FROM released \
+         RETURNING id AS outbox_id, namespace, queue, task_id, attempt, shard_key, priority",
     )
     .bind(run_id)
     .bind(status)

@@ -47,11 +47,13 @@ pub struct RunRow {
     pub updated_at: DateTime<Utc>,
     /// Ended.
     pub ended_at: Option<DateTime<Utc>>,
+    /// Dispatch priority, 1 (lowest) to 5 (highest).
+    pub priority: i16,
 }
 
 const RUN_COLUMNS: &str = "id, namespace, workflow_name, workflow_version, status, input, output, \
      error, labels, idempotency_key, parent_run_id, parent_node, parent_attempt, record, \
-     created_at, updated_at, ended_at";
+     created_at, updated_at, ended_at, priority";
 
 fn run_from_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {
     Ok(RunRow {
@@ -72,6 +74,7 @@ fn run_from_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
         ended_at: row.try_get("ended_at")?,
+        priority: row.try_get("priority")?,
     })
 }
 
@@ -102,6 +105,8 @@ pub struct NewRun<'a> {
     pub parent_attempt: Option<i32>,
     /// The engine's initial run record.
     pub record: &'a Json,
+    /// Dispatch priority, 1 to 5.
+    pub priority: i16,
 }
 
 /// Inserts a run and locks it (the inserting transaction holds the row).
@@ -118,8 +123,8 @@ pub async fn insert_run(
     // (or a newer version, when asked) inserts nothing
     let created = sqlx::query_scalar(
         "INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
-           idempotency_key, parent_run_id, parent_node, parent_attempt, record) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12 \
+           idempotency_key, parent_run_id, parent_node, parent_attempt, record, priority) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $14 \
          WHERE NOT ($13 AND EXISTS (SELECT 1 FROM workflow_definitions \
            WHERE namespace = $2 AND name = $3 AND version > $4)) \
          ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
@@ -138,6 +143,7 @@ pub async fn insert_run(
     .bind(run.parent_attempt)
     .bind(run.record)
     .bind(only_if_latest)
+    .bind(run.priority)
     .fetch_optional(conn)
     .await?;
     Ok(created)
@@ -866,6 +872,8 @@ pub struct RunInsert<'a> {
     pub idempotency_key: Option<&'a str>,
     /// Insert nothing if the workflow has a newer version than this one.
     pub only_if_latest: bool,
+    /// Dispatch priority, 1 to 5.
+    pub priority: i16,
 }
 
 /// What [`write_event`] wrote.
@@ -884,19 +892,20 @@ const UPDATE_RUN: &str = "run_row AS ( \
          error = COALESCE($5, error), updated_at = now(), \
          ended_at = CASE WHEN $6 THEN now() ELSE ended_at END, \
          history_seq = history_seq + $7 \
-       WHERE id = $1 RETURNING history_seq - $7 AS base, created_at)";
+       WHERE id = $1 RETURNING history_seq - $7 AS base, created_at, priority)";
 
-/// A new run's row, written with its first event ($18-$23); nothing when
+/// A new run's row, written with its first event ($18-$24); nothing when
 /// the idempotency key is taken or (`$23`) a newer version exists, and then
 /// every other part writes nothing either (they read `run_row`).
 const INSERT_RUN: &str = "run_row AS ( \
        INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
-         idempotency_key, record, output, error, ended_at, history_seq) \
-       SELECT $1, $8, $18, $19, $2, $20, $21, $22, $3, $4, $5, CASE WHEN $6 THEN now() END, $7 \
+         idempotency_key, record, output, error, ended_at, history_seq, priority) \
+       SELECT $1, $8, $18, $19, $2, $20, $21, $22, $3, $4, $5, CASE WHEN $6 THEN now() END, $7, \
+         $24 \
        WHERE NOT ($23 AND EXISTS (SELECT 1 FROM workflow_definitions \
          WHERE namespace = $8 AND name = $18 AND version > $19)) \
        ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
-       RETURNING 0::bigint AS base, created_at)";
+       RETURNING 0::bigint AS base, created_at, priority)";
 
 /// Node rows and history, after `run_row`.
 const WRITE_ROWS: &str = "node_rows AS ( \
@@ -922,9 +931,9 @@ fn write_tasks(n: usize, held: bool) -> String {
         "armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-             dispatched_at) \
+             dispatched_at, priority) \
            SELECT a.id, $8, $1, a.node, {wf}, {ver}, a.queue, a.task_name, {status}, \
-             a.attempt, a.input, a.heartbeat, a.timeout, now() \
+             a.attempt, a.input, a.heartbeat, a.timeout, now(), (SELECT priority FROM run_row) \
              FROM UNNEST({ids}::uuid[], {nodes}::text[], {queues}::text[], {names}::text[], \
                {attempts}::int[], {inputs}::jsonb[], {beats}::bigint[], {timeouts}::bigint[]) \
                AS a(id, node, queue, task_name, attempt, input, heartbeat, timeout) \
@@ -934,11 +943,12 @@ fn write_tasks(n: usize, held: bool) -> String {
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
-             outcome = NULL, dispatched_at = now(), updated_at = now() \
-           RETURNING id, namespace, queue, attempt, run_id), \
+             outcome = NULL, dispatched_at = now(), updated_at = now(), \
+             priority = EXCLUDED.priority \
+           RETURNING id, namespace, queue, attempt, run_id, priority), \
          queued AS ( \
-           INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-           SELECT namespace, queue, id, attempt, run_id FROM armed WHERE NOT {held} \
+           INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+           SELECT namespace, queue, id, attempt, run_id, priority FROM armed WHERE NOT {held} \
            RETURNING *)",
         ids = p(0),
         nodes = p(1),
@@ -1026,7 +1036,7 @@ pub async fn write_event(
         .to_owned(),
         WRITE_ROWS.to_owned(),
     ];
-    let mut next = if insert.is_some() { 24 } else { 18 };
+    let mut next = if insert.is_some() { 25 } else { 18 };
     if !tasks.is_empty() {
         parts.push(write_tasks(next, write.held));
         next += 10;
@@ -1045,10 +1055,10 @@ pub async fn write_event(
     let result = if tasks.is_empty() {
         "SELECT run_row.created_at, NULL::bigint AS outbox_id, NULL::text AS namespace, \
            NULL::text AS queue, NULL::uuid AS task_id, NULL::int AS attempt, \
-           NULL::uuid AS shard_key FROM run_row"
+           NULL::uuid AS shard_key, NULL::smallint AS priority FROM run_row"
     } else {
         "SELECT run_row.created_at, q.id AS outbox_id, q.namespace, q.queue, q.task_id, \
-           q.attempt, q.shard_key FROM run_row LEFT JOIN queued q ON true"
+           q.attempt, q.shard_key, q.priority FROM run_row LEFT JOIN queued q ON true"
     };
     let sql = format!("WITH {} {result}", parts.join(", "));
     // write_event: the whole write side of an event, under the run lock
@@ -1087,7 +1097,8 @@ pub async fn write_event(
             .bind(run.input)
             .bind(run.labels)
             .bind(run.idempotency_key)
-            .bind(run.only_if_latest);
+            .bind(run.only_if_latest)
+            .bind(run.priority);
     }
     if let Some(first) = tasks.first() {
         query = query

@@ -106,20 +106,24 @@ pub async fn arm_task(
         "WITH armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-             dispatched_at) \
+             dispatched_at, priority) \
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
-             CASE WHEN $13 THEN 'HELD' ELSE 'DISPATCHED' END, $9, $10, $11, $12, now()) \
+             CASE WHEN $13 THEN 'HELD' ELSE 'DISPATCHED' END, $9, $10, $11, $12, now(), \
+             (SELECT priority FROM runs WHERE id = $3)) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
              task_name = EXCLUDED.task_name, status = EXCLUDED.status, attempt = EXCLUDED.attempt, \
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
-             outcome = NULL, dispatched_at = now(), updated_at = now() \
-           RETURNING id, namespace, queue, attempt, run_id), \
+             outcome = NULL, dispatched_at = now(), updated_at = now(), \
+             priority = EXCLUDED.priority \
+           RETURNING id, namespace, queue, attempt, run_id, priority), \
          queued AS ( \
-           INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-           SELECT namespace, queue, id, attempt, run_id FROM armed WHERE NOT $13 RETURNING *) \
-         SELECT id AS outbox_id, namespace, queue, task_id, attempt, shard_key FROM queued",
+           INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+           SELECT namespace, queue, id, attempt, run_id, priority FROM armed WHERE NOT $13 \
+           RETURNING *) \
+         SELECT id AS outbox_id, namespace, queue, task_id, attempt, shard_key, priority \
+         FROM queued",
     )
     .bind(task.new_id)
     .bind(task.namespace)
@@ -147,6 +151,7 @@ pub(crate) fn outbox_from_row(row: &PgRow) -> Result<OutboxMessage, sqlx::Error>
         task_id: row.try_get("task_id")?,
         attempt: row.try_get("attempt")?,
         shard_key: row.try_get("shard_key")?,
+        priority: row.try_get("priority")?,
     })
 }
 
@@ -460,9 +465,9 @@ pub async fn republish_lost_dispatches(
            ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
          bumped AS ( \
            UPDATE tasks t SET dispatched_at = now() FROM lost WHERE t.id = lost.id \
-           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id) \
-         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-         SELECT namespace, queue, id, attempt, run_id FROM bumped",
+           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id, t.priority) \
+         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+         SELECT namespace, queue, id, attempt, run_id, priority FROM bumped",
     )
     .bind(grace_ms as f64)
     .bind(limit)
@@ -486,6 +491,8 @@ pub struct OutboxMessage {
     pub attempt: i32,
     /// What picks the stream shard (the run id).
     pub shard_key: Uuid,
+    /// The task's dispatch priority, 1 to 5: what picks its stream.
+    pub priority: i16,
 }
 
 /// Takes up to `limit` outbox rows at least `min_age_ms` old, deleting them
@@ -503,7 +510,7 @@ pub async fn take_outbox(
         "DELETE FROM outbox WHERE id = ANY(ARRAY( \
            SELECT id FROM outbox WHERE created_at < now() - make_interval(secs => $2 / 1000.0) \
            ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
-         RETURNING id AS outbox_id, namespace, queue, task_id, attempt, shard_key",
+         RETURNING id AS outbox_id, namespace, queue, task_id, attempt, shard_key, priority",
     )
     .bind(limit)
     .bind(min_age_ms as f64)
@@ -553,9 +560,9 @@ pub async fn release_leases(pool: &PgPool, leases: &[(Uuid, Uuid)]) -> Result<u6
            FROM UNNEST($1::uuid[], $2::uuid[]) AS l(id, token) \
            WHERE t.id = ANY($1::uuid[]) AND t.id = l.id AND t.lease_token = l.token \
              AND t.status = 'LEASED' \
-           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id) \
-         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-         SELECT namespace, queue, id, attempt, run_id FROM released",
+           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id, t.priority) \
+         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+         SELECT namespace, queue, id, attempt, run_id, priority FROM released",
     )
     .bind(&ids)
     .bind(&tokens)
@@ -579,9 +586,9 @@ pub async fn return_unconfirmed_leases(pool: &PgPool, limit: i64) -> Result<u64,
                AND lease_confirmed = false AND lease_expires_at < now() \
              ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
              AND t.status = 'LEASED' AND t.lease_confirmed = false \
-           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id) \
-         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-         SELECT namespace, queue, id, attempt, run_id FROM returned",
+           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id, t.priority) \
+         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+         SELECT namespace, queue, id, attempt, run_id, priority FROM returned",
     )
     .bind(limit)
     .execute(pool)

@@ -65,6 +65,9 @@ pub struct StartArgs {
     /// A label `key=value`, for filtering in `run list`; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// Dispatch priority, 1 (lowest) to 5 (highest); the default is 3.
+    #[arg(long, default_value_t = 0, hide_default_value = true)]
+    pub priority: i32,
     /// Wait for the run to end and print it; exit 1 if it FAILED or was CANCELLED.
     #[arg(long)]
     pub wait: bool,
@@ -227,6 +230,7 @@ async fn start(args: StartArgs) -> Result<(), AdminError> {
             input: input.as_ref().map(from_json),
             idempotency_key: args.idempotency_key,
             labels: args.labels.into_iter().collect(),
+            priority: args.priority,
         })
         .await?
         .into_inner();

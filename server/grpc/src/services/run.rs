@@ -150,6 +150,7 @@ fn run_message(run: RunRow, nodes: Vec<NodeRow>, types: &HashMap<String, String>
         update_time: Some(timestamp(run.updated_at)),
         end_time: run.ended_at.map(timestamp),
         nodes: nodes.into_iter().map(|n| node_message(n, types)).collect(),
+        priority: i32::from(run.priority),
     }
 }
 
@@ -361,6 +362,18 @@ impl RunService for RunApi {
                 "must be 0 (latest) or a version number",
             ));
         }
+        let priority = match request.priority {
+            0 => composer_coordinator::dispatch::DEFAULT_PRIORITY,
+            p if (1..=5).contains(&p) => i16::try_from(p).unwrap_or_default(),
+            p => {
+                return Err(invalid_field(
+                    "priority",
+                    format!(
+                        "{p} is not a priority: 0 (the default, 3) or 1 (lowest) to 5 (highest)"
+                    ),
+                ));
+            }
+        };
         let input = to_json(request.input, "input")?;
         let (run, created) = self
             .coordinator
@@ -372,6 +385,7 @@ impl RunService for RunApi {
                 idempotency_key: Some(request.idempotency_key).filter(|k| !k.is_empty()),
                 labels: json!(request.labels),
                 actor: caller.subject,
+                priority,
             })
             .await
             .map_err(from_coordinator)?;
