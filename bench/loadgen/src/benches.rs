@@ -395,6 +395,7 @@ pub(crate) fn start_request(workflow: &str, input: Json) -> StartRunRequest {
         input: Some(composer_grpc::convert::from_json(&input)),
         idempotency_key: String::new(),
         labels: HashMap::default(),
+        priority: 0,
     }
 }
 

@@ -754,6 +754,7 @@ async fn set_up(channel: &Channel, admin: &str) -> Context {
                     input: Some(small_input()),
                     idempotency_key: format!("abuse-setup-{i}"),
                     labels: HashMap::from([("team".to_owned(), "abuse".to_owned())]),
+                    priority: 0,
                 },
                 admin,
             ))
@@ -1844,6 +1845,7 @@ async fn run_hostile_workflows(
             input: Some(input.clone()),
             idempotency_key: String::new(),
             labels: HashMap::new(),
+            priority: 0,
         };
         let Some(started) = step(&start, request.encode_to_vec()).await else {
             continue;

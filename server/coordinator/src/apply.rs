@@ -717,6 +717,8 @@ impl<'a> RunTxn<'a> {
                 // a child run's spans hang under the transaction that
                 // started it: one trace for the whole tree
                 traceparent: self.traceparent.as_deref(),
+                // a child run dispatches at its parent's priority
+                priority: self.run.priority,
             },
             false,
         )
@@ -787,9 +789,11 @@ impl<'a> RunTxn<'a> {
             return Ok(());
         }
         self.saved()?;
+        let held = self.held();
         for arm in std::mem::take(&mut self.arms) {
-            let message = tasks::arm_task(conn, &self.task_arm(&arm)).await?;
-            self.applied.outbox.push(message);
+            if let Some(message) = tasks::arm_task(conn, &self.task_arm(&arm), held).await? {
+                self.applied.outbox.push(message);
+            }
         }
         Ok(())
     }
@@ -810,6 +814,11 @@ impl<'a> RunTxn<'a> {
             attempt_timeout_ms: arm.attempt_timeout_ms,
             traceparent: self.traceparent.as_deref(),
         }
+    }
+
+    /// True while the run is paused and not ended: what it arms is held.
+    fn held(&self) -> bool {
+        self.run.status == composer_store::pause::PAUSED && !self.state.run.status.is_terminal()
     }
 
     async fn persist(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
@@ -834,7 +843,14 @@ impl<'a> RunTxn<'a> {
         let writes: Vec<TimerWrite> = writes.into_iter().filter_map(|(_, w)| w).collect();
 
         let record = &self.state.run;
-        let status = run_status_text(record.status);
+        let held = self.held();
+        // a paused run shows PAUSED until it resumes or ends; the engine's
+        // status stays in its record
+        let status = if held {
+            composer_store::pause::PAUSED.to_owned()
+        } else {
+            run_status_text(record.status)
+        };
         let ended = record.status.is_terminal() && !self.was_terminal;
         self.applied.counted.run_ended = ended;
         if ended {
@@ -867,6 +883,7 @@ impl<'a> RunTxn<'a> {
                 tasks: &arms,
                 timers: &writes,
                 cancelled_timers: &deletes,
+                held,
             },
             self.insert
                 .as_ref()
@@ -878,6 +895,7 @@ impl<'a> RunTxn<'a> {
                     idempotency_key: self.run.idempotency_key.as_deref(),
                     only_if_latest: *only_if_latest,
                     traceparent: self.run.traceparent.as_deref(),
+                    priority: self.run.priority,
                 })
                 .as_ref(),
         )

@@ -75,6 +75,25 @@ pub fn stream_key(namespace: &str, queue: &str, shard: u32) -> String {
     )
 }
 
+/// The priority of a run that asks for none.
+pub const DEFAULT_PRIORITY: i16 = 3;
+
+/// The priorities a run may have, lowest first.
+pub const PRIORITIES: std::ops::RangeInclusive<i16> = 1..=5;
+
+/// The stream a task of `priority` goes to: the default priority keeps the
+/// sharded streams of [`stream_key`]; each other priority has one stream
+/// per queue (the key of shard 0 with a `:p<priority>` suffix, outside the
+/// hash tag), so a poll reads `shards + 4` streams per queue, not five
+/// times as many. Decision 0017.
+pub fn priority_stream_key(namespace: &str, queue: &str, shard: u32, priority: i16) -> String {
+    if priority == DEFAULT_PRIORITY {
+        stream_key(namespace, queue, shard)
+    } else {
+        format!("{}:p{priority}", stream_key(namespace, queue, 0))
+    }
+}
+
 fn shard_of(run_id: Uuid, shards: u32) -> u32 {
     let shards = u128::from(shards.max(1));
     u32::try_from(run_id.as_u128() % shards).unwrap_or(0)
@@ -187,10 +206,11 @@ async fn publish(
 ) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
     for message in batch {
-        let key = stream_key(
+        let key = priority_stream_key(
             &message.namespace,
             &message.queue,
             shard_of(message.shard_key, shards),
+            message.priority,
         );
         pipe.cmd("XADD")
             .arg(&key)

@@ -8,6 +8,7 @@ pub mod error;
 pub mod http;
 pub mod http_worker;
 pub mod metrics;
+pub mod pause;
 mod poll_hub;
 pub mod recovery;
 mod reports;

@@ -31,7 +31,7 @@ use tokio::{
 use uuid::Uuid;
 
 use crate::{
-    dispatch::{DispatchConfig, GROUP, stream_key},
+    dispatch::{DEFAULT_PRIORITY, DispatchConfig, GROUP, PRIORITIES, priority_stream_key},
     error::CoordinatorError,
 };
 
@@ -95,10 +95,55 @@ impl Waiter {
 /// (namespace, queue)
 type QueueKey = (String, String);
 
+/// Tasks read for one queue but not leased yet, by priority: handed out
+/// highest priority first, oldest first within one.
+#[derive(Default)]
+struct Buffered {
+    /// Index `priority - 1`.
+    levels: [VecDeque<(Uuid, i32)>; 5],
+}
+
+impl Buffered {
+    fn level(priority: i16) -> usize {
+        usize::try_from(priority.clamp(*PRIORITIES.start(), *PRIORITIES.end()) - 1).unwrap_or(0)
+    }
+
+    fn push(&mut self, priority: i16, task: (Uuid, i32)) {
+        self.levels[Self::level(priority)].push_back(task);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.levels.iter().all(VecDeque::is_empty)
+    }
+
+    fn len(&self) -> usize {
+        self.levels.iter().map(VecDeque::len).sum()
+    }
+
+    /// The highest priority with a task, if any.
+    fn best(&self) -> Option<i16> {
+        (0..5)
+            .rev()
+            .find(|&i| !self.levels[i].is_empty())
+            .and_then(|i| i16::try_from(i + 1).ok())
+    }
+
+    /// Takes up to `n` tasks, highest priority first.
+    fn take(&mut self, mut n: usize) -> Vec<(Uuid, i32)> {
+        let mut taken = Vec::with_capacity(n);
+        for level in self.levels.iter_mut().rev() {
+            let here = n.min(level.len());
+            taken.extend(level.drain(..here));
+            n -= here;
+        }
+        taken
+    }
+}
+
 /// The polls waiting on one queue, and what was read for it but not leased.
 struct QueueState {
     waiters: VecDeque<Arc<Waiter>>,
-    buffered: VecDeque<(Uuid, i32)>,
+    buffered: Buffered,
     last_waited: Instant,
 }
 
@@ -106,7 +151,7 @@ impl QueueState {
     fn new() -> Self {
         Self {
             waiters: VecDeque::new(),
-            buffered: VecDeque::new(),
+            buffered: Buffered::default(),
             last_waited: Instant::now(),
         }
     }
@@ -274,6 +319,7 @@ impl PollHub {
         let mut grouped: HashSet<String> = HashSet::new();
         loop {
             self.forget_idle_queues().await;
+            self.read_higher(&mut connection, &mut grouped).await;
             self.hand_out_all().await;
             let (wanted, count) = self.wanted();
             if wanted.is_empty() {
@@ -297,8 +343,14 @@ impl PollHub {
                 tokio::time::sleep(Duration::from_millis(200)).await;
                 continue;
             }
-            let read =
-                read_batch(active, &keys, &self.consumer, count, self.config.read_block).await;
+            let read = read_batch(
+                active,
+                &keys,
+                &self.consumer,
+                count,
+                Some(self.config.read_block),
+            )
+            .await;
             match read {
                 Ok(read) => self.buffer(read, &streams),
                 Err(error) if error.code() == Some("NOGROUP") => {
@@ -317,19 +369,83 @@ impl PollHub {
         }
     }
 
-    /// The streams to read for `wanted`, each with its queue; the wake
-    /// stream maps to no queue.
-    fn streams_of(&self, wanted: &[QueueKey]) -> HashMap<String, Option<QueueKey>> {
+    /// The streams to read for `wanted`, each with its queue and priority;
+    /// the wake stream maps to no queue.
+    fn streams_of(&self, wanted: &[QueueKey]) -> HashMap<String, Option<(QueueKey, i16)>> {
         let mut streams = HashMap::from([(self.wake_key.clone(), None)]);
-        for (namespace, queue) in wanted {
-            for shard in 0..self.config.shards.max(1) {
+        for key in wanted {
+            self.queue_streams(key, *PRIORITIES.start(), &mut streams);
+        }
+        streams
+    }
+
+    /// Adds the streams of one queue at `from` priority and above.
+    fn queue_streams(
+        &self,
+        key: &QueueKey,
+        from: i16,
+        streams: &mut HashMap<String, Option<(QueueKey, i16)>>,
+    ) {
+        let (namespace, queue) = key;
+        for priority in from..=*PRIORITIES.end() {
+            let shards = if priority == DEFAULT_PRIORITY {
+                self.config.shards.max(1)
+            } else {
+                1
+            };
+            for shard in 0..shards {
                 streams.insert(
-                    stream_key(namespace, queue, shard),
-                    Some((namespace.clone(), queue.clone())),
+                    priority_stream_key(namespace, queue, shard, priority),
+                    Some((key.clone(), priority)),
                 );
             }
         }
-        streams
+    }
+
+    /// A queue with tasks read but not leased and polls waiting: before
+    /// handing those out, reads (without blocking) what came since on its
+    /// streams of higher priority, so a task of higher priority is never
+    /// queued behind the buffer (issue 17: at most one poll of delay).
+    async fn read_higher(
+        &self,
+        connection: &mut Option<MultiplexedConnection>,
+        grouped: &mut HashSet<String>,
+    ) {
+        let (streams, count) = {
+            let states = lock(&self.queues);
+            let mut streams = HashMap::new();
+            let mut count = 0;
+            for (key, state) in states.iter() {
+                let Some(best) = state.buffered.best() else {
+                    continue;
+                };
+                if best >= *PRIORITIES.end() || state.waiters.is_empty() {
+                    continue;
+                }
+                self.queue_streams(key, best + 1, &mut streams);
+                count += state.waiters.iter().map(|w| w.want).sum::<usize>();
+            }
+            (streams, count.clamp(1, MAX_READ_COUNT))
+        };
+        if streams.is_empty() {
+            return;
+        }
+        let Some(active) = connection.as_mut() else {
+            return;
+        };
+        let keys: Vec<&str> = streams.keys().map(String::as_str).collect();
+        if ensure_groups(active, &keys, grouped).await.is_err() {
+            return;
+        }
+        match read_batch(active, &keys, &self.consumer, count, None).await {
+            Ok(read) => self.buffer(read, &streams),
+            Err(error) if error.code() == Some("NOGROUP") => grouped.clear(),
+            Err(error) => {
+                crate::metrics::redis_error("read");
+                tracing::warn!(%error, "stream read failed");
+                *connection = None;
+            }
+        }
     }
 
     /// The queues with a waiting poll and the most any of them wants; drops
@@ -353,17 +469,21 @@ impl PollHub {
         (wanted, count.min(MAX_READ_COUNT))
     }
 
-    fn buffer(&self, read: Vec<(String, Uuid, i32)>, streams: &HashMap<String, Option<QueueKey>>) {
+    fn buffer(
+        &self,
+        read: Vec<(String, Uuid, i32)>,
+        streams: &HashMap<String, Option<(QueueKey, i16)>>,
+    ) {
         let mut states = lock(&self.queues);
         for (key, task, attempt) in read {
-            let Some(Some(queue)) = streams.get(&key) else {
+            let Some(Some((queue, priority))) = streams.get(&key) else {
                 continue;
             };
             states
                 .entry(queue.clone())
                 .or_insert_with(QueueState::new)
                 .buffered
-                .push_back((task, attempt));
+                .push(*priority, (task, attempt));
         }
     }
 
@@ -396,13 +516,14 @@ impl PollHub {
             return;
         };
         let script = redis::Script::new(DELETE_IF_EMPTY);
-        for (namespace, queue) in &idle {
-            for shard in 0..self.config.shards.max(1) {
-                let key = stream_key(namespace, queue, shard);
+        for queue in &idle {
+            let mut streams = HashMap::new();
+            self.queue_streams(queue, *PRIORITIES.start(), &mut streams);
+            for key in streams.keys() {
                 // one key per call: the shards live in different slots of a
                 // Redis Cluster
                 let deleted: redis::RedisResult<i64> =
-                    script.key(&key).invoke_async(connection).await;
+                    script.key(key).invoke_async(connection).await;
                 if let Err(error) = deleted {
                     crate::metrics::redis_error("clean_up");
                     tracing::warn!(%error, "could not clean up an idle stream");
@@ -484,7 +605,7 @@ impl PollHub {
                 continue;
             };
             let take = waiter.want.min(state.buffered.len());
-            let candidates = state.buffered.drain(..take).collect();
+            let candidates = state.buffered.take(take);
             return Some((waiter, sender, candidates));
         }
         None
@@ -545,7 +666,7 @@ async fn read_batch(
     keys: &[&str],
     consumer: &str,
     count: usize,
-    block: Duration,
+    block: Option<Duration>,
 ) -> redis::RedisResult<Vec<(String, Uuid, i32)>> {
     let mut command = redis::cmd("XREADGROUP");
     command
@@ -553,12 +674,14 @@ async fn read_batch(
         .arg(GROUP)
         .arg(consumer)
         .arg("COUNT")
-        .arg(count)
-        .arg("BLOCK")
-        .arg(u64::try_from(block.as_millis()).unwrap_or(1000))
-        .arg("NOACK")
-        .arg("STREAMS")
-        .arg(keys);
+        .arg(count);
+    // without BLOCK the read answers at once with what is there
+    if let Some(block) = block {
+        command
+            .arg("BLOCK")
+            .arg(u64::try_from(block.as_millis()).unwrap_or(1000));
+    }
+    command.arg("NOACK").arg("STREAMS").arg(keys);
     for _ in keys {
         command.arg(">");
     }

@@ -35,6 +35,8 @@ pub struct StartRun {
     /// The caller's W3C traceparent, if it sent one: the run's trace
     /// continues it (when traces are on).
     pub traceparent: Option<String>,
+    /// Dispatch priority, 1 (lowest) to 5 (highest).
+    pub priority: i16,
 }
 
 /// A run with its node states.
@@ -199,6 +201,7 @@ impl Coordinator {
             updated_at: now,
             ended_at: None,
             traceparent,
+            priority: request.priority,
         };
         let only_if_latest = request.version.is_none();
         let applied = if crate::apply::start_writes_rows_only(workflow, &record) {
@@ -253,6 +256,7 @@ impl Coordinator {
                 parent_attempt: None,
                 record: &run.record,
                 traceparent: run.traceparent.as_deref(),
+                priority: run.priority,
             },
             only_if_latest,
         )
@@ -289,7 +293,7 @@ impl Coordinator {
 
     /// Opens a transaction holding the run's lock; NOT_FOUND outside its
     /// namespace.
-    async fn lock_existing(
+    pub(crate) async fn lock_existing(
         &self,
         namespace: Option<&str>,
         run_id: Uuid,
@@ -301,7 +305,7 @@ impl Coordinator {
         Ok((tx, run))
     }
 
-    async fn expect_run(
+    pub(crate) async fn expect_run(
         &self,
         namespace: Option<&str>,
         run_id: Uuid,
@@ -393,13 +397,18 @@ impl Coordinator {
         actor: &str,
     ) -> Result<RunRow, CoordinatorError> {
         let run_id = parse_run_id(run_id)?;
-        let (mut tx, run) = self.lock_existing(namespace, run_id).await?;
+        let (mut tx, mut run) = self.lock_existing(namespace, run_id).await?;
         if is_final(&run.status) {
             return Err(CoordinatorError::WrongRunStatus {
                 run_id: run_id.to_string(),
                 status: run.status,
                 why: "a run that ended cannot be cancelled",
             });
+        }
+        if run.status == composer_store::pause::PAUSED {
+            // a cancel ends the pause: compensations it starts must run
+            composer_store::pause::release_timers(&mut tx, run_id).await?;
+            run.status = crate::pause::engine_status(&run)?;
         }
         let mut txn = RunTxn::new(self, run, &mut tx).await?;
         txn.note(

@@ -39,6 +39,7 @@ async fn a_large_input_is_stored_once_and_still_read_by_later_events() {
             labels: json!({}),
             actor: "test".to_owned(),
             traceparent: None,
+            priority: 3,
         })
         .await
         .expect("start");

@@ -30,6 +30,7 @@ fn start(workflow: &str) -> StartRun {
         labels: json!({}),
         actor: "test".to_owned(),
         traceparent: None,
+        priority: 3,
     }
 }
 

@@ -59,11 +59,15 @@ pub enum HistoryEventType {
     RunFailed,
     /// the run ended CANCELLED.
     RunCancelled,
+    /// PauseRun paused the run.
+    RunPaused,
+    /// ResumeRun resumed the run.
+    RunResumed,
 }
 
 impl HistoryEventType {
     /// Every type, in the order the documentation lists them.
-    pub const ALL: [Self; 26] = [
+    pub const ALL: [Self; 28] = [
         Self::RunStarted,
         Self::NodeStarted,
         Self::TaskLeased,
@@ -90,6 +94,8 @@ impl HistoryEventType {
         Self::RunCompleted,
         Self::RunFailed,
         Self::RunCancelled,
+        Self::RunPaused,
+        Self::RunResumed,
     ];
 
     /// The name stored and returned as `event_type`.
@@ -121,6 +127,8 @@ impl HistoryEventType {
             Self::RunCompleted => "run_completed",
             Self::RunFailed => "run_failed",
             Self::RunCancelled => "run_cancelled",
+            Self::RunPaused => "run_paused",
+            Self::RunResumed => "run_resumed",
         }
     }
 
@@ -167,6 +175,12 @@ impl HistoryEventType {
             Self::RunCompleted => "the run ended COMPLETED; `details.output`",
             Self::RunFailed => "the run ended FAILED; `details` is the error",
             Self::RunCancelled => "the run ended CANCELLED",
+            Self::RunPaused => {
+                "PauseRun paused the run; the actor is the caller, `details.reason` why, `details.held_tasks` how many dispatched tasks were taken back"
+            }
+            Self::RunResumed => {
+                "ResumeRun resumed the run; the actor is the caller, `details.released_tasks` how many held tasks were dispatched"
+            }
         }
     }
 }

@@ -83,6 +83,8 @@ pub const RPC_ROLES: &[(&str, &[Role])] = &[
     ("/composer.v1.RunService/CountRuns", READ),
     ("/composer.v1.RunService/CancelRun", &[Admin, Operator]),
     ("/composer.v1.RunService/RetryRun", &[Admin, Operator]),
+    ("/composer.v1.RunService/PauseRun", &[Admin, Operator]),
+    ("/composer.v1.RunService/ResumeRun", &[Admin, Operator]),
     (
         "/composer.v1.RunService/SendEvent",
         &[Admin, Operator, Client],

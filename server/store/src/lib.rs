@@ -2,6 +2,7 @@
 //! truth of every run; everything else (Redis, caches) can be rebuilt from it.
 
 pub mod events;
+pub mod pause;
 pub mod runs;
 pub mod tasks;
 pub mod timers;

@@ -49,11 +49,13 @@ pub struct RunRow {
     pub ended_at: Option<DateTime<Utc>>,
     /// The W3C traceparent its spans hang under; None unless traces are on.
     pub traceparent: Option<String>,
+    /// Dispatch priority, 1 (lowest) to 5 (highest).
+    pub priority: i16,
 }
 
 const RUN_COLUMNS: &str = "id, namespace, workflow_name, workflow_version, status, input, output, \
      error, labels, idempotency_key, parent_run_id, parent_node, parent_attempt, record, \
-     created_at, updated_at, ended_at, traceparent";
+     created_at, updated_at, ended_at, traceparent, priority";
 
 fn run_from_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {
     Ok(RunRow {
@@ -75,6 +77,7 @@ fn run_from_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {
         updated_at: row.try_get("updated_at")?,
         ended_at: row.try_get("ended_at")?,
         traceparent: row.try_get("traceparent")?,
+        priority: row.try_get("priority")?,
     })
 }
 
@@ -107,6 +110,8 @@ pub struct NewRun<'a> {
     pub record: &'a Json,
     /// The W3C traceparent its spans hang under, if traces are on.
     pub traceparent: Option<&'a str>,
+    /// Dispatch priority, 1 to 5.
+    pub priority: i16,
 }
 
 /// Inserts a run and locks it (the inserting transaction holds the row).
@@ -123,8 +128,9 @@ pub async fn insert_run(
     // (or a newer version, when asked) inserts nothing
     let created = sqlx::query_scalar(
         "INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
-           idempotency_key, parent_run_id, parent_node, parent_attempt, record, traceparent) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $14 \
+           idempotency_key, parent_run_id, parent_node, parent_attempt, record, traceparent, \
+           priority) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $14, $15 \
          WHERE NOT ($13 AND EXISTS (SELECT 1 FROM workflow_definitions \
            WHERE namespace = $2 AND name = $3 AND version > $4)) \
          ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
@@ -144,6 +150,7 @@ pub async fn insert_run(
     .bind(run.record)
     .bind(only_if_latest)
     .bind(run.traceparent)
+    .bind(run.priority)
     .fetch_optional(conn)
     .await?;
     Ok(created)
@@ -218,7 +225,7 @@ pub async fn lock_runs_taking_timers(
          taken AS ( \
            DELETE FROM timers t USING wanted w \
            WHERE t.run_id = w.run_id AND t.timer_key = w.timer_key AND t.fire_at <= now() \
-             AND t.run_id IN (SELECT id FROM locked) \
+             AND NOT t.held AND t.run_id IN (SELECT id FROM locked) \
            RETURNING t.run_id, t.timer_key, t.timer) \
          SELECT locked.*, taken.timer_key AS taken_key, taken.timer AS taken_timer \
          FROM locked JOIN taken ON taken.run_id = locked.id ORDER BY locked.id"
@@ -852,6 +859,9 @@ pub struct EventWrite<'a> {
     pub timers: &'a [crate::timers::TimerWrite],
     /// Keys of timers to remove (ignored when the run just ended).
     pub cancelled_timers: &'a [String],
+    /// The run is paused: tasks are armed HELD (no outbox row) and timers
+    /// held, until it resumes.
+    pub held: bool,
 }
 
 /// A run to create with its first event's write (see [`write_event`]).
@@ -871,6 +881,8 @@ pub struct RunInsert<'a> {
     pub only_if_latest: bool,
     /// The W3C traceparent its spans hang under, if traces are on.
     pub traceparent: Option<&'a str>,
+    /// Dispatch priority, 1 to 5.
+    pub priority: i16,
 }
 
 /// What [`write_event`] wrote.
@@ -889,20 +901,20 @@ const UPDATE_RUN: &str = "run_row AS ( \
          error = COALESCE($5, error), updated_at = now(), \
          ended_at = CASE WHEN $6 THEN now() ELSE ended_at END, \
          history_seq = history_seq + $7 \
-       WHERE id = $1 RETURNING history_seq - $7 AS base, created_at)";
+       WHERE id = $1 RETURNING history_seq - $7 AS base, created_at, priority)";
 
-/// A new run's row, written with its first event ($18-$23); nothing when
+/// A new run's row, written with its first event ($18-$25); nothing when
 /// the idempotency key is taken or (`$23`) a newer version exists, and then
 /// every other part writes nothing either (they read `run_row`).
 const INSERT_RUN: &str = "run_row AS ( \
        INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
-         idempotency_key, record, output, error, ended_at, history_seq, traceparent) \
+         idempotency_key, record, output, error, ended_at, history_seq, traceparent, priority) \
        SELECT $1, $8, $18, $19, $2, $20, $21, $22, $3, $4, $5, CASE WHEN $6 THEN now() END, $7, \
-         $24 \
+         $24, $25 \
        WHERE NOT ($23 AND EXISTS (SELECT 1 FROM workflow_definitions \
          WHERE namespace = $8 AND name = $18 AND version > $19)) \
        ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
-       RETURNING 0::bigint AS base, created_at)";
+       RETURNING 0::bigint AS base, created_at, priority)";
 
 /// Node rows and history, after `run_row`.
 const WRITE_ROWS: &str = "node_rows AS ( \
@@ -919,31 +931,35 @@ const WRITE_ROWS: &str = "node_rows AS ( \
          FROM run_row, UNNEST($13::text[], $14::text[], $15::int[], $16::text[], $17::jsonb[]) \
            WITH ORDINALITY AS h(ty, node, attempt, actor, details, ord))";
 
-/// Arms tasks and queues them; parameters from `$n`.
-fn write_tasks(n: usize) -> String {
+/// Arms tasks and queues them; parameters from `$n`. `held` (the run is
+/// paused): the tasks are HELD and get no outbox row.
+fn write_tasks(n: usize, held: bool) -> String {
     let p = |i: usize| format!("${}", n + i);
+    let status = if held { "'HELD'" } else { "'DISPATCHED'" };
     format!(
         "armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-             dispatched_at, traceparent) \
-           SELECT a.id, $8, $1, a.node, {wf}, {ver}, a.queue, a.task_name, 'DISPATCHED', \
-             a.attempt, a.input, a.heartbeat, a.timeout, now(), {trace}::text \
+             dispatched_at, traceparent, priority) \
+           SELECT a.id, $8, $1, a.node, {wf}, {ver}, a.queue, a.task_name, {status}, \
+             a.attempt, a.input, a.heartbeat, a.timeout, now(), {trace}::text, \
+             (SELECT priority FROM run_row) \
              FROM UNNEST({ids}::uuid[], {nodes}::text[], {queues}::text[], {names}::text[], \
                {attempts}::int[], {inputs}::jsonb[], {beats}::bigint[], {timeouts}::bigint[]) \
                AS a(id, node, queue, task_name, attempt, input, heartbeat, timeout) \
              WHERE EXISTS (SELECT 1 FROM run_row) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
-             task_name = EXCLUDED.task_name, status = 'DISPATCHED', attempt = EXCLUDED.attempt, \
+             task_name = EXCLUDED.task_name, status = {status}, attempt = EXCLUDED.attempt, \
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
              outcome = NULL, dispatched_at = now(), updated_at = now(), \
-             traceparent = EXCLUDED.traceparent \
-           RETURNING id, namespace, queue, attempt, run_id), \
+             traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority \
+           RETURNING id, namespace, queue, attempt, run_id, priority), \
          queued AS ( \
-           INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-           SELECT namespace, queue, id, attempt, run_id FROM armed RETURNING *)",
+           INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+           SELECT namespace, queue, id, attempt, run_id, priority FROM armed WHERE NOT {held} \
+           RETURNING *)",
         ids = p(0),
         nodes = p(1),
         queues = p(2),
@@ -958,15 +974,17 @@ fn write_tasks(n: usize) -> String {
     )
 }
 
-/// Schedules (or moves) timers; parameters from `$n`.
-fn write_timers(n: usize) -> String {
+/// Schedules (or moves) timers; parameters from `$n`. `held`: the run is
+/// paused, the timers wait for its resume.
+fn write_timers(n: usize, held: bool) -> String {
     format!(
         "scheduled AS ( \
-           INSERT INTO timers (run_id, timer_key, namespace, timer, fire_at) \
-           SELECT $1, k, $8, t, f FROM UNNEST(${}::text[], ${}::jsonb[], ${}::timestamptz[]) \
+           INSERT INTO timers (run_id, timer_key, namespace, timer, fire_at, held) \
+           SELECT $1, k, $8, t, f, {held} \
+             FROM UNNEST(${}::text[], ${}::jsonb[], ${}::timestamptz[]) \
              AS x(k, t, f) WHERE EXISTS (SELECT 1 FROM run_row) \
            ON CONFLICT (run_id, timer_key) DO UPDATE SET timer = EXCLUDED.timer, \
-             fire_at = EXCLUDED.fire_at)",
+             fire_at = EXCLUDED.fire_at, held = EXCLUDED.held)",
         n,
         n + 1,
         n + 2
@@ -984,7 +1002,7 @@ fn delete_timers(n: usize) -> String {
 const END_RUN: &str = "ended_timers AS (DELETE FROM timers WHERE run_id = $1), \
      ended_tasks AS ( \
        UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
-       WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED')), \
+       WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED', 'HELD')), \
      ended_waits AS (DELETE FROM event_waits WHERE run_id = $1), \
      ended_events AS (DELETE FROM pending_events WHERE run_id = $1)";
 
@@ -1029,13 +1047,13 @@ pub async fn write_event(
         .to_owned(),
         WRITE_ROWS.to_owned(),
     ];
-    let mut next = if insert.is_some() { 25 } else { 18 };
+    let mut next = if insert.is_some() { 26 } else { 18 };
     if !tasks.is_empty() {
-        parts.push(write_tasks(next));
+        parts.push(write_tasks(next, write.held));
         next += 11;
     }
     if !timers.is_empty() {
-        parts.push(write_timers(next));
+        parts.push(write_timers(next, write.held));
         next += 3;
     }
     if !cancelled.is_empty() {
@@ -1048,10 +1066,10 @@ pub async fn write_event(
     let result = if tasks.is_empty() {
         "SELECT run_row.created_at, NULL::bigint AS outbox_id, NULL::text AS namespace, \
            NULL::text AS queue, NULL::uuid AS task_id, NULL::int AS attempt, \
-           NULL::uuid AS shard_key FROM run_row"
+           NULL::uuid AS shard_key, NULL::smallint AS priority FROM run_row"
     } else {
         "SELECT run_row.created_at, q.id AS outbox_id, q.namespace, q.queue, q.task_id, \
-           q.attempt, q.shard_key FROM run_row LEFT JOIN queued q ON true"
+           q.attempt, q.shard_key, q.priority FROM run_row LEFT JOIN queued q ON true"
     };
     let sql = format!("WITH {} {result}", parts.join(", "));
     // write_event: the whole write side of an event, under the run lock
@@ -1091,7 +1109,8 @@ pub async fn write_event(
             .bind(run.labels)
             .bind(run.idempotency_key)
             .bind(run.only_if_latest)
-            .bind(run.traceparent);
+            .bind(run.traceparent)
+            .bind(run.priority);
     }
     if let Some(first) = tasks.first() {
         query = query

@@ -56,6 +56,9 @@ pub mod status {
     pub const EXPIRED: &str = "EXPIRED";
     /// The run was cancelled (or the node no longer needs the task).
     pub const CANCELLED: &str = "CANCELLED";
+    /// Armed while its run is paused: no outbox row, not leasable; resume
+    /// makes it DISPATCHED.
+    pub const HELD: &str = "HELD";
 }
 
 /// A task attempt to arm: inserted, or the existing row of the same
@@ -92,31 +95,37 @@ pub struct TaskArm<'a> {
 
 /// Arms a task for an attempt and writes its outbox row, in one statement.
 /// Returns the outbox message (the task id is stable across attempts), so
-/// the committing server can publish it at once.
+/// the committing server can publish it at once. `held` (the run is
+/// paused): the task is HELD, with no outbox row, and None is returned.
 pub async fn arm_task(
     conn: &mut PgConnection,
     task: &TaskArm<'_>,
-) -> Result<OutboxMessage, StoreError> {
+    held: bool,
+) -> Result<Option<OutboxMessage>, StoreError> {
     // arm_task: upsert the task as DISPATCHED for this attempt (clearing any
     // lease) and enqueue it; the task id survives re-arming
     let row = sqlx::query(
         "WITH armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-             dispatched_at, traceparent) \
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'DISPATCHED', $9, $10, $11, $12, now(), $13) \
+             dispatched_at, traceparent, priority) \
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
+             CASE WHEN $13 THEN 'HELD' ELSE 'DISPATCHED' END, $9, $10, $11, $12, now(), $14, \
+             (SELECT priority FROM runs WHERE id = $3)) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
-             task_name = EXCLUDED.task_name, status = 'DISPATCHED', attempt = EXCLUDED.attempt, \
+             task_name = EXCLUDED.task_name, status = EXCLUDED.status, attempt = EXCLUDED.attempt, \
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
              outcome = NULL, dispatched_at = now(), updated_at = now(), \
-             traceparent = EXCLUDED.traceparent \
-           RETURNING id, namespace, queue, attempt, run_id), \
+             traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority \
+           RETURNING id, namespace, queue, attempt, run_id, priority), \
          queued AS ( \
-           INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-           SELECT namespace, queue, id, attempt, run_id FROM armed RETURNING *) \
-         SELECT id AS outbox_id, namespace, queue, task_id, attempt, shard_key FROM queued",
+           INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+           SELECT namespace, queue, id, attempt, run_id, priority FROM armed WHERE NOT $13 \
+           RETURNING *) \
+         SELECT id AS outbox_id, namespace, queue, task_id, attempt, shard_key, priority \
+         FROM queued",
     )
     .bind(task.new_id)
     .bind(task.namespace)
@@ -130,10 +139,11 @@ pub async fn arm_task(
     .bind(task.input)
     .bind(task.heartbeat_timeout_ms)
     .bind(task.attempt_timeout_ms)
+    .bind(held)
     .bind(task.traceparent)
-    .fetch_one(conn)
+    .fetch_optional(conn)
     .await?;
-    Ok(outbox_from_row(&row)?)
+    Ok(row.as_ref().map(outbox_from_row).transpose()?)
 }
 
 pub(crate) fn outbox_from_row(row: &PgRow) -> Result<OutboxMessage, sqlx::Error> {
@@ -144,6 +154,7 @@ pub(crate) fn outbox_from_row(row: &PgRow) -> Result<OutboxMessage, sqlx::Error>
         task_id: row.try_get("task_id")?,
         attempt: row.try_get("attempt")?,
         shard_key: row.try_get("shard_key")?,
+        priority: row.try_get("priority")?,
     })
 }
 
@@ -153,11 +164,11 @@ pub async fn cancel_node_tasks(
     run_id: Uuid,
     node_key: &str,
 ) -> Result<u64, StoreError> {
-    // cancel_node_tasks: DISPATCHED or LEASED tasks of the node or its elements
+    // cancel_node_tasks: DISPATCHED, HELD or LEASED tasks of the node or its elements
     Ok(sqlx::query(
         "UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
          WHERE run_id = $1 AND (node_key = $2 OR node_key LIKE $2 || '[%') \
-           AND status IN ('DISPATCHED', 'LEASED')",
+           AND status IN ('DISPATCHED', 'LEASED', 'HELD')",
     )
     .bind(run_id)
     .bind(node_key)
@@ -168,10 +179,10 @@ pub async fn cancel_node_tasks(
 
 /// Cancels every live task of a run.
 pub async fn cancel_all_tasks(conn: &mut PgConnection, run_id: Uuid) -> Result<u64, StoreError> {
-    // cancel_all_tasks: DISPATCHED or LEASED tasks of the run
+    // cancel_all_tasks: DISPATCHED, HELD or LEASED tasks of the run
     Ok(sqlx::query(
         "UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
-         WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED')",
+         WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED', 'HELD')",
     )
     .bind(run_id)
     .execute(conn)
@@ -461,9 +472,9 @@ pub async fn republish_lost_dispatches(
            ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
          bumped AS ( \
            UPDATE tasks t SET dispatched_at = now() FROM lost WHERE t.id = lost.id \
-           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id) \
-         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-         SELECT namespace, queue, id, attempt, run_id FROM bumped",
+           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id, t.priority) \
+         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+         SELECT namespace, queue, id, attempt, run_id, priority FROM bumped",
     )
     .bind(grace_ms as f64)
     .bind(limit)
@@ -487,6 +498,8 @@ pub struct OutboxMessage {
     pub attempt: i32,
     /// What picks the stream shard (the run id).
     pub shard_key: Uuid,
+    /// The task's dispatch priority, 1 to 5: what picks its stream.
+    pub priority: i16,
 }
 
 /// Takes up to `limit` outbox rows at least `min_age_ms` old, deleting them
@@ -504,7 +517,7 @@ pub async fn take_outbox(
         "DELETE FROM outbox WHERE id = ANY(ARRAY( \
            SELECT id FROM outbox WHERE created_at < now() - make_interval(secs => $2 / 1000.0) \
            ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED)) \
-         RETURNING id AS outbox_id, namespace, queue, task_id, attempt, shard_key",
+         RETURNING id AS outbox_id, namespace, queue, task_id, attempt, shard_key, priority",
     )
     .bind(limit)
     .bind(min_age_ms as f64)
@@ -546,17 +559,23 @@ pub async fn release_leases(pool: &PgPool, leases: &[(Uuid, Uuid)]) -> Result<u6
     let ids: Vec<Uuid> = leases.iter().map(|l| l.0).collect();
     let tokens: Vec<Uuid> = leases.iter().map(|l| l.1).collect();
     // release_leases: LEASED -> DISPATCHED for these exact leases, re-enqueued
+    // (HELD, not enqueued, when the run is paused)
     Ok(sqlx::query(
-        "WITH released AS ( \
-           UPDATE tasks t SET status = 'DISPATCHED', lease_token = NULL, lease_owner = NULL, \
+        "WITH paused AS (SELECT id FROM runs WHERE status = 'PAUSED' \
+           AND id IN (SELECT run_id FROM tasks WHERE id = ANY($1::uuid[])) FOR SHARE), \
+         released AS ( \
+           UPDATE tasks t SET status = CASE WHEN t.run_id IN (SELECT id FROM paused) \
+               THEN 'HELD' ELSE 'DISPATCHED' END, \
+             lease_token = NULL, lease_owner = NULL, \
              lease_expires_at = NULL, lease_confirmed = NULL, attempt_deadline = NULL, \
              dispatched_at = now(), updated_at = now() \
            FROM UNNEST($1::uuid[], $2::uuid[]) AS l(id, token) \
            WHERE t.id = ANY($1::uuid[]) AND t.id = l.id AND t.lease_token = l.token \
              AND t.status = 'LEASED' \
-           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id) \
-         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-         SELECT namespace, queue, id, attempt, run_id FROM released",
+           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id, t.priority, t.status) \
+         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+         SELECT namespace, queue, id, attempt, run_id, priority FROM released \
+         WHERE status = 'DISPATCHED'",
     )
     .bind(&ids)
     .bind(&tokens)
@@ -571,18 +590,25 @@ pub async fn release_leases(pool: &PgPool, leases: &[(Uuid, Uuid)]) -> Result<u6
 /// touched) and is re-enqueued. Returns how many.
 pub async fn return_unconfirmed_leases(pool: &PgPool, limit: i64) -> Result<u64, StoreError> {
     // return_unconfirmed_leases: LEASED, never confirmed, expired -> DISPATCHED
+    // (HELD, not enqueued, when the run is paused)
     Ok(sqlx::query(
-        "WITH returned AS ( \
-           UPDATE tasks t SET status = 'DISPATCHED', lease_token = NULL, lease_owner = NULL, \
+        "WITH stranded AS (SELECT id, run_id FROM tasks WHERE status = 'LEASED' \
+             AND lease_confirmed = false AND lease_expires_at < now() \
+           ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED), \
+         paused AS (SELECT id FROM runs WHERE status = 'PAUSED' \
+           AND id IN (SELECT run_id FROM stranded) FOR SHARE), \
+         returned AS ( \
+           UPDATE tasks t SET status = CASE WHEN t.run_id IN (SELECT id FROM paused) \
+               THEN 'HELD' ELSE 'DISPATCHED' END, \
+             lease_token = NULL, lease_owner = NULL, \
              lease_expires_at = NULL, lease_confirmed = NULL, attempt_deadline = NULL, \
              dispatched_at = now(), updated_at = now() \
-           WHERE t.id IN (SELECT id FROM tasks WHERE status = 'LEASED' \
-               AND lease_confirmed = false AND lease_expires_at < now() \
-             ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+           WHERE t.id IN (SELECT id FROM stranded) \
              AND t.status = 'LEASED' AND t.lease_confirmed = false \
-           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id) \
-         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key) \
-         SELECT namespace, queue, id, attempt, run_id FROM returned",
+           RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id, t.priority, t.status) \
+         INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+         SELECT namespace, queue, id, attempt, run_id, priority FROM returned \
+         WHERE status = 'DISPATCHED'",
     )
     .bind(limit)
     .execute(pool)

@@ -42,9 +42,10 @@ pub struct DueTimer {
 /// lock with [`crate::runs::lock_runs_taking_timers`], so two servers never
 /// fire one twice).
 pub async fn due_timers(pool: &PgPool, limit: i64) -> Result<Vec<DueTimer>, StoreError> {
-    // due_timers: served by timers_due
+    // due_timers: served by timers_due (held timers of paused runs are not in it)
     let rows = sqlx::query(
-        "SELECT run_id, timer_key FROM timers WHERE fire_at <= now() ORDER BY fire_at LIMIT $1",
+        "SELECT run_id, timer_key FROM timers WHERE fire_at <= now() AND NOT held \
+         ORDER BY fire_at LIMIT $1",
     )
     .bind(limit)
     .fetch_all(pool)

@@ -69,6 +69,7 @@ impl TestClient {
                 input: Some(value_of(&input)),
                 idempotency_key: key.to_owned(),
                 labels: Default::default(),
+                priority: 0,
             })
             .await
             .expect("start the run")

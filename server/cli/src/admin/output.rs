@@ -50,6 +50,8 @@ api_messages!(
     ListRunsResponse,
     CancelRunResponse,
     RetryRunResponse,
+    PauseRunResponse,
+    ResumeRunResponse,
     SendEventResponse,
     GetRunHistoryResponse,
     WatchRunResponse,

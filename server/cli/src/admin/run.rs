@@ -1,4 +1,4 @@
-//! `composer run start|get|list|watch|history|cancel|retry|send-event`.
+//! `composer run start|get|list|watch|history|cancel|retry|pause|resume|send-event`.
 
 use std::{collections::HashMap, path::PathBuf};
 
@@ -6,8 +6,8 @@ use clap::{Args, Subcommand, ValueEnum};
 use composer_grpc::convert::from_json;
 use composer_proto::v1::{
     CancelRunRequest, GetRunHistoryRequest, GetRunHistoryResponse, GetRunRequest, GetRunResponse,
-    ListRunsRequest, ListRunsResponse, RetryRunRequest, Run, RunStatus, SendEventRequest,
-    StartRunRequest, send_event_request::Target,
+    ListRunsRequest, ListRunsResponse, PauseRunRequest, ResumeRunRequest, RetryRunRequest, Run,
+    RunStatus, SendEventRequest, StartRunRequest, send_event_request::Target,
 };
 
 use super::{
@@ -37,6 +37,10 @@ pub enum RunCommand {
     Cancel(CancelArgs),
     /// Resume a FAILED run from its failed nodes.
     Retry(RunIdArgs),
+    /// Pause a run: it dispatches nothing and fires no timer until resumed.
+    Pause(PauseArgs),
+    /// Resume a paused run.
+    Resume(RunIdArgs),
     /// Send an event to a run, or to every run waiting on a correlation key.
     SendEvent(SendEventArgs),
 }
@@ -61,6 +65,9 @@ pub struct StartArgs {
     /// A label `key=value`, for filtering in `run list`; repeatable.
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
+    /// Dispatch priority, 1 (lowest) to 5 (highest); the default is 3.
+    #[arg(long, default_value_t = 0, hide_default_value = true)]
+    pub priority: i32,
     /// Wait for the run to end and print it; exit 1 if it FAILED or was CANCELLED.
     #[arg(long)]
     pub wait: bool,
@@ -90,6 +97,8 @@ pub enum StatusFilter {
     Failed,
     /// CANCELLED.
     Cancelled,
+    /// PAUSED.
+    Paused,
 }
 
 impl From<StatusFilter> for RunStatus {
@@ -100,6 +109,7 @@ impl From<StatusFilter> for RunStatus {
             StatusFilter::Completed => RunStatus::Completed,
             StatusFilter::Failed => RunStatus::Failed,
             StatusFilter::Cancelled => RunStatus::Cancelled,
+            StatusFilter::Paused => RunStatus::Paused,
         }
     }
 }
@@ -151,6 +161,18 @@ pub struct CancelArgs {
     pub client: ClientArgs,
 }
 
+/// Options of `run pause`.
+#[derive(Debug, Clone, Args)]
+pub struct PauseArgs {
+    /// The run's id.
+    pub run_id: String,
+    /// Why, recorded in the history.
+    #[arg(long, default_value = "", hide_default_value = true)]
+    pub reason: String,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
 /// Options of `run send-event`.
 #[derive(Debug, Clone, Args)]
 pub struct SendEventArgs {
@@ -191,6 +213,8 @@ pub async fn run(command: RunCommand) -> Result<(), AdminError> {
         RunCommand::History(args) => history(args).await,
         RunCommand::Cancel(args) => cancel(args).await,
         RunCommand::Retry(args) => retry(args).await,
+        RunCommand::Pause(args) => pause(args).await,
+        RunCommand::Resume(args) => resume(args).await,
         RunCommand::SendEvent(args) => send_event(args).await,
     }
 }
@@ -206,6 +230,7 @@ async fn start(args: StartArgs) -> Result<(), AdminError> {
             input: input.as_ref().map(from_json),
             idempotency_key: args.idempotency_key,
             labels: args.labels.into_iter().collect(),
+            priority: args.priority,
         })
         .await?
         .into_inner();
@@ -425,6 +450,37 @@ async fn retry(args: RunIdArgs) -> Result<(), AdminError> {
     let response = api
         .runs
         .retry_run(RetryRunRequest {
+            run_id: args.run_id,
+        })
+        .await?
+        .into_inner();
+    match args.client.output {
+        Format::Json => print_json(&response),
+        Format::Table => print_text(&status_line(response.run.as_ref())),
+    }
+}
+
+async fn pause(args: PauseArgs) -> Result<(), AdminError> {
+    let mut api = Api::connect(&args.client.connect).await?;
+    let response = api
+        .runs
+        .pause_run(PauseRunRequest {
+            run_id: args.run_id,
+            reason: args.reason,
+        })
+        .await?
+        .into_inner();
+    match args.client.output {
+        Format::Json => print_json(&response),
+        Format::Table => print_text(&status_line(response.run.as_ref())),
+    }
+}
+
+async fn resume(args: RunIdArgs) -> Result<(), AdminError> {
+    let mut api = Api::connect(&args.client.connect).await?;
+    let response = api
+        .runs
+        .resume_run(ResumeRunRequest {
             run_id: args.run_id,
         })
         .await?

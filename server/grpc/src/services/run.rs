@@ -6,10 +6,10 @@ use composer_coordinator::{Coordinator, EventTarget, RunView, StartRun, watch::R
 use composer_proto::v1::{
     CancelRunRequest, CancelRunResponse, CountRunsRequest, CountRunsResponse, Failure,
     GetRunHistoryRequest, GetRunHistoryResponse, GetRunRequest, GetRunResponse, HistoryEvent,
-    ListRunsRequest, ListRunsResponse, NodeState, NodeStatus, RetryRunRequest, RetryRunResponse,
-    Run, RunStatus, RunStatusCount, SendEventRequest, SendEventResponse, StartRunRequest,
-    StartRunResponse, WatchRunRequest, WatchRunResponse, run_service_server::RunService,
-    send_event_request::Target,
+    ListRunsRequest, ListRunsResponse, NodeState, NodeStatus, PauseRunRequest, PauseRunResponse,
+    ResumeRunRequest, ResumeRunResponse, RetryRunRequest, RetryRunResponse, Run, RunStatus,
+    RunStatusCount, SendEventRequest, SendEventResponse, StartRunRequest, StartRunResponse,
+    WatchRunRequest, WatchRunResponse, run_service_server::RunService, send_event_request::Target,
 };
 use composer_store::runs::{HistoryRow, NodeRow, RunFilter, RunRow};
 use serde_json::{Value as Json, json};
@@ -41,6 +41,7 @@ fn run_status(text: &str) -> RunStatus {
         "COMPLETED" => RunStatus::Completed,
         "FAILED" => RunStatus::Failed,
         "CANCELLED" => RunStatus::Cancelled,
+        "PAUSED" => RunStatus::Paused,
         _ => RunStatus::Unspecified,
     }
 }
@@ -52,6 +53,7 @@ fn status_text(status: RunStatus) -> Option<&'static str> {
         RunStatus::Completed => Some("COMPLETED"),
         RunStatus::Failed => Some("FAILED"),
         RunStatus::Cancelled => Some("CANCELLED"),
+        RunStatus::Paused => Some("PAUSED"),
         RunStatus::Unspecified => None,
     }
 }
@@ -148,6 +150,7 @@ fn run_message(run: RunRow, nodes: Vec<NodeRow>, types: &HashMap<String, String>
         update_time: Some(timestamp(run.updated_at)),
         end_time: run.ended_at.map(timestamp),
         nodes: nodes.into_iter().map(|n| node_message(n, types)).collect(),
+        priority: i32::from(run.priority),
     }
 }
 
@@ -205,6 +208,14 @@ fn require_run_id(run_id: &str) -> Result<(), Status> {
         return Err(invalid_field("run_id", "must not be empty"));
     }
     check_text("run_id", run_id, MAX_KEY_BYTES)
+}
+
+/// A run id the caller sent: INVALID_ARGUMENT when empty or too long,
+/// NOT_FOUND when it is not an id (as for an id that names no run).
+fn parse_run_id(run_id: &str) -> Result<Uuid, Status> {
+    require_run_id(run_id)?;
+    Uuid::parse_str(run_id)
+        .map_err(|_| Status::not_found(format!("run {} not found", clipped(run_id))))
 }
 
 fn runs_cursor(token: &str) -> Result<Option<(chrono::DateTime<chrono::Utc>, Uuid)>, Status> {
@@ -352,6 +363,18 @@ impl RunService for RunApi {
                 "must be 0 (latest) or a version number",
             ));
         }
+        let priority = match request.priority {
+            0 => composer_coordinator::dispatch::DEFAULT_PRIORITY,
+            p if (1..=5).contains(&p) => i16::try_from(p).unwrap_or_default(),
+            p => {
+                return Err(invalid_field(
+                    "priority",
+                    format!(
+                        "{p} is not a priority: 0 (the default, 3) or 1 (lowest) to 5 (highest)"
+                    ),
+                ));
+            }
+        };
         let input = to_json(request.input, "input")?;
         let (run, created) = self
             .coordinator
@@ -364,6 +387,7 @@ impl RunService for RunApi {
                 labels: json!(request.labels),
                 actor: caller.subject,
                 traceparent,
+                priority,
             })
             .await
             .map_err(from_coordinator)?;
@@ -482,6 +506,45 @@ impl RunService for RunApi {
             .await
             .map_err(from_coordinator)?;
         Ok(Response::new(RetryRunResponse {
+            run: Some(run_message(run, Vec::new(), &HashMap::new())),
+        }))
+    }
+
+    async fn pause_run(
+        &self,
+        request: Request<PauseRunRequest>,
+    ) -> Result<Response<PauseRunResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let run_id = parse_run_id(&request.run_id)?;
+        check_text("reason", &request.reason, MAX_TEXT_BYTES)?;
+        let (run, _) = self
+            .coordinator
+            .pause_run(
+                Some(&caller.namespace),
+                run_id,
+                &request.reason,
+                &caller.subject,
+            )
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(PauseRunResponse {
+            run: Some(run_message(run, Vec::new(), &HashMap::new())),
+        }))
+    }
+
+    async fn resume_run(
+        &self,
+        request: Request<ResumeRunRequest>,
+    ) -> Result<Response<ResumeRunResponse>, Status> {
+        let caller = caller(&request)?;
+        let run_id = parse_run_id(&request.into_inner().run_id)?;
+        let (run, _) = self
+            .coordinator
+            .resume_run(Some(&caller.namespace), run_id, &caller.subject)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(ResumeRunResponse {
             run: Some(run_message(run, Vec::new(), &HashMap::new())),
         }))
     }

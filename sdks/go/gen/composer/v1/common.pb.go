@@ -25,7 +25,7 @@ const (
 
 // RunStatus is where a run is in its life. A run starts RUNNING in the same
 // transaction that creates it and ends in exactly one of COMPLETED, FAILED or
-// CANCELLED.
+// CANCELLED. PauseRun makes a live run PAUSED until ResumeRun.
 type RunStatus int32
 
 const (
@@ -42,6 +42,11 @@ const (
 	RunStatus_RUN_STATUS_FAILED RunStatus = 4
 	// CancelRun ended the run.
 	RunStatus_RUN_STATUS_CANCELLED RunStatus = 5
+	// PauseRun paused the run: it dispatches no task and fires no timer until
+	// ResumeRun; attempts already running finish and their results are
+	// applied, but what they make ready is held. It leaves PAUSED by
+	// ResumeRun, by CancelRun, or by an attempt whose result ends the run.
+	RunStatus_RUN_STATUS_PAUSED RunStatus = 6
 )
 
 // Enum value maps for RunStatus.
@@ -53,6 +58,7 @@ var (
 		3: "RUN_STATUS_COMPLETED",
 		4: "RUN_STATUS_FAILED",
 		5: "RUN_STATUS_CANCELLED",
+		6: "RUN_STATUS_PAUSED",
 	}
 	RunStatus_value = map[string]int32{
 		"RUN_STATUS_UNSPECIFIED":  0,
@@ -61,6 +67,7 @@ var (
 		"RUN_STATUS_COMPLETED":    3,
 		"RUN_STATUS_FAILED":       4,
 		"RUN_STATUS_CANCELLED":    5,
+		"RUN_STATUS_PAUSED":       6,
 	}
 )
 
@@ -603,7 +610,11 @@ type Run struct {
 	// When the run reached its final status.
 	EndTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
 	// Per-node state; filled by GetRun and WatchRun, empty in ListRuns.
-	Nodes         []*NodeState `protobuf:"bytes,16,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	Nodes []*NodeState `protobuf:"bytes,16,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// The run's dispatch priority, 1 (lowest) to 5 (highest): its tasks are
+	// handed to workers before waiting tasks of lower priority on the same
+	// queue. StartRun's, or for a child run its parent's.
+	Priority      int32 `protobuf:"varint,17,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -750,6 +761,13 @@ func (x *Run) GetNodes() []*NodeState {
 	return nil
 }
 
+func (x *Run) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
 // HistoryEvent is one entry of a run's append-only history.
 type HistoryEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -764,7 +782,7 @@ type HistoryEvent struct {
 	// expression_error, cancel_requested_by, cancel_requested,
 	// retry_requested_by, run_retried, compensation_started,
 	// compensation_node_started, compensation_completed, compensation_failed,
-	// run_completed, run_failed, run_cancelled.
+	// run_completed, run_failed, run_cancelled, run_paused, run_resumed.
 	EventType string `protobuf:"bytes,3,opt,name=event_type,json=eventType,proto3" json:"event_type,omitempty"`
 	// The node the event is about, if any.
 	NodeId string `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -900,7 +918,7 @@ const file_composer_v1_common_proto_rawDesc = "" +
 	"\x05input\x18\t \x01(\v2\x16.google.protobuf.ValueR\x05input\x12\x1b\n" +
 	"\tworker_id\x18\n" +
 	" \x01(\tR\bworkerId\x12F\n" +
-	"\x11lease_expire_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\"\x87\x06\n" +
+	"\x11lease_expire_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\"\xa3\x06\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12#\n" +
@@ -920,7 +938,8 @@ const file_composer_v1_common_proto_rawDesc = "" +
 	"\vupdate_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x125\n" +
 	"\bend_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12,\n" +
-	"\x05nodes\x18\x10 \x03(\v2\x16.composer.v1.NodeStateR\x05nodes\x1a9\n" +
+	"\x05nodes\x18\x10 \x03(\v2\x16.composer.v1.NodeStateR\x05nodes\x12\x1a\n" +
+	"\bpriority\x18\x11 \x01(\x05R\bpriority\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xff\x01\n" +
@@ -933,14 +952,15 @@ const file_composer_v1_common_proto_rawDesc = "" +
 	"\anode_id\x18\x04 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aattempt\x18\x05 \x01(\x05R\aattempt\x12\x14\n" +
 	"\x05actor\x18\x06 \x01(\tR\x05actor\x120\n" +
-	"\adetails\x18\a \x01(\v2\x16.google.protobuf.ValueR\adetails*\xa7\x01\n" +
+	"\adetails\x18\a \x01(\v2\x16.google.protobuf.ValueR\adetails*\xbe\x01\n" +
 	"\tRunStatus\x12\x1a\n" +
 	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUN_STATUS_RUNNING\x10\x01\x12\x1b\n" +
 	"\x17RUN_STATUS_COMPENSATING\x10\x02\x12\x18\n" +
 	"\x14RUN_STATUS_COMPLETED\x10\x03\x12\x15\n" +
 	"\x11RUN_STATUS_FAILED\x10\x04\x12\x18\n" +
-	"\x14RUN_STATUS_CANCELLED\x10\x05*\xdd\x01\n" +
+	"\x14RUN_STATUS_CANCELLED\x10\x05\x12\x15\n" +
+	"\x11RUN_STATUS_PAUSED\x10\x06*\xdd\x01\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +

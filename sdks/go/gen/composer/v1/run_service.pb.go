@@ -37,7 +37,12 @@ type StartRunRequest struct {
 	IdempotencyKey string `protobuf:"bytes,4,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	// Optional labels, for filtering in ListRuns. Keys follow the name rule
 	// (docs/names.md); a bad key is INVALID_ARGUMENT with field `labels["key"]`.
-	Labels        map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Optional dispatch priority, 1 (lowest) to 5 (highest); 0 means the
+	// default, 3. Within a queue a waiting task of higher priority is handed
+	// to the next poll before any of lower priority. Outside 0-5:
+	// INVALID_ARGUMENT with field `priority`. Child runs inherit it.
+	Priority      int32 `protobuf:"varint,6,opt,name=priority,proto3" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -105,6 +110,13 @@ func (x *StartRunRequest) GetLabels() map[string]string {
 		return x.Labels
 	}
 	return nil
+}
+
+func (x *StartRunRequest) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
 }
 
 // StartRunResponse carries the run.
@@ -1237,17 +1249,211 @@ func (x *WatchRunResponse) GetEvents() []*HistoryEvent {
 	return nil
 }
 
+// PauseRunRequest names the run to pause.
+type PauseRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run's id.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Why, recorded in the history.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRunRequest) Reset() {
+	*x = PauseRunRequest{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRunRequest) ProtoMessage() {}
+
+func (x *PauseRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRunRequest.ProtoReflect.Descriptor instead.
+func (*PauseRunRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PauseRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *PauseRunRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// PauseRunResponse carries the run after the pause.
+type PauseRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, PAUSED (or as it was, when it ended in the meantime).
+	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseRunResponse) Reset() {
+	*x = PauseRunResponse{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseRunResponse) ProtoMessage() {}
+
+func (x *PauseRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseRunResponse.ProtoReflect.Descriptor instead.
+func (*PauseRunResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *PauseRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+// ResumeRunRequest names the paused run to resume.
+type ResumeRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run's id.
+	RunId         string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRunRequest) Reset() {
+	*x = ResumeRunRequest{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRunRequest) ProtoMessage() {}
+
+func (x *ResumeRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRunRequest.ProtoReflect.Descriptor instead.
+func (*ResumeRunRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ResumeRunRequest) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+// ResumeRunResponse carries the run after the resume.
+type ResumeRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, with its status from before the pause.
+	Run           *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeRunResponse) Reset() {
+	*x = ResumeRunResponse{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeRunResponse) ProtoMessage() {}
+
+func (x *ResumeRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeRunResponse.ProtoReflect.Descriptor instead.
+func (*ResumeRunResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ResumeRunResponse) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
 var File_composer_v1_run_service_proto protoreflect.FileDescriptor
 
 const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1dcomposer/v1/run_service.proto\x12\vcomposer.v1\x1a\x18composer/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\x02\n" +
+	"\x1dcomposer/v1/run_service.proto\x12\vcomposer.v1\x1a\x18composer/v1/common.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc0\x02\n" +
 	"\x0fStartRunRequest\x12#\n" +
 	"\rworkflow_name\x18\x01 \x01(\tR\fworkflowName\x12\x18\n" +
 	"\aversion\x18\x02 \x01(\x05R\aversion\x12,\n" +
 	"\x05input\x18\x03 \x01(\v2\x16.google.protobuf.ValueR\x05input\x12'\n" +
 	"\x0fidempotency_key\x18\x04 \x01(\tR\x0eidempotencyKey\x12@\n" +
-	"\x06labels\x18\x05 \x03(\v2(.composer.v1.StartRunRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x05 \x03(\v2(.composer.v1.StartRunRequest.LabelsEntryR\x06labels\x12\x1a\n" +
+	"\bpriority\x18\x06 \x01(\x05R\bpriority\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"P\n" +
@@ -1328,7 +1534,16 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"i\n" +
 	"\x10WatchRunResponse\x12\"\n" +
 	"\x03run\x18\x01 \x01(\v2\x10.composer.v1.RunR\x03run\x121\n" +
-	"\x06events\x18\x02 \x03(\v2\x19.composer.v1.HistoryEventR\x06events2\xb1\x05\n" +
+	"\x06events\x18\x02 \x03(\v2\x19.composer.v1.HistoryEventR\x06events\"@\n" +
+	"\x0fPauseRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"6\n" +
+	"\x10PauseRunResponse\x12\"\n" +
+	"\x03run\x18\x01 \x01(\v2\x10.composer.v1.RunR\x03run\")\n" +
+	"\x10ResumeRunRequest\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\"7\n" +
+	"\x11ResumeRunResponse\x12\"\n" +
+	"\x03run\x18\x01 \x01(\v2\x10.composer.v1.RunR\x03run2\xc6\x06\n" +
 	"\n" +
 	"RunService\x12G\n" +
 	"\bStartRun\x12\x1c.composer.v1.StartRunRequest\x1a\x1d.composer.v1.StartRunResponse\x12A\n" +
@@ -1339,7 +1554,9 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\bRetryRun\x12\x1c.composer.v1.RetryRunRequest\x1a\x1d.composer.v1.RetryRunResponse\x12J\n" +
 	"\tSendEvent\x12\x1d.composer.v1.SendEventRequest\x1a\x1e.composer.v1.SendEventResponse\x12V\n" +
 	"\rGetRunHistory\x12!.composer.v1.GetRunHistoryRequest\x1a\".composer.v1.GetRunHistoryResponse\x12I\n" +
-	"\bWatchRun\x12\x1c.composer.v1.WatchRunRequest\x1a\x1d.composer.v1.WatchRunResponse0\x01BEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3"
+	"\bWatchRun\x12\x1c.composer.v1.WatchRunRequest\x1a\x1d.composer.v1.WatchRunResponse0\x01\x12G\n" +
+	"\bPauseRun\x12\x1c.composer.v1.PauseRunRequest\x1a\x1d.composer.v1.PauseRunResponse\x12J\n" +
+	"\tResumeRun\x12\x1d.composer.v1.ResumeRunRequest\x1a\x1e.composer.v1.ResumeRunResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3"
 
 var (
 	file_composer_v1_run_service_proto_rawDescOnce sync.Once
@@ -1353,7 +1570,7 @@ func file_composer_v1_run_service_proto_rawDescGZIP() []byte {
 	return file_composer_v1_run_service_proto_rawDescData
 }
 
-var file_composer_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_composer_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_composer_v1_run_service_proto_goTypes = []any{
 	(*StartRunRequest)(nil),       // 0: composer.v1.StartRunRequest
 	(*StartRunResponse)(nil),      // 1: composer.v1.StartRunResponse
@@ -1374,59 +1591,69 @@ var file_composer_v1_run_service_proto_goTypes = []any{
 	(*GetRunHistoryResponse)(nil), // 16: composer.v1.GetRunHistoryResponse
 	(*WatchRunRequest)(nil),       // 17: composer.v1.WatchRunRequest
 	(*WatchRunResponse)(nil),      // 18: composer.v1.WatchRunResponse
-	nil,                           // 19: composer.v1.StartRunRequest.LabelsEntry
-	nil,                           // 20: composer.v1.ListRunsRequest.LabelsEntry
-	nil,                           // 21: composer.v1.CountRunsRequest.LabelsEntry
-	(*structpb.Value)(nil),        // 22: google.protobuf.Value
-	(*Run)(nil),                   // 23: composer.v1.Run
-	(RunStatus)(0),                // 24: composer.v1.RunStatus
-	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
-	(*HistoryEvent)(nil),          // 26: composer.v1.HistoryEvent
+	(*PauseRunRequest)(nil),       // 19: composer.v1.PauseRunRequest
+	(*PauseRunResponse)(nil),      // 20: composer.v1.PauseRunResponse
+	(*ResumeRunRequest)(nil),      // 21: composer.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),     // 22: composer.v1.ResumeRunResponse
+	nil,                           // 23: composer.v1.StartRunRequest.LabelsEntry
+	nil,                           // 24: composer.v1.ListRunsRequest.LabelsEntry
+	nil,                           // 25: composer.v1.CountRunsRequest.LabelsEntry
+	(*structpb.Value)(nil),        // 26: google.protobuf.Value
+	(*Run)(nil),                   // 27: composer.v1.Run
+	(RunStatus)(0),                // 28: composer.v1.RunStatus
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*HistoryEvent)(nil),          // 30: composer.v1.HistoryEvent
 }
 var file_composer_v1_run_service_proto_depIdxs = []int32{
-	22, // 0: composer.v1.StartRunRequest.input:type_name -> google.protobuf.Value
-	19, // 1: composer.v1.StartRunRequest.labels:type_name -> composer.v1.StartRunRequest.LabelsEntry
-	23, // 2: composer.v1.StartRunResponse.run:type_name -> composer.v1.Run
-	23, // 3: composer.v1.GetRunResponse.run:type_name -> composer.v1.Run
-	24, // 4: composer.v1.ListRunsRequest.statuses:type_name -> composer.v1.RunStatus
-	20, // 5: composer.v1.ListRunsRequest.labels:type_name -> composer.v1.ListRunsRequest.LabelsEntry
-	25, // 6: composer.v1.ListRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
-	25, // 7: composer.v1.ListRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
-	23, // 8: composer.v1.ListRunsResponse.runs:type_name -> composer.v1.Run
-	21, // 9: composer.v1.CountRunsRequest.labels:type_name -> composer.v1.CountRunsRequest.LabelsEntry
-	25, // 10: composer.v1.CountRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
-	25, // 11: composer.v1.CountRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
+	26, // 0: composer.v1.StartRunRequest.input:type_name -> google.protobuf.Value
+	23, // 1: composer.v1.StartRunRequest.labels:type_name -> composer.v1.StartRunRequest.LabelsEntry
+	27, // 2: composer.v1.StartRunResponse.run:type_name -> composer.v1.Run
+	27, // 3: composer.v1.GetRunResponse.run:type_name -> composer.v1.Run
+	28, // 4: composer.v1.ListRunsRequest.statuses:type_name -> composer.v1.RunStatus
+	24, // 5: composer.v1.ListRunsRequest.labels:type_name -> composer.v1.ListRunsRequest.LabelsEntry
+	29, // 6: composer.v1.ListRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
+	29, // 7: composer.v1.ListRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
+	27, // 8: composer.v1.ListRunsResponse.runs:type_name -> composer.v1.Run
+	25, // 9: composer.v1.CountRunsRequest.labels:type_name -> composer.v1.CountRunsRequest.LabelsEntry
+	29, // 10: composer.v1.CountRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
+	29, // 11: composer.v1.CountRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
 	8,  // 12: composer.v1.CountRunsResponse.counts:type_name -> composer.v1.RunStatusCount
-	24, // 13: composer.v1.RunStatusCount.status:type_name -> composer.v1.RunStatus
-	23, // 14: composer.v1.CancelRunResponse.run:type_name -> composer.v1.Run
-	23, // 15: composer.v1.RetryRunResponse.run:type_name -> composer.v1.Run
-	22, // 16: composer.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
-	26, // 17: composer.v1.GetRunHistoryResponse.events:type_name -> composer.v1.HistoryEvent
-	23, // 18: composer.v1.WatchRunResponse.run:type_name -> composer.v1.Run
-	26, // 19: composer.v1.WatchRunResponse.events:type_name -> composer.v1.HistoryEvent
-	0,  // 20: composer.v1.RunService.StartRun:input_type -> composer.v1.StartRunRequest
-	2,  // 21: composer.v1.RunService.GetRun:input_type -> composer.v1.GetRunRequest
-	4,  // 22: composer.v1.RunService.ListRuns:input_type -> composer.v1.ListRunsRequest
-	6,  // 23: composer.v1.RunService.CountRuns:input_type -> composer.v1.CountRunsRequest
-	9,  // 24: composer.v1.RunService.CancelRun:input_type -> composer.v1.CancelRunRequest
-	11, // 25: composer.v1.RunService.RetryRun:input_type -> composer.v1.RetryRunRequest
-	13, // 26: composer.v1.RunService.SendEvent:input_type -> composer.v1.SendEventRequest
-	15, // 27: composer.v1.RunService.GetRunHistory:input_type -> composer.v1.GetRunHistoryRequest
-	17, // 28: composer.v1.RunService.WatchRun:input_type -> composer.v1.WatchRunRequest
-	1,  // 29: composer.v1.RunService.StartRun:output_type -> composer.v1.StartRunResponse
-	3,  // 30: composer.v1.RunService.GetRun:output_type -> composer.v1.GetRunResponse
-	5,  // 31: composer.v1.RunService.ListRuns:output_type -> composer.v1.ListRunsResponse
-	7,  // 32: composer.v1.RunService.CountRuns:output_type -> composer.v1.CountRunsResponse
-	10, // 33: composer.v1.RunService.CancelRun:output_type -> composer.v1.CancelRunResponse
-	12, // 34: composer.v1.RunService.RetryRun:output_type -> composer.v1.RetryRunResponse
-	14, // 35: composer.v1.RunService.SendEvent:output_type -> composer.v1.SendEventResponse
-	16, // 36: composer.v1.RunService.GetRunHistory:output_type -> composer.v1.GetRunHistoryResponse
-	18, // 37: composer.v1.RunService.WatchRun:output_type -> composer.v1.WatchRunResponse
-	29, // [29:38] is the sub-list for method output_type
-	20, // [20:29] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	28, // 13: composer.v1.RunStatusCount.status:type_name -> composer.v1.RunStatus
+	27, // 14: composer.v1.CancelRunResponse.run:type_name -> composer.v1.Run
+	27, // 15: composer.v1.RetryRunResponse.run:type_name -> composer.v1.Run
+	26, // 16: composer.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
+	30, // 17: composer.v1.GetRunHistoryResponse.events:type_name -> composer.v1.HistoryEvent
+	27, // 18: composer.v1.WatchRunResponse.run:type_name -> composer.v1.Run
+	30, // 19: composer.v1.WatchRunResponse.events:type_name -> composer.v1.HistoryEvent
+	27, // 20: composer.v1.PauseRunResponse.run:type_name -> composer.v1.Run
+	27, // 21: composer.v1.ResumeRunResponse.run:type_name -> composer.v1.Run
+	0,  // 22: composer.v1.RunService.StartRun:input_type -> composer.v1.StartRunRequest
+	2,  // 23: composer.v1.RunService.GetRun:input_type -> composer.v1.GetRunRequest
+	4,  // 24: composer.v1.RunService.ListRuns:input_type -> composer.v1.ListRunsRequest
+	6,  // 25: composer.v1.RunService.CountRuns:input_type -> composer.v1.CountRunsRequest
+	9,  // 26: composer.v1.RunService.CancelRun:input_type -> composer.v1.CancelRunRequest
+	11, // 27: composer.v1.RunService.RetryRun:input_type -> composer.v1.RetryRunRequest
+	13, // 28: composer.v1.RunService.SendEvent:input_type -> composer.v1.SendEventRequest
+	15, // 29: composer.v1.RunService.GetRunHistory:input_type -> composer.v1.GetRunHistoryRequest
+	17, // 30: composer.v1.RunService.WatchRun:input_type -> composer.v1.WatchRunRequest
+	19, // 31: composer.v1.RunService.PauseRun:input_type -> composer.v1.PauseRunRequest
+	21, // 32: composer.v1.RunService.ResumeRun:input_type -> composer.v1.ResumeRunRequest
+	1,  // 33: composer.v1.RunService.StartRun:output_type -> composer.v1.StartRunResponse
+	3,  // 34: composer.v1.RunService.GetRun:output_type -> composer.v1.GetRunResponse
+	5,  // 35: composer.v1.RunService.ListRuns:output_type -> composer.v1.ListRunsResponse
+	7,  // 36: composer.v1.RunService.CountRuns:output_type -> composer.v1.CountRunsResponse
+	10, // 37: composer.v1.RunService.CancelRun:output_type -> composer.v1.CancelRunResponse
+	12, // 38: composer.v1.RunService.RetryRun:output_type -> composer.v1.RetryRunResponse
+	14, // 39: composer.v1.RunService.SendEvent:output_type -> composer.v1.SendEventResponse
+	16, // 40: composer.v1.RunService.GetRunHistory:output_type -> composer.v1.GetRunHistoryResponse
+	18, // 41: composer.v1.RunService.WatchRun:output_type -> composer.v1.WatchRunResponse
+	20, // 42: composer.v1.RunService.PauseRun:output_type -> composer.v1.PauseRunResponse
+	22, // 43: composer.v1.RunService.ResumeRun:output_type -> composer.v1.ResumeRunResponse
+	33, // [33:44] is the sub-list for method output_type
+	22, // [22:33] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_composer_v1_run_service_proto_init() }
@@ -1445,7 +1672,7 @@ func file_composer_v1_run_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_composer_v1_run_service_proto_rawDesc), len(file_composer_v1_run_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   22,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,6 +28,8 @@ const (
 	RunService_SendEvent_FullMethodName     = "/composer.v1.RunService/SendEvent"
 	RunService_GetRunHistory_FullMethodName = "/composer.v1.RunService/GetRunHistory"
 	RunService_WatchRun_FullMethodName      = "/composer.v1.RunService/WatchRun"
+	RunService_PauseRun_FullMethodName      = "/composer.v1.RunService/PauseRun"
+	RunService_ResumeRun_FullMethodName     = "/composer.v1.RunService/ResumeRun"
 )
 
 // RunServiceClient is the client API for RunService service.
@@ -83,6 +85,21 @@ type RunServiceClient interface {
 	// status. Works over grpc-web. A client that disconnects may call again;
 	// it gets the current snapshot first, so nothing is missed.
 	WatchRun(ctx context.Context, in *WatchRunRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchRunResponse], error)
+	// PauseRun pauses a live run: from its commit the run dispatches no new
+	// task and fires no timer (a timer that falls due while paused fires on
+	// resume). Tasks dispatched but not yet leased are taken back. Attempts
+	// already running go on; their reports are applied as usual, and the
+	// tasks they make ready are held until ResumeRun. The run shows PAUSED.
+	// Only the run named is paused: its child runs go on (pause them by their
+	// own ids, or with BulkPauseRuns and `parent_run_id`). Pausing a run that
+	// ended is FAILED_PRECONDITION; pausing a paused run is OK and changes
+	// nothing. CancelRun cancels a paused run as any other.
+	PauseRun(ctx context.Context, in *PauseRunRequest, opts ...grpc.CallOption) (*PauseRunResponse, error)
+	// ResumeRun undoes PauseRun: held tasks are dispatched, timers that fell
+	// due fire, and the run shows its status again. Resuming a run that is
+	// not paused is OK and changes nothing; resuming one that ended is
+	// FAILED_PRECONDITION.
+	ResumeRun(ctx context.Context, in *ResumeRunRequest, opts ...grpc.CallOption) (*ResumeRunResponse, error)
 }
 
 type runServiceClient struct {
@@ -192,6 +209,26 @@ func (c *runServiceClient) WatchRun(ctx context.Context, in *WatchRunRequest, op
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RunService_WatchRunClient = grpc.ServerStreamingClient[WatchRunResponse]
 
+func (c *runServiceClient) PauseRun(ctx context.Context, in *PauseRunRequest, opts ...grpc.CallOption) (*PauseRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PauseRunResponse)
+	err := c.cc.Invoke(ctx, RunService_PauseRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runServiceClient) ResumeRun(ctx context.Context, in *ResumeRunRequest, opts ...grpc.CallOption) (*ResumeRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResumeRunResponse)
+	err := c.cc.Invoke(ctx, RunService_ResumeRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RunServiceServer is the server API for RunService service.
 // All implementations must embed UnimplementedRunServiceServer
 // for forward compatibility.
@@ -245,6 +282,21 @@ type RunServiceServer interface {
 	// status. Works over grpc-web. A client that disconnects may call again;
 	// it gets the current snapshot first, so nothing is missed.
 	WatchRun(*WatchRunRequest, grpc.ServerStreamingServer[WatchRunResponse]) error
+	// PauseRun pauses a live run: from its commit the run dispatches no new
+	// task and fires no timer (a timer that falls due while paused fires on
+	// resume). Tasks dispatched but not yet leased are taken back. Attempts
+	// already running go on; their reports are applied as usual, and the
+	// tasks they make ready are held until ResumeRun. The run shows PAUSED.
+	// Only the run named is paused: its child runs go on (pause them by their
+	// own ids, or with BulkPauseRuns and `parent_run_id`). Pausing a run that
+	// ended is FAILED_PRECONDITION; pausing a paused run is OK and changes
+	// nothing. CancelRun cancels a paused run as any other.
+	PauseRun(context.Context, *PauseRunRequest) (*PauseRunResponse, error)
+	// ResumeRun undoes PauseRun: held tasks are dispatched, timers that fell
+	// due fire, and the run shows its status again. Resuming a run that is
+	// not paused is OK and changes nothing; resuming one that ended is
+	// FAILED_PRECONDITION.
+	ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error)
 	mustEmbedUnimplementedRunServiceServer()
 }
 
@@ -281,6 +333,12 @@ func (UnimplementedRunServiceServer) GetRunHistory(context.Context, *GetRunHisto
 }
 func (UnimplementedRunServiceServer) WatchRun(*WatchRunRequest, grpc.ServerStreamingServer[WatchRunResponse]) error {
 	return status.Error(codes.Unimplemented, "method WatchRun not implemented")
+}
+func (UnimplementedRunServiceServer) PauseRun(context.Context, *PauseRunRequest) (*PauseRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PauseRun not implemented")
+}
+func (UnimplementedRunServiceServer) ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResumeRun not implemented")
 }
 func (UnimplementedRunServiceServer) mustEmbedUnimplementedRunServiceServer() {}
 func (UnimplementedRunServiceServer) testEmbeddedByValue()                    {}
@@ -458,6 +516,42 @@ func _RunService_WatchRun_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RunService_WatchRunServer = grpc.ServerStreamingServer[WatchRunResponse]
 
+func _RunService_PauseRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PauseRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).PauseRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_PauseRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).PauseRun(ctx, req.(*PauseRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunService_ResumeRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResumeRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).ResumeRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_ResumeRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).ResumeRun(ctx, req.(*ResumeRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RunService_ServiceDesc is the grpc.ServiceDesc for RunService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -496,6 +590,14 @@ var RunService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRunHistory",
 			Handler:    _RunService_GetRunHistory_Handler,
+		},
+		{
+			MethodName: "PauseRun",
+			Handler:    _RunService_PauseRun_Handler,
+		},
+		{
+			MethodName: "ResumeRun",
+			Handler:    _RunService_ResumeRun_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

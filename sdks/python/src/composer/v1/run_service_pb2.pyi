@@ -12,7 +12,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class StartRunRequest(_message.Message):
-    __slots__ = ("workflow_name", "version", "input", "idempotency_key", "labels")
+    __slots__ = ("workflow_name", "version", "input", "idempotency_key", "labels", "priority")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -25,12 +25,14 @@ class StartRunRequest(_message.Message):
     INPUT_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
     workflow_name: str
     version: int
     input: _struct_pb2.Value
     idempotency_key: str
     labels: _containers.ScalarMap[str, str]
-    def __init__(self, workflow_name: _Optional[str] = ..., version: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    priority: int
+    def __init__(self, workflow_name: _Optional[str] = ..., version: _Optional[int] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., idempotency_key: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., priority: _Optional[int] = ...) -> None: ...
 
 class StartRunResponse(_message.Message):
     __slots__ = ("run", "created")
@@ -211,3 +213,29 @@ class WatchRunResponse(_message.Message):
     run: _common_pb2.Run
     events: _containers.RepeatedCompositeFieldContainer[_common_pb2.HistoryEvent]
     def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ..., events: _Optional[_Iterable[_Union[_common_pb2.HistoryEvent, _Mapping]]] = ...) -> None: ...
+
+class PauseRunRequest(_message.Message):
+    __slots__ = ("run_id", "reason")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    reason: str
+    def __init__(self, run_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PauseRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...
+
+class ResumeRunRequest(_message.Message):
+    __slots__ = ("run_id",)
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    def __init__(self, run_id: _Optional[str] = ...) -> None: ...
+
+class ResumeRunResponse(_message.Message):
+    __slots__ = ("run",)
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    run: _common_pb2.Run
+    def __init__(self, run: _Optional[_Union[_common_pb2.Run, _Mapping]] = ...) -> None: ...

@@ -82,6 +82,16 @@ class RunServiceStub:
                 request_serializer=composer_dot_v1_dot_run__service__pb2.WatchRunRequest.SerializeToString,
                 response_deserializer=composer_dot_v1_dot_run__service__pb2.WatchRunResponse.FromString,
                 _registered_method=True)
+        self.PauseRun = channel.unary_unary(
+                '/composer.v1.RunService/PauseRun',
+                request_serializer=composer_dot_v1_dot_run__service__pb2.PauseRunRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_run__service__pb2.PauseRunResponse.FromString,
+                _registered_method=True)
+        self.ResumeRun = channel.unary_unary(
+                '/composer.v1.RunService/ResumeRun',
+                request_serializer=composer_dot_v1_dot_run__service__pb2.ResumeRunRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_run__service__pb2.ResumeRunResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -180,6 +190,31 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PauseRun(self, request, context):
+        """PauseRun pauses a live run: from its commit the run dispatches no new
+        task and fires no timer (a timer that falls due while paused fires on
+        resume). Tasks dispatched but not yet leased are taken back. Attempts
+        already running go on; their reports are applied as usual, and the
+        tasks they make ready are held until ResumeRun. The run shows PAUSED.
+        Only the run named is paused: its child runs go on (pause them by their
+        own ids, or with BulkPauseRuns and `parent_run_id`). Pausing a run that
+        ended is FAILED_PRECONDITION; pausing a paused run is OK and changes
+        nothing. CancelRun cancels a paused run as any other.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeRun(self, request, context):
+        """ResumeRun undoes PauseRun: held tasks are dispatched, timers that fell
+        due fire, and the run shows its status again. Resuming a run that is
+        not paused is OK and changes nothing; resuming one that ended is
+        FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -227,6 +262,16 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.WatchRun,
                     request_deserializer=composer_dot_v1_dot_run__service__pb2.WatchRunRequest.FromString,
                     response_serializer=composer_dot_v1_dot_run__service__pb2.WatchRunResponse.SerializeToString,
+            ),
+            'PauseRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseRun,
+                    request_deserializer=composer_dot_v1_dot_run__service__pb2.PauseRunRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_run__service__pb2.PauseRunResponse.SerializeToString,
+            ),
+            'ResumeRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeRun,
+                    request_deserializer=composer_dot_v1_dot_run__service__pb2.ResumeRunRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_run__service__pb2.ResumeRunResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -475,6 +520,60 @@ class RunService:
             '/composer.v1.RunService/WatchRun',
             composer_dot_v1_dot_run__service__pb2.WatchRunRequest.SerializeToString,
             composer_dot_v1_dot_run__service__pb2.WatchRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.RunService/PauseRun',
+            composer_dot_v1_dot_run__service__pb2.PauseRunRequest.SerializeToString,
+            composer_dot_v1_dot_run__service__pb2.PauseRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.RunService/ResumeRun',
+            composer_dot_v1_dot_run__service__pb2.ResumeRunRequest.SerializeToString,
+            composer_dot_v1_dot_run__service__pb2.ResumeRunResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file composer/v1/run_service.proto.
  */
 export const file_composer_v1_run_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch1jb21wb3Nlci92MS9ydW5fc2VydmljZS5wcm90bxILY29tcG9zZXIudjEi4gEKD1N0YXJ0UnVuUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSJQoFaW5wdXQYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEjgKBmxhYmVscxgFIAMoCzIoLmNvbXBvc2VyLnYxLlN0YXJ0UnVuUmVxdWVzdC5MYWJlbHNFbnRyeRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkIKEFN0YXJ0UnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuEg8KB2NyZWF0ZWQYAiABKAgiMwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSEgoKc2tpcF9ub2RlcxgCIAEoCCIvCg5HZXRSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4ikgMKD0xpc3RSdW5zUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEigKCHN0YXR1c2VzGAIgAygOMhYuY29tcG9zZXIudjEuUnVuU3RhdHVzEjgKBmxhYmVscxgDIAMoCzIoLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAYgASgJEhEKCXBhZ2Vfc2l6ZRgHIAEoBRISCgpwYWdlX3Rva2VuGAggASgJEhgKEHdvcmtmbG93X3ZlcnNpb24YCSABKAUSDgoGc2VhcmNoGAogASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiSwoQTGlzdFJ1bnNSZXNwb25zZRIeCgRydW5zGAEgAygLMhAuY29tcG9zZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLDAgoQQ291bnRSdW5zUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEhgKEHdvcmtmbG93X3ZlcnNpb24YAiABKAUSOQoGbGFiZWxzGAMgAygLMikuY29tcG9zZXIudjEuQ291bnRSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAYgASgJEg4KBnNlYXJjaBgHIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkAKEUNvdW50UnVuc1Jlc3BvbnNlEisKBmNvdW50cxgBIAMoCzIbLmNvbXBvc2VyLnYxLlJ1blN0YXR1c0NvdW50IkcKDlJ1blN0YXR1c0NvdW50EiYKBnN0YXR1cxgBIAEoDjIWLmNvbXBvc2VyLnYxLlJ1blN0YXR1cxINCgVjb3VudBgCIAEoAyIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiMgoRQ2FuY2VsUnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuIiEKD1JldHJ5UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiMQoQUmV0cnlSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4imgEKEFNlbmRFdmVudFJlcXVlc3QSEAoGcnVuX2lkGAEgASgJSAASGQoPY29ycmVsYXRpb25fa2V5GAIgASgJSAASEgoKZXZlbnRfbmFtZRgDIAEoCRInCgdwYXlsb2FkGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhIKCnJlcXVlc3RfaWQYBSABKAlCCAoGdGFyZ2V0Ij4KEVNlbmRFdmVudFJlc3BvbnNlEhkKEWRlbGl2ZXJlZF9ydW5faWRzGAEgAygJEg4KBnN0b3JlZBgCIAEoCCJNChRHZXRSdW5IaXN0b3J5UmVxdWVzdBIOCgZydW5faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiWwoVR2V0UnVuSGlzdG9yeVJlc3BvbnNlEikKBmV2ZW50cxgBIAMoCzIZLmNvbXBvc2VyLnYxLkhpc3RvcnlFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiIQoPV2F0Y2hSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJcChBXYXRjaFJ1blJlc3BvbnNlEh0KA3J1bhgBIAEoCzIQLmNvbXBvc2VyLnYxLlJ1bhIpCgZldmVudHMYAiADKAsyGS5jb21wb3Nlci52MS5IaXN0b3J5RXZlbnQysQUKClJ1blNlcnZpY2USRwoIU3RhcnRSdW4SHC5jb21wb3Nlci52MS5TdGFydFJ1blJlcXVlc3QaHS5jb21wb3Nlci52MS5TdGFydFJ1blJlc3BvbnNlEkEKBkdldFJ1bhIaLmNvbXBvc2VyLnYxLkdldFJ1blJlcXVlc3QaGy5jb21wb3Nlci52MS5HZXRSdW5SZXNwb25zZRJHCghMaXN0UnVucxIcLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVxdWVzdBodLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVzcG9uc2USSgoJQ291bnRSdW5zEh0uY29tcG9zZXIudjEuQ291bnRSdW5zUmVxdWVzdBoeLmNvbXBvc2VyLnYxLkNvdW50UnVuc1Jlc3BvbnNlEkoKCUNhbmNlbFJ1bhIdLmNvbXBvc2VyLnYxLkNhbmNlbFJ1blJlcXVlc3QaHi5jb21wb3Nlci52MS5DYW5jZWxSdW5SZXNwb25zZRJHCghSZXRyeVJ1bhIcLmNvbXBvc2VyLnYxLlJldHJ5UnVuUmVxdWVzdBodLmNvbXBvc2VyLnYxLlJldHJ5UnVuUmVzcG9uc2USSgoJU2VuZEV2ZW50Eh0uY29tcG9zZXIudjEuU2VuZEV2ZW50UmVxdWVzdBoeLmNvbXBvc2VyLnYxLlNlbmRFdmVudFJlc3BvbnNlElYKDUdldFJ1bkhpc3RvcnkSIS5jb21wb3Nlci52MS5HZXRSdW5IaXN0b3J5UmVxdWVzdBoiLmNvbXBvc2VyLnYxLkdldFJ1bkhpc3RvcnlSZXNwb25zZRJJCghXYXRjaFJ1bhIcLmNvbXBvc2VyLnYxLldhdGNoUnVuUmVxdWVzdBodLmNvbXBvc2VyLnYxLldhdGNoUnVuUmVzcG9uc2UwAUJFWkNnaXRodWIuY29tL2NvbXBvc2VyLWRldi9jb21wb3Nlci9zZGtzL2dvL2dlbi9jb21wb3Nlci92MTtjb21wb3NlcnYxYgZwcm90bzM", [file_composer_v1_common, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch1jb21wb3Nlci92MS9ydW5fc2VydmljZS5wcm90bxILY29tcG9zZXIudjEi9AEKD1N0YXJ0UnVuUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSJQoFaW5wdXQYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEjgKBmxhYmVscxgFIAMoCzIoLmNvbXBvc2VyLnYxLlN0YXJ0UnVuUmVxdWVzdC5MYWJlbHNFbnRyeRIQCghwcmlvcml0eRgGIAEoBRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkIKEFN0YXJ0UnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuEg8KB2NyZWF0ZWQYAiABKAgiMwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSEgoKc2tpcF9ub2RlcxgCIAEoCCIvCg5HZXRSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4ikgMKD0xpc3RSdW5zUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEigKCHN0YXR1c2VzGAIgAygOMhYuY29tcG9zZXIudjEuUnVuU3RhdHVzEjgKBmxhYmVscxgDIAMoCzIoLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAYgASgJEhEKCXBhZ2Vfc2l6ZRgHIAEoBRISCgpwYWdlX3Rva2VuGAggASgJEhgKEHdvcmtmbG93X3ZlcnNpb24YCSABKAUSDgoGc2VhcmNoGAogASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiSwoQTGlzdFJ1bnNSZXNwb25zZRIeCgRydW5zGAEgAygLMhAuY29tcG9zZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLDAgoQQ291bnRSdW5zUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEhgKEHdvcmtmbG93X3ZlcnNpb24YAiABKAUSOQoGbGFiZWxzGAMgAygLMikuY29tcG9zZXIudjEuQ291bnRSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAYgASgJEg4KBnNlYXJjaBgHIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkAKEUNvdW50UnVuc1Jlc3BvbnNlEisKBmNvdW50cxgBIAMoCzIbLmNvbXBvc2VyLnYxLlJ1blN0YXR1c0NvdW50IkcKDlJ1blN0YXR1c0NvdW50EiYKBnN0YXR1cxgBIAEoDjIWLmNvbXBvc2VyLnYxLlJ1blN0YXR1cxINCgVjb3VudBgCIAEoAyIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiMgoRQ2FuY2VsUnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuIiEKD1JldHJ5UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiMQoQUmV0cnlSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4imgEKEFNlbmRFdmVudFJlcXVlc3QSEAoGcnVuX2lkGAEgASgJSAASGQoPY29ycmVsYXRpb25fa2V5GAIgASgJSAASEgoKZXZlbnRfbmFtZRgDIAEoCRInCgdwYXlsb2FkGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhIKCnJlcXVlc3RfaWQYBSABKAlCCAoGdGFyZ2V0Ij4KEVNlbmRFdmVudFJlc3BvbnNlEhkKEWRlbGl2ZXJlZF9ydW5faWRzGAEgAygJEg4KBnN0b3JlZBgCIAEoCCJNChRHZXRSdW5IaXN0b3J5UmVxdWVzdBIOCgZydW5faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiWwoVR2V0UnVuSGlzdG9yeVJlc3BvbnNlEikKBmV2ZW50cxgBIAMoCzIZLmNvbXBvc2VyLnYxLkhpc3RvcnlFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiIQoPV2F0Y2hSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJcChBXYXRjaFJ1blJlc3BvbnNlEh0KA3J1bhgBIAEoCzIQLmNvbXBvc2VyLnYxLlJ1bhIpCgZldmVudHMYAiADKAsyGS5jb21wb3Nlci52MS5IaXN0b3J5RXZlbnQiMQoPUGF1c2VSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiMQoQUGF1c2VSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4iIgoQUmVzdW1lUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiMgoRUmVzdW1lUnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuMsYGCgpSdW5TZXJ2aWNlEkcKCFN0YXJ0UnVuEhwuY29tcG9zZXIudjEuU3RhcnRSdW5SZXF1ZXN0Gh0uY29tcG9zZXIudjEuU3RhcnRSdW5SZXNwb25zZRJBCgZHZXRSdW4SGi5jb21wb3Nlci52MS5HZXRSdW5SZXF1ZXN0GhsuY29tcG9zZXIudjEuR2V0UnVuUmVzcG9uc2USRwoITGlzdFJ1bnMSHC5jb21wb3Nlci52MS5MaXN0UnVuc1JlcXVlc3QaHS5jb21wb3Nlci52MS5MaXN0UnVuc1Jlc3BvbnNlEkoKCUNvdW50UnVucxIdLmNvbXBvc2VyLnYxLkNvdW50UnVuc1JlcXVlc3QaHi5jb21wb3Nlci52MS5Db3VudFJ1bnNSZXNwb25zZRJKCglDYW5jZWxSdW4SHS5jb21wb3Nlci52MS5DYW5jZWxSdW5SZXF1ZXN0Gh4uY29tcG9zZXIudjEuQ2FuY2VsUnVuUmVzcG9uc2USRwoIUmV0cnlSdW4SHC5jb21wb3Nlci52MS5SZXRyeVJ1blJlcXVlc3QaHS5jb21wb3Nlci52MS5SZXRyeVJ1blJlc3BvbnNlEkoKCVNlbmRFdmVudBIdLmNvbXBvc2VyLnYxLlNlbmRFdmVudFJlcXVlc3QaHi5jb21wb3Nlci52MS5TZW5kRXZlbnRSZXNwb25zZRJWCg1HZXRSdW5IaXN0b3J5EiEuY29tcG9zZXIudjEuR2V0UnVuSGlzdG9yeVJlcXVlc3QaIi5jb21wb3Nlci52MS5HZXRSdW5IaXN0b3J5UmVzcG9uc2USSQoIV2F0Y2hSdW4SHC5jb21wb3Nlci52MS5XYXRjaFJ1blJlcXVlc3QaHS5jb21wb3Nlci52MS5XYXRjaFJ1blJlc3BvbnNlMAESRwoIUGF1c2VSdW4SHC5jb21wb3Nlci52MS5QYXVzZVJ1blJlcXVlc3QaHS5jb21wb3Nlci52MS5QYXVzZVJ1blJlc3BvbnNlEkoKCVJlc3VtZVJ1bhIdLmNvbXBvc2VyLnYxLlJlc3VtZVJ1blJlcXVlc3QaHi5jb21wb3Nlci52MS5SZXN1bWVSdW5SZXNwb25zZUJFWkNnaXRodWIuY29tL2NvbXBvc2VyLWRldi9jb21wb3Nlci9zZGtzL2dvL2dlbi9jb21wb3Nlci92MTtjb21wb3NlcnYxYgZwcm90bzM", [file_composer_v1_common, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * StartRunRequest names the workflow and carries the input.
@@ -58,6 +58,16 @@ export type StartRunRequest = Message<"composer.v1.StartRunRequest"> & {
    * @generated from field: map<string, string> labels = 5;
    */
   labels: { [key: string]: string };
+
+  /**
+   * Optional dispatch priority, 1 (lowest) to 5 (highest); 0 means the
+   * default, 3. Within a queue a waiting task of higher priority is handed
+   * to the next poll before any of lower priority. Outside 0-5:
+   * INVALID_ARGUMENT with field `priority`. Child runs inherit it.
+   *
+   * @generated from field: int32 priority = 6;
+   */
+  priority: number;
 };
 
 /**
@@ -667,6 +677,97 @@ export const WatchRunResponseSchema: GenMessage<WatchRunResponse> = /*@__PURE__*
   messageDesc(file_composer_v1_run_service, 18);
 
 /**
+ * PauseRunRequest names the run to pause.
+ *
+ * @generated from message composer.v1.PauseRunRequest
+ */
+export type PauseRunRequest = Message<"composer.v1.PauseRunRequest"> & {
+  /**
+   * The run's id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * Why, recorded in the history.
+   *
+   * @generated from field: string reason = 2;
+   */
+  reason: string;
+};
+
+/**
+ * Describes the message composer.v1.PauseRunRequest.
+ * Use `create(PauseRunRequestSchema)` to create a new message.
+ */
+export const PauseRunRequestSchema: GenMessage<PauseRunRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 19);
+
+/**
+ * PauseRunResponse carries the run after the pause.
+ *
+ * @generated from message composer.v1.PauseRunResponse
+ */
+export type PauseRunResponse = Message<"composer.v1.PauseRunResponse"> & {
+  /**
+   * The run, PAUSED (or as it was, when it ended in the meantime).
+   *
+   * @generated from field: composer.v1.Run run = 1;
+   */
+  run?: Run | undefined;
+};
+
+/**
+ * Describes the message composer.v1.PauseRunResponse.
+ * Use `create(PauseRunResponseSchema)` to create a new message.
+ */
+export const PauseRunResponseSchema: GenMessage<PauseRunResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 20);
+
+/**
+ * ResumeRunRequest names the paused run to resume.
+ *
+ * @generated from message composer.v1.ResumeRunRequest
+ */
+export type ResumeRunRequest = Message<"composer.v1.ResumeRunRequest"> & {
+  /**
+   * The run's id.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+};
+
+/**
+ * Describes the message composer.v1.ResumeRunRequest.
+ * Use `create(ResumeRunRequestSchema)` to create a new message.
+ */
+export const ResumeRunRequestSchema: GenMessage<ResumeRunRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 21);
+
+/**
+ * ResumeRunResponse carries the run after the resume.
+ *
+ * @generated from message composer.v1.ResumeRunResponse
+ */
+export type ResumeRunResponse = Message<"composer.v1.ResumeRunResponse"> & {
+  /**
+   * The run, with its status from before the pause.
+   *
+   * @generated from field: composer.v1.Run run = 1;
+   */
+  run?: Run | undefined;
+};
+
+/**
+ * Describes the message composer.v1.ResumeRunResponse.
+ * Use `create(ResumeRunResponseSchema)` to create a new message.
+ */
+export const ResumeRunResponseSchema: GenMessage<ResumeRunResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 22);
+
+/**
  * RunService starts, reads and steers runs. Every change to a run is one
  * Postgres transaction with the run's row locked, so concurrent calls on the
  * same run are serialised and each sees the effect of the one before.
@@ -790,6 +891,37 @@ export const RunService: GenService<{
     methodKind: "server_streaming";
     input: typeof WatchRunRequestSchema;
     output: typeof WatchRunResponseSchema;
+  },
+  /**
+   * PauseRun pauses a live run: from its commit the run dispatches no new
+   * task and fires no timer (a timer that falls due while paused fires on
+   * resume). Tasks dispatched but not yet leased are taken back. Attempts
+   * already running go on; their reports are applied as usual, and the
+   * tasks they make ready are held until ResumeRun. The run shows PAUSED.
+   * Only the run named is paused: its child runs go on (pause them by their
+   * own ids, or with BulkPauseRuns and `parent_run_id`). Pausing a run that
+   * ended is FAILED_PRECONDITION; pausing a paused run is OK and changes
+   * nothing. CancelRun cancels a paused run as any other.
+   *
+   * @generated from rpc composer.v1.RunService.PauseRun
+   */
+  pauseRun: {
+    methodKind: "unary";
+    input: typeof PauseRunRequestSchema;
+    output: typeof PauseRunResponseSchema;
+  },
+  /**
+   * ResumeRun undoes PauseRun: held tasks are dispatched, timers that fell
+   * due fire, and the run shows its status again. Resuming a run that is
+   * not paused is OK and changes nothing; resuming one that ended is
+   * FAILED_PRECONDITION.
+   *
+   * @generated from rpc composer.v1.RunService.ResumeRun
+   */
+  resumeRun: {
+    methodKind: "unary";
+    input: typeof ResumeRunRequestSchema;
+    output: typeof ResumeRunResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_composer_v1_run_service, 0);
