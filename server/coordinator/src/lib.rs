@@ -12,6 +12,7 @@ mod poll_hub;
 pub mod recovery;
 mod reports;
 mod runs;
+pub mod schedules;
 pub mod watch;
 pub mod workflows;
 

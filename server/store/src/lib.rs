@@ -3,6 +3,7 @@
 
 pub mod events;
 pub mod runs;
+pub mod schedules;
 pub mod tasks;
 pub mod timers;
 pub mod workflows;
