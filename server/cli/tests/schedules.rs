@@ -794,3 +794,166 @@ async fn acme_still_has(schedules: &mut ScheduleServiceClient<Channel>, token: &
         .schedule
         .expect("schedule")
 }
+
+/// `composer <args> --address <server>`: its exit code, stdout and stderr.
+async fn cli(server: &ServerProcess, args: &[&str]) -> (i32, String, String) {
+    let output = tokio::process::Command::new(composer_binary())
+        .args(args)
+        .args(["--address", &server.url()])
+        .env_remove("COMPOSER_ADDRESS")
+        .env_remove("COMPOSER_TOKEN")
+        .env_remove("COMPOSER_NAMESPACE")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run composer");
+    (
+        output.status.code().expect("exited"),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+fn json_of(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_schedule_commands_work_end_to_end_with_tables_json_and_exit_codes() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    client(&server).await.register(QUICK).await;
+
+    let (code, stdout, stderr) = cli(
+        &server,
+        &[
+            "schedule",
+            "create",
+            "nightly",
+            "--workflow",
+            "tick",
+            "--cron",
+            "30 2 * * *",
+            "--time-zone",
+            "Europe/Berlin",
+            "--input",
+            r#"{"n": 1}"#,
+            "--label",
+            "team=ops",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let created = json_of(&stdout);
+    assert_eq!(created["schedule"]["schedule_id"], "nightly");
+    assert_eq!(created["schedule"]["spec"]["time_zone"], "Europe/Berlin");
+    assert_eq!(created["schedule"]["action"]["input"], json!({"n": 1}));
+    assert_eq!(created["schedule"]["overlap_policy"], "OVERLAP_POLICY_SKIP");
+    assert_eq!(
+        created["schedule"]["next_fire_times"]
+            .as_array()
+            .map(Vec::len),
+        Some(10)
+    );
+
+    // a bad field: INVALID_ARGUMENT (exit 13) naming it
+    let (code, _, stderr) = cli(
+        &server,
+        &[
+            "schedule",
+            "create",
+            "bad",
+            "--workflow",
+            "tick",
+            "--cron",
+            "61 * * * *",
+        ],
+    )
+    .await;
+    assert_eq!(code, 13, "{stderr}");
+    assert!(stderr.contains("spec.cron"), "{stderr}");
+    // neither --cron nor --every: a usage error
+    let (code, _, _) = cli(
+        &server,
+        &["schedule", "create", "bad", "--workflow", "tick"],
+    )
+    .await;
+    assert_eq!(code, 2);
+
+    let (code, stdout, _) = cli(&server, &["schedule", "get", "nightly"]).await;
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains(r#"cron "30 2 * * *" in Europe/Berlin"#),
+        "{stdout}"
+    );
+    assert!(stdout.contains("team=ops"), "{stdout}");
+    let (code, stdout, _) = cli(&server, &["schedule", "list"]).await;
+    assert_eq!(code, 0);
+    assert!(stdout.starts_with("SCHEDULE"), "{stdout}");
+    assert!(
+        stdout.contains("nightly") && stdout.contains("ACTIVE"),
+        "{stdout}"
+    );
+
+    let (code, stdout, stderr) = cli(
+        &server,
+        &[
+            "schedule",
+            "update",
+            "nightly",
+            "--workflow",
+            "tick",
+            "--every",
+            "1h",
+            "--overlap",
+            "allow-all",
+            "--jitter",
+            "10s",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let updated = json_of(&stdout);
+    assert_eq!(updated["schedule"]["spec"]["interval"], "3600s");
+    assert_eq!(updated["schedule"]["jitter"], "10s");
+    assert_eq!(
+        updated["schedule"]["overlap_policy"],
+        "OVERLAP_POLICY_ALLOW_ALL"
+    );
+
+    let (code, stdout, _) = cli(
+        &server,
+        &["schedule", "pause", "nightly", "--note", "maintenance"],
+    )
+    .await;
+    assert_eq!(code, 0);
+    assert_eq!(stdout, "schedule nightly paused: paused\n");
+    let (code, stdout, _) = cli(&server, &["schedule", "trigger", "nightly", "-o", "json"]).await;
+    assert_eq!(code, 0);
+    let fire = json_of(&stdout);
+    assert_eq!(fire["fire"]["outcome"], "SCHEDULE_FIRE_OUTCOME_STARTED");
+    let run_id = fire["fire"]["run_id"].as_str().expect("run id").to_owned();
+    let (code, stdout, _) = cli(&server, &["schedule", "get", "nightly"]).await;
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains(&run_id) && stdout.contains("STARTED"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = cli(&server, &["schedule", "resume", "nightly"]).await;
+    assert_eq!(code, 0);
+    assert!(
+        stdout.starts_with("schedule nightly resumed: next fire "),
+        "{stdout}"
+    );
+
+    let (code, stdout, _) = cli(&server, &["schedule", "delete", "nightly"]).await;
+    assert_eq!((code, stdout.as_str()), (0, "schedule nightly deleted\n"));
+    let (code, _, stderr) = cli(&server, &["schedule", "get", "nightly"]).await;
+    assert_eq!(code, 15, "NOT_FOUND: {stderr}");
+    let (code, _, _) = cli(&server, &["schedule", "trigger", "nightly"]).await;
+    assert_eq!(code, 15);
+}
