@@ -247,6 +247,9 @@ pub async fn update_definition(
     Ok(schedule_from_row(&row)?)
 }
 
+/// A next fire time and when it is due (its jitter added); None: none.
+pub type NextFire = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
 /// Pauses or resumes a locked schedule with a note; a resume sets the next
 /// fire (fires that fell in the pause are not caught up).
 pub async fn set_paused(
@@ -255,7 +258,7 @@ pub async fn set_paused(
     id: &str,
     paused: bool,
     note: &str,
-    next: Option<(Option<DateTime<Utc>>, Option<DateTime<Utc>>)>,
+    next: Option<NextFire>,
 ) -> Result<ScheduleRow, StoreError> {
     // set_paused: primary key
     let (next_fire_at, next_due_at) = next.unwrap_or_default();
