@@ -6,7 +6,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 use clap_complete::Shell;
 use composer_cli::{
     admin::{
-        self, EXIT_CODES_HELP, run::RunCommand, server::ServerCommand,
+        self, EXIT_CODES_HELP, run::RunCommand, schedule::ScheduleCommand, server::ServerCommand,
         workflow::WorkflowCommand as RemoteWorkflowCommand,
     },
     auth::{self, TokenArgs},
@@ -47,6 +47,9 @@ enum Command {
     /// Start, read and steer runs on a server.
     #[command(subcommand)]
     Run(RunCommand),
+    /// Create, read, pause and fire schedules that start runs on a timetable.
+    #[command(subcommand)]
+    Schedule(ScheduleCommand),
     /// Ask a server about itself.
     #[command(subcommand)]
     Server(ServerCommand),
@@ -90,6 +93,7 @@ fn main() -> ExitCode {
             admin::execute(admin::workflow::run(command))
         }
         Command::Run(command) => admin::execute(admin::run::run(command)),
+        Command::Schedule(command) => admin::execute(admin::schedule::run(command)),
         Command::Server(command) => admin::execute(admin::server::run(command)),
         Command::Completions { shell } => {
             clap_complete::generate(
@@ -147,6 +151,7 @@ fn serve_or_migrate(command: Command) -> ExitCode {
             Command::Workflow(_)
             | Command::Token(_)
             | Command::Run(_)
+            | Command::Schedule(_)
             | Command::Server(_)
             | Command::Completions { .. } => {}
             Command::Migrate { backend, server } => {

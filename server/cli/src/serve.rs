@@ -8,6 +8,7 @@ use composer_coordinator::{
     http::{HttpExecutor, HttpExecutorConfig},
     http_worker::{HttpWorkerConfig, run_http_worker},
     recovery::RecoveryConfig,
+    schedules::SchedulerConfig,
     watch::{ChangeFeed, RunChanges},
 };
 use composer_grpc::{GrpcConfig, ServeError, Services, dashboard::DashboardFiles};
@@ -225,6 +226,11 @@ fn start_background(
         recovering
             .clone()
             .run_lease_loop(recovery.clone(), stop.clone()),
+    );
+    tokio::spawn(
+        recovering
+            .clone()
+            .run_scheduler_loop(SchedulerConfig::default(), stop.clone()),
     );
     tokio::spawn(recovering.run_reconcile_loop(recovery, stop.clone()));
     tokio::spawn(changes.clone().run(backend.redis_url.clone(), stop.clone()));

@@ -26,6 +26,18 @@ pub enum CoordinatorError {
     /// The run does not exist in the namespace.
     #[error("run {0} not found")]
     RunNotFound(String),
+    /// The schedule does not exist in the namespace.
+    #[error("schedule {0:?} not found")]
+    ScheduleNotFound(String),
+    /// The namespace already has a schedule with this id.
+    #[error("schedule {0:?} already exists")]
+    ScheduleExists(String),
+    /// The namespace holds as many schedules as it may.
+    #[error("the namespace already holds {limit} schedules, the most it may (docs/limits.md)")]
+    TooManySchedules {
+        /// The limit.
+        limit: i64,
+    },
     /// The task does not exist in the namespace.
     #[error("task {0} not found")]
     TaskNotFound(String),

@@ -13,6 +13,7 @@ mod poll_hub;
 pub mod recovery;
 mod reports;
 mod runs;
+pub mod schedules;
 pub mod traces;
 pub mod watch;
 pub mod workflows;

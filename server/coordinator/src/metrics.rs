@@ -71,6 +71,10 @@ pub const METRICS: &[(&str, &str)] = &[
         DB_POOL_CONNECTIONS,
         "database connections by pool and state (in_use, idle)",
     ),
+    (
+        SCHEDULE_FIRES,
+        "schedule fires, by namespace and outcome (started, skipped, buffered, failed, missed)",
+    ),
     (REDIS_ERRORS, "failed Redis operations, by operation"),
     (GRPC_REQUESTS, "gRPC requests by method and status code"),
     (
@@ -95,6 +99,7 @@ pub const TIMERS_DUE: &str = "composer_timers_due";
 pub const TIMER_LAG: &str = "composer_timer_lag_seconds";
 pub const RECOVERY_ACTIONS: &str = "composer_recovery_actions_total";
 pub const DB_POOL_CONNECTIONS: &str = "composer_db_pool_connections";
+pub const SCHEDULE_FIRES: &str = "composer_schedule_fires_total";
 pub const REDIS_ERRORS: &str = "composer_redis_errors_total";
 pub const GRPC_REQUESTS: &str = "composer_grpc_requests_total";
 pub const GRPC_SECONDS: &str = "composer_grpc_request_duration_seconds";
@@ -249,6 +254,23 @@ pub(crate) fn recovery(loop_name: &'static str, action: &'static str, count: u64
     if count > 0 {
         counter!(RECOVERY_ACTIONS, "loop" => loop_name, "action" => action).increment(count);
     }
+}
+
+/// Fires of schedules by outcome: `started`, `skipped` (by the overlap
+/// policy), `buffered`, `failed` (no run could start), `missed` (older than
+/// the catch-up window).
+pub(crate) fn schedule_fires(namespace: &str, outcome: &'static str, count: u64) {
+    if !enabled() || count == 0 {
+        return;
+    }
+    counter!(
+        SCHEDULE_FIRES,
+        &[
+            ("namespace", NAMESPACES.bounded(namespace)),
+            ("outcome", outcome.to_owned())
+        ]
+    )
+    .increment(count);
 }
 
 /// A Redis operation that failed, e.g. `publish`, `read`, `groups`.

@@ -124,7 +124,7 @@ impl Coordinator {
         )))
     }
 
-    async fn workflow_to_start(
+    pub(crate) async fn workflow_to_start(
         &self,
         request: &StartRun,
         refresh: bool,
@@ -173,36 +173,7 @@ impl Coordinator {
         workflow: &std::sync::Arc<crate::workflows::LoadedWorkflow>,
         traceparent: Option<String>,
     ) -> Result<Option<(RunRow, bool)>, CoordinatorError> {
-        let run_id = Uuid::now_v7();
-        let record = composer_engine::RunState::new(
-            run_id.to_string(),
-            &workflow.row.name,
-            u32::try_from(workflow.row.version).unwrap_or_default(),
-            request.input.clone(),
-        )
-        .run;
-        let now = chrono::Utc::now();
-        let mut run = RunRow {
-            id: run_id,
-            namespace: request.namespace.clone(),
-            workflow_name: workflow.row.name.clone(),
-            workflow_version: workflow.row.version,
-            status: run_status_text(record.status),
-            input: request.input.clone(),
-            output: None,
-            error: None,
-            labels: request.labels.clone(),
-            idempotency_key: request.idempotency_key.clone(),
-            parent_run_id: None,
-            parent_node: None,
-            parent_attempt: None,
-            record: crate::apply::stored_record(&record)?,
-            created_at: now,
-            updated_at: now,
-            ended_at: None,
-            traceparent,
-            priority: request.priority,
-        };
+        let (mut run, record) = new_run_row(request, workflow, traceparent)?;
         let only_if_latest = request.version.is_none();
         let applied = if crate::apply::start_writes_rows_only(workflow, &record) {
             // the usual start: one statement, no transaction around it
@@ -230,6 +201,103 @@ impl Coordinator {
         Ok(Some((run, true)))
     }
 
+    /// Starts a run inside the caller's transaction `conn` (a schedule's
+    /// fire): the same checks, rows and first event as [`start_run`], on
+    /// the version `request` names or the latest one now. Returns the run
+    /// id and, for a run it created, what to announce once the caller
+    /// committed; an idempotency key already used returns that run's id
+    /// and nothing to announce.
+    ///
+    /// [`start_run`]: Coordinator::start_run
+    pub(crate) async fn start_run_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        request: &StartRun,
+    ) -> Result<(Uuid, Option<crate::apply::Applied>), CoordinatorError> {
+        let workflow = self.workflow_to_start(request, true).await?;
+        self.check_payload("input", &request.input)?;
+        // a fire has no caller's trace: a new one, when traces are on
+        let span = crate::traces::start_run(None, &request.namespace, &request.workflow_name);
+        let (run, _) = new_run_row(request, &workflow, crate::traces::traceparent(&span))?;
+        let created = runs::insert_run(
+            conn,
+            &NewRun {
+                id: run.id,
+                namespace: &run.namespace,
+                workflow_name: &run.workflow_name,
+                workflow_version: run.workflow_version,
+                status: &run.status,
+                input: &run.input,
+                labels: &run.labels,
+                idempotency_key: run.idempotency_key.as_deref(),
+                parent_run_id: None,
+                parent_node: None,
+                parent_attempt: None,
+                record: &run.record,
+                traceparent: run.traceparent.as_deref(),
+                priority: run.priority,
+            },
+            false,
+        )
+        .await?;
+        if created.is_none() {
+            let key = request.idempotency_key.as_deref().unwrap_or_default();
+            let existing = runs::run_id_by_idempotency_key(conn, &request.namespace, key)
+                .await?
+                .ok_or_else(|| {
+                    CoordinatorError::Corrupt(format!("idempotency key {key:?} names no run"))
+                })?;
+            return Ok((existing, None));
+        }
+        let run_id = run.id;
+        let mut txn = RunTxn::new_run(self, run, workflow)?;
+        txn.push(Event::RunStarted, &request.actor);
+        let mut applied = txn.finish(conn).await?;
+        applied.created_at = created;
+        Ok((run_id, Some(applied)))
+    }
+}
+
+/// The row (and engine record) of a run `request` would start.
+fn new_run_row(
+    request: &StartRun,
+    workflow: &crate::workflows::LoadedWorkflow,
+    traceparent: Option<String>,
+) -> Result<(RunRow, composer_engine::RunRecord), CoordinatorError> {
+    let run_id = Uuid::now_v7();
+    let record = composer_engine::RunState::new(
+        run_id.to_string(),
+        &workflow.row.name,
+        u32::try_from(workflow.row.version).unwrap_or_default(),
+        request.input.clone(),
+    )
+    .run;
+    let now = chrono::Utc::now();
+    let run = RunRow {
+        id: run_id,
+        namespace: request.namespace.clone(),
+        workflow_name: workflow.row.name.clone(),
+        workflow_version: workflow.row.version,
+        status: run_status_text(record.status),
+        input: request.input.clone(),
+        output: None,
+        error: None,
+        labels: request.labels.clone(),
+        idempotency_key: request.idempotency_key.clone(),
+        parent_run_id: None,
+        parent_node: None,
+        parent_attempt: None,
+        record: crate::apply::stored_record(&record)?,
+        created_at: now,
+        updated_at: now,
+        ended_at: None,
+        traceparent,
+        priority: request.priority,
+    };
+    Ok((run, record))
+}
+
+impl Coordinator {
     /// A start whose first event needs statements of its own (a wait for
     /// an event, a child run): insert, apply, commit.
     async fn start_in_transaction(

@@ -44,6 +44,7 @@ mod definition;
 pub mod duration;
 pub mod history;
 pub mod names;
+pub mod schedule;
 pub mod simulate;
 mod state;
 pub mod template;

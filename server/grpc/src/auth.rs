@@ -91,6 +91,32 @@ pub const RPC_ROLES: &[(&str, &[Role])] = &[
     ),
     ("/composer.v1.RunService/GetRunHistory", READ),
     ("/composer.v1.RunService/WatchRun", READ),
+    (
+        "/composer.v1.ScheduleService/CreateSchedule",
+        &[Admin, Operator],
+    ),
+    ("/composer.v1.ScheduleService/GetSchedule", READ),
+    ("/composer.v1.ScheduleService/ListSchedules", READ),
+    (
+        "/composer.v1.ScheduleService/UpdateSchedule",
+        &[Admin, Operator],
+    ),
+    (
+        "/composer.v1.ScheduleService/PauseSchedule",
+        &[Admin, Operator],
+    ),
+    (
+        "/composer.v1.ScheduleService/ResumeSchedule",
+        &[Admin, Operator],
+    ),
+    (
+        "/composer.v1.ScheduleService/DeleteSchedule",
+        &[Admin, Operator],
+    ),
+    (
+        "/composer.v1.ScheduleService/TriggerSchedule",
+        &[Admin, Operator],
+    ),
     ("/composer.v1.WorkerService/PollTasks", &[Admin, Worker]),
     ("/composer.v1.WorkerService/Heartbeat", &[Admin, Worker]),
     ("/composer.v1.WorkerService/CompleteTask", &[Admin, Worker]),

@@ -6,8 +6,9 @@ use std::{sync::Arc, time::Duration};
 
 use composer_coordinator::{Backends, Coordinator, dispatch::PollHub, watch::RunChanges};
 use composer_proto::v1::{
-    run_service_server::RunServiceServer, server_service_server::ServerServiceServer,
-    worker_service_server::WorkerServiceServer, workflow_service_server::WorkflowServiceServer,
+    run_service_server::RunServiceServer, schedule_service_server::ScheduleServiceServer,
+    server_service_server::ServerServiceServer, worker_service_server::WorkerServiceServer,
+    workflow_service_server::WorkflowServiceServer,
 };
 use http::{HeaderName, HeaderValue, Method};
 use tokio::{net::TcpListener, sync::watch};
@@ -19,7 +20,8 @@ use crate::{
     dashboard::{DashboardFiles, DashboardLayer},
     health::HealthMonitor,
     services::{
-        run::RunApi, server_info::ServerInfoService, worker::WorkerApi, workflow::WorkflowApi,
+        run::RunApi, schedule::ScheduleApi, server_info::ServerInfoService, worker::WorkerApi,
+        workflow::WorkflowApi,
     },
 };
 
@@ -110,6 +112,7 @@ pub async fn serve(
         "reflection".to_owned(),
         "health".to_owned(),
         "http-nodes".to_owned(),
+        "schedules".to_owned(),
     ];
     if matches!(config.auth, AuthMode::Tokens { .. }) {
         features.push("auth".to_owned());
@@ -148,6 +151,12 @@ pub async fn serve(
                 coordinator: services.coordinator.clone(),
                 changes: services.changes.clone(),
                 draining: shutdown.clone(),
+            })
+            .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            ScheduleServiceServer::new(ScheduleApi {
+                coordinator: services.coordinator.clone(),
             })
             .max_decoding_message_size(max_message),
         )

@@ -4,6 +4,7 @@
 pub mod events;
 pub mod pause;
 pub mod runs;
+pub mod schedules;
 pub mod tasks;
 pub mod timers;
 pub mod workflows;

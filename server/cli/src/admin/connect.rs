@@ -6,8 +6,8 @@ use std::{path::PathBuf, time::Duration};
 use clap::Args;
 use composer_grpc::auth::NAMESPACE_HEADER;
 use composer_proto::v1::{
-    run_service_client::RunServiceClient, server_service_client::ServerServiceClient,
-    workflow_service_client::WorkflowServiceClient,
+    run_service_client::RunServiceClient, schedule_service_client::ScheduleServiceClient,
+    server_service_client::ServerServiceClient, workflow_service_client::WorkflowServiceClient,
 };
 use tonic::{
     Request, Status,
@@ -77,6 +77,8 @@ pub struct Api {
     pub workflows: WorkflowServiceClient<Transport>,
     /// RunService.
     pub runs: RunServiceClient<Transport>,
+    /// ScheduleService.
+    pub schedules: ScheduleServiceClient<Transport>,
     /// ServerService.
     pub server: ServerServiceClient<Transport>,
 }
@@ -106,6 +108,8 @@ impl Api {
             workflows: WorkflowServiceClient::new(transport.clone())
                 .max_decoding_message_size(MAX_ANSWER_BYTES),
             runs: RunServiceClient::new(transport.clone())
+                .max_decoding_message_size(MAX_ANSWER_BYTES),
+            schedules: ScheduleServiceClient::new(transport.clone())
                 .max_decoding_message_size(MAX_ANSWER_BYTES),
             server: ServerServiceClient::new(transport).max_decoding_message_size(MAX_ANSWER_BYTES),
         })

@@ -1,5 +1,5 @@
-//! The admin CLI: `composer workflow ...`, `composer run ...` and `composer
-//! server info`, over the public gRPC API only (never the database), so it
+//! The admin CLI: `composer workflow ...`, `composer run ...`, `composer
+//! schedule ...` and `composer server info`, over the public gRPC API only (never the database), so it
 //! sees exactly what a token allows. One file per command group; the
 //! connection, the output and the errors (with their exit codes) are shared.
 
@@ -7,6 +7,7 @@ mod connect;
 mod error;
 mod output;
 pub mod run;
+pub mod schedule;
 pub mod server;
 mod watch;
 pub mod workflow;

@@ -56,6 +56,14 @@ api_messages!(
     GetRunHistoryResponse,
     WatchRunResponse,
     GetServerInfoResponse,
+    CreateScheduleResponse,
+    GetScheduleResponse,
+    ListSchedulesResponse,
+    UpdateScheduleResponse,
+    PauseScheduleResponse,
+    ResumeScheduleResponse,
+    DeleteScheduleResponse,
+    TriggerScheduleResponse,
 );
 
 fn descriptors() -> &'static DescriptorPool {

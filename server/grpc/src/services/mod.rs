@@ -1,6 +1,7 @@
 //! One module per `composer.v1` service.
 
 pub(crate) mod run;
+pub(crate) mod schedule;
 pub(crate) mod server_info;
 pub(crate) mod worker;
 pub(crate) mod workflow;

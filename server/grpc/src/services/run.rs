@@ -171,11 +171,11 @@ fn history_message(row: HistoryRow) -> HistoryEvent {
 }
 
 /// Labels a run may carry.
-const MAX_LABELS: usize = 64;
+pub(crate) const MAX_LABELS: usize = 64;
 
 /// At most [`MAX_LABELS`]; keys follow the name rule and values are short
 /// text; the field path names the key.
-fn check_label_keys(labels: &HashMap<String, String>) -> Result<(), Status> {
+pub(crate) fn check_label_keys(labels: &HashMap<String, String>) -> Result<(), Status> {
     if labels.len() > MAX_LABELS {
         return Err(invalid_field(
             "labels",

@@ -67,7 +67,7 @@ type GetServerInfoResponse struct {
 	// with any server of the same major and an equal or higher minor.
 	ProtocolVersion string `protobuf:"bytes,2,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	// Optional features this server has, e.g. `grpc-web`, `reflection`,
-	// `auth`, `http-nodes`.
+	// `auth`, `http-nodes`, `schedules`.
 	Features      []string `protobuf:"bytes,3,rep,name=features,proto3" json:"features,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -50,7 +50,7 @@ export type GetServerInfoResponse = Message<"composer.v1.GetServerInfoResponse">
 
   /**
    * Optional features this server has, e.g. `grpc-web`, `reflection`,
-   * `auth`, `http-nodes`.
+   * `auth`, `http-nodes`, `schedules`.
    *
    * @generated from field: repeated string features = 3;
    */
