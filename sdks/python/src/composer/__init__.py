@@ -4,7 +4,8 @@
   with slots, heartbeats, cancellation, lease-safe reports and graceful
   shutdown; :meth:`Worker.serve_code` makes it a Python code runner.
 - :class:`Client` (asyncio) and :class:`SyncClient` register workflows, start,
-  list, cancel and retry runs, send events and wait for results.
+  list, cancel, retry, pause and resume runs, send events, wait for results
+  and manage schedules.
 - Failed calls raise :class:`ComposerError` subclasses carrying the gRPC code
   and the field violations; handlers raise :class:`NonRetryableError` or
   :class:`TaskError` to control retries.
@@ -39,8 +40,14 @@ from .models import (
     HistoryEvent,
     NodeState,
     NodeStatus,
+    OverlapPolicy,
     Run,
     RunStatus,
+    Schedule,
+    ScheduleAction,
+    ScheduleFire,
+    ScheduleFireOutcome,
+    ScheduleSpec,
     ServerInfo,
     ValidationProblem,
     WorkflowVersion,
@@ -66,11 +73,17 @@ __all__ = [
     "NodeStatus",
     "NonRetryableError",
     "NotFoundError",
+    "OverlapPolicy",
     "PermissionDeniedError",
     "ResourceExhaustedError",
     "Run",
     "RunFailedError",
     "RunStatus",
+    "Schedule",
+    "ScheduleAction",
+    "ScheduleFire",
+    "ScheduleFireOutcome",
+    "ScheduleSpec",
     "ServerInfo",
     "SyncClient",
     "TaskCancelled",

@@ -10,6 +10,7 @@ import grpc
 
 from composer.v1 import (
     run_service_pb2_grpc,
+    schedule_service_pb2_grpc,
     server_service_pb2,
     server_service_pb2_grpc,
     worker_service_pb2_grpc,
@@ -61,6 +62,7 @@ class Connection:
         self.metadata: tuple[tuple[str, str], ...] = (("authorization", f"Bearer {token}"),) if token else ()
         self.workflows = workflow_service_pb2_grpc.WorkflowServiceStub(self.channel)
         self.runs = run_service_pb2_grpc.RunServiceStub(self.channel)
+        self.schedules = schedule_service_pb2_grpc.ScheduleServiceStub(self.channel)
         self.workers = worker_service_pb2_grpc.WorkerServiceStub(self.channel)
         self.server = server_service_pb2_grpc.ServerServiceStub(self.channel)
 

@@ -19,13 +19,15 @@ import os
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Coroutine, Iterable, Iterator, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 
-from composer.v1 import run_service_pb2, server_service_pb2, workflow_service_pb2
+from google.protobuf import duration_pb2
+
+from composer.v1 import run_service_pb2, schedule_service_pb2, server_service_pb2, workflow_service_pb2
 
 from . import _tracing
 from ._connection import DEFAULT_ADDRESS, Connection
@@ -35,8 +37,11 @@ from .errors import ComposerError, RunFailedError, from_rpc_error
 from .models import (
     EventDelivery,
     HistoryEvent,
+    OverlapPolicy,
     Run,
     RunStatus,
+    Schedule,
+    ScheduleFire,
     ServerInfo,
     ValidationProblem,
     WorkflowVersion,
@@ -45,6 +50,36 @@ from .models import (
 T = TypeVar("T")
 
 log = logging.getLogger("composer.client")
+
+Seconds = float | timedelta
+"""A duration: seconds (``float``) or a ``timedelta``."""
+
+
+def _duration(value: Seconds) -> duration_pb2.Duration:
+    message = duration_pb2.Duration()
+    message.FromTimedelta(value if isinstance(value, timedelta) else timedelta(seconds=value))
+    return message
+
+
+def _schedule_parts(
+    workflow: str,
+    input: Any,
+    *,
+    cron: str | None,
+    time_zone: str | None,
+    interval: Seconds | None,
+    version: int,
+    labels: Mapping[str, str] | None,
+) -> tuple[schedule_service_pb2.ScheduleSpec, schedule_service_pb2.ScheduleAction]:
+    """The spec and action messages of create_schedule and update_schedule."""
+    spec = schedule_service_pb2.ScheduleSpec(cron=cron or "", time_zone=time_zone or "")
+    if interval is not None:
+        spec.interval.CopyFrom(_duration(interval))
+    action = schedule_service_pb2.ScheduleAction(workflow_name=workflow, version=version, labels=dict(labels or {}))
+    if input is not None:
+        action.input.CopyFrom(to_value(input))
+    return spec, action
+
 
 WorkflowSource = str | os.PathLike[str] | Mapping[str, Any]
 """A workflow definition: YAML or JSON text (``str``), a file (``pathlib.Path``), or a dict."""
@@ -155,11 +190,15 @@ class Client:
         version: int = 0,
         idempotency_key: str | None = None,
         labels: Mapping[str, str] | None = None,
+        priority: int = 0,
     ) -> Run:
         """Starts a run of ``workflow`` (its latest version unless ``version``) with a JSON ``input``.
 
         With an ``idempotency_key``, a repeated call returns the run the first
-        call created, with ``created`` False, and starts nothing. Called inside
+        call created, with ``created`` False, and starts nothing. ``priority``
+        is 1 (lowest) to 5 (highest), 0 for the default 3: a waiting task of
+        a higher-priority run is handed to workers first; outside 0-5 it is an
+        InvalidArgumentError naming ``priority``. Called inside
         an OpenTelemetry span, it sends the span's W3C context: the run's trace
         continues the caller's.
         """
@@ -168,6 +207,7 @@ class Client:
             version=version,
             idempotency_key=idempotency_key or "",
             labels=dict(labels or {}),
+            priority=priority,
         )
         if input is not None:
             request.input.CopyFrom(to_value(input))
@@ -229,6 +269,30 @@ class Client:
         """Resumes a FAILED run from its failed nodes; FailedPreconditionError unless it is FAILED."""
         response: run_service_pb2.RetryRunResponse = await self._call(
             self._conn.runs.RetryRun, run_service_pb2.RetryRunRequest(run_id=run_id)
+        )
+        return Run.from_proto(response.run)
+
+    async def pause_run(self, run_id: str, reason: str = "") -> Run:
+        """Pauses a live run: it dispatches no new task and fires no timer until :meth:`resume_run`.
+
+        Attempts already running finish and their results are applied, but the
+        tasks they make ready are held; the run shows PAUSED. Child runs go on.
+        Pausing a paused run changes nothing; FailedPreconditionError when the
+        run already ended.
+        """
+        response: run_service_pb2.PauseRunResponse = await self._call(
+            self._conn.runs.PauseRun, run_service_pb2.PauseRunRequest(run_id=run_id, reason=reason)
+        )
+        return Run.from_proto(response.run)
+
+    async def resume_run(self, run_id: str) -> Run:
+        """Resumes a paused run: held tasks are dispatched, timers that fell due fire.
+
+        Resuming a run that is not paused changes nothing; FailedPreconditionError
+        when the run already ended.
+        """
+        response: run_service_pb2.ResumeRunResponse = await self._call(
+            self._conn.runs.ResumeRun, run_service_pb2.ResumeRunRequest(run_id=run_id)
         )
         return Run.from_proto(response.run)
 
@@ -346,6 +410,156 @@ class Client:
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         return await self.wait_for_result(run.run_id, timeout=left)
 
+    # --- schedules --------------------------------------------------------
+
+    async def create_schedule(
+        self,
+        schedule_id: str,
+        workflow: str,
+        input: Any = None,
+        *,
+        cron: str | None = None,
+        time_zone: str | None = None,
+        interval: Seconds | None = None,
+        version: int = 0,
+        labels: Mapping[str, str] | None = None,
+        overlap_policy: OverlapPolicy = OverlapPolicy.SKIP,
+        catch_up_window: Seconds | None = None,
+        jitter: Seconds | None = None,
+        paused: bool = False,
+        note: str = "",
+    ) -> Schedule:
+        """Creates a schedule that starts runs of ``workflow`` (latest version unless ``version``) with ``input``.
+
+        It fires on ``cron`` (5 fields, or 6 with seconds first, read in
+        ``time_zone``, UTC when None) or every ``interval`` (seconds or a
+        ``timedelta``, at least 1 s): give exactly one. Each fire's run carries
+        ``labels`` plus ``composer.schedule`` (the id) and ``composer.fire_time``,
+        and an idempotency key of the schedule and fire time, so one fire
+        starts one run however many servers run. ``overlap_policy`` says what
+        a fire does while the previous run still runs; ``catch_up_window``
+        (1 s to 7 days, default 60 s) how late a missed fire may start;
+        ``jitter`` the most a fire's start is delayed. See docs/schedules.md.
+
+        InvalidArgumentError names the field (``spec.cron``, ``spec.time_zone``,
+        ``spec.interval``, ``action.input...``); NotFoundError when the workflow
+        (or version) does not exist; AlreadyExistsError when the id is taken.
+        """
+        spec, action = _schedule_parts(
+            workflow, input, cron=cron, time_zone=time_zone, interval=interval, version=version, labels=labels
+        )
+        request = schedule_service_pb2.CreateScheduleRequest(
+            schedule_id=schedule_id,
+            spec=spec,
+            action=action,
+            overlap_policy=overlap_policy.to_proto(),  # type: ignore[arg-type]
+            paused=paused,
+            note=note,
+        )
+        if catch_up_window is not None:
+            request.catch_up_window.CopyFrom(_duration(catch_up_window))
+        if jitter is not None:
+            request.jitter.CopyFrom(_duration(jitter))
+        response: schedule_service_pb2.CreateScheduleResponse = await self._call(
+            self._conn.schedules.CreateSchedule, request
+        )
+        return Schedule.from_proto(response.schedule)
+
+    async def get_schedule(self, schedule_id: str) -> Schedule:
+        """A schedule with its recent fires, next fire times and counters; NotFoundError if absent."""
+        response: schedule_service_pb2.GetScheduleResponse = await self._call(
+            self._conn.schedules.GetSchedule, schedule_service_pb2.GetScheduleRequest(schedule_id=schedule_id)
+        )
+        return Schedule.from_proto(response.schedule)
+
+    async def list_schedules(self, *, page_size: int = 100) -> AsyncIterator[Schedule]:
+        """Iterates over the namespace's schedules by id, fetching pages as it goes."""
+        request = schedule_service_pb2.ListSchedulesRequest(page_size=page_size)
+        while True:
+            response: schedule_service_pb2.ListSchedulesResponse = await self._call(
+                self._conn.schedules.ListSchedules, request
+            )
+            for schedule in response.schedules:
+                yield Schedule.from_proto(schedule)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
+
+    async def update_schedule(
+        self,
+        schedule_id: str,
+        workflow: str,
+        input: Any = None,
+        *,
+        cron: str | None = None,
+        time_zone: str | None = None,
+        interval: Seconds | None = None,
+        version: int = 0,
+        labels: Mapping[str, str] | None = None,
+        overlap_policy: OverlapPolicy = OverlapPolicy.SKIP,
+        catch_up_window: Seconds | None = None,
+        jitter: Seconds | None = None,
+    ) -> Schedule:
+        """Replaces a schedule's definition (the arguments of :meth:`create_schedule`), checked the same way.
+
+        Counters and recent fires stay, paused stays as it was; the next fire
+        time is computed anew from now and a buffered fire is dropped.
+        NotFoundError when the schedule does not exist.
+        """
+        spec, action = _schedule_parts(
+            workflow, input, cron=cron, time_zone=time_zone, interval=interval, version=version, labels=labels
+        )
+        request = schedule_service_pb2.UpdateScheduleRequest(
+            schedule_id=schedule_id,
+            spec=spec,
+            action=action,
+            overlap_policy=overlap_policy.to_proto(),  # type: ignore[arg-type]
+        )
+        if catch_up_window is not None:
+            request.catch_up_window.CopyFrom(_duration(catch_up_window))
+        if jitter is not None:
+            request.jitter.CopyFrom(_duration(jitter))
+        response: schedule_service_pb2.UpdateScheduleResponse = await self._call(
+            self._conn.schedules.UpdateSchedule, request
+        )
+        return Schedule.from_proto(response.schedule)
+
+    async def pause_schedule(self, schedule_id: str, note: str = "") -> Schedule:
+        """Stops a schedule's fires until :meth:`resume_schedule`, keeping ``note`` (why)."""
+        response: schedule_service_pb2.PauseScheduleResponse = await self._call(
+            self._conn.schedules.PauseSchedule,
+            schedule_service_pb2.PauseScheduleRequest(schedule_id=schedule_id, note=note),
+        )
+        return Schedule.from_proto(response.schedule)
+
+    async def resume_schedule(self, schedule_id: str, note: str = "") -> Schedule:
+        """Lets a paused schedule fire again from its first fire time after now.
+
+        Fires that fell in the pause are neither started nor counted as missed.
+        """
+        response: schedule_service_pb2.ResumeScheduleResponse = await self._call(
+            self._conn.schedules.ResumeSchedule,
+            schedule_service_pb2.ResumeScheduleRequest(schedule_id=schedule_id, note=note),
+        )
+        return Schedule.from_proto(response.schedule)
+
+    async def delete_schedule(self, schedule_id: str) -> None:
+        """Deletes a schedule (the runs it started stay); NotFoundError if absent."""
+        await self._call(
+            self._conn.schedules.DeleteSchedule, schedule_service_pb2.DeleteScheduleRequest(schedule_id=schedule_id)
+        )
+
+    async def trigger_schedule(self, schedule_id: str) -> ScheduleFire:
+        """Fires a schedule now, paused or not, under its overlap policy, and returns the fire.
+
+        A fire whose run could not start has outcome FAILED and the reason in
+        the schedule's ``last_error``.
+        """
+        response: schedule_service_pb2.TriggerScheduleResponse = await self._call(
+            self._conn.schedules.TriggerSchedule, schedule_service_pb2.TriggerScheduleRequest(schedule_id=schedule_id)
+        )
+        return ScheduleFire.from_proto(response.fire)
+
 
 class _LoopThread:
     """A private event loop in a daemon thread, which the sync facade submits coroutines to."""
@@ -442,10 +656,13 @@ class SyncClient:
         version: int = 0,
         idempotency_key: str | None = None,
         labels: Mapping[str, str] | None = None,
+        priority: int = 0,
     ) -> Run:
         """See :meth:`Client.start_run`."""
         return self._run(
-            self._client.start_run(workflow, input, version=version, idempotency_key=idempotency_key, labels=labels)
+            self._client.start_run(
+                workflow, input, version=version, idempotency_key=idempotency_key, labels=labels, priority=priority
+            )
         )
 
     def get_run(self, run_id: str, *, skip_nodes: bool = False) -> Run:
@@ -484,6 +701,14 @@ class SyncClient:
         """See :meth:`Client.retry_run`."""
         return self._run(self._client.retry_run(run_id))
 
+    def pause_run(self, run_id: str, reason: str = "") -> Run:
+        """See :meth:`Client.pause_run`."""
+        return self._run(self._client.pause_run(run_id, reason))
+
+    def resume_run(self, run_id: str) -> Run:
+        """See :meth:`Client.resume_run`."""
+        return self._run(self._client.resume_run(run_id))
+
     def send_event(
         self,
         event_name: str,
@@ -519,6 +744,98 @@ class SyncClient:
         return self._run(
             self._client.run_workflow(workflow, input, idempotency_key=idempotency_key, timeout=timeout)
         )
+
+    def create_schedule(
+        self,
+        schedule_id: str,
+        workflow: str,
+        input: Any = None,
+        *,
+        cron: str | None = None,
+        time_zone: str | None = None,
+        interval: Seconds | None = None,
+        version: int = 0,
+        labels: Mapping[str, str] | None = None,
+        overlap_policy: OverlapPolicy = OverlapPolicy.SKIP,
+        catch_up_window: Seconds | None = None,
+        jitter: Seconds | None = None,
+        paused: bool = False,
+        note: str = "",
+    ) -> Schedule:
+        """See :meth:`Client.create_schedule`."""
+        return self._run(
+            self._client.create_schedule(
+                schedule_id,
+                workflow,
+                input,
+                cron=cron,
+                time_zone=time_zone,
+                interval=interval,
+                version=version,
+                labels=labels,
+                overlap_policy=overlap_policy,
+                catch_up_window=catch_up_window,
+                jitter=jitter,
+                paused=paused,
+                note=note,
+            )
+        )
+
+    def get_schedule(self, schedule_id: str) -> Schedule:
+        """See :meth:`Client.get_schedule`."""
+        return self._run(self._client.get_schedule(schedule_id))
+
+    def list_schedules(self, *, page_size: int = 100) -> Iterator[Schedule]:
+        """See :meth:`Client.list_schedules`."""
+        return self._iterate(self._client.list_schedules(page_size=page_size))
+
+    def update_schedule(
+        self,
+        schedule_id: str,
+        workflow: str,
+        input: Any = None,
+        *,
+        cron: str | None = None,
+        time_zone: str | None = None,
+        interval: Seconds | None = None,
+        version: int = 0,
+        labels: Mapping[str, str] | None = None,
+        overlap_policy: OverlapPolicy = OverlapPolicy.SKIP,
+        catch_up_window: Seconds | None = None,
+        jitter: Seconds | None = None,
+    ) -> Schedule:
+        """See :meth:`Client.update_schedule`."""
+        return self._run(
+            self._client.update_schedule(
+                schedule_id,
+                workflow,
+                input,
+                cron=cron,
+                time_zone=time_zone,
+                interval=interval,
+                version=version,
+                labels=labels,
+                overlap_policy=overlap_policy,
+                catch_up_window=catch_up_window,
+                jitter=jitter,
+            )
+        )
+
+    def pause_schedule(self, schedule_id: str, note: str = "") -> Schedule:
+        """See :meth:`Client.pause_schedule`."""
+        return self._run(self._client.pause_schedule(schedule_id, note))
+
+    def resume_schedule(self, schedule_id: str, note: str = "") -> Schedule:
+        """See :meth:`Client.resume_schedule`."""
+        return self._run(self._client.resume_schedule(schedule_id, note))
+
+    def delete_schedule(self, schedule_id: str) -> None:
+        """See :meth:`Client.delete_schedule`."""
+        self._run(self._client.delete_schedule(schedule_id))
+
+    def trigger_schedule(self, schedule_id: str) -> ScheduleFire:
+        """See :meth:`Client.trigger_schedule`."""
+        return self._run(self._client.trigger_schedule(schedule_id))
 
 
 __all__ = ["Client", "SyncClient", "WorkflowSource", "workflow_source_text"]

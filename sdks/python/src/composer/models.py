@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from google.protobuf import timestamp_pb2
+from google.protobuf import duration_pb2, timestamp_pb2
 
-from composer.v1 import common_pb2, run_service_pb2, workflow_service_pb2
+from composer.v1 import common_pb2, run_service_pb2, schedule_service_pb2, workflow_service_pb2
 
 from ._values import from_optional_field
 
@@ -33,6 +33,8 @@ class RunStatus(enum.Enum):
     """A node failure was not handled, or the run timed out."""
     CANCELLED = "CANCELLED"
     """Ended by CancelRun."""
+    PAUSED = "PAUSED"
+    """Paused by pause_run: dispatches no task and fires no timer until resume_run."""
     UNSPECIFIED = "UNSPECIFIED"
     """Never sent by the server."""
 
@@ -188,6 +190,8 @@ class Run:
     """When it reached its final status."""
     nodes: tuple[NodeState, ...]
     """Per-node state (empty in list_runs)."""
+    priority: int = 3
+    """Dispatch priority, 1 (lowest) to 5 (highest); start_run's, or a child's parent's."""
     created: bool | None = None
     """From start_run only: False when the idempotency key matched an existing run."""
     raw: common_pb2.Run = field(default_factory=common_pb2.Run, repr=False, compare=False)
@@ -216,6 +220,7 @@ class Run:
             update_time=_time(message, "update_time"),
             end_time=_time(message, "end_time"),
             nodes=tuple(NodeState.from_proto(n) for n in message.nodes),
+            priority=message.priority,
             created=created,
             raw=message,
         )
@@ -323,6 +328,187 @@ class EventDelivery:
         return cls(tuple(message.delivered_run_ids), message.stored)
 
 
+class OverlapPolicy(enum.Enum):
+    """What a schedule's fire does while the run of its previous fire still runs."""
+
+    SKIP = "SKIP"
+    """Start nothing; the fire counts in ``skipped_count`` (the default)."""
+    BUFFER_ONE = "BUFFER_ONE"
+    """Keep this one fire and start it when the previous run ends; further fires meanwhile are skipped."""
+    ALLOW_ALL = "ALLOW_ALL"
+    """Start anyway: runs may overlap."""
+    CANCEL_PREVIOUS = "CANCEL_PREVIOUS"
+    """Cancel the previous run, then start."""
+    UNSPECIFIED = "UNSPECIFIED"
+    """Never sent by the server."""
+
+    def to_proto(self) -> int:
+        """The ``composer.v1.OverlapPolicy`` number of this policy."""
+        return int(schedule_service_pb2.OverlapPolicy.Value(f"OVERLAP_POLICY_{self.value}"))
+
+    @classmethod
+    def from_proto(cls, number: int) -> OverlapPolicy:
+        """The policy for a ``composer.v1.OverlapPolicy`` number (UNSPECIFIED for unknown ones)."""
+        try:
+            return cls(schedule_service_pb2.OverlapPolicy.Name(number).removeprefix("OVERLAP_POLICY_"))
+        except ValueError:
+            return cls.UNSPECIFIED
+
+
+class ScheduleFireOutcome(enum.Enum):
+    """How one fire of a schedule went."""
+
+    STARTED = "STARTED"
+    """A run started (``run_id``)."""
+    SKIPPED = "SKIPPED"
+    """The overlap policy skipped it."""
+    BUFFERED = "BUFFERED"
+    """Kept until the previous run ends (BUFFER_ONE); its start is a fire of its own."""
+    FAILED = "FAILED"
+    """No run could start; the schedule's ``last_error`` says why."""
+    UNSPECIFIED = "UNSPECIFIED"
+    """Never sent by the server."""
+
+    @classmethod
+    def from_proto(cls, number: int) -> ScheduleFireOutcome:
+        """The outcome for a ``composer.v1.ScheduleFireOutcome`` number (UNSPECIFIED for unknown ones)."""
+        try:
+            return cls(schedule_service_pb2.ScheduleFireOutcome.Name(number).removeprefix("SCHEDULE_FIRE_OUTCOME_"))
+        except ValueError:
+            return cls.UNSPECIFIED
+
+
+def _duration(message: Any, name: str) -> timedelta | None:
+    if not message.HasField(name):
+        return None
+    value: duration_pb2.Duration = getattr(message, name)
+    return value.ToTimedelta()
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """When a schedule fires: a cron expression (in ``time_zone``, UTC when empty), or a fixed ``interval``."""
+
+    cron: str = ""
+    """5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first; empty with an interval."""
+    time_zone: str = ""
+    """The IANA time zone ``cron`` is read in; empty: UTC."""
+    interval: timedelta | None = None
+    """Whole seconds, 1 s to 366 days, counted from the schedule's creation (or last update)."""
+
+    @classmethod
+    def from_proto(cls, message: schedule_service_pb2.ScheduleSpec) -> ScheduleSpec:
+        """Builds the view of a ``composer.v1.ScheduleSpec``."""
+        return cls(message.cron, message.time_zone, _duration(message, "interval"))
+
+
+@dataclass(frozen=True)
+class ScheduleAction:
+    """The run a schedule's fire starts."""
+
+    workflow_name: str
+    """The workflow."""
+    version: int
+    """Its version; 0: the latest at each fire."""
+    input: Any
+    """The run's input."""
+    labels: dict[str, str]
+    """The run's labels (it also carries ``composer.schedule`` and ``composer.fire_time``)."""
+
+    @classmethod
+    def from_proto(cls, message: schedule_service_pb2.ScheduleAction) -> ScheduleAction:
+        """Builds the view of a ``composer.v1.ScheduleAction``."""
+        return cls(message.workflow_name, message.version, from_optional_field(message, "input"), dict(message.labels))
+
+
+@dataclass(frozen=True)
+class ScheduleFire:
+    """One fire of a schedule."""
+
+    fire_time: datetime | None
+    """The fire time the spec gave (before jitter)."""
+    run_id: str
+    """The run it started; empty unless STARTED."""
+    outcome: ScheduleFireOutcome
+    """How it went."""
+
+    @classmethod
+    def from_proto(cls, message: schedule_service_pb2.ScheduleFire) -> ScheduleFire:
+        """Builds the view of a ``composer.v1.ScheduleFire``."""
+        return cls(_time(message, "fire_time"), message.run_id, ScheduleFireOutcome.from_proto(message.outcome))
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A schedule that starts runs on a timetable, with its state (docs/schedules.md)."""
+
+    schedule_id: str
+    """The id, unique in the namespace."""
+    namespace: str
+    """The namespace it belongs to."""
+    spec: ScheduleSpec
+    """When it fires."""
+    action: ScheduleAction
+    """What a fire starts."""
+    overlap_policy: OverlapPolicy
+    """What a fire does while the previous run still runs."""
+    catch_up_window: timedelta | None
+    """How late a missed fire may still start."""
+    jitter: timedelta | None
+    """The most a fire's start is delayed past its fire time."""
+    paused: bool
+    """True while paused."""
+    note: str
+    """The note of the last pause or resume."""
+    recent_fires: tuple[ScheduleFire, ...]
+    """The last fires, newest first (at most 10)."""
+    next_fire_times: tuple[datetime, ...]
+    """The next fire times (at most 10; none while paused)."""
+    fired_count: int
+    """Fires that started a run."""
+    skipped_count: int
+    """Fires the overlap policy skipped."""
+    missed_count: int
+    """Fires older than the catch-up window when the scheduler reached them, never started."""
+    last_error: str
+    """Why the last fire started no run; empty after one that did."""
+    buffered_fire_time: datetime | None
+    """A fire waiting for the previous run to end (BUFFER_ONE)."""
+    create_time: datetime | None
+    """When it was created."""
+    update_time: datetime | None
+    """When it last changed (a fire included)."""
+    raw: schedule_service_pb2.Schedule = field(
+        default_factory=schedule_service_pb2.Schedule, repr=False, compare=False
+    )
+    """The message this view was built from."""
+
+    @classmethod
+    def from_proto(cls, message: schedule_service_pb2.Schedule) -> Schedule:
+        """Builds the view of a ``composer.v1.Schedule``."""
+        return cls(
+            schedule_id=message.schedule_id,
+            namespace=message.namespace,
+            spec=ScheduleSpec.from_proto(message.spec),
+            action=ScheduleAction.from_proto(message.action),
+            overlap_policy=OverlapPolicy.from_proto(message.overlap_policy),
+            catch_up_window=_duration(message, "catch_up_window"),
+            jitter=_duration(message, "jitter"),
+            paused=message.paused,
+            note=message.note,
+            recent_fires=tuple(ScheduleFire.from_proto(f) for f in message.recent_fires),
+            next_fire_times=tuple(t.ToDatetime(tzinfo=timezone.utc) for t in message.next_fire_times),
+            fired_count=message.fired_count,
+            skipped_count=message.skipped_count,
+            missed_count=message.missed_count,
+            last_error=message.last_error,
+            buffered_fire_time=_time(message, "buffered_fire_time"),
+            create_time=_time(message, "create_time"),
+            update_time=_time(message, "update_time"),
+            raw=message,
+        )
+
+
 @dataclass(frozen=True)
 class ServerInfo:
     """What the server is and speaks."""
@@ -341,8 +527,14 @@ __all__ = [
     "HistoryEvent",
     "NodeState",
     "NodeStatus",
+    "OverlapPolicy",
     "Run",
     "RunStatus",
+    "Schedule",
+    "ScheduleAction",
+    "ScheduleFire",
+    "ScheduleFireOutcome",
+    "ScheduleSpec",
     "ServerInfo",
     "ValidationProblem",
     "WorkflowVersion",

@@ -1,6 +1,6 @@
 """The SDK conformance behaviours (tests/conformance/README.md), against the real server.
 
-Each test is named after its number (C1 ... C15). They start `composer serve`
+Each test is named after its number (C1 ... C17). They start `composer serve`
 (conftest.py) and pass once the server behaves as the protos' comments say.
 """
 
@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import grpc
@@ -20,6 +21,7 @@ from _support import FAST, Recorder, WorkerProcess, final, history_types, one_ta
 from conftest import ServerProcess
 
 from composer import (
+    AlreadyExistsError,
     Client,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -27,8 +29,10 @@ from composer import (
     NodeStatus,
     NonRetryableError,
     NotFoundError,
+    OverlapPolicy,
     RunFailedError,
     RunStatus,
+    ScheduleFireOutcome,
     SyncClient,
     TaskContext,
     Worker,
@@ -603,3 +607,101 @@ def test_c15_a_task_running_past_the_first_short_lease_is_confirmed_and_keeps_it
         assert polls and all(poll.confirm_receipt for poll in polls), "the worker must ask to confirm receipt"
 
     run(main())
+
+
+def test_c17_schedules_fire_runs_and_a_run_pauses_and_resumes(server: ServerProcess, names: str) -> None:
+    tick = f"tick_{names}"
+    waiting = f"paused_{names}"
+
+    async def main() -> None:
+        async with Client(server.address) as client:
+            await client.register_workflow(f"name: {tick}\nnodes:\n  - {{ id: nap, type: WAIT, duration: 1ms }}\n")
+            await client.register_workflow(
+                f"name: {waiting}\nnodes:\n  - {{ id: go, type: WAIT_FOR_EVENT, event: go }}\n"
+                'output: { got: "${nodes.go.output}" }\n'
+            )
+            # An interval schedule of 1 s fires a run labelled with its id.
+            sid = f"every-second-{names}"
+            created = await client.create_schedule(
+                sid, tick, {"n": 1}, interval=1, labels={"suite": names}, overlap_policy=OverlapPolicy.ALLOW_ALL
+            )
+            assert created.schedule_id == sid and created.spec.interval == timedelta(seconds=1)
+            assert created.action.workflow_name == tick and created.action.input == {"n": 1}
+            assert created.overlap_policy is OverlapPolicy.ALLOW_ALL and not created.paused
+            assert created.next_fire_times and created.catch_up_window == timedelta(seconds=60)
+            with pytest.raises(AlreadyExistsError):
+                await client.create_schedule(sid, tick, interval=1)
+
+            async def fired() -> list[Any]:
+                return [r async for r in client.list_runs(labels={"composer.schedule": sid})]
+
+            deadline = time.monotonic() + 60
+            while not (runs := await fired()):
+                assert time.monotonic() < deadline, "the schedule started no run within 60 s"
+                await asyncio.sleep(0.2)
+            assert runs[0].labels["suite"] == names and "composer.fire_time" in runs[0].labels
+            assert (await client.wait_for_run(runs[0].run_id, timeout=60)).status is RunStatus.COMPLETED
+            seen = await client.get_schedule(sid)
+            assert seen.fired_count >= 1
+            assert any(f.outcome is ScheduleFireOutcome.STARTED and f.run_id for f in seen.recent_fires)
+            assert sid in [s.schedule_id async for s in client.list_schedules(page_size=1)]
+
+            # Paused: no next fire times, and no more fires; a trigger still fires.
+            paused = await client.pause_schedule(sid, "maintenance")
+            assert paused.paused and paused.note == "maintenance" and paused.next_fire_times == ()
+            await asyncio.sleep(1.5)  # a fire decided before the pause may still land
+            count = (await client.get_schedule(sid)).fired_count
+            await asyncio.sleep(2.5)
+            assert (await client.get_schedule(sid)).fired_count == count
+            fire = await client.trigger_schedule(sid)
+            assert fire.outcome is ScheduleFireOutcome.STARTED and fire.run_id
+            assert (await client.get_run(fire.run_id)).labels["composer.schedule"] == sid
+            resumed = await client.resume_schedule(sid, "back")
+            assert not resumed.paused and resumed.note == "back" and resumed.next_fire_times
+
+            # Update replaces the definition; counters stay.
+            updated = await client.update_schedule(sid, tick, {"n": 2}, cron="0 0 1 1 *", time_zone="Europe/Berlin")
+            assert updated.spec.cron == "0 0 1 1 *" and updated.spec.interval is None
+            assert updated.spec.time_zone == "Europe/Berlin" and updated.action.input == {"n": 2}
+            assert updated.fired_count >= count + 1 and updated.overlap_policy is OverlapPolicy.SKIP
+
+            # Errors name the field; a missing id is not found.
+            with pytest.raises(InvalidArgumentError) as caught:
+                await client.create_schedule(f"bad-{names}", tick, cron="not a cron")
+            assert "spec.cron" in [v.field for v in caught.value.field_violations]
+            with pytest.raises(NotFoundError):
+                await client.get_schedule(f"missing-{names}")
+            await client.delete_schedule(sid)
+            with pytest.raises(NotFoundError):
+                await client.get_schedule(sid)
+            with pytest.raises(NotFoundError):
+                await client.delete_schedule(sid)
+
+            # Pause a run waiting on an event; resumed, it completes on the event.
+            run_ = await client.start_run(waiting, priority=5)
+            assert run_.priority == 5 and run_.status is RunStatus.RUNNING
+            held = await client.pause_run(run_.run_id, "hold on")
+            assert held.status is RunStatus.PAUSED
+            assert (await client.get_run(run_.run_id)).status is RunStatus.PAUSED
+            assert [r.run_id async for r in client.list_runs(workflow=waiting, statuses=[RunStatus.PAUSED])] == [
+                run_.run_id
+            ]
+            assert (await client.pause_run(run_.run_id)).status is RunStatus.PAUSED  # again: no change
+            again = await client.resume_run(run_.run_id)
+            assert again.status is RunStatus.RUNNING
+            await client.send_event("go", {"ok": 1}, run_id=run_.run_id)
+            assert await client.wait_for_result(run_.run_id, timeout=60) == {"got": {"ok": 1}}
+            with pytest.raises(FailedPreconditionError):
+                await client.pause_run(run_.run_id)
+
+            # Priority: the default is 3, 9 is refused naming the field.
+            assert (await client.start_run(tick)).priority == 3
+            with pytest.raises(InvalidArgumentError) as caught:
+                await client.start_run(tick, priority=9)
+            assert "priority" in [v.field for v in caught.value.field_violations]
+
+    run(main())
+    with SyncClient(server.address) as sync:
+        assert sync.start_run(tick, priority=1).priority == 1
+        with pytest.raises(NotFoundError):
+            sync.trigger_schedule(f"missing-{names}")
