@@ -24,6 +24,9 @@ const (
 	RunCompleted         RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_COMPLETED)
 	RunFailed            RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_FAILED)
 	RunCancelled         RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_CANCELLED)
+	// RunPaused: PauseRun paused the run; it dispatches no task and fires no
+	// timer until ResumeRun.
+	RunPaused RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_PAUSED)
 )
 
 // String is the status's name without its prefix, e.g. COMPLETED.
@@ -105,6 +108,9 @@ type Run struct {
 	EndTime        time.Time
 	// Nodes is filled by GetRun and WatchRun, empty in ListRuns.
 	Nodes []NodeState
+	// Priority is the dispatch priority, 1 (lowest) to 5 (highest):
+	// StartRun's (WithPriority), or for a child run its parent's.
+	Priority int
 	// Created is set by StartRun: false when an idempotency key matched an
 	// existing run.
 	Created bool
@@ -246,6 +252,7 @@ func runFrom(r *pb.Run) *Run {
 		Labels: r.GetLabels(), IdempotencyKey: r.GetIdempotencyKey(), ParentRunID: r.GetParentRunId(),
 		ParentNodeID: r.GetParentNodeId(), CreateTime: toTime(r.GetCreateTime()),
 		UpdateTime: toTime(r.GetUpdateTime()), EndTime: toTime(r.GetEndTime()),
+		Priority: int(r.GetPriority()),
 	}
 	for _, n := range r.GetNodes() {
 		run.Nodes = append(run.Nodes, NodeState{
