@@ -26,8 +26,9 @@ type WireTimestamp = WireRun["createTime"];
 /** The header an admin sets to act in another namespace (docs/tokens.md). */
 const NAMESPACE_HEADER = "x-composer-namespace";
 
-export const RUN_STATUSES: readonly RunStatus[] = ["RUNNING", "COMPENSATING", "COMPLETED", "FAILED", "CANCELLED"];
-const RUN_STATUS_NUMBERS: Record<RunStatus, number> = { UNSPECIFIED: 0, RUNNING: 1, COMPENSATING: 2, COMPLETED: 3, FAILED: 4, CANCELLED: 5 };
+/** The run statuses in wire order (`RUN_STATUSES[n - 1]` is wire status n). */
+export const RUN_STATUSES: readonly RunStatus[] = ["RUNNING", "COMPENSATING", "COMPLETED", "FAILED", "CANCELLED", "PAUSED"];
+const RUN_STATUS_NUMBERS: Record<RunStatus, number> = { UNSPECIFIED: 0, RUNNING: 1, COMPENSATING: 2, COMPLETED: 3, FAILED: 4, CANCELLED: 5, PAUSED: 6 };
 const NODE_STATUS_NAMES: readonly NodeStatus[] = ["UNSPECIFIED", "SCHEDULED", "RUNNING", "WAITING", "COMPLETED", "FAILED", "SKIPPED", "CANCELLED"];
 
 /** The client of one session; `onUnauthenticated` runs when the server refuses the token. */
@@ -156,6 +157,7 @@ function runOf(r: WireRun): Run {
     updateTime: dateOf(r.updateTime),
     endTime: dateOf(r.endTime),
     nodes,
+    priority: r.priority,
   };
 }
 

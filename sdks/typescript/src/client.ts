@@ -1,26 +1,33 @@
 // The Client: one implementation over any connect Transport (gRPC in Node, grpc-web in browsers).
 import { create } from "@bufbuild/protobuf";
-import { timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { durationFromMs, timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { createClient, type CallOptions, type Client as ConnectClient, type Transport } from "@connectrpc/connect";
 
 import { Backoff } from "./backoff.js";
 import { ComposerError, RunFailedError, TimeoutError, toComposerError } from "./errors.js";
 import { RunService, SendEventRequestSchema } from "./gen/composer/v1/run_service_pb.js";
+import { ScheduleService } from "./gen/composer/v1/schedule_service_pb.js";
 import { ServerService } from "./gen/composer/v1/server_service_pb.js";
 import { WorkerService } from "./gen/composer/v1/worker_service_pb.js";
 import { WorkflowService } from "./gen/composer/v1/workflow_service_pb.js";
 import {
   deliveryFromWire,
+  fireFromWire,
   historyFromWire,
   isFinalStatus,
+  overlapPolicyToWire,
   problemFromWire,
   runFromWire,
   runStatusToWire,
+  scheduleFromWire,
   workflowFromWire,
   type EventDelivery,
   type HistoryEvent,
+  type OverlapPolicy,
   type Run,
   type RunStatus,
+  type Schedule,
+  type ScheduleFire,
   type ServerInfo,
   type ValidationProblem,
   type WorkflowVersion,
@@ -62,7 +69,61 @@ export interface StartRunOptions {
   idempotencyKey?: string;
   /** Labels, for filtering in listRuns. */
   labels?: Record<string, string>;
+  /**
+   * Dispatch priority, 1 (lowest) to 5 (highest); 0 or absent: the default, 3. A waiting task of a
+   * higher-priority run is handed to workers first; outside 0-5 INVALID_ARGUMENT naming `priority`.
+   */
+  priority?: number;
   signal?: AbortSignal;
+}
+
+/** The definition of {@link ComposerClient.createSchedule} and {@link ComposerClient.updateSchedule}. */
+export interface ScheduleOptions {
+  /** A cron expression (5 fields, or 6 with seconds first); give exactly one of `cron` and `intervalMs`. */
+  cron?: string;
+  /** The IANA time zone `cron` is read in (default UTC). */
+  timeZone?: string;
+  /** A fixed interval in ms: whole seconds, 1 s to 366 days. */
+  intervalMs?: number;
+  /** The workflow version a fire starts; 0 or absent: the latest at each fire. */
+  version?: number;
+  /** The runs' labels (a run also carries `composer.schedule` and `composer.fire_time`). */
+  labels?: Record<string, string>;
+  /** What a fire does while the previous run still runs (default SKIP). */
+  overlapPolicy?: OverlapPolicy;
+  /** How late a missed fire may start, in ms: 1 s to 7 days (default 60 s). */
+  catchUpWindowMs?: number;
+  /** The most a fire's start is delayed, in ms (default none). */
+  jitterMs?: number;
+  signal?: AbortSignal;
+}
+
+/** Options of {@link ComposerClient.createSchedule}. */
+export interface CreateScheduleOptions extends ScheduleOptions {
+  /** Create it paused. */
+  paused?: boolean;
+  /** A note (why it is paused). */
+  note?: string;
+}
+
+function scheduleParts(scheduleId: string, workflow: string, input: unknown, options: ScheduleOptions) {
+  return {
+    scheduleId,
+    spec: {
+      cron: options.cron ?? "",
+      timeZone: options.timeZone ?? "",
+      ...(options.intervalMs === undefined ? {} : { interval: durationFromMs(options.intervalMs) }),
+    },
+    action: {
+      workflowName: workflow,
+      version: options.version ?? 0,
+      labels: { ...options.labels },
+      ...(input === undefined ? {} : { input: toValue(input) }),
+    },
+    overlapPolicy: overlapPolicyToWire(options.overlapPolicy ?? "SKIP"),
+    ...(options.catchUpWindowMs === undefined ? {} : { catchUpWindow: durationFromMs(options.catchUpWindowMs) }),
+    ...(options.jitterMs === undefined ? {} : { jitter: durationFromMs(options.jitterMs) }),
+  };
 }
 
 /** Filters of {@link ComposerClient.listRuns}. */
@@ -132,10 +193,11 @@ export function checkProtocolVersion(version: string, where = "the server"): voi
  * the `/web` entry point's `Client` are this class with their transport made for them.
  */
 export class ComposerClient {
-  /** The raw connect clients of the four services (the wire layer), for what the SDK does not wrap. */
+  /** The raw connect clients of the services (the wire layer), for what the SDK does not wrap. */
   readonly raw: {
     workflows: ConnectClient<typeof WorkflowService>;
     runs: ConnectClient<typeof RunService>;
+    schedules: ConnectClient<typeof ScheduleService>;
     workers: ConnectClient<typeof WorkerService>;
     server: ConnectClient<typeof ServerService>;
   };
@@ -152,6 +214,7 @@ export class ComposerClient {
     this.raw = {
       workflows: createClient(WorkflowService, this.transport),
       runs: createClient(RunService, this.transport),
+      schedules: createClient(ScheduleService, this.transport),
       workers: createClient(WorkerService, this.transport),
       server: createClient(ServerService, this.transport),
     };
@@ -224,6 +287,7 @@ export class ComposerClient {
       version: options.version ?? 0,
       idempotencyKey: options.idempotencyKey ?? "",
       labels: { ...options.labels },
+      priority: options.priority ?? 0,
       ...(input === undefined ? {} : { input: toValue(input) }),
     };
     const r = await this.#call((o) => this.raw.runs.startRun(request, o), options.signal, await this.#traceHeaders());
@@ -267,6 +331,94 @@ export class ComposerClient {
   async retryRun(runId: string, options: { signal?: AbortSignal } = {}): Promise<Run> {
     const r = await this.#call((o) => this.raw.runs.retryRun({ runId }, o), options.signal);
     return runFromWire(r.run);
+  }
+
+  /**
+   * Pauses a live run: it dispatches no new task and fires no timer until {@link resumeRun}.
+   * Attempts already running finish and their results are applied, but the tasks they make ready
+   * are held; the run shows PAUSED. Child runs go on. Pausing a paused run changes nothing;
+   * FAILED_PRECONDITION when the run ended.
+   */
+  async pauseRun(runId: string, reason = "", options: { signal?: AbortSignal } = {}): Promise<Run> {
+    const r = await this.#call((o) => this.raw.runs.pauseRun({ runId, reason }, o), options.signal);
+    return runFromWire(r.run);
+  }
+
+  /**
+   * Resumes a paused run: held tasks are dispatched, timers that fell due fire. Resuming a run that
+   * is not paused changes nothing; FAILED_PRECONDITION when it ended.
+   */
+  async resumeRun(runId: string, options: { signal?: AbortSignal } = {}): Promise<Run> {
+    const r = await this.#call((o) => this.raw.runs.resumeRun({ runId }, o), options.signal);
+    return runFromWire(r.run);
+  }
+
+  /**
+   * Creates a schedule that starts runs of `workflow` with `input` on `cron` or every `intervalMs`.
+   * Each fire's run carries an idempotency key of the schedule and fire time, so one fire starts one
+   * run however many servers run (docs/schedules.md). INVALID_ARGUMENT names the field (`spec.cron`,
+   * `spec.time_zone`, `spec.interval`, `action.input...`); NOT_FOUND when the workflow (or version)
+   * does not exist; ALREADY_EXISTS when the id is taken.
+   */
+  async createSchedule(scheduleId: string, workflow: string, input?: unknown, options: CreateScheduleOptions = {}): Promise<Schedule> {
+    const request = { ...scheduleParts(scheduleId, workflow, input, options), paused: options.paused ?? false, note: options.note ?? "" };
+    const r = await this.#call((o) => this.raw.schedules.createSchedule(request, o), options.signal);
+    return scheduleFromWire(r.schedule);
+  }
+
+  /** A schedule with its recent fires, next fire times and counters; NOT_FOUND if absent. */
+  async getSchedule(scheduleId: string, options: { signal?: AbortSignal } = {}): Promise<Schedule> {
+    const r = await this.#call((o) => this.raw.schedules.getSchedule({ scheduleId }, o), options.signal);
+    return scheduleFromWire(r.schedule);
+  }
+
+  /** The namespace's schedules by id, fetched a page at a time as the loop goes. */
+  async *listSchedules(options: { pageSize?: number; signal?: AbortSignal } = {}): AsyncGenerator<Schedule, void, undefined> {
+    let pageToken = "";
+    for (;;) {
+      const request = { pageSize: options.pageSize ?? 100, pageToken };
+      const r = await this.#call((o) => this.raw.schedules.listSchedules(request, o), options.signal);
+      for (const schedule of r.schedules) yield scheduleFromWire(schedule);
+      if (!r.nextPageToken) return;
+      pageToken = r.nextPageToken;
+    }
+  }
+
+  /**
+   * Replaces a schedule's definition (the arguments of {@link createSchedule} but paused and note),
+   * checked the same way. Counters and recent fires stay, paused stays as it was; the next fire
+   * time is computed anew from now and a buffered fire is dropped. NOT_FOUND if absent.
+   */
+  async updateSchedule(scheduleId: string, workflow: string, input?: unknown, options: ScheduleOptions = {}): Promise<Schedule> {
+    const request = scheduleParts(scheduleId, workflow, input, options);
+    const r = await this.#call((o) => this.raw.schedules.updateSchedule(request, o), options.signal);
+    return scheduleFromWire(r.schedule);
+  }
+
+  /** Stops a schedule's fires until {@link resumeSchedule}, keeping `note` (why). */
+  async pauseSchedule(scheduleId: string, note = "", options: { signal?: AbortSignal } = {}): Promise<Schedule> {
+    const r = await this.#call((o) => this.raw.schedules.pauseSchedule({ scheduleId, note }, o), options.signal);
+    return scheduleFromWire(r.schedule);
+  }
+
+  /** Lets a paused schedule fire again from its first fire time after now (fires in the pause are not started). */
+  async resumeSchedule(scheduleId: string, note = "", options: { signal?: AbortSignal } = {}): Promise<Schedule> {
+    const r = await this.#call((o) => this.raw.schedules.resumeSchedule({ scheduleId, note }, o), options.signal);
+    return scheduleFromWire(r.schedule);
+  }
+
+  /** Deletes a schedule (the runs it started stay); NOT_FOUND if absent. */
+  async deleteSchedule(scheduleId: string, options: { signal?: AbortSignal } = {}): Promise<void> {
+    await this.#call((o) => this.raw.schedules.deleteSchedule({ scheduleId }, o), options.signal);
+  }
+
+  /**
+   * Fires a schedule now, paused or not, under its overlap policy, and returns the fire. A fire whose
+   * run could not start has outcome FAILED and the reason in the schedule's `lastError`.
+   */
+  async triggerSchedule(scheduleId: string, options: { signal?: AbortSignal } = {}): Promise<ScheduleFire> {
+    const r = await this.#call((o) => this.raw.schedules.triggerSchedule({ scheduleId }, o), options.signal);
+    return fireFromWire(r.fire);
   }
 
   /**

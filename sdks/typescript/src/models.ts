@@ -1,6 +1,6 @@
 // The SDK's own shapes of runs, nodes, workflows and history: plain objects with JSON values,
 // string statuses and Dates, converted from the generated wire messages.
-import { timestampDate, type Timestamp } from "@bufbuild/protobuf/wkt";
+import { durationMs, timestampDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
 
 import {
   NodeStatus as WireNodeStatus,
@@ -13,10 +13,16 @@ import {
 } from "./gen/composer/v1/common_pb.js";
 import type { ValidationProblem as WireProblem } from "./gen/composer/v1/workflow_service_pb.js";
 import type { SendEventResponse } from "./gen/composer/v1/run_service_pb.js";
+import {
+  OverlapPolicy as WireOverlapPolicy,
+  ScheduleFireOutcome as WireFireOutcome,
+  type Schedule as WireSchedule,
+  type ScheduleFire as WireScheduleFire,
+} from "./gen/composer/v1/schedule_service_pb.js";
 import { fromValue, type Json } from "./values.js";
 
 /** Where a run is. */
-export type RunStatus = "RUNNING" | "COMPENSATING" | "COMPLETED" | "FAILED" | "CANCELLED" | "UNSPECIFIED";
+export type RunStatus = "RUNNING" | "COMPENSATING" | "COMPLETED" | "FAILED" | "CANCELLED" | "PAUSED" | "UNSPECIFIED";
 /** Where a node is. */
 export type NodeStatus = "SCHEDULED" | "RUNNING" | "WAITING" | "COMPLETED" | "FAILED" | "SKIPPED" | "CANCELLED" | "UNSPECIFIED";
 
@@ -26,6 +32,7 @@ const RUN_STATUSES: Record<number, RunStatus> = {
   [WireRunStatus.COMPLETED]: "COMPLETED",
   [WireRunStatus.FAILED]: "FAILED",
   [WireRunStatus.CANCELLED]: "CANCELLED",
+  [WireRunStatus.PAUSED]: "PAUSED",
 };
 const NODE_STATUSES: Record<number, NodeStatus> = {
   [WireNodeStatus.SCHEDULED]: "SCHEDULED",
@@ -96,6 +103,8 @@ export interface Run {
   endTime: Date | null;
   /** Node states (GetRun, WatchRun); empty in ListRuns and with `skipNodes`. */
   nodes: NodeState[];
+  /** Dispatch priority, 1 (lowest) to 5 (highest): startRun's, or for a child run its parent's. */
+  priority: number;
   /** StartRun only: false when an idempotency key matched an existing run. */
   created?: boolean;
 }
@@ -189,6 +198,7 @@ export function runFromWire(r: WireRun | undefined, created?: boolean): Run {
     updateTime: date(r.updateTime),
     endTime: date(r.endTime),
     nodes: r.nodes.map(nodeFromWire),
+    priority: r.priority,
   };
   if (created !== undefined) run.created = created;
   return run;
@@ -228,4 +238,127 @@ export function historyFromWire(e: WireHistoryEvent): HistoryEvent {
 
 export function deliveryFromWire(r: SendEventResponse): EventDelivery {
   return { deliveredRunIds: [...r.deliveredRunIds], stored: r.stored };
+}
+
+/** What a schedule's fire does while the run of its previous fire still runs. */
+export type OverlapPolicy = "SKIP" | "BUFFER_ONE" | "ALLOW_ALL" | "CANCEL_PREVIOUS" | "UNSPECIFIED";
+/** How one fire of a schedule went. */
+export type FireOutcome = "STARTED" | "SKIPPED" | "BUFFERED" | "FAILED" | "UNSPECIFIED";
+
+const OVERLAP_POLICIES: Record<number, OverlapPolicy> = {
+  [WireOverlapPolicy.SKIP]: "SKIP",
+  [WireOverlapPolicy.BUFFER_ONE]: "BUFFER_ONE",
+  [WireOverlapPolicy.ALLOW_ALL]: "ALLOW_ALL",
+  [WireOverlapPolicy.CANCEL_PREVIOUS]: "CANCEL_PREVIOUS",
+};
+const FIRE_OUTCOMES: Record<number, FireOutcome> = {
+  [WireFireOutcome.STARTED]: "STARTED",
+  [WireFireOutcome.SKIPPED]: "SKIPPED",
+  [WireFireOutcome.BUFFERED]: "BUFFERED",
+  [WireFireOutcome.FAILED]: "FAILED",
+};
+
+/** The wire value of an overlap policy. */
+export function overlapPolicyToWire(policy: OverlapPolicy): WireOverlapPolicy {
+  for (const [wire, name] of Object.entries(OVERLAP_POLICIES)) if (name === policy) return Number(wire) as WireOverlapPolicy;
+  return WireOverlapPolicy.UNSPECIFIED;
+}
+
+/** When a schedule fires: `cron` (read in `timeZone`, UTC when empty) or a fixed `intervalMs`. */
+export interface ScheduleSpec {
+  /** 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first; empty with an interval. */
+  cron: string;
+  /** The IANA time zone `cron` is read in; empty: UTC. */
+  timeZone: string;
+  /** The interval in ms (whole seconds, 1 s to 366 days); null with a cron expression. */
+  intervalMs: number | null;
+}
+
+/** The run a schedule's fire starts. */
+export interface ScheduleAction {
+  workflowName: string;
+  /** 0: the latest version at each fire. */
+  version: number;
+  input: Json;
+  /** The run's labels; it also carries `composer.schedule` (the id) and `composer.fire_time`. */
+  labels: Record<string, string>;
+}
+
+/** One fire of a schedule. */
+export interface ScheduleFire {
+  /** The fire time the spec gave (before jitter). */
+  fireTime: Date | null;
+  /** The run it started; empty unless STARTED. */
+  runId: string;
+  outcome: FireOutcome;
+}
+
+/** A schedule that starts runs on a timetable, with its state (docs/schedules.md). */
+export interface Schedule {
+  scheduleId: string;
+  namespace: string;
+  spec: ScheduleSpec;
+  action: ScheduleAction;
+  overlapPolicy: OverlapPolicy;
+  /** How late a missed fire may still start, in ms. */
+  catchUpWindowMs: number | null;
+  /** The most a fire's start is delayed past its fire time, in ms. */
+  jitterMs: number | null;
+  paused: boolean;
+  /** The note of the last pause or resume. */
+  note: string;
+  /** The last fires, newest first (at most 10). */
+  recentFires: ScheduleFire[];
+  /** The next fire times (at most 10; none while paused). */
+  nextFireTimes: Date[];
+  /** Fires that started a run. */
+  firedCount: number;
+  /** Fires the overlap policy skipped. */
+  skippedCount: number;
+  /** Fires older than the catch-up window when the scheduler reached them, never started. */
+  missedCount: number;
+  /** Why the last fire started no run; empty after one that did. */
+  lastError: string;
+  /** A fire waiting for the previous run to end (BUFFER_ONE). */
+  bufferedFireTime: Date | null;
+  createTime: Date | null;
+  updateTime: Date | null;
+}
+
+function ms(d: Duration | undefined): number | null {
+  return d ? durationMs(d) : null;
+}
+
+export function fireFromWire(f: WireScheduleFire | undefined): ScheduleFire {
+  if (!f) throw new TypeError("the server's answer carries no fire");
+  return { fireTime: date(f.fireTime), runId: f.runId, outcome: FIRE_OUTCOMES[f.outcome] ?? "UNSPECIFIED" };
+}
+
+export function scheduleFromWire(s: WireSchedule | undefined): Schedule {
+  if (!s) throw new TypeError("the server's answer carries no schedule");
+  return {
+    scheduleId: s.scheduleId,
+    namespace: s.namespace,
+    spec: { cron: s.spec?.cron ?? "", timeZone: s.spec?.timeZone ?? "", intervalMs: ms(s.spec?.interval) },
+    action: {
+      workflowName: s.action?.workflowName ?? "",
+      version: s.action?.version ?? 0,
+      input: fromValue(s.action?.input),
+      labels: { ...s.action?.labels },
+    },
+    overlapPolicy: OVERLAP_POLICIES[s.overlapPolicy] ?? "UNSPECIFIED",
+    catchUpWindowMs: ms(s.catchUpWindow),
+    jitterMs: ms(s.jitter),
+    paused: s.paused,
+    note: s.note,
+    recentFires: s.recentFires.map(fireFromWire),
+    nextFireTimes: s.nextFireTimes.map((t) => timestampDate(t)),
+    firedCount: Number(s.firedCount),
+    skippedCount: Number(s.skippedCount),
+    missedCount: Number(s.missedCount),
+    lastError: s.lastError,
+    bufferedFireTime: date(s.bufferedFireTime),
+    createTime: date(s.createTime),
+    updateTime: date(s.updateTime),
+  };
 }

@@ -1,5 +1,5 @@
 // The SDK conformance behaviours (tests/conformance/README.md) against the real server.
-// Each test is named after its number: c01 ... c15.
+// Each test is named after its number: c01 ... c17.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
@@ -14,6 +14,7 @@ import {
   TaskCancelledError,
   TimeoutError,
   createNodeTransport,
+  isAlreadyExists,
   isFailedPrecondition,
   isInvalidArgument,
   isLeaseLost,
@@ -783,6 +784,103 @@ output: { approved: "\${nodes.approval.output.ok}" }
     assert.equal(worker.stats.completed, 2);
     const polls = recorder.requests<PollTasksRequest>("PollTasks");
     assert.ok(polls.length > 0 && polls.every((p) => p.confirmReceipt), "the worker must ask to confirm receipt");
+  });
+
+  test("c17 schedules fire runs, and a run pauses and resumes", async () => {
+    const s = hex();
+    const tick = `tick-${s}`;
+    const waiting = `paused-${s}`;
+    const client = newClient();
+    const fieldsOf = (error: unknown): string[] => {
+      assert.ok(isInvalidArgument(error), String(error));
+      return error.fieldViolations.map((v) => v.field);
+    };
+    try {
+      await client.registerWorkflow(`name: ${tick}\nnodes:\n  - { id: nap, type: WAIT, duration: 1ms }\n`);
+      await client.registerWorkflow(
+        `name: ${waiting}\nnodes:\n  - { id: go, type: WAIT_FOR_EVENT, event: go }\noutput: { got: "\${nodes.go.output}" }\n`,
+      );
+      // An interval schedule of 1 s fires a run labelled with its id.
+      const sid = `every-second-${s}`;
+      const created = await client.createSchedule(sid, tick, { n: 1 }, { intervalMs: 1000, labels: { suite: s }, overlapPolicy: "ALLOW_ALL" });
+      assert.equal(created.scheduleId, sid);
+      assert.equal(created.spec.intervalMs, 1000);
+      assert.deepEqual(created.action.input, { n: 1 });
+      assert.equal(created.overlapPolicy, "ALLOW_ALL");
+      assert.equal(created.catchUpWindowMs, 60_000);
+      assert.ok(!created.paused && created.nextFireTimes.length > 0);
+      assert.ok(isAlreadyExists(await client.createSchedule(sid, tick, undefined, { intervalMs: 1000 }).catch((e: unknown) => e)));
+      let runs: Run[] = [];
+      const deadline = Date.now() + 60_000;
+      while (runs.length === 0) {
+        assert.ok(Date.now() < deadline, "the schedule started no run within 60 s");
+        runs = [];
+        for await (const r of client.listRuns({ labels: { "composer.schedule": sid } })) runs.push(r);
+        if (runs.length === 0) await sleep(200);
+      }
+      assert.equal(runs[0]!.labels["suite"], s);
+      assert.ok(runs[0]!.labels["composer.fire_time"]);
+      assert.equal((await final(client, runs[0]!.runId)).status, "COMPLETED");
+      const seen = await client.getSchedule(sid);
+      assert.ok(seen.firedCount >= 1);
+      assert.ok(seen.recentFires.some((f) => f.outcome === "STARTED" && f.runId));
+      const ids: string[] = [];
+      for await (const schedule of client.listSchedules({ pageSize: 1 })) ids.push(schedule.scheduleId);
+      assert.ok(ids.includes(sid), ids.join(","));
+
+      // Paused: no next fire times and no more fires; a trigger still fires.
+      const paused = await client.pauseSchedule(sid, "maintenance");
+      assert.ok(paused.paused && paused.note === "maintenance");
+      assert.deepEqual(paused.nextFireTimes, []);
+      await sleep(1500); // a fire decided before the pause may still land
+      const count = (await client.getSchedule(sid)).firedCount;
+      await sleep(2500);
+      assert.equal((await client.getSchedule(sid)).firedCount, count);
+      const fire = await client.triggerSchedule(sid);
+      assert.equal(fire.outcome, "STARTED");
+      assert.equal((await client.getRun(fire.runId)).labels["composer.schedule"], sid);
+      const resumed = await client.resumeSchedule(sid, "back");
+      assert.ok(!resumed.paused && resumed.note === "back" && resumed.nextFireTimes.length > 0);
+
+      // Update replaces the definition; the counters stay.
+      const updated = await client.updateSchedule(sid, tick, { n: 2 }, { cron: "0 0 1 1 *", timeZone: "Europe/Berlin" });
+      assert.equal(updated.spec.cron, "0 0 1 1 *");
+      assert.equal(updated.spec.intervalMs, null);
+      assert.equal(updated.spec.timeZone, "Europe/Berlin");
+      assert.deepEqual(updated.action.input, { n: 2 });
+      assert.equal(updated.overlapPolicy, "SKIP");
+      assert.ok(updated.firedCount >= count + 1);
+
+      // Errors name the field; a missing id is not found.
+      const bad = await client.createSchedule(`bad-${s}`, tick, undefined, { cron: "not a cron" }).catch((e: unknown) => e);
+      assert.ok(fieldsOf(bad).includes("spec.cron"));
+      assert.ok(isNotFound(await client.getSchedule(`missing-${s}`).catch((e: unknown) => e)));
+      await client.deleteSchedule(sid);
+      assert.ok(isNotFound(await client.getSchedule(sid).catch((e: unknown) => e)));
+      assert.ok(isNotFound(await client.deleteSchedule(sid).catch((e: unknown) => e)));
+
+      // Pause a run waiting on an event; resumed, it completes on the event.
+      const run = await client.startRun(waiting, undefined, { priority: 5 });
+      assert.equal(run.priority, 5);
+      assert.equal(run.status, "RUNNING");
+      assert.equal((await client.pauseRun(run.runId, "hold on")).status, "PAUSED");
+      assert.equal((await client.getRun(run.runId)).status, "PAUSED");
+      const pausedRuns: string[] = [];
+      for await (const r of client.listRuns({ workflow: waiting, statuses: ["PAUSED"] })) pausedRuns.push(r.runId);
+      assert.deepEqual(pausedRuns, [run.runId]);
+      assert.equal((await client.pauseRun(run.runId)).status, "PAUSED");
+      assert.equal((await client.resumeRun(run.runId)).status, "RUNNING");
+      await client.sendEvent("go", { ok: 1 }, { runId: run.runId });
+      assert.deepEqual(await client.waitForResult(run.runId, { timeoutMs: 60_000 }), { got: { ok: 1 } });
+      assert.ok(isFailedPrecondition(await client.pauseRun(run.runId).catch((e: unknown) => e)));
+
+      // Priority: the default is 3; 9 is refused naming the field.
+      assert.equal((await client.startRun(tick)).priority, 3);
+      const tooHigh = await client.startRun(tick, undefined, { priority: 9 }).catch((e: unknown) => e);
+      assert.ok(fieldsOf(tooHigh).includes("priority"));
+    } finally {
+      client.close();
+    }
   });
 });
 
