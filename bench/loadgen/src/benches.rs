@@ -513,20 +513,9 @@ struct Sample {
     next_xid: i64,
 }
 
-/// B1 (one server) or B5 (several): a closed loop of three-step runs.
+/// B1 (one server) or B5 (several): a closed loop of three-step runs, on
+/// servers started with `extra` flags.
 pub async fn throughput(
-    ctx: &Ctx,
-    label: &str,
-    server_count: usize,
-    kind: WorkerKind,
-    measure_secs: u64,
-    perf_secs: u64,
-) -> Result<Throughput> {
-    throughput_with(ctx, label, server_count, kind, measure_secs, perf_secs, &[]).await
-}
-
-/// [`throughput`] on servers started with more flags.
-pub async fn throughput_with(
     ctx: &Ctx,
     label: &str,
     server_count: usize,

@@ -270,7 +270,8 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
                 1,
                 WorkerKind::Rust,
                 profile.measure_secs,
-                profile.perf_secs
+                profile.perf_secs,
+                &[]
             )
         );
     }
@@ -279,7 +280,15 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
             let label = format!("B1 {} worker", sdk.name);
             if let Some(row) = section!(
                 label.as_str(),
-                benches::throughput(ctx, &label, 1, WorkerKind::Sdk(sdk), profile.sdk_secs, 0)
+                benches::throughput(
+                    ctx,
+                    &label,
+                    1,
+                    WorkerKind::Sdk(sdk),
+                    profile.sdk_secs,
+                    0,
+                    &[]
+                )
             ) {
                 results.sdk.push(row);
             }
@@ -308,7 +317,15 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
             let label = format!("B5 {n} server{}", if n == 1 { "" } else { "s" });
             if let Some(row) = section!(
                 label.as_str(),
-                benches::throughput(ctx, &label, n, WorkerKind::Rust, profile.measure_secs, 0)
+                benches::throughput(
+                    ctx,
+                    &label,
+                    n,
+                    WorkerKind::Rust,
+                    profile.measure_secs,
+                    0,
+                    &[]
+                )
             ) {
                 results.scale.push(row);
             }

@@ -160,8 +160,7 @@ pub async fn observability(ctx: &Ctx) -> Result<Observability> {
             }
             let label = format!("B1 {} (round {})", variant.name, round + 1);
             eprintln!("bench: {label}");
-            let row =
-                benches::throughput_with(ctx, &label, 1, WorkerKind::Rust, secs, 0, &extra).await;
+            let row = benches::throughput(ctx, &label, 1, WorkerKind::Rust, secs, 0, &extra).await;
             if let Some(scraper) = scraper {
                 scraper.abort();
             }

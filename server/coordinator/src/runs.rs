@@ -219,27 +219,7 @@ impl Coordinator {
         // a fire has no caller's trace: a new one, when traces are on
         let span = crate::traces::start_run(None, &request.namespace, &request.workflow_name);
         let (run, _) = new_run_row(request, &workflow, crate::traces::traceparent(&span))?;
-        let created = runs::insert_run(
-            conn,
-            &NewRun {
-                id: run.id,
-                namespace: &run.namespace,
-                workflow_name: &run.workflow_name,
-                workflow_version: run.workflow_version,
-                status: &run.status,
-                input: &run.input,
-                labels: &run.labels,
-                idempotency_key: run.idempotency_key.as_deref(),
-                parent_run_id: None,
-                parent_node: None,
-                parent_attempt: None,
-                record: &run.record,
-                traceparent: run.traceparent.as_deref(),
-                priority: run.priority,
-            },
-            false,
-        )
-        .await?;
+        let created = runs::insert_run(conn, &top_level_insert(&run), false).await?;
         if created.is_none() {
             let key = request.idempotency_key.as_deref().unwrap_or_default();
             let existing = runs::run_id_by_idempotency_key(conn, &request.namespace, key)
@@ -259,6 +239,26 @@ impl Coordinator {
 }
 
 /// The row (and engine record) of a run `request` would start.
+/// The insert of a run started by a caller (no parent).
+fn top_level_insert(run: &RunRow) -> NewRun<'_> {
+    NewRun {
+        id: run.id,
+        namespace: &run.namespace,
+        workflow_name: &run.workflow_name,
+        workflow_version: run.workflow_version,
+        status: &run.status,
+        input: &run.input,
+        labels: &run.labels,
+        idempotency_key: run.idempotency_key.as_deref(),
+        parent_run_id: None,
+        parent_node: None,
+        parent_attempt: None,
+        record: &run.record,
+        traceparent: run.traceparent.as_deref(),
+        priority: run.priority,
+    }
+}
+
 fn new_run_row(
     request: &StartRun,
     workflow: &crate::workflows::LoadedWorkflow,
@@ -308,27 +308,7 @@ impl Coordinator {
         only_if_latest: bool,
     ) -> Result<crate::apply::Applied, CoordinatorError> {
         let mut tx = self.store.begin().await?;
-        let created_at = runs::insert_run(
-            &mut tx,
-            &NewRun {
-                id: run.id,
-                namespace: &run.namespace,
-                workflow_name: &run.workflow_name,
-                workflow_version: run.workflow_version,
-                status: &run.status,
-                input: &run.input,
-                labels: &run.labels,
-                idempotency_key: run.idempotency_key.as_deref(),
-                parent_run_id: None,
-                parent_node: None,
-                parent_attempt: None,
-                record: &run.record,
-                traceparent: run.traceparent.as_deref(),
-                priority: run.priority,
-            },
-            only_if_latest,
-        )
-        .await?;
+        let created_at = runs::insert_run(&mut tx, &top_level_insert(run), only_if_latest).await?;
         if created_at.is_none() {
             tx.rollback().await?;
             return Ok(crate::apply::Applied::default());

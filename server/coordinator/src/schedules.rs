@@ -220,6 +220,26 @@ fn whole_seconds(time: DateTime<Utc>) -> DateTime<Utc> {
 }
 
 /// The next fire after `after` and when it is due (with its jitter).
+/// The stored definition of a create or update request.
+fn definition<'a>(
+    request: &'a ScheduleRequest,
+    spec: &'a Json,
+    action: &'a Json,
+    (next_fire_at, next_due_at): (Option<DateTime<Utc>>, Option<DateTime<Utc>>),
+) -> ScheduleDefinition<'a> {
+    ScheduleDefinition {
+        namespace: &request.namespace,
+        id: &request.id,
+        spec,
+        action,
+        overlap: request.overlap.as_str(),
+        catch_up_window_ms: request.catch_up_window_ms,
+        jitter_ms: request.jitter_ms,
+        next_fire_at,
+        next_due_at,
+    }
+}
+
 fn next_and_due(
     timetable: &Timetable,
     namespace: &str,
@@ -393,17 +413,7 @@ impl Coordinator {
         let mut tx = self.store.begin().await?;
         let inserted = schedules::insert_schedule(
             &mut tx,
-            &ScheduleDefinition {
-                namespace: &request.namespace,
-                id: &request.id,
-                spec: &spec,
-                action: &action,
-                overlap: request.overlap.as_str(),
-                catch_up_window_ms: request.catch_up_window_ms,
-                jitter_ms: request.jitter_ms,
-                next_fire_at,
-                next_due_at,
-            },
+            &definition(&request, &spec, &action, (next_fire_at, next_due_at)),
             paused,
             note,
             MAX_SCHEDULES_PER_NAMESPACE,
@@ -471,17 +481,7 @@ impl Coordinator {
         let action = serde_json::to_value(&request.action)?;
         let row = schedules::update_definition(
             &mut tx,
-            &ScheduleDefinition {
-                namespace: &request.namespace,
-                id: &request.id,
-                spec: &spec,
-                action: &action,
-                overlap: request.overlap.as_str(),
-                catch_up_window_ms: request.catch_up_window_ms,
-                jitter_ms: request.jitter_ms,
-                next_fire_at,
-                next_due_at,
-            },
+            &definition(&request, &spec, &action, (next_fire_at, next_due_at)),
         )
         .await?;
         tx.commit().await?;
