@@ -23,6 +23,132 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// BulkOperationKind is what a bulk operation does to each run.
+type BulkOperationKind int32
+
+const (
+	// Never set by the server.
+	BulkOperationKind_BULK_OPERATION_KIND_UNSPECIFIED BulkOperationKind = 0
+	// CancelRun on each run.
+	BulkOperationKind_BULK_OPERATION_KIND_CANCEL BulkOperationKind = 1
+	// RetryRun on each run.
+	BulkOperationKind_BULK_OPERATION_KIND_RETRY BulkOperationKind = 2
+	// PauseRun on each run.
+	BulkOperationKind_BULK_OPERATION_KIND_PAUSE BulkOperationKind = 3
+	// ResumeRun on each run.
+	BulkOperationKind_BULK_OPERATION_KIND_RESUME BulkOperationKind = 4
+)
+
+// Enum value maps for BulkOperationKind.
+var (
+	BulkOperationKind_name = map[int32]string{
+		0: "BULK_OPERATION_KIND_UNSPECIFIED",
+		1: "BULK_OPERATION_KIND_CANCEL",
+		2: "BULK_OPERATION_KIND_RETRY",
+		3: "BULK_OPERATION_KIND_PAUSE",
+		4: "BULK_OPERATION_KIND_RESUME",
+	}
+	BulkOperationKind_value = map[string]int32{
+		"BULK_OPERATION_KIND_UNSPECIFIED": 0,
+		"BULK_OPERATION_KIND_CANCEL":      1,
+		"BULK_OPERATION_KIND_RETRY":       2,
+		"BULK_OPERATION_KIND_PAUSE":       3,
+		"BULK_OPERATION_KIND_RESUME":      4,
+	}
+)
+
+func (x BulkOperationKind) Enum() *BulkOperationKind {
+	p := new(BulkOperationKind)
+	*p = x
+	return p
+}
+
+func (x BulkOperationKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BulkOperationKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_composer_v1_run_service_proto_enumTypes[0].Descriptor()
+}
+
+func (BulkOperationKind) Type() protoreflect.EnumType {
+	return &file_composer_v1_run_service_proto_enumTypes[0]
+}
+
+func (x BulkOperationKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BulkOperationKind.Descriptor instead.
+func (BulkOperationKind) EnumDescriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{0}
+}
+
+// BulkOperationStatus is where a bulk operation is in its life.
+type BulkOperationStatus int32
+
+const (
+	// Never set by the server; in a filter it matches nothing.
+	BulkOperationStatus_BULK_OPERATION_STATUS_UNSPECIFIED BulkOperationStatus = 0
+	// Created; no server has taken it yet.
+	BulkOperationStatus_BULK_OPERATION_STATUS_PENDING BulkOperationStatus = 1
+	// A server is working through its runs, one batch at a time.
+	BulkOperationStatus_BULK_OPERATION_STATUS_RUNNING BulkOperationStatus = 2
+	// Every matching run was acted on or skipped.
+	BulkOperationStatus_BULK_OPERATION_STATUS_SUCCEEDED BulkOperationStatus = 3
+	// CancelBulkOperation stopped it.
+	BulkOperationStatus_BULK_OPERATION_STATUS_CANCELLED BulkOperationStatus = 4
+	// It stopped on an error it could not get past (in `error`).
+	BulkOperationStatus_BULK_OPERATION_STATUS_FAILED BulkOperationStatus = 5
+)
+
+// Enum value maps for BulkOperationStatus.
+var (
+	BulkOperationStatus_name = map[int32]string{
+		0: "BULK_OPERATION_STATUS_UNSPECIFIED",
+		1: "BULK_OPERATION_STATUS_PENDING",
+		2: "BULK_OPERATION_STATUS_RUNNING",
+		3: "BULK_OPERATION_STATUS_SUCCEEDED",
+		4: "BULK_OPERATION_STATUS_CANCELLED",
+		5: "BULK_OPERATION_STATUS_FAILED",
+	}
+	BulkOperationStatus_value = map[string]int32{
+		"BULK_OPERATION_STATUS_UNSPECIFIED": 0,
+		"BULK_OPERATION_STATUS_PENDING":     1,
+		"BULK_OPERATION_STATUS_RUNNING":     2,
+		"BULK_OPERATION_STATUS_SUCCEEDED":   3,
+		"BULK_OPERATION_STATUS_CANCELLED":   4,
+		"BULK_OPERATION_STATUS_FAILED":      5,
+	}
+)
+
+func (x BulkOperationStatus) Enum() *BulkOperationStatus {
+	p := new(BulkOperationStatus)
+	*p = x
+	return p
+}
+
+func (x BulkOperationStatus) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BulkOperationStatus) Descriptor() protoreflect.EnumDescriptor {
+	return file_composer_v1_run_service_proto_enumTypes[1].Descriptor()
+}
+
+func (BulkOperationStatus) Type() protoreflect.EnumType {
+	return &file_composer_v1_run_service_proto_enumTypes[1]
+}
+
+func (x BulkOperationStatus) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BulkOperationStatus.Descriptor instead.
+func (BulkOperationStatus) EnumDescriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{1}
+}
+
 // StartRunRequest names the workflow and carries the input.
 type StartRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1442,6 +1568,1146 @@ func (x *ResumeRunResponse) GetRun() *Run {
 	return nil
 }
 
+// RunFilter selects runs for a bulk operation, with ListRunsRequest's
+// filters and their rules.
+type RunFilter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only runs of this workflow.
+	WorkflowName string `protobuf:"bytes,1,opt,name=workflow_name,json=workflowName,proto3" json:"workflow_name,omitempty"`
+	// Only runs of this version of `workflow_name` (which it requires); 0
+	// means any version.
+	WorkflowVersion int32 `protobuf:"varint,2,opt,name=workflow_version,json=workflowVersion,proto3" json:"workflow_version,omitempty"`
+	// Only runs in one of these statuses.
+	Statuses []RunStatus `protobuf:"varint,3,rep,packed,name=statuses,proto3,enum=composer.v1.RunStatus" json:"statuses,omitempty"`
+	// Only runs carrying all of these labels with these values.
+	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Only runs created at or after this time.
+	CreateTimeAfter *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time_after,json=createTimeAfter,proto3" json:"create_time_after,omitempty"`
+	// Only runs created before this time.
+	CreateTimeBefore *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=create_time_before,json=createTimeBefore,proto3" json:"create_time_before,omitempty"`
+	// Only child runs of this run.
+	ParentRunId string `protobuf:"bytes,7,opt,name=parent_run_id,json=parentRunId,proto3" json:"parent_run_id,omitempty"`
+	// Only runs this text finds, as ListRunsRequest's `search`.
+	Search        string `protobuf:"bytes,8,opt,name=search,proto3" json:"search,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunFilter) Reset() {
+	*x = RunFilter{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunFilter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunFilter) ProtoMessage() {}
+
+func (x *RunFilter) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunFilter.ProtoReflect.Descriptor instead.
+func (*RunFilter) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RunFilter) GetWorkflowName() string {
+	if x != nil {
+		return x.WorkflowName
+	}
+	return ""
+}
+
+func (x *RunFilter) GetWorkflowVersion() int32 {
+	if x != nil {
+		return x.WorkflowVersion
+	}
+	return 0
+}
+
+func (x *RunFilter) GetStatuses() []RunStatus {
+	if x != nil {
+		return x.Statuses
+	}
+	return nil
+}
+
+func (x *RunFilter) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *RunFilter) GetCreateTimeAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTimeAfter
+	}
+	return nil
+}
+
+func (x *RunFilter) GetCreateTimeBefore() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTimeBefore
+	}
+	return nil
+}
+
+func (x *RunFilter) GetParentRunId() string {
+	if x != nil {
+		return x.ParentRunId
+	}
+	return ""
+}
+
+func (x *RunFilter) GetSearch() string {
+	if x != nil {
+		return x.Search
+	}
+	return ""
+}
+
+// BulkCancelRunsRequest selects the runs to cancel.
+type BulkCancelRunsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runs to act on.
+	Filter *RunFilter `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Set to act on every run of the namespace when the filter is empty.
+	All bool `protobuf:"varint,2,opt,name=all,proto3" json:"all,omitempty"`
+	// Why, recorded in each run's history and error.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Optional: a repeated call with the same id returns the same operation.
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkCancelRunsRequest) Reset() {
+	*x = BulkCancelRunsRequest{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkCancelRunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkCancelRunsRequest) ProtoMessage() {}
+
+func (x *BulkCancelRunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkCancelRunsRequest.ProtoReflect.Descriptor instead.
+func (*BulkCancelRunsRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *BulkCancelRunsRequest) GetFilter() *RunFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *BulkCancelRunsRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *BulkCancelRunsRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *BulkCancelRunsRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// BulkCancelRunsResponse carries the operation started.
+type BulkCancelRunsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation, PENDING or RUNNING.
+	Operation *BulkOperation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// False when `request_id` matched an existing operation.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkCancelRunsResponse) Reset() {
+	*x = BulkCancelRunsResponse{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkCancelRunsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkCancelRunsResponse) ProtoMessage() {}
+
+func (x *BulkCancelRunsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkCancelRunsResponse.ProtoReflect.Descriptor instead.
+func (*BulkCancelRunsResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *BulkCancelRunsResponse) GetOperation() *BulkOperation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+func (x *BulkCancelRunsResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+// BulkRetryRunsRequest selects the runs to retry.
+type BulkRetryRunsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runs to act on.
+	Filter *RunFilter `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Set to act on every run of the namespace when the filter is empty.
+	All bool `protobuf:"varint,2,opt,name=all,proto3" json:"all,omitempty"`
+	// Optional: a repeated call with the same id returns the same operation.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkRetryRunsRequest) Reset() {
+	*x = BulkRetryRunsRequest{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkRetryRunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkRetryRunsRequest) ProtoMessage() {}
+
+func (x *BulkRetryRunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkRetryRunsRequest.ProtoReflect.Descriptor instead.
+func (*BulkRetryRunsRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *BulkRetryRunsRequest) GetFilter() *RunFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *BulkRetryRunsRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *BulkRetryRunsRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// BulkRetryRunsResponse carries the operation started.
+type BulkRetryRunsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation, PENDING or RUNNING.
+	Operation *BulkOperation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// False when `request_id` matched an existing operation.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkRetryRunsResponse) Reset() {
+	*x = BulkRetryRunsResponse{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkRetryRunsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkRetryRunsResponse) ProtoMessage() {}
+
+func (x *BulkRetryRunsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkRetryRunsResponse.ProtoReflect.Descriptor instead.
+func (*BulkRetryRunsResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *BulkRetryRunsResponse) GetOperation() *BulkOperation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+func (x *BulkRetryRunsResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+// BulkPauseRunsRequest selects the runs to pause.
+type BulkPauseRunsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runs to act on.
+	Filter *RunFilter `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Set to act on every run of the namespace when the filter is empty.
+	All bool `protobuf:"varint,2,opt,name=all,proto3" json:"all,omitempty"`
+	// Why, recorded in each run's history.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Optional: a repeated call with the same id returns the same operation.
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkPauseRunsRequest) Reset() {
+	*x = BulkPauseRunsRequest{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkPauseRunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkPauseRunsRequest) ProtoMessage() {}
+
+func (x *BulkPauseRunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkPauseRunsRequest.ProtoReflect.Descriptor instead.
+func (*BulkPauseRunsRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *BulkPauseRunsRequest) GetFilter() *RunFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *BulkPauseRunsRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *BulkPauseRunsRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *BulkPauseRunsRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// BulkPauseRunsResponse carries the operation started.
+type BulkPauseRunsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation, PENDING or RUNNING.
+	Operation *BulkOperation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// False when `request_id` matched an existing operation.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkPauseRunsResponse) Reset() {
+	*x = BulkPauseRunsResponse{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkPauseRunsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkPauseRunsResponse) ProtoMessage() {}
+
+func (x *BulkPauseRunsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkPauseRunsResponse.ProtoReflect.Descriptor instead.
+func (*BulkPauseRunsResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *BulkPauseRunsResponse) GetOperation() *BulkOperation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+func (x *BulkPauseRunsResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+// BulkResumeRunsRequest selects the runs to resume.
+type BulkResumeRunsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runs to act on.
+	Filter *RunFilter `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// Set to act on every run of the namespace when the filter is empty.
+	All bool `protobuf:"varint,2,opt,name=all,proto3" json:"all,omitempty"`
+	// Optional: a repeated call with the same id returns the same operation.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkResumeRunsRequest) Reset() {
+	*x = BulkResumeRunsRequest{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkResumeRunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkResumeRunsRequest) ProtoMessage() {}
+
+func (x *BulkResumeRunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkResumeRunsRequest.ProtoReflect.Descriptor instead.
+func (*BulkResumeRunsRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *BulkResumeRunsRequest) GetFilter() *RunFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *BulkResumeRunsRequest) GetAll() bool {
+	if x != nil {
+		return x.All
+	}
+	return false
+}
+
+func (x *BulkResumeRunsRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// BulkResumeRunsResponse carries the operation started.
+type BulkResumeRunsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation, PENDING or RUNNING.
+	Operation *BulkOperation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// False when `request_id` matched an existing operation.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkResumeRunsResponse) Reset() {
+	*x = BulkResumeRunsResponse{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkResumeRunsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkResumeRunsResponse) ProtoMessage() {}
+
+func (x *BulkResumeRunsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkResumeRunsResponse.ProtoReflect.Descriptor instead.
+func (*BulkResumeRunsResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *BulkResumeRunsResponse) GetOperation() *BulkOperation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+func (x *BulkResumeRunsResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
+// BulkOperation is a long-running action over the runs a filter matches.
+// Any server works on it, a batch at a time, and another takes over if that
+// server stops, so it survives restarts. Counts only grow; once it ends,
+// `matched` = `succeeded` + `skipped` + `failed` unless it was cancelled.
+type BulkOperation struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation's id.
+	OperationId string `protobuf:"bytes,1,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
+	// The namespace it acts in.
+	Namespace string `protobuf:"bytes,2,opt,name=namespace,proto3" json:"namespace,omitempty"`
+	// What it does to each run.
+	Kind BulkOperationKind `protobuf:"varint,3,opt,name=kind,proto3,enum=composer.v1.BulkOperationKind" json:"kind,omitempty"`
+	// Where it is.
+	Status BulkOperationStatus `protobuf:"varint,4,opt,name=status,proto3,enum=composer.v1.BulkOperationStatus" json:"status,omitempty"`
+	// The filter it was started with.
+	Filter *RunFilter `protobuf:"bytes,5,opt,name=filter,proto3" json:"filter,omitempty"`
+	// The reason given, for cancel and pause.
+	Reason string `protobuf:"bytes,6,opt,name=reason,proto3" json:"reason,omitempty"`
+	// How many runs matched when it started (runs created before it).
+	Matched int64 `protobuf:"varint,7,opt,name=matched,proto3" json:"matched,omitempty"`
+	// Runs acted on.
+	Succeeded int64 `protobuf:"varint,8,opt,name=succeeded,proto3" json:"succeeded,omitempty"`
+	// Runs passed over because they were no longer in a status the action
+	// applies to (a run that ended before a cancel reached it, say).
+	Skipped int64 `protobuf:"varint,9,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	// Runs the action failed on; the first errors are in `failures`.
+	Failed int64 `protobuf:"varint,10,opt,name=failed,proto3" json:"failed,omitempty"`
+	// Up to 20 of the runs the action failed on, with why.
+	Failures []*BulkOperationFailure `protobuf:"bytes,11,rep,name=failures,proto3" json:"failures,omitempty"`
+	// The subject of the token that started it.
+	CreatedBy string `protobuf:"bytes,12,opt,name=created_by,json=createdBy,proto3" json:"created_by,omitempty"`
+	// When it was created.
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// When it last made progress.
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// When it ended; unset while it runs.
+	EndTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
+	// Why it FAILED.
+	Error         string `protobuf:"bytes,16,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkOperation) Reset() {
+	*x = BulkOperation{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkOperation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkOperation) ProtoMessage() {}
+
+func (x *BulkOperation) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkOperation.ProtoReflect.Descriptor instead.
+func (*BulkOperation) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *BulkOperation) GetOperationId() string {
+	if x != nil {
+		return x.OperationId
+	}
+	return ""
+}
+
+func (x *BulkOperation) GetNamespace() string {
+	if x != nil {
+		return x.Namespace
+	}
+	return ""
+}
+
+func (x *BulkOperation) GetKind() BulkOperationKind {
+	if x != nil {
+		return x.Kind
+	}
+	return BulkOperationKind_BULK_OPERATION_KIND_UNSPECIFIED
+}
+
+func (x *BulkOperation) GetStatus() BulkOperationStatus {
+	if x != nil {
+		return x.Status
+	}
+	return BulkOperationStatus_BULK_OPERATION_STATUS_UNSPECIFIED
+}
+
+func (x *BulkOperation) GetFilter() *RunFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *BulkOperation) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *BulkOperation) GetMatched() int64 {
+	if x != nil {
+		return x.Matched
+	}
+	return 0
+}
+
+func (x *BulkOperation) GetSucceeded() int64 {
+	if x != nil {
+		return x.Succeeded
+	}
+	return 0
+}
+
+func (x *BulkOperation) GetSkipped() int64 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+func (x *BulkOperation) GetFailed() int64 {
+	if x != nil {
+		return x.Failed
+	}
+	return 0
+}
+
+func (x *BulkOperation) GetFailures() []*BulkOperationFailure {
+	if x != nil {
+		return x.Failures
+	}
+	return nil
+}
+
+func (x *BulkOperation) GetCreatedBy() string {
+	if x != nil {
+		return x.CreatedBy
+	}
+	return ""
+}
+
+func (x *BulkOperation) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *BulkOperation) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *BulkOperation) GetEndTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EndTime
+	}
+	return nil
+}
+
+func (x *BulkOperation) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// BulkOperationFailure is one run a bulk operation could not act on.
+type BulkOperationFailure struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Why.
+	Message       string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BulkOperationFailure) Reset() {
+	*x = BulkOperationFailure{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BulkOperationFailure) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BulkOperationFailure) ProtoMessage() {}
+
+func (x *BulkOperationFailure) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BulkOperationFailure.ProtoReflect.Descriptor instead.
+func (*BulkOperationFailure) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *BulkOperationFailure) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *BulkOperationFailure) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// GetBulkOperationRequest names an operation.
+type GetBulkOperationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation's id.
+	OperationId   string `protobuf:"bytes,1,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBulkOperationRequest) Reset() {
+	*x = GetBulkOperationRequest{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBulkOperationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBulkOperationRequest) ProtoMessage() {}
+
+func (x *GetBulkOperationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBulkOperationRequest.ProtoReflect.Descriptor instead.
+func (*GetBulkOperationRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *GetBulkOperationRequest) GetOperationId() string {
+	if x != nil {
+		return x.OperationId
+	}
+	return ""
+}
+
+// GetBulkOperationResponse carries the operation.
+type GetBulkOperationResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation.
+	Operation     *BulkOperation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBulkOperationResponse) Reset() {
+	*x = GetBulkOperationResponse{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBulkOperationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBulkOperationResponse) ProtoMessage() {}
+
+func (x *GetBulkOperationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBulkOperationResponse.ProtoReflect.Descriptor instead.
+func (*GetBulkOperationResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *GetBulkOperationResponse) GetOperation() *BulkOperation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+// ListBulkOperationsRequest asks for one page of operations.
+type ListBulkOperationsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// At most this many entries (default 100, at most 1000).
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The `next_page_token` of the previous page; empty for the first.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBulkOperationsRequest) Reset() {
+	*x = ListBulkOperationsRequest{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBulkOperationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBulkOperationsRequest) ProtoMessage() {}
+
+func (x *ListBulkOperationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBulkOperationsRequest.ProtoReflect.Descriptor instead.
+func (*ListBulkOperationsRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ListBulkOperationsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListBulkOperationsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListBulkOperationsResponse is one page of operations.
+type ListBulkOperationsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operations of this page, newest first.
+	Operations []*BulkOperation `protobuf:"bytes,1,rep,name=operations,proto3" json:"operations,omitempty"`
+	// The token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListBulkOperationsResponse) Reset() {
+	*x = ListBulkOperationsResponse{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListBulkOperationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListBulkOperationsResponse) ProtoMessage() {}
+
+func (x *ListBulkOperationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListBulkOperationsResponse.ProtoReflect.Descriptor instead.
+func (*ListBulkOperationsResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *ListBulkOperationsResponse) GetOperations() []*BulkOperation {
+	if x != nil {
+		return x.Operations
+	}
+	return nil
+}
+
+func (x *ListBulkOperationsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// CancelBulkOperationRequest names the operation to stop.
+type CancelBulkOperationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation's id.
+	OperationId   string `protobuf:"bytes,1,opt,name=operation_id,json=operationId,proto3" json:"operation_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelBulkOperationRequest) Reset() {
+	*x = CancelBulkOperationRequest{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelBulkOperationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelBulkOperationRequest) ProtoMessage() {}
+
+func (x *CancelBulkOperationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelBulkOperationRequest.ProtoReflect.Descriptor instead.
+func (*CancelBulkOperationRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *CancelBulkOperationRequest) GetOperationId() string {
+	if x != nil {
+		return x.OperationId
+	}
+	return ""
+}
+
+// CancelBulkOperationResponse carries the operation after the request.
+type CancelBulkOperationResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation (CANCELLED, or RUNNING until its server sees the
+	// request, within one batch).
+	Operation     *BulkOperation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelBulkOperationResponse) Reset() {
+	*x = CancelBulkOperationResponse{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelBulkOperationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelBulkOperationResponse) ProtoMessage() {}
+
+func (x *CancelBulkOperationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelBulkOperationResponse.ProtoReflect.Descriptor instead.
+func (*CancelBulkOperationResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *CancelBulkOperationResponse) GetOperation() *BulkOperation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
 var File_composer_v1_run_service_proto protoreflect.FileDescriptor
 
 const file_composer_v1_run_service_proto_rawDesc = "" +
@@ -1543,7 +2809,107 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\x10ResumeRunRequest\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\"7\n" +
 	"\x11ResumeRunResponse\x12\"\n" +
-	"\x03run\x18\x01 \x01(\v2\x10.composer.v1.RunR\x03run2\xc6\x06\n" +
+	"\x03run\x18\x01 \x01(\v2\x10.composer.v1.RunR\x03run\"\xd4\x03\n" +
+	"\tRunFilter\x12#\n" +
+	"\rworkflow_name\x18\x01 \x01(\tR\fworkflowName\x12)\n" +
+	"\x10workflow_version\x18\x02 \x01(\x05R\x0fworkflowVersion\x122\n" +
+	"\bstatuses\x18\x03 \x03(\x0e2\x16.composer.v1.RunStatusR\bstatuses\x12:\n" +
+	"\x06labels\x18\x04 \x03(\v2\".composer.v1.RunFilter.LabelsEntryR\x06labels\x12F\n" +
+	"\x11create_time_after\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x0fcreateTimeAfter\x12H\n" +
+	"\x12create_time_before\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x10createTimeBefore\x12\"\n" +
+	"\rparent_run_id\x18\a \x01(\tR\vparentRunId\x12\x16\n" +
+	"\x06search\x18\b \x01(\tR\x06search\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x90\x01\n" +
+	"\x15BulkCancelRunsRequest\x12.\n" +
+	"\x06filter\x18\x01 \x01(\v2\x16.composer.v1.RunFilterR\x06filter\x12\x10\n" +
+	"\x03all\x18\x02 \x01(\bR\x03all\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\"l\n" +
+	"\x16BulkCancelRunsResponse\x128\n" +
+	"\toperation\x18\x01 \x01(\v2\x1a.composer.v1.BulkOperationR\toperation\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"w\n" +
+	"\x14BulkRetryRunsRequest\x12.\n" +
+	"\x06filter\x18\x01 \x01(\v2\x16.composer.v1.RunFilterR\x06filter\x12\x10\n" +
+	"\x03all\x18\x02 \x01(\bR\x03all\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"k\n" +
+	"\x15BulkRetryRunsResponse\x128\n" +
+	"\toperation\x18\x01 \x01(\v2\x1a.composer.v1.BulkOperationR\toperation\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"\x8f\x01\n" +
+	"\x14BulkPauseRunsRequest\x12.\n" +
+	"\x06filter\x18\x01 \x01(\v2\x16.composer.v1.RunFilterR\x06filter\x12\x10\n" +
+	"\x03all\x18\x02 \x01(\bR\x03all\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\"k\n" +
+	"\x15BulkPauseRunsResponse\x128\n" +
+	"\toperation\x18\x01 \x01(\v2\x1a.composer.v1.BulkOperationR\toperation\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"x\n" +
+	"\x15BulkResumeRunsRequest\x12.\n" +
+	"\x06filter\x18\x01 \x01(\v2\x16.composer.v1.RunFilterR\x06filter\x12\x10\n" +
+	"\x03all\x18\x02 \x01(\bR\x03all\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tR\trequestId\"l\n" +
+	"\x16BulkResumeRunsResponse\x128\n" +
+	"\toperation\x18\x01 \x01(\v2\x1a.composer.v1.BulkOperationR\toperation\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"\x95\x05\n" +
+	"\rBulkOperation\x12!\n" +
+	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x1c\n" +
+	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x122\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x1e.composer.v1.BulkOperationKindR\x04kind\x128\n" +
+	"\x06status\x18\x04 \x01(\x0e2 .composer.v1.BulkOperationStatusR\x06status\x12.\n" +
+	"\x06filter\x18\x05 \x01(\v2\x16.composer.v1.RunFilterR\x06filter\x12\x16\n" +
+	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x18\n" +
+	"\amatched\x18\a \x01(\x03R\amatched\x12\x1c\n" +
+	"\tsucceeded\x18\b \x01(\x03R\tsucceeded\x12\x18\n" +
+	"\askipped\x18\t \x01(\x03R\askipped\x12\x16\n" +
+	"\x06failed\x18\n" +
+	" \x01(\x03R\x06failed\x12=\n" +
+	"\bfailures\x18\v \x03(\v2!.composer.v1.BulkOperationFailureR\bfailures\x12\x1d\n" +
+	"\n" +
+	"created_by\x18\f \x01(\tR\tcreatedBy\x12;\n" +
+	"\vcreate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vupdate_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"updateTime\x125\n" +
+	"\bend_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x14\n" +
+	"\x05error\x18\x10 \x01(\tR\x05error\"G\n" +
+	"\x14BulkOperationFailure\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\"<\n" +
+	"\x17GetBulkOperationRequest\x12!\n" +
+	"\foperation_id\x18\x01 \x01(\tR\voperationId\"T\n" +
+	"\x18GetBulkOperationResponse\x128\n" +
+	"\toperation\x18\x01 \x01(\v2\x1a.composer.v1.BulkOperationR\toperation\"W\n" +
+	"\x19ListBulkOperationsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"\x80\x01\n" +
+	"\x1aListBulkOperationsResponse\x12:\n" +
+	"\n" +
+	"operations\x18\x01 \x03(\v2\x1a.composer.v1.BulkOperationR\n" +
+	"operations\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"?\n" +
+	"\x1aCancelBulkOperationRequest\x12!\n" +
+	"\foperation_id\x18\x01 \x01(\tR\voperationId\"W\n" +
+	"\x1bCancelBulkOperationResponse\x128\n" +
+	"\toperation\x18\x01 \x01(\v2\x1a.composer.v1.BulkOperationR\toperation*\xb6\x01\n" +
+	"\x11BulkOperationKind\x12#\n" +
+	"\x1fBULK_OPERATION_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aBULK_OPERATION_KIND_CANCEL\x10\x01\x12\x1d\n" +
+	"\x19BULK_OPERATION_KIND_RETRY\x10\x02\x12\x1d\n" +
+	"\x19BULK_OPERATION_KIND_PAUSE\x10\x03\x12\x1e\n" +
+	"\x1aBULK_OPERATION_KIND_RESUME\x10\x04*\xee\x01\n" +
+	"\x13BulkOperationStatus\x12%\n" +
+	"!BULK_OPERATION_STATUS_UNSPECIFIED\x10\x00\x12!\n" +
+	"\x1dBULK_OPERATION_STATUS_PENDING\x10\x01\x12!\n" +
+	"\x1dBULK_OPERATION_STATUS_RUNNING\x10\x02\x12#\n" +
+	"\x1fBULK_OPERATION_STATUS_SUCCEEDED\x10\x03\x12#\n" +
+	"\x1fBULK_OPERATION_STATUS_CANCELLED\x10\x04\x12 \n" +
+	"\x1cBULK_OPERATION_STATUS_FAILED\x10\x052\xde\v\n" +
 	"\n" +
 	"RunService\x12G\n" +
 	"\bStartRun\x12\x1c.composer.v1.StartRunRequest\x1a\x1d.composer.v1.StartRunResponse\x12A\n" +
@@ -1556,7 +2922,14 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\rGetRunHistory\x12!.composer.v1.GetRunHistoryRequest\x1a\".composer.v1.GetRunHistoryResponse\x12I\n" +
 	"\bWatchRun\x12\x1c.composer.v1.WatchRunRequest\x1a\x1d.composer.v1.WatchRunResponse0\x01\x12G\n" +
 	"\bPauseRun\x12\x1c.composer.v1.PauseRunRequest\x1a\x1d.composer.v1.PauseRunResponse\x12J\n" +
-	"\tResumeRun\x12\x1d.composer.v1.ResumeRunRequest\x1a\x1e.composer.v1.ResumeRunResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3"
+	"\tResumeRun\x12\x1d.composer.v1.ResumeRunRequest\x1a\x1e.composer.v1.ResumeRunResponse\x12Y\n" +
+	"\x0eBulkCancelRuns\x12\".composer.v1.BulkCancelRunsRequest\x1a#.composer.v1.BulkCancelRunsResponse\x12V\n" +
+	"\rBulkRetryRuns\x12!.composer.v1.BulkRetryRunsRequest\x1a\".composer.v1.BulkRetryRunsResponse\x12V\n" +
+	"\rBulkPauseRuns\x12!.composer.v1.BulkPauseRunsRequest\x1a\".composer.v1.BulkPauseRunsResponse\x12Y\n" +
+	"\x0eBulkResumeRuns\x12\".composer.v1.BulkResumeRunsRequest\x1a#.composer.v1.BulkResumeRunsResponse\x12_\n" +
+	"\x10GetBulkOperation\x12$.composer.v1.GetBulkOperationRequest\x1a%.composer.v1.GetBulkOperationResponse\x12e\n" +
+	"\x12ListBulkOperations\x12&.composer.v1.ListBulkOperationsRequest\x1a'.composer.v1.ListBulkOperationsResponse\x12h\n" +
+	"\x13CancelBulkOperation\x12'.composer.v1.CancelBulkOperationRequest\x1a(.composer.v1.CancelBulkOperationResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3"
 
 var (
 	file_composer_v1_run_service_proto_rawDescOnce sync.Once
@@ -1570,90 +2943,147 @@ func file_composer_v1_run_service_proto_rawDescGZIP() []byte {
 	return file_composer_v1_run_service_proto_rawDescData
 }
 
-var file_composer_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_composer_v1_run_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_composer_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
 var file_composer_v1_run_service_proto_goTypes = []any{
-	(*StartRunRequest)(nil),       // 0: composer.v1.StartRunRequest
-	(*StartRunResponse)(nil),      // 1: composer.v1.StartRunResponse
-	(*GetRunRequest)(nil),         // 2: composer.v1.GetRunRequest
-	(*GetRunResponse)(nil),        // 3: composer.v1.GetRunResponse
-	(*ListRunsRequest)(nil),       // 4: composer.v1.ListRunsRequest
-	(*ListRunsResponse)(nil),      // 5: composer.v1.ListRunsResponse
-	(*CountRunsRequest)(nil),      // 6: composer.v1.CountRunsRequest
-	(*CountRunsResponse)(nil),     // 7: composer.v1.CountRunsResponse
-	(*RunStatusCount)(nil),        // 8: composer.v1.RunStatusCount
-	(*CancelRunRequest)(nil),      // 9: composer.v1.CancelRunRequest
-	(*CancelRunResponse)(nil),     // 10: composer.v1.CancelRunResponse
-	(*RetryRunRequest)(nil),       // 11: composer.v1.RetryRunRequest
-	(*RetryRunResponse)(nil),      // 12: composer.v1.RetryRunResponse
-	(*SendEventRequest)(nil),      // 13: composer.v1.SendEventRequest
-	(*SendEventResponse)(nil),     // 14: composer.v1.SendEventResponse
-	(*GetRunHistoryRequest)(nil),  // 15: composer.v1.GetRunHistoryRequest
-	(*GetRunHistoryResponse)(nil), // 16: composer.v1.GetRunHistoryResponse
-	(*WatchRunRequest)(nil),       // 17: composer.v1.WatchRunRequest
-	(*WatchRunResponse)(nil),      // 18: composer.v1.WatchRunResponse
-	(*PauseRunRequest)(nil),       // 19: composer.v1.PauseRunRequest
-	(*PauseRunResponse)(nil),      // 20: composer.v1.PauseRunResponse
-	(*ResumeRunRequest)(nil),      // 21: composer.v1.ResumeRunRequest
-	(*ResumeRunResponse)(nil),     // 22: composer.v1.ResumeRunResponse
-	nil,                           // 23: composer.v1.StartRunRequest.LabelsEntry
-	nil,                           // 24: composer.v1.ListRunsRequest.LabelsEntry
-	nil,                           // 25: composer.v1.CountRunsRequest.LabelsEntry
-	(*structpb.Value)(nil),        // 26: google.protobuf.Value
-	(*Run)(nil),                   // 27: composer.v1.Run
-	(RunStatus)(0),                // 28: composer.v1.RunStatus
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(*HistoryEvent)(nil),          // 30: composer.v1.HistoryEvent
+	(BulkOperationKind)(0),              // 0: composer.v1.BulkOperationKind
+	(BulkOperationStatus)(0),            // 1: composer.v1.BulkOperationStatus
+	(*StartRunRequest)(nil),             // 2: composer.v1.StartRunRequest
+	(*StartRunResponse)(nil),            // 3: composer.v1.StartRunResponse
+	(*GetRunRequest)(nil),               // 4: composer.v1.GetRunRequest
+	(*GetRunResponse)(nil),              // 5: composer.v1.GetRunResponse
+	(*ListRunsRequest)(nil),             // 6: composer.v1.ListRunsRequest
+	(*ListRunsResponse)(nil),            // 7: composer.v1.ListRunsResponse
+	(*CountRunsRequest)(nil),            // 8: composer.v1.CountRunsRequest
+	(*CountRunsResponse)(nil),           // 9: composer.v1.CountRunsResponse
+	(*RunStatusCount)(nil),              // 10: composer.v1.RunStatusCount
+	(*CancelRunRequest)(nil),            // 11: composer.v1.CancelRunRequest
+	(*CancelRunResponse)(nil),           // 12: composer.v1.CancelRunResponse
+	(*RetryRunRequest)(nil),             // 13: composer.v1.RetryRunRequest
+	(*RetryRunResponse)(nil),            // 14: composer.v1.RetryRunResponse
+	(*SendEventRequest)(nil),            // 15: composer.v1.SendEventRequest
+	(*SendEventResponse)(nil),           // 16: composer.v1.SendEventResponse
+	(*GetRunHistoryRequest)(nil),        // 17: composer.v1.GetRunHistoryRequest
+	(*GetRunHistoryResponse)(nil),       // 18: composer.v1.GetRunHistoryResponse
+	(*WatchRunRequest)(nil),             // 19: composer.v1.WatchRunRequest
+	(*WatchRunResponse)(nil),            // 20: composer.v1.WatchRunResponse
+	(*PauseRunRequest)(nil),             // 21: composer.v1.PauseRunRequest
+	(*PauseRunResponse)(nil),            // 22: composer.v1.PauseRunResponse
+	(*ResumeRunRequest)(nil),            // 23: composer.v1.ResumeRunRequest
+	(*ResumeRunResponse)(nil),           // 24: composer.v1.ResumeRunResponse
+	(*RunFilter)(nil),                   // 25: composer.v1.RunFilter
+	(*BulkCancelRunsRequest)(nil),       // 26: composer.v1.BulkCancelRunsRequest
+	(*BulkCancelRunsResponse)(nil),      // 27: composer.v1.BulkCancelRunsResponse
+	(*BulkRetryRunsRequest)(nil),        // 28: composer.v1.BulkRetryRunsRequest
+	(*BulkRetryRunsResponse)(nil),       // 29: composer.v1.BulkRetryRunsResponse
+	(*BulkPauseRunsRequest)(nil),        // 30: composer.v1.BulkPauseRunsRequest
+	(*BulkPauseRunsResponse)(nil),       // 31: composer.v1.BulkPauseRunsResponse
+	(*BulkResumeRunsRequest)(nil),       // 32: composer.v1.BulkResumeRunsRequest
+	(*BulkResumeRunsResponse)(nil),      // 33: composer.v1.BulkResumeRunsResponse
+	(*BulkOperation)(nil),               // 34: composer.v1.BulkOperation
+	(*BulkOperationFailure)(nil),        // 35: composer.v1.BulkOperationFailure
+	(*GetBulkOperationRequest)(nil),     // 36: composer.v1.GetBulkOperationRequest
+	(*GetBulkOperationResponse)(nil),    // 37: composer.v1.GetBulkOperationResponse
+	(*ListBulkOperationsRequest)(nil),   // 38: composer.v1.ListBulkOperationsRequest
+	(*ListBulkOperationsResponse)(nil),  // 39: composer.v1.ListBulkOperationsResponse
+	(*CancelBulkOperationRequest)(nil),  // 40: composer.v1.CancelBulkOperationRequest
+	(*CancelBulkOperationResponse)(nil), // 41: composer.v1.CancelBulkOperationResponse
+	nil,                                 // 42: composer.v1.StartRunRequest.LabelsEntry
+	nil,                                 // 43: composer.v1.ListRunsRequest.LabelsEntry
+	nil,                                 // 44: composer.v1.CountRunsRequest.LabelsEntry
+	nil,                                 // 45: composer.v1.RunFilter.LabelsEntry
+	(*structpb.Value)(nil),              // 46: google.protobuf.Value
+	(*Run)(nil),                         // 47: composer.v1.Run
+	(RunStatus)(0),                      // 48: composer.v1.RunStatus
+	(*timestamppb.Timestamp)(nil),       // 49: google.protobuf.Timestamp
+	(*HistoryEvent)(nil),                // 50: composer.v1.HistoryEvent
 }
 var file_composer_v1_run_service_proto_depIdxs = []int32{
-	26, // 0: composer.v1.StartRunRequest.input:type_name -> google.protobuf.Value
-	23, // 1: composer.v1.StartRunRequest.labels:type_name -> composer.v1.StartRunRequest.LabelsEntry
-	27, // 2: composer.v1.StartRunResponse.run:type_name -> composer.v1.Run
-	27, // 3: composer.v1.GetRunResponse.run:type_name -> composer.v1.Run
-	28, // 4: composer.v1.ListRunsRequest.statuses:type_name -> composer.v1.RunStatus
-	24, // 5: composer.v1.ListRunsRequest.labels:type_name -> composer.v1.ListRunsRequest.LabelsEntry
-	29, // 6: composer.v1.ListRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
-	29, // 7: composer.v1.ListRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
-	27, // 8: composer.v1.ListRunsResponse.runs:type_name -> composer.v1.Run
-	25, // 9: composer.v1.CountRunsRequest.labels:type_name -> composer.v1.CountRunsRequest.LabelsEntry
-	29, // 10: composer.v1.CountRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
-	29, // 11: composer.v1.CountRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
-	8,  // 12: composer.v1.CountRunsResponse.counts:type_name -> composer.v1.RunStatusCount
-	28, // 13: composer.v1.RunStatusCount.status:type_name -> composer.v1.RunStatus
-	27, // 14: composer.v1.CancelRunResponse.run:type_name -> composer.v1.Run
-	27, // 15: composer.v1.RetryRunResponse.run:type_name -> composer.v1.Run
-	26, // 16: composer.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
-	30, // 17: composer.v1.GetRunHistoryResponse.events:type_name -> composer.v1.HistoryEvent
-	27, // 18: composer.v1.WatchRunResponse.run:type_name -> composer.v1.Run
-	30, // 19: composer.v1.WatchRunResponse.events:type_name -> composer.v1.HistoryEvent
-	27, // 20: composer.v1.PauseRunResponse.run:type_name -> composer.v1.Run
-	27, // 21: composer.v1.ResumeRunResponse.run:type_name -> composer.v1.Run
-	0,  // 22: composer.v1.RunService.StartRun:input_type -> composer.v1.StartRunRequest
-	2,  // 23: composer.v1.RunService.GetRun:input_type -> composer.v1.GetRunRequest
-	4,  // 24: composer.v1.RunService.ListRuns:input_type -> composer.v1.ListRunsRequest
-	6,  // 25: composer.v1.RunService.CountRuns:input_type -> composer.v1.CountRunsRequest
-	9,  // 26: composer.v1.RunService.CancelRun:input_type -> composer.v1.CancelRunRequest
-	11, // 27: composer.v1.RunService.RetryRun:input_type -> composer.v1.RetryRunRequest
-	13, // 28: composer.v1.RunService.SendEvent:input_type -> composer.v1.SendEventRequest
-	15, // 29: composer.v1.RunService.GetRunHistory:input_type -> composer.v1.GetRunHistoryRequest
-	17, // 30: composer.v1.RunService.WatchRun:input_type -> composer.v1.WatchRunRequest
-	19, // 31: composer.v1.RunService.PauseRun:input_type -> composer.v1.PauseRunRequest
-	21, // 32: composer.v1.RunService.ResumeRun:input_type -> composer.v1.ResumeRunRequest
-	1,  // 33: composer.v1.RunService.StartRun:output_type -> composer.v1.StartRunResponse
-	3,  // 34: composer.v1.RunService.GetRun:output_type -> composer.v1.GetRunResponse
-	5,  // 35: composer.v1.RunService.ListRuns:output_type -> composer.v1.ListRunsResponse
-	7,  // 36: composer.v1.RunService.CountRuns:output_type -> composer.v1.CountRunsResponse
-	10, // 37: composer.v1.RunService.CancelRun:output_type -> composer.v1.CancelRunResponse
-	12, // 38: composer.v1.RunService.RetryRun:output_type -> composer.v1.RetryRunResponse
-	14, // 39: composer.v1.RunService.SendEvent:output_type -> composer.v1.SendEventResponse
-	16, // 40: composer.v1.RunService.GetRunHistory:output_type -> composer.v1.GetRunHistoryResponse
-	18, // 41: composer.v1.RunService.WatchRun:output_type -> composer.v1.WatchRunResponse
-	20, // 42: composer.v1.RunService.PauseRun:output_type -> composer.v1.PauseRunResponse
-	22, // 43: composer.v1.RunService.ResumeRun:output_type -> composer.v1.ResumeRunResponse
-	33, // [33:44] is the sub-list for method output_type
-	22, // [22:33] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	46, // 0: composer.v1.StartRunRequest.input:type_name -> google.protobuf.Value
+	42, // 1: composer.v1.StartRunRequest.labels:type_name -> composer.v1.StartRunRequest.LabelsEntry
+	47, // 2: composer.v1.StartRunResponse.run:type_name -> composer.v1.Run
+	47, // 3: composer.v1.GetRunResponse.run:type_name -> composer.v1.Run
+	48, // 4: composer.v1.ListRunsRequest.statuses:type_name -> composer.v1.RunStatus
+	43, // 5: composer.v1.ListRunsRequest.labels:type_name -> composer.v1.ListRunsRequest.LabelsEntry
+	49, // 6: composer.v1.ListRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
+	49, // 7: composer.v1.ListRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
+	47, // 8: composer.v1.ListRunsResponse.runs:type_name -> composer.v1.Run
+	44, // 9: composer.v1.CountRunsRequest.labels:type_name -> composer.v1.CountRunsRequest.LabelsEntry
+	49, // 10: composer.v1.CountRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
+	49, // 11: composer.v1.CountRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
+	10, // 12: composer.v1.CountRunsResponse.counts:type_name -> composer.v1.RunStatusCount
+	48, // 13: composer.v1.RunStatusCount.status:type_name -> composer.v1.RunStatus
+	47, // 14: composer.v1.CancelRunResponse.run:type_name -> composer.v1.Run
+	47, // 15: composer.v1.RetryRunResponse.run:type_name -> composer.v1.Run
+	46, // 16: composer.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
+	50, // 17: composer.v1.GetRunHistoryResponse.events:type_name -> composer.v1.HistoryEvent
+	47, // 18: composer.v1.WatchRunResponse.run:type_name -> composer.v1.Run
+	50, // 19: composer.v1.WatchRunResponse.events:type_name -> composer.v1.HistoryEvent
+	47, // 20: composer.v1.PauseRunResponse.run:type_name -> composer.v1.Run
+	47, // 21: composer.v1.ResumeRunResponse.run:type_name -> composer.v1.Run
+	48, // 22: composer.v1.RunFilter.statuses:type_name -> composer.v1.RunStatus
+	45, // 23: composer.v1.RunFilter.labels:type_name -> composer.v1.RunFilter.LabelsEntry
+	49, // 24: composer.v1.RunFilter.create_time_after:type_name -> google.protobuf.Timestamp
+	49, // 25: composer.v1.RunFilter.create_time_before:type_name -> google.protobuf.Timestamp
+	25, // 26: composer.v1.BulkCancelRunsRequest.filter:type_name -> composer.v1.RunFilter
+	34, // 27: composer.v1.BulkCancelRunsResponse.operation:type_name -> composer.v1.BulkOperation
+	25, // 28: composer.v1.BulkRetryRunsRequest.filter:type_name -> composer.v1.RunFilter
+	34, // 29: composer.v1.BulkRetryRunsResponse.operation:type_name -> composer.v1.BulkOperation
+	25, // 30: composer.v1.BulkPauseRunsRequest.filter:type_name -> composer.v1.RunFilter
+	34, // 31: composer.v1.BulkPauseRunsResponse.operation:type_name -> composer.v1.BulkOperation
+	25, // 32: composer.v1.BulkResumeRunsRequest.filter:type_name -> composer.v1.RunFilter
+	34, // 33: composer.v1.BulkResumeRunsResponse.operation:type_name -> composer.v1.BulkOperation
+	0,  // 34: composer.v1.BulkOperation.kind:type_name -> composer.v1.BulkOperationKind
+	1,  // 35: composer.v1.BulkOperation.status:type_name -> composer.v1.BulkOperationStatus
+	25, // 36: composer.v1.BulkOperation.filter:type_name -> composer.v1.RunFilter
+	35, // 37: composer.v1.BulkOperation.failures:type_name -> composer.v1.BulkOperationFailure
+	49, // 38: composer.v1.BulkOperation.create_time:type_name -> google.protobuf.Timestamp
+	49, // 39: composer.v1.BulkOperation.update_time:type_name -> google.protobuf.Timestamp
+	49, // 40: composer.v1.BulkOperation.end_time:type_name -> google.protobuf.Timestamp
+	34, // 41: composer.v1.GetBulkOperationResponse.operation:type_name -> composer.v1.BulkOperation
+	34, // 42: composer.v1.ListBulkOperationsResponse.operations:type_name -> composer.v1.BulkOperation
+	34, // 43: composer.v1.CancelBulkOperationResponse.operation:type_name -> composer.v1.BulkOperation
+	2,  // 44: composer.v1.RunService.StartRun:input_type -> composer.v1.StartRunRequest
+	4,  // 45: composer.v1.RunService.GetRun:input_type -> composer.v1.GetRunRequest
+	6,  // 46: composer.v1.RunService.ListRuns:input_type -> composer.v1.ListRunsRequest
+	8,  // 47: composer.v1.RunService.CountRuns:input_type -> composer.v1.CountRunsRequest
+	11, // 48: composer.v1.RunService.CancelRun:input_type -> composer.v1.CancelRunRequest
+	13, // 49: composer.v1.RunService.RetryRun:input_type -> composer.v1.RetryRunRequest
+	15, // 50: composer.v1.RunService.SendEvent:input_type -> composer.v1.SendEventRequest
+	17, // 51: composer.v1.RunService.GetRunHistory:input_type -> composer.v1.GetRunHistoryRequest
+	19, // 52: composer.v1.RunService.WatchRun:input_type -> composer.v1.WatchRunRequest
+	21, // 53: composer.v1.RunService.PauseRun:input_type -> composer.v1.PauseRunRequest
+	23, // 54: composer.v1.RunService.ResumeRun:input_type -> composer.v1.ResumeRunRequest
+	26, // 55: composer.v1.RunService.BulkCancelRuns:input_type -> composer.v1.BulkCancelRunsRequest
+	28, // 56: composer.v1.RunService.BulkRetryRuns:input_type -> composer.v1.BulkRetryRunsRequest
+	30, // 57: composer.v1.RunService.BulkPauseRuns:input_type -> composer.v1.BulkPauseRunsRequest
+	32, // 58: composer.v1.RunService.BulkResumeRuns:input_type -> composer.v1.BulkResumeRunsRequest
+	36, // 59: composer.v1.RunService.GetBulkOperation:input_type -> composer.v1.GetBulkOperationRequest
+	38, // 60: composer.v1.RunService.ListBulkOperations:input_type -> composer.v1.ListBulkOperationsRequest
+	40, // 61: composer.v1.RunService.CancelBulkOperation:input_type -> composer.v1.CancelBulkOperationRequest
+	3,  // 62: composer.v1.RunService.StartRun:output_type -> composer.v1.StartRunResponse
+	5,  // 63: composer.v1.RunService.GetRun:output_type -> composer.v1.GetRunResponse
+	7,  // 64: composer.v1.RunService.ListRuns:output_type -> composer.v1.ListRunsResponse
+	9,  // 65: composer.v1.RunService.CountRuns:output_type -> composer.v1.CountRunsResponse
+	12, // 66: composer.v1.RunService.CancelRun:output_type -> composer.v1.CancelRunResponse
+	14, // 67: composer.v1.RunService.RetryRun:output_type -> composer.v1.RetryRunResponse
+	16, // 68: composer.v1.RunService.SendEvent:output_type -> composer.v1.SendEventResponse
+	18, // 69: composer.v1.RunService.GetRunHistory:output_type -> composer.v1.GetRunHistoryResponse
+	20, // 70: composer.v1.RunService.WatchRun:output_type -> composer.v1.WatchRunResponse
+	22, // 71: composer.v1.RunService.PauseRun:output_type -> composer.v1.PauseRunResponse
+	24, // 72: composer.v1.RunService.ResumeRun:output_type -> composer.v1.ResumeRunResponse
+	27, // 73: composer.v1.RunService.BulkCancelRuns:output_type -> composer.v1.BulkCancelRunsResponse
+	29, // 74: composer.v1.RunService.BulkRetryRuns:output_type -> composer.v1.BulkRetryRunsResponse
+	31, // 75: composer.v1.RunService.BulkPauseRuns:output_type -> composer.v1.BulkPauseRunsResponse
+	33, // 76: composer.v1.RunService.BulkResumeRuns:output_type -> composer.v1.BulkResumeRunsResponse
+	37, // 77: composer.v1.RunService.GetBulkOperation:output_type -> composer.v1.GetBulkOperationResponse
+	39, // 78: composer.v1.RunService.ListBulkOperations:output_type -> composer.v1.ListBulkOperationsResponse
+	41, // 79: composer.v1.RunService.CancelBulkOperation:output_type -> composer.v1.CancelBulkOperationResponse
+	62, // [62:80] is the sub-list for method output_type
+	44, // [44:62] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_composer_v1_run_service_proto_init() }
@@ -1671,13 +3101,14 @@ func file_composer_v1_run_service_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_composer_v1_run_service_proto_rawDesc), len(file_composer_v1_run_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   26,
+			NumEnums:      2,
+			NumMessages:   44,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_composer_v1_run_service_proto_goTypes,
 		DependencyIndexes: file_composer_v1_run_service_proto_depIdxs,
+		EnumInfos:         file_composer_v1_run_service_proto_enumTypes,
 		MessageInfos:      file_composer_v1_run_service_proto_msgTypes,
 	}.Build()
 	File_composer_v1_run_service_proto = out.File

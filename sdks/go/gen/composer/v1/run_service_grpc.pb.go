@@ -19,17 +19,24 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RunService_StartRun_FullMethodName      = "/composer.v1.RunService/StartRun"
-	RunService_GetRun_FullMethodName        = "/composer.v1.RunService/GetRun"
-	RunService_ListRuns_FullMethodName      = "/composer.v1.RunService/ListRuns"
-	RunService_CountRuns_FullMethodName     = "/composer.v1.RunService/CountRuns"
-	RunService_CancelRun_FullMethodName     = "/composer.v1.RunService/CancelRun"
-	RunService_RetryRun_FullMethodName      = "/composer.v1.RunService/RetryRun"
-	RunService_SendEvent_FullMethodName     = "/composer.v1.RunService/SendEvent"
-	RunService_GetRunHistory_FullMethodName = "/composer.v1.RunService/GetRunHistory"
-	RunService_WatchRun_FullMethodName      = "/composer.v1.RunService/WatchRun"
-	RunService_PauseRun_FullMethodName      = "/composer.v1.RunService/PauseRun"
-	RunService_ResumeRun_FullMethodName     = "/composer.v1.RunService/ResumeRun"
+	RunService_StartRun_FullMethodName            = "/composer.v1.RunService/StartRun"
+	RunService_GetRun_FullMethodName              = "/composer.v1.RunService/GetRun"
+	RunService_ListRuns_FullMethodName            = "/composer.v1.RunService/ListRuns"
+	RunService_CountRuns_FullMethodName           = "/composer.v1.RunService/CountRuns"
+	RunService_CancelRun_FullMethodName           = "/composer.v1.RunService/CancelRun"
+	RunService_RetryRun_FullMethodName            = "/composer.v1.RunService/RetryRun"
+	RunService_SendEvent_FullMethodName           = "/composer.v1.RunService/SendEvent"
+	RunService_GetRunHistory_FullMethodName       = "/composer.v1.RunService/GetRunHistory"
+	RunService_WatchRun_FullMethodName            = "/composer.v1.RunService/WatchRun"
+	RunService_PauseRun_FullMethodName            = "/composer.v1.RunService/PauseRun"
+	RunService_ResumeRun_FullMethodName           = "/composer.v1.RunService/ResumeRun"
+	RunService_BulkCancelRuns_FullMethodName      = "/composer.v1.RunService/BulkCancelRuns"
+	RunService_BulkRetryRuns_FullMethodName       = "/composer.v1.RunService/BulkRetryRuns"
+	RunService_BulkPauseRuns_FullMethodName       = "/composer.v1.RunService/BulkPauseRuns"
+	RunService_BulkResumeRuns_FullMethodName      = "/composer.v1.RunService/BulkResumeRuns"
+	RunService_GetBulkOperation_FullMethodName    = "/composer.v1.RunService/GetBulkOperation"
+	RunService_ListBulkOperations_FullMethodName  = "/composer.v1.RunService/ListBulkOperations"
+	RunService_CancelBulkOperation_FullMethodName = "/composer.v1.RunService/CancelBulkOperation"
 )
 
 // RunServiceClient is the client API for RunService service.
@@ -100,6 +107,39 @@ type RunServiceClient interface {
 	// not paused is OK and changes nothing; resuming one that ended is
 	// FAILED_PRECONDITION.
 	ResumeRun(ctx context.Context, in *ResumeRunRequest, opts ...grpc.CallOption) (*ResumeRunResponse, error)
+	// BulkCancelRuns starts a bulk operation that cancels every run matching
+	// the filter, as CancelRun would, each in its own transaction. Runs that
+	// ended before their turn are counted as skipped. The filter is checked
+	// as ListRuns checks it (INVALID_ARGUMENT naming `filter.<field>`); an
+	// empty filter is refused (FAILED_PRECONDITION) unless `all` is set. Only
+	// runs created before the operation are matched, so new runs are never
+	// swept in. With a `request_id`, a repeated call returns the operation
+	// the first call created and starts nothing.
+	BulkCancelRuns(ctx context.Context, in *BulkCancelRunsRequest, opts ...grpc.CallOption) (*BulkCancelRunsResponse, error)
+	// BulkRetryRuns starts a bulk operation that retries every FAILED run
+	// matching the filter, as RetryRun would. A matching run that is not
+	// FAILED when its turn comes is counted as skipped. Filter, `all` and
+	// `request_id` as BulkCancelRuns.
+	BulkRetryRuns(ctx context.Context, in *BulkRetryRunsRequest, opts ...grpc.CallOption) (*BulkRetryRunsResponse, error)
+	// BulkPauseRuns starts a bulk operation that pauses every live run
+	// matching the filter, as PauseRun would. Filter, `all` and `request_id`
+	// as BulkCancelRuns.
+	BulkPauseRuns(ctx context.Context, in *BulkPauseRunsRequest, opts ...grpc.CallOption) (*BulkPauseRunsResponse, error)
+	// BulkResumeRuns starts a bulk operation that resumes every PAUSED run
+	// matching the filter, as ResumeRun would. Filter, `all` and
+	// `request_id` as BulkCancelRuns.
+	BulkResumeRuns(ctx context.Context, in *BulkResumeRunsRequest, opts ...grpc.CallOption) (*BulkResumeRunsResponse, error)
+	// GetBulkOperation returns a bulk operation with its progress and counts.
+	// NOT_FOUND when it does not exist in the caller's namespace.
+	GetBulkOperation(ctx context.Context, in *GetBulkOperationRequest, opts ...grpc.CallOption) (*GetBulkOperationResponse, error)
+	// ListBulkOperations lists the namespace's bulk operations, newest first.
+	ListBulkOperations(ctx context.Context, in *ListBulkOperationsRequest, opts ...grpc.CallOption) (*ListBulkOperationsResponse, error)
+	// CancelBulkOperation stops a bulk operation after the run it is on: runs
+	// already acted on stay as they are, the rest are left alone, and the
+	// operation ends CANCELLED with its counts so far. Cancelling an
+	// operation that ended is FAILED_PRECONDITION; one already being
+	// cancelled is OK.
+	CancelBulkOperation(ctx context.Context, in *CancelBulkOperationRequest, opts ...grpc.CallOption) (*CancelBulkOperationResponse, error)
 }
 
 type runServiceClient struct {
@@ -229,6 +269,76 @@ func (c *runServiceClient) ResumeRun(ctx context.Context, in *ResumeRunRequest, 
 	return out, nil
 }
 
+func (c *runServiceClient) BulkCancelRuns(ctx context.Context, in *BulkCancelRunsRequest, opts ...grpc.CallOption) (*BulkCancelRunsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BulkCancelRunsResponse)
+	err := c.cc.Invoke(ctx, RunService_BulkCancelRuns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runServiceClient) BulkRetryRuns(ctx context.Context, in *BulkRetryRunsRequest, opts ...grpc.CallOption) (*BulkRetryRunsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BulkRetryRunsResponse)
+	err := c.cc.Invoke(ctx, RunService_BulkRetryRuns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runServiceClient) BulkPauseRuns(ctx context.Context, in *BulkPauseRunsRequest, opts ...grpc.CallOption) (*BulkPauseRunsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BulkPauseRunsResponse)
+	err := c.cc.Invoke(ctx, RunService_BulkPauseRuns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runServiceClient) BulkResumeRuns(ctx context.Context, in *BulkResumeRunsRequest, opts ...grpc.CallOption) (*BulkResumeRunsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BulkResumeRunsResponse)
+	err := c.cc.Invoke(ctx, RunService_BulkResumeRuns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runServiceClient) GetBulkOperation(ctx context.Context, in *GetBulkOperationRequest, opts ...grpc.CallOption) (*GetBulkOperationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetBulkOperationResponse)
+	err := c.cc.Invoke(ctx, RunService_GetBulkOperation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runServiceClient) ListBulkOperations(ctx context.Context, in *ListBulkOperationsRequest, opts ...grpc.CallOption) (*ListBulkOperationsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListBulkOperationsResponse)
+	err := c.cc.Invoke(ctx, RunService_ListBulkOperations_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *runServiceClient) CancelBulkOperation(ctx context.Context, in *CancelBulkOperationRequest, opts ...grpc.CallOption) (*CancelBulkOperationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CancelBulkOperationResponse)
+	err := c.cc.Invoke(ctx, RunService_CancelBulkOperation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RunServiceServer is the server API for RunService service.
 // All implementations must embed UnimplementedRunServiceServer
 // for forward compatibility.
@@ -297,6 +407,39 @@ type RunServiceServer interface {
 	// not paused is OK and changes nothing; resuming one that ended is
 	// FAILED_PRECONDITION.
 	ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error)
+	// BulkCancelRuns starts a bulk operation that cancels every run matching
+	// the filter, as CancelRun would, each in its own transaction. Runs that
+	// ended before their turn are counted as skipped. The filter is checked
+	// as ListRuns checks it (INVALID_ARGUMENT naming `filter.<field>`); an
+	// empty filter is refused (FAILED_PRECONDITION) unless `all` is set. Only
+	// runs created before the operation are matched, so new runs are never
+	// swept in. With a `request_id`, a repeated call returns the operation
+	// the first call created and starts nothing.
+	BulkCancelRuns(context.Context, *BulkCancelRunsRequest) (*BulkCancelRunsResponse, error)
+	// BulkRetryRuns starts a bulk operation that retries every FAILED run
+	// matching the filter, as RetryRun would. A matching run that is not
+	// FAILED when its turn comes is counted as skipped. Filter, `all` and
+	// `request_id` as BulkCancelRuns.
+	BulkRetryRuns(context.Context, *BulkRetryRunsRequest) (*BulkRetryRunsResponse, error)
+	// BulkPauseRuns starts a bulk operation that pauses every live run
+	// matching the filter, as PauseRun would. Filter, `all` and `request_id`
+	// as BulkCancelRuns.
+	BulkPauseRuns(context.Context, *BulkPauseRunsRequest) (*BulkPauseRunsResponse, error)
+	// BulkResumeRuns starts a bulk operation that resumes every PAUSED run
+	// matching the filter, as ResumeRun would. Filter, `all` and
+	// `request_id` as BulkCancelRuns.
+	BulkResumeRuns(context.Context, *BulkResumeRunsRequest) (*BulkResumeRunsResponse, error)
+	// GetBulkOperation returns a bulk operation with its progress and counts.
+	// NOT_FOUND when it does not exist in the caller's namespace.
+	GetBulkOperation(context.Context, *GetBulkOperationRequest) (*GetBulkOperationResponse, error)
+	// ListBulkOperations lists the namespace's bulk operations, newest first.
+	ListBulkOperations(context.Context, *ListBulkOperationsRequest) (*ListBulkOperationsResponse, error)
+	// CancelBulkOperation stops a bulk operation after the run it is on: runs
+	// already acted on stay as they are, the rest are left alone, and the
+	// operation ends CANCELLED with its counts so far. Cancelling an
+	// operation that ended is FAILED_PRECONDITION; one already being
+	// cancelled is OK.
+	CancelBulkOperation(context.Context, *CancelBulkOperationRequest) (*CancelBulkOperationResponse, error)
 	mustEmbedUnimplementedRunServiceServer()
 }
 
@@ -339,6 +482,27 @@ func (UnimplementedRunServiceServer) PauseRun(context.Context, *PauseRunRequest)
 }
 func (UnimplementedRunServiceServer) ResumeRun(context.Context, *ResumeRunRequest) (*ResumeRunResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResumeRun not implemented")
+}
+func (UnimplementedRunServiceServer) BulkCancelRuns(context.Context, *BulkCancelRunsRequest) (*BulkCancelRunsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BulkCancelRuns not implemented")
+}
+func (UnimplementedRunServiceServer) BulkRetryRuns(context.Context, *BulkRetryRunsRequest) (*BulkRetryRunsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BulkRetryRuns not implemented")
+}
+func (UnimplementedRunServiceServer) BulkPauseRuns(context.Context, *BulkPauseRunsRequest) (*BulkPauseRunsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BulkPauseRuns not implemented")
+}
+func (UnimplementedRunServiceServer) BulkResumeRuns(context.Context, *BulkResumeRunsRequest) (*BulkResumeRunsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BulkResumeRuns not implemented")
+}
+func (UnimplementedRunServiceServer) GetBulkOperation(context.Context, *GetBulkOperationRequest) (*GetBulkOperationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetBulkOperation not implemented")
+}
+func (UnimplementedRunServiceServer) ListBulkOperations(context.Context, *ListBulkOperationsRequest) (*ListBulkOperationsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListBulkOperations not implemented")
+}
+func (UnimplementedRunServiceServer) CancelBulkOperation(context.Context, *CancelBulkOperationRequest) (*CancelBulkOperationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelBulkOperation not implemented")
 }
 func (UnimplementedRunServiceServer) mustEmbedUnimplementedRunServiceServer() {}
 func (UnimplementedRunServiceServer) testEmbeddedByValue()                    {}
@@ -552,6 +716,132 @@ func _RunService_ResumeRun_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RunService_BulkCancelRuns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BulkCancelRunsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).BulkCancelRuns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_BulkCancelRuns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).BulkCancelRuns(ctx, req.(*BulkCancelRunsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunService_BulkRetryRuns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BulkRetryRunsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).BulkRetryRuns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_BulkRetryRuns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).BulkRetryRuns(ctx, req.(*BulkRetryRunsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunService_BulkPauseRuns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BulkPauseRunsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).BulkPauseRuns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_BulkPauseRuns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).BulkPauseRuns(ctx, req.(*BulkPauseRunsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunService_BulkResumeRuns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BulkResumeRunsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).BulkResumeRuns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_BulkResumeRuns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).BulkResumeRuns(ctx, req.(*BulkResumeRunsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunService_GetBulkOperation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetBulkOperationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).GetBulkOperation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_GetBulkOperation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).GetBulkOperation(ctx, req.(*GetBulkOperationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunService_ListBulkOperations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListBulkOperationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).ListBulkOperations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_ListBulkOperations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).ListBulkOperations(ctx, req.(*ListBulkOperationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RunService_CancelBulkOperation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelBulkOperationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).CancelBulkOperation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_CancelBulkOperation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).CancelBulkOperation(ctx, req.(*CancelBulkOperationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RunService_ServiceDesc is the grpc.ServiceDesc for RunService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -598,6 +888,34 @@ var RunService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ResumeRun",
 			Handler:    _RunService_ResumeRun_Handler,
+		},
+		{
+			MethodName: "BulkCancelRuns",
+			Handler:    _RunService_BulkCancelRuns_Handler,
+		},
+		{
+			MethodName: "BulkRetryRuns",
+			Handler:    _RunService_BulkRetryRuns_Handler,
+		},
+		{
+			MethodName: "BulkPauseRuns",
+			Handler:    _RunService_BulkPauseRuns_Handler,
+		},
+		{
+			MethodName: "BulkResumeRuns",
+			Handler:    _RunService_BulkResumeRuns_Handler,
+		},
+		{
+			MethodName: "GetBulkOperation",
+			Handler:    _RunService_GetBulkOperation_Handler,
+		},
+		{
+			MethodName: "ListBulkOperations",
+			Handler:    _RunService_ListBulkOperations_Handler,
+		},
+		{
+			MethodName: "CancelBulkOperation",
+			Handler:    _RunService_CancelBulkOperation_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -92,6 +92,41 @@ class RunServiceStub:
                 request_serializer=composer_dot_v1_dot_run__service__pb2.ResumeRunRequest.SerializeToString,
                 response_deserializer=composer_dot_v1_dot_run__service__pb2.ResumeRunResponse.FromString,
                 _registered_method=True)
+        self.BulkCancelRuns = channel.unary_unary(
+                '/composer.v1.RunService/BulkCancelRuns',
+                request_serializer=composer_dot_v1_dot_run__service__pb2.BulkCancelRunsRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_run__service__pb2.BulkCancelRunsResponse.FromString,
+                _registered_method=True)
+        self.BulkRetryRuns = channel.unary_unary(
+                '/composer.v1.RunService/BulkRetryRuns',
+                request_serializer=composer_dot_v1_dot_run__service__pb2.BulkRetryRunsRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_run__service__pb2.BulkRetryRunsResponse.FromString,
+                _registered_method=True)
+        self.BulkPauseRuns = channel.unary_unary(
+                '/composer.v1.RunService/BulkPauseRuns',
+                request_serializer=composer_dot_v1_dot_run__service__pb2.BulkPauseRunsRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_run__service__pb2.BulkPauseRunsResponse.FromString,
+                _registered_method=True)
+        self.BulkResumeRuns = channel.unary_unary(
+                '/composer.v1.RunService/BulkResumeRuns',
+                request_serializer=composer_dot_v1_dot_run__service__pb2.BulkResumeRunsRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_run__service__pb2.BulkResumeRunsResponse.FromString,
+                _registered_method=True)
+        self.GetBulkOperation = channel.unary_unary(
+                '/composer.v1.RunService/GetBulkOperation',
+                request_serializer=composer_dot_v1_dot_run__service__pb2.GetBulkOperationRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_run__service__pb2.GetBulkOperationResponse.FromString,
+                _registered_method=True)
+        self.ListBulkOperations = channel.unary_unary(
+                '/composer.v1.RunService/ListBulkOperations',
+                request_serializer=composer_dot_v1_dot_run__service__pb2.ListBulkOperationsRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_run__service__pb2.ListBulkOperationsResponse.FromString,
+                _registered_method=True)
+        self.CancelBulkOperation = channel.unary_unary(
+                '/composer.v1.RunService/CancelBulkOperation',
+                request_serializer=composer_dot_v1_dot_run__service__pb2.CancelBulkOperationRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_run__service__pb2.CancelBulkOperationResponse.FromString,
+                _registered_method=True)
 
 
 class RunServiceServicer:
@@ -215,6 +250,74 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BulkCancelRuns(self, request, context):
+        """BulkCancelRuns starts a bulk operation that cancels every run matching
+        the filter, as CancelRun would, each in its own transaction. Runs that
+        ended before their turn are counted as skipped. The filter is checked
+        as ListRuns checks it (INVALID_ARGUMENT naming `filter.<field>`); an
+        empty filter is refused (FAILED_PRECONDITION) unless `all` is set. Only
+        runs created before the operation are matched, so new runs are never
+        swept in. With a `request_id`, a repeated call returns the operation
+        the first call created and starts nothing.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BulkRetryRuns(self, request, context):
+        """BulkRetryRuns starts a bulk operation that retries every FAILED run
+        matching the filter, as RetryRun would. A matching run that is not
+        FAILED when its turn comes is counted as skipped. Filter, `all` and
+        `request_id` as BulkCancelRuns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BulkPauseRuns(self, request, context):
+        """BulkPauseRuns starts a bulk operation that pauses every live run
+        matching the filter, as PauseRun would. Filter, `all` and `request_id`
+        as BulkCancelRuns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BulkResumeRuns(self, request, context):
+        """BulkResumeRuns starts a bulk operation that resumes every PAUSED run
+        matching the filter, as ResumeRun would. Filter, `all` and
+        `request_id` as BulkCancelRuns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetBulkOperation(self, request, context):
+        """GetBulkOperation returns a bulk operation with its progress and counts.
+        NOT_FOUND when it does not exist in the caller's namespace.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListBulkOperations(self, request, context):
+        """ListBulkOperations lists the namespace's bulk operations, newest first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CancelBulkOperation(self, request, context):
+        """CancelBulkOperation stops a bulk operation after the run it is on: runs
+        already acted on stay as they are, the rest are left alone, and the
+        operation ends CANCELLED with its counts so far. Cancelling an
+        operation that ended is FAILED_PRECONDITION; one already being
+        cancelled is OK.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RunServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -272,6 +375,41 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.ResumeRun,
                     request_deserializer=composer_dot_v1_dot_run__service__pb2.ResumeRunRequest.FromString,
                     response_serializer=composer_dot_v1_dot_run__service__pb2.ResumeRunResponse.SerializeToString,
+            ),
+            'BulkCancelRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.BulkCancelRuns,
+                    request_deserializer=composer_dot_v1_dot_run__service__pb2.BulkCancelRunsRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_run__service__pb2.BulkCancelRunsResponse.SerializeToString,
+            ),
+            'BulkRetryRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.BulkRetryRuns,
+                    request_deserializer=composer_dot_v1_dot_run__service__pb2.BulkRetryRunsRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_run__service__pb2.BulkRetryRunsResponse.SerializeToString,
+            ),
+            'BulkPauseRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.BulkPauseRuns,
+                    request_deserializer=composer_dot_v1_dot_run__service__pb2.BulkPauseRunsRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_run__service__pb2.BulkPauseRunsResponse.SerializeToString,
+            ),
+            'BulkResumeRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.BulkResumeRuns,
+                    request_deserializer=composer_dot_v1_dot_run__service__pb2.BulkResumeRunsRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_run__service__pb2.BulkResumeRunsResponse.SerializeToString,
+            ),
+            'GetBulkOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBulkOperation,
+                    request_deserializer=composer_dot_v1_dot_run__service__pb2.GetBulkOperationRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_run__service__pb2.GetBulkOperationResponse.SerializeToString,
+            ),
+            'ListBulkOperations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListBulkOperations,
+                    request_deserializer=composer_dot_v1_dot_run__service__pb2.ListBulkOperationsRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_run__service__pb2.ListBulkOperationsResponse.SerializeToString,
+            ),
+            'CancelBulkOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelBulkOperation,
+                    request_deserializer=composer_dot_v1_dot_run__service__pb2.CancelBulkOperationRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_run__service__pb2.CancelBulkOperationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -574,6 +712,195 @@ class RunService:
             '/composer.v1.RunService/ResumeRun',
             composer_dot_v1_dot_run__service__pb2.ResumeRunRequest.SerializeToString,
             composer_dot_v1_dot_run__service__pb2.ResumeRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BulkCancelRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.RunService/BulkCancelRuns',
+            composer_dot_v1_dot_run__service__pb2.BulkCancelRunsRequest.SerializeToString,
+            composer_dot_v1_dot_run__service__pb2.BulkCancelRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BulkRetryRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.RunService/BulkRetryRuns',
+            composer_dot_v1_dot_run__service__pb2.BulkRetryRunsRequest.SerializeToString,
+            composer_dot_v1_dot_run__service__pb2.BulkRetryRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BulkPauseRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.RunService/BulkPauseRuns',
+            composer_dot_v1_dot_run__service__pb2.BulkPauseRunsRequest.SerializeToString,
+            composer_dot_v1_dot_run__service__pb2.BulkPauseRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BulkResumeRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.RunService/BulkResumeRuns',
+            composer_dot_v1_dot_run__service__pb2.BulkResumeRunsRequest.SerializeToString,
+            composer_dot_v1_dot_run__service__pb2.BulkResumeRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBulkOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.RunService/GetBulkOperation',
+            composer_dot_v1_dot_run__service__pb2.GetBulkOperationRequest.SerializeToString,
+            composer_dot_v1_dot_run__service__pb2.GetBulkOperationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListBulkOperations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.RunService/ListBulkOperations',
+            composer_dot_v1_dot_run__service__pb2.ListBulkOperationsRequest.SerializeToString,
+            composer_dot_v1_dot_run__service__pb2.ListBulkOperationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelBulkOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.RunService/CancelBulkOperation',
+            composer_dot_v1_dot_run__service__pb2.CancelBulkOperationRequest.SerializeToString,
+            composer_dot_v1_dot_run__service__pb2.CancelBulkOperationResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,8 +2,8 @@
 // @generated from file composer/v1/run_service.proto (package composer.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
 import type { HistoryEvent, Run, RunStatus } from "./common_pb.js";
 import { file_composer_v1_common } from "./common_pb.js";
 import type { Timestamp, Value } from "@bufbuild/protobuf/wkt";
@@ -14,7 +14,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file composer/v1/run_service.proto.
  */
 export const file_composer_v1_run_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch1jb21wb3Nlci92MS9ydW5fc2VydmljZS5wcm90bxILY29tcG9zZXIudjEi9AEKD1N0YXJ0UnVuUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSJQoFaW5wdXQYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEjgKBmxhYmVscxgFIAMoCzIoLmNvbXBvc2VyLnYxLlN0YXJ0UnVuUmVxdWVzdC5MYWJlbHNFbnRyeRIQCghwcmlvcml0eRgGIAEoBRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkIKEFN0YXJ0UnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuEg8KB2NyZWF0ZWQYAiABKAgiMwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSEgoKc2tpcF9ub2RlcxgCIAEoCCIvCg5HZXRSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4ikgMKD0xpc3RSdW5zUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEigKCHN0YXR1c2VzGAIgAygOMhYuY29tcG9zZXIudjEuUnVuU3RhdHVzEjgKBmxhYmVscxgDIAMoCzIoLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAYgASgJEhEKCXBhZ2Vfc2l6ZRgHIAEoBRISCgpwYWdlX3Rva2VuGAggASgJEhgKEHdvcmtmbG93X3ZlcnNpb24YCSABKAUSDgoGc2VhcmNoGAogASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiSwoQTGlzdFJ1bnNSZXNwb25zZRIeCgRydW5zGAEgAygLMhAuY29tcG9zZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLDAgoQQ291bnRSdW5zUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEhgKEHdvcmtmbG93X3ZlcnNpb24YAiABKAUSOQoGbGFiZWxzGAMgAygLMikuY29tcG9zZXIudjEuQ291bnRSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAYgASgJEg4KBnNlYXJjaBgHIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkAKEUNvdW50UnVuc1Jlc3BvbnNlEisKBmNvdW50cxgBIAMoCzIbLmNvbXBvc2VyLnYxLlJ1blN0YXR1c0NvdW50IkcKDlJ1blN0YXR1c0NvdW50EiYKBnN0YXR1cxgBIAEoDjIWLmNvbXBvc2VyLnYxLlJ1blN0YXR1cxINCgVjb3VudBgCIAEoAyIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiMgoRQ2FuY2VsUnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuIiEKD1JldHJ5UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiMQoQUmV0cnlSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4imgEKEFNlbmRFdmVudFJlcXVlc3QSEAoGcnVuX2lkGAEgASgJSAASGQoPY29ycmVsYXRpb25fa2V5GAIgASgJSAASEgoKZXZlbnRfbmFtZRgDIAEoCRInCgdwYXlsb2FkGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhIKCnJlcXVlc3RfaWQYBSABKAlCCAoGdGFyZ2V0Ij4KEVNlbmRFdmVudFJlc3BvbnNlEhkKEWRlbGl2ZXJlZF9ydW5faWRzGAEgAygJEg4KBnN0b3JlZBgCIAEoCCJNChRHZXRSdW5IaXN0b3J5UmVxdWVzdBIOCgZydW5faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiWwoVR2V0UnVuSGlzdG9yeVJlc3BvbnNlEikKBmV2ZW50cxgBIAMoCzIZLmNvbXBvc2VyLnYxLkhpc3RvcnlFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiIQoPV2F0Y2hSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJcChBXYXRjaFJ1blJlc3BvbnNlEh0KA3J1bhgBIAEoCzIQLmNvbXBvc2VyLnYxLlJ1bhIpCgZldmVudHMYAiADKAsyGS5jb21wb3Nlci52MS5IaXN0b3J5RXZlbnQiMQoPUGF1c2VSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiMQoQUGF1c2VSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4iIgoQUmVzdW1lUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiMgoRUmVzdW1lUnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuMsYGCgpSdW5TZXJ2aWNlEkcKCFN0YXJ0UnVuEhwuY29tcG9zZXIudjEuU3RhcnRSdW5SZXF1ZXN0Gh0uY29tcG9zZXIudjEuU3RhcnRSdW5SZXNwb25zZRJBCgZHZXRSdW4SGi5jb21wb3Nlci52MS5HZXRSdW5SZXF1ZXN0GhsuY29tcG9zZXIudjEuR2V0UnVuUmVzcG9uc2USRwoITGlzdFJ1bnMSHC5jb21wb3Nlci52MS5MaXN0UnVuc1JlcXVlc3QaHS5jb21wb3Nlci52MS5MaXN0UnVuc1Jlc3BvbnNlEkoKCUNvdW50UnVucxIdLmNvbXBvc2VyLnYxLkNvdW50UnVuc1JlcXVlc3QaHi5jb21wb3Nlci52MS5Db3VudFJ1bnNSZXNwb25zZRJKCglDYW5jZWxSdW4SHS5jb21wb3Nlci52MS5DYW5jZWxSdW5SZXF1ZXN0Gh4uY29tcG9zZXIudjEuQ2FuY2VsUnVuUmVzcG9uc2USRwoIUmV0cnlSdW4SHC5jb21wb3Nlci52MS5SZXRyeVJ1blJlcXVlc3QaHS5jb21wb3Nlci52MS5SZXRyeVJ1blJlc3BvbnNlEkoKCVNlbmRFdmVudBIdLmNvbXBvc2VyLnYxLlNlbmRFdmVudFJlcXVlc3QaHi5jb21wb3Nlci52MS5TZW5kRXZlbnRSZXNwb25zZRJWCg1HZXRSdW5IaXN0b3J5EiEuY29tcG9zZXIudjEuR2V0UnVuSGlzdG9yeVJlcXVlc3QaIi5jb21wb3Nlci52MS5HZXRSdW5IaXN0b3J5UmVzcG9uc2USSQoIV2F0Y2hSdW4SHC5jb21wb3Nlci52MS5XYXRjaFJ1blJlcXVlc3QaHS5jb21wb3Nlci52MS5XYXRjaFJ1blJlc3BvbnNlMAESRwoIUGF1c2VSdW4SHC5jb21wb3Nlci52MS5QYXVzZVJ1blJlcXVlc3QaHS5jb21wb3Nlci52MS5QYXVzZVJ1blJlc3BvbnNlEkoKCVJlc3VtZVJ1bhIdLmNvbXBvc2VyLnYxLlJlc3VtZVJ1blJlcXVlc3QaHi5jb21wb3Nlci52MS5SZXN1bWVSdW5SZXNwb25zZUJFWkNnaXRodWIuY29tL2NvbXBvc2VyLWRldi9jb21wb3Nlci9zZGtzL2dvL2dlbi9jb21wb3Nlci92MTtjb21wb3NlcnYxYgZwcm90bzM", [file_composer_v1_common, file_google_protobuf_struct, file_google_protobuf_timestamp]);
+  fileDesc("Ch1jb21wb3Nlci92MS9ydW5fc2VydmljZS5wcm90bxILY29tcG9zZXIudjEi9AEKD1N0YXJ0UnVuUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEg8KB3ZlcnNpb24YAiABKAUSJQoFaW5wdXQYAyABKAsyFi5nb29nbGUucHJvdG9idWYuVmFsdWUSFwoPaWRlbXBvdGVuY3lfa2V5GAQgASgJEjgKBmxhYmVscxgFIAMoCzIoLmNvbXBvc2VyLnYxLlN0YXJ0UnVuUmVxdWVzdC5MYWJlbHNFbnRyeRIQCghwcmlvcml0eRgGIAEoBRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkIKEFN0YXJ0UnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuEg8KB2NyZWF0ZWQYAiABKAgiMwoNR2V0UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkSEgoKc2tpcF9ub2RlcxgCIAEoCCIvCg5HZXRSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4ikgMKD0xpc3RSdW5zUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEigKCHN0YXR1c2VzGAIgAygOMhYuY29tcG9zZXIudjEuUnVuU3RhdHVzEjgKBmxhYmVscxgDIAMoCzIoLmNvbXBvc2VyLnYxLkxpc3RSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAYgASgJEhEKCXBhZ2Vfc2l6ZRgHIAEoBRISCgpwYWdlX3Rva2VuGAggASgJEhgKEHdvcmtmbG93X3ZlcnNpb24YCSABKAUSDgoGc2VhcmNoGAogASgJGi0KC0xhYmVsc0VudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiSwoQTGlzdFJ1bnNSZXNwb25zZRIeCgRydW5zGAEgAygLMhAuY29tcG9zZXIudjEuUnVuEhcKD25leHRfcGFnZV90b2tlbhgCIAEoCSLDAgoQQ291bnRSdW5zUmVxdWVzdBIVCg13b3JrZmxvd19uYW1lGAEgASgJEhgKEHdvcmtmbG93X3ZlcnNpb24YAiABKAUSOQoGbGFiZWxzGAMgAygLMikuY29tcG9zZXIudjEuQ291bnRSdW5zUmVxdWVzdC5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgEIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAUgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAYgASgJEg4KBnNlYXJjaBgHIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBIkAKEUNvdW50UnVuc1Jlc3BvbnNlEisKBmNvdW50cxgBIAMoCzIbLmNvbXBvc2VyLnYxLlJ1blN0YXR1c0NvdW50IkcKDlJ1blN0YXR1c0NvdW50EiYKBnN0YXR1cxgBIAEoDjIWLmNvbXBvc2VyLnYxLlJ1blN0YXR1cxINCgVjb3VudBgCIAEoAyIyChBDYW5jZWxSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiMgoRQ2FuY2VsUnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuIiEKD1JldHJ5UnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiMQoQUmV0cnlSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4imgEKEFNlbmRFdmVudFJlcXVlc3QSEAoGcnVuX2lkGAEgASgJSAASGQoPY29ycmVsYXRpb25fa2V5GAIgASgJSAASEgoKZXZlbnRfbmFtZRgDIAEoCRInCgdwYXlsb2FkGAQgASgLMhYuZ29vZ2xlLnByb3RvYnVmLlZhbHVlEhIKCnJlcXVlc3RfaWQYBSABKAlCCAoGdGFyZ2V0Ij4KEVNlbmRFdmVudFJlc3BvbnNlEhkKEWRlbGl2ZXJlZF9ydW5faWRzGAEgAygJEg4KBnN0b3JlZBgCIAEoCCJNChRHZXRSdW5IaXN0b3J5UmVxdWVzdBIOCgZydW5faWQYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiWwoVR2V0UnVuSGlzdG9yeVJlc3BvbnNlEikKBmV2ZW50cxgBIAMoCzIZLmNvbXBvc2VyLnYxLkhpc3RvcnlFdmVudBIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiIQoPV2F0Y2hSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCSJcChBXYXRjaFJ1blJlc3BvbnNlEh0KA3J1bhgBIAEoCzIQLmNvbXBvc2VyLnYxLlJ1bhIpCgZldmVudHMYAiADKAsyGS5jb21wb3Nlci52MS5IaXN0b3J5RXZlbnQiMQoPUGF1c2VSdW5SZXF1ZXN0Eg4KBnJ1bl9pZBgBIAEoCRIOCgZyZWFzb24YAiABKAkiMQoQUGF1c2VSdW5SZXNwb25zZRIdCgNydW4YASABKAsyEC5jb21wb3Nlci52MS5SdW4iIgoQUmVzdW1lUnVuUmVxdWVzdBIOCgZydW5faWQYASABKAkiMgoRUmVzdW1lUnVuUmVzcG9uc2USHQoDcnVuGAEgASgLMhAuY29tcG9zZXIudjEuUnVuIt8CCglSdW5GaWx0ZXISFQoNd29ya2Zsb3dfbmFtZRgBIAEoCRIYChB3b3JrZmxvd192ZXJzaW9uGAIgASgFEigKCHN0YXR1c2VzGAMgAygOMhYuY29tcG9zZXIudjEuUnVuU3RhdHVzEjIKBmxhYmVscxgEIAMoCzIiLmNvbXBvc2VyLnYxLlJ1bkZpbHRlci5MYWJlbHNFbnRyeRI1ChFjcmVhdGVfdGltZV9hZnRlchgFIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASNgoSY3JlYXRlX3RpbWVfYmVmb3JlGAYgASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIVCg1wYXJlbnRfcnVuX2lkGAcgASgJEg4KBnNlYXJjaBgIIAEoCRotCgtMYWJlbHNFbnRyeRILCgNrZXkYASABKAkSDQoFdmFsdWUYAiABKAk6AjgBInAKFUJ1bGtDYW5jZWxSdW5zUmVxdWVzdBImCgZmaWx0ZXIYASABKAsyFi5jb21wb3Nlci52MS5SdW5GaWx0ZXISCwoDYWxsGAIgASgIEg4KBnJlYXNvbhgDIAEoCRISCgpyZXF1ZXN0X2lkGAQgASgJIlgKFkJ1bGtDYW5jZWxSdW5zUmVzcG9uc2USLQoJb3BlcmF0aW9uGAEgASgLMhouY29tcG9zZXIudjEuQnVsa09wZXJhdGlvbhIPCgdjcmVhdGVkGAIgASgIIl8KFEJ1bGtSZXRyeVJ1bnNSZXF1ZXN0EiYKBmZpbHRlchgBIAEoCzIWLmNvbXBvc2VyLnYxLlJ1bkZpbHRlchILCgNhbGwYAiABKAgSEgoKcmVxdWVzdF9pZBgDIAEoCSJXChVCdWxrUmV0cnlSdW5zUmVzcG9uc2USLQoJb3BlcmF0aW9uGAEgASgLMhouY29tcG9zZXIudjEuQnVsa09wZXJhdGlvbhIPCgdjcmVhdGVkGAIgASgIIm8KFEJ1bGtQYXVzZVJ1bnNSZXF1ZXN0EiYKBmZpbHRlchgBIAEoCzIWLmNvbXBvc2VyLnYxLlJ1bkZpbHRlchILCgNhbGwYAiABKAgSDgoGcmVhc29uGAMgASgJEhIKCnJlcXVlc3RfaWQYBCABKAkiVwoVQnVsa1BhdXNlUnVuc1Jlc3BvbnNlEi0KCW9wZXJhdGlvbhgBIAEoCzIaLmNvbXBvc2VyLnYxLkJ1bGtPcGVyYXRpb24SDwoHY3JlYXRlZBgCIAEoCCJgChVCdWxrUmVzdW1lUnVuc1JlcXVlc3QSJgoGZmlsdGVyGAEgASgLMhYuY29tcG9zZXIudjEuUnVuRmlsdGVyEgsKA2FsbBgCIAEoCBISCgpyZXF1ZXN0X2lkGAMgASgJIlgKFkJ1bGtSZXN1bWVSdW5zUmVzcG9uc2USLQoJb3BlcmF0aW9uGAEgASgLMhouY29tcG9zZXIudjEuQnVsa09wZXJhdGlvbhIPCgdjcmVhdGVkGAIgASgIIv0DCg1CdWxrT3BlcmF0aW9uEhQKDG9wZXJhdGlvbl9pZBgBIAEoCRIRCgluYW1lc3BhY2UYAiABKAkSLAoEa2luZBgDIAEoDjIeLmNvbXBvc2VyLnYxLkJ1bGtPcGVyYXRpb25LaW5kEjAKBnN0YXR1cxgEIAEoDjIgLmNvbXBvc2VyLnYxLkJ1bGtPcGVyYXRpb25TdGF0dXMSJgoGZmlsdGVyGAUgASgLMhYuY29tcG9zZXIudjEuUnVuRmlsdGVyEg4KBnJlYXNvbhgGIAEoCRIPCgdtYXRjaGVkGAcgASgDEhEKCXN1Y2NlZWRlZBgIIAEoAxIPCgdza2lwcGVkGAkgASgDEg4KBmZhaWxlZBgKIAEoAxIzCghmYWlsdXJlcxgLIAMoCzIhLmNvbXBvc2VyLnYxLkJ1bGtPcGVyYXRpb25GYWlsdXJlEhIKCmNyZWF0ZWRfYnkYDCABKAkSLwoLY3JlYXRlX3RpbWUYDSABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEi8KC3VwZGF0ZV90aW1lGA4gASgLMhouZ29vZ2xlLnByb3RvYnVmLlRpbWVzdGFtcBIsCghlbmRfdGltZRgPIAEoCzIaLmdvb2dsZS5wcm90b2J1Zi5UaW1lc3RhbXASDQoFZXJyb3IYECABKAkiNwoUQnVsa09wZXJhdGlvbkZhaWx1cmUSDgoGcnVuX2lkGAEgASgJEg8KB21lc3NhZ2UYAiABKAkiLwoXR2V0QnVsa09wZXJhdGlvblJlcXVlc3QSFAoMb3BlcmF0aW9uX2lkGAEgASgJIkkKGEdldEJ1bGtPcGVyYXRpb25SZXNwb25zZRItCglvcGVyYXRpb24YASABKAsyGi5jb21wb3Nlci52MS5CdWxrT3BlcmF0aW9uIkIKGUxpc3RCdWxrT3BlcmF0aW9uc1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkiZQoaTGlzdEJ1bGtPcGVyYXRpb25zUmVzcG9uc2USLgoKb3BlcmF0aW9ucxgBIAMoCzIaLmNvbXBvc2VyLnYxLkJ1bGtPcGVyYXRpb24SFwoPbmV4dF9wYWdlX3Rva2VuGAIgASgJIjIKGkNhbmNlbEJ1bGtPcGVyYXRpb25SZXF1ZXN0EhQKDG9wZXJhdGlvbl9pZBgBIAEoCSJMChtDYW5jZWxCdWxrT3BlcmF0aW9uUmVzcG9uc2USLQoJb3BlcmF0aW9uGAEgASgLMhouY29tcG9zZXIudjEuQnVsa09wZXJhdGlvbiq2AQoRQnVsa09wZXJhdGlvbktpbmQSIwofQlVMS19PUEVSQVRJT05fS0lORF9VTlNQRUNJRklFRBAAEh4KGkJVTEtfT1BFUkFUSU9OX0tJTkRfQ0FOQ0VMEAESHQoZQlVMS19PUEVSQVRJT05fS0lORF9SRVRSWRACEh0KGUJVTEtfT1BFUkFUSU9OX0tJTkRfUEFVU0UQAxIeChpCVUxLX09QRVJBVElPTl9LSU5EX1JFU1VNRRAEKu4BChNCdWxrT3BlcmF0aW9uU3RhdHVzEiUKIUJVTEtfT1BFUkFUSU9OX1NUQVRVU19VTlNQRUNJRklFRBAAEiEKHUJVTEtfT1BFUkFUSU9OX1NUQVRVU19QRU5ESU5HEAESIQodQlVMS19PUEVSQVRJT05fU1RBVFVTX1JVTk5JTkcQAhIjCh9CVUxLX09QRVJBVElPTl9TVEFUVVNfU1VDQ0VFREVEEAMSIwofQlVMS19PUEVSQVRJT05fU1RBVFVTX0NBTkNFTExFRBAEEiAKHEJVTEtfT1BFUkFUSU9OX1NUQVRVU19GQUlMRUQQBTLeCwoKUnVuU2VydmljZRJHCghTdGFydFJ1bhIcLmNvbXBvc2VyLnYxLlN0YXJ0UnVuUmVxdWVzdBodLmNvbXBvc2VyLnYxLlN0YXJ0UnVuUmVzcG9uc2USQQoGR2V0UnVuEhouY29tcG9zZXIudjEuR2V0UnVuUmVxdWVzdBobLmNvbXBvc2VyLnYxLkdldFJ1blJlc3BvbnNlEkcKCExpc3RSdW5zEhwuY29tcG9zZXIudjEuTGlzdFJ1bnNSZXF1ZXN0Gh0uY29tcG9zZXIudjEuTGlzdFJ1bnNSZXNwb25zZRJKCglDb3VudFJ1bnMSHS5jb21wb3Nlci52MS5Db3VudFJ1bnNSZXF1ZXN0Gh4uY29tcG9zZXIudjEuQ291bnRSdW5zUmVzcG9uc2USSgoJQ2FuY2VsUnVuEh0uY29tcG9zZXIudjEuQ2FuY2VsUnVuUmVxdWVzdBoeLmNvbXBvc2VyLnYxLkNhbmNlbFJ1blJlc3BvbnNlEkcKCFJldHJ5UnVuEhwuY29tcG9zZXIudjEuUmV0cnlSdW5SZXF1ZXN0Gh0uY29tcG9zZXIudjEuUmV0cnlSdW5SZXNwb25zZRJKCglTZW5kRXZlbnQSHS5jb21wb3Nlci52MS5TZW5kRXZlbnRSZXF1ZXN0Gh4uY29tcG9zZXIudjEuU2VuZEV2ZW50UmVzcG9uc2USVgoNR2V0UnVuSGlzdG9yeRIhLmNvbXBvc2VyLnYxLkdldFJ1bkhpc3RvcnlSZXF1ZXN0GiIuY29tcG9zZXIudjEuR2V0UnVuSGlzdG9yeVJlc3BvbnNlEkkKCFdhdGNoUnVuEhwuY29tcG9zZXIudjEuV2F0Y2hSdW5SZXF1ZXN0Gh0uY29tcG9zZXIudjEuV2F0Y2hSdW5SZXNwb25zZTABEkcKCFBhdXNlUnVuEhwuY29tcG9zZXIudjEuUGF1c2VSdW5SZXF1ZXN0Gh0uY29tcG9zZXIudjEuUGF1c2VSdW5SZXNwb25zZRJKCglSZXN1bWVSdW4SHS5jb21wb3Nlci52MS5SZXN1bWVSdW5SZXF1ZXN0Gh4uY29tcG9zZXIudjEuUmVzdW1lUnVuUmVzcG9uc2USWQoOQnVsa0NhbmNlbFJ1bnMSIi5jb21wb3Nlci52MS5CdWxrQ2FuY2VsUnVuc1JlcXVlc3QaIy5jb21wb3Nlci52MS5CdWxrQ2FuY2VsUnVuc1Jlc3BvbnNlElYKDUJ1bGtSZXRyeVJ1bnMSIS5jb21wb3Nlci52MS5CdWxrUmV0cnlSdW5zUmVxdWVzdBoiLmNvbXBvc2VyLnYxLkJ1bGtSZXRyeVJ1bnNSZXNwb25zZRJWCg1CdWxrUGF1c2VSdW5zEiEuY29tcG9zZXIudjEuQnVsa1BhdXNlUnVuc1JlcXVlc3QaIi5jb21wb3Nlci52MS5CdWxrUGF1c2VSdW5zUmVzcG9uc2USWQoOQnVsa1Jlc3VtZVJ1bnMSIi5jb21wb3Nlci52MS5CdWxrUmVzdW1lUnVuc1JlcXVlc3QaIy5jb21wb3Nlci52MS5CdWxrUmVzdW1lUnVuc1Jlc3BvbnNlEl8KEEdldEJ1bGtPcGVyYXRpb24SJC5jb21wb3Nlci52MS5HZXRCdWxrT3BlcmF0aW9uUmVxdWVzdBolLmNvbXBvc2VyLnYxLkdldEJ1bGtPcGVyYXRpb25SZXNwb25zZRJlChJMaXN0QnVsa09wZXJhdGlvbnMSJi5jb21wb3Nlci52MS5MaXN0QnVsa09wZXJhdGlvbnNSZXF1ZXN0GicuY29tcG9zZXIudjEuTGlzdEJ1bGtPcGVyYXRpb25zUmVzcG9uc2USaAoTQ2FuY2VsQnVsa09wZXJhdGlvbhInLmNvbXBvc2VyLnYxLkNhbmNlbEJ1bGtPcGVyYXRpb25SZXF1ZXN0GiguY29tcG9zZXIudjEuQ2FuY2VsQnVsa09wZXJhdGlvblJlc3BvbnNlQkVaQ2dpdGh1Yi5jb20vY29tcG9zZXItZGV2L2NvbXBvc2VyL3Nka3MvZ28vZ2VuL2NvbXBvc2VyL3YxO2NvbXBvc2VydjFiBnByb3RvMw", [file_composer_v1_common, file_google_protobuf_struct, file_google_protobuf_timestamp]);
 
 /**
  * StartRunRequest names the workflow and carries the input.
@@ -768,6 +768,746 @@ export const ResumeRunResponseSchema: GenMessage<ResumeRunResponse> = /*@__PURE_
   messageDesc(file_composer_v1_run_service, 22);
 
 /**
+ * RunFilter selects runs for a bulk operation, with ListRunsRequest's
+ * filters and their rules.
+ *
+ * @generated from message composer.v1.RunFilter
+ */
+export type RunFilter = Message<"composer.v1.RunFilter"> & {
+  /**
+   * Only runs of this workflow.
+   *
+   * @generated from field: string workflow_name = 1;
+   */
+  workflowName: string;
+
+  /**
+   * Only runs of this version of `workflow_name` (which it requires); 0
+   * means any version.
+   *
+   * @generated from field: int32 workflow_version = 2;
+   */
+  workflowVersion: number;
+
+  /**
+   * Only runs in one of these statuses.
+   *
+   * @generated from field: repeated composer.v1.RunStatus statuses = 3;
+   */
+  statuses: RunStatus[];
+
+  /**
+   * Only runs carrying all of these labels with these values.
+   *
+   * @generated from field: map<string, string> labels = 4;
+   */
+  labels: { [key: string]: string };
+
+  /**
+   * Only runs created at or after this time.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time_after = 5;
+   */
+  createTimeAfter?: Timestamp | undefined;
+
+  /**
+   * Only runs created before this time.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time_before = 6;
+   */
+  createTimeBefore?: Timestamp | undefined;
+
+  /**
+   * Only child runs of this run.
+   *
+   * @generated from field: string parent_run_id = 7;
+   */
+  parentRunId: string;
+
+  /**
+   * Only runs this text finds, as ListRunsRequest's `search`.
+   *
+   * @generated from field: string search = 8;
+   */
+  search: string;
+};
+
+/**
+ * Describes the message composer.v1.RunFilter.
+ * Use `create(RunFilterSchema)` to create a new message.
+ */
+export const RunFilterSchema: GenMessage<RunFilter> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 23);
+
+/**
+ * BulkCancelRunsRequest selects the runs to cancel.
+ *
+ * @generated from message composer.v1.BulkCancelRunsRequest
+ */
+export type BulkCancelRunsRequest = Message<"composer.v1.BulkCancelRunsRequest"> & {
+  /**
+   * The runs to act on.
+   *
+   * @generated from field: composer.v1.RunFilter filter = 1;
+   */
+  filter?: RunFilter | undefined;
+
+  /**
+   * Set to act on every run of the namespace when the filter is empty.
+   *
+   * @generated from field: bool all = 2;
+   */
+  all: boolean;
+
+  /**
+   * Why, recorded in each run's history and error.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+
+  /**
+   * Optional: a repeated call with the same id returns the same operation.
+   *
+   * @generated from field: string request_id = 4;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message composer.v1.BulkCancelRunsRequest.
+ * Use `create(BulkCancelRunsRequestSchema)` to create a new message.
+ */
+export const BulkCancelRunsRequestSchema: GenMessage<BulkCancelRunsRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 24);
+
+/**
+ * BulkCancelRunsResponse carries the operation started.
+ *
+ * @generated from message composer.v1.BulkCancelRunsResponse
+ */
+export type BulkCancelRunsResponse = Message<"composer.v1.BulkCancelRunsResponse"> & {
+  /**
+   * The operation, PENDING or RUNNING.
+   *
+   * @generated from field: composer.v1.BulkOperation operation = 1;
+   */
+  operation?: BulkOperation | undefined;
+
+  /**
+   * False when `request_id` matched an existing operation.
+   *
+   * @generated from field: bool created = 2;
+   */
+  created: boolean;
+};
+
+/**
+ * Describes the message composer.v1.BulkCancelRunsResponse.
+ * Use `create(BulkCancelRunsResponseSchema)` to create a new message.
+ */
+export const BulkCancelRunsResponseSchema: GenMessage<BulkCancelRunsResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 25);
+
+/**
+ * BulkRetryRunsRequest selects the runs to retry.
+ *
+ * @generated from message composer.v1.BulkRetryRunsRequest
+ */
+export type BulkRetryRunsRequest = Message<"composer.v1.BulkRetryRunsRequest"> & {
+  /**
+   * The runs to act on.
+   *
+   * @generated from field: composer.v1.RunFilter filter = 1;
+   */
+  filter?: RunFilter | undefined;
+
+  /**
+   * Set to act on every run of the namespace when the filter is empty.
+   *
+   * @generated from field: bool all = 2;
+   */
+  all: boolean;
+
+  /**
+   * Optional: a repeated call with the same id returns the same operation.
+   *
+   * @generated from field: string request_id = 3;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message composer.v1.BulkRetryRunsRequest.
+ * Use `create(BulkRetryRunsRequestSchema)` to create a new message.
+ */
+export const BulkRetryRunsRequestSchema: GenMessage<BulkRetryRunsRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 26);
+
+/**
+ * BulkRetryRunsResponse carries the operation started.
+ *
+ * @generated from message composer.v1.BulkRetryRunsResponse
+ */
+export type BulkRetryRunsResponse = Message<"composer.v1.BulkRetryRunsResponse"> & {
+  /**
+   * The operation, PENDING or RUNNING.
+   *
+   * @generated from field: composer.v1.BulkOperation operation = 1;
+   */
+  operation?: BulkOperation | undefined;
+
+  /**
+   * False when `request_id` matched an existing operation.
+   *
+   * @generated from field: bool created = 2;
+   */
+  created: boolean;
+};
+
+/**
+ * Describes the message composer.v1.BulkRetryRunsResponse.
+ * Use `create(BulkRetryRunsResponseSchema)` to create a new message.
+ */
+export const BulkRetryRunsResponseSchema: GenMessage<BulkRetryRunsResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 27);
+
+/**
+ * BulkPauseRunsRequest selects the runs to pause.
+ *
+ * @generated from message composer.v1.BulkPauseRunsRequest
+ */
+export type BulkPauseRunsRequest = Message<"composer.v1.BulkPauseRunsRequest"> & {
+  /**
+   * The runs to act on.
+   *
+   * @generated from field: composer.v1.RunFilter filter = 1;
+   */
+  filter?: RunFilter | undefined;
+
+  /**
+   * Set to act on every run of the namespace when the filter is empty.
+   *
+   * @generated from field: bool all = 2;
+   */
+  all: boolean;
+
+  /**
+   * Why, recorded in each run's history.
+   *
+   * @generated from field: string reason = 3;
+   */
+  reason: string;
+
+  /**
+   * Optional: a repeated call with the same id returns the same operation.
+   *
+   * @generated from field: string request_id = 4;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message composer.v1.BulkPauseRunsRequest.
+ * Use `create(BulkPauseRunsRequestSchema)` to create a new message.
+ */
+export const BulkPauseRunsRequestSchema: GenMessage<BulkPauseRunsRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 28);
+
+/**
+ * BulkPauseRunsResponse carries the operation started.
+ *
+ * @generated from message composer.v1.BulkPauseRunsResponse
+ */
+export type BulkPauseRunsResponse = Message<"composer.v1.BulkPauseRunsResponse"> & {
+  /**
+   * The operation, PENDING or RUNNING.
+   *
+   * @generated from field: composer.v1.BulkOperation operation = 1;
+   */
+  operation?: BulkOperation | undefined;
+
+  /**
+   * False when `request_id` matched an existing operation.
+   *
+   * @generated from field: bool created = 2;
+   */
+  created: boolean;
+};
+
+/**
+ * Describes the message composer.v1.BulkPauseRunsResponse.
+ * Use `create(BulkPauseRunsResponseSchema)` to create a new message.
+ */
+export const BulkPauseRunsResponseSchema: GenMessage<BulkPauseRunsResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 29);
+
+/**
+ * BulkResumeRunsRequest selects the runs to resume.
+ *
+ * @generated from message composer.v1.BulkResumeRunsRequest
+ */
+export type BulkResumeRunsRequest = Message<"composer.v1.BulkResumeRunsRequest"> & {
+  /**
+   * The runs to act on.
+   *
+   * @generated from field: composer.v1.RunFilter filter = 1;
+   */
+  filter?: RunFilter | undefined;
+
+  /**
+   * Set to act on every run of the namespace when the filter is empty.
+   *
+   * @generated from field: bool all = 2;
+   */
+  all: boolean;
+
+  /**
+   * Optional: a repeated call with the same id returns the same operation.
+   *
+   * @generated from field: string request_id = 3;
+   */
+  requestId: string;
+};
+
+/**
+ * Describes the message composer.v1.BulkResumeRunsRequest.
+ * Use `create(BulkResumeRunsRequestSchema)` to create a new message.
+ */
+export const BulkResumeRunsRequestSchema: GenMessage<BulkResumeRunsRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 30);
+
+/**
+ * BulkResumeRunsResponse carries the operation started.
+ *
+ * @generated from message composer.v1.BulkResumeRunsResponse
+ */
+export type BulkResumeRunsResponse = Message<"composer.v1.BulkResumeRunsResponse"> & {
+  /**
+   * The operation, PENDING or RUNNING.
+   *
+   * @generated from field: composer.v1.BulkOperation operation = 1;
+   */
+  operation?: BulkOperation | undefined;
+
+  /**
+   * False when `request_id` matched an existing operation.
+   *
+   * @generated from field: bool created = 2;
+   */
+  created: boolean;
+};
+
+/**
+ * Describes the message composer.v1.BulkResumeRunsResponse.
+ * Use `create(BulkResumeRunsResponseSchema)` to create a new message.
+ */
+export const BulkResumeRunsResponseSchema: GenMessage<BulkResumeRunsResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 31);
+
+/**
+ * BulkOperation is a long-running action over the runs a filter matches.
+ * Any server works on it, a batch at a time, and another takes over if that
+ * server stops, so it survives restarts. Counts only grow; once it ends,
+ * `matched` = `succeeded` + `skipped` + `failed` unless it was cancelled.
+ *
+ * @generated from message composer.v1.BulkOperation
+ */
+export type BulkOperation = Message<"composer.v1.BulkOperation"> & {
+  /**
+   * The operation's id.
+   *
+   * @generated from field: string operation_id = 1;
+   */
+  operationId: string;
+
+  /**
+   * The namespace it acts in.
+   *
+   * @generated from field: string namespace = 2;
+   */
+  namespace: string;
+
+  /**
+   * What it does to each run.
+   *
+   * @generated from field: composer.v1.BulkOperationKind kind = 3;
+   */
+  kind: BulkOperationKind;
+
+  /**
+   * Where it is.
+   *
+   * @generated from field: composer.v1.BulkOperationStatus status = 4;
+   */
+  status: BulkOperationStatus;
+
+  /**
+   * The filter it was started with.
+   *
+   * @generated from field: composer.v1.RunFilter filter = 5;
+   */
+  filter?: RunFilter | undefined;
+
+  /**
+   * The reason given, for cancel and pause.
+   *
+   * @generated from field: string reason = 6;
+   */
+  reason: string;
+
+  /**
+   * How many runs matched when it started (runs created before it).
+   *
+   * @generated from field: int64 matched = 7;
+   */
+  matched: bigint;
+
+  /**
+   * Runs acted on.
+   *
+   * @generated from field: int64 succeeded = 8;
+   */
+  succeeded: bigint;
+
+  /**
+   * Runs passed over because they were no longer in a status the action
+   * applies to (a run that ended before a cancel reached it, say).
+   *
+   * @generated from field: int64 skipped = 9;
+   */
+  skipped: bigint;
+
+  /**
+   * Runs the action failed on; the first errors are in `failures`.
+   *
+   * @generated from field: int64 failed = 10;
+   */
+  failed: bigint;
+
+  /**
+   * Up to 20 of the runs the action failed on, with why.
+   *
+   * @generated from field: repeated composer.v1.BulkOperationFailure failures = 11;
+   */
+  failures: BulkOperationFailure[];
+
+  /**
+   * The subject of the token that started it.
+   *
+   * @generated from field: string created_by = 12;
+   */
+  createdBy: string;
+
+  /**
+   * When it was created.
+   *
+   * @generated from field: google.protobuf.Timestamp create_time = 13;
+   */
+  createTime?: Timestamp | undefined;
+
+  /**
+   * When it last made progress.
+   *
+   * @generated from field: google.protobuf.Timestamp update_time = 14;
+   */
+  updateTime?: Timestamp | undefined;
+
+  /**
+   * When it ended; unset while it runs.
+   *
+   * @generated from field: google.protobuf.Timestamp end_time = 15;
+   */
+  endTime?: Timestamp | undefined;
+
+  /**
+   * Why it FAILED.
+   *
+   * @generated from field: string error = 16;
+   */
+  error: string;
+};
+
+/**
+ * Describes the message composer.v1.BulkOperation.
+ * Use `create(BulkOperationSchema)` to create a new message.
+ */
+export const BulkOperationSchema: GenMessage<BulkOperation> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 32);
+
+/**
+ * BulkOperationFailure is one run a bulk operation could not act on.
+ *
+ * @generated from message composer.v1.BulkOperationFailure
+ */
+export type BulkOperationFailure = Message<"composer.v1.BulkOperationFailure"> & {
+  /**
+   * The run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * Why.
+   *
+   * @generated from field: string message = 2;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message composer.v1.BulkOperationFailure.
+ * Use `create(BulkOperationFailureSchema)` to create a new message.
+ */
+export const BulkOperationFailureSchema: GenMessage<BulkOperationFailure> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 33);
+
+/**
+ * GetBulkOperationRequest names an operation.
+ *
+ * @generated from message composer.v1.GetBulkOperationRequest
+ */
+export type GetBulkOperationRequest = Message<"composer.v1.GetBulkOperationRequest"> & {
+  /**
+   * The operation's id.
+   *
+   * @generated from field: string operation_id = 1;
+   */
+  operationId: string;
+};
+
+/**
+ * Describes the message composer.v1.GetBulkOperationRequest.
+ * Use `create(GetBulkOperationRequestSchema)` to create a new message.
+ */
+export const GetBulkOperationRequestSchema: GenMessage<GetBulkOperationRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 34);
+
+/**
+ * GetBulkOperationResponse carries the operation.
+ *
+ * @generated from message composer.v1.GetBulkOperationResponse
+ */
+export type GetBulkOperationResponse = Message<"composer.v1.GetBulkOperationResponse"> & {
+  /**
+   * The operation.
+   *
+   * @generated from field: composer.v1.BulkOperation operation = 1;
+   */
+  operation?: BulkOperation | undefined;
+};
+
+/**
+ * Describes the message composer.v1.GetBulkOperationResponse.
+ * Use `create(GetBulkOperationResponseSchema)` to create a new message.
+ */
+export const GetBulkOperationResponseSchema: GenMessage<GetBulkOperationResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 35);
+
+/**
+ * ListBulkOperationsRequest asks for one page of operations.
+ *
+ * @generated from message composer.v1.ListBulkOperationsRequest
+ */
+export type ListBulkOperationsRequest = Message<"composer.v1.ListBulkOperationsRequest"> & {
+  /**
+   * At most this many entries (default 100, at most 1000).
+   *
+   * @generated from field: int32 page_size = 1;
+   */
+  pageSize: number;
+
+  /**
+   * The `next_page_token` of the previous page; empty for the first.
+   *
+   * @generated from field: string page_token = 2;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message composer.v1.ListBulkOperationsRequest.
+ * Use `create(ListBulkOperationsRequestSchema)` to create a new message.
+ */
+export const ListBulkOperationsRequestSchema: GenMessage<ListBulkOperationsRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 36);
+
+/**
+ * ListBulkOperationsResponse is one page of operations.
+ *
+ * @generated from message composer.v1.ListBulkOperationsResponse
+ */
+export type ListBulkOperationsResponse = Message<"composer.v1.ListBulkOperationsResponse"> & {
+  /**
+   * The operations of this page, newest first.
+   *
+   * @generated from field: repeated composer.v1.BulkOperation operations = 1;
+   */
+  operations: BulkOperation[];
+
+  /**
+   * The token of the next page; empty on the last page.
+   *
+   * @generated from field: string next_page_token = 2;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message composer.v1.ListBulkOperationsResponse.
+ * Use `create(ListBulkOperationsResponseSchema)` to create a new message.
+ */
+export const ListBulkOperationsResponseSchema: GenMessage<ListBulkOperationsResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 37);
+
+/**
+ * CancelBulkOperationRequest names the operation to stop.
+ *
+ * @generated from message composer.v1.CancelBulkOperationRequest
+ */
+export type CancelBulkOperationRequest = Message<"composer.v1.CancelBulkOperationRequest"> & {
+  /**
+   * The operation's id.
+   *
+   * @generated from field: string operation_id = 1;
+   */
+  operationId: string;
+};
+
+/**
+ * Describes the message composer.v1.CancelBulkOperationRequest.
+ * Use `create(CancelBulkOperationRequestSchema)` to create a new message.
+ */
+export const CancelBulkOperationRequestSchema: GenMessage<CancelBulkOperationRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 38);
+
+/**
+ * CancelBulkOperationResponse carries the operation after the request.
+ *
+ * @generated from message composer.v1.CancelBulkOperationResponse
+ */
+export type CancelBulkOperationResponse = Message<"composer.v1.CancelBulkOperationResponse"> & {
+  /**
+   * The operation (CANCELLED, or RUNNING until its server sees the
+   * request, within one batch).
+   *
+   * @generated from field: composer.v1.BulkOperation operation = 1;
+   */
+  operation?: BulkOperation | undefined;
+};
+
+/**
+ * Describes the message composer.v1.CancelBulkOperationResponse.
+ * Use `create(CancelBulkOperationResponseSchema)` to create a new message.
+ */
+export const CancelBulkOperationResponseSchema: GenMessage<CancelBulkOperationResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_run_service, 39);
+
+/**
+ * BulkOperationKind is what a bulk operation does to each run.
+ *
+ * @generated from enum composer.v1.BulkOperationKind
+ */
+export enum BulkOperationKind {
+  /**
+   * Never set by the server.
+   *
+   * @generated from enum value: BULK_OPERATION_KIND_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * CancelRun on each run.
+   *
+   * @generated from enum value: BULK_OPERATION_KIND_CANCEL = 1;
+   */
+  CANCEL = 1,
+
+  /**
+   * RetryRun on each run.
+   *
+   * @generated from enum value: BULK_OPERATION_KIND_RETRY = 2;
+   */
+  RETRY = 2,
+
+  /**
+   * PauseRun on each run.
+   *
+   * @generated from enum value: BULK_OPERATION_KIND_PAUSE = 3;
+   */
+  PAUSE = 3,
+
+  /**
+   * ResumeRun on each run.
+   *
+   * @generated from enum value: BULK_OPERATION_KIND_RESUME = 4;
+   */
+  RESUME = 4,
+}
+
+/**
+ * Describes the enum composer.v1.BulkOperationKind.
+ */
+export const BulkOperationKindSchema: GenEnum<BulkOperationKind> = /*@__PURE__*/
+  enumDesc(file_composer_v1_run_service, 0);
+
+/**
+ * BulkOperationStatus is where a bulk operation is in its life.
+ *
+ * @generated from enum composer.v1.BulkOperationStatus
+ */
+export enum BulkOperationStatus {
+  /**
+   * Never set by the server; in a filter it matches nothing.
+   *
+   * @generated from enum value: BULK_OPERATION_STATUS_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Created; no server has taken it yet.
+   *
+   * @generated from enum value: BULK_OPERATION_STATUS_PENDING = 1;
+   */
+  PENDING = 1,
+
+  /**
+   * A server is working through its runs, one batch at a time.
+   *
+   * @generated from enum value: BULK_OPERATION_STATUS_RUNNING = 2;
+   */
+  RUNNING = 2,
+
+  /**
+   * Every matching run was acted on or skipped.
+   *
+   * @generated from enum value: BULK_OPERATION_STATUS_SUCCEEDED = 3;
+   */
+  SUCCEEDED = 3,
+
+  /**
+   * CancelBulkOperation stopped it.
+   *
+   * @generated from enum value: BULK_OPERATION_STATUS_CANCELLED = 4;
+   */
+  CANCELLED = 4,
+
+  /**
+   * It stopped on an error it could not get past (in `error`).
+   *
+   * @generated from enum value: BULK_OPERATION_STATUS_FAILED = 5;
+   */
+  FAILED = 5,
+}
+
+/**
+ * Describes the enum composer.v1.BulkOperationStatus.
+ */
+export const BulkOperationStatusSchema: GenEnum<BulkOperationStatus> = /*@__PURE__*/
+  enumDesc(file_composer_v1_run_service, 1);
+
+/**
  * RunService starts, reads and steers runs. Every change to a run is one
  * Postgres transaction with the run's row locked, so concurrent calls on the
  * same run are serialised and each sees the effect of the one before.
@@ -922,6 +1662,95 @@ export const RunService: GenService<{
     methodKind: "unary";
     input: typeof ResumeRunRequestSchema;
     output: typeof ResumeRunResponseSchema;
+  },
+  /**
+   * BulkCancelRuns starts a bulk operation that cancels every run matching
+   * the filter, as CancelRun would, each in its own transaction. Runs that
+   * ended before their turn are counted as skipped. The filter is checked
+   * as ListRuns checks it (INVALID_ARGUMENT naming `filter.<field>`); an
+   * empty filter is refused (FAILED_PRECONDITION) unless `all` is set. Only
+   * runs created before the operation are matched, so new runs are never
+   * swept in. With a `request_id`, a repeated call returns the operation
+   * the first call created and starts nothing.
+   *
+   * @generated from rpc composer.v1.RunService.BulkCancelRuns
+   */
+  bulkCancelRuns: {
+    methodKind: "unary";
+    input: typeof BulkCancelRunsRequestSchema;
+    output: typeof BulkCancelRunsResponseSchema;
+  },
+  /**
+   * BulkRetryRuns starts a bulk operation that retries every FAILED run
+   * matching the filter, as RetryRun would. A matching run that is not
+   * FAILED when its turn comes is counted as skipped. Filter, `all` and
+   * `request_id` as BulkCancelRuns.
+   *
+   * @generated from rpc composer.v1.RunService.BulkRetryRuns
+   */
+  bulkRetryRuns: {
+    methodKind: "unary";
+    input: typeof BulkRetryRunsRequestSchema;
+    output: typeof BulkRetryRunsResponseSchema;
+  },
+  /**
+   * BulkPauseRuns starts a bulk operation that pauses every live run
+   * matching the filter, as PauseRun would. Filter, `all` and `request_id`
+   * as BulkCancelRuns.
+   *
+   * @generated from rpc composer.v1.RunService.BulkPauseRuns
+   */
+  bulkPauseRuns: {
+    methodKind: "unary";
+    input: typeof BulkPauseRunsRequestSchema;
+    output: typeof BulkPauseRunsResponseSchema;
+  },
+  /**
+   * BulkResumeRuns starts a bulk operation that resumes every PAUSED run
+   * matching the filter, as ResumeRun would. Filter, `all` and
+   * `request_id` as BulkCancelRuns.
+   *
+   * @generated from rpc composer.v1.RunService.BulkResumeRuns
+   */
+  bulkResumeRuns: {
+    methodKind: "unary";
+    input: typeof BulkResumeRunsRequestSchema;
+    output: typeof BulkResumeRunsResponseSchema;
+  },
+  /**
+   * GetBulkOperation returns a bulk operation with its progress and counts.
+   * NOT_FOUND when it does not exist in the caller's namespace.
+   *
+   * @generated from rpc composer.v1.RunService.GetBulkOperation
+   */
+  getBulkOperation: {
+    methodKind: "unary";
+    input: typeof GetBulkOperationRequestSchema;
+    output: typeof GetBulkOperationResponseSchema;
+  },
+  /**
+   * ListBulkOperations lists the namespace's bulk operations, newest first.
+   *
+   * @generated from rpc composer.v1.RunService.ListBulkOperations
+   */
+  listBulkOperations: {
+    methodKind: "unary";
+    input: typeof ListBulkOperationsRequestSchema;
+    output: typeof ListBulkOperationsResponseSchema;
+  },
+  /**
+   * CancelBulkOperation stops a bulk operation after the run it is on: runs
+   * already acted on stay as they are, the rest are left alone, and the
+   * operation ends CANCELLED with its counts so far. Cancelling an
+   * operation that ended is FAILED_PRECONDITION; one already being
+   * cancelled is OK.
+   *
+   * @generated from rpc composer.v1.RunService.CancelBulkOperation
+   */
+  cancelBulkOperation: {
+    methodKind: "unary";
+    input: typeof CancelBulkOperationRequestSchema;
+    output: typeof CancelBulkOperationResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_composer_v1_run_service, 0);
