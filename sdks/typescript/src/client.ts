@@ -11,20 +11,25 @@ import { ServerService } from "./gen/composer/v1/server_service_pb.js";
 import { WorkerService } from "./gen/composer/v1/worker_service_pb.js";
 import { WorkflowService } from "./gen/composer/v1/workflow_service_pb.js";
 import {
+  bulkOperationFromWire,
   deliveryFromWire,
   fireFromWire,
   historyFromWire,
+  isBulkOperationDone,
   isFinalStatus,
   overlapPolicyToWire,
   problemFromWire,
+  runFilterToWire,
   runFromWire,
   runStatusToWire,
   scheduleFromWire,
   workflowFromWire,
+  type BulkOperation,
   type EventDelivery,
   type HistoryEvent,
   type OverlapPolicy,
   type Run,
+  type RunFilter,
   type RunStatus,
   type Schedule,
   type ScheduleFire,
@@ -126,6 +131,10 @@ function scheduleParts(scheduleId: string, workflow: string, input: unknown, opt
   };
 }
 
+function bulkParts(filter: RunFilter, options: BulkRunsOptions) {
+  return { filter: runFilterToWire(filter), all: options.all ?? false, requestId: options.requestId ?? "" };
+}
+
 /** Filters of {@link ComposerClient.listRuns}. */
 export interface ListRunsOptions {
   workflow?: string;
@@ -145,6 +154,27 @@ export type SendEventOptions = ({ runId: string; correlationKey?: undefined } | 
   requestId?: string;
   signal?: AbortSignal;
 };
+
+/** Options of {@link ComposerClient.bulkRetryRuns} and {@link ComposerClient.bulkResumeRuns}. */
+export interface BulkRunsOptions {
+  /** Act on every run of the namespace when the filter is empty (else FAILED_PRECONDITION). */
+  all?: boolean;
+  /** A repeated call with the same id returns the operation the first created (`created` false). */
+  requestId?: string;
+  signal?: AbortSignal;
+}
+
+/** Options of {@link ComposerClient.bulkCancelRuns} and {@link ComposerClient.bulkPauseRuns}. */
+export interface BulkRunsWithReasonOptions extends BulkRunsOptions {
+  /** Why, recorded in each run's history (and for a cancel, in its error). */
+  reason?: string;
+}
+
+/** Options of {@link ComposerClient.waitBulkOperation}. */
+export interface WaitBulkOperationOptions extends WaitOptions {
+  /** The longest pause between two polls in ms (default 1 s; the first polls come sooner). */
+  maxPollIntervalMs?: number;
+}
 
 /** Options of waiting for a run. */
 export interface WaitOptions {
@@ -351,6 +381,112 @@ export class ComposerClient {
   async resumeRun(runId: string, options: { signal?: AbortSignal } = {}): Promise<Run> {
     const r = await this.#call((o) => this.raw.runs.resumeRun({ runId }, o), options.signal);
     return runFromWire(r.run);
+  }
+
+  // --- bulk operations ---------------------------------------------------------------------------
+
+  /**
+   * Starts a bulk operation that cancels every run `filter` matches (as cancelRun, each run in its
+   * own transaction; runs that ended before their turn are skipped) and returns it, PENDING or
+   * RUNNING: {@link waitBulkOperation} waits for its end. Only runs created before the call are
+   * matched. A bad filter is INVALID_ARGUMENT naming `filter.<field>`; an empty filter is
+   * FAILED_PRECONDITION unless `all`. With a `requestId`, a repeat returns the same operation with
+   * `created` false.
+   */
+  async bulkCancelRuns(filter: RunFilter, options: BulkRunsWithReasonOptions = {}): Promise<BulkOperation> {
+    const request = { ...bulkParts(filter, options), reason: options.reason ?? "" };
+    const r = await this.#call((o) => this.raw.runs.bulkCancelRuns(request, o), options.signal);
+    return bulkOperationFromWire(r.operation, r.created);
+  }
+
+  /** As {@link bulkCancelRuns}, retrying every FAILED run the filter matches (others are skipped). */
+  async bulkRetryRuns(filter: RunFilter, options: BulkRunsOptions = {}): Promise<BulkOperation> {
+    const request = bulkParts(filter, options);
+    const r = await this.#call((o) => this.raw.runs.bulkRetryRuns(request, o), options.signal);
+    return bulkOperationFromWire(r.operation, r.created);
+  }
+
+  /** As {@link bulkCancelRuns}, pausing every live run the filter matches (as pauseRun). */
+  async bulkPauseRuns(filter: RunFilter, options: BulkRunsWithReasonOptions = {}): Promise<BulkOperation> {
+    const request = { ...bulkParts(filter, options), reason: options.reason ?? "" };
+    const r = await this.#call((o) => this.raw.runs.bulkPauseRuns(request, o), options.signal);
+    return bulkOperationFromWire(r.operation, r.created);
+  }
+
+  /** As {@link bulkCancelRuns}, resuming every PAUSED run the filter matches (as resumeRun). */
+  async bulkResumeRuns(filter: RunFilter, options: BulkRunsOptions = {}): Promise<BulkOperation> {
+    const request = bulkParts(filter, options);
+    const r = await this.#call((o) => this.raw.runs.bulkResumeRuns(request, o), options.signal);
+    return bulkOperationFromWire(r.operation, r.created);
+  }
+
+  /** A bulk operation with its progress and counts; NOT_FOUND if absent. */
+  async getBulkOperation(operationId: string, options: { signal?: AbortSignal } = {}): Promise<BulkOperation> {
+    const r = await this.#call((o) => this.raw.runs.getBulkOperation({ operationId }, o), options.signal);
+    return bulkOperationFromWire(r.operation);
+  }
+
+  /** The namespace's bulk operations, newest first, fetched a page at a time as the loop goes. */
+  async *listBulkOperations(options: { pageSize?: number; signal?: AbortSignal } = {}): AsyncGenerator<BulkOperation, void, undefined> {
+    let pageToken = "";
+    for (;;) {
+      const request = { pageSize: options.pageSize ?? 100, pageToken };
+      const r = await this.#call((o) => this.raw.runs.listBulkOperations(request, o), options.signal);
+      for (const operation of r.operations) yield bulkOperationFromWire(operation);
+      if (!r.nextPageToken) return;
+      pageToken = r.nextPageToken;
+    }
+  }
+
+  /**
+   * Stops a bulk operation after the run it is on: runs already acted on stay so, the rest are left
+   * alone, and it ends CANCELLED with its counts so far (the answer may still show RUNNING until its
+   * server sees the request). FAILED_PRECONDITION when it ended; OK when already being cancelled.
+   */
+  async cancelBulkOperation(operationId: string, options: { signal?: AbortSignal } = {}): Promise<BulkOperation> {
+    const r = await this.#call((o) => this.raw.runs.cancelBulkOperation({ operationId }, o), options.signal);
+    return bulkOperationFromWire(r.operation);
+  }
+
+  /**
+   * Polls a bulk operation (soon at first, then backing off to `maxPollIntervalMs`) until it is
+   * SUCCEEDED, CANCELLED or FAILED and returns it, whatever its final status. Throws
+   * {@link TimeoutError} after `timeoutMs`; a poll that meets UNAVAILABLE or DEADLINE_EXCEEDED is
+   * made again (the operation survives a server's restart).
+   */
+  async waitBulkOperation(operationId: string, options: WaitBulkOperationOptions = {}): Promise<BulkOperation> {
+    const maximumMs = options.maxPollIntervalMs ?? 1_000;
+    const backoff = new Backoff({ initialMs: Math.min(50, maximumMs), maximumMs, jitter: 0.2 });
+    const controller = new AbortController();
+    const timeout = new TimeoutError(`bulk operation ${operationId} did not end within ${options.timeoutMs} ms`);
+    const timer = options.timeoutMs === undefined ? undefined : setTimeout(() => controller.abort(timeout), options.timeoutMs);
+    const outer = options.signal;
+    const forward = (): void => controller.abort(outer?.reason);
+    if (outer?.aborted) forward();
+    outer?.addEventListener("abort", forward, { once: true });
+    try {
+      for (let polls = 1; ; polls++) {
+        const operation = await this.#pollBulkOperation(operationId, controller.signal);
+        if (operation && isBulkOperationDone(operation.status)) return operation;
+        await sleep(backoff.delay(polls), controller.signal);
+      }
+    } catch (error) {
+      if (controller.signal.aborted) throw controller.signal.reason;
+      throw error;
+    } finally {
+      clearTimeout(timer);
+      outer?.removeEventListener("abort", forward);
+    }
+  }
+
+  /** One poll of {@link waitBulkOperation}: the operation, or undefined after a transient error. */
+  async #pollBulkOperation(operationId: string, signal: AbortSignal): Promise<BulkOperation | undefined> {
+    try {
+      return await this.getBulkOperation(operationId, { signal });
+    } catch (error) {
+      if (signal.aborted || !(error instanceof ComposerError) || !error.retryable) throw error;
+      return undefined;
+    }
   }
 
   /**

@@ -2,12 +2,15 @@
 export { ComposerClient, checkProtocolVersion, PROTOCOL_MAJOR, PROTOCOL_MINOR } from "./client.js";
 export type {
   BaseClientOptions,
+  BulkRunsOptions,
+  BulkRunsWithReasonOptions,
   ClientOptions,
   CreateScheduleOptions,
   ListRunsOptions,
   ScheduleOptions,
   SendEventOptions,
   StartRunOptions,
+  WaitBulkOperationOptions,
   WaitOptions,
   WorkflowSource,
 } from "./client.js";
@@ -36,8 +39,12 @@ export {
   toComposerError,
 } from "./errors.js";
 export type { ComposerErrorInit, FieldViolation, StatusCode, TaskErrorOptions } from "./errors.js";
-export { isFinalStatus } from "./models.js";
+export { isBulkOperationDone, isFinalStatus } from "./models.js";
 export type {
+  BulkOperation,
+  BulkOperationFailure,
+  BulkOperationKind,
+  BulkOperationStatus,
   EventDelivery,
   Failure,
   FireOutcome,
@@ -46,6 +53,7 @@ export type {
   NodeStatus,
   OverlapPolicy,
   Run,
+  RunFilter,
   RunStatus,
   Schedule,
   ScheduleAction,

@@ -214,7 +214,7 @@ export class RunFailedError extends Error {
   }
 }
 
-/** Waiting for a run (`waitForRun`, `waitForResult`) took longer than its `timeoutMs`. */
+/** Waiting for a run (`waitForRun`, `waitForResult`) or a bulk operation (`waitBulkOperation`) took longer than its `timeoutMs`. */
 export class TimeoutError extends Error {
   override name = "TimeoutError";
 }

@@ -1,6 +1,6 @@
 // The SDK's own shapes of runs, nodes, workflows and history: plain objects with JSON values,
 // string statuses and Dates, converted from the generated wire messages.
-import { durationMs, timestampDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
+import { durationMs, timestampDate, timestampFromDate, type Duration, type Timestamp } from "@bufbuild/protobuf/wkt";
 
 import {
   NodeStatus as WireNodeStatus,
@@ -12,7 +12,13 @@ import {
   type WorkflowVersion as WireWorkflowVersion,
 } from "./gen/composer/v1/common_pb.js";
 import type { ValidationProblem as WireProblem } from "./gen/composer/v1/workflow_service_pb.js";
-import type { SendEventResponse } from "./gen/composer/v1/run_service_pb.js";
+import {
+  BulkOperationKind as WireBulkKind,
+  BulkOperationStatus as WireBulkStatus,
+  type BulkOperation as WireBulkOperation,
+  type RunFilter as WireRunFilter,
+  type SendEventResponse,
+} from "./gen/composer/v1/run_service_pb.js";
 import {
   OverlapPolicy as WireOverlapPolicy,
   ScheduleFireOutcome as WireFireOutcome,
@@ -361,4 +367,149 @@ export function scheduleFromWire(s: WireSchedule | undefined): Schedule {
     createTime: date(s.createTime),
     updateTime: date(s.updateTime),
   };
+}
+
+/**
+ * Which runs a bulk operation acts on: ListRuns' filters (and their rules). Every field given must
+ * match; an empty filter matches nothing unless the call sets `all`.
+ */
+export interface RunFilter {
+  /** Only runs of this workflow. */
+  workflow?: string;
+  /** Only runs of this version of `workflow` (which it requires); 0 or absent: any version. */
+  workflowVersion?: number;
+  /** Only runs in one of these statuses. */
+  statuses?: readonly RunStatus[];
+  /** Only runs carrying all of these labels with these values. */
+  labels?: Record<string, string>;
+  /** Only runs created at or after this time. */
+  createdAfter?: Date;
+  /** Only runs created before this time. */
+  createdBefore?: Date;
+  /** Only child runs of this run. */
+  parentRunId?: string;
+  /** Only runs this text finds, as ListRuns' `search`. */
+  search?: string;
+}
+
+/** What a bulk operation does to each run. */
+export type BulkOperationKind = "CANCEL" | "RETRY" | "PAUSE" | "RESUME" | "UNSPECIFIED";
+/** Where a bulk operation is in its life; SUCCEEDED, CANCELLED and FAILED are final. */
+export type BulkOperationStatus = "PENDING" | "RUNNING" | "SUCCEEDED" | "CANCELLED" | "FAILED" | "UNSPECIFIED";
+
+const BULK_KINDS: Record<number, BulkOperationKind> = {
+  [WireBulkKind.CANCEL]: "CANCEL",
+  [WireBulkKind.RETRY]: "RETRY",
+  [WireBulkKind.PAUSE]: "PAUSE",
+  [WireBulkKind.RESUME]: "RESUME",
+};
+const BULK_STATUSES: Record<number, BulkOperationStatus> = {
+  [WireBulkStatus.PENDING]: "PENDING",
+  [WireBulkStatus.RUNNING]: "RUNNING",
+  [WireBulkStatus.SUCCEEDED]: "SUCCEEDED",
+  [WireBulkStatus.CANCELLED]: "CANCELLED",
+  [WireBulkStatus.FAILED]: "FAILED",
+};
+
+/** True for SUCCEEDED, CANCELLED and FAILED: the operation acts on no more runs. */
+export function isBulkOperationDone(status: BulkOperationStatus): boolean {
+  return status === "SUCCEEDED" || status === "CANCELLED" || status === "FAILED";
+}
+
+/** One run a bulk operation could not act on. */
+export interface BulkOperationFailure {
+  runId: string;
+  /** Why. */
+  message: string;
+}
+
+/**
+ * A long-running action over the runs a filter matched (bulkCancelRuns, bulkRetryRuns,
+ * bulkPauseRuns, bulkResumeRuns). Any server works on it a batch at a time, and another takes over
+ * if that one stops. Counts only grow; once it ends, `matched` = `succeeded` + `skipped` + `failed`
+ * unless it was cancelled.
+ */
+export interface BulkOperation {
+  operationId: string;
+  namespace: string;
+  kind: BulkOperationKind;
+  status: BulkOperationStatus;
+  /** The filter it was started with (only the fields that were set). */
+  filter: RunFilter;
+  /** The reason given, for cancel and pause. */
+  reason: string;
+  /** Runs that matched when it started (only runs created before it). */
+  matched: number;
+  /** Runs acted on. */
+  succeeded: number;
+  /** Runs passed over because they were no longer in a status the action applies to. */
+  skipped: number;
+  /** Runs the action failed on; the first of them are in `failures`. */
+  failed: number;
+  /** Up to 20 of the runs the action failed on, with why. */
+  failures: BulkOperationFailure[];
+  /** The subject of the token that started it. */
+  createdBy: string;
+  createTime: Date | null;
+  /** When it last made progress. */
+  updateTime: Date | null;
+  /** When it ended; null while it runs. */
+  endTime: Date | null;
+  /** Why it FAILED; empty otherwise. */
+  error: string;
+  /** The bulk calls only: false when `requestId` matched an existing operation. */
+  created?: boolean;
+}
+
+/** The wire RunFilter of a {@link RunFilter}. */
+export function runFilterToWire(filter: RunFilter) {
+  return {
+    workflowName: filter.workflow ?? "",
+    workflowVersion: filter.workflowVersion ?? 0,
+    statuses: (filter.statuses ?? []).map(runStatusToWire),
+    labels: { ...filter.labels },
+    parentRunId: filter.parentRunId ?? "",
+    search: filter.search ?? "",
+    ...(filter.createdAfter ? { createTimeAfter: timestampFromDate(filter.createdAfter) } : {}),
+    ...(filter.createdBefore ? { createTimeBefore: timestampFromDate(filter.createdBefore) } : {}),
+  };
+}
+
+/** A wire RunFilter as a {@link RunFilter} holding only the fields set, so it can be passed back. */
+export function runFilterFromWire(f: WireRunFilter | undefined): RunFilter {
+  const filter: RunFilter = {};
+  if (!f) return filter;
+  if (f.workflowName) filter.workflow = f.workflowName;
+  if (f.workflowVersion) filter.workflowVersion = f.workflowVersion;
+  if (f.statuses.length > 0) filter.statuses = f.statuses.map((s) => RUN_STATUSES[s] ?? "UNSPECIFIED");
+  if (Object.keys(f.labels).length > 0) filter.labels = { ...f.labels };
+  if (f.createTimeAfter) filter.createdAfter = timestampDate(f.createTimeAfter);
+  if (f.createTimeBefore) filter.createdBefore = timestampDate(f.createTimeBefore);
+  if (f.parentRunId) filter.parentRunId = f.parentRunId;
+  if (f.search) filter.search = f.search;
+  return filter;
+}
+
+export function bulkOperationFromWire(o: WireBulkOperation | undefined, created?: boolean): BulkOperation {
+  if (!o) throw new TypeError("the server's answer carries no bulk operation");
+  const operation: BulkOperation = {
+    operationId: o.operationId,
+    namespace: o.namespace,
+    kind: BULK_KINDS[o.kind] ?? "UNSPECIFIED",
+    status: BULK_STATUSES[o.status] ?? "UNSPECIFIED",
+    filter: runFilterFromWire(o.filter),
+    reason: o.reason,
+    matched: Number(o.matched),
+    succeeded: Number(o.succeeded),
+    skipped: Number(o.skipped),
+    failed: Number(o.failed),
+    failures: o.failures.map((f) => ({ runId: f.runId, message: f.message })),
+    createdBy: o.createdBy,
+    createTime: date(o.createTime),
+    updateTime: date(o.updateTime),
+    endTime: date(o.endTime),
+    error: o.error,
+  };
+  if (created !== undefined) operation.created = created;
+  return operation;
 }

@@ -1,7 +1,8 @@
 // The SDK conformance behaviours (tests/conformance/README.md) against the real server.
-// Each test is named after its number: c01 ... c17.
+// Each test is named after its number: c01 ... c18.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
+import { randomUUID } from "node:crypto";
 import { setTimeout as sleep } from "node:timers/promises";
 
 import { createClient, type Interceptor } from "@connectrpc/connect";
@@ -22,6 +23,7 @@ import {
   isPermissionDenied,
   isUnauthenticated,
   toComposerError,
+  type BulkOperation,
   type CancelReason,
   type HistoryEvent,
   type Run,
@@ -878,6 +880,93 @@ output: { approved: "\${nodes.approval.output.ok}" }
       assert.equal((await client.startRun(tick)).priority, 3);
       const tooHigh = await client.startRun(tick, undefined, { priority: 9 }).catch((e: unknown) => e);
       assert.ok(fieldsOf(tooHigh).includes("priority"));
+    } finally {
+      client.close();
+    }
+  });
+
+  test("c18 bulk actions act on every matching run", async () => {
+    const s = hex();
+    const queue = `c18-${s}`;
+    const failing = `c18-fail-${s}`;
+    const passing = `c18-ok-${s}`;
+    const waiting = `c18-wait-${s}`;
+    const worker = makeWorker(server.address, { slots: 8 });
+    let decline = true;
+    worker.task(queue, "charge", () => {
+      if (decline) throw new NonRetryableError("card declined", { code: "DECLINED" });
+      return { charged: true };
+    });
+    worker.task(queue, "log", () => ({ logged: true }));
+    const client = newClient();
+    const settle = (operation: BulkOperation): Promise<BulkOperation> => client.waitBulkOperation(operation.operationId, { timeoutMs: 60_000 });
+    const statusesOf = async (runs: Run[]): Promise<string[]> => Promise.all(runs.map(async (r) => (await client.getRun(r.runId, { skipNodes: true })).status));
+    try {
+      await serving(worker, async () => {
+        await client.registerWorkflow(oneTask(failing, queue, "charge"));
+        await client.registerWorkflow(oneTask(passing, queue, "log"));
+        await client.registerWorkflow(`name: ${waiting}\nnodes:\n  - { id: go, type: WAIT_FOR_EVENT, event: go }\n`);
+
+        // 6 runs fail non-retryably and 2 complete, all with the test's own label.
+        const label = { c18: s };
+        const failed: Run[] = [];
+        for (let i = 0; i < 6; i++) failed.push(await client.startRun(failing, { i }, { labels: label }));
+        const completed: Run[] = [];
+        for (let i = 0; i < 2; i++) completed.push(await client.startRun(passing, { i }, { labels: label }));
+        for (const r of failed) assert.equal((await final(client, r.runId)).status, "FAILED");
+        for (const r of completed) assert.equal((await final(client, r.runId)).status, "COMPLETED");
+
+        // One call retries the 6 failed runs; the 2 completed ones are skipped.
+        decline = false;
+        const requestId = `retry-${s}`;
+        const retry = await client.bulkRetryRuns({ labels: label }, { requestId });
+        assert.ok(retry.operationId);
+        assert.equal(retry.created, true);
+        assert.equal(retry.kind, "RETRY");
+        assert.deepEqual(retry.filter, { labels: label });
+        const retried = await settle(retry);
+        assert.equal(retried.status, "SUCCEEDED", JSON.stringify(retried));
+        assert.deepEqual([retried.matched, retried.succeeded, retried.skipped, retried.failed], [8, 6, 2, 0]);
+        assert.deepEqual(retried.failures, []);
+        assert.ok(retried.endTime);
+        for (const r of failed) assert.deepEqual(await client.waitForResult(r.runId, { timeoutMs: 60_000 }), { result: { charged: true } });
+        const again = await client.bulkRetryRuns({ labels: label }, { requestId });
+        assert.equal(again.operationId, retry.operationId);
+        assert.equal(again.created, false);
+
+        // 3 runs waiting on an event: paused, resumed and cancelled in bulk.
+        const held = { c18w: s };
+        const waiters: Run[] = [];
+        for (let i = 0; i < 3; i++) waiters.push(await client.startRun(waiting, undefined, { labels: held }));
+        const paused = await settle(await client.bulkPauseRuns({ labels: held }, { reason: "maintenance" }));
+        assert.equal(paused.kind, "PAUSE");
+        assert.equal(paused.reason, "maintenance");
+        assert.deepEqual([paused.status, paused.matched, paused.succeeded], ["SUCCEEDED", 3, 3]);
+        assert.deepEqual(await statusesOf(waiters), ["PAUSED", "PAUSED", "PAUSED"]);
+        const resumed = await settle(await client.bulkResumeRuns({ labels: held }));
+        assert.equal(resumed.kind, "RESUME");
+        assert.deepEqual([resumed.status, resumed.matched, resumed.succeeded], ["SUCCEEDED", 3, 3]);
+        assert.deepEqual(await statusesOf(waiters), ["RUNNING", "RUNNING", "RUNNING"]);
+        const cancelled = await settle(await client.bulkCancelRuns({ labels: held }, { reason: "no longer needed" }));
+        assert.equal(cancelled.kind, "CANCEL");
+        assert.equal(cancelled.reason, "no longer needed");
+        assert.deepEqual([cancelled.status, cancelled.matched, cancelled.succeeded], ["SUCCEEDED", 3, 3]);
+        assert.deepEqual(await statusesOf(waiters), ["CANCELLED", "CANCELLED", "CANCELLED"]);
+
+        // Listed newest first (paging one at a time).
+        const ours = new Set([retry.operationId, paused.operationId, resumed.operationId, cancelled.operationId]);
+        const listed: string[] = [];
+        for await (const operation of client.listBulkOperations({ pageSize: 1 })) if (ours.has(operation.operationId)) listed.push(operation.operationId);
+        assert.deepEqual(listed, [cancelled.operationId, resumed.operationId, paused.operationId, retry.operationId]);
+
+        // Refusals.
+        assert.ok(isFailedPrecondition(await client.bulkCancelRuns({}).catch((e: unknown) => e)));
+        const badVersion = await client.bulkRetryRuns({ workflowVersion: 1 }).catch((e: unknown) => e);
+        assert.ok(isInvalidArgument(badVersion), String(badVersion));
+        assert.ok(badVersion.fieldViolations.some((v) => v.field === "filter.workflow_version"), badVersion.message);
+        assert.ok(isNotFound(await client.getBulkOperation(randomUUID()).catch((e: unknown) => e)));
+        assert.ok(isFailedPrecondition(await client.cancelBulkOperation(cancelled.operationId).catch((e: unknown) => e)));
+      });
     } finally {
       client.close();
     }
