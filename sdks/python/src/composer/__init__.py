@@ -4,8 +4,9 @@
   with slots, heartbeats, cancellation, lease-safe reports and graceful
   shutdown; :meth:`Worker.serve_code` makes it a Python code runner.
 - :class:`Client` (asyncio) and :class:`SyncClient` register workflows, start,
-  list, cancel, retry, pause and resume runs, send events, wait for results
-  and manage schedules.
+  list, cancel, retry, pause and resume runs (one by one, or every run a
+  :class:`RunFilter` matches in one bulk operation), send events, wait for
+  results and manage schedules.
 - Failed calls raise :class:`ComposerError` subclasses carrying the gRPC code
   and the field violations; handlers raise :class:`NonRetryableError` or
   :class:`TaskError` to control retries.
@@ -35,6 +36,10 @@ from .errors import (
     UnimplementedError,
 )
 from .models import (
+    BulkOperation,
+    BulkOperationFailure,
+    BulkOperationKind,
+    BulkOperationStatus,
     EventDelivery,
     Failure,
     HistoryEvent,
@@ -42,6 +47,7 @@ from .models import (
     NodeStatus,
     OverlapPolicy,
     Run,
+    RunFilter,
     RunStatus,
     Schedule,
     ScheduleAction,
@@ -59,6 +65,10 @@ __version__ = "0.1.0"
 __all__ = [
     "AlreadyExistsError",
     "Backoff",
+    "BulkOperation",
+    "BulkOperationFailure",
+    "BulkOperationKind",
+    "BulkOperationStatus",
     "Client",
     "ComposerError",
     "DeadlineExceededError",
@@ -78,6 +88,7 @@ __all__ = [
     "ResourceExhaustedError",
     "Run",
     "RunFailedError",
+    "RunFilter",
     "RunStatus",
     "Schedule",
     "ScheduleAction",

@@ -35,10 +35,12 @@ from ._values import to_value
 from .backoff import Backoff
 from .errors import ComposerError, RunFailedError, from_rpc_error
 from .models import (
+    BulkOperation,
     EventDelivery,
     HistoryEvent,
     OverlapPolicy,
     Run,
+    RunFilter,
     RunStatus,
     Schedule,
     ScheduleFire,
@@ -79,6 +81,15 @@ def _schedule_parts(
     if input is not None:
         action.input.CopyFrom(to_value(input))
     return spec, action
+
+
+_BULK_POLL = Backoff(initial=0.1, maximum=2.0)
+"""The delays between wait_bulk_operation's polls."""
+
+
+def _run_filter(value: RunFilter | None) -> run_service_pb2.RunFilter:
+    """The filter message of a bulk call; None is the empty filter (which needs ``all``)."""
+    return (value or RunFilter()).to_proto()
 
 
 WorkflowSource = str | os.PathLike[str] | Mapping[str, Any]
@@ -409,6 +420,133 @@ class Client:
         run = await self.start_run(workflow, input, idempotency_key=idempotency_key)
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         return await self.wait_for_result(run.run_id, timeout=left)
+
+    # --- bulk operations --------------------------------------------------
+
+    async def bulk_cancel_runs(
+        self,
+        filter: RunFilter | None = None,
+        *,
+        all: bool = False,
+        reason: str = "",
+        request_id: str | None = None,
+    ) -> BulkOperation:
+        """Starts a bulk operation that cancels every run ``filter`` matches, as cancel_run would.
+
+        It returns at once with the operation (PENDING or RUNNING); follow it
+        with :meth:`wait_bulk_operation` or :meth:`get_bulk_operation`. Runs
+        that ended before their turn count as skipped, and only runs created
+        before the operation are matched. An empty filter is a
+        FailedPreconditionError unless ``all`` (every run of the namespace);
+        a bad filter field an InvalidArgumentError naming ``filter.<field>``.
+        With a ``request_id``, a repeated call returns the first call's
+        operation (``created`` False) and starts nothing.
+        """
+        request = run_service_pb2.BulkCancelRunsRequest(
+            filter=_run_filter(filter), all=all, reason=reason, request_id=request_id or ""
+        )
+        response: run_service_pb2.BulkCancelRunsResponse = await self._call(self._conn.runs.BulkCancelRuns, request)
+        return BulkOperation.from_proto(response.operation, created=response.created)
+
+    async def bulk_retry_runs(
+        self, filter: RunFilter | None = None, *, all: bool = False, request_id: str | None = None
+    ) -> BulkOperation:
+        """Starts a bulk operation that retries every FAILED run ``filter`` matches, as retry_run would.
+
+        A matching run that is not FAILED when its turn comes counts as
+        skipped. Filter, ``all`` and ``request_id`` as :meth:`bulk_cancel_runs`.
+        """
+        request = run_service_pb2.BulkRetryRunsRequest(filter=_run_filter(filter), all=all, request_id=request_id or "")
+        response: run_service_pb2.BulkRetryRunsResponse = await self._call(self._conn.runs.BulkRetryRuns, request)
+        return BulkOperation.from_proto(response.operation, created=response.created)
+
+    async def bulk_pause_runs(
+        self,
+        filter: RunFilter | None = None,
+        *,
+        all: bool = False,
+        reason: str = "",
+        request_id: str | None = None,
+    ) -> BulkOperation:
+        """Starts a bulk operation that pauses every live run ``filter`` matches, as pause_run would.
+
+        Filter, ``all`` and ``request_id`` as :meth:`bulk_cancel_runs`.
+        """
+        request = run_service_pb2.BulkPauseRunsRequest(
+            filter=_run_filter(filter), all=all, reason=reason, request_id=request_id or ""
+        )
+        response: run_service_pb2.BulkPauseRunsResponse = await self._call(self._conn.runs.BulkPauseRuns, request)
+        return BulkOperation.from_proto(response.operation, created=response.created)
+
+    async def bulk_resume_runs(
+        self, filter: RunFilter | None = None, *, all: bool = False, request_id: str | None = None
+    ) -> BulkOperation:
+        """Starts a bulk operation that resumes every PAUSED run ``filter`` matches, as resume_run would.
+
+        Filter, ``all`` and ``request_id`` as :meth:`bulk_cancel_runs`.
+        """
+        request = run_service_pb2.BulkResumeRunsRequest(filter=_run_filter(filter), all=all, request_id=request_id or "")
+        response: run_service_pb2.BulkResumeRunsResponse = await self._call(self._conn.runs.BulkResumeRuns, request)
+        return BulkOperation.from_proto(response.operation, created=response.created)
+
+    async def get_bulk_operation(self, operation_id: str) -> BulkOperation:
+        """A bulk operation with its progress and counts; NotFoundError if absent."""
+        response: run_service_pb2.GetBulkOperationResponse = await self._call(
+            self._conn.runs.GetBulkOperation, run_service_pb2.GetBulkOperationRequest(operation_id=operation_id)
+        )
+        return BulkOperation.from_proto(response.operation)
+
+    async def list_bulk_operations(self, *, page_size: int = 100) -> AsyncIterator[BulkOperation]:
+        """Iterates over the namespace's bulk operations, newest first, fetching pages as it goes."""
+        request = run_service_pb2.ListBulkOperationsRequest(page_size=page_size)
+        while True:
+            response: run_service_pb2.ListBulkOperationsResponse = await self._call(
+                self._conn.runs.ListBulkOperations, request
+            )
+            for operation in response.operations:
+                yield BulkOperation.from_proto(operation)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
+
+    async def cancel_bulk_operation(self, operation_id: str) -> BulkOperation:
+        """Stops a bulk operation after the run it is on; runs already acted on stay as they are.
+
+        The answer is CANCELLED, or RUNNING until its server sees the request
+        (within one batch). Cancelling one already being cancelled is OK; one
+        that ended is a FailedPreconditionError.
+        """
+        response: run_service_pb2.CancelBulkOperationResponse = await self._call(
+            self._conn.runs.CancelBulkOperation,
+            run_service_pb2.CancelBulkOperationRequest(operation_id=operation_id),
+        )
+        return BulkOperation.from_proto(response.operation)
+
+    async def wait_bulk_operation(self, operation_id: str, *, timeout: float | None = None) -> BulkOperation:
+        """Polls a bulk operation until it ends (SUCCEEDED, CANCELLED or FAILED) and returns it.
+
+        The polls back off from 0.1 s to 2 s; a poll that meets UNAVAILABLE or
+        DEADLINE_EXCEEDED is made again. Raises ``TimeoutError`` when
+        ``timeout`` seconds pass first, NotFoundError for an unknown id.
+        """
+        async def ended() -> BulkOperation:
+            polls = 0
+            while True:
+                polls += 1
+                try:
+                    operation = await self.get_bulk_operation(operation_id)
+                    if operation.status.is_final:
+                        return operation
+                except ComposerError as error:
+                    if not error.retryable:
+                        raise
+                    log.debug("poll of bulk operation %s failed (%s); polling again", operation_id, error.code.name)
+                await asyncio.sleep(_BULK_POLL.delay(polls))
+
+        try:
+            return await asyncio.wait_for(ended(), timeout)
+        except asyncio.TimeoutError:
+            raise TimeoutError(f"bulk operation {operation_id} did not end within {timeout} s") from None
 
     # --- schedules --------------------------------------------------------
 
@@ -744,6 +882,56 @@ class SyncClient:
         return self._run(
             self._client.run_workflow(workflow, input, idempotency_key=idempotency_key, timeout=timeout)
         )
+
+    def bulk_cancel_runs(
+        self,
+        filter: RunFilter | None = None,
+        *,
+        all: bool = False,
+        reason: str = "",
+        request_id: str | None = None,
+    ) -> BulkOperation:
+        """See :meth:`Client.bulk_cancel_runs`."""
+        return self._run(self._client.bulk_cancel_runs(filter, all=all, reason=reason, request_id=request_id))
+
+    def bulk_retry_runs(
+        self, filter: RunFilter | None = None, *, all: bool = False, request_id: str | None = None
+    ) -> BulkOperation:
+        """See :meth:`Client.bulk_retry_runs`."""
+        return self._run(self._client.bulk_retry_runs(filter, all=all, request_id=request_id))
+
+    def bulk_pause_runs(
+        self,
+        filter: RunFilter | None = None,
+        *,
+        all: bool = False,
+        reason: str = "",
+        request_id: str | None = None,
+    ) -> BulkOperation:
+        """See :meth:`Client.bulk_pause_runs`."""
+        return self._run(self._client.bulk_pause_runs(filter, all=all, reason=reason, request_id=request_id))
+
+    def bulk_resume_runs(
+        self, filter: RunFilter | None = None, *, all: bool = False, request_id: str | None = None
+    ) -> BulkOperation:
+        """See :meth:`Client.bulk_resume_runs`."""
+        return self._run(self._client.bulk_resume_runs(filter, all=all, request_id=request_id))
+
+    def get_bulk_operation(self, operation_id: str) -> BulkOperation:
+        """See :meth:`Client.get_bulk_operation`."""
+        return self._run(self._client.get_bulk_operation(operation_id))
+
+    def list_bulk_operations(self, *, page_size: int = 100) -> Iterator[BulkOperation]:
+        """See :meth:`Client.list_bulk_operations`."""
+        return self._iterate(self._client.list_bulk_operations(page_size=page_size))
+
+    def cancel_bulk_operation(self, operation_id: str) -> BulkOperation:
+        """See :meth:`Client.cancel_bulk_operation`."""
+        return self._run(self._client.cancel_bulk_operation(operation_id))
+
+    def wait_bulk_operation(self, operation_id: str, *, timeout: float | None = None) -> BulkOperation:
+        """See :meth:`Client.wait_bulk_operation`."""
+        return self._run(self._client.wait_bulk_operation(operation_id, timeout=timeout))
 
     def create_schedule(
         self,

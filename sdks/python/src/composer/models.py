@@ -9,6 +9,7 @@ Payloads (inputs, outputs, details) are JSON values (``dict``, ``list``,
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -510,6 +511,211 @@ class Schedule:
 
 
 @dataclass(frozen=True)
+class RunFilter:
+    """Which runs a bulk operation acts on: ListRuns' filters, all of which a run must match.
+
+    An empty filter matches nothing unless the bulk call says ``all=True``
+    (every run of the namespace). Bad values are checked as list_runs checks
+    them (InvalidArgumentError naming ``filter.<field>``, e.g. a
+    ``workflow_version`` without a ``workflow_name``).
+    """
+
+    workflow_name: str = ""
+    """Only runs of this workflow."""
+    workflow_version: int = 0
+    """Only runs of this version of ``workflow_name`` (which it requires); 0: any version."""
+    statuses: Sequence[RunStatus] = ()
+    """Only runs in one of these statuses."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Only runs carrying all of these labels with these values."""
+    create_time_after: datetime | None = None
+    """Only runs created at or after this time."""
+    create_time_before: datetime | None = None
+    """Only runs created before this time."""
+    parent_run_id: str = ""
+    """Only child runs of this run."""
+    search: str = ""
+    """Only the run whose id this is, and runs whose idempotency key starts with it."""
+
+    def __post_init__(self) -> None:
+        # Copies, so that a filter equals the one read back from an operation
+        # and a caller's later change to its list or dict does not reach it.
+        object.__setattr__(self, "statuses", tuple(self.statuses))
+        object.__setattr__(self, "labels", dict(self.labels))
+
+    def to_proto(self) -> run_service_pb2.RunFilter:
+        """The ``composer.v1.RunFilter`` of this filter."""
+        message = run_service_pb2.RunFilter(
+            workflow_name=self.workflow_name,
+            workflow_version=self.workflow_version,
+            statuses=[s.to_proto() for s in self.statuses],  # type: ignore[misc]
+            labels=dict(self.labels),
+            parent_run_id=self.parent_run_id,
+            search=self.search,
+        )
+        if self.create_time_after is not None:
+            message.create_time_after.FromDatetime(self.create_time_after)
+        if self.create_time_before is not None:
+            message.create_time_before.FromDatetime(self.create_time_before)
+        return message
+
+    @classmethod
+    def from_proto(cls, message: run_service_pb2.RunFilter) -> RunFilter:
+        """Builds the view of a ``composer.v1.RunFilter``."""
+        return cls(
+            workflow_name=message.workflow_name,
+            workflow_version=message.workflow_version,
+            statuses=tuple(RunStatus.from_proto(s) for s in message.statuses),
+            labels=dict(message.labels),
+            create_time_after=_time(message, "create_time_after"),
+            create_time_before=_time(message, "create_time_before"),
+            parent_run_id=message.parent_run_id,
+            search=message.search,
+        )
+
+
+class BulkOperationKind(enum.Enum):
+    """What a bulk operation does to each run."""
+
+    CANCEL = "CANCEL"
+    """cancel_run on each run."""
+    RETRY = "RETRY"
+    """retry_run on each run."""
+    PAUSE = "PAUSE"
+    """pause_run on each run."""
+    RESUME = "RESUME"
+    """resume_run on each run."""
+    UNSPECIFIED = "UNSPECIFIED"
+    """Never sent by the server."""
+
+    @classmethod
+    def from_proto(cls, number: int) -> BulkOperationKind:
+        """The kind for a ``composer.v1.BulkOperationKind`` number (UNSPECIFIED for unknown ones)."""
+        try:
+            return cls(run_service_pb2.BulkOperationKind.Name(number).removeprefix("BULK_OPERATION_KIND_"))
+        except ValueError:
+            return cls.UNSPECIFIED
+
+
+class BulkOperationStatus(enum.Enum):
+    """Where a bulk operation is in its life."""
+
+    PENDING = "PENDING"
+    """Created; no server has taken it yet."""
+    RUNNING = "RUNNING"
+    """A server is working through its runs, one batch at a time."""
+    SUCCEEDED = "SUCCEEDED"
+    """Every matching run was acted on or skipped."""
+    CANCELLED = "CANCELLED"
+    """cancel_bulk_operation stopped it."""
+    FAILED = "FAILED"
+    """It stopped on an error it could not get past (its ``error``)."""
+    UNSPECIFIED = "UNSPECIFIED"
+    """Never sent by the server."""
+
+    @property
+    def is_final(self) -> bool:
+        """True for SUCCEEDED, CANCELLED and FAILED."""
+        return self in (BulkOperationStatus.SUCCEEDED, BulkOperationStatus.CANCELLED, BulkOperationStatus.FAILED)
+
+    @classmethod
+    def from_proto(cls, number: int) -> BulkOperationStatus:
+        """The status for a ``composer.v1.BulkOperationStatus`` number (UNSPECIFIED for unknown ones)."""
+        try:
+            return cls(run_service_pb2.BulkOperationStatus.Name(number).removeprefix("BULK_OPERATION_STATUS_"))
+        except ValueError:
+            return cls.UNSPECIFIED
+
+
+@dataclass(frozen=True)
+class BulkOperationFailure:
+    """One run a bulk operation could not act on."""
+
+    run_id: str
+    """The run."""
+    message: str
+    """Why."""
+
+    @classmethod
+    def from_proto(cls, message: run_service_pb2.BulkOperationFailure) -> BulkOperationFailure:
+        """Builds the view of a ``composer.v1.BulkOperationFailure``."""
+        return cls(message.run_id, message.message)
+
+
+@dataclass(frozen=True)
+class BulkOperation:
+    """A long-running action (cancel, retry, pause, resume) over the runs a filter matches.
+
+    Any server works on it, a batch at a time, and another takes over if that
+    server stops. Counts only grow; once it ends, ``matched`` = ``succeeded``
+    + ``skipped`` + ``failed`` unless it was cancelled.
+    """
+
+    operation_id: str
+    """The operation's id."""
+    namespace: str
+    """The namespace it acts in."""
+    kind: BulkOperationKind
+    """What it does to each run."""
+    status: BulkOperationStatus
+    """Where it is."""
+    filter: RunFilter
+    """The filter it was started with."""
+    reason: str
+    """The reason given, for cancel and pause."""
+    matched: int
+    """How many runs matched when it started (runs created before it)."""
+    succeeded: int
+    """Runs acted on."""
+    skipped: int
+    """Runs passed over because they were no longer in a status the action applies to."""
+    failed: int
+    """Runs the action failed on; the first of them are in ``failures``."""
+    failures: tuple[BulkOperationFailure, ...]
+    """Up to 20 of the runs the action failed on, with why."""
+    created_by: str
+    """The subject of the token that started it."""
+    create_time: datetime | None
+    """When it was created."""
+    update_time: datetime | None
+    """When it last made progress."""
+    end_time: datetime | None
+    """When it ended; None while it runs."""
+    error: str
+    """Why it FAILED."""
+    created: bool | None = None
+    """From the bulk_* calls only: False when the ``request_id`` matched an existing operation."""
+    raw: run_service_pb2.BulkOperation = field(
+        default_factory=run_service_pb2.BulkOperation, repr=False, compare=False
+    )
+    """The message this view was built from."""
+
+    @classmethod
+    def from_proto(cls, message: run_service_pb2.BulkOperation, *, created: bool | None = None) -> BulkOperation:
+        """Builds the view of a ``composer.v1.BulkOperation``."""
+        return cls(
+            operation_id=message.operation_id,
+            namespace=message.namespace,
+            kind=BulkOperationKind.from_proto(message.kind),
+            status=BulkOperationStatus.from_proto(message.status),
+            filter=RunFilter.from_proto(message.filter),
+            reason=message.reason,
+            matched=message.matched,
+            succeeded=message.succeeded,
+            skipped=message.skipped,
+            failed=message.failed,
+            failures=tuple(BulkOperationFailure.from_proto(f) for f in message.failures),
+            created_by=message.created_by,
+            create_time=_time(message, "create_time"),
+            update_time=_time(message, "update_time"),
+            end_time=_time(message, "end_time"),
+            error=message.error,
+            created=created,
+            raw=message,
+        )
+
+
+@dataclass(frozen=True)
 class ServerInfo:
     """What the server is and speaks."""
 
@@ -522,6 +728,10 @@ class ServerInfo:
 
 
 __all__ = [
+    "BulkOperation",
+    "BulkOperationFailure",
+    "BulkOperationKind",
+    "BulkOperationStatus",
     "EventDelivery",
     "Failure",
     "HistoryEvent",
@@ -529,6 +739,7 @@ __all__ = [
     "NodeStatus",
     "OverlapPolicy",
     "Run",
+    "RunFilter",
     "RunStatus",
     "Schedule",
     "ScheduleAction",

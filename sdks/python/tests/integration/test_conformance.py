@@ -1,6 +1,6 @@
 """The SDK conformance behaviours (tests/conformance/README.md), against the real server.
 
-Each test is named after its number (C1 ... C17). They start `composer serve`
+Each test is named after its number (C1 ... C18). They start `composer serve`
 (conftest.py) and pass once the server behaves as the protos' comments say.
 """
 
@@ -22,6 +22,8 @@ from conftest import ServerProcess
 
 from composer import (
     AlreadyExistsError,
+    BulkOperationKind,
+    BulkOperationStatus,
     Client,
     FailedPreconditionError,
     InvalidArgumentError,
@@ -31,6 +33,7 @@ from composer import (
     NotFoundError,
     OverlapPolicy,
     RunFailedError,
+    RunFilter,
     RunStatus,
     ScheduleFireOutcome,
     SyncClient,
@@ -705,3 +708,125 @@ def test_c17_schedules_fire_runs_and_a_run_pauses_and_resumes(server: ServerProc
         assert sync.start_run(tick, priority=1).priority == 1
         with pytest.raises(NotFoundError):
             sync.trigger_schedule(f"missing-{names}")
+
+
+def test_c18_bulk_actions_act_on_every_matching_run(server: ServerProcess, names: str) -> None:
+    queue = f"bulk_{names}"
+    failing, passing, waiting = f"bulk_fail_{names}", f"bulk_ok_{names}", f"bulk_wait_{names}"
+    outage = {"bulk": names}
+    parked = {"bulk": f"{names}-wait"}
+    retry_request = f"retry-{names}"
+
+    def outage_worker(fixed: bool) -> Worker:
+        worker = Worker(server.address, slots=4, backoff=FAST)
+
+        @worker.task("charge", queue=queue)
+        async def charge(ctx: TaskContext) -> str:
+            if not fixed:
+                raise NonRetryableError("the payment provider is down", code="OUTAGE")
+            return "charged"
+
+        @worker.task("notify", queue=queue)
+        async def notify(ctx: TaskContext) -> str:
+            return "notified"
+
+        return worker
+
+    async def main() -> tuple[str, str]:
+        async with Client(server.address) as client:
+            await client.register_workflow(one_task(failing, queue, "charge"))
+            await client.register_workflow(one_task(passing, queue, "notify"))
+            await client.register_workflow(f"name: {waiting}\nnodes:\n  - {{ id: go, type: WAIT_FOR_EVENT, event: go }}\n")
+
+            # 6 runs fail in the outage, 2 with the same label complete.
+            async with serving(outage_worker(fixed=False)):
+                failed = [await client.start_run(failing, labels=outage) for _ in range(6)]
+                done = [await client.start_run(passing, labels=outage) for _ in range(2)]
+                assert [(await final(client, r.run_id)).status for r in failed] == [RunStatus.FAILED] * 6
+                assert [(await final(client, r.run_id)).status for r in done] == [RunStatus.COMPLETED] * 2
+
+            # One call retries every FAILED run of the label; the completed ones are skipped.
+            started = await client.bulk_retry_runs(RunFilter(labels=outage), request_id=retry_request)
+            assert started.operation_id and started.created is True
+            assert started.kind is BulkOperationKind.RETRY and started.filter.labels == outage
+            retried = await client.wait_bulk_operation(started.operation_id, timeout=60)
+            assert retried.status is BulkOperationStatus.SUCCEEDED, retried
+            assert (retried.matched, retried.succeeded, retried.skipped, retried.failed) == (8, 6, 2, 0), retried
+            assert retried.failures == () and retried.end_time is not None
+            assert retried.namespace == "default" and retried.created_by == "python-tests"
+            # No worker serves the queue: the retried runs wait, RUNNING, until it is fixed.
+            assert [(await client.get_run(r.run_id)).status for r in failed] == [RunStatus.RUNNING] * 6
+            async with serving(outage_worker(fixed=True)):
+                for r in failed:
+                    assert await client.wait_for_result(r.run_id, timeout=60) == {"result": "charged"}
+            assert [(await client.get_run(r.run_id)).status for r in done] == [RunStatus.COMPLETED] * 2
+
+            # The same request id returns the same operation and starts nothing.
+            repeat = await client.bulk_retry_runs(RunFilter(labels=outage), request_id=retry_request)
+            assert repeat.operation_id == started.operation_id and repeat.created is False
+
+            # Pause, resume and cancel 3 runs waiting on an event.
+            parked_runs = [await client.start_run(waiting, labels=parked) for _ in range(3)]
+            ids = sorted(r.run_id for r in parked_runs)
+
+            async def statuses() -> list[RunStatus]:
+                return [(await client.get_run(run_id)).status for run_id in ids]
+
+            paused = await client.bulk_pause_runs(RunFilter(labels=parked), reason="maintenance")
+            paused = await client.wait_bulk_operation(paused.operation_id, timeout=60)
+            assert paused.kind is BulkOperationKind.PAUSE and paused.reason == "maintenance"
+            assert (paused.status, paused.matched, paused.succeeded) == (BulkOperationStatus.SUCCEEDED, 3, 3), paused
+            assert await statuses() == [RunStatus.PAUSED] * 3
+            listed = [r.run_id async for r in client.list_runs(labels=parked, statuses=[RunStatus.PAUSED])]
+            assert sorted(listed) == ids
+
+            resumed = await client.bulk_resume_runs(RunFilter(workflow_name=waiting, labels=parked))
+            resumed = await client.wait_bulk_operation(resumed.operation_id, timeout=60)
+            assert resumed.kind is BulkOperationKind.RESUME
+            assert (resumed.status, resumed.succeeded) == (BulkOperationStatus.SUCCEEDED, 3), resumed
+            assert await statuses() == [RunStatus.RUNNING] * 3
+
+            cancelled = await client.bulk_cancel_runs(
+                RunFilter(labels=parked, statuses=[RunStatus.RUNNING]), reason="customer left"
+            )
+            cancelled = await client.wait_bulk_operation(cancelled.operation_id, timeout=60)
+            assert cancelled.kind is BulkOperationKind.CANCEL and cancelled.reason == "customer left"
+            assert (cancelled.status, cancelled.succeeded) == (BulkOperationStatus.SUCCEEDED, 3), cancelled
+            assert cancelled.filter.statuses == (RunStatus.RUNNING,)
+            for run_id in ids:
+                ended = await client.get_run(run_id)
+                assert ended.status is RunStatus.CANCELLED
+                assert ended.error is not None and "customer left" in ended.error.message, ended.error
+
+            # Listed newest first (paging one at a time).
+            ours = {started.operation_id, paused.operation_id, resumed.operation_id, cancelled.operation_id}
+            order = [op.operation_id async for op in client.list_bulk_operations(page_size=1) if op.operation_id in ours]
+            assert order == [cancelled.operation_id, resumed.operation_id, paused.operation_id, started.operation_id]
+
+            # Refusals.
+            with pytest.raises(FailedPreconditionError):
+                await client.bulk_resume_runs()  # an empty filter without all
+            with pytest.raises(InvalidArgumentError) as caught:
+                await client.bulk_pause_runs(RunFilter(workflow_version=1, labels=parked))
+            assert "filter.workflow_version" in [v.field for v in caught.value.field_violations]
+            with pytest.raises(NotFoundError):
+                await client.get_bulk_operation(str(uuid.uuid4()))
+            with pytest.raises(FailedPreconditionError):
+                await client.cancel_bulk_operation(cancelled.operation_id)
+            return started.operation_id, cancelled.operation_id
+
+    retry_id, cancel_id = asyncio.run(asyncio.wait_for(main(), 240))
+
+    # The sync facade: the same calls, blocking.
+    with SyncClient(server.address) as sync:
+        again = sync.bulk_retry_runs(RunFilter(labels=outage), request_id=retry_request)
+        assert again.operation_id == retry_id and again.created is False
+        assert sync.wait_bulk_operation(retry_id, timeout=30).succeeded == 6
+        assert sync.get_bulk_operation(cancel_id).status is BulkOperationStatus.SUCCEEDED
+        assert cancel_id in [op.operation_id for op in sync.list_bulk_operations(page_size=2)]
+        with pytest.raises(FailedPreconditionError):
+            sync.bulk_cancel_runs(RunFilter())
+        with pytest.raises(FailedPreconditionError):
+            sync.cancel_bulk_operation(retry_id)
+        with pytest.raises(NotFoundError):
+            sync.get_bulk_operation(str(uuid.uuid4()))
