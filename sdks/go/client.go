@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/composer-dev/composer/sdks/go/gen/composer/v1"
 )
@@ -379,15 +378,30 @@ func (c *Client) getRun(ctx context.Context, runID string, skipNodes bool) (*Run
 	return runFrom(r.GetRun()), nil
 }
 
-// RunFilter selects runs for ListRuns; zero fields do not filter.
+// RunFilter selects runs for ListRuns and the bulk operations
+// (BulkCancelRuns, ...); zero fields do not filter. A bad field is
+// INVALID_ARGUMENT naming it (filter.<field> in a bulk operation).
 type RunFilter struct {
-	Workflow      string
-	Statuses      []RunStatus
-	Labels        map[string]string
-	CreatedAfter  time.Time
+	// Workflow: only runs of this workflow.
+	Workflow string
+	// WorkflowVersion: only runs of this version of Workflow (which it
+	// requires); 0 means any version.
+	WorkflowVersion int
+	// Statuses: only runs in one of these statuses.
+	Statuses []RunStatus
+	// Labels: only runs carrying all of these labels with these values.
+	Labels map[string]string
+	// CreatedAfter: only runs created at or after this time.
+	CreatedAfter time.Time
+	// CreatedBefore: only runs created before this time.
 	CreatedBefore time.Time
-	ParentRunID   string
-	// PageSize is the number of runs fetched per call (default 100).
+	// ParentRunID: only child runs of this run.
+	ParentRunID string
+	// Search: only the run whose id it is and runs whose idempotency key
+	// starts with it (at most 256 bytes).
+	Search string
+	// PageSize is the number of runs ListRuns fetches per call (default
+	// 100); the bulk operations ignore it.
 	PageSize int
 }
 
@@ -395,18 +409,11 @@ type RunFilter struct {
 // page after page. Iteration stops at the first error, which it yields.
 func (c *Client) ListRuns(ctx context.Context, filter RunFilter) iter.Seq2[*Run, error] {
 	return func(yield func(*Run, error) bool) {
+		f := filter.proto()
 		req := &pb.ListRunsRequest{
-			WorkflowName: filter.Workflow, Labels: filter.Labels, ParentRunId: filter.ParentRunID,
-			PageSize: int32(filter.PageSize),
-		}
-		for _, s := range filter.Statuses {
-			req.Statuses = append(req.Statuses, pb.RunStatus(s))
-		}
-		if !filter.CreatedAfter.IsZero() {
-			req.CreateTimeAfter = timestamppb.New(filter.CreatedAfter)
-		}
-		if !filter.CreatedBefore.IsZero() {
-			req.CreateTimeBefore = timestamppb.New(filter.CreatedBefore)
+			WorkflowName: f.WorkflowName, WorkflowVersion: f.WorkflowVersion, Statuses: f.Statuses,
+			Labels: f.Labels, CreateTimeAfter: f.CreateTimeAfter, CreateTimeBefore: f.CreateTimeBefore,
+			ParentRunId: f.ParentRunId, Search: f.Search, PageSize: int32(filter.PageSize),
 		}
 		for {
 			callCtx, cancel := c.callContext(ctx)

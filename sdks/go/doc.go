@@ -53,6 +53,14 @@
 // carries the caller's. WorkerOptions.TracerProvider, else the global
 // provider, makes the spans.
 //
+// # Bulk actions
+//
+// BulkCancelRuns, BulkRetryRuns, BulkPauseRuns and BulkResumeRuns act on
+// every run a RunFilter matches, as a long-running BulkOperation that the
+// servers work through a batch at a time; WaitBulkOperation polls it until
+// it ends, and GetBulkOperation, ListBulkOperations and CancelBulkOperation
+// read and stop it.
+//
 // # Errors of calls
 //
 // Every failed call returns an *Error (use errors.As) with the gRPC code,

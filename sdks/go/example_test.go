@@ -176,6 +176,34 @@ func ExampleClient_ListRuns() {
 	}
 }
 
+// After an outage, retry every run of a workflow that failed in it, with
+// one call, and wait for the operation to end.
+func ExampleClient_BulkRetryRuns() {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	client, err := composer.Dial(ctx, "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	filter := composer.RunFilter{
+		Workflow: "order_example", Statuses: []composer.RunStatus{composer.RunFailed},
+		CreatedAfter: time.Date(2026, 4, 12, 9, 0, 0, 0, time.UTC), CreatedBefore: time.Date(2026, 4, 12, 11, 0, 0, 0, time.UTC),
+	}
+	op, err := client.BulkRetryRuns(ctx, filter, composer.WithRequestID("outage-2026-04-12"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	op, err = client.WaitBulkOperation(ctx, op.ID)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println(op.Status, op.Succeeded, "retried,", op.Skipped, "skipped,", op.Failed, "failed")
+	for _, f := range op.Failures {
+		fmt.Println(f.RunID, f.Message)
+	}
+}
+
 func ExampleClient_SendEvent() {
 	ctx := context.Background()
 	client, err := composer.Dial(ctx, "")
