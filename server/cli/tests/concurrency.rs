@@ -604,3 +604,33 @@ async fn a_namespace_never_shares_slots_with_another() {
     let again_in_a = start_in("tenant-a").await;
     assert_eq!(again_in_a.status(), RunStatus::Queued);
 }
+
+/// Child runs are admitted like any run: a MAP of three children of one key
+/// with max 1 runs them one at a time, and the parent completes with every
+/// result.
+#[tokio::test]
+async fn child_runs_of_one_key_run_one_at_a_time_and_the_parent_completes() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(&keyed("child_keyed", "queue", "ck")).await;
+    client
+        .register(
+            "name: fan_out\nnodes:\n  - id: each\n    type: MAP\n    items: input.items\n    workflow: child_keyed\n    input: { tenant: \"same\", n: \"${item}\" }\n",
+        )
+        .await;
+    let parent = client.start("fan_out", json!({"items": [1, 2, 3]})).await;
+    let mut workers = WorkerServiceClient::new(channel(&server).await);
+    let mut children = Vec::new();
+    for _ in 0..3 {
+        let task = poll_one(&mut workers, "ck").await;
+        // while this child holds the key, no other child's task is out
+        assert!(poll(&mut workers, "ck", 5).await.is_empty());
+        children.push(task.run_id.clone());
+        complete(&mut workers, &task).await;
+    }
+    children.sort();
+    children.dedup();
+    assert_eq!(children.len(), 3);
+    let done = client.wait_done(&parent, WAIT).await;
+    assert_eq!(done.status(), RunStatus::Completed, "{done:?}");
+}
