@@ -295,7 +295,16 @@ async fn cancel_new_creates_the_run_cancelled_naming_its_key() {
         .await;
     let mut runs = RunServiceClient::new(channel(&server).await);
 
-    let first = start(&mut runs, "drop_new", json!({"tenant": "a"})).await;
+    let (first_id, created) = client
+        .start_with_key("drop_new", json!({"tenant": "a"}), "once")
+        .await;
+    assert!(created);
+    // the same idempotency key again names the first run: nothing cancelled
+    let (again, created) = client
+        .start_with_key("drop_new", json!({"tenant": "a"}), "once")
+        .await;
+    assert_eq!((again.as_str(), created), (first_id.as_str(), false));
+    let first = client.get(&first_id).await;
     assert_eq!(first.status(), RunStatus::Running);
     let second = start(&mut runs, "drop_new", json!({"tenant": "a"})).await;
     assert_eq!(second.status(), RunStatus::Cancelled);

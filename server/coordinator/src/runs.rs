@@ -240,6 +240,54 @@ impl Coordinator {
         }
     }
 
+    /// Admits `run` under its concurrency key (if its workflow declares
+    /// one: `run` then says its key, its slot and QUEUED if it waits) and
+    /// inserts it. A keyed admission runs in a savepoint, so a run not
+    /// inserted (None) leaves no slot taken and no run told to cancel in
+    /// the caller's transaction (a schedule's fire continues it).
+    async fn admit_and_insert(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        workflow: &crate::workflows::LoadedWorkflow,
+        input: &Json,
+        run: &mut RunRow,
+        only_if_latest: bool,
+    ) -> Result<
+        Option<(
+            chrono::DateTime<chrono::Utc>,
+            Option<crate::concurrency::Admitted>,
+        )>,
+        CoordinatorError,
+    > {
+        let Some((key, concurrency)) = crate::concurrency::run_key(workflow, input)? else {
+            let created =
+                runs::insert_run(conn, &top_level_insert(run, None), only_if_latest).await?;
+            return Ok(created.map(|at| (at, None)));
+        };
+        let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+        let admitted = crate::concurrency::admit(
+            &mut savepoint,
+            &run.namespace,
+            &run.workflow_name,
+            key,
+            concurrency,
+        )
+        .await?;
+        run.concurrency_key = Some(admitted.key.clone());
+        run.concurrency_holds = admitted.admission().holds;
+        if admitted.queued() {
+            run.status = composer_store::concurrency::QUEUED.to_owned();
+        }
+        let insert = top_level_insert(run, Some(admitted.admission()));
+        let Some(created_at) = runs::insert_run(&mut savepoint, &insert, only_if_latest).await?
+        else {
+            savepoint.rollback().await?;
+            return Ok(None);
+        };
+        savepoint.commit().await?;
+        Ok(Some((created_at, Some(admitted))))
+    }
+
     /// Inserts a top-level run on `conn` (admitted under its concurrency
     /// key, if its workflow declares one) and applies its first event:
     /// its start, or the cancel of a `cancel_new`; a QUEUED run gets none.
@@ -254,29 +302,11 @@ impl Coordinator {
         run: &RunRow,
         only_if_latest: bool,
     ) -> Result<Option<crate::apply::Applied>, CoordinatorError> {
-        let admitted = match crate::concurrency::run_key(workflow, &request.input)? {
-            Some((key, concurrency)) => Some(
-                crate::concurrency::admit(
-                    conn,
-                    &run.namespace,
-                    &run.workflow_name,
-                    key,
-                    concurrency,
-                )
-                .await?,
-            ),
-            None => None,
-        };
         let mut run = run.clone();
-        if let Some(admitted) = &admitted {
-            run.concurrency_key = Some(admitted.key.clone());
-            run.concurrency_holds = admitted.admission().holds;
-            if admitted.queued() {
-                run.status = composer_store::concurrency::QUEUED.to_owned();
-            }
-        }
-        let insert = top_level_insert(&run, admitted.as_ref().map(|a| a.admission()));
-        let Some(created_at) = runs::insert_run(conn, &insert, only_if_latest).await? else {
+        let Some((created_at, admitted)) = self
+            .admit_and_insert(conn, workflow, &request.input, &mut run, only_if_latest)
+            .await?
+        else {
             return Ok(None);
         };
         let first = admitted
