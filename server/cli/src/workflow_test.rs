@@ -78,6 +78,10 @@ pub fn run(args: &WorkflowTestArgs) -> Result<(), WorkflowTestError> {
         print!("{}", report.timeline());
     }
     println!("status: {:?}", report.status);
+    println!("priority: {}", report.priority);
+    if let Some(key) = &report.concurrency_key {
+        println!("concurrency key: {key:?}");
+    }
     if let Some(output) = &report.output {
         println!("output: {output}");
     }

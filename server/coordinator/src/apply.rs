@@ -52,6 +52,9 @@ pub struct Applied {
     /// When the run was created; None when a run to insert was not (its
     /// idempotency key was taken, or a newer version was registered).
     pub created_at: Option<DateTime<Utc>>,
+    /// The concurrency key a run inserted by this transaction was admitted
+    /// under, if its workflow declares one.
+    pub concurrency_key: Option<String>,
     /// What the metrics count once the transaction committed.
     pub(crate) counted: Counted,
     /// The transaction's span (traces on only), the parent of its
@@ -179,6 +182,9 @@ pub(crate) struct RunTxn<'a> {
     workflow: std::sync::Arc<LoadedWorkflow>,
     state: RunState,
     was_terminal: bool,
+    /// The run was QUEUED, with this engine status underneath: it stays
+    /// QUEUED while the events leave that status alone.
+    queued_as: Option<RunStatus>,
     touched: BTreeMap<NodeKey, NodeState>,
     timers: BTreeMap<String, Option<TimerWrite>>,
     history: Vec<HistoryWrite>,
@@ -277,6 +283,8 @@ impl<'a> RunTxn<'a> {
     ) -> Result<RunTxn<'a>, CoordinatorError> {
         let record = record_from_row(&run)?;
         let was_terminal = record.status.is_terminal();
+        let queued_as =
+            (run.status == composer_store::concurrency::QUEUED).then_some(record.status);
         let span = crate::traces::run_events(run.traceparent.as_deref(), &run.id);
         let traceparent = crate::traces::traceparent(&span);
         Ok(RunTxn {
@@ -289,6 +297,7 @@ impl<'a> RunTxn<'a> {
                 nodes: BTreeMap::new(),
             },
             was_terminal,
+            queued_as,
             run,
             touched: BTreeMap::new(),
             timers: BTreeMap::new(),
@@ -690,6 +699,29 @@ impl<'a> RunTxn<'a> {
             self.child_not_started(node, attempt, error, actor);
             return Ok(());
         }
+        let admitted = match crate::concurrency::run_key(&child_workflow, &input) {
+            Ok(None) => None,
+            Ok(Some((key, concurrency))) => Some(
+                crate::concurrency::admit(
+                    conn,
+                    &self.run.namespace,
+                    &child_workflow.row.name,
+                    key,
+                    concurrency,
+                )
+                .await?,
+            ),
+            Err(CoordinatorError::InvalidArgument(problems)) => {
+                let message = problems
+                    .first()
+                    .map(|p| p.description.clone())
+                    .unwrap_or_default();
+                let error = ErrorInfo::new("INVALID_INPUT", message);
+                self.child_not_started(node, attempt, error, actor);
+                return Ok(());
+            }
+            Err(other) => return Err(other),
+        };
         let child_id = Uuid::new_v4();
         let record = RunState::new(
             child_id.to_string(),
@@ -699,6 +731,10 @@ impl<'a> RunTxn<'a> {
         )
         .run;
         let node_key = node.to_string();
+        let status = match &admitted {
+            Some(a) if a.queued() => composer_store::concurrency::QUEUED.to_owned(),
+            _ => run_status_text(RunStatus::Pending),
+        };
         runs::insert_run(
             conn,
             &NewRun {
@@ -706,7 +742,7 @@ impl<'a> RunTxn<'a> {
                 namespace: &self.run.namespace,
                 workflow_name: &child_workflow.row.name,
                 workflow_version: child_workflow.row.version,
-                status: &run_status_text(RunStatus::Pending),
+                status: &status,
                 input: &input,
                 labels: &json!({}),
                 idempotency_key: None,
@@ -719,13 +755,22 @@ impl<'a> RunTxn<'a> {
                 traceparent: self.traceparent.as_deref(),
                 // a child run dispatches at its parent's priority
                 priority: self.run.priority,
+                concurrency: admitted.as_ref().map(|a| a.admission()),
             },
             false,
         )
         .await?;
-        let started = serde_json::to_value(Event::RunStarted)?;
-        events::push_inbox(conn, child_id, &started, &format!("run:{}", self.run.id)).await?;
-        self.applied.inbox_runs.push(child_id);
+        if let Some(evicted) = admitted.as_ref().and_then(|a| a.evicted()) {
+            self.applied.inbox_runs.push(evicted);
+        }
+        let first = admitted
+            .as_ref()
+            .map_or(Some(Event::RunStarted), |a| a.first_event());
+        if let Some(first) = first {
+            let first = serde_json::to_value(first)?;
+            events::push_inbox(conn, child_id, &first, &format!("run:{}", self.run.id)).await?;
+            self.applied.inbox_runs.push(child_id);
+        }
         Ok(())
     }
 
@@ -848,6 +893,8 @@ impl<'a> RunTxn<'a> {
         // status stays in its record
         let status = if held {
             composer_store::pause::PAUSED.to_owned()
+        } else if self.queued_as == Some(record.status) {
+            composer_store::concurrency::QUEUED.to_owned()
         } else {
             run_status_text(record.status)
         };
@@ -856,7 +903,10 @@ impl<'a> RunTxn<'a> {
         if ended {
             // the run's end cancels its live tasks, these included
             self.write_arms(conn).await?;
+            // before the slot: telling the parent may wait for the parent's
+            // lock, and the parent may be waiting for this slot row
             self.tell_parent(conn).await?;
+            self.release_slot(conn).await?;
         }
         let record = &self.state.run;
         let error = record
@@ -920,6 +970,34 @@ impl<'a> RunTxn<'a> {
         self.applied.run_id = run_id;
         self.applied.output = record.output.clone();
         self.applied.error = error;
+        Ok(())
+    }
+
+    /// Every end of a run goes through here (from persist): a run holding a
+    /// slot of its concurrency key gives it back, and the oldest QUEUED
+    /// runs of the key that now fit take it, their start (or retry) put in
+    /// their inbox in this same transaction.
+    async fn release_slot(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
+        if !self.run.concurrency_holds {
+            return Ok(());
+        }
+        let Some(key) = self.run.concurrency_key.clone() else {
+            return Ok(());
+        };
+        self.saved()?;
+        let slot = composer_store::concurrency::SlotKey {
+            namespace: &self.run.namespace,
+            workflow_name: &self.run.workflow_name,
+            key: &key,
+        };
+        let handed = composer_store::concurrency::release_slot(conn, self.run.id, slot).await?;
+        self.run.concurrency_holds = false;
+        for next in handed {
+            let event = crate::concurrency::resume_event(conn, &next).await?;
+            let actor = format!("run:{}", self.run.id);
+            events::push_inbox(conn, next.run_id, &serde_json::to_value(event)?, &actor).await?;
+            self.applied.inbox_runs.push(next.run_id);
+        }
         Ok(())
     }
 

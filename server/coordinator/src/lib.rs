@@ -3,6 +3,7 @@
 
 mod apply;
 pub mod broker;
+mod concurrency;
 pub mod dispatch;
 pub mod error;
 pub mod http;

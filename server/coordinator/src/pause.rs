@@ -42,6 +42,13 @@ impl Coordinator {
         if run.status == PAUSED {
             return Ok((run, FlowChange::Unchanged));
         }
+        if run.status == composer_store::concurrency::QUEUED {
+            return Err(CoordinatorError::WrongRunStatus {
+                run_id: run_id.to_string(),
+                status: run.status,
+                why: "a QUEUED run has started nothing to pause; cancel it instead",
+            });
+        }
         let held = pause::pause_run(&mut tx, run_id).await?;
         let history = HistoryWrite {
             event_type: HistoryEventType::RunPaused.as_str().to_owned(),

@@ -3,7 +3,7 @@
 use composer_engine::{Event, NodeKey, history::HistoryEventType};
 use composer_store::{
     events,
-    runs::{self, HistoryRow, NewRun, NodeRow, RunFilter, RunRow},
+    runs::{self, HistoryRow, HistoryWrite, NewRun, NodeRow, RunFilter, RunRow},
 };
 use serde_json::{Value as Json, json};
 use tracing::Instrument;
@@ -175,7 +175,9 @@ impl Coordinator {
     ) -> Result<Option<(RunRow, bool)>, CoordinatorError> {
         let (mut run, record) = new_run_row(request, workflow, traceparent)?;
         let only_if_latest = request.version.is_none();
-        let applied = if crate::apply::start_writes_rows_only(workflow, &record) {
+        // a run under a concurrency key locks its key's slot: a transaction
+        let keyed = workflow.compiled.concurrency().is_some();
+        let applied = if !keyed && crate::apply::start_writes_rows_only(workflow, &record) {
             // the usual start: one statement, no transaction around it
             let mut conn = self.store.pool().acquire().await?;
             let mut txn = RunTxn::new_unsaved_run(
@@ -198,6 +200,7 @@ impl Coordinator {
         run.status = applied.status;
         run.output = applied.output;
         run.error = applied.error;
+        run.concurrency_key = applied.concurrency_key;
         Ok(Some((run, true)))
     }
 
@@ -219,28 +222,120 @@ impl Coordinator {
         // a fire has no caller's trace: a new one, when traces are on
         let span = crate::traces::start_run(None, &request.namespace, &request.workflow_name);
         let (run, _) = new_run_row(request, &workflow, crate::traces::traceparent(&span))?;
-        let created = runs::insert_run(conn, &top_level_insert(&run), false).await?;
-        if created.is_none() {
-            let key = request.idempotency_key.as_deref().unwrap_or_default();
-            let existing = runs::run_id_by_idempotency_key(conn, &request.namespace, key)
-                .await?
-                .ok_or_else(|| {
-                    CoordinatorError::Corrupt(format!("idempotency key {key:?} names no run"))
-                })?;
-            return Ok((existing, None));
-        }
         let run_id = run.id;
-        let mut txn = RunTxn::new_run(self, run, workflow)?;
-        txn.push(Event::RunStarted, &request.actor);
-        let mut applied = txn.finish(conn).await?;
-        applied.created_at = created;
-        Ok((run_id, Some(applied)))
+        match self
+            .insert_and_start(conn, request, &workflow, &run, false)
+            .await?
+        {
+            Some(applied) => Ok((run_id, Some(applied))),
+            None => {
+                let key = request.idempotency_key.as_deref().unwrap_or_default();
+                let existing = runs::run_id_by_idempotency_key(conn, &request.namespace, key)
+                    .await?
+                    .ok_or_else(|| {
+                        CoordinatorError::Corrupt(format!("idempotency key {key:?} names no run"))
+                    })?;
+                Ok((existing, None))
+            }
+        }
+    }
+
+    /// Admits `run` under its concurrency key (if its workflow declares
+    /// one: `run` then says its key, its slot and QUEUED if it waits) and
+    /// inserts it. A keyed admission runs in a savepoint, so a run not
+    /// inserted (None) leaves no slot taken and no run told to cancel in
+    /// the caller's transaction (a schedule's fire continues it).
+    async fn admit_and_insert(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        workflow: &crate::workflows::LoadedWorkflow,
+        input: &Json,
+        run: &mut RunRow,
+        only_if_latest: bool,
+    ) -> Result<
+        Option<(
+            chrono::DateTime<chrono::Utc>,
+            Option<crate::concurrency::Admitted>,
+        )>,
+        CoordinatorError,
+    > {
+        let Some((key, concurrency)) = crate::concurrency::run_key(workflow, input)? else {
+            let created =
+                runs::insert_run(conn, &top_level_insert(run, None), only_if_latest).await?;
+            return Ok(created.map(|at| (at, None)));
+        };
+        let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
+        let admitted = crate::concurrency::admit(
+            &mut savepoint,
+            &run.namespace,
+            &run.workflow_name,
+            key,
+            concurrency,
+        )
+        .await?;
+        run.concurrency_key = Some(admitted.key.clone());
+        run.concurrency_holds = admitted.admission().holds;
+        if admitted.queued() {
+            run.status = composer_store::concurrency::QUEUED.to_owned();
+        }
+        let insert = top_level_insert(run, Some(admitted.admission()));
+        let Some(created_at) = runs::insert_run(&mut savepoint, &insert, only_if_latest).await?
+        else {
+            savepoint.rollback().await?;
+            return Ok(None);
+        };
+        savepoint.commit().await?;
+        Ok(Some((created_at, Some(admitted))))
+    }
+
+    /// Inserts a top-level run on `conn` (admitted under its concurrency
+    /// key, if its workflow declares one) and applies its first event:
+    /// its start, or the cancel of a `cancel_new`; a QUEUED run gets none.
+    /// None: not inserted (its idempotency key is taken, or a newer
+    /// version exists when `only_if_latest`). The caller commits and
+    /// announces.
+    async fn insert_and_start(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        request: &StartRun,
+        workflow: &std::sync::Arc<crate::workflows::LoadedWorkflow>,
+        run: &RunRow,
+        only_if_latest: bool,
+    ) -> Result<Option<crate::apply::Applied>, CoordinatorError> {
+        let mut run = run.clone();
+        let Some((created_at, admitted)) = self
+            .admit_and_insert(conn, workflow, &request.input, &mut run, only_if_latest)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let first = admitted
+            .as_ref()
+            .map_or(Some(Event::RunStarted), |a| a.first_event());
+        let mut applied = match first {
+            Some(event) => {
+                let mut txn = RunTxn::new_run(self, run.clone(), std::sync::Arc::clone(workflow))?;
+                txn.push(event, &request.actor);
+                txn.finish(conn).await?
+            }
+            None => crate::apply::Applied {
+                status: run.status.clone(),
+                run_id: run.id,
+                ..Default::default()
+            },
+        };
+        if let Some(evicted) = admitted.as_ref().and_then(|a| a.evicted()) {
+            applied.inbox_runs.push(evicted);
+        }
+        applied.created_at = Some(created_at);
+        applied.concurrency_key = run.concurrency_key;
+        Ok(Some(applied))
     }
 }
 
 /// The row (and engine record) of a run `request` would start.
 /// The insert of a run started by a caller (no parent).
-fn top_level_insert(run: &RunRow) -> NewRun<'_> {
+fn top_level_insert<'r>(run: &'r RunRow, concurrency: Option<runs::Admission<'r>>) -> NewRun<'r> {
     NewRun {
         id: run.id,
         namespace: &run.namespace,
@@ -256,6 +351,7 @@ fn top_level_insert(run: &RunRow) -> NewRun<'_> {
         record: &run.record,
         traceparent: run.traceparent.as_deref(),
         priority: run.priority,
+        concurrency,
     }
 }
 
@@ -293,13 +389,15 @@ fn new_run_row(
         ended_at: None,
         traceparent,
         priority: request.priority,
+        concurrency_key: None,
+        concurrency_holds: false,
     };
     Ok((run, record))
 }
 
 impl Coordinator {
-    /// A start whose first event needs statements of its own (a wait for
-    /// an event, a child run): insert, apply, commit.
+    /// A start that needs statements of its own (a concurrency key's slot,
+    /// a wait for an event, a child run): insert, apply, commit.
     async fn start_in_transaction(
         &self,
         request: &StartRun,
@@ -308,15 +406,15 @@ impl Coordinator {
         only_if_latest: bool,
     ) -> Result<crate::apply::Applied, CoordinatorError> {
         let mut tx = self.store.begin().await?;
-        let created_at = runs::insert_run(&mut tx, &top_level_insert(run), only_if_latest).await?;
-        if created_at.is_none() {
+        let Some(mut applied) = self
+            .insert_and_start(&mut tx, request, workflow, run, only_if_latest)
+            .await?
+        else {
             tx.rollback().await?;
             return Ok(crate::apply::Applied::default());
-        }
-        let mut txn = RunTxn::new_run(self, run.clone(), std::sync::Arc::clone(workflow))?;
-        txn.push(Event::RunStarted, &request.actor);
-        let mut applied = txn.commit(tx).await?;
-        applied.created_at = created_at;
+        };
+        tx.commit().await?;
+        self.announce(&mut applied).await;
         Ok(applied)
     }
 
@@ -458,6 +556,11 @@ impl Coordinator {
             composer_store::pause::release_timers(&mut tx, run_id).await?;
             run.status = crate::pause::engine_status(&run)?;
         }
+        if run.status == composer_store::concurrency::QUEUED {
+            // it holds no slot and started nothing: a run never started is
+            // CANCELLED, a queued retry withdrawn leaves the run FAILED
+            run.status = crate::pause::engine_status(&run)?;
+        }
         let mut txn = RunTxn::new(self, run, &mut tx).await?;
         txn.note(
             HistoryEventType::CancelRequestedBy,
@@ -482,13 +585,29 @@ impl Coordinator {
         actor: &str,
     ) -> Result<RunRow, CoordinatorError> {
         let run_id = parse_run_id(run_id)?;
-        let (mut tx, run) = self.lock_existing(namespace, run_id).await?;
+        let (mut tx, mut run) = self.lock_existing(namespace, run_id).await?;
         if run.status != "FAILED" {
             return Err(CoordinatorError::WrongRunStatus {
                 run_id: run_id.to_string(),
                 status: run.status,
                 why: "only a FAILED run can be retried",
             });
+        }
+        let readmitted = self.readmit(&mut tx, &mut run).await?;
+        if let Some(admitted) = readmitted.filter(|a| a.queued()) {
+            let note = HistoryWrite {
+                event_type: HistoryEventType::RetryRequestedBy.as_str().to_owned(),
+                node_key: None,
+                attempt: None,
+                actor: actor.to_owned(),
+                details: json!({"by": actor, "queued_for_key": admitted.key}),
+            };
+            runs::append_history(&mut tx, run_id, &run.namespace, &[note]).await?;
+            tx.commit().await?;
+            self.run_changed(run_id);
+            self.after_commit(admitted.evicted().into_iter().collect())
+                .await;
+            return self.expect_run(namespace, run_id).await;
         }
         let interrupted: Vec<NodeKey> = runs::interrupted_nodes(&mut tx, run_id)
             .await?
@@ -504,6 +623,47 @@ impl Coordinator {
         txn.push(Event::RetryRequested { interrupted }, actor);
         txn.commit(tx).await?;
         self.expect_run(namespace, run_id).await
+    }
+
+    /// A FAILED run under a concurrency key takes a slot again before its
+    /// retry (`run` then holds it), or waits QUEUED for one; None when its
+    /// workflow declares no concurrency. A key full under `cancel_new`
+    /// refuses the retry.
+    async fn readmit(
+        &self,
+        tx: &mut sqlx::PgConnection,
+        run: &mut RunRow,
+    ) -> Result<Option<crate::concurrency::Admitted>, CoordinatorError> {
+        let Some(key) = run.concurrency_key.clone() else {
+            return Ok(None);
+        };
+        let workflow = self
+            .workflows
+            .get_on(
+                tx,
+                &run.namespace,
+                &run.workflow_name,
+                Some(run.workflow_version),
+            )
+            .await?;
+        let Some(concurrency) = workflow.compiled.concurrency() else {
+            return Ok(None);
+        };
+        let admitted =
+            crate::concurrency::admit(tx, &run.namespace, &run.workflow_name, key, concurrency)
+                .await?;
+        if let crate::concurrency::Outcome::CancelNew(_) = admitted.outcome {
+            return Err(CoordinatorError::WrongRunStatus {
+                run_id: run.id.to_string(),
+                status: run.status.clone(),
+                why: "its concurrency key is at its limit and its workflow says \
+                      on_limit: cancel_new; retry it once a run of the key ended",
+            });
+        }
+        let holds = !admitted.queued();
+        composer_store::concurrency::readmit_run(tx, run.id, admitted.seq, holds).await?;
+        run.concurrency_holds = holds;
+        Ok(Some(admitted))
     }
 
     /// Delivers an event to a run or to the runs waiting on a correlation

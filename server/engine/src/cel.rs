@@ -80,7 +80,7 @@ impl Val {
         }
     }
 
-    fn ty(&self) -> Ty {
+    pub fn ty(&self) -> Ty {
         match self {
             Val::Null => Ty::Null,
             Val::Bool(_) => Ty::Bool,
@@ -1130,6 +1130,12 @@ impl Program {
         out
     }
 
+    /// True when the expression reads nothing but `input` (no `run`,
+    /// `nodes`, `item` or `index`): it can be evaluated before a run exists.
+    pub fn reads_only_input(&self) -> bool {
+        only_input(&self.expr)
+    }
+
     /// Evaluates with a cost limit: a runaway expression is an error.
     pub fn eval(&self, env: &dyn Env) -> Result<Val, EvalError> {
         let mut ev = Evaluator {
@@ -1168,6 +1174,19 @@ fn collect_refs(e: &Expr, out: &mut Vec<(String, NodeField)>) {
             collect_refs(k, out);
             collect_refs(v, out);
         }),
+    }
+}
+
+fn only_input(e: &Expr) -> bool {
+    match e {
+        Expr::Var(Var::Input | Var::Local(_)) | Expr::Lit(_) => true,
+        Expr::Var(_) => false,
+        Expr::Select(b, _) | Expr::Has(b, _) | Expr::Unary(_, b) => only_input(b),
+        Expr::Index(a, b) | Expr::Binary(_, a, b) => only_input(a) && only_input(b),
+        Expr::Comprehension { range, body, .. } => only_input(range) && only_input(body),
+        Expr::Cond(a, b, c) => only_input(a) && only_input(b) && only_input(c),
+        Expr::Call(_, args) | Expr::List(args) => args.iter().all(only_input),
+        Expr::Map(entries) => entries.iter().all(|(k, v)| only_input(k) && only_input(v)),
     }
 }
 

@@ -2,8 +2,13 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use crate::cel::{NodeField, Program, Scope, Ty};
-use crate::definition::{Broken, Definition, EdgeOn, MAX_NODES, Node, NodeType, ValidationErrors};
+use serde_json::Value as Json;
+
+use crate::cel::{Env, NodeField, Program, Scope, Ty, Val};
+use crate::definition::{
+    Broken, Definition, EdgeOn, MAX_CONCURRENCY, MAX_NODES, Node, NodeType, OnLimit,
+    ValidationErrors,
+};
 use crate::duration::parse_duration;
 use crate::names;
 use crate::template::{self, Template};
@@ -153,6 +158,122 @@ pub struct CEdge {
     pub refs: Vec<usize>,
 }
 
+/// The most bytes a run's evaluated concurrency key may have.
+pub const MAX_CONCURRENCY_KEY_BYTES: usize = 256;
+
+/// A workflow's compiled `concurrency`.
+#[derive(Debug, Clone)]
+pub struct RunConcurrency {
+    /// Reads only `input`; types as a string.
+    pub key: Program,
+    pub max: u32,
+    pub on_limit: OnLimit,
+}
+
+/// Why a run's concurrency key could not be computed from its input.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ConcurrencyKeyError {
+    #[error("the concurrency key `{source_text}` failed: {message}")]
+    Failed {
+        source_text: String,
+        message: String,
+    },
+    #[error("the concurrency key `{source_text}` is a {found}, not a string")]
+    NotAString { source_text: String, found: String },
+    #[error("the concurrency key is longer than {MAX_CONCURRENCY_KEY_BYTES} bytes")]
+    TooLong,
+}
+
+/// An environment with nothing but the run's input in it.
+struct InputOnly<'a>(&'a Json);
+
+impl Env for InputOnly<'_> {
+    fn input(&self) -> Val {
+        Val::from_json(self.0)
+    }
+    fn input_json(&self) -> Option<&Json> {
+        Some(self.0)
+    }
+    fn run(&self) -> Val {
+        Val::Null
+    }
+    fn item(&self) -> Val {
+        Val::Null
+    }
+    fn index(&self) -> Val {
+        Val::Null
+    }
+    fn node(&self, _: &str, _: NodeField) -> Val {
+        Val::Null
+    }
+}
+
+impl RunConcurrency {
+    /// The key of a run with `input`.
+    pub fn key_of(&self, input: &Json) -> Result<String, ConcurrencyKeyError> {
+        let source_text = self.key.source().to_owned();
+        let value = self
+            .key
+            .eval(&InputOnly(input))
+            .map_err(|e| ConcurrencyKeyError::Failed {
+                source_text: source_text.clone(),
+                message: e.to_string(),
+            })?;
+        let Val::Str(key) = value else {
+            return Err(ConcurrencyKeyError::NotAString {
+                source_text,
+                found: value.ty().to_string(),
+            });
+        };
+        if key.len() > MAX_CONCURRENCY_KEY_BYTES {
+            return Err(ConcurrencyKeyError::TooLong);
+        }
+        Ok(key)
+    }
+}
+
+/// Compiles a workflow's `concurrency`: a string expression over `input`
+/// only (it is computed before the run exists), `max` in 1..=10,000.
+fn compile_concurrency(def: &Definition, errors: &mut ValidationErrors) -> Option<RunConcurrency> {
+    let spec = def.concurrency.as_ref()?;
+    if !(1..=MAX_CONCURRENCY).contains(&spec.max) {
+        errors.push(
+            "concurrency.max",
+            format!("must be between 1 and {MAX_CONCURRENCY}"),
+        );
+    }
+    let no_nodes = |_: &str| false;
+    let scope = Scope {
+        node_ids: &no_nodes,
+        map_element: false,
+        input_schema: def.input_schema.as_ref(),
+    };
+    let key = match template::compile_expression(&spec.key, &scope) {
+        Ok(key) => key,
+        Err(e) => {
+            errors.push("concurrency.key", e);
+            return None;
+        }
+    };
+    if !key.reads_only_input() {
+        errors.push(
+            "concurrency.key",
+            "may read only `input`: the key is computed before the run starts",
+        );
+    }
+    if !matches!(key.ty(), Ty::String | Ty::Dyn) {
+        errors.push(
+            "concurrency.key",
+            format!("must be a string expression, not {}", key.ty()),
+        );
+    }
+    Some(RunConcurrency {
+        key,
+        max: spec.max.clamp(1, MAX_CONCURRENCY),
+        on_limit: spec.on_limit.unwrap_or_default(),
+    })
+}
+
 /// A validated definition with its DAG index and compiled expressions.
 /// Immutable and `Send + Sync`: cache one per (workflow, version) in an `Arc`.
 #[derive(Debug, Clone)]
@@ -166,6 +287,7 @@ pub struct CompiledWorkflow {
     pub(crate) output: Option<Template>,
     pub(crate) output_refs: Vec<usize>,
     pub(crate) run_timeout_ms: Option<u64>,
+    pub(crate) concurrency: Option<RunConcurrency>,
     /// The largest value a template may render (a task's input, the run's
     /// output), as JSON bytes; larger fails the node or the run.
     pub(crate) max_rendered_bytes: usize,
@@ -203,6 +325,11 @@ impl CompiledWorkflow {
 
     pub fn name(&self) -> &str {
         &self.definition.name
+    }
+
+    /// The workflow's `concurrency`, if it declares one.
+    pub fn concurrency(&self) -> Option<&RunConcurrency> {
+        self.concurrency.as_ref()
     }
 
     pub fn node_count(&self) -> usize {
@@ -404,6 +531,7 @@ pub(crate) fn build(
         errors.push("input_schema", "must be a JSON Schema object");
     }
     let run_timeout_ms = duration_field(&def.timeout, "timeout".into(), &mut errors);
+    let concurrency = compile_concurrency(def, &mut errors);
 
     // Ids first: everything else refers to them.
     let mut index: HashMap<String, usize> = HashMap::with_capacity(def.nodes.len());
@@ -1004,6 +1132,7 @@ pub(crate) fn build(
         output,
         output_refs,
         run_timeout_ms,
+        concurrency,
         max_rendered_bytes: DEFAULT_MAX_RENDERED_BYTES,
     })
 }

@@ -87,6 +87,47 @@ pub struct Definition {
     /// Template for the run output; default: `null`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<Json>,
+    /// At most `max` runs per value of a key computed from the input.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency: Option<ConcurrencySpec>,
+}
+
+/// The most runs of one key a workflow may allow at once.
+pub const MAX_CONCURRENCY: u32 = 10_000;
+
+/// A workflow's `concurrency`: at most `max` runs per value of `key` at a
+/// time, in a namespace; `on_limit` says what a run beyond that does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConcurrencySpec {
+    /// A CEL string expression over `input`.
+    pub key: String,
+    pub max: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_limit: Option<OnLimit>,
+}
+
+/// What a run that finds its key at `max` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnLimit {
+    /// Waits (QUEUED) and starts when a run of its key ends, in arrival order.
+    #[default]
+    Queue,
+    /// Is created CANCELLED at once.
+    CancelNew,
+    /// Cancels the oldest running run of its key and takes its place.
+    CancelOldest,
+}
+
+impl OnLimit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnLimit::Queue => "queue",
+            OnLimit::CancelNew => "cancel_new",
+            OnLimit::CancelOldest => "cancel_oldest",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -455,6 +496,7 @@ pub(crate) fn parse_structure(text: &str) -> (Option<Definition>, ValidationErro
             "input_schema" => def.input_schema = Some(value.clone()),
             "timeout" => def.timeout = typed(value, "timeout", &mut errors),
             "output" => def.output = Some(value.clone()),
+            "concurrency" => def.concurrency = typed(value, "concurrency", &mut errors),
             "nodes" | "edges" => {
                 let Json::Array(items) = value else {
                     if !value.is_null() {

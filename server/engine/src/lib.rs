@@ -50,13 +50,15 @@ mod state;
 pub mod template;
 
 pub use compile::{
-    CEdge, CNode, CompiledWorkflow, DEFAULT_HEARTBEAT_TIMEOUT_MS, DEFAULT_MAP_CONCURRENCY,
-    HTTP_QUEUE, Kind, MAX_EDGES, MapElement, RetryPolicy, splitmix64,
+    CEdge, CNode, CompiledWorkflow, ConcurrencyKeyError, DEFAULT_HEARTBEAT_TIMEOUT_MS,
+    DEFAULT_MAP_CONCURRENCY, HTTP_QUEUE, Kind, MAX_CONCURRENCY_KEY_BYTES, MAX_EDGES, MapElement,
+    RetryPolicy, RunConcurrency, splitmix64,
 };
 pub use decide::{codes, decide, prefetch};
 pub use definition::{
-    Definition, Edge, EdgeOn, HttpSpec, MAX_DEFINITION_BYTES, MAX_NODES, Node, NodeType, RetrySpec,
-    ValidationError, ValidationErrors, parse_definition,
+    ConcurrencySpec, Definition, Edge, EdgeOn, HttpSpec, MAX_CONCURRENCY, MAX_DEFINITION_BYTES,
+    MAX_NODES, Node, NodeType, OnLimit, RetrySpec, ValidationError, ValidationErrors,
+    parse_definition,
 };
 pub use simulate::{
     Outcomes, SimOptions, SimulationError, SimulationReport, simulate, simulate_with,

@@ -138,6 +138,10 @@ pub struct Outcomes {
     pub retry_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expect: Option<Expectation>,
+    /// The run's priority, 1 (lowest) to 5 (highest), as StartRun takes it
+    /// (default 3); the report shows it as every task's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<u8>,
 }
 
 impl Outcomes {
@@ -204,6 +208,12 @@ pub struct SimulationReport {
     pub nodes: BTreeMap<NodeKey, NodeState>,
     /// Broken invariants seen on the way (idempotence checks).
     pub violations: Vec<String>,
+    /// The run's concurrency key computed from the input, when the workflow
+    /// declares `concurrency`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
+    /// The run's priority (and so every task's): the outcomes' or 3.
+    pub priority: u8,
 }
 
 impl SimulationReport {
@@ -275,6 +285,8 @@ pub enum SimulationError {
     BadOutcomes(String),
     #[error("decide failed at step {step}: {error}")]
     Decide { step: usize, error: DecideError },
+    #[error("input: {0}")]
+    ConcurrencyKey(#[from] crate::compile::ConcurrencyKeyError),
 }
 
 #[derive(Debug, Clone)]
@@ -321,6 +333,12 @@ pub fn simulate_with(
     outcomes: &Outcomes,
     opts: &SimOptions,
 ) -> Result<SimulationReport, SimulationError> {
+    let priority = outcomes.priority.unwrap_or(3);
+    if !(1..=5).contains(&priority) {
+        return Err(SimulationError::BadOutcomes(format!(
+            "priority must be between 1 and 5, not {priority}"
+        )));
+    }
     let mut sim = Sim {
         wf,
         opts: opts.clone(),
@@ -403,7 +421,13 @@ pub fn simulate_with(
             break;
         }
     }
+    let concurrency_key = wf
+        .concurrency()
+        .map(|c| c.key_of(&outcomes.input))
+        .transpose()?;
     Ok(SimulationReport {
+        concurrency_key,
+        priority,
         status: sim.run.run.status,
         output: sim.run.run.output.clone(),
         error: sim.run.run.error.clone(),

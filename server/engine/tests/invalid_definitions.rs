@@ -171,6 +171,41 @@ fn broken_definitions_are_rejected_with_path_and_message() {
             vec![("nodes[1].items", "is required on a MAP node".into())],
         ),
         (
+            "concurrency key of the wrong type",
+            format!("name: broken\nconcurrency: {{ key: 'input.n + 1', max: 1 }}\ninput_schema: {{ type: object, properties: {{ n: {{ type: integer }} }} }}\nnodes:\n{A}\n"),
+            vec![("concurrency.key", "must be a string expression, not int".into())],
+        ),
+        (
+            "concurrency key reading a node",
+            format!("name: broken\nconcurrency: {{ key: 'nodes.a.output.k', max: 1 }}\nnodes:\n{A}\n"),
+            vec![("concurrency.key", "unknown node 'a' in nodes.a".into())],
+        ),
+        (
+            "concurrency key reading the run",
+            format!("name: broken\nconcurrency: {{ key: 'run.id', max: 1 }}\nnodes:\n{A}\n"),
+            vec![("concurrency.key", "may read only `input`: the key is computed before the run starts".into())],
+        ),
+        (
+            "concurrency max 0 and an unknown on_limit",
+            format!("name: broken\nconcurrency: {{ key: 'input.k', max: 0 }}\nnodes:\n{A}\n"),
+            vec![("concurrency.max", "must be between 1 and 10000".into())],
+        ),
+        (
+            "concurrency max too large",
+            format!("name: broken\nconcurrency: {{ key: 'input.k', max: 10001 }}\nnodes:\n{A}\n"),
+            vec![("concurrency.max", "must be between 1 and 10000".into())],
+        ),
+        (
+            "concurrency on_limit unknown",
+            format!("name: broken\nconcurrency: {{ key: 'input.k', max: 1, on_limit: drop }}\nnodes:\n{A}\n"),
+            vec![("concurrency.on_limit", "unknown variant `drop`, expected one of `queue`, `cancel_new`, `cancel_oldest`".into())],
+        ),
+        (
+            "concurrency without a key",
+            format!("name: broken\nconcurrency: {{ max: 1 }}\nnodes:\n{A}\n"),
+            vec![("concurrency", "missing field `key`".into())],
+        ),
+        (
             "MAP concurrency 0",
             base(&format!("{A}\n  - {{ id: m, type: MAP, items: '[1]', queue: q, task: t, concurrency: 0 }}"), "  - { from: a, to: m }"),
             vec![("nodes[1].concurrency", "must be at least 1".into())],

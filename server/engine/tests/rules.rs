@@ -1291,3 +1291,61 @@ fn cancellation_during_a_retry_back_off_removes_the_timer_and_a_late_firing_chan
     assert!(created(&late.actions).is_empty());
     assert_eq!(d.state.run.status, RunStatus::Cancelled);
 }
+
+// -------------------------------------------------------------- concurrency
+
+const KEYED: &str = "name: keyed
+concurrency: { key: 'input.tenant', max: 2 }
+nodes:
+  - { id: a, type: TASK, queue: q, task: t }
+";
+
+#[test]
+fn concurrency_key_is_computed_from_the_input_alone_and_on_limit_defaults_to_queue() {
+    let wf = compile(KEYED);
+    let c = wf.concurrency().expect("declared");
+    assert_eq!((c.max, c.on_limit), (2, composer_engine::OnLimit::Queue));
+    assert_eq!(c.key_of(&json!({"tenant": "acme"})), Ok("acme".to_owned()));
+    let interpolated = compile(
+        "name: k\nconcurrency: { key: \"input.region + '-' + input.tenant\", max: 1, on_limit: cancel_oldest }\nnodes:\n  - { id: a, type: TASK, queue: q, task: t }\n",
+    );
+    let c = interpolated.concurrency().expect("declared");
+    assert_eq!(c.on_limit, composer_engine::OnLimit::CancelOldest);
+    assert_eq!(
+        c.key_of(&json!({"region": "eu", "tenant": "acme"})),
+        Ok("eu-acme".to_owned())
+    );
+}
+
+#[test]
+fn concurrency_key_that_is_not_a_string_at_start_is_an_error_not_a_key() {
+    let wf = compile(KEYED);
+    let c = wf.concurrency().expect("declared");
+    let not_string = c.key_of(&json!({"tenant": 7})).unwrap_err();
+    assert_eq!(
+        not_string.to_string(),
+        "the concurrency key `input.tenant` is a int, not a string"
+    );
+    assert!(c.key_of(&json!({})).is_err(), "a missing field has no key");
+    let long = "x".repeat(composer_engine::MAX_CONCURRENCY_KEY_BYTES + 1);
+    assert_eq!(
+        c.key_of(&json!({ "tenant": long })),
+        Err(composer_engine::ConcurrencyKeyError::TooLong)
+    );
+}
+
+#[test]
+fn simulator_reports_the_concurrency_key_and_the_priority() {
+    let r = simulate(
+        KEYED,
+        "input: { tenant: acme }\npriority: 5\ntasks: { a: [ { complete: 1 } ] }",
+    );
+    assert_eq!(r.status, RunStatus::Completed);
+    assert_eq!(r.concurrency_key.as_deref(), Some("acme"));
+    assert_eq!(r.priority, 5);
+    let plain = simulate(
+        "name: p\nnodes:\n  - { id: a, type: TASK, queue: q, task: t }\n",
+        "tasks: { a: [ { complete: 1 } ] }",
+    );
+    assert_eq!((plain.concurrency_key, plain.priority), (None, 3));
+}

@@ -51,11 +51,15 @@ pub struct RunRow {
     pub traceparent: Option<String>,
     /// Dispatch priority, 1 (lowest) to 5 (highest).
     pub priority: i16,
+    /// Its workflow's concurrency key for its input, if it declares one.
+    pub concurrency_key: Option<String>,
+    /// Holds a slot of that key now (QUEUED and ended runs do not).
+    pub concurrency_holds: bool,
 }
 
 const RUN_COLUMNS: &str = "id, namespace, workflow_name, workflow_version, status, input, output, \
      error, labels, idempotency_key, parent_run_id, parent_node, parent_attempt, record, \
-     created_at, updated_at, ended_at, traceparent, priority";
+     created_at, updated_at, ended_at, traceparent, priority, concurrency_key, concurrency_holds";
 
 fn run_from_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {
     Ok(RunRow {
@@ -78,6 +82,8 @@ fn run_from_row(row: &PgRow) -> Result<RunRow, sqlx::Error> {
         ended_at: row.try_get("ended_at")?,
         traceparent: row.try_get("traceparent")?,
         priority: row.try_get("priority")?,
+        concurrency_key: row.try_get("concurrency_key")?,
+        concurrency_holds: row.try_get("concurrency_holds")?,
     })
 }
 
@@ -112,6 +118,22 @@ pub struct NewRun<'a> {
     pub traceparent: Option<&'a str>,
     /// Dispatch priority, 1 to 5.
     pub priority: i16,
+    /// Its admission under a concurrency key, if its workflow declares one.
+    pub concurrency: Option<Admission<'a>>,
+}
+
+/// How a run with a concurrency key was admitted.
+#[derive(Debug, Clone, Copy)]
+pub struct Admission<'a> {
+    pub key: &'a str,
+    /// Arrival order among the key's runs.
+    pub seq: i64,
+    /// When it arrived: the run's created_at.
+    pub arrived_at: DateTime<Utc>,
+    /// The `max` its version declares.
+    pub max: i32,
+    /// It took a slot.
+    pub holds: bool,
 }
 
 /// Inserts a run and locks it (the inserting transaction holds the row).
@@ -129,8 +151,10 @@ pub async fn insert_run(
     let created = sqlx::query_scalar(
         "INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
            idempotency_key, parent_run_id, parent_node, parent_attempt, record, traceparent, \
-           priority) \
-         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $14, $15 \
+           priority, concurrency_key, concurrency_seq, concurrency_max, concurrency_holds, \
+           created_at, updated_at) \
+         SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $14, $15, \
+           $16, $17, $18, COALESCE($19, false), COALESCE($20, now()), COALESCE($20, now()) \
          WHERE NOT ($13 AND EXISTS (SELECT 1 FROM workflow_definitions \
            WHERE namespace = $2 AND name = $3 AND version > $4)) \
          ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
@@ -151,6 +175,11 @@ pub async fn insert_run(
     .bind(only_if_latest)
     .bind(run.traceparent)
     .bind(run.priority)
+    .bind(run.concurrency.map(|a| a.key))
+    .bind(run.concurrency.map(|a| a.seq))
+    .bind(run.concurrency.map(|a| a.max))
+    .bind(run.concurrency.map(|a| a.holds))
+    .bind(run.concurrency.map(|a| a.arrived_at))
     .fetch_optional(conn)
     .await?;
     Ok(created)

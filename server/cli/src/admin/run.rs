@@ -99,6 +99,8 @@ pub enum StatusFilter {
     Cancelled,
     /// PAUSED.
     Paused,
+    /// QUEUED: waiting for a slot of its concurrency key.
+    Queued,
 }
 
 impl From<StatusFilter> for RunStatus {
@@ -110,6 +112,7 @@ impl From<StatusFilter> for RunStatus {
             StatusFilter::Failed => RunStatus::Failed,
             StatusFilter::Cancelled => RunStatus::Cancelled,
             StatusFilter::Paused => RunStatus::Paused,
+            StatusFilter::Queued => RunStatus::Queued,
         }
     }
 }

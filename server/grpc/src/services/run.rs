@@ -42,6 +42,7 @@ fn run_status(text: &str) -> RunStatus {
         "FAILED" => RunStatus::Failed,
         "CANCELLED" => RunStatus::Cancelled,
         "PAUSED" => RunStatus::Paused,
+        "QUEUED" => RunStatus::Queued,
         _ => RunStatus::Unspecified,
     }
 }
@@ -54,6 +55,7 @@ fn status_text(status: RunStatus) -> Option<&'static str> {
         RunStatus::Failed => Some("FAILED"),
         RunStatus::Cancelled => Some("CANCELLED"),
         RunStatus::Paused => Some("PAUSED"),
+        RunStatus::Queued => Some("QUEUED"),
         RunStatus::Unspecified => None,
     }
 }
@@ -151,6 +153,7 @@ fn run_message(run: RunRow, nodes: Vec<NodeRow>, types: &HashMap<String, String>
         end_time: run.ended_at.map(timestamp),
         nodes: nodes.into_iter().map(|n| node_message(n, types)).collect(),
         priority: i32::from(run.priority),
+        concurrency_key: run.concurrency_key.clone().unwrap_or_default(),
     }
 }
 

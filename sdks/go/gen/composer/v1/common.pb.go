@@ -24,7 +24,8 @@ const (
 )
 
 // RunStatus is where a run is in its life. A run starts RUNNING in the same
-// transaction that creates it and ends in exactly one of COMPLETED, FAILED or
+// transaction that creates it (or QUEUED, when its workflow's concurrency key
+// is at its limit) and ends in exactly one of COMPLETED, FAILED or
 // CANCELLED. PauseRun makes a live run PAUSED until ResumeRun.
 type RunStatus int32
 
@@ -47,6 +48,12 @@ const (
 	// applied, but what they make ready is held. It leaves PAUSED by
 	// ResumeRun, by CancelRun, or by an attempt whose result ends the run.
 	RunStatus_RUN_STATUS_PAUSED RunStatus = 6
+	// The run exists but waits for a slot of its concurrency key (its
+	// workflow's `concurrency`, docs/language.md): it has started no node.
+	// It becomes RUNNING, in the transaction that ends a run of its key, in
+	// the order the runs of that key arrived; CancelRun cancels it at once.
+	// A FAILED run retried by RetryRun while its key is full is QUEUED too.
+	RunStatus_RUN_STATUS_QUEUED RunStatus = 7
 )
 
 // Enum value maps for RunStatus.
@@ -59,6 +66,7 @@ var (
 		4: "RUN_STATUS_FAILED",
 		5: "RUN_STATUS_CANCELLED",
 		6: "RUN_STATUS_PAUSED",
+		7: "RUN_STATUS_QUEUED",
 	}
 	RunStatus_value = map[string]int32{
 		"RUN_STATUS_UNSPECIFIED":  0,
@@ -68,6 +76,7 @@ var (
 		"RUN_STATUS_FAILED":       4,
 		"RUN_STATUS_CANCELLED":    5,
 		"RUN_STATUS_PAUSED":       6,
+		"RUN_STATUS_QUEUED":       7,
 	}
 )
 
@@ -614,9 +623,12 @@ type Run struct {
 	// The run's dispatch priority, 1 (lowest) to 5 (highest): its tasks are
 	// handed to workers before waiting tasks of lower priority on the same
 	// queue. StartRun's, or for a child run its parent's.
-	Priority      int32 `protobuf:"varint,17,opt,name=priority,proto3" json:"priority,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Priority int32 `protobuf:"varint,17,opt,name=priority,proto3" json:"priority,omitempty"`
+	// The value of its workflow's `concurrency.key` for this run's input;
+	// empty when the workflow declares no concurrency.
+	ConcurrencyKey string `protobuf:"bytes,18,opt,name=concurrency_key,json=concurrencyKey,proto3" json:"concurrency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Run) Reset() {
@@ -766,6 +778,13 @@ func (x *Run) GetPriority() int32 {
 		return x.Priority
 	}
 	return 0
+}
+
+func (x *Run) GetConcurrencyKey() string {
+	if x != nil {
+		return x.ConcurrencyKey
+	}
+	return ""
 }
 
 // HistoryEvent is one entry of a run's append-only history.
@@ -918,7 +937,7 @@ const file_composer_v1_common_proto_rawDesc = "" +
 	"\x05input\x18\t \x01(\v2\x16.google.protobuf.ValueR\x05input\x12\x1b\n" +
 	"\tworker_id\x18\n" +
 	" \x01(\tR\bworkerId\x12F\n" +
-	"\x11lease_expire_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\"\xa3\x06\n" +
+	"\x11lease_expire_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\"\xcc\x06\n" +
 	"\x03Run\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x12#\n" +
@@ -939,7 +958,8 @@ const file_composer_v1_common_proto_rawDesc = "" +
 	"updateTime\x125\n" +
 	"\bend_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12,\n" +
 	"\x05nodes\x18\x10 \x03(\v2\x16.composer.v1.NodeStateR\x05nodes\x12\x1a\n" +
-	"\bpriority\x18\x11 \x01(\x05R\bpriority\x1a9\n" +
+	"\bpriority\x18\x11 \x01(\x05R\bpriority\x12'\n" +
+	"\x0fconcurrency_key\x18\x12 \x01(\tR\x0econcurrencyKey\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xff\x01\n" +
@@ -952,7 +972,7 @@ const file_composer_v1_common_proto_rawDesc = "" +
 	"\anode_id\x18\x04 \x01(\tR\x06nodeId\x12\x18\n" +
 	"\aattempt\x18\x05 \x01(\x05R\aattempt\x12\x14\n" +
 	"\x05actor\x18\x06 \x01(\tR\x05actor\x120\n" +
-	"\adetails\x18\a \x01(\v2\x16.google.protobuf.ValueR\adetails*\xbe\x01\n" +
+	"\adetails\x18\a \x01(\v2\x16.google.protobuf.ValueR\adetails*\xd5\x01\n" +
 	"\tRunStatus\x12\x1a\n" +
 	"\x16RUN_STATUS_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12RUN_STATUS_RUNNING\x10\x01\x12\x1b\n" +
@@ -960,7 +980,8 @@ const file_composer_v1_common_proto_rawDesc = "" +
 	"\x14RUN_STATUS_COMPLETED\x10\x03\x12\x15\n" +
 	"\x11RUN_STATUS_FAILED\x10\x04\x12\x18\n" +
 	"\x14RUN_STATUS_CANCELLED\x10\x05\x12\x15\n" +
-	"\x11RUN_STATUS_PAUSED\x10\x06*\xdd\x01\n" +
+	"\x11RUN_STATUS_PAUSED\x10\x06\x12\x15\n" +
+	"\x11RUN_STATUS_QUEUED\x10\a*\xdd\x01\n" +
 	"\n" +
 	"NodeStatus\x12\x1b\n" +
 	"\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +

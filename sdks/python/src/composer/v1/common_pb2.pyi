@@ -20,6 +20,7 @@ class RunStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUN_STATUS_FAILED: _ClassVar[RunStatus]
     RUN_STATUS_CANCELLED: _ClassVar[RunStatus]
     RUN_STATUS_PAUSED: _ClassVar[RunStatus]
+    RUN_STATUS_QUEUED: _ClassVar[RunStatus]
 
 class NodeStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -38,6 +39,7 @@ RUN_STATUS_COMPLETED: RunStatus
 RUN_STATUS_FAILED: RunStatus
 RUN_STATUS_CANCELLED: RunStatus
 RUN_STATUS_PAUSED: RunStatus
+RUN_STATUS_QUEUED: RunStatus
 NODE_STATUS_UNSPECIFIED: NodeStatus
 NODE_STATUS_SCHEDULED: NodeStatus
 NODE_STATUS_RUNNING: NodeStatus
@@ -120,7 +122,7 @@ class NodeState(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., node_type: _Optional[str] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., attempt: _Optional[int] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[Failure, _Mapping]] = ..., start_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., worker_id: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class Run(_message.Message):
-    __slots__ = ("run_id", "namespace", "workflow_name", "workflow_version", "status", "input", "output", "error", "labels", "idempotency_key", "parent_run_id", "parent_node_id", "create_time", "update_time", "end_time", "nodes", "priority")
+    __slots__ = ("run_id", "namespace", "workflow_name", "workflow_version", "status", "input", "output", "error", "labels", "idempotency_key", "parent_run_id", "parent_node_id", "create_time", "update_time", "end_time", "nodes", "priority", "concurrency_key")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +147,7 @@ class Run(_message.Message):
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_KEY_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     namespace: str
     workflow_name: str
@@ -162,7 +165,8 @@ class Run(_message.Message):
     end_time: _timestamp_pb2.Timestamp
     nodes: _containers.RepeatedCompositeFieldContainer[NodeState]
     priority: int
-    def __init__(self, run_id: _Optional[str] = ..., namespace: _Optional[str] = ..., workflow_name: _Optional[str] = ..., workflow_version: _Optional[int] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[Failure, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., parent_node_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., priority: _Optional[int] = ...) -> None: ...
+    concurrency_key: str
+    def __init__(self, run_id: _Optional[str] = ..., namespace: _Optional[str] = ..., workflow_name: _Optional[str] = ..., workflow_version: _Optional[int] = ..., status: _Optional[_Union[RunStatus, str]] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., output: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., error: _Optional[_Union[Failure, _Mapping]] = ..., labels: _Optional[_Mapping[str, str]] = ..., idempotency_key: _Optional[str] = ..., parent_run_id: _Optional[str] = ..., parent_node_id: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., nodes: _Optional[_Iterable[_Union[NodeState, _Mapping]]] = ..., priority: _Optional[int] = ..., concurrency_key: _Optional[str] = ...) -> None: ...
 
 class HistoryEvent(_message.Message):
     __slots__ = ("sequence", "event_time", "event_type", "node_id", "attempt", "actor", "details")

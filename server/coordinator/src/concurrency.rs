@@ -1,0 +1,184 @@
+//! Concurrency keys (decision 0020): admitting a run under its workflow's
+//! `concurrency`, and handing a freed slot to the oldest QUEUED run.
+//!
+//! Every admission locks the key's slot row; every end of a run holding a
+//! slot goes through [`RunTxn`](crate::apply)'s persist, which releases it
+//! and hands it over in the same transaction. The run handed a slot gets its
+//! start (or its retry) through its inbox, applied right after commit and
+//! by recovery after a crash, as a child run's start is.
+
+use composer_engine::{Event, OnLimit, RunConcurrency};
+use composer_store::{
+    concurrency::{self, SlotKey},
+    events,
+    runs::Admission,
+};
+use serde_json::Value as Json;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+use crate::{
+    error::{CoordinatorError, FieldProblem},
+    workflows::LoadedWorkflow,
+};
+
+/// What a run that arrives under a key does.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Outcome {
+    /// It took a slot: start it now.
+    Start,
+    /// The key is full: it waits, QUEUED.
+    Queue,
+    /// The key is full and the workflow says `cancel_new`: it is created
+    /// and cancelled at once, with this reason.
+    CancelNew(String),
+    /// The key is full and the workflow says `cancel_oldest`: that run is
+    /// told to cancel (through its inbox), and this one waits QUEUED for
+    /// the slot its end frees.
+    Evict(Uuid),
+}
+
+/// A run's admission under its key.
+#[derive(Debug, Clone)]
+pub(crate) struct Admitted {
+    pub key: String,
+    pub seq: i64,
+    pub arrived_at: chrono::DateTime<chrono::Utc>,
+    pub max: i32,
+    pub outcome: Outcome,
+}
+
+impl Admitted {
+    /// The columns the run is inserted with.
+    pub fn admission(&self) -> Admission<'_> {
+        Admission {
+            key: &self.key,
+            seq: self.seq,
+            arrived_at: self.arrived_at,
+            max: self.max,
+            holds: self.outcome == Outcome::Start,
+        }
+    }
+
+    /// True when the run waits for a slot.
+    pub fn queued(&self) -> bool {
+        matches!(self.outcome, Outcome::Queue | Outcome::Evict(_))
+    }
+
+    /// The event that starts the run now, if any: RunStarted, or the
+    /// cancel of a `cancel_new`.
+    pub fn first_event(&self) -> Option<Event> {
+        match &self.outcome {
+            Outcome::Start => Some(Event::RunStarted),
+            Outcome::CancelNew(reason) => Some(Event::CancelRequested {
+                reason: reason.clone(),
+            }),
+            Outcome::Queue | Outcome::Evict(_) => None,
+        }
+    }
+
+    /// The run told to cancel, if any: apply its inbox after commit.
+    pub fn evicted(&self) -> Option<Uuid> {
+        match self.outcome {
+            Outcome::Evict(run_id) => Some(run_id),
+            _ => None,
+        }
+    }
+}
+
+/// The key of a run of `workflow` with `input`; None when the workflow
+/// declares no concurrency. A key the input cannot give is a bad input.
+pub(crate) fn run_key<'w>(
+    workflow: &'w LoadedWorkflow,
+    input: &Json,
+) -> Result<Option<(String, &'w RunConcurrency)>, CoordinatorError> {
+    let Some(concurrency) = workflow.compiled.concurrency() else {
+        return Ok(None);
+    };
+    let key = concurrency.key_of(input).map_err(|e| {
+        CoordinatorError::InvalidArgument(vec![FieldProblem {
+            field: "input".to_owned(),
+            description: e.to_string(),
+        }])
+    })?;
+    Ok(Some((key, concurrency)))
+}
+
+/// Admits a run of `workflow_name` under `key`: locks the key's slot row
+/// (held to commit) and takes a slot if one is free, else follows
+/// `on_limit`.
+pub(crate) async fn admit(
+    conn: &mut PgConnection,
+    namespace: &str,
+    workflow_name: &str,
+    key: String,
+    concurrency: &RunConcurrency,
+) -> Result<Admitted, CoordinatorError> {
+    let slot = SlotKey {
+        namespace,
+        workflow_name,
+        key: &key,
+    };
+    let locked = concurrency::lock_slot(conn, slot).await?;
+    let max = i32::try_from(concurrency.max).unwrap_or(i32::MAX);
+    let outcome = if locked.running < max {
+        concurrency::take_slot(conn, slot).await?;
+        Outcome::Start
+    } else {
+        full_key(conn, slot, concurrency).await?
+    };
+    Ok(Admitted {
+        seq: locked.seq,
+        arrived_at: locked.arrived_at,
+        max,
+        outcome,
+        key,
+    })
+}
+
+/// What a run arriving at a full key does, per `on_limit`.
+async fn full_key(
+    conn: &mut PgConnection,
+    slot: SlotKey<'_>,
+    concurrency: &RunConcurrency,
+) -> Result<Outcome, CoordinatorError> {
+    match concurrency.on_limit {
+        OnLimit::Queue => Ok(Outcome::Queue),
+        OnLimit::CancelNew => Ok(Outcome::CancelNew(format!(
+            "concurrency key {:?} already has {} running runs (on_limit: cancel_new)",
+            slot.key, concurrency.max
+        ))),
+        OnLimit::CancelOldest => {
+            let Some(oldest) = concurrency::oldest_holder(conn, slot).await? else {
+                // every holder is in an event transaction right now: wait
+                // for the slot one of them frees
+                return Ok(Outcome::Queue);
+            };
+            let cancel = Event::CancelRequested {
+                reason: format!(
+                    "concurrency key {:?}: a newer run took its place (on_limit: cancel_oldest)",
+                    slot.key
+                ),
+            };
+            events::push_inbox(conn, oldest, &serde_json::to_value(cancel)?, "concurrency").await?;
+            Ok(Outcome::Evict(oldest))
+        }
+    }
+}
+
+/// The event that resumes a run a freed slot was handed to: its start, or
+/// for a FAILED run that RetryRun queued, the retry.
+pub(crate) async fn resume_event(
+    conn: &mut PgConnection,
+    handed: &concurrency::HandedOver,
+) -> Result<Event, CoordinatorError> {
+    if handed.engine_status != "FAILED" {
+        return Ok(Event::RunStarted);
+    }
+    let interrupted = composer_store::runs::interrupted_nodes(conn, handed.run_id)
+        .await?
+        .iter()
+        .filter_map(|k| k.parse().ok())
+        .collect();
+    Ok(Event::RetryRequested { interrupted })
+}
