@@ -377,6 +377,7 @@ nodes:
         input: json!({"sku": "X"}),
         heartbeat_timeout_ms: 10_000,
         timeout_ms: Some(60_000),
+        rate_limit_key: None,
     }));
     assert!(acts.contains(&Action::ScheduleTimer {
         timer: TimerId::node(TimerKind::AttemptTimeout, key("a"), Some(1)),
@@ -1290,4 +1291,23 @@ fn cancellation_during_a_retry_back_off_removes_the_timer_and_a_late_firing_chan
     assert!(late.change.is_empty());
     assert!(created(&late.actions).is_empty());
     assert_eq!(d.state.run.status, RunStatus::Cancelled);
+}
+
+#[test]
+fn a_task_carries_its_rate_limit_key_evaluated_for_each_attempt() {
+    let yaml = r"
+name: keyed
+nodes:
+  - id: a
+    type: TASK
+    queue: mail
+    task: send
+    rate_limit_key: input.customer
+";
+    let mut d = Driver::new(yaml, json!({"customer": "acme"}));
+    let acts = d.send(Event::RunStarted);
+    assert!(acts.iter().any(|a| matches!(
+        a,
+        Action::CreateTask { rate_limit_key: Some(k), .. } if k == "acme"
+    )));
 }

@@ -3,6 +3,7 @@
 
 pub mod events;
 pub mod pause;
+pub mod rate_limits;
 pub mod runs;
 pub mod schedules;
 pub mod tasks;
