@@ -506,3 +506,65 @@ edges:
         "{violations:?}"
     );
 }
+
+/// `composer queue rate-limit ...` with no connection settings from the
+/// environment; returns (exit code, stdout).
+async fn cli(server: &ServerProcess, args: &[&str]) -> (i32, String) {
+    let output = tokio::process::Command::new(composer_binary())
+        .args(args)
+        .args(["--address", &server.url()])
+        .env_remove("COMPOSER_ADDRESS")
+        .env_remove("COMPOSER_TOKEN")
+        .env_remove("COMPOSER_NAMESPACE")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .expect("run the cli");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+/// The CLI sets, reads, lists and deletes a limit; a bad value exits as an
+/// invalid argument.
+#[tokio::test]
+async fn the_cli_sets_reads_lists_and_deletes_limits() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let (code, out) = cli(
+        &server,
+        &[
+            "queue",
+            "rate-limit",
+            "set",
+            "emails",
+            "--per-second",
+            "2.5",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("2.5/s, burst 3"), "{out}");
+    let (code, out) = cli(
+        &server,
+        &["queue", "rate-limit", "get", "emails", "-o", "json"],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}");
+    let got: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(got["limit"]["per_second"], json!(2.5));
+    assert_eq!(got["limit"]["burst"], json!(3));
+    let (code, out) = cli(&server, &["queue", "rate-limit", "list"]).await;
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("emails"), "{out}");
+    let (code, _) = cli(
+        &server,
+        &["queue", "rate-limit", "set", "emails", "--per-second", "-1"],
+    )
+    .await;
+    assert_ne!(code, 0, "a negative rate is refused");
+    let (code, out) = cli(&server, &["queue", "rate-limit", "delete", "emails"]).await;
+    assert_eq!(code, 0, "{out}");
+    let (code, _) = cli(&server, &["queue", "rate-limit", "get", "emails"]).await;
+    assert_ne!(code, 0, "deleted");
+}
