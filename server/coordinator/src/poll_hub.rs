@@ -41,6 +41,11 @@ use crate::{
 /// queue names cost a bounded amount and never slow another's reads.
 pub const MAX_POLLED_QUEUES_PER_NAMESPACE: usize = 1024;
 
+/// How long a task found DISPATCHED is trusted to still be, when a held
+/// queue offers it again (a task leased meanwhile by another server then
+/// costs a token, which only undershoots the limit).
+const CHECK_FRESH: Duration = Duration::from_secs(2);
+
 /// Messages read from one stream per XREADGROUP, at most.
 const MAX_READ_COUNT: usize = 1000;
 
@@ -103,6 +108,13 @@ type QueueKey = (String, String);
 
 /// A buffered task with its priority: (priority, task id, attempt).
 type Ranked = (i16, Uuid, i32);
+
+/// Tasks that got tokens, each with its rate-limit key, and the Redis time
+/// of the grant (what a refund names).
+struct Admitted {
+    granted: Vec<(Ranked, Option<String>)>,
+    at: i64,
+}
 
 /// Tasks read for one queue but not leased yet, by priority: handed out
 /// highest priority first, oldest first within one.
@@ -183,6 +195,10 @@ struct QueueState {
     /// The hold is the queue's own bucket (not only some keys'): reading
     /// more of its streams would not get anything handed out sooner.
     held_by_queue: bool,
+    /// Tasks held back by a limit, found DISPATCHED at this time with this
+    /// rate-limit key: offered again soon after, they skip the check, so a
+    /// hold's end costs one round trip (the tokens) before the lease.
+    checked: HashMap<(Uuid, i32), (Option<String>, Instant)>,
 }
 
 impl QueueState {
@@ -193,6 +209,7 @@ impl QueueState {
             last_waited: Instant::now(),
             held_until: None,
             held_by_queue: false,
+            checked: HashMap::new(),
         }
     }
 
@@ -556,7 +573,16 @@ impl PollHub {
             if state.has_enough() {
                 continue;
             }
-            count = count.max(state.waiters.iter().map(|w| w.want).sum::<usize>());
+            let want: usize = state.waiters.iter().map(|w| w.want).sum();
+            // a limited queue reads about what its polls want across its
+            // shards, not that from each: the rest stays in the streams for
+            // whichever server has a poll when the limit allows
+            let want = if self.limits.is_limited(key) {
+                want.div_ceil(usize::try_from(self.config.shards.max(1)).unwrap_or(1))
+            } else {
+                want
+            };
+            count = count.max(want);
             wanted.push(key.clone());
         }
         *lock(&self.reading) = wanted.iter().cloned().collect();
@@ -669,14 +695,40 @@ impl PollHub {
             let Some((want, candidates)) = self.peek_hand_out(key, limit.per_key.is_some()) else {
                 return;
             };
-            let granted = self.admit(key, limit, want, candidates).await;
-            if granted.is_empty() {
-                return;
-            }
-            let Some((waiter, sender, granted)) = self.next_waiter(key, granted) else {
+            let Some(admitted) = self.admit(key, limit, want, candidates).await else {
                 return;
             };
-            self.lease_and_send(key, &waiter, sender, &granted).await;
+            let ranked: Vec<Ranked> = admitted.granted.iter().map(|(r, _)| *r).collect();
+            let leased = match self.next_waiter(key, ranked) {
+                Some((waiter, sender, handed)) => {
+                    self.lease_and_send(key, &waiter, sender, &handed).await
+                }
+                None => Vec::new(),
+            };
+            // a token not used for a lease (a duplicate another server
+            // leased first, a poll gone) goes back
+            let unused: Vec<Option<&str>> = admitted
+                .granted
+                .iter()
+                .filter(|(r, _)| !leased.contains(&r.1))
+                .map(|(_, k)| k.as_deref())
+                .collect();
+            if !unused.is_empty() {
+                self.refund(key, limit, admitted.at, &unused).await;
+            }
+            if leased.is_empty() {
+                return;
+            }
+        }
+    }
+
+    async fn refund(&self, key: &QueueKey, limit: &Limit, at: i64, keys: &[Option<&str>]) {
+        let Some(mut connection) = self.control_connection().await else {
+            return;
+        };
+        if let Err(error) = rate_limit::refund_tokens(&mut connection, key, limit, at, keys).await {
+            crate::metrics::redis_error("rate_limit");
+            tracing::warn!(%error, "could not give back unused rate-limit tokens");
         }
     }
 
@@ -702,8 +754,13 @@ impl PollHub {
         limit: &Limit,
         want: usize,
         candidates: Vec<Ranked>,
-    ) -> Vec<(Uuid, i32)> {
-        let pairs: Vec<(Uuid, i32)> = candidates.iter().map(|c| (c.1, c.2)).collect();
+    ) -> Option<Admitted> {
+        let mut keys = self.recently_checked(key);
+        let pairs: Vec<(Uuid, i32)> = candidates
+            .iter()
+            .map(|c| (c.1, c.2))
+            .filter(|pair| !keys.contains_key(pair))
+            .collect();
         let live =
             match tasks::dispatched_with_keys(self.store.pool(), &pairs, &key.0, &key.1).await {
                 Ok(live) => live,
@@ -711,13 +768,10 @@ impl PollHub {
                     tracing::warn!(%error, "could not read tasks to rate-limit; holding them");
                     self.put_back(key, candidates);
                     self.hold(key, Duration::from_secs(1), true);
-                    return Vec::new();
+                    return None;
                 }
             };
-        let keys: HashMap<(Uuid, i32), Option<String>> = live
-            .into_iter()
-            .map(|(id, attempt, k)| ((id, attempt), k))
-            .collect();
+        keys.extend(live.into_iter().map(|(id, attempt, k)| ((id, attempt), k)));
         // stale messages and duplicates cost no token
         let mut seen = HashSet::new();
         let candidates: Vec<Ranked> = candidates
@@ -725,7 +779,7 @@ impl PollHub {
             .filter(|c| keys.contains_key(&(c.1, c.2)) && seen.insert((c.1, c.2)))
             .collect();
         if candidates.is_empty() {
-            return Vec::new();
+            return None;
         }
         let task_keys: Vec<Option<&str>> = candidates
             .iter()
@@ -749,7 +803,7 @@ impl PollHub {
                 self.drop_control_connection().await;
                 self.put_back(key, candidates);
                 self.hold(key, Duration::from_millis(500), true);
-                return Vec::new();
+                return None;
             }
         };
         let granted_at: HashSet<usize> = grant.granted.iter().copied().collect();
@@ -757,7 +811,8 @@ impl PollHub {
         let mut rest = Vec::new();
         for (i, candidate) in candidates.into_iter().enumerate() {
             if granted_at.contains(&i) {
-                granted.push((candidate.1, candidate.2));
+                let task_key = keys.get(&(candidate.1, candidate.2)).cloned().flatten();
+                granted.push((candidate, task_key));
             } else {
                 rest.push(candidate);
             }
@@ -768,13 +823,55 @@ impl PollHub {
             0
         };
         crate::metrics::tasks_rate_limited(&key.0, &key.1, u64::try_from(held_back).unwrap_or(0));
+        self.remember_checked(key, &rest, &keys);
         self.put_back(key, rest);
         match (grant.queue_wait, grant.key_wait) {
             (Some(wait), _) => self.hold(key, wait, true),
             (None, Some(wait)) if held_back > 0 => self.hold(key, wait, false),
             _ => {}
         }
-        granted
+        (!granted.is_empty()).then_some(Admitted {
+            granted,
+            at: grant.at,
+        })
+    }
+
+    /// The keys of tasks found DISPATCHED within [`CHECK_FRESH`]; older
+    /// entries are dropped.
+    fn recently_checked(&self, key: &QueueKey) -> HashMap<(Uuid, i32), Option<String>> {
+        let mut states = lock(&self.queues);
+        let Some(state) = states.get_mut(key) else {
+            return HashMap::new();
+        };
+        state
+            .checked
+            .retain(|_, (_, at)| at.elapsed() < CHECK_FRESH);
+        state
+            .checked
+            .iter()
+            .map(|(pair, (k, _))| (*pair, k.clone()))
+            .collect()
+    }
+
+    /// Records the keys of tasks held back (and only those: a granted task
+    /// is leased, and its entry would only go stale).
+    fn remember_checked(
+        &self,
+        key: &QueueKey,
+        held: &[Ranked],
+        keys: &HashMap<(Uuid, i32), Option<String>>,
+    ) {
+        let mut states = lock(&self.queues);
+        let Some(state) = states.get_mut(key) else {
+            return;
+        };
+        let now = Instant::now();
+        state.checked.clear();
+        for (_, id, attempt) in held {
+            if let Some(k) = keys.get(&(*id, *attempt)) {
+                state.checked.insert((*id, *attempt), (k.clone(), now));
+            }
+        }
     }
 
     fn put_back(&self, key: &QueueKey, tasks: Vec<Ranked>) {
@@ -814,7 +911,7 @@ impl PollHub {
     fn next_waiter(
         &self,
         key: &QueueKey,
-        mut granted: Vec<(Uuid, i32)>,
+        mut granted: Vec<Ranked>,
     ) -> Option<(
         Arc<Waiter>,
         oneshot::Sender<Vec<LeasedTask>>,
@@ -827,16 +924,11 @@ impl PollHub {
                 continue;
             };
             let rest = granted.split_off(waiter.want.min(granted.len()));
-            for (id, attempt) in rest.into_iter().rev() {
-                state.buffered.levels[Buffered::level(DEFAULT_PRIORITY)].push_front((id, attempt));
-            }
-            return Some((waiter, sender, granted));
+            state.buffered.put_back(rest);
+            let granted = granted.into_iter().map(|(_, id, attempt)| (id, attempt));
+            return Some((waiter, sender, granted.collect()));
         }
-        let back: Vec<Ranked> = granted
-            .into_iter()
-            .map(|(id, attempt)| (DEFAULT_PRIORITY, id, attempt))
-            .collect();
-        state.buffered.put_back(back);
+        state.buffered.put_back(granted);
         None
     }
 
@@ -848,7 +940,7 @@ impl PollHub {
         waiter: &Waiter,
         sender: oneshot::Sender<Vec<LeasedTask>>,
         candidates: &[(Uuid, i32)],
-    ) {
+    ) -> Vec<Uuid> {
         {
             let lease = tasks::lease_tasks(
                 self.store.pool(),
@@ -866,20 +958,23 @@ impl PollHub {
                 Err(error) => {
                     tracing::warn!(%error, "lease failed; recovery offers the tasks again");
                     let _ = sender.send(Vec::new());
-                    return;
+                    return Vec::new();
                 }
             };
             for task in &mut leased {
                 crate::metrics::task_leased(&task.namespace, &task.queue, task.dispatched_at);
                 trace_lease(task, &waiter.worker_id);
             }
+            let ids = leased.iter().map(|t| t.id).collect();
             if let Err(unsent) = sender.send(leased) {
                 let leases: Vec<(Uuid, Uuid)> =
                     unsent.iter().map(|t| (t.id, t.lease_token)).collect();
                 if let Err(error) = tasks::release_leases(self.store.pool(), &leases).await {
                     tracing::warn!(%error, "could not release leases of a vanished poll; they will expire");
                 }
+                return Vec::new();
             }
+            ids
         }
     }
 
@@ -1024,4 +1119,32 @@ fn trace_lease(task: &mut LeasedTask, worker_id: &str) {
         crate::traces::attribute(&span, "composer.queue_wait_ms", waited.to_string());
     }
     task.traceparent = crate::traces::traceparent(&span);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_held_back_go_back_in_front_in_priority_order() {
+        let ids: Vec<Uuid> = (0..4).map(|_| Uuid::new_v4()).collect();
+        let mut buffered = Buffered::default();
+        buffered.push(3, (ids[0], 1));
+        buffered.push(5, (ids[1], 1));
+        buffered.push(3, (ids[2], 1));
+        buffered.push(1, (ids[3], 1));
+        let taken = buffered.take_ranked(3);
+        assert_eq!(
+            taken.iter().map(|t| t.1).collect::<Vec<_>>(),
+            vec![ids[1], ids[0], ids[2]],
+            "highest priority first, oldest first within one"
+        );
+        buffered.put_back(taken[1..].to_vec());
+        assert_eq!(buffered.best(), Some(3));
+        assert_eq!(
+            buffered.take(3).iter().map(|t| t.0).collect::<Vec<_>>(),
+            vec![ids[0], ids[2], ids[3]],
+            "put back ahead of what came later, in their order"
+        );
+    }
 }

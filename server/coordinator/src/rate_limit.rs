@@ -95,6 +95,11 @@ impl LimitCache {
         Ok(limit)
     }
 
+    /// Whether the queue is known to have a limit (unknown: false).
+    pub(crate) fn is_limited(&self, key: &QueueKey) -> bool {
+        self.lock().get(key).is_some_and(Option::is_some)
+    }
+
     /// Reads the limits of `queues` again and forgets every other queue.
     pub(crate) async fn refresh(
         &self,
@@ -125,6 +130,8 @@ pub(crate) struct Grant {
     /// Set when some key's bucket ran out: how long until the first of
     /// those has a token.
     pub key_wait: Option<Duration>,
+    /// The grant's Redis time, microseconds (what a refund names).
+    pub at: i64,
 }
 
 /// The Redis key of a queue's bucket: the hash tag of the queue's shard 0
@@ -186,13 +193,87 @@ pub(crate) async fn take_tokens(
     Ok(Grant {
         queue_wait: reply.first().copied().and_then(micros),
         key_wait: reply.get(1).copied().and_then(micros),
+        at: reply.get(2).copied().unwrap_or_default(),
         granted: reply
             .iter()
-            .skip(2)
+            .skip(3)
             .filter_map(|i| usize::try_from(*i - 1).ok())
             .collect(),
     })
 }
+
+/// Gives back the tokens of a grant made at `at` (Redis time, us) that no
+/// lease used: one from the queue's bucket per entry of `keys`, and one
+/// from each entry's key bucket. The grant leaves the log as if it had not
+/// been made, so the window stays exact.
+pub(crate) async fn refund_tokens(
+    connection: &mut MultiplexedConnection,
+    (namespace, queue): &QueueKey,
+    limit: &Limit,
+    at: i64,
+    keys: &[Option<&str>],
+) -> redis::RedisResult<()> {
+    let mut per_key: HashMap<&str, usize> = HashMap::new();
+    if limit.per_key.is_some() {
+        for key in keys.iter().flatten() {
+            *per_key.entry(key).or_default() += 1;
+        }
+    }
+    let mut invocation = REFUND_SCRIPT.key(queue_bucket_key(namespace, queue));
+    invocation
+        .arg(limit.per_second)
+        .arg(limit.per_key.map_or(0.0, |(rate, _)| rate))
+        .arg(at)
+        .arg(keys.len());
+    for (key, count) in &per_key {
+        invocation
+            .key(key_bucket_key(namespace, queue, key))
+            .arg(*count);
+    }
+    invocation.invoke_async::<()>(connection).await
+}
+
+static REFUND_SCRIPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(REFUND_LUA));
+
+/// KEYS[1]: the queue's bucket; KEYS[2..]: key buckets. ARGV: queue rate
+/// (0: none), key rate, the grant's time, tokens for the queue, then one
+/// count per key bucket. The log entry of the grant (or the later one it
+/// was merged into) loses the count, the rate's arrival time moves back.
+const REFUND_LUA: &str = r"
+local function refund(key, rate, at, n)
+  if n <= 0 or rate <= 0 then
+    return
+  end
+  local v = redis.call('HMGET', key, 'tat', 'log')
+  if not v[1] then
+    return
+  end
+  local tat = tonumber(v[1]) - n * 1000000 / rate
+  local parts = {}
+  local left = n
+  for time, count in string.gmatch(v[2] or '', '(%d+):(%d+)') do
+    time = tonumber(time)
+    count = tonumber(count)
+    if left > 0 and time >= at then
+      local back = math.min(left, count)
+      count = count - back
+      left = left - back
+    end
+    if count > 0 then
+      table.insert(parts, string.format('%.0f:%d', time, count))
+    end
+  end
+  redis.call('HSET', key, 'tat', string.format('%.3f', tat), 'log', table.concat(parts, ','))
+end
+
+local at = tonumber(ARGV[3])
+refund(KEYS[1], tonumber(ARGV[1]), at, tonumber(ARGV[4]))
+for i = 2, #KEYS do
+  refund(KEYS[i], tonumber(ARGV[2]), at, tonumber(ARGV[3 + i]))
+end
+return 0
+";
 
 /// The window that "no one-second window exceeds the burst" is checked
 /// over, in microseconds: a second plus a margin for the lease statement
@@ -338,7 +419,7 @@ end
 for _, b in pairs(buckets) do
   save(b)
 end
-local reply = {queue_wait, key_wait}
+local reply = {queue_wait, key_wait, now}
 for _, g in ipairs(granted) do
   table.insert(reply, g)
 end
