@@ -6,8 +6,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 use clap_complete::Shell;
 use composer_cli::{
     admin::{
-        self, EXIT_CODES_HELP, run::RunCommand, schedule::ScheduleCommand, server::ServerCommand,
-        workflow::WorkflowCommand as RemoteWorkflowCommand,
+        self, EXIT_CODES_HELP, queue::QueueCommand, run::RunCommand, schedule::ScheduleCommand,
+        server::ServerCommand, workflow::WorkflowCommand as RemoteWorkflowCommand,
     },
     auth::{self, TokenArgs},
     config::{BackendArgs, LogFormat, ServerArgs},
@@ -50,6 +50,9 @@ enum Command {
     /// Create, read, pause and fire schedules that start runs on a timetable.
     #[command(subcommand)]
     Schedule(ScheduleCommand),
+    /// Set and read queue settings: rate limits.
+    #[command(subcommand)]
+    Queue(QueueCommand),
     /// Ask a server about itself.
     #[command(subcommand)]
     Server(ServerCommand),
@@ -94,6 +97,7 @@ fn main() -> ExitCode {
         }
         Command::Run(command) => admin::execute(admin::run::run(command)),
         Command::Schedule(command) => admin::execute(admin::schedule::run(command)),
+        Command::Queue(command) => admin::execute(admin::queue::run(command)),
         Command::Server(command) => admin::execute(admin::server::run(command)),
         Command::Completions { shell } => {
             clap_complete::generate(
@@ -152,6 +156,7 @@ fn serve_or_migrate(command: Command) -> ExitCode {
             | Command::Token(_)
             | Command::Run(_)
             | Command::Schedule(_)
+            | Command::Queue(_)
             | Command::Server(_)
             | Command::Completions { .. } => {}
             Command::Migrate { backend, server } => {

@@ -218,6 +218,7 @@ struct PendingArm {
     input: Json,
     heartbeat_timeout_ms: i64,
     attempt_timeout_ms: Option<i64>,
+    rate_limit_key: Option<String>,
 }
 
 impl<'a> RunTxn<'a> {
@@ -542,6 +543,7 @@ impl<'a> RunTxn<'a> {
                 input,
                 heartbeat_timeout_ms,
                 timeout_ms,
+                rate_limit_key,
             } => {
                 let node_key = node.to_string();
                 // a later attempt of the same node in this transaction wins
@@ -555,6 +557,7 @@ impl<'a> RunTxn<'a> {
                     input,
                     heartbeat_timeout_ms: i64::try_from(heartbeat_timeout_ms).unwrap_or(i64::MAX),
                     attempt_timeout_ms: timeout_ms.and_then(|t| i64::try_from(t).ok()),
+                    rate_limit_key: rate_limit_key.map(crate::rate_limit::bounded_key),
                 });
             }
             Action::ScheduleTimer { timer, fire_at } => {
@@ -858,6 +861,7 @@ impl<'a> RunTxn<'a> {
             heartbeat_timeout_ms: arm.heartbeat_timeout_ms,
             attempt_timeout_ms: arm.attempt_timeout_ms,
             traceparent: self.traceparent.as_deref(),
+            rate_limit_key: arm.rate_limit_key.as_deref(),
         }
     }
 

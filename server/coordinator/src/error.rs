@@ -29,6 +29,15 @@ pub enum CoordinatorError {
     /// The schedule does not exist in the namespace.
     #[error("schedule {0:?} not found")]
     ScheduleNotFound(String),
+    /// The queue has no rate limit in the namespace.
+    #[error("queue {0:?} has no rate limit")]
+    RateLimitNotFound(String),
+    /// The namespace holds as many rate limits as it may.
+    #[error("the namespace already holds {limit} queue rate limits")]
+    TooManyRateLimits {
+        /// The limit.
+        limit: i64,
+    },
     /// The namespace already has a schedule with this id.
     #[error("schedule {0:?} already exists")]
     ScheduleExists(String),

@@ -11,6 +11,7 @@ pub mod http_worker;
 pub mod metrics;
 pub mod pause;
 mod poll_hub;
+pub mod rate_limit;
 pub mod recovery;
 mod reports;
 mod runs;

@@ -75,6 +75,11 @@ pub const METRICS: &[(&str, &str)] = &[
         SCHEDULE_FIRES,
         "schedule fires, by namespace and outcome (started, skipped, buffered, failed, missed)",
     ),
+    (
+        TASKS_RATE_LIMITED,
+        "tasks a poll could not be handed because of a queue's rate limit, by namespace and queue \
+         (a task held back at several hand-outs counts at each)",
+    ),
     (REDIS_ERRORS, "failed Redis operations, by operation"),
     (GRPC_REQUESTS, "gRPC requests by method and status code"),
     (
@@ -100,6 +105,7 @@ pub const TIMER_LAG: &str = "composer_timer_lag_seconds";
 pub const RECOVERY_ACTIONS: &str = "composer_recovery_actions_total";
 pub const DB_POOL_CONNECTIONS: &str = "composer_db_pool_connections";
 pub const SCHEDULE_FIRES: &str = "composer_schedule_fires_total";
+pub const TASKS_RATE_LIMITED: &str = "composer_tasks_rate_limited_total";
 pub const REDIS_ERRORS: &str = "composer_redis_errors_total";
 pub const GRPC_REQUESTS: &str = "composer_grpc_requests_total";
 pub const GRPC_SECONDS: &str = "composer_grpc_request_duration_seconds";
@@ -190,6 +196,13 @@ pub(crate) fn run_ended(namespace: &str, workflow: &str, status: &str) {
         &[ns, wf, ("status", status.to_ascii_lowercase())]
     )
     .increment(1);
+}
+
+pub(crate) fn tasks_rate_limited(namespace: &str, queue: &str, count: u64) {
+    if !enabled() || count == 0 {
+        return;
+    }
+    counter!(TASKS_RATE_LIMITED, &queue_labels(namespace, queue)).increment(count);
 }
 
 pub(crate) fn tasks_dispatched(namespace: &str, queue: &str, count: u64) {

@@ -33,6 +33,7 @@ use uuid::Uuid;
 use crate::{
     dispatch::{DEFAULT_PRIORITY, DispatchConfig, GROUP, PRIORITIES, priority_stream_key},
     error::CoordinatorError,
+    rate_limit::{self, Limit, LimitCache},
 };
 
 /// Queues of one namespace that polls on one server may wait on at once;
@@ -40,8 +41,18 @@ use crate::{
 /// queue names cost a bounded amount and never slow another's reads.
 pub const MAX_POLLED_QUEUES_PER_NAMESPACE: usize = 1024;
 
+/// How long a task found DISPATCHED is trusted to still be, when a held
+/// queue offers it again (a task leased meanwhile by another server then
+/// costs a token, which only undershoots the limit).
+const CHECK_FRESH: Duration = Duration::from_secs(2);
+
 /// Messages read from one stream per XREADGROUP, at most.
 const MAX_READ_COUNT: usize = 1000;
+
+/// Tasks a rate-limited queue keeps read but not handed out, at most: the
+/// look-ahead that lets one key's tasks pass another key's backlog. Past
+/// it the queue's streams are not read until some are handed out.
+const MAX_HELD_BUFFERED: usize = 1000;
 
 /// Why a poll was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -95,6 +106,16 @@ impl Waiter {
 /// (namespace, queue)
 type QueueKey = (String, String);
 
+/// A buffered task with its priority: (priority, task id, attempt).
+type Ranked = (i16, Uuid, i32);
+
+/// Tasks that got tokens, each with its rate-limit key, and the Redis time
+/// of the grant (what a refund names).
+struct Admitted {
+    granted: Vec<(Ranked, Option<String>)>,
+    at: i64,
+}
+
 /// Tasks read for one queue but not leased yet, by priority: handed out
 /// highest priority first, oldest first within one.
 #[derive(Default)]
@@ -118,6 +139,30 @@ impl Buffered {
 
     fn len(&self) -> usize {
         self.levels.iter().map(VecDeque::len).sum()
+    }
+
+    /// Takes up to `n` tasks with their priority, highest priority first.
+    fn take_ranked(&mut self, mut n: usize) -> Vec<Ranked> {
+        let mut taken = Vec::with_capacity(n);
+        for (i, level) in self.levels.iter_mut().enumerate().rev() {
+            let here = n.min(level.len());
+            let priority = i16::try_from(i + 1).unwrap_or(DEFAULT_PRIORITY);
+            taken.extend(
+                level
+                    .drain(..here)
+                    .map(|(id, attempt)| (priority, id, attempt)),
+            );
+            n -= here;
+        }
+        taken
+    }
+
+    /// Puts tasks taken by [`Buffered::take_ranked`] back in front, in
+    /// their order.
+    fn put_back(&mut self, tasks: Vec<Ranked>) {
+        for (priority, id, attempt) in tasks.into_iter().rev() {
+            self.levels[Self::level(priority)].push_front((id, attempt));
+        }
     }
 
     /// The highest priority with a task, if any.
@@ -145,6 +190,15 @@ struct QueueState {
     waiters: VecDeque<Arc<Waiter>>,
     buffered: Buffered,
     last_waited: Instant,
+    /// A rate limit holds the queue's hand-outs until then.
+    held_until: Option<Instant>,
+    /// The hold is the queue's own bucket (not only some keys'): reading
+    /// more of its streams would not get anything handed out sooner.
+    held_by_queue: bool,
+    /// Tasks held back by a limit, found DISPATCHED at this time with this
+    /// rate-limit key: offered again soon after, they skip the check, so a
+    /// hold's end costs one round trip (the tokens) before the lease.
+    checked: HashMap<(Uuid, i32), (Option<String>, Instant)>,
 }
 
 impl QueueState {
@@ -153,7 +207,21 @@ impl QueueState {
             waiters: VecDeque::new(),
             buffered: Buffered::default(),
             last_waited: Instant::now(),
+            held_until: None,
+            held_by_queue: false,
+            checked: HashMap::new(),
         }
+    }
+
+    fn is_held(&self) -> bool {
+        self.held_until.is_some_and(|until| until > Instant::now())
+    }
+
+    /// Whether the next read should leave this queue's streams alone: a
+    /// rate limit holds it and what it has read already is enough.
+    fn has_enough(&self) -> bool {
+        let len = self.buffered.len();
+        len >= MAX_HELD_BUFFERED || (len > 0 && self.held_by_queue && self.is_held())
     }
 }
 
@@ -170,6 +238,7 @@ pub struct PollHub {
     wake: Notify,
     reader_started: AtomicBool,
     control: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    limits: LimitCache,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -197,6 +266,7 @@ impl PollHub {
             wake: Notify::new(),
             reader_started: AtomicBool::new(false),
             control: tokio::sync::Mutex::new(None),
+            limits: LimitCache::default(),
         }))
     }
 
@@ -278,6 +348,34 @@ impl PollHub {
         }
         let hub = Arc::clone(self);
         tokio::spawn(async move { hub.read_loop().await });
+        let hub = Arc::clone(self);
+        tokio::spawn(async move { hub.refresh_limits_loop().await });
+    }
+
+    /// Reads the rate limits of the queues this server serves every
+    /// [`rate_limit::REFRESH`], so a change reaches every server within it.
+    /// Postgres down: the last limits read stay in force.
+    async fn refresh_limits_loop(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(rate_limit::REFRESH).await;
+            let queues: Vec<QueueKey> = lock(&self.queues).keys().cloned().collect();
+            if let Err(error) = self.limits.refresh(&self.store, &queues).await {
+                tracing::warn!(%error, "could not refresh queue rate limits; keeping the last ones");
+            }
+        }
+    }
+
+    /// A clone of the control connection, opened if needed.
+    async fn control_connection(&self) -> Option<MultiplexedConnection> {
+        let mut guard = self.control.lock().await;
+        if guard.is_none() {
+            *guard = self.redis.get_multiplexed_async_connection().await.ok();
+        }
+        guard.clone()
+    }
+
+    async fn drop_control_connection(&self) {
+        *self.control.lock().await = None;
     }
 
     /// Makes a blocked read return: a message on the wake stream.
@@ -322,8 +420,11 @@ impl PollHub {
             self.read_higher(&mut connection, &mut grouped).await;
             self.hand_out_all().await;
             let (wanted, count) = self.wanted();
+            let next_hold = self.next_hold_end();
             if wanted.is_empty() {
-                let _ = tokio::time::timeout(Duration::from_secs(1), self.wake.notified()).await;
+                let nap =
+                    next_hold.map_or(Duration::from_secs(1), |h| h.min(Duration::from_secs(1)));
+                let _ = tokio::time::timeout(nap, self.wake.notified()).await;
                 continue;
             }
             if connection.is_none() {
@@ -348,7 +449,11 @@ impl PollHub {
                 &keys,
                 &self.consumer,
                 count,
-                Some(self.config.read_block),
+                // a held queue is handed out when its hold ends, not a
+                // whole block later
+                Some(next_hold.map_or(self.config.read_block, |h| {
+                    h.clamp(Duration::from_millis(1), self.config.read_block)
+                })),
             )
             .await;
             match read {
@@ -419,7 +524,10 @@ impl PollHub {
                 let Some(best) = state.buffered.best() else {
                     continue;
                 };
-                if best >= *PRIORITIES.end() || state.waiters.is_empty() {
+                if best >= *PRIORITIES.end()
+                    || state.waiters.is_empty()
+                    || state.buffered.len() >= MAX_HELD_BUFFERED
+                {
                     continue;
                 }
                 self.queue_streams(key, best + 1, &mut streams);
@@ -462,7 +570,19 @@ impl PollHub {
                 continue;
             }
             state.last_waited = Instant::now();
-            count = count.max(state.waiters.iter().map(|w| w.want).sum::<usize>());
+            if state.has_enough() {
+                continue;
+            }
+            let want: usize = state.waiters.iter().map(|w| w.want).sum();
+            // a limited queue reads about what its polls want across its
+            // shards, not that from each: the rest stays in the streams for
+            // whichever server has a poll when the limit allows
+            let want = if self.limits.is_limited(key) {
+                want.div_ceil(usize::try_from(self.config.shards.max(1)).unwrap_or(1))
+            } else {
+                want
+            };
+            count = count.max(want);
             wanted.push(key.clone());
         }
         *lock(&self.reading) = wanted.iter().cloned().collect();
@@ -479,11 +599,12 @@ impl PollHub {
             let Some(Some((queue, priority))) = streams.get(&key) else {
                 continue;
             };
-            states
-                .entry(queue.clone())
-                .or_insert_with(QueueState::new)
-                .buffered
-                .push(*priority, (task, attempt));
+            let state = states.entry(queue.clone()).or_insert_with(QueueState::new);
+            state.buffered.push(*priority, (task, attempt));
+            if !state.held_by_queue {
+                // a new task may have a key with tokens left
+                state.held_until = None;
+            }
         }
     }
 
@@ -538,7 +659,7 @@ impl PollHub {
     async fn hand_out_all(&self) {
         let ready: Vec<QueueKey> = lock(&self.queues)
             .iter()
-            .filter(|(_, s)| !s.buffered.is_empty() && !s.waiters.is_empty())
+            .filter(|(_, s)| !s.buffered.is_empty() && !s.waiters.is_empty() && !s.is_held())
             .map(|(k, _)| k.clone())
             .collect();
         for key in ready {
@@ -547,15 +668,283 @@ impl PollHub {
     }
 
     /// Leases one queue's buffered tasks to its waiting polls, first come
-    /// first served.
+    /// first served, within the queue's rate limit if it has one.
     async fn hand_out(&self, key: &QueueKey) {
+        let limit = match self.limits.get(&self.store, key).await {
+            Ok(limit) => limit,
+            Err(error) => {
+                tracing::warn!(%error, "could not read the queue's rate limit; holding its tasks");
+                self.hold(key, Duration::from_secs(1), true);
+                return;
+            }
+        };
+        if let Some(limit) = limit {
+            return self.hand_out_limited(key, &limit).await;
+        }
+        while let Some((waiter, sender, candidates)) = self.next_hand_out(key) {
+            self.lease_and_send(key, &waiter, sender, &candidates).await;
+        }
+    }
+
+    /// [`PollHub::hand_out`] for a rate-limited queue: tokens are taken for
+    /// the tasks still dispatched, highest priority first, before a poll is
+    /// taken; what gets none goes back to the front of the buffer and the
+    /// queue is held for the time the bucket names (no busy loop).
+    async fn hand_out_limited(&self, key: &QueueKey, limit: &Limit) {
         loop {
-            let Some((waiter, sender, candidates)) = self.next_hand_out(key) else {
+            let Some((want, candidates)) = self.peek_hand_out(key, limit.per_key.is_some()) else {
                 return;
             };
+            let Some(admitted) = self.admit(key, limit, want, candidates).await else {
+                return;
+            };
+            let ranked: Vec<Ranked> = admitted.granted.iter().map(|(r, _)| *r).collect();
+            let leased = match self.next_waiter(key, ranked) {
+                Some((waiter, sender, handed)) => {
+                    self.lease_and_send(key, &waiter, sender, &handed).await
+                }
+                None => Vec::new(),
+            };
+            // a token not used for a lease (a duplicate another server
+            // leased first, a poll gone) goes back
+            let unused: Vec<Option<&str>> = admitted
+                .granted
+                .iter()
+                .filter(|(r, _)| !leased.contains(&r.1))
+                .map(|(_, k)| k.as_deref())
+                .collect();
+            if !unused.is_empty() {
+                self.refund(key, limit, admitted.at, &unused).await;
+            }
+            if leased.is_empty() {
+                return;
+            }
+        }
+    }
+
+    async fn refund(&self, key: &QueueKey, limit: &Limit, at: i64, keys: &[Option<&str>]) {
+        let Some(mut connection) = self.control_connection().await else {
+            return;
+        };
+        if let Err(error) = rate_limit::refund_tokens(&mut connection, key, limit, at, keys).await {
+            crate::metrics::redis_error("rate_limit");
+            tracing::warn!(%error, "could not give back unused rate-limit tokens");
+        }
+    }
+
+    /// The want of the first waiting poll and the buffered tasks to offer
+    /// it (with a per-key limit, a look-ahead past that want), taken out
+    /// of the buffer; None when held, empty or without a poll.
+    fn peek_hand_out(&self, key: &QueueKey, look_ahead: bool) -> Option<(usize, Vec<Ranked>)> {
+        let mut states = lock(&self.queues);
+        let state = states.get_mut(key)?;
+        if state.is_held() || state.buffered.is_empty() {
+            return None;
+        }
+        let want = state.waiters.iter().find(|w| w.is_waiting())?.want;
+        let take = if look_ahead { MAX_HELD_BUFFERED } else { want };
+        Some((want, state.buffered.take_ranked(take)))
+    }
+
+    /// Takes tokens for up to `want` of `candidates`; returns the granted
+    /// ones and puts the rest (still dispatched) back, holding the queue.
+    async fn admit(
+        &self,
+        key: &QueueKey,
+        limit: &Limit,
+        want: usize,
+        candidates: Vec<Ranked>,
+    ) -> Option<Admitted> {
+        let mut keys = self.recently_checked(key);
+        let pairs: Vec<(Uuid, i32)> = candidates
+            .iter()
+            .map(|c| (c.1, c.2))
+            .filter(|pair| !keys.contains_key(pair))
+            .collect();
+        let live =
+            match tasks::dispatched_with_keys(self.store.pool(), &pairs, &key.0, &key.1).await {
+                Ok(live) => live,
+                Err(error) => {
+                    tracing::warn!(%error, "could not read tasks to rate-limit; holding them");
+                    self.put_back(key, candidates);
+                    self.hold(key, Duration::from_secs(1), true);
+                    return None;
+                }
+            };
+        keys.extend(live.into_iter().map(|(id, attempt, k)| ((id, attempt), k)));
+        // stale messages and duplicates cost no token
+        let mut seen = HashSet::new();
+        let candidates: Vec<Ranked> = candidates
+            .into_iter()
+            .filter(|c| keys.contains_key(&(c.1, c.2)) && seen.insert((c.1, c.2)))
+            .collect();
+        if candidates.is_empty() {
+            return None;
+        }
+        let task_keys: Vec<Option<&str>> = candidates
+            .iter()
+            .map(|c| keys.get(&(c.1, c.2)).and_then(Option::as_deref))
+            .collect();
+        let grant = match self.control_connection().await {
+            Some(mut connection) => {
+                rate_limit::take_tokens(&mut connection, key, limit, &task_keys, want).await
+            }
+            None => Err(redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no connection",
+            ))),
+        };
+        let grant = match grant {
+            Ok(grant) => grant,
+            Err(error) => {
+                // as for every Redis outage: nothing is handed out
+                crate::metrics::redis_error("rate_limit");
+                tracing::warn!(%error, "could not take rate-limit tokens; holding the queue");
+                self.drop_control_connection().await;
+                self.put_back(key, candidates);
+                self.hold(key, Duration::from_millis(500), true);
+                return None;
+            }
+        };
+        let granted_at: HashSet<usize> = grant.granted.iter().copied().collect();
+        let mut granted = Vec::with_capacity(granted_at.len());
+        let mut rest = Vec::new();
+        for (i, candidate) in candidates.into_iter().enumerate() {
+            if granted_at.contains(&i) {
+                let task_key = keys.get(&(candidate.1, candidate.2)).cloned().flatten();
+                granted.push((candidate, task_key));
+            } else {
+                rest.push(candidate);
+            }
+        }
+        let held_back = if grant.queue_wait.is_some() || grant.key_wait.is_some() {
+            rest.len()
+        } else {
+            0
+        };
+        crate::metrics::tasks_rate_limited(&key.0, &key.1, u64::try_from(held_back).unwrap_or(0));
+        self.remember_checked(key, &rest, &keys);
+        self.put_back(key, rest);
+        match (grant.queue_wait, grant.key_wait) {
+            (Some(wait), _) => self.hold(key, wait, true),
+            (None, Some(wait)) if held_back > 0 => self.hold(key, wait, false),
+            _ => {}
+        }
+        (!granted.is_empty()).then_some(Admitted {
+            granted,
+            at: grant.at,
+        })
+    }
+
+    /// The keys of tasks found DISPATCHED within [`CHECK_FRESH`]; older
+    /// entries are dropped.
+    fn recently_checked(&self, key: &QueueKey) -> HashMap<(Uuid, i32), Option<String>> {
+        let mut states = lock(&self.queues);
+        let Some(state) = states.get_mut(key) else {
+            return HashMap::new();
+        };
+        state
+            .checked
+            .retain(|_, (_, at)| at.elapsed() < CHECK_FRESH);
+        state
+            .checked
+            .iter()
+            .map(|(pair, (k, _))| (*pair, k.clone()))
+            .collect()
+    }
+
+    /// Records the keys of tasks held back (and only those: a granted task
+    /// is leased, and its entry would only go stale).
+    fn remember_checked(
+        &self,
+        key: &QueueKey,
+        held: &[Ranked],
+        keys: &HashMap<(Uuid, i32), Option<String>>,
+    ) {
+        let mut states = lock(&self.queues);
+        let Some(state) = states.get_mut(key) else {
+            return;
+        };
+        let now = Instant::now();
+        state.checked.clear();
+        for (_, id, attempt) in held {
+            if let Some(k) = keys.get(&(*id, *attempt)) {
+                state.checked.insert((*id, *attempt), (k.clone(), now));
+            }
+        }
+    }
+
+    fn put_back(&self, key: &QueueKey, tasks: Vec<Ranked>) {
+        if tasks.is_empty() {
+            return;
+        }
+        lock(&self.queues)
+            .entry(key.clone())
+            .or_insert_with(QueueState::new)
+            .buffered
+            .put_back(tasks);
+    }
+
+    fn hold(&self, key: &QueueKey, wait: Duration, by_queue: bool) {
+        if let Some(state) = lock(&self.queues).get_mut(key) {
+            state.held_until = Some(Instant::now() + wait);
+            state.held_by_queue = by_queue;
+        }
+    }
+
+    /// How long until the first hold ends, if any queue is held.
+    fn next_hold_end(&self) -> Option<Duration> {
+        let now = Instant::now();
+        lock(&self.queues)
+            .values()
+            .filter(|s| !s.waiters.is_empty() && !s.buffered.is_empty())
+            .filter_map(|s| s.held_until)
+            .filter(|until| *until > now)
+            .min()
+            .map(|until| until - now)
+    }
+
+    /// The first poll still waiting on the queue, with at most its want of
+    /// `granted`; the rest go back to the buffer (their tokens are spent:
+    /// the poll went away in between, which only undershoots the limit).
+    #[allow(clippy::type_complexity)]
+    fn next_waiter(
+        &self,
+        key: &QueueKey,
+        mut granted: Vec<Ranked>,
+    ) -> Option<(
+        Arc<Waiter>,
+        oneshot::Sender<Vec<LeasedTask>>,
+        Vec<(Uuid, i32)>,
+    )> {
+        let mut states = lock(&self.queues);
+        let state = states.get_mut(key)?;
+        while let Some(waiter) = state.waiters.pop_front() {
+            let Some(sender) = waiter.take_sender() else {
+                continue;
+            };
+            let rest = granted.split_off(waiter.want.min(granted.len()));
+            state.buffered.put_back(rest);
+            let granted = granted.into_iter().map(|(_, id, attempt)| (id, attempt));
+            return Some((waiter, sender, granted.collect()));
+        }
+        state.buffered.put_back(granted);
+        None
+    }
+
+    /// Leases `candidates` to one poll and sends them; a poll gone by then
+    /// has its leases released.
+    async fn lease_and_send(
+        &self,
+        key: &QueueKey,
+        waiter: &Waiter,
+        sender: oneshot::Sender<Vec<LeasedTask>>,
+        candidates: &[(Uuid, i32)],
+    ) -> Vec<Uuid> {
+        {
             let lease = tasks::lease_tasks(
                 self.store.pool(),
-                &candidates,
+                candidates,
                 &waiter.worker_id,
                 &key.0,
                 &key.1,
@@ -569,20 +958,23 @@ impl PollHub {
                 Err(error) => {
                     tracing::warn!(%error, "lease failed; recovery offers the tasks again");
                     let _ = sender.send(Vec::new());
-                    continue;
+                    return Vec::new();
                 }
             };
             for task in &mut leased {
                 crate::metrics::task_leased(&task.namespace, &task.queue, task.dispatched_at);
                 trace_lease(task, &waiter.worker_id);
             }
+            let ids = leased.iter().map(|t| t.id).collect();
             if let Err(unsent) = sender.send(leased) {
                 let leases: Vec<(Uuid, Uuid)> =
                     unsent.iter().map(|t| (t.id, t.lease_token)).collect();
                 if let Err(error) = tasks::release_leases(self.store.pool(), &leases).await {
                     tracing::warn!(%error, "could not release leases of a vanished poll; they will expire");
                 }
+                return Vec::new();
             }
+            ids
         }
     }
 
@@ -727,4 +1119,32 @@ fn trace_lease(task: &mut LeasedTask, worker_id: &str) {
         crate::traces::attribute(&span, "composer.queue_wait_ms", waited.to_string());
     }
     task.traceparent = crate::traces::traceparent(&span);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_held_back_go_back_in_front_in_priority_order() {
+        let ids: Vec<Uuid> = (0..4).map(|_| Uuid::new_v4()).collect();
+        let mut buffered = Buffered::default();
+        buffered.push(3, (ids[0], 1));
+        buffered.push(5, (ids[1], 1));
+        buffered.push(3, (ids[2], 1));
+        buffered.push(1, (ids[3], 1));
+        let taken = buffered.take_ranked(3);
+        assert_eq!(
+            taken.iter().map(|t| t.1).collect::<Vec<_>>(),
+            vec![ids[1], ids[0], ids[2]],
+            "highest priority first, oldest first within one"
+        );
+        buffered.put_back(taken[1..].to_vec());
+        assert_eq!(buffered.best(), Some(3));
+        assert_eq!(
+            buffered.take(3).iter().map(|t| t.0).collect::<Vec<_>>(),
+            vec![ids[0], ids[2], ids[3]],
+            "put back ahead of what came later, in their order"
+        );
+    }
 }

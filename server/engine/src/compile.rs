@@ -96,6 +96,8 @@ pub enum Kind {
     Task {
         queue: String,
         task: String,
+        /// The task's rate-limit key (a string; null: none).
+        rate_limit_key: Option<Program>,
     },
     Http {
         request: Template,
@@ -717,6 +719,12 @@ pub(crate) fn build(
                 );
             }
         };
+        if node.rate_limit_key.is_some() && node.node_type != NodeType::Task {
+            errors.push(
+                format!("{path}.rate_limit_key"),
+                "only a TASK node may have a rate_limit_key",
+            );
+        }
         let kind = match node.node_type {
             NodeType::Task => {
                 required(node.queue.is_some(), "queue", &mut errors);
@@ -724,6 +732,11 @@ pub(crate) fn build(
                 Kind::Task {
                     queue: node.queue.clone().unwrap_or_default(),
                     task: node.task.clone().unwrap_or_default(),
+                    rate_limit_key: expression(
+                        &node.rate_limit_key,
+                        "rate_limit_key",
+                        &[Ty::String],
+                    ),
                 }
             }
             NodeType::Http => {
@@ -867,7 +880,11 @@ pub(crate) fn build(
                 correlation: Some(p),
                 ..
             }
-            | Kind::Map { items: p, .. } => add_refs(p.node_refs(), &index, &mut refs),
+            | Kind::Map { items: p, .. }
+            | Kind::Task {
+                rate_limit_key: Some(p),
+                ..
+            } => add_refs(p.node_refs(), &index, &mut refs),
             _ => {}
         }
         nodes.push(CNode {

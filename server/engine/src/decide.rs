@@ -1028,6 +1028,10 @@ impl<'a> Ctx<'a> {
     /// Sends out attempt `attempt` of `key` (a task or a child run).
     fn dispatch(&mut self, key: &NodeKey, idx: usize, mut st: NodeState, attempt: u32) -> R {
         let node = &self.wf.nodes[idx];
+        let rate_limit_key = match self.rate_limit_key(idx)? {
+            Ok(key) => key,
+            Err(message) => return self.fail_at_start(idx, st, message),
+        };
         st.attempt = attempt;
         st.status = NodeStatus::Running;
         let input = st.input.clone().unwrap_or(Json::Null);
@@ -1039,6 +1043,7 @@ impl<'a> Ctx<'a> {
             input: input.clone(),
             heartbeat_timeout_ms: node.heartbeat_timeout_ms,
             timeout_ms: node.timeout_ms,
+            rate_limit_key: rate_limit_key.clone(),
         };
         let child = |workflow: &str, version: Option<u32>| Action::StartChildRun {
             node: key.clone(),
@@ -1048,7 +1053,9 @@ impl<'a> Ctx<'a> {
             input: input.clone(),
         };
         let action = match &node.kind {
-            Kind::Task { queue, task: name } => task(queue, name),
+            Kind::Task {
+                queue, task: name, ..
+            } => task(queue, name),
             Kind::Http { .. } => task(HTTP_QUEUE, "http"),
             Kind::Code { language, .. } => task(&format!("code.{language}"), "code"),
             Kind::SubWorkflow { workflow, version } => child(workflow, *version),
@@ -1076,6 +1083,33 @@ impl<'a> Ctx<'a> {
         }
         self.put(key.clone(), st);
         Ok(())
+    }
+
+    /// The value of a TASK node's `rate_limit_key` for the attempt being
+    /// armed: a string as is, null as no key, any other value as its JSON
+    /// text; `Err` (inner) fails the node like a bad input.
+    fn rate_limit_key(&self, idx: usize) -> Result<Result<Option<String>, String>, DecideError> {
+        let node = &self.wf.nodes[idx];
+        let Kind::Task {
+            rate_limit_key: Some(program),
+            ..
+        } = &node.kind
+        else {
+            return Ok(Ok(None));
+        };
+        // a retry arms again without start_node having loaded the refs
+        self.ensure_loaded(&node.refs)?;
+        let env = EvalEnv {
+            ctx: self,
+            item: None,
+            index: None,
+        };
+        Ok(match program.eval(&env) {
+            Ok(Val::Str(key)) => Ok(Some(key)),
+            Ok(Val::Null) => Ok(None),
+            Ok(other) => Ok(Some(other.to_json().to_string())),
+            Err(e) => Err(format!("rate_limit_key: {e}")),
+        })
     }
 
     fn attempt_succeeded(

@@ -226,6 +226,10 @@ pub struct Node {
     /// Template for the input (default: the run's input; for MAP, `item`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<Json>,
+    /// TASK: a CEL string naming the task's rate-limit key, computed when
+    /// each attempt is armed; the queue's per-key limit applies per value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit_key: Option<String>,
 }
 
 impl Node {
@@ -253,6 +257,7 @@ impl Node {
             heartbeat_timeout: None,
             compensate: None,
             input: None,
+            rate_limit_key: None,
         }
     }
 }

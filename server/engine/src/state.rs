@@ -512,6 +512,9 @@ pub enum Action {
         heartbeat_timeout_ms: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
+        /// The value of the TASK node's `rate_limit_key`, if it has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        rate_limit_key: Option<String>,
     },
     ScheduleTimer {
         timer: TimerId,

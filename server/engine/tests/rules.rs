@@ -377,6 +377,7 @@ nodes:
         input: json!({"sku": "X"}),
         heartbeat_timeout_ms: 10_000,
         timeout_ms: Some(60_000),
+        rate_limit_key: None,
     }));
     assert!(acts.contains(&Action::ScheduleTimer {
         timer: TimerId::node(TimerKind::AttemptTimeout, key("a"), Some(1)),
@@ -1348,4 +1349,23 @@ fn simulator_reports_the_concurrency_key_and_the_priority() {
         "tasks: { a: [ { complete: 1 } ] }",
     );
     assert_eq!((plain.concurrency_key, plain.priority), (None, 3));
+}
+
+#[test]
+fn a_task_carries_its_rate_limit_key_evaluated_for_each_attempt() {
+    let yaml = r"
+name: keyed
+nodes:
+  - id: a
+    type: TASK
+    queue: mail
+    task: send
+    rate_limit_key: input.customer
+";
+    let mut d = Driver::new(yaml, json!({"customer": "acme"}));
+    let acts = d.send(Event::RunStarted);
+    assert!(acts.iter().any(|a| matches!(
+        a,
+        Action::CreateTask { rate_limit_key: Some(k), .. } if k == "acme"
+    )));
 }

@@ -117,6 +117,16 @@ pub const RPC_ROLES: &[(&str, &[Role])] = &[
         "/composer.v1.ScheduleService/TriggerSchedule",
         &[Admin, Operator],
     ),
+    (
+        "/composer.v1.QueueService/SetQueueRateLimit",
+        &[Admin, Operator],
+    ),
+    ("/composer.v1.QueueService/GetQueueRateLimit", READ),
+    ("/composer.v1.QueueService/ListQueueRateLimits", READ),
+    (
+        "/composer.v1.QueueService/DeleteQueueRateLimit",
+        &[Admin, Operator],
+    ),
     ("/composer.v1.WorkerService/PollTasks", &[Admin, Worker]),
     ("/composer.v1.WorkerService/Heartbeat", &[Admin, Worker]),
     ("/composer.v1.WorkerService/CompleteTask", &[Admin, Worker]),

@@ -6,9 +6,9 @@ use std::{sync::Arc, time::Duration};
 
 use composer_coordinator::{Backends, Coordinator, dispatch::PollHub, watch::RunChanges};
 use composer_proto::v1::{
-    run_service_server::RunServiceServer, schedule_service_server::ScheduleServiceServer,
-    server_service_server::ServerServiceServer, worker_service_server::WorkerServiceServer,
-    workflow_service_server::WorkflowServiceServer,
+    queue_service_server::QueueServiceServer, run_service_server::RunServiceServer,
+    schedule_service_server::ScheduleServiceServer, server_service_server::ServerServiceServer,
+    worker_service_server::WorkerServiceServer, workflow_service_server::WorkflowServiceServer,
 };
 use http::{HeaderName, HeaderValue, Method};
 use tokio::{net::TcpListener, sync::watch};
@@ -20,8 +20,8 @@ use crate::{
     dashboard::{DashboardFiles, DashboardLayer},
     health::HealthMonitor,
     services::{
-        run::RunApi, schedule::ScheduleApi, server_info::ServerInfoService, worker::WorkerApi,
-        workflow::WorkflowApi,
+        queue::QueueApi, run::RunApi, schedule::ScheduleApi, server_info::ServerInfoService,
+        worker::WorkerApi, workflow::WorkflowApi,
     },
 };
 
@@ -156,6 +156,12 @@ pub async fn serve(
         )
         .add_service(
             ScheduleServiceServer::new(ScheduleApi {
+                coordinator: services.coordinator.clone(),
+            })
+            .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            QueueServiceServer::new(QueueApi {
                 coordinator: services.coordinator.clone(),
             })
             .max_decoding_message_size(max_message),

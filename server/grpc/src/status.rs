@@ -85,9 +85,12 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
         CoordinatorError::WorkflowNotFound { .. }
         | CoordinatorError::RunNotFound(_)
         | CoordinatorError::TaskNotFound(_)
-        | CoordinatorError::ScheduleNotFound(_) => Status::not_found(error.to_string()),
+        | CoordinatorError::ScheduleNotFound(_)
+        | CoordinatorError::RateLimitNotFound(_) => Status::not_found(error.to_string()),
         CoordinatorError::ScheduleExists(_) => Status::already_exists(error.to_string()),
-        CoordinatorError::TooManySchedules { .. } => Status::resource_exhausted(error.to_string()),
+        CoordinatorError::TooManySchedules { .. } | CoordinatorError::TooManyRateLimits { .. } => {
+            Status::resource_exhausted(error.to_string())
+        }
         CoordinatorError::InvalidDefinition(problems) => {
             bad_request("invalid workflow definition", &problems)
         }

@@ -4,6 +4,7 @@
 pub mod concurrency;
 pub mod events;
 pub mod pause;
+pub mod rate_limits;
 pub mod runs;
 pub mod schedules;
 pub mod tasks;

@@ -969,13 +969,14 @@ fn write_tasks(n: usize, held: bool) -> String {
         "armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-             dispatched_at, traceparent, priority) \
+             dispatched_at, traceparent, priority, rate_limit_key) \
            SELECT a.id, $8, $1, a.node, {wf}, {ver}, a.queue, a.task_name, {status}, \
              a.attempt, a.input, a.heartbeat, a.timeout, now(), {trace}::text, \
-             (SELECT priority FROM run_row) \
+             (SELECT priority FROM run_row), a.rate_key \
              FROM UNNEST({ids}::uuid[], {nodes}::text[], {queues}::text[], {names}::text[], \
-               {attempts}::int[], {inputs}::jsonb[], {beats}::bigint[], {timeouts}::bigint[]) \
-               AS a(id, node, queue, task_name, attempt, input, heartbeat, timeout) \
+               {attempts}::int[], {inputs}::jsonb[], {beats}::bigint[], {timeouts}::bigint[], \
+               {keys}::text[]) \
+               AS a(id, node, queue, task_name, attempt, input, heartbeat, timeout, rate_key) \
              WHERE EXISTS (SELECT 1 FROM run_row) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
              task_name = EXCLUDED.task_name, status = {status}, attempt = EXCLUDED.attempt, \
@@ -983,7 +984,8 @@ fn write_tasks(n: usize, held: bool) -> String {
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
              outcome = NULL, dispatched_at = now(), updated_at = now(), \
-             traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority \
+             traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority, \
+             rate_limit_key = EXCLUDED.rate_limit_key \
            RETURNING id, namespace, queue, attempt, run_id, priority), \
          queued AS ( \
            INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
@@ -1000,6 +1002,7 @@ fn write_tasks(n: usize, held: bool) -> String {
         wf = p(8),
         ver = p(9),
         trace = p(10),
+        keys = p(11),
     )
 }
 
@@ -1079,7 +1082,7 @@ pub async fn write_event(
     let mut next = if insert.is_some() { 26 } else { 18 };
     if !tasks.is_empty() {
         parts.push(write_tasks(next, write.held));
-        next += 11;
+        next += 12;
     }
     if !timers.is_empty() {
         parts.push(write_timers(next, write.held));
@@ -1163,7 +1166,8 @@ pub async fn write_event(
             )
             .bind(first.workflow_name)
             .bind(first.workflow_version)
-            .bind(first.traceparent);
+            .bind(first.traceparent)
+            .bind(tasks.iter().map(|t| t.rate_limit_key).collect::<Vec<_>>());
     }
     if !timers.is_empty() {
         query = query

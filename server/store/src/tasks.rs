@@ -91,6 +91,8 @@ pub struct TaskArm<'a> {
     pub attempt_timeout_ms: Option<i64>,
     /// The W3C traceparent of the span that armed it, if traces are on.
     pub traceparent: Option<&'a str>,
+    /// The value of the node's `rate_limit_key`, if any.
+    pub rate_limit_key: Option<&'a str>,
 }
 
 /// Arms a task for an attempt and writes its outbox row, in one statement.
@@ -108,17 +110,18 @@ pub async fn arm_task(
         "WITH armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-             dispatched_at, traceparent, priority) \
+             dispatched_at, traceparent, priority, rate_limit_key) \
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
              CASE WHEN $13 THEN 'HELD' ELSE 'DISPATCHED' END, $9, $10, $11, $12, now(), $14, \
-             (SELECT priority FROM runs WHERE id = $3)) \
+             (SELECT priority FROM runs WHERE id = $3), $15) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
              task_name = EXCLUDED.task_name, status = EXCLUDED.status, attempt = EXCLUDED.attempt, \
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
              outcome = NULL, dispatched_at = now(), updated_at = now(), \
-             traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority \
+             traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority, \
+             rate_limit_key = EXCLUDED.rate_limit_key \
            RETURNING id, namespace, queue, attempt, run_id, priority), \
          queued AS ( \
            INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
@@ -141,6 +144,7 @@ pub async fn arm_task(
     .bind(task.attempt_timeout_ms)
     .bind(held)
     .bind(task.traceparent)
+    .bind(task.rate_limit_key)
     .fetch_optional(conn)
     .await?;
     Ok(row.as_ref().map(outbox_from_row).transpose()?)
@@ -298,6 +302,38 @@ pub async fn lease_tasks(
         .map(leased_from_row)
         .collect::<Result<_, sqlx::Error>>()
         .map_err(StoreError::from)
+}
+
+/// Of the given `(task_id, attempt)` pairs, those still DISPATCHED at that
+/// attempt in `namespace` and `queue`, each with its rate-limit key: what a
+/// rate-limited queue's hand-out takes tokens for, so a stale or duplicate
+/// message costs no token.
+pub async fn dispatched_with_keys(
+    pool: &PgPool,
+    candidates: &[(Uuid, i32)],
+    namespace: &str,
+    queue: &str,
+) -> Result<Vec<(Uuid, i32, Option<String>)>, StoreError> {
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = candidates.iter().map(|c| c.0).collect();
+    let attempts: Vec<i32> = candidates.iter().map(|c| c.1).collect();
+    // dispatched_with_keys: primary key lookups
+    let rows: Vec<(Uuid, i32, Option<String>)> = sqlx::query_as(
+        "SELECT t.id, t.attempt, t.rate_limit_key FROM tasks t \
+           JOIN UNNEST($1::uuid[], $2::int[]) AS c(id, attempt) \
+             ON t.id = c.id AND t.attempt = c.attempt \
+         WHERE t.id = ANY($1::uuid[]) AND t.status = 'DISPATCHED' \
+           AND t.namespace = $3 AND t.queue = $4",
+    )
+    .bind(&ids)
+    .bind(&attempts)
+    .bind(namespace)
+    .bind(queue)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
 }
 
 /// The answer to a heartbeat.

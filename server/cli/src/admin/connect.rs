@@ -6,8 +6,9 @@ use std::{path::PathBuf, time::Duration};
 use clap::Args;
 use composer_grpc::auth::NAMESPACE_HEADER;
 use composer_proto::v1::{
-    run_service_client::RunServiceClient, schedule_service_client::ScheduleServiceClient,
-    server_service_client::ServerServiceClient, workflow_service_client::WorkflowServiceClient,
+    queue_service_client::QueueServiceClient, run_service_client::RunServiceClient,
+    schedule_service_client::ScheduleServiceClient, server_service_client::ServerServiceClient,
+    workflow_service_client::WorkflowServiceClient,
 };
 use tonic::{
     Request, Status,
@@ -79,6 +80,8 @@ pub struct Api {
     pub runs: RunServiceClient<Transport>,
     /// ScheduleService.
     pub schedules: ScheduleServiceClient<Transport>,
+    /// QueueService.
+    pub queues: QueueServiceClient<Transport>,
     /// ServerService.
     pub server: ServerServiceClient<Transport>,
 }
@@ -110,6 +113,8 @@ impl Api {
             runs: RunServiceClient::new(transport.clone())
                 .max_decoding_message_size(MAX_ANSWER_BYTES),
             schedules: ScheduleServiceClient::new(transport.clone())
+                .max_decoding_message_size(MAX_ANSWER_BYTES),
+            queues: QueueServiceClient::new(transport.clone())
                 .max_decoding_message_size(MAX_ANSWER_BYTES),
             server: ServerServiceClient::new(transport).max_decoding_message_size(MAX_ANSWER_BYTES),
         })

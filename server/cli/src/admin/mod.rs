@@ -1,11 +1,12 @@
 //! The admin CLI: `composer workflow ...`, `composer run ...`, `composer
-//! schedule ...` and `composer server info`, over the public gRPC API only (never the database), so it
+//! schedule ...`, `composer queue ...` and `composer server info`, over the public gRPC API only (never the database), so it
 //! sees exactly what a token allows. One file per command group; the
 //! connection, the output and the errors (with their exit codes) are shared.
 
 mod connect;
 mod error;
 mod output;
+pub mod queue;
 pub mod run;
 pub mod schedule;
 pub mod server;

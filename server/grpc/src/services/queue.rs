@@ -1,0 +1,199 @@
+//! `QueueService`: queue rate limits (decision 0021).
+
+use composer_coordinator::{Coordinator, rate_limit::default_burst};
+use composer_proto::v1::{
+    DeleteQueueRateLimitRequest, DeleteQueueRateLimitResponse, GetQueueRateLimitRequest,
+    GetQueueRateLimitResponse, ListQueueRateLimitsRequest, ListQueueRateLimitsResponse,
+    QueueRateLimit, SetQueueRateLimitRequest, SetQueueRateLimitResponse,
+    queue_service_server::QueueService,
+};
+use composer_store::rate_limits::{RateLimitRow, RateLimitSetting};
+use tonic::{Request, Response, Status};
+
+use crate::{
+    caller::caller,
+    convert::{page_size, timestamp},
+    status::{check_name, from_coordinator, invalid_field},
+};
+
+/// The highest rate and burst a limit may name.
+pub const MAX_RATE: f64 = 100_000.0;
+/// The highest burst a limit may name.
+pub const MAX_BURST: i32 = 100_000;
+
+/// The QueueService implementation.
+#[derive(Clone)]
+pub(crate) struct QueueApi {
+    pub(crate) coordinator: Coordinator,
+}
+
+/// A rate: 0 (none) or positive, finite, at most [`MAX_RATE`].
+fn check_rate(field: &str, rate: f64) -> Result<Option<f64>, Status> {
+    if rate == 0.0 {
+        return Ok(None);
+    }
+    if !rate.is_finite() || rate < 0.0 {
+        return Err(invalid_field(
+            field,
+            "must be a positive number of tasks per second",
+        ));
+    }
+    if rate > MAX_RATE {
+        return Err(invalid_field(
+            field,
+            format!("must be at most {MAX_RATE} per second"),
+        ));
+    }
+    Ok(Some(rate))
+}
+
+/// A burst for `rate`: 0 takes the rate rounded up; otherwise at least
+/// that and at most [`MAX_BURST`].
+fn check_burst(
+    field: &str,
+    burst: i32,
+    rate: Option<f64>,
+    rate_field: &str,
+) -> Result<i32, Status> {
+    let Some(rate) = rate else {
+        if burst != 0 {
+            return Err(invalid_field(field, format!("needs {rate_field}")));
+        }
+        return Ok(0);
+    };
+    let least = i32::try_from(default_burst(rate)).unwrap_or(MAX_BURST);
+    match burst {
+        0 => Ok(least),
+        b if !(1..=MAX_BURST).contains(&b) => Err(invalid_field(
+            field,
+            format!("must be between 1 and {MAX_BURST}"),
+        )),
+        b if b < least => Err(invalid_field(
+            field,
+            format!(
+                "must be at least {rate_field} rounded up ({least}): it is the most tasks in one second"
+            ),
+        )),
+        b => Ok(b),
+    }
+}
+
+fn limit_message(row: RateLimitRow) -> QueueRateLimit {
+    QueueRateLimit {
+        queue: row.queue,
+        per_second: row.per_second,
+        burst: row.burst,
+        per_key_per_second: row.per_key_per_second.unwrap_or(0.0),
+        per_key_burst: row.per_key_burst.unwrap_or(0),
+        create_time: Some(timestamp(row.created_at)),
+        update_time: Some(timestamp(row.updated_at)),
+    }
+}
+
+#[tonic::async_trait]
+impl QueueService for QueueApi {
+    async fn set_queue_rate_limit(
+        &self,
+        request: Request<SetQueueRateLimitRequest>,
+    ) -> Result<Response<SetQueueRateLimitResponse>, Status> {
+        let caller = caller(&request)?;
+        let limit = request
+            .into_inner()
+            .limit
+            .ok_or_else(|| invalid_field("limit", "is required"))?;
+        check_name("limit.queue", &limit.queue)?;
+        let per_second = check_rate("limit.per_second", limit.per_second)?;
+        let burst = check_burst("limit.burst", limit.burst, per_second, "limit.per_second")?;
+        let per_key = check_rate("limit.per_key_per_second", limit.per_key_per_second)?;
+        let per_key_burst = check_burst(
+            "limit.per_key_burst",
+            limit.per_key_burst,
+            per_key,
+            "limit.per_key_per_second",
+        )?;
+        if per_second.is_none() && per_key.is_none() {
+            return Err(invalid_field(
+                "limit.per_second",
+                "is required unless limit.per_key_per_second is set",
+            ));
+        }
+        let row = self
+            .coordinator
+            .set_queue_rate_limit(&RateLimitSetting {
+                namespace: &caller.namespace,
+                queue: &limit.queue,
+                per_second: per_second.unwrap_or(0.0),
+                burst,
+                per_key_per_second: per_key,
+                per_key_burst: per_key.map(|_| per_key_burst),
+            })
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(SetQueueRateLimitResponse {
+            limit: Some(limit_message(row)),
+        }))
+    }
+
+    async fn get_queue_rate_limit(
+        &self,
+        request: Request<GetQueueRateLimitRequest>,
+    ) -> Result<Response<GetQueueRateLimitResponse>, Status> {
+        let caller = caller(&request)?;
+        let queue = request.into_inner().queue;
+        check_name("queue", &queue)?;
+        let row = self
+            .coordinator
+            .get_queue_rate_limit(&caller.namespace, &queue)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(GetQueueRateLimitResponse {
+            limit: Some(limit_message(row)),
+        }))
+    }
+
+    async fn list_queue_rate_limits(
+        &self,
+        request: Request<ListQueueRateLimitsRequest>,
+    ) -> Result<Response<ListQueueRateLimitsResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let limit = page_size(request.page_size)?;
+        let after = match request.page_token.as_str() {
+            "" => None,
+            token => {
+                check_name("page_token", token)
+                    .map_err(|_| invalid_field("page_token", "not a token this server issued"))?;
+                Some(token)
+            }
+        };
+        let rows = self
+            .coordinator
+            .list_queue_rate_limits(&caller.namespace, after, limit + 1)
+            .await
+            .map_err(from_coordinator)?;
+        let more = rows.len() as i64 > limit;
+        let page: Vec<RateLimitRow> = rows.into_iter().take(limit as usize).collect();
+        let next_page_token = match (more, page.last()) {
+            (true, Some(last)) => last.queue.clone(),
+            _ => String::new(),
+        };
+        Ok(Response::new(ListQueueRateLimitsResponse {
+            limits: page.into_iter().map(limit_message).collect(),
+            next_page_token,
+        }))
+    }
+
+    async fn delete_queue_rate_limit(
+        &self,
+        request: Request<DeleteQueueRateLimitRequest>,
+    ) -> Result<Response<DeleteQueueRateLimitResponse>, Status> {
+        let caller = caller(&request)?;
+        let queue = request.into_inner().queue;
+        check_name("queue", &queue)?;
+        self.coordinator
+            .delete_queue_rate_limit(&caller.namespace, &queue)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(DeleteQueueRateLimitResponse {}))
+    }
+}
