@@ -166,7 +166,9 @@ impl HistoryEventType {
                 "CancelRun was called; the actor is the caller, `details.reason` why"
             }
             Self::CancelRequested => "the cancellation was applied to the run",
-            Self::RetryRequestedBy => "RetryRun was called; the actor is the caller",
+            Self::RetryRequestedBy => {
+                "RetryRun was called; the actor is the caller (`queued_for_key` in the details when the run waits QUEUED for a slot of its concurrency key)"
+            }
             Self::RunRetried => "the run was reopened from its failed nodes",
             Self::CompensationStarted => "the run failed and compensations run, in reverse order",
             Self::CompensationNodeStarted => "one compensation node started",
@@ -174,7 +176,9 @@ impl HistoryEventType {
             Self::CompensationFailed => "a compensation failed",
             Self::RunCompleted => "the run ended COMPLETED; `details.output`",
             Self::RunFailed => "the run ended FAILED; `details` is the error",
-            Self::RunCancelled => "the run ended CANCELLED",
+            Self::RunCancelled => {
+                "the run ended CANCELLED (`reason` in the details: the CancelRun reason, or which concurrency key cancelled it)"
+            }
             Self::RunPaused => {
                 "PauseRun paused the run; the actor is the caller, `details.reason` why, `details.held_tasks` how many dispatched tasks were taken back"
             }
