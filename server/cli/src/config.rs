@@ -116,12 +116,12 @@ pub struct ServerArgs {
 
     /// Runs a bulk operation reads per page; each run is still its own
     /// transaction (docs/decisions/0019-bulk-operations.md).
-    #[arg(long, env = "COMPOSER_BULK_BATCH_SIZE", default_value_t = 200, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    #[arg(long, env = "COMPOSER_BULK_BATCH_SIZE", default_value_t = 20, value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub bulk_batch_size: i64,
 
     /// The pause of a bulk operation between pages, so live traffic keeps
     /// its latency, e.g. `50ms`.
-    #[arg(long, env = "COMPOSER_BULK_BATCH_PAUSE", default_value = "50ms", value_parser = parse_duration)]
+    #[arg(long, env = "COMPOSER_BULK_BATCH_PAUSE", default_value = "100ms", value_parser = parse_duration)]
     pub bulk_batch_pause: Duration,
 
     /// How long a server's claim on a bulk operation lasts without progress

@@ -6,8 +6,8 @@ use clap::{CommandFactory, Parser, Subcommand};
 use clap_complete::Shell;
 use composer_cli::{
     admin::{
-        self, EXIT_CODES_HELP, run::RunCommand, schedule::ScheduleCommand, server::ServerCommand,
-        workflow::WorkflowCommand as RemoteWorkflowCommand,
+        self, EXIT_CODES_HELP, bulk::OperationCommand, run::RunCommand, schedule::ScheduleCommand,
+        server::ServerCommand, workflow::WorkflowCommand as RemoteWorkflowCommand,
     },
     auth::{self, TokenArgs},
     config::{BackendArgs, LogFormat, ServerArgs},
@@ -47,6 +47,9 @@ enum Command {
     /// Start, read and steer runs on a server.
     #[command(subcommand)]
     Run(RunCommand),
+    /// Follow and stop bulk operations on runs (`run bulk-*` starts them).
+    #[command(subcommand)]
+    Operation(OperationCommand),
     /// Create, read, pause and fire schedules that start runs on a timetable.
     #[command(subcommand)]
     Schedule(ScheduleCommand),
@@ -93,6 +96,7 @@ fn main() -> ExitCode {
             admin::execute(admin::workflow::run(command))
         }
         Command::Run(command) => admin::execute(admin::run::run(command)),
+        Command::Operation(command) => admin::execute(admin::bulk::run(command)),
         Command::Schedule(command) => admin::execute(admin::schedule::run(command)),
         Command::Server(command) => admin::execute(admin::server::run(command)),
         Command::Completions { shell } => {
@@ -151,6 +155,7 @@ fn serve_or_migrate(command: Command) -> ExitCode {
             Command::Workflow(_)
             | Command::Token(_)
             | Command::Run(_)
+            | Command::Operation(_)
             | Command::Schedule(_)
             | Command::Server(_)
             | Command::Completions { .. } => {}

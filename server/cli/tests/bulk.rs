@@ -195,7 +195,9 @@ async fn server_with_pool(args: &[&str]) -> (ServerProcess, PgPool, String, Stri
 /// ones with the label are skipped; failed runs without it are untouched.
 #[tokio::test]
 async fn bulk_retry_retries_each_failed_run_once_with_exact_counts() {
-    let (server, pool, _, _) = server_with_pool(&[]).await;
+    // full speed: this test counts, the benchmark measures the pacing
+    let (server, pool, _, _) =
+        server_with_pool(&["--bulk-batch-size", "200", "--bulk-batch-pause", "10ms"]).await;
     let mut client = TestClient::connect(&server.url()).await;
     client.register(FAIL_FAST).await;
     let outage = labels(&[("batch", "outage")]);
@@ -817,4 +819,77 @@ async fn bulk_requests_are_checked_and_stay_inside_the_namespace() {
         .run
         .expect("run");
     assert_ne!(mine.status(), RunStatus::Cancelled);
+}
+
+/// `composer <args> --address <server>`, run to its end: exit code, stdout,
+/// stderr.
+async fn cli(server: &ServerProcess, args: &[&str]) -> (i32, String, String) {
+    let output = tokio::process::Command::new(composer_binary())
+        .args(args)
+        .args(["--address", &server.url()])
+        .env_remove("COMPOSER_ADDRESS")
+        .env_remove("COMPOSER_TOKEN")
+        .env_remove("COMPOSER_NAMESPACE")
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run composer");
+    (
+        output.status.code().expect("exited"),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// The CLI starts a bulk retry by `run list` flags and follows it to its
+/// end; `operation get|list|cancel` read and stop it; a filterless command
+/// is refused unless `--all`.
+#[tokio::test]
+async fn the_cli_starts_follows_and_lists_bulk_operations() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(FAIL_FAST).await;
+    let batch = labels(&[("batch", "cli")]);
+    start_runs(&client.runs, "fail_fast", json!({"fail": true}), &batch, 30).await;
+
+    let (code, stdout, stderr) = cli(
+        &server,
+        &[
+            "run",
+            "bulk-retry",
+            "--label",
+            "batch=cli",
+            "--status",
+            "failed",
+            "--wait",
+            "-o",
+            "json",
+        ],
+    )
+    .await;
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    let op: serde_json::Value = serde_json::from_str(&stdout).expect("json");
+    assert_eq!(op["status"], "BULK_OPERATION_STATUS_SUCCEEDED");
+    assert_eq!(op["kind"], "BULK_OPERATION_KIND_RETRY");
+    assert_eq!(op["matched"], 30, "{op}");
+    assert_eq!(op["succeeded"], 30);
+    let id = op["operation_id"].as_str().expect("id").to_owned();
+
+    let (code, stdout, _) = cli(&server, &["operation", "get", &id]).await;
+    assert_eq!(code, 0);
+    assert!(
+        stdout.contains("SUCCEEDED") && stdout.contains("batch=cli"),
+        "{stdout}"
+    );
+    let (code, stdout, _) = cli(&server, &["operation", "list"]).await;
+    assert_eq!(code, 0);
+    assert!(stdout.contains(&id), "{stdout}");
+    // cancelling an ended operation is FAILED_PRECONDITION (19)
+    let (code, _, stderr) = cli(&server, &["operation", "cancel", &id]).await;
+    assert_eq!(code, 19, "{stderr}");
+    let (code, _, stderr) = cli(&server, &["run", "bulk-cancel"]).await;
+    assert_eq!(code, 19, "{stderr}");
+    let (code, _, stderr) = cli(&server, &["operation", "get", "no-such-id"]).await;
+    assert_eq!(code, 15, "{stderr}");
 }
