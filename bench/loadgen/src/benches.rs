@@ -187,7 +187,7 @@ impl Ctx {
         if exists {
             sqlx::query(
                 "TRUNCATE runs, run_nodes, tasks, timers, event_waits, pending_events, \
-                 run_inbox, outbox, run_events, idempotency_keys, run_trees",
+                 run_inbox, outbox, run_events, idempotency_keys, run_trees, bulk_operations",
             )
             .execute(&self.db)
             .await?;
@@ -399,7 +399,7 @@ pub(crate) fn start_request(workflow: &str, input: Json) -> StartRunRequest {
     }
 }
 
-fn linear_workflow(name: &str, queue: &str) -> String {
+pub(crate) fn linear_workflow(name: &str, queue: &str) -> String {
     format!(
         "name: {name}\nnodes:\n\
   - {{ id: a, type: TASK, queue: {queue}, task: step1 }}\n\

@@ -5,6 +5,7 @@
 //! reports; it never fails on a time.
 
 mod benches;
+mod bulk;
 mod listing;
 mod observability;
 mod procs;
@@ -46,7 +47,7 @@ struct Args {
     /// The command to quote with the results.
     #[arg(long, default_value = "composer-loadgen")]
     command: String,
-    /// Only these sections (comma-separated: floor,b1,sdk,b2,b3,b4,b5,b6,obs).
+    /// Only these sections (comma-separated: floor,b1,sdk,b2,b3,b4,b5,b6,obs,bulk).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sample the machine with perf for this many seconds during B1 (the
@@ -67,6 +68,7 @@ struct Results {
     scale: Vec<Throughput>,
     listing: Option<listing::Listing>,
     observability: Option<observability::Observability>,
+    bulk: Option<bulk::BulkCost>,
     failures: Vec<String>,
 }
 
@@ -312,6 +314,9 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
             observability::observability(ctx)
         );
     }
+    if want("bulk") {
+        results.bulk = section!("a bulk retry against live dispatch", bulk::bulk_cost(ctx));
+    }
     if want("b5") {
         for &n in &profile.scale_servers {
             let label = format!("B5 {n} server{}", if n == 1 { "" } else { "s" });
@@ -476,6 +481,9 @@ fn render(r: &Results, statements: bool) -> String {
     if let Some(observed) = &r.observability {
         observability_rows(&mut t, observed);
     }
+    if let Some(cost) = &r.bulk {
+        bulk_rows(&mut t, cost);
+    }
     for f in &r.failures {
         let _ = writeln!(
             t,
@@ -484,6 +492,46 @@ fn render(r: &Results, statements: bool) -> String {
         );
     }
     t
+}
+
+fn bulk_rows(t: &mut String, cost: &bulk::BulkCost) {
+    let op = &cost.operation;
+    let _ = writeln!(
+        t,
+        "| bulk retry | {} failed runs created by StartRun | {:.1} s | | |",
+        cost.runs, cost.create_secs
+    );
+    let _ = writeln!(
+        t,
+        "| bulk retry | BulkRetryRuns: matched / succeeded / skipped / failed | {} / {} / {} / {} | all retried once | {} |",
+        op.matched,
+        op.succeeded,
+        op.skipped,
+        op.failed,
+        verdict(op.succeeded == cost.runs as i64 && op.failed == 0)
+    );
+    let _ = writeln!(
+        t,
+        "| bulk retry | operation start → end, s (runs/s) | {:.1} ({:.0}) | | |",
+        cost.op_secs,
+        cost.runs as f64 / cost.op_secs.max(0.001)
+    );
+    let _ = writeln!(
+        t,
+        "| bulk retry | B2 report → next task leased, idle, ms p50 / p99 / max | {} | | |",
+        d3(&cost.idle)
+    );
+    let _ = writeln!(
+        t,
+        "| bulk retry | the same during the operation | {} | | |",
+        d3(&cost.during)
+    );
+    let ratio = cost.p99_ratio();
+    let _ = writeln!(
+        t,
+        "| bulk retry | p99 during / p99 idle | {ratio:.2} | ≤ 2 | {} |",
+        verdict(ratio <= 2.0)
+    );
 }
 
 fn listing_rows(t: &mut String, listing: &listing::Listing) {

@@ -114,6 +114,21 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_LOST_DISPATCH_GRACE", default_value = "15s", value_parser = parse_duration)]
     pub lost_dispatch_grace: Duration,
 
+    /// Runs a bulk operation reads per page; each run is still its own
+    /// transaction (docs/decisions/0019-bulk-operations.md).
+    #[arg(long, env = "COMPOSER_BULK_BATCH_SIZE", default_value_t = 20, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub bulk_batch_size: i64,
+
+    /// The pause of a bulk operation between pages, so live traffic keeps
+    /// its latency, e.g. `50ms`.
+    #[arg(long, env = "COMPOSER_BULK_BATCH_PAUSE", default_value = "100ms", value_parser = parse_duration)]
+    pub bulk_batch_pause: Duration,
+
+    /// How long a server's claim on a bulk operation lasts without progress
+    /// before another server takes it over, e.g. `10s`.
+    #[arg(long, env = "COMPOSER_BULK_LEASE", default_value = "10s", value_parser = parse_duration)]
+    pub bulk_lease: Duration,
+
     /// Finished runs and their history are deleted after this long, e.g. `720h` (30 days).
     #[arg(long, env = "COMPOSER_RETENTION", default_value = "720h", value_parser = parse_duration)]
     pub retention: Duration,

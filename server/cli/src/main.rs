@@ -6,8 +6,9 @@ use clap::{CommandFactory, Parser, Subcommand};
 use clap_complete::Shell;
 use composer_cli::{
     admin::{
-        self, EXIT_CODES_HELP, queue::QueueCommand, run::RunCommand, schedule::ScheduleCommand,
-        server::ServerCommand, workflow::WorkflowCommand as RemoteWorkflowCommand,
+        self, EXIT_CODES_HELP, bulk::OperationCommand, queue::QueueCommand, run::RunCommand,
+        schedule::ScheduleCommand, server::ServerCommand,
+        workflow::WorkflowCommand as RemoteWorkflowCommand,
     },
     auth::{self, TokenArgs},
     config::{BackendArgs, LogFormat, ServerArgs},
@@ -47,6 +48,9 @@ enum Command {
     /// Start, read and steer runs on a server.
     #[command(subcommand)]
     Run(RunCommand),
+    /// Follow and stop bulk operations on runs (`run bulk-*` starts them).
+    #[command(subcommand)]
+    Operation(OperationCommand),
     /// Create, read, pause and fire schedules that start runs on a timetable.
     #[command(subcommand)]
     Schedule(ScheduleCommand),
@@ -96,6 +100,7 @@ fn main() -> ExitCode {
             admin::execute(admin::workflow::run(command))
         }
         Command::Run(command) => admin::execute(admin::run::run(command)),
+        Command::Operation(command) => admin::execute(admin::bulk::run(command)),
         Command::Schedule(command) => admin::execute(admin::schedule::run(command)),
         Command::Queue(command) => admin::execute(admin::queue::run(command)),
         Command::Server(command) => admin::execute(admin::server::run(command)),
@@ -155,6 +160,7 @@ fn serve_or_migrate(command: Command) -> ExitCode {
             Command::Workflow(_)
             | Command::Token(_)
             | Command::Run(_)
+            | Command::Operation(_)
             | Command::Schedule(_)
             | Command::Queue(_)
             | Command::Server(_)

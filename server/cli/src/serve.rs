@@ -4,6 +4,7 @@ use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use composer_coordinator::{
     Backends, Broker, BrokerError, Coordinator, CoordinatorConfig,
+    bulk::BulkConfig,
     dispatch::{self, DispatchConfig, PollHub, Publisher},
     http::{HttpExecutor, HttpExecutorConfig},
     http_worker::{HttpWorkerConfig, run_http_worker},
@@ -232,6 +233,15 @@ fn start_background(
             .clone()
             .run_scheduler_loop(SchedulerConfig::default(), stop.clone()),
     );
+    tokio::spawn(recovering.clone().run_bulk_loop(
+        BulkConfig {
+            batch_size: server.bulk_batch_size,
+            batch_pause: server.bulk_batch_pause,
+            lease: server.bulk_lease,
+            ..BulkConfig::default()
+        },
+        stop.clone(),
+    ));
     tokio::spawn(recovering.run_reconcile_loop(recovery, stop.clone()));
     tokio::spawn(changes.clone().run(backend.redis_url.clone(), stop.clone()));
     let executor = HttpExecutor::new(HttpExecutorConfig {

@@ -47,6 +47,21 @@ pub enum CoordinatorError {
         /// The limit.
         limit: i64,
     },
+    /// The bulk operation does not exist in the namespace.
+    #[error("bulk operation {0} not found")]
+    BulkOperationNotFound(String),
+    /// The bulk operation ended before the request.
+    #[error("bulk operation {id} already ended {status}")]
+    BulkOperationEnded {
+        /// Operation.
+        id: String,
+        /// Its final status.
+        status: String,
+    },
+    /// This server no longer holds the bulk operation it works on (another
+    /// took it, or it was asked to stop): the run's action is rolled back.
+    #[error("bulk operation {0} is no longer held by this server")]
+    BulkOperationReleased(String),
     /// The task does not exist in the namespace.
     #[error("task {0} not found")]
     TaskNotFound(String),

@@ -3,6 +3,7 @@
 
 mod apply;
 pub mod broker;
+pub mod bulk;
 mod concurrency;
 pub mod dispatch;
 pub mod error;
@@ -91,6 +92,8 @@ pub struct Coordinator {
     changes: Option<watch::ChangeFeed>,
     lease_hints: Arc<reports::LeaseHints>,
     report_queues: Arc<reports::ReportQueues>,
+    /// Wakes this server's bulk loop when a bulk operation is created here.
+    bulk_wake: Arc<tokio::sync::Notify>,
 }
 
 impl Coordinator {
@@ -104,6 +107,7 @@ impl Coordinator {
             changes: None,
             lease_hints: Arc::default(),
             report_queues: Arc::default(),
+            bulk_wake: Arc::default(),
         }
     }
 

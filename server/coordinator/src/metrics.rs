@@ -80,6 +80,14 @@ pub const METRICS: &[(&str, &str)] = &[
         "tasks a poll could not be handed because of a queue's rate limit, by namespace and queue \
          (a task held back at several hand-outs counts at each)",
     ),
+    (
+        BULK_OPERATIONS,
+        "bulk operations ended, by kind (cancel, retry, pause, resume) and status",
+    ),
+    (
+        BULK_RUNS,
+        "runs a bulk operation went through, by kind and outcome (succeeded, skipped, failed)",
+    ),
     (REDIS_ERRORS, "failed Redis operations, by operation"),
     (GRPC_REQUESTS, "gRPC requests by method and status code"),
     (
@@ -106,6 +114,8 @@ pub const RECOVERY_ACTIONS: &str = "composer_recovery_actions_total";
 pub const DB_POOL_CONNECTIONS: &str = "composer_db_pool_connections";
 pub const SCHEDULE_FIRES: &str = "composer_schedule_fires_total";
 pub const TASKS_RATE_LIMITED: &str = "composer_tasks_rate_limited_total";
+pub const BULK_OPERATIONS: &str = "composer_bulk_operations_total";
+pub const BULK_RUNS: &str = "composer_bulk_runs_total";
 pub const REDIS_ERRORS: &str = "composer_redis_errors_total";
 pub const GRPC_REQUESTS: &str = "composer_grpc_requests_total";
 pub const GRPC_SECONDS: &str = "composer_grpc_request_duration_seconds";
@@ -284,6 +294,24 @@ pub(crate) fn schedule_fires(namespace: &str, outcome: &'static str, count: u64)
         ]
     )
     .increment(count);
+}
+
+/// A bulk operation that ended, by kind and final status (both from a
+/// fixed set).
+pub(crate) fn bulk_operation_ended(kind: &str, status: &str) {
+    if !enabled() {
+        return;
+    }
+    counter!(BULK_OPERATIONS, "kind" => kind.to_lowercase(), "status" => status.to_lowercase())
+        .increment(1);
+}
+
+/// One run a bulk operation went through, by kind and outcome.
+pub(crate) fn bulk_run(kind: &str, outcome: &'static str) {
+    if !enabled() {
+        return;
+    }
+    counter!(BULK_RUNS, "kind" => kind.to_lowercase(), "outcome" => outcome).increment(1);
 }
 
 /// A Redis operation that failed, e.g. `publish`, `read`, `groups`.

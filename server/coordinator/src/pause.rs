@@ -10,7 +10,7 @@ use composer_store::{
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::{Coordinator, error::CoordinatorError, runs::is_final};
+use crate::{Coordinator, bulk::BulkStep, error::CoordinatorError, runs::is_final};
 
 /// What a pause or resume found: whether it changed the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,6 +31,22 @@ impl Coordinator {
         reason: &str,
         actor: &str,
     ) -> Result<(RunRow, FlowChange), CoordinatorError> {
+        let change = self
+            .pause_run_step(namespace, run_id, reason, actor, None)
+            .await?;
+        Ok((self.expect_run(namespace, run_id).await?, change))
+    }
+
+    /// PauseRun's transaction; with a bulk step, a pause that changes the
+    /// run records the step in it.
+    pub(crate) async fn pause_run_step(
+        &self,
+        namespace: Option<&str>,
+        run_id: Uuid,
+        reason: &str,
+        actor: &str,
+        step: Option<&BulkStep<'_>>,
+    ) -> Result<FlowChange, CoordinatorError> {
         let (mut tx, run) = self.lock_existing(namespace, run_id).await?;
         if is_final(&run.status) {
             return Err(CoordinatorError::WrongRunStatus {
@@ -40,7 +56,10 @@ impl Coordinator {
             });
         }
         if run.status == PAUSED {
-            return Ok((run, FlowChange::Unchanged));
+            return Ok(FlowChange::Unchanged);
+        }
+        if let Some(step) = step {
+            step.record(&mut tx).await?;
         }
         if run.status == composer_store::concurrency::QUEUED {
             return Err(CoordinatorError::WrongRunStatus {
@@ -60,10 +79,7 @@ impl Coordinator {
         runs::append_history(&mut tx, run_id, &run.namespace, &[history]).await?;
         tx.commit().await?;
         self.run_changed(run_id);
-        Ok((
-            self.expect_run(namespace, run_id).await?,
-            FlowChange::Changed,
-        ))
+        Ok(FlowChange::Changed)
     }
 
     /// Resumes a paused run: held tasks are dispatched, held timers fire
@@ -74,6 +90,19 @@ impl Coordinator {
         run_id: Uuid,
         actor: &str,
     ) -> Result<(RunRow, FlowChange), CoordinatorError> {
+        let change = self.resume_run_step(namespace, run_id, actor, None).await?;
+        Ok((self.expect_run(namespace, run_id).await?, change))
+    }
+
+    /// ResumeRun's transaction; with a bulk step, a resume that changes the
+    /// run records the step in it.
+    pub(crate) async fn resume_run_step(
+        &self,
+        namespace: Option<&str>,
+        run_id: Uuid,
+        actor: &str,
+        step: Option<&BulkStep<'_>>,
+    ) -> Result<FlowChange, CoordinatorError> {
         let (mut tx, run) = self.lock_existing(namespace, run_id).await?;
         if is_final(&run.status) {
             return Err(CoordinatorError::WrongRunStatus {
@@ -83,7 +112,10 @@ impl Coordinator {
             });
         }
         if run.status != PAUSED {
-            return Ok((run, FlowChange::Unchanged));
+            return Ok(FlowChange::Unchanged);
+        }
+        if let Some(step) = step {
+            step.record(&mut tx).await?;
         }
         let status = engine_status(&run)?;
         let outbox = pause::resume_run(&mut tx, run_id, &status).await?;
@@ -101,10 +133,7 @@ impl Coordinator {
         tx.commit().await?;
         self.run_changed(run_id);
         self.publish(outbox).await;
-        Ok((
-            self.expect_run(namespace, run_id).await?,
-            FlowChange::Changed,
-        ))
+        Ok(FlowChange::Changed)
     }
 }
 

@@ -12,6 +12,7 @@ use uuid::Uuid;
 use crate::{
     Coordinator,
     apply::{RunTxn, run_status_text, seed},
+    bulk::BulkStep,
     error::{CoordinatorError, FieldProblem},
 };
 
@@ -543,6 +544,21 @@ impl Coordinator {
         actor: &str,
     ) -> Result<RunRow, CoordinatorError> {
         let run_id = parse_run_id(run_id)?;
+        self.cancel_run_step(namespace, run_id, reason, actor, None)
+            .await?;
+        self.expect_run(namespace, run_id).await
+    }
+
+    /// CancelRun's transaction; with a bulk step, the step is recorded in
+    /// it (see [`BulkStep`]).
+    pub(crate) async fn cancel_run_step(
+        &self,
+        namespace: Option<&str>,
+        run_id: Uuid,
+        reason: &str,
+        actor: &str,
+        step: Option<&BulkStep<'_>>,
+    ) -> Result<(), CoordinatorError> {
         let (mut tx, mut run) = self.lock_existing(namespace, run_id).await?;
         if is_final(&run.status) {
             return Err(CoordinatorError::WrongRunStatus {
@@ -550,6 +566,9 @@ impl Coordinator {
                 status: run.status,
                 why: "a run that ended cannot be cancelled",
             });
+        }
+        if let Some(step) = step {
+            step.record(&mut tx).await?;
         }
         if run.status == composer_store::pause::PAUSED {
             // a cancel ends the pause: compensations it starts must run
@@ -574,7 +593,7 @@ impl Coordinator {
             actor,
         );
         txn.commit(tx).await?;
-        self.expect_run(namespace, run_id).await
+        Ok(())
     }
 
     /// Resumes a failed run from its failed (and interrupted) nodes.
@@ -585,6 +604,18 @@ impl Coordinator {
         actor: &str,
     ) -> Result<RunRow, CoordinatorError> {
         let run_id = parse_run_id(run_id)?;
+        self.retry_run_step(namespace, run_id, actor, None).await?;
+        self.expect_run(namespace, run_id).await
+    }
+
+    /// RetryRun's transaction; with a bulk step, the step is recorded in it.
+    pub(crate) async fn retry_run_step(
+        &self,
+        namespace: Option<&str>,
+        run_id: Uuid,
+        actor: &str,
+        step: Option<&BulkStep<'_>>,
+    ) -> Result<(), CoordinatorError> {
         let (mut tx, mut run) = self.lock_existing(namespace, run_id).await?;
         if run.status != "FAILED" {
             return Err(CoordinatorError::WrongRunStatus {
@@ -592,6 +623,9 @@ impl Coordinator {
                 status: run.status,
                 why: "only a FAILED run can be retried",
             });
+        }
+        if let Some(step) = step {
+            step.record(&mut tx).await?;
         }
         let readmitted = self.readmit(&mut tx, &mut run).await?;
         if let Some(admitted) = readmitted.filter(|a| a.queued()) {
@@ -607,7 +641,7 @@ impl Coordinator {
             self.run_changed(run_id);
             self.after_commit(admitted.evicted().into_iter().collect())
                 .await;
-            return self.expect_run(namespace, run_id).await;
+            return Ok(());
         }
         let interrupted: Vec<NodeKey> = runs::interrupted_nodes(&mut tx, run_id)
             .await?
@@ -622,7 +656,7 @@ impl Coordinator {
         );
         txn.push(Event::RetryRequested { interrupted }, actor);
         txn.commit(tx).await?;
-        self.expect_run(namespace, run_id).await
+        Ok(())
     }
 
     /// A FAILED run under a concurrency key takes a slot again before its

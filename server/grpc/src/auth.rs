@@ -90,6 +90,16 @@ pub const RPC_ROLES: &[(&str, &[Role])] = &[
         &[Admin, Operator, Client],
     ),
     ("/composer.v1.RunService/GetRunHistory", READ),
+    ("/composer.v1.RunService/BulkCancelRuns", &[Admin, Operator]),
+    ("/composer.v1.RunService/BulkRetryRuns", &[Admin, Operator]),
+    ("/composer.v1.RunService/BulkPauseRuns", &[Admin, Operator]),
+    ("/composer.v1.RunService/BulkResumeRuns", &[Admin, Operator]),
+    ("/composer.v1.RunService/GetBulkOperation", READ),
+    ("/composer.v1.RunService/ListBulkOperations", READ),
+    (
+        "/composer.v1.RunService/CancelBulkOperation",
+        &[Admin, Operator],
+    ),
     ("/composer.v1.RunService/WatchRun", READ),
     (
         "/composer.v1.ScheduleService/CreateSchedule",

@@ -86,7 +86,16 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
         | CoordinatorError::RunNotFound(_)
         | CoordinatorError::TaskNotFound(_)
         | CoordinatorError::ScheduleNotFound(_)
-        | CoordinatorError::RateLimitNotFound(_) => Status::not_found(error.to_string()),
+        | CoordinatorError::RateLimitNotFound(_)
+        | CoordinatorError::BulkOperationNotFound(_) => Status::not_found(error.to_string()),
+        CoordinatorError::BulkOperationEnded { .. } => with_reason(
+            Code::FailedPrecondition,
+            error.to_string(),
+            "BULK_OPERATION_ENDED",
+        ),
+        CoordinatorError::BulkOperationReleased(_) => {
+            Status::unavailable("the bulk operation moved to another server, retry later")
+        }
         CoordinatorError::ScheduleExists(_) => Status::already_exists(error.to_string()),
         CoordinatorError::TooManySchedules { .. } | CoordinatorError::TooManyRateLimits { .. } => {
             Status::resource_exhausted(error.to_string())

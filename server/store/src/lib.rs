@@ -1,6 +1,7 @@
 //! The Postgres repository: the one place where SQL lives. Postgres is the
 //! truth of every run; everything else (Redis, caches) can be rebuilt from it.
 
+pub mod bulk;
 pub mod concurrency;
 pub mod events;
 pub mod pause;

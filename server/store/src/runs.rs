@@ -565,8 +565,10 @@ pub async fn history_page(
         .map_err(StoreError::from)
 }
 
-/// Filters of ListRuns and CountRuns.
-#[derive(Debug, Clone, Default)]
+/// Filters of ListRuns, CountRuns and bulk operations (stored with the
+/// operation as JSON).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct RunFilter {
     /// Only this workflow.
     pub workflow_name: Option<String>,
@@ -589,9 +591,9 @@ pub struct RunFilter {
 
 /// A WHERE clause being built: its conditions and their parameters, added
 /// together so a placeholder's number always matches its value.
-struct Conditions {
+pub(crate) struct Conditions {
     texts: Vec<String>,
-    arguments: PgArguments,
+    pub(crate) arguments: PgArguments,
 }
 
 impl Conditions {
@@ -603,7 +605,7 @@ impl Conditions {
     }
 
     /// Adds `value` as the next parameter and returns its placeholder.
-    fn bind<'q, T>(&mut self, value: T) -> Result<String, StoreError>
+    pub(crate) fn bind<'q, T>(&mut self, value: T) -> Result<String, StoreError>
     where
         T: 'q + sqlx::Encode<'q, Postgres> + sqlx::Type<Postgres>,
     {
@@ -613,21 +615,24 @@ impl Conditions {
         Ok(format!("${}", self.arguments.len()))
     }
 
-    fn and(&mut self, text: String) {
+    pub(crate) fn and(&mut self, text: String) {
         self.texts.push(text);
     }
 
-    fn sql(&self) -> String {
+    pub(crate) fn sql(&self) -> String {
         self.texts.join(" AND ")
     }
 }
 
-/// The conditions of `filter` in `namespace`, for list_runs and count_runs
-/// alike. Only the filters given are in the text, so each combination has a
+/// The conditions of `filter` in `namespace`, for list_runs, count_runs
+/// and the walk of a bulk operation alike. Only the filters given are in the text, so each combination has a
 /// generic plan of its own (the server runs on generic plans, see
 /// Store::connect); runs_by_workflow / runs_by_status / runs_by_created /
 /// runs_by_labels serve them.
-fn filter_conditions(namespace: &str, filter: &RunFilter) -> Result<Conditions, StoreError> {
+pub(crate) fn filter_conditions(
+    namespace: &str,
+    filter: &RunFilter,
+) -> Result<Conditions, StoreError> {
     let mut c = Conditions::new();
     let p = c.bind(namespace.to_owned())?;
     c.and(format!("namespace = {p}"));

@@ -11,7 +11,8 @@ use tonic_types::StatusExt;
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes of the commands that call a server (workflow, run, schedule, server):
   0   ok
-  1   the run ended FAILED or CANCELLED (run start --wait, run watch)
+  1   the run ended FAILED or CANCELLED (run start --wait, run watch), or
+      the bulk operation waited on did not succeed (--wait)
   2   usage: a bad flag or flag value
   3   a local file or standard input could not be read
   10+ the server's gRPC status code:
@@ -71,6 +72,14 @@ pub enum AdminError {
         /// The run's error, `CODE message`, if any.
         reason: Option<String>,
     },
+    /// A bulk operation the command waited on ended CANCELLED or FAILED.
+    #[error("bulk operation {operation_id} ended {status}")]
+    OperationNotSucceeded {
+        /// The operation.
+        operation_id: String,
+        /// `CANCELLED` or `FAILED`.
+        status: &'static str,
+    },
 }
 
 impl From<Status> for AdminError {
@@ -96,7 +105,9 @@ impl AdminError {
             AdminError::Unreachable { .. } => grpc_exit_code(Code::Unavailable),
             AdminError::Rpc(status) => grpc_exit_code(status.code()),
             AdminError::Invalid(_) => grpc_exit_code(Code::InvalidArgument),
-            AdminError::RunNotCompleted { .. } => EXIT_RUN_NOT_COMPLETED,
+            AdminError::RunNotCompleted { .. } | AdminError::OperationNotSucceeded { .. } => {
+                EXIT_RUN_NOT_COMPLETED
+            }
         }
     }
 }

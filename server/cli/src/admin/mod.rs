@@ -1,8 +1,9 @@
 //! The admin CLI: `composer workflow ...`, `composer run ...`, `composer
-//! schedule ...`, `composer queue ...` and `composer server info`, over the public gRPC API only (never the database), so it
+//! operation ...`, `composer schedule ...`, `composer queue ...` and `composer server info`, over the public gRPC API only (never the database), so it
 //! sees exactly what a token allows. One file per command group; the
 //! connection, the output and the errors (with their exit codes) are shared.
 
+pub mod bulk;
 mod connect;
 mod error;
 mod output;

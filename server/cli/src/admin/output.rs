@@ -68,6 +68,8 @@ api_messages!(
     ResumeScheduleResponse,
     DeleteScheduleResponse,
     TriggerScheduleResponse,
+    BulkOperation,
+    ListBulkOperationsResponse,
 );
 
 fn descriptors() -> &'static DescriptorPool {

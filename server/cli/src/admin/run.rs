@@ -1,4 +1,5 @@
-//! `composer run start|get|list|watch|history|cancel|retry|pause|resume|send-event`.
+//! `composer run start|get|list|watch|history|cancel|retry|pause|resume|send-event`
+//! (and the `bulk-*` commands of `bulk.rs`).
 
 use std::{collections::HashMap, path::PathBuf};
 
@@ -12,6 +13,7 @@ use composer_proto::v1::{
 
 use super::{
     AdminError, Api, ClientArgs, Format,
+    bulk::{self, BulkAction, BulkArgs, BulkWithReasonArgs},
     output::{
         Table, failure, fields, labels, print_json, print_text, run_status, shorten, time, value,
     },
@@ -43,6 +45,14 @@ pub enum RunCommand {
     Resume(RunIdArgs),
     /// Send an event to a run, or to every run waiting on a correlation key.
     SendEvent(SendEventArgs),
+    /// Cancel every run a filter matches, as a bulk operation.
+    BulkCancel(BulkWithReasonArgs),
+    /// Retry every FAILED run a filter matches, as a bulk operation.
+    BulkRetry(BulkArgs),
+    /// Pause every live run a filter matches, as a bulk operation.
+    BulkPause(BulkWithReasonArgs),
+    /// Resume every paused run a filter matches, as a bulk operation.
+    BulkResume(BulkArgs),
 }
 
 /// Options of `run start`.
@@ -219,6 +229,12 @@ pub async fn run(command: RunCommand) -> Result<(), AdminError> {
         RunCommand::Pause(args) => pause(args).await,
         RunCommand::Resume(args) => resume(args).await,
         RunCommand::SendEvent(args) => send_event(args).await,
+        RunCommand::BulkCancel(args) => {
+            bulk::start(BulkAction::Cancel, args.bulk, args.reason).await
+        }
+        RunCommand::BulkRetry(args) => bulk::start(BulkAction::Retry, args, String::new()).await,
+        RunCommand::BulkPause(args) => bulk::start(BulkAction::Pause, args.bulk, args.reason).await,
+        RunCommand::BulkResume(args) => bulk::start(BulkAction::Resume, args, String::new()).await,
     }
 }
 

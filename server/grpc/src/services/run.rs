@@ -2,10 +2,15 @@
 
 use std::{collections::HashMap, pin::Pin, time::Duration};
 
+use composer_coordinator::bulk::BulkKind;
 use composer_coordinator::{Coordinator, EventTarget, RunView, StartRun, watch::RunChanges};
 use composer_proto::v1::{
-    CancelRunRequest, CancelRunResponse, CountRunsRequest, CountRunsResponse, Failure,
-    GetRunHistoryRequest, GetRunHistoryResponse, GetRunRequest, GetRunResponse, HistoryEvent,
+    BulkCancelRunsRequest, BulkCancelRunsResponse, BulkPauseRunsRequest, BulkPauseRunsResponse,
+    BulkResumeRunsRequest, BulkResumeRunsResponse, BulkRetryRunsRequest, BulkRetryRunsResponse,
+    CancelBulkOperationRequest, CancelBulkOperationResponse, CancelRunRequest, CancelRunResponse,
+    CountRunsRequest, CountRunsResponse, Failure, GetBulkOperationRequest,
+    GetBulkOperationResponse, GetRunHistoryRequest, GetRunHistoryResponse, GetRunRequest,
+    GetRunResponse, HistoryEvent, ListBulkOperationsRequest, ListBulkOperationsResponse,
     ListRunsRequest, ListRunsResponse, NodeState, NodeStatus, PauseRunRequest, PauseRunResponse,
     ResumeRunRequest, ResumeRunResponse, RetryRunRequest, RetryRunResponse, Run, RunStatus,
     RunStatusCount, SendEventRequest, SendEventResponse, StartRunRequest, StartRunResponse,
@@ -17,6 +22,7 @@ use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
+use super::bulk::{self, BulkFields};
 use crate::{
     caller::caller,
     convert::{from_json, from_json_opt, from_timestamp, page_size, timestamp, to_json},
@@ -32,6 +38,11 @@ pub(crate) struct RunApi {
     pub(crate) changes: RunChanges,
     /// Flips to true when the server drains: open watches end at once.
     pub(crate) draining: tokio::sync::watch::Receiver<bool>,
+}
+
+/// A stored run status as the API's.
+pub(crate) fn api_status(text: &str) -> RunStatus {
+    run_status(text)
 }
 
 fn run_status(text: &str) -> RunStatus {
@@ -234,7 +245,7 @@ fn runs_cursor(token: &str) -> Result<Option<(chrono::DateTime<chrono::Utc>, Uui
 }
 
 /// The statuses a ListRuns asks for, as stored; each names its index.
-fn status_filter(numbers: &[i32]) -> Result<Vec<&'static str>, Status> {
+pub(crate) fn status_filter(numbers: &[i32]) -> Result<Vec<&'static str>, Status> {
     numbers
         .iter()
         .enumerate()
@@ -249,14 +260,14 @@ fn status_filter(numbers: &[i32]) -> Result<Vec<&'static str>, Status> {
 }
 
 /// The filters ListRuns and CountRuns share, as the caller sent them.
-struct FilterFields<'a> {
-    workflow_name: &'a str,
-    workflow_version: i32,
-    labels: &'a HashMap<String, String>,
-    create_time_after: Option<&'a prost_types::Timestamp>,
-    create_time_before: Option<&'a prost_types::Timestamp>,
-    parent_run_id: &'a str,
-    search: &'a str,
+pub(crate) struct FilterFields<'a> {
+    pub(crate) workflow_name: &'a str,
+    pub(crate) workflow_version: i32,
+    pub(crate) labels: &'a HashMap<String, String>,
+    pub(crate) create_time_after: Option<&'a prost_types::Timestamp>,
+    pub(crate) create_time_before: Option<&'a prost_types::Timestamp>,
+    pub(crate) parent_run_id: &'a str,
+    pub(crate) search: &'a str,
 }
 
 impl<'a> From<&'a ListRunsRequest> for FilterFields<'a> {
@@ -289,7 +300,7 @@ impl<'a> From<&'a CountRunsRequest> for FilterFields<'a> {
 
 /// Checks the shared filters (INVALID_ARGUMENT naming the field) and turns
 /// them into the store's filter, with no status filter.
-fn run_filter(fields: FilterFields<'_>) -> Result<RunFilter, Status> {
+pub(crate) fn run_filter(fields: FilterFields<'_>) -> Result<RunFilter, Status> {
     if !fields.workflow_name.is_empty() {
         check_name("workflow_name", fields.workflow_name)?;
     }
@@ -549,6 +560,144 @@ impl RunService for RunApi {
             .map_err(from_coordinator)?;
         Ok(Response::new(ResumeRunResponse {
             run: Some(run_message(run, Vec::new(), &HashMap::new())),
+        }))
+    }
+
+    async fn bulk_cancel_runs(
+        &self,
+        request: Request<BulkCancelRunsRequest>,
+    ) -> Result<Response<BulkCancelRunsResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let fields = BulkFields {
+            filter: request.filter.as_ref(),
+            all: request.all,
+            reason: &request.reason,
+            request_id: &request.request_id,
+        };
+        let (operation, created) =
+            bulk::start(&self.coordinator, caller, BulkKind::Cancel, fields).await?;
+        Ok(Response::new(BulkCancelRunsResponse {
+            operation: Some(operation),
+            created,
+        }))
+    }
+
+    async fn bulk_retry_runs(
+        &self,
+        request: Request<BulkRetryRunsRequest>,
+    ) -> Result<Response<BulkRetryRunsResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let fields = BulkFields {
+            filter: request.filter.as_ref(),
+            all: request.all,
+            reason: "",
+            request_id: &request.request_id,
+        };
+        let (operation, created) =
+            bulk::start(&self.coordinator, caller, BulkKind::Retry, fields).await?;
+        Ok(Response::new(BulkRetryRunsResponse {
+            operation: Some(operation),
+            created,
+        }))
+    }
+
+    async fn bulk_pause_runs(
+        &self,
+        request: Request<BulkPauseRunsRequest>,
+    ) -> Result<Response<BulkPauseRunsResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let fields = BulkFields {
+            filter: request.filter.as_ref(),
+            all: request.all,
+            reason: &request.reason,
+            request_id: &request.request_id,
+        };
+        let (operation, created) =
+            bulk::start(&self.coordinator, caller, BulkKind::Pause, fields).await?;
+        Ok(Response::new(BulkPauseRunsResponse {
+            operation: Some(operation),
+            created,
+        }))
+    }
+
+    async fn bulk_resume_runs(
+        &self,
+        request: Request<BulkResumeRunsRequest>,
+    ) -> Result<Response<BulkResumeRunsResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let fields = BulkFields {
+            filter: request.filter.as_ref(),
+            all: request.all,
+            reason: "",
+            request_id: &request.request_id,
+        };
+        let (operation, created) =
+            bulk::start(&self.coordinator, caller, BulkKind::Resume, fields).await?;
+        Ok(Response::new(BulkResumeRunsResponse {
+            operation: Some(operation),
+            created,
+        }))
+    }
+
+    async fn get_bulk_operation(
+        &self,
+        request: Request<GetBulkOperationRequest>,
+    ) -> Result<Response<GetBulkOperationResponse>, Status> {
+        let caller = caller(&request)?;
+        let id = bulk::parse_operation_id(&request.into_inner().operation_id)?;
+        let op = self
+            .coordinator
+            .get_bulk_operation(&caller.namespace, id)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(GetBulkOperationResponse {
+            operation: Some(bulk::operation_message(op)),
+        }))
+    }
+
+    async fn list_bulk_operations(
+        &self,
+        request: Request<ListBulkOperationsRequest>,
+    ) -> Result<Response<ListBulkOperationsResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let limit = page_size(request.page_size)?;
+        let cursor = runs_cursor(&request.page_token)?;
+        let rows = self
+            .coordinator
+            .list_bulk_operations(&caller.namespace, cursor, limit + 1)
+            .await
+            .map_err(from_coordinator)?;
+        let more = rows.len() as i64 > limit;
+        let operations: Vec<_> = rows
+            .into_iter()
+            .take(limit as usize)
+            .map(bulk::operation_message)
+            .collect();
+        let next_page_token = bulk::next_token(more, operations.last());
+        Ok(Response::new(ListBulkOperationsResponse {
+            operations,
+            next_page_token,
+        }))
+    }
+
+    async fn cancel_bulk_operation(
+        &self,
+        request: Request<CancelBulkOperationRequest>,
+    ) -> Result<Response<CancelBulkOperationResponse>, Status> {
+        let caller = caller(&request)?;
+        let id = bulk::parse_operation_id(&request.into_inner().operation_id)?;
+        let op = self
+            .coordinator
+            .cancel_bulk_operation(&caller.namespace, id)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(CancelBulkOperationResponse {
+            operation: Some(bulk::operation_message(op)),
         }))
     }
 
