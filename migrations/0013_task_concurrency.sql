@@ -46,9 +46,10 @@ BEGIN
 END $$;
 
 -- Tasks holding a slot of the key, but the attempt of (run, node_key)
--- itself (whose row is being re-armed or promoted).
+-- itself (whose row is being re-armed or promoted). Volatile: it must see
+-- the rows earlier rows of the calling statement armed.
 CREATE FUNCTION task_slot_holders(ns TEXT, wf TEXT, node TEXT, k TEXT, own_run UUID, own_node TEXT)
-RETURNS BIGINT LANGUAGE sql STABLE AS $$
+RETURNS BIGINT LANGUAGE sql AS $$
     SELECT count(*) FROM tasks
     WHERE namespace = ns AND workflow_name = wf AND concurrency_node = node
       AND concurrency_key = k AND status IN ('DISPATCHED', 'LEASED', 'HELD')
@@ -70,7 +71,9 @@ DECLARE
     sent BOOLEAN := false;
 BEGIN
     PERFORM task_slot_lock(ns, wf, node, k);
-    LOOP
+    -- normally one; more only when a new version raised `max`, and then at
+    -- most 64 per transaction (later releases and the sweep do the rest)
+    WHILE promoted < 64 LOOP
         SELECT t.id, t.run_id, t.node_key, t.concurrency_max, r.status = 'PAUSED' AS paused
         INTO waiter
         FROM tasks t JOIN runs r ON r.id = t.run_id

@@ -983,3 +983,43 @@ async fn a_task_key_of_the_wrong_type_is_refused_naming_its_path() {
         "{violations:?}"
     );
 }
+
+/// A keyed task whose lease expires gives its slot back in the expiry's
+/// transaction, and its retry asks for a slot again like a new arrival.
+#[tokio::test]
+async fn an_expired_lease_frees_its_slot_and_the_retry_waits_for_one() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register(
+            "name: task_expiry\nnodes:\n  - { id: work, type: TASK, queue: texpiry, task: work, \
+             heartbeat_timeout: 1s, retry: { max_attempts: 2, initial_interval: 100ms }, \
+             concurrency: { key: \"input.key\", max: 1 } }\n",
+        )
+        .await;
+    let mut runs = RunServiceClient::new(channel(&server).await);
+    let mut workers = WorkerServiceClient::new(channel(&server).await);
+    let first = start(&mut runs, "task_expiry", json!({"key": "k"})).await;
+    let second = start(&mut runs, "task_expiry", json!({"key": "k"})).await;
+    let abandoned = poll_one(&mut workers, "texpiry").await;
+    assert_eq!(abandoned.run_id, first.run_id);
+
+    // no heartbeat: the lease expires and the slot goes to the second run
+    let other = poll_one(&mut workers, "texpiry").await;
+    assert_eq!(other.run_id, second.run_id);
+    assert!(
+        poll(&mut workers, "texpiry", 5).await.is_empty(),
+        "the retry waits"
+    );
+    complete(&mut workers, &other).await;
+    let retry = poll_one(&mut workers, "texpiry").await;
+    assert_eq!(
+        (retry.run_id.as_str(), retry.attempt),
+        (first.run_id.as_str(), 2)
+    );
+    complete(&mut workers, &retry).await;
+    for run in [&first, &second] {
+        let done = client.wait_done(&run.run_id, WAIT).await;
+        assert_eq!(done.status(), RunStatus::Completed, "{done:?}");
+    }
+}

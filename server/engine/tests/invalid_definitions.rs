@@ -207,7 +207,7 @@ fn broken_definitions_are_rejected_with_path_and_message() {
         ),
         (
             "TASK concurrency key of the wrong type",
-            format!("name: broken\ninput_schema: {{ type: object, properties: {{ n: {{ type: integer }} }} }}\nnodes:\n  - {{ id: a, type: TASK, queue: q, task: t, concurrency: {{ key: 'input.n + 1', max: 2 }} }}\n"),
+            "name: broken\ninput_schema: { type: object, properties: { n: { type: integer } } }\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, concurrency: { key: 'input.n + 1', max: 2 } }\n".to_owned(),
             vec![("nodes[0].concurrency.key", "must be a string expression, not int".into())],
         ),
         (
