@@ -8,12 +8,12 @@ use std::collections::{BTreeMap, VecDeque};
 use chrono::{DateTime, TimeZone, Utc};
 use composer_engine::{
     Action, ChildStatus, DecideError, ErrorInfo, Event, NodeKey, NodeState, RunRecord, RunState,
-    RunStatus, TimerId, TimerKind, Timestamp, decide, history::HistoryEventType, prefetch,
+    RunStatus, SlotKey, TimerId, TimerKind, Timestamp, decide, history::HistoryEventType, prefetch,
 };
 use composer_store::{
     events,
     runs::{self, EventWrite, HistoryWrite, NewRun, NodeWrite, RunInsert, RunRow, RunUpdate},
-    tasks::{self, TaskArm},
+    tasks::{self, TaskArm, TaskSlotArm},
     timers::{self, TimerWrite},
 };
 use serde_json::{Value as Json, json};
@@ -219,6 +219,8 @@ struct PendingArm {
     heartbeat_timeout_ms: i64,
     attempt_timeout_ms: Option<i64>,
     rate_limit_key: Option<String>,
+    /// The TASK node's id and its concurrency slot, if it has one.
+    concurrency: Option<(String, SlotKey)>,
 }
 
 impl<'a> RunTxn<'a> {
@@ -544,6 +546,7 @@ impl<'a> RunTxn<'a> {
                 heartbeat_timeout_ms,
                 timeout_ms,
                 rate_limit_key,
+                concurrency,
             } => {
                 let node_key = node.to_string();
                 // a later attempt of the same node in this transaction wins
@@ -558,6 +561,7 @@ impl<'a> RunTxn<'a> {
                     heartbeat_timeout_ms: i64::try_from(heartbeat_timeout_ms).unwrap_or(i64::MAX),
                     attempt_timeout_ms: timeout_ms.and_then(|t| i64::try_from(t).ok()),
                     rate_limit_key: rate_limit_key.map(crate::rate_limit::bounded_key),
+                    concurrency: concurrency.map(|slot| (node.node.clone(), slot)),
                 });
             }
             Action::ScheduleTimer { timer, fire_at } => {
@@ -862,6 +866,11 @@ impl<'a> RunTxn<'a> {
             attempt_timeout_ms: arm.attempt_timeout_ms,
             traceparent: self.traceparent.as_deref(),
             rate_limit_key: arm.rate_limit_key.as_deref(),
+            concurrency: arm.concurrency.as_ref().map(|(node, slot)| TaskSlotArm {
+                node,
+                key: &slot.key,
+                max: i32::try_from(slot.max).unwrap_or(i32::MAX),
+            }),
         }
     }
 
@@ -919,7 +928,10 @@ impl<'a> RunTxn<'a> {
             .map(serde_json::to_value)
             .transpose()?;
         let stored = stored_record(record)?;
-        let arms: Vec<TaskArm<'_>> = self.arms.iter().map(|arm| self.task_arm(arm)).collect();
+        let mut arms: Vec<TaskArm<'_>> = self.arms.iter().map(|arm| self.task_arm(arm)).collect();
+        // slot rows are locked in one order by every statement that arms
+        // several keyed tasks, so two such statements cannot deadlock
+        arms.sort_by_key(|arm| arm.concurrency.map(|c| (c.node, c.key)));
         let written = runs::write_event(
             conn,
             &EventWrite {

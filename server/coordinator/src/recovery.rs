@@ -260,8 +260,8 @@ impl Coordinator {
         }
     }
 
-    /// Republishes lost dispatches, applies stuck inboxes, keeps history
-    /// partitions ahead: so Redis and the hand-offs never drift for long.
+    /// Republishes lost dispatches, hands free task slots to tasks left
+    /// waiting, applies stuck inboxes, keeps history partitions ahead: so Redis and the hand-offs never drift for long.
     pub async fn run_reconcile_loop(
         self,
         config: RecoveryConfig,
@@ -278,6 +278,14 @@ impl Coordinator {
                     tracing::info!(count, "republished dispatches never leased")
                 }
                 Err(error) => tracing::warn!(%error, "lost dispatch pass"),
+            }
+            match tasks::promote_stranded_waiters(self.store.pool(), grace_ms, config.batch).await {
+                Ok(0) => {}
+                Ok(count) => {
+                    crate::metrics::recovery("reconcile", "slots_handed", count as u64);
+                    tracing::info!(count, "handed free task slots to tasks left waiting")
+                }
+                Err(error) => tracing::warn!(%error, "task slot pass"),
             }
             match events::runs_with_inbox(self.store.pool(), config.batch).await {
                 Ok(runs) => {

@@ -6,8 +6,8 @@ use serde_json::Value as Json;
 
 use crate::cel::{Env, NodeField, Program, Scope, Ty, Val};
 use crate::definition::{
-    Broken, Definition, EdgeOn, MAX_CONCURRENCY, MAX_NODES, Node, NodeType, OnLimit,
-    ValidationErrors,
+    Broken, Definition, EdgeOn, MAX_CONCURRENCY, MAX_NODES, Node, NodeConcurrency, NodeType,
+    OnLimit, ValidationErrors,
 };
 use crate::duration::parse_duration;
 use crate::names;
@@ -98,6 +98,8 @@ pub enum Kind {
         task: String,
         /// The task's rate-limit key (a string; null: none).
         rate_limit_key: Option<Program>,
+        /// The task's concurrency key and limit, if it has one.
+        concurrency: Option<TaskSlot>,
     },
     Http {
         request: Template,
@@ -126,6 +128,15 @@ pub enum Kind {
         concurrency: u32,
         element: MapElement,
     },
+}
+
+/// A TASK node's compiled `concurrency`: at most `max` of its tasks hold a
+/// slot per value of `key`.
+#[derive(Debug, Clone)]
+pub struct TaskSlot {
+    /// A CEL string expression over what the node's input may read.
+    pub key: Program,
+    pub max: u32,
 }
 
 /// A compiled node.
@@ -488,11 +499,22 @@ fn check_fields(node: &Node, path: &str, errors: &mut ValidationErrors) {
             );
         }
     }
-    if node.concurrency.is_some() && t != Map {
-        errors.push(
+    match (&node.concurrency, t) {
+        (None, _) | (Some(NodeConcurrency::Elements(_)), Map) => {}
+        (Some(NodeConcurrency::Keyed(_)), Task) => {}
+        (Some(NodeConcurrency::Elements(_)), Task) => errors.push(
+            format!("{path}.concurrency"),
+            "on a TASK node, concurrency is {key, max}",
+        ),
+        (Some(NodeConcurrency::Keyed(_)), Map) => errors.push(
+            format!("{path}.concurrency"),
+            "on a MAP node, concurrency is a number (elements in flight); \
+             {key, max} is for TASK nodes",
+        ),
+        (Some(_), _) => errors.push(
             format!("{path}.concurrency"),
             format!("not allowed on a {t} node"),
-        );
+        ),
     }
 }
 
@@ -729,6 +751,23 @@ pub(crate) fn build(
             NodeType::Task => {
                 required(node.queue.is_some(), "queue", &mut errors);
                 required(node.task.is_some(), "task", &mut errors);
+                let concurrency = match &node.concurrency {
+                    Some(NodeConcurrency::Keyed(spec)) => {
+                        if !(1..=MAX_CONCURRENCY).contains(&spec.max) {
+                            errors.push(
+                                format!("{path}.concurrency.max"),
+                                format!("must be between 1 and {MAX_CONCURRENCY}"),
+                            );
+                        }
+                        expression(&Some(spec.key.clone()), "concurrency.key", &[Ty::String]).map(
+                            |key| TaskSlot {
+                                key,
+                                max: spec.max.clamp(1, MAX_CONCURRENCY),
+                            },
+                        )
+                    }
+                    _ => None,
+                };
                 Kind::Task {
                     queue: node.queue.clone().unwrap_or_default(),
                     task: node.task.clone().unwrap_or_default(),
@@ -737,6 +776,7 @@ pub(crate) fn build(
                         "rate_limit_key",
                         &[Ty::String],
                     ),
+                    concurrency,
                 }
             }
             NodeType::Http => {
@@ -845,7 +885,11 @@ pub(crate) fn build(
                     required(node.queue.is_some(), "queue", &mut errors);
                     required(node.task.is_some(), "task", &mut errors);
                 }
-                if node.concurrency == Some(0) {
+                let elements = node
+                    .concurrency
+                    .as_ref()
+                    .and_then(NodeConcurrency::elements);
+                if elements == Some(0) {
                     errors.push(format!("{path}.concurrency"), "must be at least 1");
                 }
                 let element = match &node.workflow {
@@ -858,7 +902,7 @@ pub(crate) fn build(
                         task: node.task.clone().unwrap_or_default(),
                     },
                 };
-                let concurrency = node.concurrency.unwrap_or(DEFAULT_MAP_CONCURRENCY).max(1);
+                let concurrency = elements.unwrap_or(DEFAULT_MAP_CONCURRENCY).max(1);
                 match items {
                     Some(items) => Kind::Map {
                         items,
@@ -883,8 +927,19 @@ pub(crate) fn build(
             | Kind::Map { items: p, .. }
             | Kind::Task {
                 rate_limit_key: Some(p),
+                concurrency: None,
                 ..
             } => add_refs(p.node_refs(), &index, &mut refs),
+            Kind::Task {
+                rate_limit_key,
+                concurrency: Some(slot),
+                ..
+            } => {
+                add_refs(slot.key.node_refs(), &index, &mut refs);
+                if let Some(p) = rate_limit_key {
+                    add_refs(p.node_refs(), &index, &mut refs);
+                }
+            }
             _ => {}
         }
         nodes.push(CNode {

@@ -11,13 +11,13 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use serde_json::{Value as Json, json};
 
 use crate::cel::{Env, NodeField, Val};
-use crate::compile::{CompiledWorkflow, HTTP_QUEUE, Kind, MapElement};
+use crate::compile::{CompiledWorkflow, HTTP_QUEUE, Kind, MAX_CONCURRENCY_KEY_BYTES, MapElement};
 use crate::definition::NodeType;
 use crate::duration::{format_duration, parse_timestamp};
 use crate::state::{
     Action, ChildStatus, Compensation, DecideError, Decision, Ending, ErrorInfo, Event,
-    MapProgress, NodeKey, NodeState, NodeStatus, RunState, RunStatus, StateChange, TimerId,
-    TimerKind, Timestamp,
+    MapProgress, NodeKey, NodeState, NodeStatus, RunState, RunStatus, SlotKey, StateChange,
+    TimerId, TimerKind, Timestamp,
 };
 
 /// Error codes the engine itself produces.
@@ -1032,6 +1032,10 @@ impl<'a> Ctx<'a> {
             Ok(key) => key,
             Err(message) => return self.fail_at_start(idx, st, message),
         };
+        let concurrency = match self.task_slot(idx)? {
+            Ok(slot) => slot,
+            Err(message) => return self.fail_at_start(idx, st, message),
+        };
         st.attempt = attempt;
         st.status = NodeStatus::Running;
         let input = st.input.clone().unwrap_or(Json::Null);
@@ -1044,6 +1048,7 @@ impl<'a> Ctx<'a> {
             heartbeat_timeout_ms: node.heartbeat_timeout_ms,
             timeout_ms: node.timeout_ms,
             rate_limit_key: rate_limit_key.clone(),
+            concurrency: concurrency.clone(),
         };
         let child = |workflow: &str, version: Option<u32>| Action::StartChildRun {
             node: key.clone(),
@@ -1109,6 +1114,39 @@ impl<'a> Ctx<'a> {
             Ok(Val::Null) => Ok(None),
             Ok(other) => Ok(Some(other.to_json().to_string())),
             Err(e) => Err(format!("rate_limit_key: {e}")),
+        })
+    }
+
+    /// The slot a TASK node's `concurrency` asks for, for the attempt being
+    /// armed: its key's value (a string of at most
+    /// [`MAX_CONCURRENCY_KEY_BYTES`]) and the node's `max`; `Err` (inner)
+    /// fails the node like a bad input.
+    fn task_slot(&self, idx: usize) -> Result<Result<Option<SlotKey>, String>, DecideError> {
+        let node = &self.wf.nodes[idx];
+        let Kind::Task {
+            concurrency: Some(slot),
+            ..
+        } = &node.kind
+        else {
+            return Ok(Ok(None));
+        };
+        // a retry arms again without start_node having loaded the refs
+        self.ensure_loaded(&node.refs)?;
+        let env = EvalEnv {
+            ctx: self,
+            item: None,
+            index: None,
+        };
+        Ok(match slot.key.eval(&env) {
+            Ok(Val::Str(key)) if key.len() > MAX_CONCURRENCY_KEY_BYTES => Err(format!(
+                "concurrency.key: longer than {MAX_CONCURRENCY_KEY_BYTES} bytes"
+            )),
+            Ok(Val::Str(key)) => Ok(Some(SlotKey { key, max: slot.max })),
+            Ok(other) => Err(format!(
+                "concurrency.key: must be a string, not {}",
+                other.to_json()
+            )),
+            Err(e) => Err(format!("concurrency.key: {e}")),
         })
     }
 

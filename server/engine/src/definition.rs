@@ -209,9 +209,10 @@ pub struct Node {
     /// MAP: a CEL list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub items: Option<String>,
-    /// MAP: most elements in flight at once (default 100).
+    /// MAP: most elements in flight at once (default 100), a number.
+    /// TASK: `{key, max}`, at most `max` tasks per key value at a time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub concurrency: Option<u32>,
+    pub concurrency: Option<NodeConcurrency>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetrySpec>,
     /// Start to close of one attempt; for WAIT_FOR_EVENT, how long to wait.
@@ -260,6 +261,54 @@ impl Node {
             rate_limit_key: None,
         }
     }
+}
+
+/// A node's `concurrency`: a number on a MAP node (elements in flight at
+/// once), `{key, max}` on a TASK node (tasks per key value at once).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum NodeConcurrency {
+    /// MAP: most elements in flight at once.
+    Elements(u32),
+    /// TASK: at most `max` tasks per value of `key` at a time.
+    Keyed(TaskConcurrency),
+}
+
+impl NodeConcurrency {
+    /// The MAP element limit, if this is one.
+    pub fn elements(&self) -> Option<u32> {
+        match self {
+            NodeConcurrency::Elements(n) => Some(*n),
+            NodeConcurrency::Keyed(_) => None,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for NodeConcurrency {
+    // a mapping is the TASK form, anything else must be the MAP number; the
+    // error is the one of the form the value looks like
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let value = Json::deserialize(d)?;
+        if value.is_object() {
+            return TaskConcurrency::deserialize(value)
+                .map(NodeConcurrency::Keyed)
+                .map_err(D::Error::custom);
+        }
+        u32::deserialize(value)
+            .map(NodeConcurrency::Elements)
+            .map_err(|e| D::Error::custom(format!("{e} (or {{key, max}} on a TASK node)")))
+    }
+}
+
+/// A TASK node's `concurrency`: at most `max` of its tasks hold a slot per
+/// value of `key` (a CEL string over what its `input` may read), per
+/// namespace and workflow name, across all servers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskConcurrency {
+    pub key: String,
+    pub max: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -52,21 +52,21 @@ pub mod template;
 pub use compile::{
     CEdge, CNode, CompiledWorkflow, ConcurrencyKeyError, DEFAULT_HEARTBEAT_TIMEOUT_MS,
     DEFAULT_MAP_CONCURRENCY, HTTP_QUEUE, Kind, MAX_CONCURRENCY_KEY_BYTES, MAX_EDGES, MapElement,
-    RetryPolicy, RunConcurrency, splitmix64,
+    RetryPolicy, RunConcurrency, TaskSlot, splitmix64,
 };
 pub use decide::{codes, decide, prefetch};
 pub use definition::{
     ConcurrencySpec, Definition, Edge, EdgeOn, HttpSpec, MAX_CONCURRENCY, MAX_DEFINITION_BYTES,
-    MAX_NODES, Node, NodeType, OnLimit, RetrySpec, ValidationError, ValidationErrors,
-    parse_definition,
+    MAX_NODES, Node, NodeConcurrency, NodeType, OnLimit, RetrySpec, TaskConcurrency,
+    ValidationError, ValidationErrors, parse_definition,
 };
 pub use simulate::{
     Outcomes, SimOptions, SimulationError, SimulationReport, simulate, simulate_with,
 };
 pub use state::{
     Action, ChildStatus, Compensation, DecideError, Decision, Ending, ErrorInfo, Event,
-    MapProgress, NodeKey, NodeState, NodeStatus, RunRecord, RunState, RunStatus, StateChange,
-    TimerId, TimerKind, Timestamp,
+    MapProgress, NodeKey, NodeState, NodeStatus, RunRecord, RunState, RunStatus, SlotKey,
+    StateChange, TimerId, TimerKind, Timestamp,
 };
 
 /// Whether an HTTP node's attempt that ended with `status` may be retried:

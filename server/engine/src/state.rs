@@ -497,6 +497,14 @@ impl Event {
     }
 }
 
+/// A task's concurrency slot: at most `max` tasks of its node and workflow
+/// hold a slot per `key` value at a time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlotKey {
+    pub key: String,
+    pub max: u32,
+}
+
 /// What the coordinator must do, in order, in the event's transaction.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "SCREAMING_SNAKE_CASE")]
@@ -515,6 +523,9 @@ pub enum Action {
         /// The value of the TASK node's `rate_limit_key`, if it has one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         rate_limit_key: Option<String>,
+        /// The slot the TASK node's `concurrency` asks for, if it has one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        concurrency: Option<SlotKey>,
     },
     ScheduleTimer {
         timer: TimerId,

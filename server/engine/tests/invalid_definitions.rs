@@ -206,6 +206,36 @@ fn broken_definitions_are_rejected_with_path_and_message() {
             vec![("concurrency", "missing field `key`".into())],
         ),
         (
+            "TASK concurrency key of the wrong type",
+            "name: broken\ninput_schema: { type: object, properties: { n: { type: integer } } }\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, concurrency: { key: 'input.n + 1', max: 2 } }\n".to_owned(),
+            vec![("nodes[0].concurrency.key", "must be a string expression, not int".into())],
+        ),
+        (
+            "TASK concurrency max out of range",
+            "name: broken\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, concurrency: { key: 'input.k', max: 0 } }\n".to_owned(),
+            vec![("nodes[0].concurrency.max", "must be between 1 and 10000".into())],
+        ),
+        (
+            "TASK concurrency as a number",
+            "name: broken\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, concurrency: 3 }\n".to_owned(),
+            vec![("nodes[0].concurrency", "on a TASK node, concurrency is {key, max}".into())],
+        ),
+        (
+            "TASK concurrency key reading an unknown node",
+            "name: broken\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, concurrency: { key: 'nodes.zz.output.k', max: 1 } }\n".to_owned(),
+            vec![("nodes[0].concurrency.key", "unknown node 'zz' in nodes.zz".into())],
+        ),
+        (
+            "MAP with a keyed concurrency",
+            base(&format!("{A}\n  - {{ id: m, type: MAP, items: '[1]', queue: q, task: t, concurrency: {{ key: 'input.k', max: 1 }} }}"), "  - { from: a, to: m }"),
+            vec![("nodes[1].concurrency", "on a MAP node, concurrency is a number (elements in flight); {key, max} is for TASK nodes".into())],
+        ),
+        (
+            "keyed concurrency on a WAIT node",
+            "name: broken\nnodes:\n  - { id: w, type: WAIT, duration: 1s, concurrency: { key: 'input.k', max: 1 } }\n".to_owned(),
+            vec![("nodes[0].concurrency", "not allowed on a WAIT node".into())],
+        ),
+        (
             "MAP concurrency 0",
             base(&format!("{A}\n  - {{ id: m, type: MAP, items: '[1]', queue: q, task: t, concurrency: 0 }}"), "  - { from: a, to: m }"),
             vec![("nodes[1].concurrency", "must be at least 1".into())],

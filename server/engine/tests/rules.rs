@@ -378,6 +378,7 @@ nodes:
         heartbeat_timeout_ms: 10_000,
         timeout_ms: Some(60_000),
         rate_limit_key: None,
+        concurrency: None,
     }));
     assert!(acts.contains(&Action::ScheduleTimer {
         timer: TimerId::node(TimerKind::AttemptTimeout, key("a"), Some(1)),
@@ -1367,5 +1368,78 @@ nodes:
     assert!(acts.iter().any(|a| matches!(
         a,
         Action::CreateTask { rate_limit_key: Some(k), .. } if k == "acme"
+    )));
+}
+
+const TASK_KEYED: &str = r#"
+name: task_keyed
+nodes:
+  - id: a
+    type: TASK
+    queue: q
+    task: t
+    retry: { max_attempts: 2, initial_interval: 1s }
+    concurrency: { key: "input.tenant + '/' + string(input.n)", max: 2 }
+"#;
+
+#[test]
+fn a_task_carries_its_concurrency_key_and_max_for_each_attempt() {
+    let mut d = Driver::new(TASK_KEYED, json!({"tenant": "acme", "n": 1}));
+    let acts = d.send(Event::RunStarted);
+    let slot = composer_engine::SlotKey {
+        key: "acme/1".to_owned(),
+        max: 2,
+    };
+    assert!(
+        acts.iter().any(|a| matches!(
+            a,
+            Action::CreateTask { attempt: 1, concurrency: Some(s), .. } if *s == slot
+        )),
+        "{acts:?}"
+    );
+    // the retry asks for a slot again, with the same key
+    let r = simulate(
+        TASK_KEYED,
+        "input: { tenant: acme, n: 1 }\ntasks: { a: [ { fail: { code: X } }, { complete: 1 } ] }",
+    );
+    assert_eq!(r.status, RunStatus::Completed);
+    let slots: Vec<(u32, Option<composer_engine::SlotKey>)> = r
+        .actions()
+        .filter_map(|a| match a {
+            Action::CreateTask {
+                attempt,
+                concurrency,
+                ..
+            } => Some((*attempt, concurrency.clone())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(slots, vec![(1, Some(slot.clone())), (2, Some(slot))]);
+}
+
+#[test]
+fn a_task_whose_concurrency_key_is_not_a_string_fails_its_node_as_bad_input() {
+    let yaml = TASK_KEYED.replace("input.tenant + '/' + string(input.n)", "input.tenant");
+    let mut d = Driver::new(&yaml, json!({"tenant": 7}));
+    let acts = d.send(Event::RunStarted);
+    assert!(created(&acts).is_empty(), "{acts:?}");
+    assert_eq!(d.state.run.status, RunStatus::Failed);
+    let error = d.state.run.error.as_ref().expect("error");
+    assert!(error.message.contains("concurrency.key"), "{error:?}");
+}
+
+#[test]
+fn a_task_without_concurrency_asks_for_no_slot() {
+    let mut d = Driver::new(
+        "name: p\nnodes:\n  - { id: a, type: TASK, queue: q, task: t }\n",
+        json!({}),
+    );
+    let acts = d.send(Event::RunStarted);
+    assert!(acts.iter().any(|a| matches!(
+        a,
+        Action::CreateTask {
+            concurrency: None,
+            ..
+        }
     )));
 }

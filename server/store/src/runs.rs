@@ -966,7 +966,9 @@ const WRITE_ROWS: &str = "node_rows AS ( \
            WITH ORDINALITY AS h(ty, node, attempt, actor, details, ord))";
 
 /// Arms tasks and queues them; parameters from `$n`. `held` (the run is
-/// paused): the tasks are HELD and get no outbox row.
+/// paused): the tasks are HELD and get no outbox row. A task whose
+/// concurrency key is full is WAITING_SLOT (the `tasks_take_slot` trigger)
+/// and gets none either.
 fn write_tasks(n: usize, held: bool) -> String {
     let p = |i: usize| format!("${}", n + i);
     let status = if held { "'HELD'" } else { "'DISPATCHED'" };
@@ -974,14 +976,16 @@ fn write_tasks(n: usize, held: bool) -> String {
         "armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-             dispatched_at, traceparent, priority, rate_limit_key) \
+             dispatched_at, traceparent, priority, rate_limit_key, concurrency_node, \
+             concurrency_key, concurrency_max) \
            SELECT a.id, $8, $1, a.node, {wf}, {ver}, a.queue, a.task_name, {status}, \
              a.attempt, a.input, a.heartbeat, a.timeout, now(), {trace}::text, \
-             (SELECT priority FROM run_row), a.rate_key \
+             (SELECT priority FROM run_row), a.rate_key, a.slot_node, a.slot_key, a.slot_max \
              FROM UNNEST({ids}::uuid[], {nodes}::text[], {queues}::text[], {names}::text[], \
                {attempts}::int[], {inputs}::jsonb[], {beats}::bigint[], {timeouts}::bigint[], \
-               {keys}::text[]) \
-               AS a(id, node, queue, task_name, attempt, input, heartbeat, timeout, rate_key) \
+               {keys}::text[], {slot_nodes}::text[], {slot_keys}::text[], {slot_maxes}::int[]) \
+               AS a(id, node, queue, task_name, attempt, input, heartbeat, timeout, rate_key, \
+                 slot_node, slot_key, slot_max) \
              WHERE EXISTS (SELECT 1 FROM run_row) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
              task_name = EXCLUDED.task_name, status = {status}, attempt = EXCLUDED.attempt, \
@@ -990,11 +994,16 @@ fn write_tasks(n: usize, held: bool) -> String {
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
              outcome = NULL, dispatched_at = now(), updated_at = now(), \
              traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority, \
-             rate_limit_key = EXCLUDED.rate_limit_key \
-           RETURNING id, namespace, queue, attempt, run_id, priority), \
+             rate_limit_key = EXCLUDED.rate_limit_key, \
+             concurrency_node = EXCLUDED.concurrency_node, \
+             concurrency_key = EXCLUDED.concurrency_key, \
+             concurrency_max = EXCLUDED.concurrency_max, \
+             concurrency_seq = EXCLUDED.concurrency_seq \
+           RETURNING id, namespace, queue, attempt, run_id, priority, status), \
          queued AS ( \
            INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
-           SELECT namespace, queue, id, attempt, run_id, priority FROM armed WHERE NOT {held} \
+           SELECT namespace, queue, id, attempt, run_id, priority FROM armed \
+           WHERE status = 'DISPATCHED' \
            RETURNING *)",
         ids = p(0),
         nodes = p(1),
@@ -1008,6 +1017,9 @@ fn write_tasks(n: usize, held: bool) -> String {
         ver = p(9),
         trace = p(10),
         keys = p(11),
+        slot_nodes = p(12),
+        slot_keys = p(13),
+        slot_maxes = p(14),
     )
 }
 
@@ -1039,7 +1051,7 @@ fn delete_timers(n: usize) -> String {
 const END_RUN: &str = "ended_timers AS (DELETE FROM timers WHERE run_id = $1), \
      ended_tasks AS ( \
        UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
-       WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED', 'HELD')), \
+       WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED', 'HELD', 'WAITING_SLOT')), \
      ended_waits AS (DELETE FROM event_waits WHERE run_id = $1), \
      ended_events AS (DELETE FROM pending_events WHERE run_id = $1)";
 
@@ -1087,7 +1099,7 @@ pub async fn write_event(
     let mut next = if insert.is_some() { 26 } else { 18 };
     if !tasks.is_empty() {
         parts.push(write_tasks(next, write.held));
-        next += 12;
+        next += 15;
     }
     if !timers.is_empty() {
         parts.push(write_timers(next, write.held));
@@ -1172,7 +1184,25 @@ pub async fn write_event(
             .bind(first.workflow_name)
             .bind(first.workflow_version)
             .bind(first.traceparent)
-            .bind(tasks.iter().map(|t| t.rate_limit_key).collect::<Vec<_>>());
+            .bind(tasks.iter().map(|t| t.rate_limit_key).collect::<Vec<_>>())
+            .bind(
+                tasks
+                    .iter()
+                    .map(|t| t.concurrency.map(|c| c.node))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                tasks
+                    .iter()
+                    .map(|t| t.concurrency.map(|c| c.key))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                tasks
+                    .iter()
+                    .map(|t| t.concurrency.map(|c| c.max))
+                    .collect::<Vec<_>>(),
+            );
     }
     if !timers.is_empty() {
         query = query

@@ -59,6 +59,22 @@ pub mod status {
     /// Armed while its run is paused: no outbox row, not leasable; resume
     /// makes it DISPATCHED.
     pub const HELD: &str = "HELD";
+    /// Armed with a concurrency key whose slots are all taken: no outbox
+    /// row, not leasable; the transaction that frees a slot of the key
+    /// makes the oldest such task DISPATCHED (HELD if its run is paused).
+    pub const WAITING_SLOT: &str = "WAITING_SLOT";
+}
+
+/// The concurrency slot a task's attempt asks for: at most `max` tasks of
+/// (namespace, workflow, `node`) per `key` value hold one at a time.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskSlotArm<'a> {
+    /// The TASK node's id.
+    pub node: &'a str,
+    /// The key's value.
+    pub key: &'a str,
+    /// The node's `max`.
+    pub max: i32,
 }
 
 /// A task attempt to arm: inserted, or the existing row of the same
@@ -93,12 +109,17 @@ pub struct TaskArm<'a> {
     pub traceparent: Option<&'a str>,
     /// The value of the node's `rate_limit_key`, if any.
     pub rate_limit_key: Option<&'a str>,
+    /// The node's concurrency slot, if it has a `concurrency` key.
+    pub concurrency: Option<TaskSlotArm<'a>>,
 }
 
 /// Arms a task for an attempt and writes its outbox row, in one statement.
 /// Returns the outbox message (the task id is stable across attempts), so
 /// the committing server can publish it at once. `held` (the run is
 /// paused): the task is HELD, with no outbox row, and None is returned.
+/// A task with a concurrency slot that finds its key full is made
+/// WAITING_SLOT by the `tasks_take_slot` trigger (migration 0013), and
+/// gets no outbox row either.
 pub async fn arm_task(
     conn: &mut PgConnection,
     task: &TaskArm<'_>,
@@ -110,10 +131,11 @@ pub async fn arm_task(
         "WITH armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-             dispatched_at, traceparent, priority, rate_limit_key) \
+             dispatched_at, traceparent, priority, rate_limit_key, concurrency_node, \
+             concurrency_key, concurrency_max) \
            VALUES ($1, $2, $3, $4, $5, $6, $7, $8, \
              CASE WHEN $13 THEN 'HELD' ELSE 'DISPATCHED' END, $9, $10, $11, $12, now(), $14, \
-             (SELECT priority FROM runs WHERE id = $3), $15) \
+             (SELECT priority FROM runs WHERE id = $3), $15, $16, $17, $18) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
              task_name = EXCLUDED.task_name, status = EXCLUDED.status, attempt = EXCLUDED.attempt, \
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
@@ -121,11 +143,16 @@ pub async fn arm_task(
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
              outcome = NULL, dispatched_at = now(), updated_at = now(), \
              traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority, \
-             rate_limit_key = EXCLUDED.rate_limit_key \
-           RETURNING id, namespace, queue, attempt, run_id, priority), \
+             rate_limit_key = EXCLUDED.rate_limit_key, \
+             concurrency_node = EXCLUDED.concurrency_node, \
+             concurrency_key = EXCLUDED.concurrency_key, \
+             concurrency_max = EXCLUDED.concurrency_max, \
+             concurrency_seq = EXCLUDED.concurrency_seq \
+           RETURNING id, namespace, queue, attempt, run_id, priority, status), \
          queued AS ( \
            INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
-           SELECT namespace, queue, id, attempt, run_id, priority FROM armed WHERE NOT $13 \
+           SELECT namespace, queue, id, attempt, run_id, priority FROM armed \
+           WHERE status = 'DISPATCHED' \
            RETURNING *) \
          SELECT id AS outbox_id, namespace, queue, task_id, attempt, shard_key, priority \
          FROM queued",
@@ -145,6 +172,9 @@ pub async fn arm_task(
     .bind(held)
     .bind(task.traceparent)
     .bind(task.rate_limit_key)
+    .bind(task.concurrency.map(|c| c.node))
+    .bind(task.concurrency.map(|c| c.key))
+    .bind(task.concurrency.map(|c| c.max))
     .fetch_optional(conn)
     .await?;
     Ok(row.as_ref().map(outbox_from_row).transpose()?)
@@ -168,11 +198,12 @@ pub async fn cancel_node_tasks(
     run_id: Uuid,
     node_key: &str,
 ) -> Result<u64, StoreError> {
-    // cancel_node_tasks: DISPATCHED, HELD or LEASED tasks of the node or its elements
+    // cancel_node_tasks: DISPATCHED, HELD, LEASED or WAITING_SLOT tasks of
+    // the node or its elements
     Ok(sqlx::query(
         "UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
          WHERE run_id = $1 AND (node_key = $2 OR node_key LIKE $2 || '[%') \
-           AND status IN ('DISPATCHED', 'LEASED', 'HELD')",
+           AND status IN ('DISPATCHED', 'LEASED', 'HELD', 'WAITING_SLOT')",
     )
     .bind(run_id)
     .bind(node_key)
@@ -183,10 +214,10 @@ pub async fn cancel_node_tasks(
 
 /// Cancels every live task of a run.
 pub async fn cancel_all_tasks(conn: &mut PgConnection, run_id: Uuid) -> Result<u64, StoreError> {
-    // cancel_all_tasks: DISPATCHED, HELD or LEASED tasks of the run
+    // cancel_all_tasks: DISPATCHED, HELD, LEASED or WAITING_SLOT tasks of the run
     Ok(sqlx::query(
         "UPDATE tasks SET status = 'CANCELLED', updated_at = now() \
-         WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED', 'HELD')",
+         WHERE run_id = $1 AND status IN ('DISPATCHED', 'LEASED', 'HELD', 'WAITING_SLOT')",
     )
     .bind(run_id)
     .execute(conn)
@@ -717,4 +748,41 @@ pub async fn reported_before(
     .fetch_optional(conn)
     .await?;
     Ok(repeat == Some(true))
+}
+
+/// Hands free task slots to tasks left waiting with a slot free: a waiter
+/// the freeing transaction had to skip (its row or its run's was locked
+/// right then), or one whose freeing transaction rolled back. Looks at up
+/// to `limit` keys with a task waiting longer than `min_wait_ms`, each in
+/// its own statement (one slot lock at a time). Returns how many tasks got
+/// a slot.
+pub async fn promote_stranded_waiters(
+    pool: &PgPool,
+    min_wait_ms: i64,
+    limit: i64,
+) -> Result<i64, StoreError> {
+    // stranded_slot_keys: partial index tasks_slot_waiting
+    let keys: Vec<(String, String, String, String)> = sqlx::query_as(
+        "SELECT DISTINCT namespace, workflow_name, concurrency_node, concurrency_key FROM tasks \
+         WHERE status = 'WAITING_SLOT' \
+           AND dispatched_at < now() - make_interval(secs => $1 / 1000.0) \
+         LIMIT $2",
+    )
+    .bind(min_wait_ms as f64)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    let mut promoted = 0;
+    for (namespace, workflow, node, key) in keys {
+        // promote_waiters: the key's slot lock, then its oldest waiters
+        let n: i32 = sqlx::query_scalar("SELECT task_slots_promote($1, $2, $3, $4)")
+            .bind(&namespace)
+            .bind(&workflow)
+            .bind(&node)
+            .bind(&key)
+            .fetch_one(pool)
+            .await?;
+        promoted += i64::from(n);
+    }
+    Ok(promoted)
 }
