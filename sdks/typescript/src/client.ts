@@ -5,6 +5,7 @@ import { createClient, type CallOptions, type Client as ConnectClient, type Tran
 
 import { Backoff } from "./backoff.js";
 import { ComposerError, RunFailedError, TimeoutError, toComposerError } from "./errors.js";
+import { QueueService } from "./gen/composer/v1/queue_service_pb.js";
 import { RunService, SendEventRequestSchema } from "./gen/composer/v1/run_service_pb.js";
 import { ScheduleService } from "./gen/composer/v1/schedule_service_pb.js";
 import { ServerService } from "./gen/composer/v1/server_service_pb.js";
@@ -19,6 +20,7 @@ import {
   isFinalStatus,
   overlapPolicyToWire,
   problemFromWire,
+  queueRateLimitFromWire,
   runFilterToWire,
   runFromWire,
   runStatusToWire,
@@ -28,6 +30,7 @@ import {
   type EventDelivery,
   type HistoryEvent,
   type OverlapPolicy,
+  type QueueRateLimit,
   type Run,
   type RunFilter,
   type RunStatus,
@@ -135,6 +138,19 @@ function bulkParts(filter: RunFilter, options: BulkRunsOptions) {
   return { filter: runFilterToWire(filter), all: options.all ?? false, requestId: options.requestId ?? "" };
 }
 
+/** The limit of {@link ComposerClient.setQueueRateLimit} (docs/rate-limits.md); set at least one rate. */
+export interface QueueRateLimitOptions {
+  /** Tasks per second over the whole queue, fractions allowed (0.5: one every two seconds); 0 or absent: none. */
+  perSecond?: number;
+  /** The most tasks in any one-second window; 0 or absent: `perSecond` rounded up. */
+  burst?: number;
+  /** Tasks per second for each distinct rate-limit key; 0 or absent: none. */
+  perKeyPerSecond?: number;
+  /** The most tasks of one key in any one-second window; 0 or absent: `perKeyPerSecond` rounded up. */
+  perKeyBurst?: number;
+  signal?: AbortSignal;
+}
+
 /** Filters of {@link ComposerClient.listRuns}. */
 export interface ListRunsOptions {
   workflow?: string;
@@ -228,6 +244,7 @@ export class ComposerClient {
     workflows: ConnectClient<typeof WorkflowService>;
     runs: ConnectClient<typeof RunService>;
     schedules: ConnectClient<typeof ScheduleService>;
+    queues: ConnectClient<typeof QueueService>;
     workers: ConnectClient<typeof WorkerService>;
     server: ConnectClient<typeof ServerService>;
   };
@@ -245,6 +262,7 @@ export class ComposerClient {
       workflows: createClient(WorkflowService, this.transport),
       runs: createClient(RunService, this.transport),
       schedules: createClient(ScheduleService, this.transport),
+      queues: createClient(QueueService, this.transport),
       workers: createClient(WorkerService, this.transport),
       server: createClient(ServerService, this.transport),
     };
@@ -555,6 +573,52 @@ export class ComposerClient {
   async triggerSchedule(scheduleId: string, options: { signal?: AbortSignal } = {}): Promise<ScheduleFire> {
     const r = await this.#call((o) => this.raw.schedules.triggerSchedule({ scheduleId }, o), options.signal);
     return fireFromWire(r.fire);
+  }
+
+  // --- queues ----------------------------------------------------------------------------------
+
+  /**
+   * Creates or replaces `queue`'s rate limit and returns it as stored (defaults filled in); every
+   * server applies it within about a second. INVALID_ARGUMENT names the field (`limit.queue`,
+   * `limit.per_second`, `limit.burst`, `limit.per_key_burst`, ...) for a rate that is not positive
+   * or over 100,000, a burst under the rate rounded up, or a limit with no rate at all;
+   * RESOURCE_EXHAUSTED when the namespace holds 1,000 limits and this queue has none yet.
+   */
+  async setQueueRateLimit(queue: string, limit: QueueRateLimitOptions): Promise<QueueRateLimit> {
+    const request = {
+      limit: {
+        queue,
+        perSecond: limit.perSecond ?? 0,
+        burst: limit.burst ?? 0,
+        perKeyPerSecond: limit.perKeyPerSecond ?? 0,
+        perKeyBurst: limit.perKeyBurst ?? 0,
+      },
+    };
+    const r = await this.#call((o) => this.raw.queues.setQueueRateLimit(request, o), limit.signal);
+    return queueRateLimitFromWire(r.limit);
+  }
+
+  /** A queue's rate limit; NOT_FOUND when the queue has none in the caller's namespace. */
+  async getQueueRateLimit(queue: string, options: { signal?: AbortSignal } = {}): Promise<QueueRateLimit> {
+    const r = await this.#call((o) => this.raw.queues.getQueueRateLimit({ queue }, o), options.signal);
+    return queueRateLimitFromWire(r.limit);
+  }
+
+  /** The namespace's rate limits by queue, fetched a page at a time as the loop goes. */
+  async *listQueueRateLimits(options: { pageSize?: number; signal?: AbortSignal } = {}): AsyncGenerator<QueueRateLimit, void, undefined> {
+    let pageToken = "";
+    for (;;) {
+      const request = { pageSize: options.pageSize ?? 100, pageToken };
+      const r = await this.#call((o) => this.raw.queues.listQueueRateLimits(request, o), options.signal);
+      for (const limit of r.limits) yield queueRateLimitFromWire(limit);
+      if (!r.nextPageToken) return;
+      pageToken = r.nextPageToken;
+    }
+  }
+
+  /** Removes a queue's rate limit (its tasks go out unlimited within about a second); NOT_FOUND when it has none. */
+  async deleteQueueRateLimit(queue: string, options: { signal?: AbortSignal } = {}): Promise<void> {
+    await this.#call((o) => this.raw.queues.deleteQueueRateLimit({ queue }, o), options.signal);
   }
 
   /**

@@ -25,10 +25,14 @@ import {
   type Schedule as WireSchedule,
   type ScheduleFire as WireScheduleFire,
 } from "./gen/composer/v1/schedule_service_pb.js";
+import type { QueueRateLimit as WireQueueRateLimit } from "./gen/composer/v1/queue_service_pb.js";
 import { fromValue, type Json } from "./values.js";
 
-/** Where a run is. */
-export type RunStatus = "RUNNING" | "COMPENSATING" | "COMPLETED" | "FAILED" | "CANCELLED" | "PAUSED" | "UNSPECIFIED";
+/**
+ * Where a run is. QUEUED: the run waits for a slot of its workflow's concurrency key and has started
+ * no node; it becomes RUNNING when a run of its key ends, in the order the runs of the key arrived.
+ */
+export type RunStatus = "RUNNING" | "COMPENSATING" | "COMPLETED" | "FAILED" | "CANCELLED" | "PAUSED" | "QUEUED" | "UNSPECIFIED";
 /** Where a node is. */
 export type NodeStatus = "SCHEDULED" | "RUNNING" | "WAITING" | "COMPLETED" | "FAILED" | "SKIPPED" | "CANCELLED" | "UNSPECIFIED";
 
@@ -39,6 +43,7 @@ const RUN_STATUSES: Record<number, RunStatus> = {
   [WireRunStatus.FAILED]: "FAILED",
   [WireRunStatus.CANCELLED]: "CANCELLED",
   [WireRunStatus.PAUSED]: "PAUSED",
+  [WireRunStatus.QUEUED]: "QUEUED",
 };
 const NODE_STATUSES: Record<number, NodeStatus> = {
   [WireNodeStatus.SCHEDULED]: "SCHEDULED",
@@ -111,6 +116,11 @@ export interface Run {
   nodes: NodeState[];
   /** Dispatch priority, 1 (lowest) to 5 (highest): startRun's, or for a child run its parent's. */
   priority: number;
+  /**
+   * The value of its workflow's `concurrency.key` for this run's input (docs/language.md,
+   * "Concurrency keys"); empty when the workflow declares no concurrency.
+   */
+  concurrencyKey: string;
   /** StartRun only: false when an idempotency key matched an existing run. */
   created?: boolean;
 }
@@ -205,6 +215,7 @@ export function runFromWire(r: WireRun | undefined, created?: boolean): Run {
     endTime: date(r.endTime),
     nodes: r.nodes.map(nodeFromWire),
     priority: r.priority,
+    concurrencyKey: r.concurrencyKey,
   };
   if (created !== undefined) run.created = created;
   return run;
@@ -512,4 +523,39 @@ export function bulkOperationFromWire(o: WireBulkOperation | undefined, created?
   };
   if (created !== undefined) operation.created = created;
   return operation;
+}
+
+/**
+ * How fast a queue's tasks are handed to workers (docs/rate-limits.md): at most `perSecond` tasks
+ * per second over time and at most `burst` in any one-second window, and the same per rate-limit
+ * key with `perKeyPerSecond` and `perKeyBurst`. Tasks held back stay dispatched and go out as soon
+ * as the limit allows; no attempt is spent waiting.
+ */
+export interface QueueRateLimit {
+  queue: string;
+  /** Tasks per second over the whole queue, fractions allowed; 0: no queue-wide limit. */
+  perSecond: number;
+  /** The most tasks handed out in any one-second window (at least `perSecond` rounded up). */
+  burst: number;
+  /** Tasks per second for each distinct rate-limit key (a TASK node's `rate_limit_key`); 0: none. */
+  perKeyPerSecond: number;
+  /** The most tasks of one key in any one-second window. */
+  perKeyBurst: number;
+  /** When the limit was first set. */
+  createTime: Date | null;
+  /** When the limit was last changed. */
+  updateTime: Date | null;
+}
+
+export function queueRateLimitFromWire(l: WireQueueRateLimit | undefined): QueueRateLimit {
+  if (!l) throw new TypeError("the server's answer carries no rate limit");
+  return {
+    queue: l.queue,
+    perSecond: l.perSecond,
+    burst: l.burst,
+    perKeyPerSecond: l.perKeyPerSecond,
+    perKeyBurst: l.perKeyBurst,
+    createTime: date(l.createTime),
+    updateTime: date(l.updateTime),
+  };
 }

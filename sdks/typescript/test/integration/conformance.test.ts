@@ -1,5 +1,5 @@
 // The SDK conformance behaviours (tests/conformance/README.md) against the real server.
-// Each test is named after its number: c01 ... c18.
+// Each test is named after its number: c01 ... c19.
 import assert from "node:assert/strict";
 import { after, before, describe, test } from "node:test";
 import { randomUUID } from "node:crypto";
@@ -967,6 +967,83 @@ output: { approved: "\${nodes.approval.output.ok}" }
         assert.ok(isNotFound(await client.getBulkOperation(randomUUID()).catch((e: unknown) => e)));
         assert.ok(isFailedPrecondition(await client.cancelBulkOperation(cancelled.operationId).catch((e: unknown) => e)));
       });
+    } finally {
+      client.close();
+    }
+  });
+
+  test("c19 queue rate limits and queued runs", async () => {
+    const s = hex();
+    const queue = `c19-${s}`;
+    const limited = `c19-limited-${s}`;
+    const keyed = `c19-keyed-${s}`;
+    const worker = makeWorker(server.address, { slots: 8 });
+    worker.task(queue, "work", (ctx) => Number(ctx.input.i));
+    const client = newClient();
+    try {
+      // A limit of 2 per second with a burst of 2, read back and listed.
+      const set = await client.setQueueRateLimit(queue, { perSecond: 2, burst: 2 });
+      assert.deepEqual([set.queue, set.perSecond, set.burst, set.perKeyPerSecond, set.perKeyBurst], [queue, 2, 2, 0, 0]);
+      assert.ok(set.createTime && set.updateTime);
+      const got = await client.getQueueRateLimit(queue);
+      assert.deepEqual([got.queue, got.perSecond, got.burst], [queue, 2, 2]);
+      assert.deepEqual(got.createTime, set.createTime);
+      const listed = [];
+      for await (const limit of client.listQueueRateLimits({ pageSize: 1 })) if (limit.queue === queue) listed.push(limit);
+      assert.deepEqual(listed.map((l) => [l.queue, l.perSecond, l.burst]), [[queue, 2, 2]]);
+      await sleep(1_500); // a change reaches every server's dispatch within about a second
+
+      // 6 one-task runs started at once go out 2 at a time: the last ends >= 1.5 s after the first started.
+      await serving(worker, async () => {
+        await client.registerWorkflow(oneTask(limited, queue, "work", 'input: { i: "${input.i}" }'));
+        const runs = await Promise.all([0, 1, 2, 3, 4, 5].map((i) => client.startRun(limited, { i })));
+        const ended = await Promise.all(runs.map((r) => final(client, r.runId)));
+        for (const [i, run] of ended.entries()) {
+          assert.equal(run.status, "COMPLETED", JSON.stringify(run.error));
+          assert.deepEqual(run.output, { result: i });
+          assert.equal(run.concurrencyKey, "", "a workflow without concurrency gives its runs no key");
+        }
+        const firstStart = Math.min(...runs.map((r) => r.createTime!.getTime()));
+        const lastEnd = Math.max(...ended.map((r) => r.endTime!.getTime()));
+        assert.ok(lastEnd - firstStart >= 1_500, `6 runs at 2/s (burst 2) took only ${lastEnd - firstStart} ms`);
+      });
+
+      // A burst under the rate is refused naming limit.burst; the limit stays as it was.
+      const bad = await client.setQueueRateLimit(queue, { perSecond: 5, burst: 2 }).catch((e: unknown) => e);
+      assert.ok(isInvalidArgument(bad), String(bad));
+      assert.ok(bad.fieldViolations.some((v) => v.field === "limit.burst"), bad.message);
+      assert.equal((await client.getQueueRateLimit(queue)).perSecond, 2);
+      await client.deleteQueueRateLimit(queue);
+      assert.ok(isNotFound(await client.getQueueRateLimit(queue).catch((e: unknown) => e)));
+
+      // A concurrency key of max 1: the second run of the same key waits QUEUED for the first.
+      await client.registerWorkflow(
+        `name: ${keyed}\nconcurrency: { key: "input.k", max: 1 }\nnodes:\n  - { id: go, type: WAIT_FOR_EVENT, event: go }\noutput: { got: "\${nodes.go.output}" }\n`,
+      );
+      const k = `customer-${s}`;
+      const first = await client.startRun(keyed, { k });
+      const second = await client.startRun(keyed, { k });
+      assert.deepEqual([first.status, first.concurrencyKey], ["RUNNING", k]);
+      assert.deepEqual([second.status, second.concurrencyKey], ["QUEUED", k]);
+      const seen = await client.getRun(second.runId);
+      assert.deepEqual([seen.status, seen.concurrencyKey], ["QUEUED", k]);
+      assert.deepEqual(seen.nodes.filter((n) => n.status !== "SCHEDULED").map((n) => n.nodeId), [], "a QUEUED run has started no node");
+      const queued: string[] = [];
+      for await (const r of client.listRuns({ workflow: keyed, statuses: ["QUEUED"] })) queued.push(r.runId);
+      assert.deepEqual(queued, [second.runId]);
+
+      // The first completes on its event; the second then runs and completes on its own.
+      await client.sendEvent("go", { n: 1 }, { runId: first.runId });
+      assert.deepEqual(await client.waitForResult(first.runId, { timeoutMs: 60_000 }), { got: { n: 1 } });
+      let next = await client.getRun(second.runId);
+      const deadline = Date.now() + 30_000;
+      while (next.status === "QUEUED" && Date.now() < deadline) {
+        await sleep(100);
+        next = await client.getRun(second.runId);
+      }
+      assert.deepEqual([next.status, next.concurrencyKey], ["RUNNING", k]);
+      await client.sendEvent("go", { n: 2 }, { runId: second.runId });
+      assert.deepEqual(await client.waitForResult(second.runId, { timeoutMs: 60_000 }), { got: { n: 2 } });
     } finally {
       client.close();
     }
