@@ -27,8 +27,8 @@ type WireTimestamp = WireRun["createTime"];
 const NAMESPACE_HEADER = "x-composer-namespace";
 
 /** The run statuses in wire order (`RUN_STATUSES[n - 1]` is wire status n). */
-export const RUN_STATUSES: readonly RunStatus[] = ["RUNNING", "COMPENSATING", "COMPLETED", "FAILED", "CANCELLED", "PAUSED"];
-const RUN_STATUS_NUMBERS: Record<RunStatus, number> = { UNSPECIFIED: 0, RUNNING: 1, COMPENSATING: 2, COMPLETED: 3, FAILED: 4, CANCELLED: 5, PAUSED: 6 };
+export const RUN_STATUSES: readonly RunStatus[] = ["RUNNING", "COMPENSATING", "COMPLETED", "FAILED", "CANCELLED", "PAUSED", "QUEUED"];
+const RUN_STATUS_NUMBERS: Record<RunStatus, number> = { UNSPECIFIED: 0, RUNNING: 1, COMPENSATING: 2, COMPLETED: 3, FAILED: 4, CANCELLED: 5, PAUSED: 6, QUEUED: 7 };
 const NODE_STATUS_NAMES: readonly NodeStatus[] = ["UNSPECIFIED", "SCHEDULED", "RUNNING", "WAITING", "COMPLETED", "FAILED", "SKIPPED", "CANCELLED"];
 
 /** The client of one session; `onUnauthenticated` runs when the server refuses the token. */
@@ -158,6 +158,7 @@ function runOf(r: WireRun): Run {
     endTime: dateOf(r.endTime),
     nodes,
     priority: r.priority,
+    concurrencyKey: r.concurrencyKey,
   };
 }
 

@@ -1,5 +1,5 @@
 // The page is safe and usable: the CSP header, payloads as text, accessibility (axe) and keyboard
-// navigation; and the runs list: counts by status, filters, search, paging.
+// navigation; and the runs list: counts by status, filters, search, paging, QUEUED runs.
 import AxeBuilder from "@axe-core/playwright";
 import { expect, test, type Page } from "@playwright/test";
 import { join } from "node:path";
@@ -53,6 +53,7 @@ output: "\${nodes.echo.output}"
   });
   await openWithToken(page, stack, stack.token("reader"), `/runs/${run.runId}`);
   await expect(page.locator("#run-title .badge")).toHaveText("completed");
+  await expect(page.locator(".run-header .facts")).not.toContainText("Concurrency key"); // a run without a key shows none
   await graphNode(page, "echo").click();
   await expect(page.getByLabel("Node output")).toContainText(`<img src=x onerror=\\"alert('xss')\\">`);
   await expect(page.getByLabel("Run input")).toContainText("<script>alert('xss')</script>");
@@ -150,6 +151,67 @@ edges:
   await expect(rows).toHaveCount(13);
   const fresh = await client.startRun(`list-${s}`, {});
   await expect(page.locator(`tr[data-run="${fresh.runId}"]`)).toBeVisible({ timeout: 10_000 });
+  check();
+});
+
+test("a run QUEUED behind its concurrency key shows as queued in the list, its counts and its page, and may be cancelled", async ({ page }) => {
+  const check = guardPage(page);
+  const s = hex();
+  const client = stack.client();
+  await client.registerWorkflow(`
+name: keyed-${s}
+concurrency: { key: "input.k", max: 1 }
+nodes:
+  - { id: hold, type: WAIT_FOR_EVENT, event: go }
+`);
+  const key = `customer-${s}`;
+  const first = await client.startRun(`keyed-${s}`, { k: key });
+  const second = await client.startRun(`keyed-${s}`, { k: key });
+  expect([first.status, second.status]).toEqual(["RUNNING", "QUEUED"]);
+
+  await openWithToken(page, stack, stack.token("reader"), `/runs?workflow=keyed-${s}`);
+  const counts = page.getByRole("list", { name: "Runs by status" });
+  await expect(counts.locator("[data-count='QUEUED'] .count-value")).toHaveText("1");
+  await expect(counts.locator("[data-count='RUNNING'] .count-value")).toHaveText("1");
+  const rows = page.locator("table.runs tbody tr");
+  await expect(rows).toHaveCount(2);
+  await expect(page.locator(`tr[data-run="${second.runId}"] .badge`)).toHaveText("queued");
+  await expect(page.locator(`tr[data-run="${first.runId}"] .badge`)).toHaveText("running");
+
+  // the QUEUED count and the status filter both find it
+  await counts.locator("[data-count='QUEUED']").click();
+  await expect(rows).toHaveCount(1);
+  await expect(rows.first()).toHaveAttribute("data-run", second.runId);
+  await page.goto(`${stack.url}/runs?workflow=keyed-${s}`);
+  await page.getByLabel("Status", { exact: true }).selectOption("QUEUED");
+  await page.getByRole("button", { name: "Apply" }).click();
+  await expect(rows).toHaveCount(1);
+  await expect(rows.first()).toHaveAttribute("data-run", second.runId);
+  expect(new URL(page.url()).searchParams.get("status")).toBe("QUEUED");
+
+  // its page: the badge and the key; it turns running, live, once the first run ends
+  await page.goto(`${stack.url}/runs/${second.runId}`);
+  await expect(page.locator("#run-title .badge")).toHaveText("queued");
+  const facts = page.locator(".run-header .facts");
+  await expect(facts).toContainText("Concurrency key");
+  await expect(facts).toContainText(key);
+  await client.sendEvent("go", {}, { runId: first.runId });
+  await expect(page.locator("#run-title .badge")).toHaveText("running", { timeout: 15_000 });
+  await expect(facts).toContainText(key);
+
+  // the first run ended with its key still shown
+  await page.goto(`${stack.url}/runs/${first.runId}`);
+  await expect(page.locator("#run-title .badge")).toHaveText("completed");
+  await expect(facts).toContainText(key);
+
+  // an operator may cancel a QUEUED run (it never held a slot)
+  const third = await client.startRun(`keyed-${s}`, { k: key });
+  expect(third.status).toBe("QUEUED");
+  await openWithToken(page, stack, stack.token("operator"), `/runs/${third.runId}`);
+  await expect(page.locator("#run-title .badge")).toHaveText("queued");
+  await page.getByRole("button", { name: "Cancel run" }).click();
+  await page.getByRole("button", { name: "Confirm cancel" }).click();
+  await expect(page.locator("#run-title .badge")).toHaveText("cancelled");
   check();
 });
 

@@ -1,5 +1,6 @@
-// What the user's role may do to this run: cancel it while it runs, retry it once it failed,
-// send it an event (the events its waiting nodes expect are offered first).
+// What the user's role may do to this run: cancel it while it runs or waits QUEUED for a slot of its
+// concurrency key, retry it once it failed, send it an event (the events its waiting nodes expect
+// are offered first).
 import { useState, type FormEvent } from "react";
 import type { Run } from "@composer-dev/composer/web";
 
@@ -35,7 +36,7 @@ export function RunActions({ run, graph, onResumed }: Props) {
   // what the last action did; kept here, as the form that did it may be gone once the run moved on
   const [done, setDone] = useState<string | null>(null);
   const active = ACTIVE.has(run.status);
-  const canCancel = session.can.cancelRun && active;
+  const canCancel = session.can.cancelRun && (active || run.status === "QUEUED");
   const canRetry = session.can.retryRun && run.status === "FAILED";
   const canSend = session.can.sendEvent && active;
   if (!canCancel && !canRetry && !canSend && !done) return null;

@@ -55,6 +55,15 @@ export function RunPage({ runId }: { runId: string }) {
           <dd>{time(run.createTime)}</dd>
           <dt>Duration</dt>
           <dd>{duration(run.createTime, run.endTime)}</dd>
+          {run.concurrencyKey ? (
+            <>
+              <dt>Concurrency key</dt>
+              <dd>
+                <span className="mono">{run.concurrencyKey}</span>
+                {run.status === "QUEUED" ? <span className="sub"> (waiting for a slot of this key)</span> : null}
+              </dd>
+            </>
+          ) : null}
           {run.idempotencyKey ? (
             <>
               <dt>Idempotency key</dt>
