@@ -47,6 +47,7 @@ type Client struct {
 	workflows pb.WorkflowServiceClient
 	runs      pb.RunServiceClient
 	schedules pb.ScheduleServiceClient
+	queues    pb.QueueServiceClient
 	workers   pb.WorkerServiceClient
 	server    pb.ServerServiceClient
 }
@@ -152,7 +153,7 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Client, error) 
 		conn: conn, address: address, token: token, timeout: o.timeout, logger: o.logger,
 		workflows: pb.NewWorkflowServiceClient(conn), runs: pb.NewRunServiceClient(conn),
 		workers: pb.NewWorkerServiceClient(conn), server: pb.NewServerServiceClient(conn),
-		schedules: pb.NewScheduleServiceClient(conn),
+		schedules: pb.NewScheduleServiceClient(conn), queues: pb.NewQueueServiceClient(conn),
 	}, nil
 }
 

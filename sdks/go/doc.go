@@ -61,6 +61,14 @@
 // it ends, and GetBulkOperation, ListBulkOperations and CancelBulkOperation
 // read and stop it.
 //
+// # Queue rate limits and concurrency keys
+//
+// SetQueueRateLimit, GetQueueRateLimit, ListQueueRateLimits and
+// DeleteQueueRateLimit hold a queue's QueueRateLimit: dispatch hands its
+// tasks to workers no faster than it allows, on every server at once. A
+// run of a workflow whose concurrency key is at its limit is RunQueued
+// until a run of its key ends; Run.ConcurrencyKey shows its key.
+//
 // # Errors of calls
 //
 // Every failed call returns an *Error (use errors.As) with the gRPC code,

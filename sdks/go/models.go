@@ -27,6 +27,10 @@ const (
 	// RunPaused: PauseRun paused the run; it dispatches no task and fires no
 	// timer until ResumeRun.
 	RunPaused RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_PAUSED)
+	// RunQueued: the run waits for a slot of its workflow's concurrency key
+	// (Run.ConcurrencyKey) and has started no node; it becomes RUNNING when
+	// a run of that key ends, in the order the key's runs arrived.
+	RunQueued RunStatus = RunStatus(pb.RunStatus_RUN_STATUS_QUEUED)
 )
 
 // String is the status's name without its prefix, e.g. COMPLETED.
@@ -111,6 +115,9 @@ type Run struct {
 	// Priority is the dispatch priority, 1 (lowest) to 5 (highest):
 	// StartRun's (WithPriority), or for a child run its parent's.
 	Priority int
+	// ConcurrencyKey is the value of the workflow's `concurrency.key` for
+	// this run's input; empty when the workflow declares no concurrency.
+	ConcurrencyKey string
 	// Created is set by StartRun: false when an idempotency key matched an
 	// existing run.
 	Created bool
@@ -252,7 +259,7 @@ func runFrom(r *pb.Run) *Run {
 		Labels: r.GetLabels(), IdempotencyKey: r.GetIdempotencyKey(), ParentRunID: r.GetParentRunId(),
 		ParentNodeID: r.GetParentNodeId(), CreateTime: toTime(r.GetCreateTime()),
 		UpdateTime: toTime(r.GetUpdateTime()), EndTime: toTime(r.GetEndTime()),
-		Priority: int(r.GetPriority()),
+		Priority: int(r.GetPriority()), ConcurrencyKey: r.GetConcurrencyKey(),
 	}
 	for _, n := range r.GetNodes() {
 		run.Nodes = append(run.Nodes, NodeState{
