@@ -2,7 +2,7 @@
 # Tests the Go SDK (sdks/go) and the Go programs built on it (examples/go,
 # bench/go_worker): go vet, staticcheck, then `go test -race` of the whole
 # SDK module with a private Postgres and Redis (scripts/with-services.sh),
-# the conformance tests (TestC01..TestC15) against the real `composer serve`.
+# the conformance tests (TestC01..TestC19) against the real `composer serve`.
 #
 #   scripts/test-go-sdk.sh                 # builds composer-cli unless COMPOSER_BIN is set
 #   COMPOSER_BIN=/path/to/composer scripts/test-go-sdk.sh

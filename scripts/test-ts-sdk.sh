@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The TypeScript SDK's tests: unit (no services), conformance against the real server (C1-C15),
+# The TypeScript SDK's tests: unit (no services), conformance against the real server (C1-C19),
 # the browser entry point in headless Chromium over grpc-web, the JavaScript code runner, and
 # `npm pack` into a fresh folder. Installs what is missing (npm ci; chromium via apt when root),
 # builds, runs everything under scripts/with-services.sh (Postgres + Redis), and ends with node's
