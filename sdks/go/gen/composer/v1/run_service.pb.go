@@ -797,7 +797,8 @@ type CancelRunRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The run's id.
 	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
-	// Why, recorded in the history and in the run's error.
+	// Why, recorded in the run's history (the details of
+	// `cancel_requested_by` and `run_cancelled`).
 	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1686,7 +1687,7 @@ type BulkCancelRunsRequest struct {
 	Filter *RunFilter `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
 	// Set to act on every run of the namespace when the filter is empty.
 	All bool `protobuf:"varint,2,opt,name=all,proto3" json:"all,omitempty"`
-	// Why, recorded in each run's history and error.
+	// Why, recorded in each run's history, as CancelRun's `reason`.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Optional: a repeated call with the same id returns the same operation.
 	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`

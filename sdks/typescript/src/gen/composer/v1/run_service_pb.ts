@@ -400,7 +400,8 @@ export type CancelRunRequest = Message<"composer.v1.CancelRunRequest"> & {
   runId: string;
 
   /**
-   * Why, recorded in the history and in the run's error.
+   * Why, recorded in the run's history (the details of
+   * `cancel_requested_by` and `run_cancelled`).
    *
    * @generated from field: string reason = 2;
    */
@@ -860,7 +861,7 @@ export type BulkCancelRunsRequest = Message<"composer.v1.BulkCancelRunsRequest">
   all: boolean;
 
   /**
-   * Why, recorded in each run's history and error.
+   * Why, recorded in each run's history, as CancelRun's `reason`.
    *
    * @generated from field: string reason = 3;
    */
