@@ -1,6 +1,6 @@
 //! What a bulk retry costs live dispatch (issue 17): 10,000 failed runs,
-//! B2's "report → next task leased" measured idle, then again while
-//! BulkRetryRuns works through them, on one server.
+//! B2's "report → next task leased" measured while BulkRetryRuns works
+//! through them, against idle windows before and after it, on one server.
 
 use std::{
     collections::{HashMap, HashSet},
@@ -135,11 +135,23 @@ async fn bulk_cost_on(ctx: &Ctx, server: &Server) -> Result<BulkCost> {
     stop.store(true, Ordering::Relaxed);
     let during_runs = driver.await.context("B2 driver")?;
     let operation = operation?;
+
+    // idle again after it: a machine whose noise drifts during the run
+    // weighs on both sides of the ratio alike
+    eprintln!("bench: bulk: B2 idle after");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle_after = drive_b2(
+        client.clone(),
+        Arc::new(AtomicBool::new(false)),
+        Some(idle_window),
+    )
+    .await;
     // let the last runs finish
     tokio::time::sleep(Duration::from_secs(2)).await;
     worker.stop().await;
 
     let times = times.lock().unwrap_or_else(|p| p.into_inner());
+    let idle_runs: HashSet<String> = idle_runs.union(&idle_after).cloned().collect();
     Ok(BulkCost {
         runs: FAILED_RUNS,
         idle: dist(dispatch_samples(&times, &idle_runs)),
