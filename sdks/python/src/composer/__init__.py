@@ -6,7 +6,7 @@
 - :class:`Client` (asyncio) and :class:`SyncClient` register workflows, start,
   list, cancel, retry, pause and resume runs (one by one, or every run a
   :class:`RunFilter` matches in one bulk operation), send events, wait for
-  results and manage schedules.
+  results, manage schedules and set queue rate limits.
 - Failed calls raise :class:`ComposerError` subclasses carrying the gRPC code
   and the field violations; handlers raise :class:`NonRetryableError` or
   :class:`TaskError` to control retries.
@@ -46,6 +46,7 @@ from .models import (
     NodeState,
     NodeStatus,
     OverlapPolicy,
+    QueueRateLimit,
     Run,
     RunFilter,
     RunStatus,
@@ -85,6 +86,7 @@ __all__ = [
     "NotFoundError",
     "OverlapPolicy",
     "PermissionDeniedError",
+    "QueueRateLimit",
     "ResourceExhaustedError",
     "Run",
     "RunFailedError",

@@ -9,6 +9,7 @@ import os
 import grpc
 
 from composer.v1 import (
+    queue_service_pb2_grpc,
     run_service_pb2_grpc,
     schedule_service_pb2_grpc,
     server_service_pb2,
@@ -63,6 +64,7 @@ class Connection:
         self.workflows = workflow_service_pb2_grpc.WorkflowServiceStub(self.channel)
         self.runs = run_service_pb2_grpc.RunServiceStub(self.channel)
         self.schedules = schedule_service_pb2_grpc.ScheduleServiceStub(self.channel)
+        self.queues = queue_service_pb2_grpc.QueueServiceStub(self.channel)
         self.workers = worker_service_pb2_grpc.WorkerServiceStub(self.channel)
         self.server = server_service_pb2_grpc.ServerServiceStub(self.channel)
 

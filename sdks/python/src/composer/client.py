@@ -27,7 +27,13 @@ import grpc
 
 from google.protobuf import duration_pb2
 
-from composer.v1 import run_service_pb2, schedule_service_pb2, server_service_pb2, workflow_service_pb2
+from composer.v1 import (
+    queue_service_pb2,
+    run_service_pb2,
+    schedule_service_pb2,
+    server_service_pb2,
+    workflow_service_pb2,
+)
 
 from . import _tracing
 from ._connection import DEFAULT_ADDRESS, Connection
@@ -39,6 +45,7 @@ from .models import (
     EventDelivery,
     HistoryEvent,
     OverlapPolicy,
+    QueueRateLimit,
     Run,
     RunFilter,
     RunStatus,
@@ -698,6 +705,66 @@ class Client:
         )
         return ScheduleFire.from_proto(response.fire)
 
+    # --- queues -----------------------------------------------------------
+
+    async def set_queue_rate_limit(
+        self,
+        queue: str,
+        per_second: float = 0.0,
+        *,
+        burst: int = 0,
+        per_key_per_second: float = 0.0,
+        per_key_burst: int = 0,
+    ) -> QueueRateLimit:
+        """Creates or replaces ``queue``'s rate limit and returns it as stored (docs/rate-limits.md).
+
+        ``per_second`` bounds the whole queue (fractions allowed, 0: no
+        queue-wide limit), ``burst`` the tasks handed out in any one-second
+        window (0: ``per_second`` rounded up); ``per_key_per_second`` and
+        ``per_key_burst`` do the same for each distinct ``rate_limit_key``.
+        Every server applies it within about a second. InvalidArgumentError
+        names the field (``limit.queue``, ``limit.per_second``, ``limit.burst``
+        under the rate, ...); ResourceExhaustedError when the namespace
+        already holds 1,000 limits.
+        """
+        limit = queue_service_pb2.QueueRateLimit(
+            queue=queue,
+            per_second=per_second,
+            burst=burst,
+            per_key_per_second=per_key_per_second,
+            per_key_burst=per_key_burst,
+        )
+        response: queue_service_pb2.SetQueueRateLimitResponse = await self._call(
+            self._conn.queues.SetQueueRateLimit, queue_service_pb2.SetQueueRateLimitRequest(limit=limit)
+        )
+        return QueueRateLimit.from_proto(response.limit)
+
+    async def get_queue_rate_limit(self, queue: str) -> QueueRateLimit:
+        """A queue's rate limit; NotFoundError when the queue has none."""
+        response: queue_service_pb2.GetQueueRateLimitResponse = await self._call(
+            self._conn.queues.GetQueueRateLimit, queue_service_pb2.GetQueueRateLimitRequest(queue=queue)
+        )
+        return QueueRateLimit.from_proto(response.limit)
+
+    async def list_queue_rate_limits(self, *, page_size: int = 100) -> AsyncIterator[QueueRateLimit]:
+        """Iterates over the namespace's rate limits by queue name, fetching pages as it goes."""
+        request = queue_service_pb2.ListQueueRateLimitsRequest(page_size=page_size)
+        while True:
+            response: queue_service_pb2.ListQueueRateLimitsResponse = await self._call(
+                self._conn.queues.ListQueueRateLimits, request
+            )
+            for limit in response.limits:
+                yield QueueRateLimit.from_proto(limit)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
+
+    async def delete_queue_rate_limit(self, queue: str) -> None:
+        """Removes a queue's rate limit (its tasks go out unlimited within about a second); NotFoundError if absent."""
+        await self._call(
+            self._conn.queues.DeleteQueueRateLimit, queue_service_pb2.DeleteQueueRateLimitRequest(queue=queue)
+        )
+
 
 class _LoopThread:
     """A private event loop in a daemon thread, which the sync facade submits coroutines to."""
@@ -1024,6 +1091,34 @@ class SyncClient:
     def trigger_schedule(self, schedule_id: str) -> ScheduleFire:
         """See :meth:`Client.trigger_schedule`."""
         return self._run(self._client.trigger_schedule(schedule_id))
+
+    def set_queue_rate_limit(
+        self,
+        queue: str,
+        per_second: float = 0.0,
+        *,
+        burst: int = 0,
+        per_key_per_second: float = 0.0,
+        per_key_burst: int = 0,
+    ) -> QueueRateLimit:
+        """See :meth:`Client.set_queue_rate_limit`."""
+        return self._run(
+            self._client.set_queue_rate_limit(
+                queue, per_second, burst=burst, per_key_per_second=per_key_per_second, per_key_burst=per_key_burst
+            )
+        )
+
+    def get_queue_rate_limit(self, queue: str) -> QueueRateLimit:
+        """See :meth:`Client.get_queue_rate_limit`."""
+        return self._run(self._client.get_queue_rate_limit(queue))
+
+    def list_queue_rate_limits(self, *, page_size: int = 100) -> Iterator[QueueRateLimit]:
+        """See :meth:`Client.list_queue_rate_limits`."""
+        return self._iterate(self._client.list_queue_rate_limits(page_size=page_size))
+
+    def delete_queue_rate_limit(self, queue: str) -> None:
+        """See :meth:`Client.delete_queue_rate_limit`."""
+        self._run(self._client.delete_queue_rate_limit(queue))
 
 
 __all__ = ["Client", "SyncClient", "WorkflowSource", "workflow_source_text"]

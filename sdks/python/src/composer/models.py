@@ -16,7 +16,7 @@ from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from composer.v1 import common_pb2, run_service_pb2, schedule_service_pb2, workflow_service_pb2
+from composer.v1 import common_pb2, queue_service_pb2, run_service_pb2, schedule_service_pb2, workflow_service_pb2
 
 from ._values import from_optional_field
 
@@ -36,6 +36,11 @@ class RunStatus(enum.Enum):
     """Ended by CancelRun."""
     PAUSED = "PAUSED"
     """Paused by pause_run: dispatches no task and fires no timer until resume_run."""
+    QUEUED = "QUEUED"
+    """Waiting for a slot of its workflow's concurrency key (``concurrency_key``); no node has started.
+
+    It starts (RUNNING) when a run of the key ends and hands it the slot, oldest first.
+    """
     UNSPECIFIED = "UNSPECIFIED"
     """Never sent by the server."""
 
@@ -193,6 +198,8 @@ class Run:
     """Per-node state (empty in list_runs)."""
     priority: int = 3
     """Dispatch priority, 1 (lowest) to 5 (highest); start_run's, or a child's parent's."""
+    concurrency_key: str = ""
+    """The value of its workflow's ``concurrency.key`` for its input; empty when the workflow has none."""
     created: bool | None = None
     """From start_run only: False when the idempotency key matched an existing run."""
     raw: common_pb2.Run = field(default_factory=common_pb2.Run, repr=False, compare=False)
@@ -222,6 +229,7 @@ class Run:
             end_time=_time(message, "end_time"),
             nodes=tuple(NodeState.from_proto(n) for n in message.nodes),
             priority=message.priority,
+            concurrency_key=message.concurrency_key,
             created=created,
             raw=message,
         )
@@ -716,6 +724,51 @@ class BulkOperation:
 
 
 @dataclass(frozen=True)
+class QueueRateLimit:
+    """How fast a queue's tasks are handed to workers (docs/rate-limits.md).
+
+    Two bounds hold at once: over time at most ``per_second`` tasks a second,
+    and in any one-second window at most ``burst``. A task held back stays
+    dispatched (not leased, no attempt spent) and goes out as soon as the
+    limit allows. The per-key fields bound each distinct ``rate_limit_key``
+    of the queue's TASK nodes the same way.
+    """
+
+    queue: str
+    """The queue."""
+    per_second: float
+    """Tasks per second over the whole queue (fractions allowed); 0: no queue-wide limit."""
+    burst: int
+    """The most tasks handed out in any one-second window."""
+    per_key_per_second: float = 0.0
+    """Tasks per second for each distinct rate-limit key; 0: no per-key limit."""
+    per_key_burst: int = 0
+    """The most tasks of one key in any one-second window."""
+    create_time: datetime | None = None
+    """When the limit was first set."""
+    update_time: datetime | None = None
+    """When it was last changed."""
+    raw: queue_service_pb2.QueueRateLimit = field(
+        default_factory=queue_service_pb2.QueueRateLimit, repr=False, compare=False
+    )
+    """The message this view was built from."""
+
+    @classmethod
+    def from_proto(cls, message: queue_service_pb2.QueueRateLimit) -> QueueRateLimit:
+        """Builds the view of a ``composer.v1.QueueRateLimit``."""
+        return cls(
+            queue=message.queue,
+            per_second=message.per_second,
+            burst=message.burst,
+            per_key_per_second=message.per_key_per_second,
+            per_key_burst=message.per_key_burst,
+            create_time=_time(message, "create_time"),
+            update_time=_time(message, "update_time"),
+            raw=message,
+        )
+
+
+@dataclass(frozen=True)
 class ServerInfo:
     """What the server is and speaks."""
 
@@ -738,6 +791,7 @@ __all__ = [
     "NodeState",
     "NodeStatus",
     "OverlapPolicy",
+    "QueueRateLimit",
     "Run",
     "RunFilter",
     "RunStatus",

@@ -1,6 +1,6 @@
 """The SDK conformance behaviours (tests/conformance/README.md), against the real server.
 
-Each test is named after its number (C1 ... C18). They start `composer serve`
+Each test is named after its number (C1 ... C19). They start `composer serve`
 (conftest.py) and pass once the server behaves as the protos' comments say.
 """
 
@@ -32,6 +32,7 @@ from composer import (
     NonRetryableError,
     NotFoundError,
     OverlapPolicy,
+    QueueRateLimit,
     RunFailedError,
     RunFilter,
     RunStatus,
@@ -831,3 +832,98 @@ def test_c18_bulk_actions_act_on_every_matching_run(server: ServerProcess, names
             sync.cancel_bulk_operation(retry_id)
         with pytest.raises(NotFoundError):
             sync.get_bulk_operation(str(uuid.uuid4()))
+
+
+def test_c19_queue_rate_limits_and_queued_runs(server: ServerProcess, names: str) -> None:
+    queue = f"rate_{names}"
+    limited, keyed = f"rate_limited_{names}", f"rate_keyed_{names}"
+    key = f"customer-{names}"
+
+    async def main() -> None:
+        async with Client(server.address) as client:
+            # A limit of 2 per second with a burst of 2, read back and listed.
+            set_ = await client.set_queue_rate_limit(queue, 2, burst=2)
+            assert (set_.queue, set_.per_second, set_.burst, set_.per_key_per_second, set_.per_key_burst) == (
+                queue, 2.0, 2, 0.0, 0,
+            ), set_
+            assert set_.create_time is not None and set_.update_time is not None
+            got = await client.get_queue_rate_limit(queue)
+            assert isinstance(got, QueueRateLimit) and got == set_, (got, set_)
+            listed = [limit async for limit in client.list_queue_rate_limits(page_size=1) if limit.queue == queue]
+            assert [(x.per_second, x.burst) for x in listed] == [(2.0, 2)], listed
+            await asyncio.sleep(1.5)  # a change reaches every server's dispatch within about a second
+
+            # 6 one-task runs started at once go out 2 at a time: the last ends
+            # no sooner than 1.5 s after the first started.
+            worker = Worker(server.address, slots=8, backoff=FAST)
+
+            @worker.task("work", queue=queue)
+            async def work(ctx: TaskContext) -> Any:
+                return ctx.input["i"]
+
+            await client.register_workflow(one_task(limited, queue, "work", extra='input: { i: "${input.i}" }'))
+            async with serving(worker):
+                started = await asyncio.gather(*(client.start_run(limited, {"i": i}) for i in range(6)))
+                ended = [await final(client, r.run_id) for r in started]
+            for i, r in enumerate(ended):
+                assert r.status is RunStatus.COMPLETED and r.output == {"result": i}, r
+                assert r.concurrency_key == ""  # a workflow without concurrency has no key
+            first_start = min(r.create_time for r in started if r.create_time is not None)
+            last_end = max(r.end_time for r in ended if r.end_time is not None)
+            took = (last_end - first_start).total_seconds()
+            assert took >= 1.5, f"6 runs at 2/s (burst 2) took only {took:.3f} s from the first start to the last end"
+
+            # A burst under the rate is refused naming limit.burst; the limit stays.
+            with pytest.raises(InvalidArgumentError) as caught:
+                await client.set_queue_rate_limit(queue, 5, burst=2)
+            assert "limit.burst" in [v.field for v in caught.value.field_violations]
+            assert (await client.get_queue_rate_limit(queue)).per_second == 2.0
+            await client.delete_queue_rate_limit(queue)
+            with pytest.raises(NotFoundError):
+                await client.get_queue_rate_limit(queue)
+
+            # A concurrency key of max 1: the second run of the same key waits QUEUED for the first.
+            await client.register_workflow(
+                f"name: {keyed}\nconcurrency: {{ key: \"input.k\", max: 1 }}\n"
+                f"nodes:\n  - {{ id: go, type: WAIT_FOR_EVENT, event: go }}\n"
+                'output: { got: "${nodes.go.output}" }\n'
+            )
+            first = await client.start_run(keyed, {"k": key})
+            second = await client.start_run(keyed, {"k": key})
+            assert (first.status, first.concurrency_key) == (RunStatus.RUNNING, key), first
+            assert (second.status, second.concurrency_key) == (RunStatus.QUEUED, key), second
+            seen = await client.get_run(second.run_id)
+            assert (seen.status, seen.concurrency_key) == (RunStatus.QUEUED, key), seen
+            queued = [r.run_id async for r in client.list_runs(workflow=keyed, statuses=[RunStatus.QUEUED])]
+            assert queued == [second.run_id]
+
+            # The first completes on its event; the second then runs, and completes on its own.
+            await client.send_event("go", {"n": 1}, run_id=first.run_id)
+            assert await client.wait_for_result(first.run_id, timeout=60) == {"got": {"n": 1}}
+            deadline = time.monotonic() + 30
+            while (seen := await client.get_run(second.run_id)).status is RunStatus.QUEUED:
+                assert time.monotonic() < deadline, "the second run did not leave QUEUED within 30 s"
+                await asyncio.sleep(0.1)
+            assert (seen.status, seen.concurrency_key) == (RunStatus.RUNNING, key), seen
+            await client.send_event("go", {"n": 2}, run_id=second.run_id)
+            assert await client.wait_for_result(second.run_id, timeout=60) == {"got": {"n": 2}}
+
+    run(main())
+
+    # The sync facade: the same calls, blocking.
+    with SyncClient(server.address) as sync:
+        limit = sync.set_queue_rate_limit(queue, 0.5, per_key_per_second=3, per_key_burst=4)
+        assert (limit.per_second, limit.burst, limit.per_key_per_second, limit.per_key_burst) == (0.5, 1, 3.0, 4), limit
+        assert sync.get_queue_rate_limit(queue) == limit
+        assert queue in [x.queue for x in sync.list_queue_rate_limits(page_size=2)]
+        with pytest.raises(InvalidArgumentError) as caught:
+            sync.set_queue_rate_limit(queue, 5, burst=2)
+        assert "limit.burst" in [v.field for v in caught.value.field_violations]
+        sync.delete_queue_rate_limit(queue)
+        with pytest.raises(NotFoundError):
+            sync.get_queue_rate_limit(queue)
+        with pytest.raises(NotFoundError):
+            sync.delete_queue_rate_limit(queue)
+        third = sync.start_run(keyed, {"k": f"other-{names}"})
+        assert (third.status, third.concurrency_key) == (RunStatus.RUNNING, f"other-{names}")
+        assert sync.cancel_run(third.run_id).status is RunStatus.CANCELLED
