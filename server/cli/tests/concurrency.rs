@@ -993,7 +993,7 @@ async fn an_expired_lease_frees_its_slot_and_the_retry_waits_for_one() {
     client
         .register(
             "name: task_expiry\nnodes:\n  - { id: work, type: TASK, queue: texpiry, task: work, \
-             heartbeat_timeout: 1s, retry: { max_attempts: 2, initial_interval: 100ms }, \
+             heartbeat_timeout: 3s, retry: { max_attempts: 2, initial_interval: 100ms }, \
              concurrency: { key: \"input.key\", max: 1 } }\n",
         )
         .await;
@@ -1004,12 +1004,18 @@ async fn an_expired_lease_frees_its_slot_and_the_retry_waits_for_one() {
     let abandoned = poll_one(&mut workers, "texpiry").await;
     assert_eq!(abandoned.run_id, first.run_id);
 
-    // no heartbeat: the lease expires and the slot goes to the second run
+    // no heartbeat: the lease expires and the slot goes to the second run,
+    // whose own lease (3 s) outlives the one-second poll below
     let other = poll_one(&mut workers, "texpiry").await;
     assert_eq!(other.run_id, second.run_id);
+    let early: Vec<_> = poll(&mut workers, "texpiry", 5)
+        .await
+        .into_iter()
+        .map(|t| (t.run_id == first.run_id, t.attempt))
+        .collect();
     assert!(
-        poll(&mut workers, "texpiry", 5).await.is_empty(),
-        "the retry waits"
+        early.is_empty(),
+        "the retry waits: (first run?, attempt) {early:?}"
     );
     complete(&mut workers, &other).await;
     let retry = poll_one(&mut workers, "texpiry").await;
