@@ -5,8 +5,8 @@
 # scripts/smoke-sdks.sh makes; the Python row is left out if it cannot be
 # made), then runs bench/loadgen, which starts its own Postgres and Redis
 # (`composer dev --no-server`), servers and workers, prints a table and
-# appends it, dated, to BENCHMARKS.md (not with BENCH_APPEND=0, as `make
-# test` runs it). It reports; it never fails on a time, only when a
+# writes it to bench/results/<date>-<profile>.md (not with BENCH_APPEND=0,
+# as `make test` runs it). It reports; it never fails on a time, only when a
 # benchmark cannot run.
 #
 #   bench/run.sh quick|full [extra composer-loadgen flags]
@@ -42,7 +42,10 @@ else
   echo "bench: the TypeScript SDK did not build; its row is left out" >&2
 fi
 
-append_args=(--append BENCHMARKS.md)
+# each run's raw table goes to a file of its own; BENCHMARKS.md quotes
+# the latest full one and keeps the history of the figures
+mkdir -p bench/results
+append_args=(--append "bench/results/$(date -u +%Y-%m-%d-%H%M)-$profile.md")
 if [[ ${BENCH_APPEND:-1} == 0 ]]; then
   append_args=()
 fi

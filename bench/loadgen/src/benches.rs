@@ -63,6 +63,12 @@ pub struct Profile {
     /// Observability cost: B1 window per variant, and rounds of the three.
     pub observe_secs: u64,
     pub observe_rounds: usize,
+    /// B1 with payloads: the sizes (bytes of run input and of task output)
+    /// and the window per size.
+    pub payload_sizes: Vec<usize>,
+    pub payload_secs: u64,
+    /// B7: steps of the sequential workflow.
+    pub chain_steps: usize,
 }
 
 impl Profile {
@@ -86,6 +92,9 @@ impl Profile {
             list_calls: 30,
             observe_secs: 8,
             observe_rounds: 2,
+            payload_sizes: vec![100_000],
+            payload_secs: 6,
+            chain_steps: 1_000,
         }
     }
 
@@ -107,6 +116,9 @@ impl Profile {
             list_calls: 200,
             observe_secs: 30,
             observe_rounds: 3,
+            payload_sizes: vec![1_000, 10_000, 100_000, 1_000_000],
+            payload_secs: 20,
+            chain_steps: 10_000,
         }
     }
 }
@@ -399,6 +411,22 @@ pub(crate) fn start_request(workflow: &str, input: Json) -> StartRunRequest {
     }
 }
 
+/// `bytes` characters that compress about as badly as JSON data does
+/// (six bits of entropy each), so TOAST compression cannot hide a payload.
+pub(crate) fn incompressible_text(bytes: usize) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..bytes)
+        .map(|_| {
+            // xorshift64: fixed, so every run writes the same bytes
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(ALPHABET[(state >> 58) as usize])
+        })
+        .collect()
+}
+
 pub(crate) fn linear_workflow(name: &str, queue: &str) -> String {
     format!(
         "name: {name}\nnodes:\n\
@@ -479,6 +507,8 @@ pub struct Throughput {
     pub rollbacks_per_task: f64,
     /// Transactions that wrote (got a transaction id) per task.
     pub writes_per_task: f64,
+    /// WAL bytes Postgres wrote per task (what a replica must receive).
+    pub wal_bytes_per_task: f64,
     /// Server CPU seconds per 1,000 tasks (all servers).
     pub server_cpu: f64,
     /// Postgres CPU seconds per 1,000 tasks (all its processes).
@@ -511,6 +541,7 @@ struct Sample {
     tasks: u64,
     runs: u64,
     next_xid: i64,
+    wal_bytes: i64,
 }
 
 /// B1 (one server) or B5 (several): a closed loop of three-step runs, on
@@ -524,9 +555,35 @@ pub async fn throughput(
     perf_secs: u64,
     extra: &[String],
 ) -> Result<Throughput> {
+    let load = Load {
+        kind,
+        measure_secs,
+        perf_secs,
+        payload_bytes: 0,
+    };
+    throughput_of(ctx, label, server_count, load, extra).await
+}
+
+/// What a B1 row runs: the worker, the measured window, perf sampling, and
+/// the size of each run's input and each task's output (0: empty objects).
+pub struct Load {
+    pub kind: WorkerKind,
+    pub measure_secs: u64,
+    pub perf_secs: u64,
+    pub payload_bytes: usize,
+}
+
+/// [`throughput`] of any [`Load`].
+pub async fn throughput_of(
+    ctx: &Ctx,
+    label: &str,
+    server_count: usize,
+    load: Load,
+    extra: &[String],
+) -> Result<Throughput> {
     ctx.reset().await?;
     let servers = ctx.start_servers_with(server_count, extra).await?;
-    let result = throughput_on(ctx, label, &servers, kind, measure_secs, perf_secs).await;
+    let result = throughput_on(ctx, label, &servers, load).await;
     let peak = servers
         .iter()
         .map(|s| procs::peak_rss_mib(s.pid))
@@ -541,10 +598,19 @@ async fn throughput_on(
     ctx: &Ctx,
     label: &str,
     servers: &[Server],
-    kind: WorkerKind,
-    measure_secs: u64,
-    perf_secs: u64,
+    load: Load,
 ) -> Result<Throughput> {
+    let Load {
+        kind,
+        measure_secs,
+        perf_secs,
+        payload_bytes,
+    } = load;
+    let input = if payload_bytes == 0 {
+        serde_json::json!({})
+    } else {
+        serde_json::json!({ "blob": incompressible_text(payload_bytes) })
+    };
     let urls: Vec<String> = servers.iter().map(|s| s.url.clone()).collect();
     // each worker kind its own workflow and queue: a run left from another
     // row never reaches this row's worker
@@ -562,7 +628,14 @@ async fn throughput_on(
     };
     let (workflow, queue) = (workflow.as_str(), queue.as_str());
     register(&urls[0], &linear_workflow(workflow, queue)).await?;
-    let in_flight = Arc::new(Semaphore::new(ctx.profile.in_flight));
+    // large payloads: fewer runs in flight, so the machine's memory and
+    // not the loop's depth bounds what is measured
+    let in_flight = ctx
+        .profile
+        .in_flight
+        .min((20 << 20) / payload_bytes.max(1))
+        .max(20);
+    let in_flight = Arc::new(Semaphore::new(in_flight));
     let runs_done = Arc::new(AtomicU64::new(0));
     let tasks_done = Arc::new(AtomicU64::new(0));
     let mut rust_worker = None;
@@ -586,7 +659,9 @@ async fn throughput_on(
                     pollers_per_server: 4,
                     connections_per_server: 2,
                     slots: 512,
-                    max_per_poll: 100,
+                    // a poll's answer carries every task's input
+                    max_per_poll: ((2 << 20) / payload_bytes.max(1)).clamp(1, 100),
+                    output_bytes: payload_bytes,
                 },
                 Some(hook),
             )
@@ -640,6 +715,7 @@ async fn throughput_on(
         let errors = Arc::clone(&errors);
         let mut stop = stop_rx.clone();
         let workflow = workflow.to_owned();
+        let input = input.clone();
         let _ = i;
         starters.push(tokio::spawn(async move {
             loop {
@@ -649,7 +725,7 @@ async fn throughput_on(
                 };
                 permit.forget();
                 let mut client = client.clone();
-                let request = start_request(&workflow, serde_json::json!({}));
+                let request = start_request(&workflow, input.clone());
                 let started = Arc::clone(&started);
                 let errors = Arc::clone(&errors);
                 let permits = Arc::clone(&permits);
@@ -686,7 +762,8 @@ async fn throughput_on(
         // counters are flushed by each backend at most once a second)
         let row = sqlx::query(
             "SELECT xact_commit, xact_rollback, \
-               pg_snapshot_xmax(pg_current_snapshot())::text::bigint \
+               pg_snapshot_xmax(pg_current_snapshot())::text::bigint, \
+             pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint \
              FROM pg_stat_database WHERE datname = 'composer'",
         )
         .fetch_one(&ctx.admin)
@@ -696,6 +773,7 @@ async fn throughput_on(
             commits: row.try_get(0)?,
             rollbacks: row.try_get(1)?,
             next_xid: row.try_get(2)?,
+            wal_bytes: row.try_get(3)?,
             server: servers.iter().map(|s| procs::cpu_ticks(s.pid)).sum(),
             pg: procs::tree_ticks(pg_pid),
             redis: procs::cpu_ticks(redis_pid),
@@ -778,6 +856,7 @@ async fn throughput_on(
         commits_per_task: (s1.commits - s0.commits) as f64 / tasks,
         rollbacks_per_task: (s1.rollbacks - s0.rollbacks) as f64 / tasks,
         writes_per_task: (s1.next_xid - s0.next_xid) as f64 / tasks,
+        wal_bytes_per_task: (s1.wal_bytes - s0.wal_bytes) as f64 / tasks,
         server_cpu: per_1k(s1.server - s0.server),
         pg_cpu: per_1k(s1.pg.saturating_sub(s0.pg)),
         redis_cpu: per_1k(s1.redis - s0.redis),
@@ -962,6 +1041,7 @@ async fn latency_on(ctx: &Ctx, server: &Server) -> Result<Latency> {
             connections_per_server: 1,
             slots: 64,
             max_per_poll: 8,
+            output_bytes: 0,
         },
         Some(hook),
     )
@@ -1085,6 +1165,7 @@ async fn fan_out_on(ctx: &Ctx, server: &Server) -> Result<Vec<FanOut>> {
             connections_per_server: 2,
             slots: 1000,
             max_per_poll: 100,
+            output_bytes: 0,
         },
         None,
     )
@@ -1129,6 +1210,19 @@ async fn run_to_end(
     input: Json,
     size: usize,
 ) -> Result<f64> {
+    let limit = Duration::from_secs(60 + size as u64 / 20);
+    run_until_done(client, workflow, input, limit).await
+}
+
+/// Starts one run and waits (polling its status every 10 ms) until it
+/// completes: the seconds that took. A run that fails, is cancelled or is
+/// not done within `limit` is an error.
+pub(crate) async fn run_until_done(
+    client: &mut RunServiceClient<Channel>,
+    workflow: &str,
+    input: Json,
+    limit: Duration,
+) -> Result<f64> {
     let began = Instant::now();
     let run = client
         .start_run(start_request(workflow, input))
@@ -1136,7 +1230,6 @@ async fn run_to_end(
         .into_inner()
         .run
         .context("run")?;
-    let limit = Duration::from_secs(60 + size as u64 / 20);
     loop {
         let now = client
             .get_run(GetRunRequest {

@@ -111,6 +111,7 @@ async fn bulk_cost_on(ctx: &Ctx, server: &Server) -> Result<BulkCost> {
             connections_per_server: 1,
             slots: 64,
             max_per_poll: 8,
+            output_bytes: 0,
         },
         Some(hook),
     )

@@ -6,8 +6,10 @@
 
 mod benches;
 mod bulk;
+mod chain;
 mod listing;
 mod observability;
+mod payload;
 mod procs;
 mod worker;
 
@@ -47,7 +49,8 @@ struct Args {
     /// The command to quote with the results.
     #[arg(long, default_value = "composer-loadgen")]
     command: String,
-    /// Only these sections (comma-separated: floor,b1,sdk,b2,b3,b4,b5,b6,obs,bulk).
+    /// Only these sections (comma-separated:
+    /// floor,b1,sdk,payload,b2,b3,b4,b7,b5,b6,obs,bulk).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sample the machine with perf for this many seconds during B1 (the
@@ -69,6 +72,8 @@ struct Results {
     listing: Option<listing::Listing>,
     observability: Option<observability::Observability>,
     bulk: Option<bulk::BulkCost>,
+    payload: Option<Vec<payload::PayloadRow>>,
+    chain: Option<chain::Chain>,
     failures: Vec<String>,
 }
 
@@ -296,6 +301,9 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
             }
         }
     }
+    if want("payload") {
+        results.payload = section!("B1 with large payloads", payload::payload(ctx));
+    }
     if want("b2") {
         results.latency = section!("B2 latency", benches::latency(ctx));
     }
@@ -304,6 +312,9 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
     }
     if want("b4") {
         results.timers = section!("B4 timers", benches::timers(ctx));
+    }
+    if want("b7") {
+        results.chain = section!("B7 a long sequential run", chain::chain(ctx));
     }
     if want("b6") {
         results.listing = section!("B6 dashboard reads", listing::listing(ctx));
@@ -449,6 +460,12 @@ fn render(r: &Results, statements: bool) -> String {
             verdict(tm.lag.p99 <= 500.0 && tm.completed as usize == tm.runs)
         );
     }
+    if let Some(rows) = &r.payload {
+        payload_rows(&mut t, rows, r.b1.as_ref());
+    }
+    if let Some(chain) = &r.chain {
+        chain_rows(&mut t, chain);
+    }
     if !r.scale.is_empty() {
         // the one-server row of B5 itself: measured next to the others
         let one = r
@@ -492,6 +509,66 @@ fn render(r: &Results, statements: bool) -> String {
         );
     }
     t
+}
+
+fn payload_rows(t: &mut String, rows: &[payload::PayloadRow], b1: Option<&benches::Throughput>) {
+    for p in rows {
+        let l = &p.row.label;
+        let vs_b1 = b1.map_or(String::new(), |b| {
+            format!(
+                "; {:.2} × B1's empty payloads",
+                p.row.tasks_per_s / b.tasks_per_s.max(f64::MIN_POSITIVE)
+            )
+        });
+        let _ = writeln!(
+            t,
+            "| {l} | tasks/s; payload MB/s (input to the worker + output back){vs_b1} | **{:.0}**; {:.1} MB/s | | |",
+            p.row.tasks_per_s,
+            p.megabytes_per_s()
+        );
+        let _ = writeln!(
+            t,
+            "| {l} | CPU s per 1,000 tasks: server / Postgres / Redis / load generator + worker; peak server RSS | {:.2} / {:.2} / {:.2} / {:.2}; {:.0} MiB | | |",
+            p.row.server_cpu, p.row.pg_cpu, p.row.redis_cpu, p.row.client_cpu, p.row.peak_rss_mib
+        );
+        let _ = writeln!(
+            t,
+            "| {l} | WAL bytes per task (in payload sizes) | {:.0} ({:.1} ×) | | |",
+            p.row.wal_bytes_per_task,
+            p.row.wal_bytes_per_task / p.bytes as f64
+        );
+        if p.row.errors > 0 {
+            let _ = writeln!(
+                t,
+                "| {l} | StartRun / report errors | {} | 0 | **misses** |",
+                p.row.errors
+            );
+        }
+    }
+}
+
+fn chain_rows(t: &mut String, c: &chain::Chain) {
+    let _ = writeln!(
+        t,
+        "| B7 long run | {} sequential TASK steps, start → run completed | {:.1} s ({:.0} steps/s) | | |",
+        c.steps,
+        c.secs,
+        c.steps as f64 / c.secs
+    );
+    for (when, w) in [("early", &c.early), ("late", &c.late)] {
+        let _ = writeln!(
+            t,
+            "| B7 long run | steps {}–{} ({when}): ms per step wall / server + Postgres CPU | {:.2} / {:.2} | | |",
+            w.from, w.to, w.wall_ms, w.cpu_ms
+        );
+    }
+    let ratio = c.late.cpu_ms / c.early.cpu_ms.max(f64::MIN_POSITIVE);
+    let wall = c.late.wall_ms / c.early.wall_ms.max(f64::MIN_POSITIVE);
+    let _ = writeln!(
+        t,
+        "| B7 long run | late / early, CPU per step (wall) | {ratio:.2} ({wall:.2}) | ≤ 1.2 (the same cost) | {} |",
+        verdict(ratio <= 1.2)
+    );
 }
 
 fn bulk_rows(t: &mut String, cost: &bulk::BulkCost) {
@@ -585,6 +662,11 @@ fn throughput_rows(
         t,
         "| {l} | of these, transactions that wrote (transaction ids used per task) | {:.2} | | |",
         row.writes_per_task
+    );
+    let _ = writeln!(
+        t,
+        "| {l} | WAL bytes per task | {:.0} | | |",
+        row.wal_bytes_per_task
     );
     if statements && let Some(s) = row.statements_per_task {
         let _ = writeln!(

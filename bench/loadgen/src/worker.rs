@@ -75,6 +75,27 @@ pub struct WorkerConfig {
     pub slots: usize,
     /// Tasks one poll asks for at most.
     pub max_per_poll: usize,
+    /// The size of the output each task reports, as `{"blob": "…"}`
+    /// (0: an empty object).
+    pub output_bytes: usize,
+}
+
+/// The output a worker reports: an empty object, or one string of `bytes`.
+fn output_of(bytes: usize) -> Value {
+    let mut fields = std::collections::BTreeMap::new();
+    if bytes > 0 {
+        fields.insert(
+            "blob".to_owned(),
+            Value {
+                kind: Some(Kind::StringValue(crate::benches::incompressible_text(
+                    bytes,
+                ))),
+            },
+        );
+    }
+    Value {
+        kind: Some(Kind::StructValue(Struct { fields })),
+    }
 }
 
 /// A running worker; stop it with [`FastWorker::stop`].
@@ -98,12 +119,17 @@ impl FastWorker {
     pub async fn start(urls: &[String], config: &WorkerConfig, hook: Option<Hook>) -> Result<Self> {
         let stats = Arc::new(WorkerStats::default());
         let slots = Arc::new(Semaphore::new(config.slots));
+        let output = Arc::new(output_of(config.output_bytes));
         let (stop, stop_rx) = watch::channel(false);
         let mut handles = Vec::new();
         for (s, url) in urls.iter().enumerate() {
             let mut clients = Vec::new();
             for _ in 0..config.connections_per_server.max(1) {
-                clients.push(WorkerServiceClient::new(channel(url).await?));
+                clients.push(
+                    WorkerServiceClient::new(channel(url).await?)
+                        .max_decoding_message_size(64 << 20)
+                        .max_encoding_message_size(64 << 20),
+                );
             }
             for p in 0..config.pollers_per_server {
                 let poller = Poller {
@@ -114,6 +140,7 @@ impl FastWorker {
                     slots: Arc::clone(&slots),
                     stats: Arc::clone(&stats),
                     hook: hook.clone(),
+                    output: Arc::clone(&output),
                 };
                 handles.push(tokio::spawn(poller.run(stop_rx.clone())));
             }
@@ -143,6 +170,7 @@ struct Poller {
     slots: Arc<Semaphore>,
     stats: Arc<WorkerStats>,
     hook: Option<Hook>,
+    output: Arc<Value>,
 }
 
 impl Poller {
@@ -198,8 +226,9 @@ impl Poller {
                 let mut client = self.client.clone();
                 let stats = Arc::clone(&self.stats);
                 let hook = self.hook.clone();
+                let output = Value::clone(&self.output);
                 tokio::spawn(async move {
-                    complete(&mut client, task, &stats, hook.as_ref()).await;
+                    complete(&mut client, task, output, &stats, hook.as_ref()).await;
                     drop(permit);
                 });
             }
@@ -210,6 +239,7 @@ impl Poller {
 async fn complete(
     client: &mut WorkerServiceClient<Channel>,
     task: Task,
+    output: Value,
     stats: &WorkerStats,
     hook: Option<&Hook>,
 ) {
@@ -219,9 +249,7 @@ async fn complete(
             task_id: task.task_id,
             attempt: task.attempt,
             lease_token: task.lease_token,
-            output: Some(Value {
-                kind: Some(Kind::StructValue(Struct::default())),
-            }),
+            output: Some(output),
         })
         .await;
     match result {
