@@ -124,7 +124,7 @@ pub async fn run_enqueuer(
             redis = connect_redis(&client).await;
         }
         if let Some(connection) = redis.as_mut() {
-            match drain_outbox(&store, connection, client.is_cluster(), &config).await {
+            match drain_outbox(&store, &client, connection, &config).await {
                 Ok(_) => backoff = Duration::from_millis(100),
                 Err(error) => {
                     crate::metrics::redis_error("enqueue");
@@ -193,8 +193,8 @@ async fn wait_for_outbox(
 /// lease update).
 async fn drain_outbox(
     store: &Store,
+    client: &RedisClient,
     redis: &mut RedisConnection,
-    cluster: bool,
     config: &DispatchConfig,
 ) -> Result<usize, CoordinatorError> {
     let mut sent = 0;
@@ -206,23 +206,42 @@ async fn drain_outbox(
             tx.rollback().await?;
             return Ok(sent);
         }
-        let failed = publish(redis, cluster, &batch, config.shards).await;
-        if let Some(error) = failed.into_iter().find_map(|(_, result)| result.err()) {
-            return Err(CoordinatorError::Redis(format!("XADD: {error}")));
+        for (_, sent) in publish(client, redis, &batch, config.shards).await {
+            match sent {
+                Sent::Taken => {}
+                Sent::Resting => {
+                    return Err(CoordinatorError::Redis(
+                        "XADD: a slot's node failed a moment ago".to_owned(),
+                    ));
+                }
+                Sent::Failed(error) => {
+                    return Err(CoordinatorError::Redis(format!("XADD: {error}")));
+                }
+            }
         }
         tx.commit().await?;
         sent += batch.len();
     }
 }
 
+/// What became of one pipeline of a publish.
+enum Sent {
+    /// Redis has the messages.
+    Taken,
+    /// Not sent: the slot's node failed a moment ago (cluster only).
+    Resting,
+    /// Redis refused them or did not answer.
+    Failed(redis::RedisError),
+}
+
 /// XADDs the batch: one pipeline on one Redis, one per hash slot (sent at
-/// once) on a cluster. Returns each pipeline's messages with its result.
+/// once) on a cluster. Returns each pipeline's messages with its fate.
 async fn publish<'a>(
+    client: &RedisClient,
     redis: &RedisConnection,
-    cluster: bool,
     batch: &'a [OutboxMessage],
     shards: u32,
-) -> Vec<(Vec<&'a OutboxMessage>, redis::RedisResult<()>)> {
+) -> Vec<(Vec<&'a OutboxMessage>, Sent)> {
     let keyed: Vec<(String, &OutboxMessage)> = batch
         .iter()
         .map(|message| {
@@ -235,17 +254,28 @@ async fn publish<'a>(
             (key, message)
         })
         .collect();
-    let sends = by_slot(cluster, keyed, |(key, _)| key)
+    let sends = by_slot(client.is_cluster(), keyed, |(key, _)| key)
         .into_iter()
         .map(|group| {
             let mut connection = redis.clone();
             async move {
-                let result = publish_group(&mut connection, &group).await;
-                let messages: Vec<&OutboxMessage> = group.into_iter().map(|(_, m)| m).collect();
-                if result.is_ok() {
+                let key = group.first().map_or("", |(key, _)| key.as_str());
+                let sent = if client.is_resting(key) {
+                    Sent::Resting
+                } else {
+                    match publish_group(&mut connection, &group).await {
+                        Ok(()) => Sent::Taken,
+                        Err(error) => {
+                            client.rest(key);
+                            Sent::Failed(error)
+                        }
+                    }
+                };
+                let messages: Vec<&OutboxMessage> = group.iter().map(|(_, m)| *m).collect();
+                if matches!(sent, Sent::Taken) {
                     count_dispatched(&messages);
                 }
-                (messages, result)
+                (messages, sent)
             }
         });
     futures::future::join_all(sends).await
@@ -332,16 +362,15 @@ impl Publisher {
         let connection = connection.clone();
         drop(guard);
         let mut failed = false;
-        for (sent, result) in
-            publish(&connection, self.redis.is_cluster(), &messages, self.shards).await
-        {
-            match result {
-                Ok(()) => {
-                    for message in sent {
+        for (messages, sent) in publish(&self.redis, &connection, &messages, self.shards).await {
+            match sent {
+                Sent::Taken => {
+                    for message in messages {
                         let _ = self.published.send(message.outbox_id);
                     }
                 }
-                Err(error) => {
+                Sent::Resting => {}
+                Sent::Failed(error) => {
                     crate::metrics::redis_error("publish");
                     tracing::warn!(%error, "publish failed; the enqueuer will send it");
                     failed = true;

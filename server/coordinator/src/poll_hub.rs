@@ -385,8 +385,12 @@ impl PollHub {
         guard.clone()
     }
 
+    /// Drops the control connection after a failure (not a cluster's: it
+    /// finds a node that comes back by itself).
     async fn drop_control_connection(&self) {
-        *self.control.lock().await = None;
+        if !self.redis.is_cluster() {
+            *self.control.lock().await = None;
+        }
     }
 
     /// Makes a blocked read return: a message on the wake stream. (A
@@ -453,8 +457,8 @@ impl PollHub {
                 continue;
             };
             let streams = self.streams_of(&wanted);
-            let keys: Vec<&str> = streams.keys().map(String::as_str).collect();
-            let (keys, failed) = ensure_groups(active, &keys, &mut grouped).await;
+            let keys = self.keys_to_read(&streams);
+            let (keys, failed) = ensure_groups(&self.redis, active, &keys, &mut grouped).await;
             if let Some(error) = failed {
                 crate::metrics::redis_error("groups");
                 tracing::warn!(%error, "could not create consumer groups");
@@ -473,8 +477,8 @@ impl PollHub {
             });
             let block = (!cluster).then_some(block);
             let (read, failed) = read_groups(
+                &self.redis,
                 active,
-                cluster,
                 &keys,
                 &self.consumer,
                 count,
@@ -487,11 +491,12 @@ impl PollHub {
             if let Some(error) = failed {
                 crate::metrics::redis_error("read");
                 tracing::warn!(%error, "stream read failed");
+                // a cluster's failed slots rest while the others are read
                 if !cluster {
                     connection = None;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
             }
             if cluster {
                 pause = if got_some {
@@ -511,6 +516,19 @@ impl PollHub {
             Ok(()) => CLUSTER_PAUSE_MIN,
             Err(_) => (pause * 2).min(CLUSTER_PAUSE_MAX),
         }
+    }
+
+    /// The keys of `streams` to read now: on a cluster, not those of a node
+    /// that failed a moment ago (the other nodes' are read meanwhile).
+    fn keys_to_read<'s>(
+        &self,
+        streams: &'s HashMap<String, Option<(QueueKey, i16)>>,
+    ) -> Vec<&'s str> {
+        streams
+            .keys()
+            .map(String::as_str)
+            .filter(|key| !self.redis.is_resting(key))
+            .collect()
     }
 
     /// The streams to read for `wanted`, each with its queue and priority;
@@ -583,14 +601,22 @@ impl PollHub {
         let Some(active) = connection.as_mut() else {
             return;
         };
-        let keys: Vec<&str> = streams.keys().map(String::as_str).collect();
+        let keys = self.keys_to_read(&streams);
         let cluster = self.redis.is_cluster();
-        let (keys, failed) = ensure_groups(active, &keys, grouped).await;
+        let (keys, failed) = ensure_groups(&self.redis, active, &keys, grouped).await;
         if failed.is_some() && !cluster {
             return;
         }
-        let (read, failed) =
-            read_groups(active, cluster, &keys, &self.consumer, count, None, grouped).await;
+        let (read, failed) = read_groups(
+            &self.redis,
+            active,
+            &keys,
+            &self.consumer,
+            count,
+            None,
+            grouped,
+        )
+        .await;
         self.buffer(read, &streams);
         if let Some(error) = failed {
             crate::metrics::redis_error("read");
@@ -1077,6 +1103,7 @@ const DELETE_IF_EMPTY: &str = "if redis.call('XLEN', KEYS[1]) == 0 then \
 /// returns the keys that have their group, and the first failure (a
 /// cluster's node that is down fails its keys only).
 async fn ensure_groups<'k>(
+    client: &RedisClient,
     connection: &mut RedisConnection,
     keys: &[&'k str],
     grouped: &mut HashSet<String>,
@@ -1092,6 +1119,7 @@ async fn ensure_groups<'k>(
             connection.xgroup_create_mkstream(*key, GROUP, "0").await;
         match created {
             Err(error) if error.code() != Some("BUSYGROUP") => {
+                client.rest(key);
                 failed.get_or_insert(error);
             }
             _ => {
@@ -1107,15 +1135,15 @@ async fn ensure_groups<'k>(
 /// per hash slot (sent at once) on a cluster. Returns what was read and the
 /// first failure; what the slots that answered gave is kept either way.
 async fn read_groups(
+    client: &RedisClient,
     connection: &RedisConnection,
-    cluster: bool,
     keys: &[&str],
     consumer: &str,
     count: usize,
     block: Option<Duration>,
     grouped: &mut HashSet<String>,
 ) -> (Vec<(String, Uuid, i32)>, Option<redis::RedisError>) {
-    let reads = by_slot(cluster, keys.to_vec(), |k| k)
+    let reads = by_slot(client.is_cluster(), keys.to_vec(), |k| k)
         .into_iter()
         .map(|group| {
             let mut connection = connection.clone();
@@ -1138,6 +1166,9 @@ async fn read_groups(
                 }
             }
             Err(error) => {
+                if let Some(key) = group.first() {
+                    client.rest(key);
+                }
                 failed.get_or_insert(error);
             }
         }

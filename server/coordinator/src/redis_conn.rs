@@ -7,7 +7,11 @@
 //! to one slot: callers group keys with [`hash_tag`] before they pipeline
 //! them ([`RedisClient::is_cluster`] tells them when it matters).
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use redis::{
     Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value,
@@ -24,6 +28,16 @@ const CLUSTER_SCHEME: &str = "redis+cluster://";
 /// How long a cluster connection waits on one node (to connect, or for a
 /// reply) before it counts the node as down.
 const CLUSTER_NODE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The least and most wait before a cluster command is retried (after a
+/// MOVED or a node lost), milliseconds.
+const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (10, 100);
+
+/// How long the slots of a cluster node that failed a command are left
+/// alone: each failure makes the cluster client refresh its slot map, which
+/// holds up every other command, so a dead node is tried about once a
+/// second, not by every read and publish.
+const SLOT_REST: Duration = Duration::from_secs(1);
 
 /// What `--redis-url` names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,6 +155,9 @@ fn redact(url: &str) -> String {
 #[derive(Clone)]
 pub struct RedisClient {
     inner: ClientKind,
+    /// Hash tags whose commands failed lately, until when they rest
+    /// (cluster only).
+    resting: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 #[derive(Clone)]
@@ -178,9 +195,13 @@ impl RedisClient {
                 let client = ClusterClient::builder(seeds.iter().map(String::as_str))
                     .connection_timeout(CLUSTER_NODE_TIMEOUT)
                     .response_timeout(CLUSTER_NODE_TIMEOUT)
-                    // a node that is down fails its own commands quickly;
+                    // a node that is down fails its own commands quickly
+                    // (the crate's default waits seconds between retries,
+                    // and a read or publish waits on its slowest slot);
                     // Postgres keeps what they carried
                     .retries(2)
+                    .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
+                    .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1)
                     .build()
                     .map_err(invalid)?;
                 let seeds = seeds
@@ -194,7 +215,40 @@ impl RedisClient {
                 }
             }
         };
-        Ok(Self { inner })
+        Ok(Self {
+            inner,
+            resting: Arc::default(),
+        })
+    }
+
+    fn resting(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
+        self.resting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether commands on `key`'s slot are being left alone after a
+    /// failure (never on one Redis: its failures drop the connection).
+    pub fn is_resting(&self, key: &str) -> bool {
+        if !self.is_cluster() {
+            return false;
+        }
+        let mut resting = self.resting();
+        let tag = hash_tag(key);
+        match resting.get(tag) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                resting.remove(tag);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Leaves `key`'s slot alone for a while: a command on it failed.
+    pub fn rest(&self, key: &str) {
+        if self.is_cluster() {
+            self.resting()
+                .insert(hash_tag(key).to_owned(), Instant::now() + SLOT_REST);
+        }
     }
 
     /// Whether this is a cluster: multi-key commands and pipelines must then
