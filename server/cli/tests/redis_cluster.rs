@@ -43,19 +43,19 @@ fn step(_: &LeaseRecord) -> Outcome {
     Outcome::Slow(Duration::from_millis(5), json!({"ok": true}))
 }
 
-/// Registers one pipeline per queue, starts a worker on every queue and
-/// `count` runs spread over them.
+/// Registers one pipeline per queue, starts `count` runs spread over them,
+/// then a worker on every queue (so the runs are mostly ahead of it).
 async fn start_runs(server: &ServerProcess, count: usize) -> (TestClient, TestWorker, Vec<String>) {
     let mut client = TestClient::connect(&server.url()).await;
     for queue in QUEUES {
         client.register(&pipeline(queue)).await;
     }
-    let worker = TestWorker::start(&server.url(), &QUEUES, 4, 10, step).await;
     let mut ids = Vec::with_capacity(count);
     for n in 0..count {
         let workflow = format!("pipeline-{}", QUEUES[n % QUEUES.len()]);
         ids.push(client.start(&workflow, json!({ "n": n })).await);
     }
+    let worker = TestWorker::start(&server.url(), &QUEUES, 4, 10, step).await;
     (client, worker, ids)
 }
 
@@ -108,19 +108,26 @@ async fn a_master_killed_in_the_middle_of_300_runs_on_a_cluster_loses_none() {
     )
     .await;
     let (mut client, worker, ids) = start_runs(&server, 300).await;
-    while worker.leases().len() < 200 {
+    while worker.leases().len() < 150 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_streams_on_every_master(&cluster).await;
     // the first seed: the run-change subscription goes through it
     cluster.kill(0);
+    // the other masters' slots keep flowing meanwhile (the harness's node
+    // timeout keeps the cluster from failing as a whole before this)
     let leased_at_kill = worker.leases().len();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    // the other masters kept serving their slots meanwhile
-    assert!(
-        worker.leases().len() > leased_at_kill,
-        "no task leased while one master of three was down"
-    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(50);
+    while worker.leases().len() < leased_at_kill + 50 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} tasks leased while one master of three was down",
+            worker.leases().len() - leased_at_kill
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // a while longer down: what the master held is gone for good
+    tokio::time::sleep(Duration::from_secs(2)).await;
     cluster.restart(0).await;
     assert_all_completed_once(&mut client, &ids).await;
     assert!(

@@ -136,6 +136,9 @@ impl RedisCluster {
         let log = self.dir.join(format!("redis-{index}.log"));
         Command::new("redis-server")
             .args(["--port", &port, "--bind", "127.0.0.1"])
+            // a node down fails the whole cluster (no replicas) only after a
+            // minute, longer than a test keeps one down
+            .args(["--cluster-node-timeout", "60000"])
             .args(["--cluster-enabled", "yes", "--cluster-config-file"])
             .arg(&config)
             .args(["--save", "", "--appendonly", "no", "--logfile"])
