@@ -164,7 +164,9 @@ pub struct BackendArgs {
     #[arg(long, env = "COMPOSER_DATABASE_URL")]
     pub database_url: String,
 
-    /// Redis URL, e.g. `redis://127.0.0.1:6379/0`.
+    /// Redis URL, e.g. `redis://127.0.0.1:6379/0`; a Redis Cluster as
+    /// `redis+cluster://host:port,host:port` or comma-separated `redis://`
+    /// URLs of some of its nodes.
     #[arg(long, env = "COMPOSER_REDIS_URL")]
     pub redis_url: String,
 }

@@ -9,6 +9,7 @@ use composer_coordinator::{
     http::{HttpExecutor, HttpExecutorConfig},
     http_worker::{HttpWorkerConfig, run_http_worker},
     recovery::RecoveryConfig,
+    redis_conn::RedisTarget,
     schedules::SchedulerConfig,
     watch::{ChangeFeed, RunChanges},
 };
@@ -81,6 +82,8 @@ pub async fn connect_backends(
     backend: &BackendArgs,
     server: &ServerArgs,
 ) -> Result<Backends, StartError> {
+    // a malformed Redis URL is reported before anything connects
+    RedisTarget::parse(&backend.redis_url).map_err(StartError::Redis)?;
     let store = migrate(backend, server).await?;
     let broker = Broker::connect(&backend.redis_url, server.connect_timeout)
         .await

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
+use crate::redis_conn::{RedisClient, RedisConnection, RedisTarget};
+
 /// Errors talking to Redis.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
@@ -19,7 +21,14 @@ pub enum BrokerError {
 /// A shared, self-reconnecting connection to Redis. Cheap to clone.
 #[derive(Clone)]
 pub struct Broker {
-    connection: ConnectionManager,
+    connection: BrokerConnection,
+}
+
+#[derive(Clone)]
+enum BrokerConnection {
+    Single(ConnectionManager),
+    /// A cluster connection finds nodes that come back by itself.
+    Cluster(RedisConnection),
 }
 
 impl std::fmt::Debug for Broker {
@@ -29,17 +38,20 @@ impl std::fmt::Debug for Broker {
 }
 
 impl Broker {
-    /// Connects to Redis and checks that it answers PING.
+    /// Connects to Redis (or a Redis Cluster: see [`RedisTarget::parse`])
+    /// and checks that it answers PING.
     pub async fn connect(url: &str, timeout: Duration) -> Result<Self, BrokerError> {
-        let client =
-            redis::Client::open(url).map_err(|e| BrokerError::InvalidUrl(e.to_string()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
-            .set_number_of_retries(2);
-        let connection = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(|e| BrokerError::Unreachable(e.to_string()))?;
+        let connection = match RedisTarget::parse(url)? {
+            RedisTarget::Single(url) => {
+                BrokerConnection::Single(connect_single(&url, timeout).await?)
+            }
+            cluster @ RedisTarget::Cluster(_) => BrokerConnection::Cluster(
+                RedisClient::for_target(&cluster)?
+                    .connect()
+                    .await
+                    .map_err(|e| BrokerError::Unreachable(e.to_string()))?,
+            ),
+        };
         let broker = Self { connection };
         broker.ping().await?;
         Ok(broker)
@@ -47,11 +59,29 @@ impl Broker {
 
     /// Checks that Redis answers PING now.
     pub async fn ping(&self) -> Result<(), BrokerError> {
-        let mut connection = self.connection.clone();
-        redis::cmd("PING")
-            .query_async::<String>(&mut connection)
-            .await
+        let ping = redis::cmd("PING");
+        let answer = match self.connection.clone() {
+            BrokerConnection::Single(mut connection) => {
+                ping.query_async::<String>(&mut connection).await
+            }
+            BrokerConnection::Cluster(mut connection) => {
+                ping.query_async::<String>(&mut connection).await
+            }
+        };
+        answer
             .map(|_| ())
             .map_err(|e| BrokerError::Unreachable(e.to_string()))
     }
+}
+
+/// A self-reconnecting connection to one Redis.
+async fn connect_single(url: &str, timeout: Duration) -> Result<ConnectionManager, BrokerError> {
+    let client = redis::Client::open(url).map_err(|e| BrokerError::InvalidUrl(e.to_string()))?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(2);
+    ConnectionManager::new_with_config(client, config)
+        .await
+        .map_err(|e| BrokerError::Unreachable(e.to_string()))
 }

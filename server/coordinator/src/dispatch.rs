@@ -19,7 +19,10 @@ use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::error::CoordinatorError;
+use crate::{
+    error::CoordinatorError,
+    redis_conn::{RedisClient, RedisConnection, by_slot},
+};
 
 /// The consumer group every server reads with.
 pub(crate) const GROUP: &str = "composer";
@@ -106,20 +109,30 @@ pub async fn run_enqueuer(
     config: DispatchConfig,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let client = match RedisClient::open(&redis_url) {
+        Ok(client) => client,
+        Err(error) => {
+            tracing::error!(%error, "outbox enqueuer not started");
+            return;
+        }
+    };
     let mut listener = connect_listener(&store).await;
-    let mut redis: Option<redis::aio::MultiplexedConnection> = None;
+    let mut redis: Option<RedisConnection> = None;
     let mut backoff = Duration::from_millis(100);
     while !*shutdown.borrow() {
         if redis.is_none() {
-            redis = connect_redis(&redis_url).await;
+            redis = connect_redis(&client).await;
         }
         if let Some(connection) = redis.as_mut() {
-            match drain_outbox(&store, connection, &config).await {
+            match drain_outbox(&store, &client, connection, &config).await {
                 Ok(_) => backoff = Duration::from_millis(100),
                 Err(error) => {
                     crate::metrics::redis_error("enqueue");
                     tracing::warn!(%error, "outbox drain failed; rows stay in postgres");
-                    redis = None;
+                    // a cluster connection finds a node that comes back by itself
+                    if !client.is_cluster() {
+                        redis = None;
+                    }
                     sleep_or_stop(backoff, &mut shutdown).await;
                     backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
@@ -140,9 +153,8 @@ async fn connect_listener(store: &Store) -> Option<PgListener> {
     Some(listener)
 }
 
-async fn connect_redis(url: &str) -> Option<redis::aio::MultiplexedConnection> {
-    let client = redis::Client::open(url).ok()?;
-    match client.get_multiplexed_async_connection().await {
+async fn connect_redis(client: &RedisClient) -> Option<RedisConnection> {
+    match client.connect().await {
         Ok(connection) => Some(connection),
         Err(error) => {
             crate::metrics::redis_error("connect");
@@ -176,10 +188,13 @@ async fn wait_for_outbox(
 }
 
 /// Sends every outbox row, batch by batch; a batch's rows are deleted only
-/// when Redis took all of it.
+/// when Redis took all of it (on a cluster, a node down keeps the whole
+/// batch: what other nodes took is sent again, and a duplicate loses its
+/// lease update).
 async fn drain_outbox(
     store: &Store,
-    redis: &mut redis::aio::MultiplexedConnection,
+    client: &RedisClient,
+    redis: &mut RedisConnection,
     config: &DispatchConfig,
 ) -> Result<usize, CoordinatorError> {
     let mut sent = 0;
@@ -191,29 +206,90 @@ async fn drain_outbox(
             tx.rollback().await?;
             return Ok(sent);
         }
-        publish(redis, &batch, config.shards)
-            .await
-            .map_err(|e| CoordinatorError::Redis(format!("XADD: {e}")))?;
+        for (_, sent) in publish(client, redis, &batch, config.shards).await {
+            match sent {
+                Sent::Taken => {}
+                Sent::Resting => {
+                    return Err(CoordinatorError::Redis(
+                        "XADD: a slot's node failed a moment ago".to_owned(),
+                    ));
+                }
+                Sent::Failed(error) => {
+                    return Err(CoordinatorError::Redis(format!("XADD: {error}")));
+                }
+            }
+        }
         tx.commit().await?;
         sent += batch.len();
     }
 }
 
-async fn publish(
-    redis: &mut redis::aio::MultiplexedConnection,
-    batch: &[OutboxMessage],
+/// What became of one pipeline of a publish.
+enum Sent {
+    /// Redis has the messages.
+    Taken,
+    /// Not sent: the slot's node failed a moment ago (cluster only).
+    Resting,
+    /// Redis refused them or did not answer.
+    Failed(redis::RedisError),
+}
+
+/// XADDs the batch: one pipeline on one Redis, one per hash slot (sent at
+/// once) on a cluster. Returns each pipeline's messages with its fate.
+async fn publish<'a>(
+    client: &RedisClient,
+    redis: &RedisConnection,
+    batch: &'a [OutboxMessage],
     shards: u32,
+) -> Vec<(Vec<&'a OutboxMessage>, Sent)> {
+    let keyed: Vec<(String, &OutboxMessage)> = batch
+        .iter()
+        .map(|message| {
+            let key = priority_stream_key(
+                &message.namespace,
+                &message.queue,
+                shard_of(message.shard_key, shards),
+                message.priority,
+            );
+            (key, message)
+        })
+        .collect();
+    let sends = by_slot(client.is_cluster(), keyed, |(key, _)| key)
+        .into_iter()
+        .map(|group| {
+            let mut connection = redis.clone();
+            async move {
+                let key = group.first().map_or("", |(key, _)| key.as_str());
+                let sent = if client.is_resting(key) {
+                    Sent::Resting
+                } else {
+                    match publish_group(&mut connection, &group).await {
+                        Ok(()) => Sent::Taken,
+                        Err(error) => {
+                            client.rest(key);
+                            Sent::Failed(error)
+                        }
+                    }
+                };
+                let messages: Vec<&OutboxMessage> = group.iter().map(|(_, m)| *m).collect();
+                if matches!(sent, Sent::Taken) {
+                    count_dispatched(&messages);
+                }
+                (messages, sent)
+            }
+        });
+    futures::future::join_all(sends).await
+}
+
+/// XADDs messages whose keys share a slot, in one pipeline.
+async fn publish_group(
+    redis: &mut RedisConnection,
+    group: &[(String, &OutboxMessage)],
 ) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
-    for message in batch {
-        let key = priority_stream_key(
-            &message.namespace,
-            &message.queue,
-            shard_of(message.shard_key, shards),
-            message.priority,
-        );
+    for (key, message) in group {
         pipe.cmd("XADD")
-            .arg(&key)
+            .arg(key)
             .arg("*")
             .arg("task_id")
             .arg(message.task_id.to_string())
@@ -221,13 +297,11 @@ async fn publish(
             .arg(message.attempt)
             .ignore();
     }
-    pipe.query_async::<()>(redis).await?;
-    count_dispatched(batch);
-    Ok(())
+    pipe.query_async::<()>(redis).await
 }
 
 /// Counts what one publish sent, by namespace and queue.
-fn count_dispatched(batch: &[OutboxMessage]) {
+fn count_dispatched(batch: &[&OutboxMessage]) {
     let mut by_queue: std::collections::BTreeMap<(&str, &str), u64> = Default::default();
     for message in batch {
         *by_queue
@@ -243,8 +317,8 @@ fn count_dispatched(batch: &[OutboxMessage]) {
 /// new tasks at once, then deletes their outbox rows in batches. Anything it
 /// fails to send stays in the outbox, where the enqueuer finds it.
 pub struct Publisher {
-    redis: redis::Client,
-    connection: tokio::sync::Mutex<Option<redis::aio::MultiplexedConnection>>,
+    redis: RedisClient,
+    connection: tokio::sync::Mutex<Option<RedisConnection>>,
     shards: u32,
     published: tokio::sync::mpsc::UnboundedSender<i64>,
 }
@@ -263,8 +337,8 @@ impl Publisher {
         ),
         CoordinatorError,
     > {
-        let redis = redis::Client::open(redis_url)
-            .map_err(|e| CoordinatorError::Redis(format!("url: {e}")))?;
+        let redis =
+            RedisClient::open(redis_url).map_err(|e| CoordinatorError::Redis(e.to_string()))?;
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         let publisher = Arc::new(Self {
             redis,
@@ -275,29 +349,37 @@ impl Publisher {
         Ok((publisher, delete_published(store, receiver)))
     }
 
-    /// XADDs the messages; on success their outbox rows are queued for
-    /// deletion, on failure they stay for the enqueuer.
+    /// XADDs the messages; the outbox rows of those Redis took are queued
+    /// for deletion, the others stay for the enqueuer.
     pub async fn publish(&self, messages: Vec<OutboxMessage>) {
         let mut guard = self.connection.lock().await;
         if guard.is_none() {
-            *guard = self.redis.get_multiplexed_async_connection().await.ok();
+            *guard = self.redis.connect().await.ok();
         }
-        let Some(connection) = guard.as_mut() else {
+        let Some(connection) = guard.as_ref() else {
             return;
         };
-        let mut connection = connection.clone();
+        let connection = connection.clone();
         drop(guard);
-        match publish(&mut connection, &messages, self.shards).await {
-            Ok(()) => {
-                for message in &messages {
-                    let _ = self.published.send(message.outbox_id);
+        let mut failed = false;
+        for (messages, sent) in publish(&self.redis, &connection, &messages, self.shards).await {
+            match sent {
+                Sent::Taken => {
+                    for message in messages {
+                        let _ = self.published.send(message.outbox_id);
+                    }
+                }
+                Sent::Resting => {}
+                Sent::Failed(error) => {
+                    crate::metrics::redis_error("publish");
+                    tracing::warn!(%error, "publish failed; the enqueuer will send it");
+                    failed = true;
                 }
             }
-            Err(error) => {
-                crate::metrics::redis_error("publish");
-                tracing::warn!(%error, "publish failed; the enqueuer will send it");
-                *self.connection.lock().await = None;
-            }
+        }
+        // a cluster connection finds a node that comes back by itself
+        if failed && !self.redis.is_cluster() {
+            *self.connection.lock().await = None;
         }
     }
 }

@@ -14,6 +14,7 @@ pub mod pause;
 mod poll_hub;
 pub mod rate_limit;
 pub mod recovery;
+pub mod redis_conn;
 mod reports;
 mod runs;
 pub mod schedules;

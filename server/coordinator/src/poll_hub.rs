@@ -23,7 +23,7 @@ use composer_store::{
     Store, StoreError,
     tasks::{self, LeasedTask},
 };
-use redis::{AsyncCommands, aio::MultiplexedConnection, streams::StreamReadReply};
+use redis::{AsyncCommands, streams::StreamReadReply};
 use tokio::{
     sync::{Notify, oneshot},
     time::Instant,
@@ -34,6 +34,7 @@ use crate::{
     dispatch::{DEFAULT_PRIORITY, DispatchConfig, GROUP, PRIORITIES, priority_stream_key},
     error::CoordinatorError,
     rate_limit::{self, Limit, LimitCache},
+    redis_conn::{RedisClient, RedisConnection, by_slot},
 };
 
 /// Queues of one namespace that polls on one server may wait on at once;
@@ -48,6 +49,16 @@ const CHECK_FRESH: Duration = Duration::from_secs(2);
 
 /// Messages read from one stream per XREADGROUP, at most.
 const MAX_READ_COUNT: usize = 1000;
+
+/// On a Redis Cluster a read cannot block (one XREADGROUP names one slot,
+/// and a blocked read would stall its node's connection): the reader reads
+/// every slot without blocking and, when nothing came, pauses this long,
+/// doubling up to [`CLUSTER_PAUSE_MAX`], or until a poll arrives.
+const CLUSTER_PAUSE_MIN: Duration = Duration::from_millis(5);
+
+/// The longest pause between two reads of a cluster: a task published to
+/// an idle cluster waits about this long at most before it is read.
+const CLUSTER_PAUSE_MAX: Duration = Duration::from_millis(100);
 
 /// Tasks a rate-limited queue keeps read but not handed out, at most: the
 /// look-ahead that lets one key's tasks pass another key's backlog. Past
@@ -228,7 +239,7 @@ impl QueueState {
 /// Hands tasks read from Redis to the polls waiting in this server.
 pub struct PollHub {
     store: Store,
-    redis: redis::Client,
+    redis: RedisClient,
     consumer: String,
     wake_key: String,
     config: DispatchConfig,
@@ -237,7 +248,7 @@ pub struct PollHub {
     reading: Mutex<HashSet<QueueKey>>,
     wake: Notify,
     reader_started: AtomicBool,
-    control: tokio::sync::Mutex<Option<MultiplexedConnection>>,
+    control: tokio::sync::Mutex<Option<RedisConnection>>,
     limits: LimitCache,
 }
 
@@ -252,8 +263,8 @@ impl PollHub {
         redis_url: &str,
         config: DispatchConfig,
     ) -> Result<Arc<Self>, CoordinatorError> {
-        let redis = redis::Client::open(redis_url)
-            .map_err(|e| CoordinatorError::Redis(format!("url: {e}")))?;
+        let redis =
+            RedisClient::open(redis_url).map_err(|e| CoordinatorError::Redis(e.to_string()))?;
         let consumer = format!("server-{}", Uuid::new_v4().simple());
         Ok(Arc::new(Self {
             store,
@@ -366,23 +377,31 @@ impl PollHub {
     }
 
     /// A clone of the control connection, opened if needed.
-    async fn control_connection(&self) -> Option<MultiplexedConnection> {
+    async fn control_connection(&self) -> Option<RedisConnection> {
         let mut guard = self.control.lock().await;
         if guard.is_none() {
-            *guard = self.redis.get_multiplexed_async_connection().await.ok();
+            *guard = self.redis.connect().await.ok();
         }
         guard.clone()
     }
 
+    /// Drops the control connection after a failure (not a cluster's: it
+    /// finds a node that comes back by itself).
     async fn drop_control_connection(&self) {
-        *self.control.lock().await = None;
+        if !self.redis.is_cluster() {
+            *self.control.lock().await = None;
+        }
     }
 
-    /// Makes a blocked read return: a message on the wake stream.
+    /// Makes a blocked read return: a message on the wake stream. (A
+    /// cluster's reads do not block: the hub's own wake-up is enough.)
     async fn interrupt_read(&self) {
+        if self.redis.is_cluster() {
+            return;
+        }
         let mut guard = self.control.lock().await;
         if guard.is_none() {
-            *guard = self.redis.get_multiplexed_async_connection().await.ok();
+            *guard = self.redis.connect().await.ok();
         }
         let Some(connection) = guard.as_mut() else {
             return;
@@ -413,8 +432,10 @@ impl PollHub {
 
     /// The one reader of this server.
     async fn read_loop(self: Arc<Self>) {
-        let mut connection: Option<MultiplexedConnection> = None;
+        let mut connection: Option<RedisConnection> = None;
         let mut grouped: HashSet<String> = HashSet::new();
+        let cluster = self.redis.is_cluster();
+        let mut pause = CLUSTER_PAUSE_MIN;
         loop {
             self.forget_idle_queues().await;
             self.read_higher(&mut connection, &mut grouped).await;
@@ -436,48 +457,87 @@ impl PollHub {
                 continue;
             };
             let streams = self.streams_of(&wanted);
-            let keys: Vec<&str> = streams.keys().map(String::as_str).collect();
-            if let Err(error) = ensure_groups(active, &keys, &mut grouped).await {
+            let keys = self.keys_to_read(&streams);
+            let (keys, failed) = ensure_groups(&self.redis, active, &keys, &mut grouped).await;
+            if let Some(error) = failed {
                 crate::metrics::redis_error("groups");
                 tracing::warn!(%error, "could not create consumer groups");
-                connection = None;
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue;
+                // on a cluster, the slots of the nodes that answered are
+                // still read
+                if !cluster {
+                    connection = None;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
+                }
             }
-            let read = read_batch(
+            // a held queue is handed out when its hold ends, not a whole
+            // block later
+            let block = next_hold.map_or(self.config.read_block, |h| {
+                h.clamp(Duration::from_millis(1), self.config.read_block)
+            });
+            let block = (!cluster).then_some(block);
+            let (read, failed) = read_groups(
+                &self.redis,
                 active,
                 &keys,
                 &self.consumer,
                 count,
-                // a held queue is handed out when its hold ends, not a
-                // whole block later
-                Some(next_hold.map_or(self.config.read_block, |h| {
-                    h.clamp(Duration::from_millis(1), self.config.read_block)
-                })),
+                block,
+                &mut grouped,
             )
             .await;
-            match read {
-                Ok(read) => self.buffer(read, &streams),
-                Err(error) if error.code() == Some("NOGROUP") => {
-                    // Redis lost its data (FLUSHALL, restart) or an empty
-                    // stream was cleaned up: create the groups again;
-                    // recovery republishes what was lost
-                    grouped.clear();
-                }
-                Err(error) => {
-                    crate::metrics::redis_error("read");
-                    tracing::warn!(%error, "stream read failed");
+            let got_some = !read.is_empty();
+            self.buffer(read, &streams);
+            if let Some(error) = failed {
+                crate::metrics::redis_error("read");
+                tracing::warn!(%error, "stream read failed");
+                // a cluster's failed slots rest while the others are read
+                if !cluster {
                     connection = None;
                     tokio::time::sleep(Duration::from_millis(200)).await;
+                    continue;
                 }
             }
+            if cluster {
+                pause = if got_some {
+                    CLUSTER_PAUSE_MIN
+                } else {
+                    self.pause_between_sweeps(pause, next_hold).await
+                };
+            }
         }
+    }
+
+    /// Waits `pause` (less when a hold ends sooner) or until a poll
+    /// arrives; returns the next pause.
+    async fn pause_between_sweeps(&self, pause: Duration, next_hold: Option<Duration>) -> Duration {
+        let wait = next_hold.map_or(pause, |h| h.min(pause));
+        match tokio::time::timeout(wait, self.wake.notified()).await {
+            Ok(()) => CLUSTER_PAUSE_MIN,
+            Err(_) => (pause * 2).min(CLUSTER_PAUSE_MAX),
+        }
+    }
+
+    /// The keys of `streams` to read now: on a cluster, not those of a node
+    /// that failed a moment ago (the other nodes' are read meanwhile).
+    fn keys_to_read<'s>(
+        &self,
+        streams: &'s HashMap<String, Option<(QueueKey, i16)>>,
+    ) -> Vec<&'s str> {
+        streams
+            .keys()
+            .map(String::as_str)
+            .filter(|key| !self.redis.is_resting(key))
+            .collect()
     }
 
     /// The streams to read for `wanted`, each with its queue and priority;
     /// the wake stream maps to no queue.
     fn streams_of(&self, wanted: &[QueueKey]) -> HashMap<String, Option<(QueueKey, i16)>> {
-        let mut streams = HashMap::from([(self.wake_key.clone(), None)]);
+        let mut streams = HashMap::new();
+        if !self.redis.is_cluster() {
+            streams.insert(self.wake_key.clone(), None);
+        }
         for key in wanted {
             self.queue_streams(key, *PRIORITIES.start(), &mut streams);
         }
@@ -513,7 +573,7 @@ impl PollHub {
     /// queued behind the buffer (issue 17: at most one poll of delay).
     async fn read_higher(
         &self,
-        connection: &mut Option<MultiplexedConnection>,
+        connection: &mut Option<RedisConnection>,
         grouped: &mut HashSet<String>,
     ) {
         let (streams, count) = {
@@ -541,16 +601,27 @@ impl PollHub {
         let Some(active) = connection.as_mut() else {
             return;
         };
-        let keys: Vec<&str> = streams.keys().map(String::as_str).collect();
-        if ensure_groups(active, &keys, grouped).await.is_err() {
+        let keys = self.keys_to_read(&streams);
+        let cluster = self.redis.is_cluster();
+        let (keys, failed) = ensure_groups(&self.redis, active, &keys, grouped).await;
+        if failed.is_some() && !cluster {
             return;
         }
-        match read_batch(active, &keys, &self.consumer, count, None).await {
-            Ok(read) => self.buffer(read, &streams),
-            Err(error) if error.code() == Some("NOGROUP") => grouped.clear(),
-            Err(error) => {
-                crate::metrics::redis_error("read");
-                tracing::warn!(%error, "stream read failed");
+        let (read, failed) = read_groups(
+            &self.redis,
+            active,
+            &keys,
+            &self.consumer,
+            count,
+            None,
+            grouped,
+        )
+        .await;
+        self.buffer(read, &streams);
+        if let Some(error) = failed {
+            crate::metrics::redis_error("read");
+            tracing::warn!(%error, "stream read failed");
+            if !cluster {
                 *connection = None;
             }
         }
@@ -631,7 +702,7 @@ impl PollHub {
         }
         let mut guard = self.control.lock().await;
         if guard.is_none() {
-            *guard = self.redis.get_multiplexed_async_connection().await.ok();
+            *guard = self.redis.connect().await.ok();
         }
         let Some(connection) = guard.as_mut() else {
             return;
@@ -1003,8 +1074,8 @@ impl PollHub {
         None
     }
 
-    async fn reader_connection(&self) -> Option<MultiplexedConnection> {
-        match self.redis.get_multiplexed_async_connection().await {
+    async fn reader_connection(&self) -> Option<RedisConnection> {
+        match self.redis.connect().await {
             Ok(mut connection) => {
                 // a blocking read must not time out before its BLOCK does:
                 // with NOACK, a reply dropped by a timeout loses its messages
@@ -1028,33 +1099,88 @@ impl PollHub {
 const DELETE_IF_EMPTY: &str = "if redis.call('XLEN', KEYS[1]) == 0 then \
      return redis.call('DEL', KEYS[1]) else return 0 end";
 
-/// Creates the consumer group (and the stream) of each key not grouped yet.
-async fn ensure_groups(
-    connection: &mut MultiplexedConnection,
-    keys: &[&str],
+/// Creates the consumer group (and the stream) of each key not grouped yet;
+/// returns the keys that have their group, and the first failure (a
+/// cluster's node that is down fails its keys only).
+async fn ensure_groups<'k>(
+    client: &RedisClient,
+    connection: &mut RedisConnection,
+    keys: &[&'k str],
     grouped: &mut HashSet<String>,
-) -> redis::RedisResult<()> {
+) -> (Vec<&'k str>, Option<redis::RedisError>) {
+    let mut ready = Vec::with_capacity(keys.len());
+    let mut failed = None;
     for key in keys {
         if grouped.contains(*key) {
+            ready.push(*key);
             continue;
         }
         let created: redis::RedisResult<()> =
             connection.xgroup_create_mkstream(*key, GROUP, "0").await;
-        if let Err(error) = created
-            && error.code() != Some("BUSYGROUP")
-        {
-            return Err(error);
+        match created {
+            Err(error) if error.code() != Some("BUSYGROUP") => {
+                client.rest(key);
+                failed.get_or_insert(error);
+            }
+            _ => {
+                grouped.insert((*key).to_owned());
+                ready.push(*key);
+            }
         }
-        grouped.insert((*key).to_owned());
     }
-    Ok(())
+    (ready, failed)
+}
+
+/// Reads `keys` with [`read_batch`]: in one command on one Redis, in one
+/// per hash slot (sent at once) on a cluster. Returns what was read and the
+/// first failure; what the slots that answered gave is kept either way.
+async fn read_groups(
+    client: &RedisClient,
+    connection: &RedisConnection,
+    keys: &[&str],
+    consumer: &str,
+    count: usize,
+    block: Option<Duration>,
+    grouped: &mut HashSet<String>,
+) -> (Vec<(String, Uuid, i32)>, Option<redis::RedisError>) {
+    let reads = by_slot(client.is_cluster(), keys.to_vec(), |k| k)
+        .into_iter()
+        .map(|group| {
+            let mut connection = connection.clone();
+            async move {
+                let read = read_batch(&mut connection, &group, consumer, count, block).await;
+                (group, read)
+            }
+        });
+    let mut all = Vec::new();
+    let mut failed = None;
+    for (group, read) in futures::future::join_all(reads).await {
+        match read {
+            Ok(read) => all.extend(read),
+            Err(error) if error.code() == Some("NOGROUP") => {
+                // Redis lost its data (FLUSHALL, a restart, a cluster node
+                // back empty) or an empty stream was cleaned up: create the
+                // groups again; recovery republishes what was lost
+                for key in group {
+                    grouped.remove(key);
+                }
+            }
+            Err(error) => {
+                if let Some(key) = group.first() {
+                    client.rest(key);
+                }
+                failed.get_or_insert(error);
+            }
+        }
+    }
+    (all, failed)
 }
 
 /// Reads up to `count` new messages from each stream (NOACK: Postgres, not
 /// a pending list, is what recovers a lost message) and deletes them from
 /// the streams so they do not grow. Each message comes with its stream.
 async fn read_batch(
-    connection: &mut MultiplexedConnection,
+    connection: &mut RedisConnection,
     keys: &[&str],
     consumer: &str,
     count: usize,

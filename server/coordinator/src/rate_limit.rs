@@ -5,8 +5,8 @@
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
+use crate::redis_conn::RedisConnection;
 use composer_store::{Store, StoreError, rate_limits};
-use redis::aio::MultiplexedConnection;
 
 use crate::dispatch::stream_key;
 
@@ -159,7 +159,7 @@ fn hash_tag(namespace: &str, queue: &str) -> String {
 /// is skipped and later ones may still be granted; when the queue's bucket
 /// is out, nothing after is.
 pub(crate) async fn take_tokens(
-    connection: &mut MultiplexedConnection,
+    connection: &mut RedisConnection,
     (namespace, queue): &QueueKey,
     limit: &Limit,
     keys: &[Option<&str>],
@@ -207,7 +207,7 @@ pub(crate) async fn take_tokens(
 /// from each entry's key bucket. The grant leaves the log as if it had not
 /// been made, so the window stays exact.
 pub(crate) async fn refund_tokens(
-    connection: &mut MultiplexedConnection,
+    connection: &mut RedisConnection,
     (namespace, queue): &QueueKey,
     limit: &Limit,
     at: i64,

@@ -14,6 +14,11 @@ use futures::StreamExt;
 use tokio::sync::{broadcast, mpsc, watch};
 use uuid::Uuid;
 
+use crate::{
+    broker::BrokerError,
+    redis_conn::{RedisClient, RedisConnection},
+};
+
 /// The Redis pub/sub channel run changes go to: a message is the ids of the
 /// changed runs, separated by spaces.
 pub const CHANNEL: &str = "composer:runs";
@@ -32,9 +37,8 @@ impl ChangeFeed {
     /// (run it until shutdown; it ends when every feed is dropped).
     pub fn new(
         redis_url: &str,
-    ) -> Result<(Self, impl std::future::Future<Output = ()> + Send + use<>), redis::RedisError>
-    {
-        let client = redis::Client::open(redis_url)?;
+    ) -> Result<(Self, impl std::future::Future<Output = ()> + Send + use<>), BrokerError> {
+        let client = RedisClient::open(redis_url)?;
         let (sender, receiver) = mpsc::unbounded_channel();
         Ok((Self { sender }, publish_changes(client, receiver)))
     }
@@ -46,8 +50,8 @@ impl ChangeFeed {
 }
 
 /// Publishes the ids queued since the last message as one message.
-async fn publish_changes(client: redis::Client, mut ids: mpsc::UnboundedReceiver<Uuid>) {
-    let mut connection: Option<redis::aio::MultiplexedConnection> = None;
+async fn publish_changes(client: RedisClient, mut ids: mpsc::UnboundedReceiver<Uuid>) {
+    let mut connection: Option<RedisConnection> = None;
     let mut batch: Vec<Uuid> = Vec::new();
     while let Some(id) = ids.recv().await {
         batch.push(id);
@@ -58,7 +62,7 @@ async fn publish_changes(client: redis::Client, mut ids: mpsc::UnboundedReceiver
             }
         }
         if connection.is_none() {
-            connection = client.get_multiplexed_async_connection().await.ok();
+            connection = client.connect().await.ok();
         }
         let Some(active) = connection.as_mut() else {
             // Redis is down: watchers fall back to their periodic re-read
@@ -103,11 +107,22 @@ impl RunChanges {
     }
 
     /// Follows the Redis channel until `shutdown` flips, resubscribing after
-    /// a failure.
+    /// a failure. On a cluster the subscription goes through one seed node
+    /// and moves to the next when that one fails: a message published on
+    /// any node reaches every node's subscribers.
     pub async fn run(self, redis_url: String, mut shutdown: watch::Receiver<bool>) {
+        let clients = match RedisClient::open(&redis_url) {
+            Ok(client) => client.pubsub_clients(),
+            Err(error) => {
+                tracing::error!(%error, "run change subscription not started");
+                return;
+            }
+        };
+        let mut next = 0;
         while !*shutdown.borrow() {
+            let client = &clients[next % clients.len()];
+            next += 1;
             let subscription = async {
-                let client = redis::Client::open(redis_url.as_str())?;
                 let mut pubsub = client.get_async_pubsub().await?;
                 pubsub.subscribe(CHANNEL).await?;
                 Ok::<_, redis::RedisError>(pubsub)
@@ -116,8 +131,14 @@ impl RunChanges {
                 Ok(pubsub) => pubsub,
                 Err(error) => {
                     tracing::warn!(%error, "run change subscription");
+                    // a cluster's other seeds are tried at once, then a pause
+                    let pause = if next % clients.len() == 0 {
+                        Duration::from_secs(1)
+                    } else {
+                        Duration::ZERO
+                    };
                     tokio::select! {
-                        () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                        () = tokio::time::sleep(pause) => continue,
                         _ = shutdown.changed() => return,
                     }
                 }
