@@ -64,8 +64,8 @@ generate-check: ## fail when generated code differs from what is committed
 purity: ## the engine crate imports no I/O crate
 	scripts/check-engine-purity.sh
 
-bench: setup ## server benchmarks, about 15 min: table appended to BENCHMARKS.md
+bench: setup ## server benchmarks, about 20 min: table written to bench/results/
 	bench/run.sh full
 
-bench-quick: setup ## server benchmarks, under 3 min (CI; reports, never fails on a time)
+bench-quick: setup ## server benchmarks, about 6 min (CI; reports, never fails on a time)
 	bench/run.sh quick

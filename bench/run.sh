@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs the server benchmarks (issue #7): `make bench` (full, ~15 min) and
-# `make bench-quick` (under 3 min, CI). Builds the release server and the
+# Runs the server benchmarks (issue #7): `make bench` (full, ~20 min) and
+# `make bench-quick` (~6 min, CI). Builds the release server and the
 # load generator, makes sure the Python SDK's venv exists (the same one
 # scripts/smoke-sdks.sh makes; the Python row is left out if it cannot be
 # made), then runs bench/loadgen, which starts its own Postgres and Redis
