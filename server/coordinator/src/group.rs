@@ -60,7 +60,7 @@ pub(crate) enum GroupItem {
     },
     /// A StartRun.
     Start {
-        start: NewStart,
+        start: Box<NewStart>,
         answer: oneshot::Sender<Result<Applied, CoordinatorError>>,
     },
 }
@@ -434,7 +434,10 @@ impl Coordinator {
             return self.start_alone(&start).await;
         }
         let (answer, answered) = oneshot::channel();
-        self.submit_to_group(GroupItem::Start { start, answer });
+        self.submit_to_group(GroupItem::Start {
+            start: Box::new(start),
+            answer,
+        });
         answered.await.unwrap_or_else(|_| {
             Err(CoordinatorError::Corrupt(
                 "the StartRun was dropped unanswered".to_owned(),
