@@ -114,6 +114,16 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_LOST_DISPATCH_GRACE", default_value = "15s", value_parser = parse_duration)]
     pub lost_dispatch_grace: Duration,
 
+    /// How long StartRuns and worker reports that arrive while another
+    /// group is being applied gather into one transaction, e.g. `1ms`;
+    /// `0` applies each in its own (docs/decisions/0023-group-commit.md).
+    #[arg(long, env = "COMPOSER_GROUP_COMMIT_WINDOW", default_value = "1ms", value_parser = parse_duration)]
+    pub group_commit_window: Duration,
+
+    /// Most StartRuns and runs' report batches in one group transaction.
+    #[arg(long, env = "COMPOSER_GROUP_COMMIT_MAX", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub group_commit_max: u16,
+
     /// Runs a bulk operation reads per page; each run is still its own
     /// transaction (docs/decisions/0019-bulk-operations.md).
     #[arg(long, env = "COMPOSER_BULK_BATCH_SIZE", default_value_t = 20, value_parser = clap::value_parser!(i64).range(1..=10_000))]

@@ -183,6 +183,8 @@ fn start_background(
         CoordinatorConfig {
             max_payload_bytes: server.max_payload_bytes,
             max_runs_per_tree: server.max_runs_per_tree,
+            group_commit_window: server.group_commit_window,
+            group_commit_max: usize::from(server.group_commit_max),
             ..CoordinatorConfig::default()
         },
     )

@@ -74,7 +74,7 @@ pub(crate) struct Counted {
 }
 
 impl Counted {
-    fn record(&self, status: &str) {
+    pub(crate) fn record(&self, status: &str) {
         if self.events == 0 {
             return;
         }
@@ -435,24 +435,6 @@ impl<'a> RunTxn<'a> {
         let mut applied = self.finish(&mut tx).await?;
         tx.commit().await?;
         coordinator.announce(&mut applied).await;
-        Ok(applied)
-    }
-
-    /// Applies the queued events to a run not written yet ([`new_unsaved_run`])
-    /// in one autocommit statement on `conn`, then publishes as [`commit`]
-    /// does. `created_at` None: nothing was written.
-    ///
-    /// [`new_unsaved_run`]: RunTxn::new_unsaved_run
-    /// [`commit`]: RunTxn::commit
-    pub(crate) async fn insert_alone(
-        self,
-        conn: &mut PgConnection,
-    ) -> Result<Applied, CoordinatorError> {
-        let coordinator = self.coordinator;
-        let mut applied = self.finish(conn).await?;
-        if applied.created_at.is_some() {
-            coordinator.announce(&mut applied).await;
-        }
         Ok(applied)
     }
 

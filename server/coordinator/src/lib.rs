@@ -7,6 +7,7 @@ pub mod bulk;
 mod concurrency;
 pub mod dispatch;
 pub mod error;
+mod group;
 pub mod http;
 pub mod http_worker;
 pub mod metrics;
@@ -29,6 +30,7 @@ pub use broker::{Broker, BrokerError};
 pub use composer_engine::names;
 use composer_store::Store;
 pub use error::{CoordinatorError, FieldProblem};
+pub use group::{GroupCommitStats, MAX_GROUP_ITEMS};
 pub use reports::{HeartbeatAnswer, Reporter, TaskReport};
 pub use runs::{EventTarget, RunView, SendEventResult, StartRun};
 use workflows::WorkflowCache;
@@ -71,6 +73,12 @@ pub struct CoordinatorConfig {
     pub correlation_retention_secs: f64,
     /// Most runs one root run's tree may hold (the root included).
     pub max_runs_per_tree: i32,
+    /// How long a group of StartRuns and reports gathers while another is
+    /// being applied (decision 0023); zero: every one alone.
+    pub group_commit_window: std::time::Duration,
+    /// Most StartRuns and runs' report batches in one group transaction
+    /// (1 to [`MAX_GROUP_ITEMS`]; 1: every one alone).
+    pub group_commit_max: usize,
 }
 
 impl Default for CoordinatorConfig {
@@ -79,6 +87,8 @@ impl Default for CoordinatorConfig {
             max_payload_bytes: 2 * 1024 * 1024,
             correlation_retention_secs: 24.0 * 3600.0,
             max_runs_per_tree: 100_000,
+            group_commit_window: std::time::Duration::from_millis(1),
+            group_commit_max: MAX_GROUP_ITEMS,
         }
     }
 }
@@ -93,6 +103,7 @@ pub struct Coordinator {
     changes: Option<watch::ChangeFeed>,
     lease_hints: Arc<reports::LeaseHints>,
     report_queues: Arc<reports::ReportQueues>,
+    group_commit: Arc<group::GroupCommit>,
     /// Wakes this server's bulk loop when a bulk operation is created here.
     bulk_wake: Arc<tokio::sync::Notify>,
 }
@@ -100,6 +111,10 @@ pub struct Coordinator {
 impl Coordinator {
     /// A coordinator over `store`.
     pub fn new(store: Store, config: CoordinatorConfig) -> Self {
+        let group_commit = Arc::new(group::GroupCommit::new(
+            config.group_commit_window,
+            config.group_commit_max,
+        ));
         Self {
             store,
             workflows: Arc::new(WorkflowCache::new(config.max_payload_bytes)),
@@ -108,6 +123,7 @@ impl Coordinator {
             changes: None,
             lease_hints: Arc::default(),
             report_queues: Arc::default(),
+            group_commit,
             bulk_wake: Arc::default(),
         }
     }
@@ -164,6 +180,11 @@ impl Coordinator {
     /// The compiled-workflow cache.
     pub fn workflows(&self) -> &WorkflowCache {
         &self.workflows
+    }
+
+    /// How many group transactions this server began, and their items.
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        self.group_commit.stats()
     }
 
     /// The configuration.

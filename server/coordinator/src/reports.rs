@@ -225,53 +225,86 @@ impl Coordinator {
         })
     }
 
-    /// Applies a run's queued reports, batch after batch, until none is left.
+    /// Applies a run's queued reports, batch after batch, until none is
+    /// left: each batch in the next group transaction (decision 0023), or
+    /// in its own when group commit is off.
     async fn drain_reports(&self, queue: QueueKey) {
         while let Some(batch) = self.report_queues.next_batch(&queue) {
-            let answers = match self.apply_reports(&queue, &batch).await {
-                Ok((answers, mut applied)) => {
-                    // answer before the next tasks go out: a worker never
-                    // sees a task of a node whose previous step it has not
-                    // yet been told is done (MAP concurrency, as workers
-                    // count it)
-                    for (queued, answer) in batch.into_iter().zip(answers) {
-                        let _ = queued.answer.send(answer);
-                    }
-                    self.announce(&mut applied).await;
-                    continue;
-                }
-                Err(error) => {
-                    tracing::warn!(run_id = %queue.0, %error, "report batch failed; one by one");
-                    let mut answers = Vec::with_capacity(batch.len());
-                    for queued in &batch {
-                        answers.push(
-                            self.report_elsewhere(
-                                &queue.1,
-                                queued.lease,
-                                queued.event.clone(),
-                                &queued.actor,
-                            )
-                            .await,
-                        );
-                    }
-                    answers
-                }
-            };
-            for (queued, answer) in batch.into_iter().zip(answers) {
-                let _ = queued.answer.send(answer);
+            if !self.group_commit.is_on() {
+                self.reports_alone(&queue, batch).await;
+                continue;
             }
+            let (done, finished) = tokio::sync::oneshot::channel();
+            self.submit_to_group(crate::group::GroupItem::Reports {
+                queue: queue.clone(),
+                batch,
+                done,
+            });
+            // the next batch of this run waits for this one's commit
+            let _ = finished.await;
         }
     }
 
-    /// One transaction for a batch of one run's reports: lock, fence each
-    /// and load (one statement), apply the ones that held, write, commit.
-    /// Returns each report's answer and what to publish; Err: nothing was
-    /// applied.
+    /// A batch of one run's reports in a transaction of its own; if that
+    /// fails, each report alone.
+    pub(crate) async fn reports_alone(&self, queue: &QueueKey, batch: Vec<QueuedReport>) {
+        let answers = match self.apply_reports(queue, &batch).await {
+            Ok((answers, mut applied)) => {
+                // answer before the next tasks go out: a worker never
+                // sees a task of a node whose previous step it has not
+                // yet been told is done (MAP concurrency, as workers
+                // count it)
+                for (queued, answer) in batch.into_iter().zip(answers) {
+                    let _ = queued.answer.send(answer);
+                }
+                self.announce(&mut applied).await;
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(run_id = %queue.0, %error, "report batch failed; one by one");
+                let mut answers = Vec::with_capacity(batch.len());
+                for queued in &batch {
+                    answers.push(
+                        self.report_elsewhere(
+                            &queue.1,
+                            queued.lease,
+                            queued.event.clone(),
+                            &queued.actor,
+                        )
+                        .await,
+                    );
+                }
+                answers
+            }
+        };
+        for (queued, answer) in batch.into_iter().zip(answers) {
+            let _ = queued.answer.send(answer);
+        }
+    }
+
+    /// [`apply_reports_on`](Coordinator::apply_reports_on) in a transaction
+    /// of its own.
     async fn apply_reports(
         &self,
         queue: &QueueKey,
         batch: &[QueuedReport],
-    ) -> Result<(Vec<Result<(), CoordinatorError>>, crate::apply::Applied), CoordinatorError> {
+    ) -> Result<(Vec<ReportAnswer>, crate::apply::Applied), CoordinatorError> {
+        let mut tx = self.store.begin().await?;
+        let applied = self.apply_reports_on(&mut tx, queue, batch).await?;
+        tx.commit().await?;
+        Ok(applied)
+    }
+
+    /// A batch of one run's reports on `conn`, inside the caller's
+    /// transaction: lock, fence each and load (one statement), apply the
+    /// ones that held, write; the caller commits. Returns each report's
+    /// answer and what to publish; Err: the caller must undo what it wrote.
+    pub(crate) async fn apply_reports_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        queue: &QueueKey,
+        batch: &[QueuedReport],
+    ) -> Result<(Vec<ReportAnswer>, crate::apply::Applied), CoordinatorError> {
         let (run_id, namespace) = (queue.0, Some(queue.1.namespace.as_str()));
         let first = &batch[0].hint;
         let workflow = self
@@ -302,9 +335,8 @@ impl Coordinator {
             .iter()
             .map(|queued| queued.lease.as_report_lease())
             .collect();
-        let mut tx = self.store.begin().await?;
         let Some(found) =
-            runs::lock_run_fence_and_load(&mut tx, namespace, run_id, &leases, &keys).await?
+            runs::lock_run_fence_and_load(&mut *conn, namespace, run_id, &leases, &keys).await?
         else {
             let answers = batch
                 .iter()
@@ -317,7 +349,7 @@ impl Coordinator {
             return Ok((answers, crate::apply::Applied::default()));
         };
         let mut answers = Vec::with_capacity(batch.len());
-        let mut txn = RunTxn::new(self, found.run, &mut tx).await?;
+        let mut txn = RunTxn::new(self, found.run, &mut *conn).await?;
         if found.consistent {
             txn.preload(&keys, found.nodes)?;
         }
@@ -337,7 +369,7 @@ impl Coordinator {
             } else {
                 let lease = queued.lease;
                 tasks::reported_before(
-                    &mut tx,
+                    &mut *conn,
                     (lease.task, lease.attempt, lease.token),
                     lease.outcome,
                 )
@@ -345,8 +377,7 @@ impl Coordinator {
             };
             answers.push(queued.lease.refused(repeat));
         }
-        let applied = txn.finish(&mut tx).await?;
-        tx.commit().await?;
+        let applied = txn.finish(conn).await?;
         Ok((answers, applied))
     }
 
@@ -548,17 +579,20 @@ impl LeaseHints {
     }
 }
 
+/// A report's answer: OK, LEASE_LOST or NOT_FOUND.
+pub(crate) type ReportAnswer = Result<(), CoordinatorError>;
+
 /// A report waiting for its run's batch.
-struct QueuedReport {
+pub(crate) struct QueuedReport {
     lease: Lease,
     hint: LeaseHint,
     event: Event,
     actor: String,
-    answer: tokio::sync::oneshot::Sender<Result<(), CoordinatorError>>,
+    pub(crate) answer: tokio::sync::oneshot::Sender<ReportAnswer>,
 }
 
 /// A run and the namespace its reporters gave (None: internal callers).
-type QueueKey = (Uuid, TaskScope);
+pub(crate) type QueueKey = (Uuid, TaskScope);
 
 /// Reports per (run, caller's scope) waiting to be applied. A queue
 /// present in the map has a task draining it.

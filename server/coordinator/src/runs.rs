@@ -179,16 +179,15 @@ impl Coordinator {
         // a run under a concurrency key locks its key's slot: a transaction
         let keyed = workflow.compiled.concurrency().is_some();
         let applied = if !keyed && crate::apply::start_writes_rows_only(workflow, &record) {
-            // the usual start: one statement, no transaction around it
-            let mut conn = self.store.pool().acquire().await?;
-            let mut txn = RunTxn::new_unsaved_run(
-                self,
-                run.clone(),
-                std::sync::Arc::clone(workflow),
+            // the usual start: one statement, in the next group's
+            // transaction (or autocommitted alone)
+            self.start_grouped(crate::group::NewStart {
+                run: run.clone(),
+                workflow: std::sync::Arc::clone(workflow),
                 only_if_latest,
-            )?;
-            txn.push(Event::RunStarted, &request.actor);
-            txn.insert_alone(&mut conn).await?
+                actor: request.actor.clone(),
+            })
+            .await?
         } else {
             self.start_in_transaction(request, workflow, &run, only_if_latest)
                 .await?

@@ -1,0 +1,447 @@
+//! Group commit: StartRuns and worker reports of different runs that
+//! arrive at this server together are applied in one Postgres transaction
+//! (docs/decisions/0023-group-commit.md).
+//!
+//! Each item (one StartRun, or one run's batch of reports) is still
+//! decided on its own run, under its own savepoint: an item that fails is
+//! undone alone and applied again on its own after the group's commit,
+//! so it never fails the others. Nobody is answered before the commit.
+//!
+//! Gathering never waits while nothing is being applied: the first item
+//! at an idle server goes at once, alone. Items that arrive while groups
+//! are in flight wait for the next group, which waits at most the window
+//! (or until it is full) before it begins.
+
+use std::collections::VecDeque;
+use std::sync::{
+    Arc, Mutex,
+    atomic::{AtomicU64, Ordering},
+};
+use std::time::Duration;
+
+use composer_engine::Event;
+use composer_store::runs::RunRow;
+use tokio::sync::{Notify, oneshot};
+use uuid::Uuid;
+
+use crate::{
+    Coordinator,
+    apply::{Applied, RunTxn},
+    error::CoordinatorError,
+    reports::{QueueKey, QueuedReport, ReportAnswer},
+    workflows::LoadedWorkflow,
+};
+
+/// Items one group holds at most. A savepoint that wrote takes one of
+/// Postgres's 64 cached subtransaction ids; past them every snapshot of
+/// every session gets slower.
+pub const MAX_GROUP_ITEMS: usize = 64;
+
+/// Groups applied at once, each on its own connection.
+const GROUPS_IN_FLIGHT: usize = 4;
+
+/// A run to insert with its first event, as the one-statement StartRun
+/// writes it.
+pub(crate) struct NewStart {
+    pub(crate) run: RunRow,
+    pub(crate) workflow: Arc<LoadedWorkflow>,
+    pub(crate) only_if_latest: bool,
+    pub(crate) actor: String,
+}
+
+/// One item of a group.
+pub(crate) enum GroupItem {
+    /// A batch of one run's reports; each report is answered through its
+    /// own sender, then `done` tells the run's queue to go on.
+    Reports {
+        queue: QueueKey,
+        batch: Vec<QueuedReport>,
+        done: oneshot::Sender<()>,
+    },
+    /// A StartRun.
+    Start {
+        start: Box<NewStart>,
+        answer: oneshot::Sender<Result<Applied, CoordinatorError>>,
+    },
+}
+
+/// The order items take their locks in, the same in every group, so two
+/// groups never wait for each other in a circle: idempotency keys first
+/// (a StartRun's insert waits on another transaction's row of its key),
+/// then runs by id.
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+enum LockOrder<'a> {
+    Key(&'a str, &'a str),
+    Run(Uuid),
+}
+
+impl GroupItem {
+    fn lock_order(&self) -> LockOrder<'_> {
+        match self {
+            GroupItem::Reports { queue, .. } => LockOrder::Run(queue.0),
+            GroupItem::Start { start, .. } => LockOrder::Key(
+                &start.run.namespace,
+                start.run.idempotency_key.as_deref().unwrap_or_default(),
+            ),
+        }
+    }
+}
+
+/// What became of an item inside the group's transaction.
+enum Outcome {
+    Reports(Vec<ReportAnswer>, Applied),
+    Start(Applied),
+    /// Its statements failed and were undone: it goes again alone, after
+    /// the commit.
+    Alone,
+}
+
+/// The items waiting for a group and the groups under way.
+#[derive(Default)]
+struct Waiting {
+    items: VecDeque<GroupItem>,
+    /// Tasks taking and applying groups.
+    leaders: usize,
+    /// Of those, the ones inside a transaction now.
+    applying: usize,
+}
+
+/// The gathering of items into groups.
+pub(crate) struct GroupCommit {
+    waiting: Mutex<Waiting>,
+    full: Notify,
+    window: Duration,
+    max_items: usize,
+    /// Groups of more than one item begun, and the items in them.
+    groups: AtomicU64,
+    grouped_items: AtomicU64,
+}
+
+/// How much was grouped since the server started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GroupCommitStats {
+    /// Transactions that held more than one item.
+    pub groups: u64,
+    /// The items in them.
+    pub items: u64,
+}
+
+impl GroupCommit {
+    /// Groups of at most `max_items` gathered for at most `window` while
+    /// another group is under way; a zero window or a group of one: off.
+    pub(crate) fn new(window: Duration, max_items: usize) -> Self {
+        Self {
+            waiting: Mutex::default(),
+            full: Notify::new(),
+            window,
+            max_items: max_items.clamp(1, MAX_GROUP_ITEMS),
+            groups: AtomicU64::new(0),
+            grouped_items: AtomicU64::new(0),
+        }
+    }
+
+    fn count(&self, items: usize) {
+        self.groups.fetch_add(1, Ordering::Relaxed);
+        self.grouped_items
+            .fetch_add(u64::try_from(items).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    pub(crate) fn stats(&self) -> GroupCommitStats {
+        GroupCommitStats {
+            groups: self.groups.load(Ordering::Relaxed),
+            items: self.grouped_items.load(Ordering::Relaxed),
+        }
+    }
+
+    /// False: every item is applied in its own transaction, as before.
+    pub(crate) fn is_on(&self) -> bool {
+        !self.window.is_zero() && self.max_items > 1
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues an item; true when the caller must start another leader.
+    fn push(&self, item: GroupItem) -> bool {
+        let mut waiting = self.lock();
+        waiting.items.push_back(item);
+        if waiting.items.len() >= self.max_items {
+            self.full.notify_waiters();
+        }
+        // a new leader only when every leader is inside a transaction:
+        // one gathers at a time
+        let start = waiting.leaders < GROUPS_IN_FLIGHT && waiting.leaders == waiting.applying;
+        if start {
+            waiting.leaders += 1;
+        }
+        start
+    }
+
+    /// Waits for a group's worth of items, while another group is being
+    /// applied and for at most the window; at once when none is.
+    async fn gather(&self) {
+        let deadline = tokio::time::Instant::now() + self.window;
+        loop {
+            let full = self.full.notified();
+            tokio::pin!(full);
+            full.as_mut().enable();
+            {
+                let waiting = self.lock();
+                if waiting.applying == 0 || waiting.items.len() >= self.max_items {
+                    return;
+                }
+            }
+            if tokio::time::timeout_at(deadline, full).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// The next group, oldest first; None (and the leader ends) when
+    /// nothing waits.
+    fn take(&self, leader: &mut Leader) -> Option<Vec<GroupItem>> {
+        let mut waiting = self.lock();
+        if waiting.items.is_empty() {
+            waiting.leaders -= 1;
+            leader.leading = false;
+            return None;
+        }
+        let count = waiting.items.len().min(self.max_items);
+        let group: Vec<GroupItem> = waiting.items.drain(..count).collect();
+        waiting.applying += 1;
+        leader.applying = true;
+        Some(group)
+    }
+
+    fn applied(&self, leader: &mut Leader) {
+        self.lock().applying -= 1;
+        leader.applying = false;
+    }
+}
+
+/// A leader's place in the counts, given back even if it panics.
+struct Leader {
+    group: Arc<GroupCommit>,
+    leading: bool,
+    applying: bool,
+}
+
+impl Drop for Leader {
+    fn drop(&mut self) {
+        if !self.leading && !self.applying {
+            return;
+        }
+        let mut waiting = self.group.lock();
+        if self.leading {
+            waiting.leaders -= 1;
+        }
+        if self.applying {
+            waiting.applying -= 1;
+        }
+    }
+}
+
+impl Coordinator {
+    /// Hands an item to the next group.
+    pub(crate) fn submit_to_group(&self, item: GroupItem) {
+        if self.group_commit.push(item) {
+            let coordinator = self.clone();
+            // its own task: a caller that goes away must not strand a group
+            tokio::spawn(async move { coordinator.lead_groups().await });
+        }
+    }
+
+    /// Takes and applies groups until nothing waits.
+    async fn lead_groups(&self) {
+        let group_commit = Arc::clone(&self.group_commit);
+        let mut leader = Leader {
+            group: Arc::clone(&group_commit),
+            leading: true,
+            applying: false,
+        };
+        loop {
+            group_commit.gather().await;
+            let Some(items) = group_commit.take(&mut leader) else {
+                return;
+            };
+            self.apply_group(items).await;
+            group_commit.applied(&mut leader);
+        }
+    }
+
+    /// Applies a group: one transaction, a savepoint per item; answers
+    /// after the commit; then the items that failed, each alone.
+    async fn apply_group(&self, mut items: Vec<GroupItem>) {
+        if items.len() == 1 {
+            if let Some(item) = items.pop() {
+                self.apply_alone(item).await;
+            }
+            return;
+        }
+        items.sort_by(|a, b| a.lock_order().cmp(&b.lock_order()));
+        self.group_commit.count(items.len());
+        let outcomes = match self.group_transaction(&items).await {
+            Ok(outcomes) => outcomes,
+            Err(error) => {
+                tracing::warn!(%error, items = items.len(), "group transaction failed; items alone");
+                for item in items {
+                    self.apply_alone(item).await;
+                }
+                return;
+            }
+        };
+        self.answer_group(items, outcomes).await;
+    }
+
+    /// The group's transaction. Err: nothing of it was committed.
+    async fn group_transaction(
+        &self,
+        items: &[GroupItem],
+    ) -> Result<Vec<Outcome>, CoordinatorError> {
+        let mut tx = self.store.begin().await?;
+        let mut outcomes = Vec::with_capacity(items.len());
+        for item in items {
+            composer_store::group::savepoint(&mut tx).await?;
+            let applied = match item {
+                GroupItem::Reports { queue, batch, .. } => self
+                    .apply_reports_on(&mut tx, queue, batch)
+                    .await
+                    .map(|(answers, applied)| Outcome::Reports(answers, applied)),
+                GroupItem::Start { start, .. } => {
+                    self.insert_start(&mut tx, start).await.map(Outcome::Start)
+                }
+            };
+            match applied {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(error) => {
+                    tracing::debug!(%error, "group item undone; it goes again alone");
+                    composer_store::group::rollback_item(&mut tx).await?;
+                    outcomes.push(Outcome::Alone);
+                }
+            }
+        }
+        tx.commit().await?;
+        Ok(outcomes)
+    }
+
+    /// After the commit: reports are answered before the tasks their
+    /// events armed go out (as a run's own batch does), StartRuns after
+    /// (as the one-statement start does); then the items undone, alone.
+    async fn answer_group(&self, items: Vec<GroupItem>, outcomes: Vec<Outcome>) {
+        let mut reported: Vec<Applied> = Vec::with_capacity(items.len());
+        let mut starts = Vec::new();
+        let mut reports_done = Vec::new();
+        let mut alone = Vec::new();
+        for (item, outcome) in items.into_iter().zip(outcomes) {
+            match (item, outcome) {
+                (GroupItem::Reports { batch, done, .. }, Outcome::Reports(answers, applied)) => {
+                    for (queued, answer) in batch.into_iter().zip(answers) {
+                        let _ = queued.answer.send(answer);
+                    }
+                    reported.push(applied);
+                    reports_done.push(done);
+                }
+                (GroupItem::Start { answer, .. }, Outcome::Start(applied)) => {
+                    starts.push((answer, applied));
+                }
+                (item, _) => alone.push(item),
+            }
+        }
+        let mut to_announce: Vec<&mut Applied> = reported.iter_mut().collect();
+        for (_, applied) in &mut starts {
+            if applied.created_at.is_some() {
+                to_announce.push(applied);
+            }
+        }
+        self.announce_all(to_announce).await;
+        for (answer, applied) in starts {
+            let _ = answer.send(Ok(applied));
+        }
+        for done in reports_done {
+            let _ = done.send(());
+        }
+        for item in alone {
+            self.apply_alone(item).await;
+        }
+    }
+
+    /// [`announce`](Coordinator::announce) for every item of a group, with
+    /// the tasks they armed sent to Redis together.
+    async fn announce_all(&self, applied: Vec<&mut Applied>) {
+        let mut outbox = Vec::new();
+        let mut inbox_runs = Vec::new();
+        for applied in applied {
+            if applied.span.is_some() {
+                // traced: its dispatch span wraps its own publish
+                self.announce(applied).await;
+                continue;
+            }
+            applied.counted.record(&applied.status);
+            self.run_changed(applied.run_id);
+            outbox.append(&mut applied.outbox);
+            inbox_runs.append(&mut applied.inbox_runs);
+        }
+        self.publish(outbox).await;
+        self.after_commit(inbox_runs).await;
+    }
+
+    /// An item in a transaction of its own, as without group commit.
+    async fn apply_alone(&self, item: GroupItem) {
+        match item {
+            GroupItem::Reports { queue, batch, done } => {
+                self.reports_alone(&queue, batch).await;
+                let _ = done.send(());
+            }
+            GroupItem::Start { start, answer } => {
+                let _ = answer.send(self.start_alone(&start).await);
+            }
+        }
+    }
+
+    /// The run's insert and first event, in one statement on `conn`;
+    /// `created_at` None: not inserted (its idempotency key is taken, or
+    /// its version is not the latest any more). Nothing announced yet.
+    pub(crate) async fn insert_start(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        start: &NewStart,
+    ) -> Result<Applied, CoordinatorError> {
+        let mut txn = RunTxn::new_unsaved_run(
+            self,
+            start.run.clone(),
+            Arc::clone(&start.workflow),
+            start.only_if_latest,
+        )?;
+        txn.push(Event::RunStarted, &start.actor);
+        txn.finish(conn).await
+    }
+
+    /// A StartRun's one statement, autocommitted, then announced.
+    pub(crate) async fn start_alone(&self, start: &NewStart) -> Result<Applied, CoordinatorError> {
+        let mut conn = self.store.pool().acquire().await?;
+        let mut applied = self.insert_start(&mut conn, start).await?;
+        if applied.created_at.is_some() {
+            self.announce(&mut applied).await;
+        }
+        Ok(applied)
+    }
+
+    /// A StartRun through the next group (or alone when group commit is
+    /// off); answered once its run is committed.
+    pub(crate) async fn start_grouped(&self, start: NewStart) -> Result<Applied, CoordinatorError> {
+        if !self.group_commit.is_on() {
+            return self.start_alone(&start).await;
+        }
+        let (answer, answered) = oneshot::channel();
+        self.submit_to_group(GroupItem::Start {
+            start: Box::new(start),
+            answer,
+        });
+        answered.await.unwrap_or_else(|_| {
+            Err(CoordinatorError::Corrupt(
+                "the StartRun was dropped unanswered".to_owned(),
+            ))
+        })
+    }
+}
