@@ -932,6 +932,7 @@ impl<'a> RunTxn<'a> {
                 timers: &writes,
                 cancelled_timers: &deletes,
                 held,
+                published_by_caller: self.coordinator.publisher.is_some(),
             },
             self.insert
                 .as_ref()

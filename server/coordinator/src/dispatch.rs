@@ -314,10 +314,14 @@ fn count_dispatched(batch: &[&OutboxMessage]) {
 }
 
 /// The fast path of dispatch: the server that committed an event XADDs its
-/// new tasks at once, then deletes their outbox rows in batches. Anything it
-/// fails to send stays in the outbox, where the enqueuer finds it.
+/// new tasks at once. A task armed by an event has no outbox row (its row
+/// is its own outbox, decision 0024): what Redis does not take is written
+/// to the outbox then, for the enqueuer; a crash before the send leaves it
+/// to the lost-dispatch pass. Messages that came with an outbox row (a
+/// resume, a handed slot) have it deleted, in batches, once sent.
 pub struct Publisher {
     redis: RedisClient,
+    store: Store,
     connection: tokio::sync::Mutex<Option<RedisConnection>>,
     shards: u32,
     published: tokio::sync::mpsc::UnboundedSender<i64>,
@@ -342,6 +346,7 @@ impl Publisher {
         let (sender, receiver) = tokio::sync::mpsc::unbounded_channel();
         let publisher = Arc::new(Self {
             redis,
+            store: store.clone(),
             connection: tokio::sync::Mutex::new(None),
             shards,
             published: sender,
@@ -350,36 +355,56 @@ impl Publisher {
     }
 
     /// XADDs the messages; the outbox rows of those Redis took are queued
-    /// for deletion, the others stay for the enqueuer.
+    /// for deletion; those it did not take are left to the enqueuer.
     pub async fn publish(&self, messages: Vec<OutboxMessage>) {
-        let mut guard = self.connection.lock().await;
-        if guard.is_none() {
-            *guard = self.redis.connect().await.ok();
-        }
-        let Some(connection) = guard.as_ref() else {
+        let Some(connection) = self.connection().await else {
+            self.leave_to_enqueuer(messages.iter()).await;
             return;
         };
-        let connection = connection.clone();
-        drop(guard);
         let mut failed = false;
+        let mut unsent = Vec::new();
         for (messages, sent) in publish(&self.redis, &connection, &messages, self.shards).await {
             match sent {
                 Sent::Taken => {
-                    for message in messages {
-                        let _ = self.published.send(message.outbox_id);
+                    for id in messages.iter().filter_map(|m| m.outbox_id) {
+                        let _ = self.published.send(id);
                     }
                 }
-                Sent::Resting => {}
+                Sent::Resting => unsent.extend(messages),
                 Sent::Failed(error) => {
                     crate::metrics::redis_error("publish");
                     tracing::warn!(%error, "publish failed; the enqueuer will send it");
                     failed = true;
+                    unsent.extend(messages);
                 }
             }
         }
+        self.leave_to_enqueuer(unsent.into_iter()).await;
         // a cluster connection finds a node that comes back by itself
         if failed && !self.redis.is_cluster() {
             *self.connection.lock().await = None;
+        }
+    }
+
+    async fn connection(&self) -> Option<RedisConnection> {
+        let mut guard = self.connection.lock().await;
+        if guard.is_none() {
+            *guard = self.redis.connect().await.ok();
+        }
+        guard.clone()
+    }
+
+    /// Writes outbox rows for unsent messages that have none (those with
+    /// one keep it). If Postgres refuses too, the lost-dispatch pass finds
+    /// the tasks after its grace.
+    async fn leave_to_enqueuer<'m>(&self, unsent: impl Iterator<Item = &'m OutboxMessage>) {
+        let rowless: Vec<OutboxMessage> = unsent
+            .filter(|message| message.outbox_id.is_none())
+            .cloned()
+            .collect();
+        if let Err(error) = tasks::queue_unsent(self.store.pool(), &rowless).await {
+            tracing::warn!(%error, count = rowless.len(),
+                "could not queue unsent tasks; the lost-dispatch pass will send them");
         }
     }
 }

@@ -896,6 +896,10 @@ pub struct EventWrite<'a> {
     /// The run is paused: tasks are armed HELD (no outbox row) and timers
     /// held, until it resumes.
     pub held: bool,
+    /// The committing server publishes the armed tasks itself: the task
+    /// rows are their own outbox and no outbox row is written (decision
+    /// 0024). False (no publisher): outbox rows, for the enqueuer.
+    pub published_by_caller: bool,
 }
 
 /// A run to create with its first event's write (see [`write_event`]).
@@ -968,8 +972,10 @@ const WRITE_ROWS: &str = "node_rows AS ( \
 /// Arms tasks and queues them; parameters from `$n`. `held` (the run is
 /// paused): the tasks are HELD and get no outbox row. A task whose
 /// concurrency key is full is WAITING_SLOT (the `tasks_take_slot` trigger)
-/// and gets none either.
-fn write_tasks(n: usize, held: bool) -> String {
+/// and gets none either. `outbox`: DISPATCHED tasks get an outbox row;
+/// without it the task rows are their own outbox (decision 0024) and
+/// `queued` reads them from `armed`.
+fn write_tasks(n: usize, held: bool, outbox: bool) -> String {
     let p = |i: usize| format!("${}", n + i);
     let status = if held { "'HELD'" } else { "'DISPATCHED'" };
     format!(
@@ -1000,11 +1006,12 @@ fn write_tasks(n: usize, held: bool) -> String {
              concurrency_max = EXCLUDED.concurrency_max, \
              concurrency_seq = EXCLUDED.concurrency_seq \
            RETURNING id, namespace, queue, attempt, run_id, priority, status), \
-         queued AS ( \
-           INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
-           SELECT namespace, queue, id, attempt, run_id, priority FROM armed \
-           WHERE status = 'DISPATCHED' \
-           RETURNING *)",
+         {queued}",
+        queued = if outbox {
+            QUEUE_IN_OUTBOX
+        } else {
+            QUEUE_IN_TASKS
+        },
         ids = p(0),
         nodes = p(1),
         queues = p(2),
@@ -1022,6 +1029,19 @@ fn write_tasks(n: usize, held: bool) -> String {
         slot_maxes = p(14),
     )
 }
+
+/// The armed DISPATCHED tasks' messages, as outbox rows.
+const QUEUE_IN_OUTBOX: &str = "queued AS ( \
+       INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+       SELECT namespace, queue, id, attempt, run_id, priority FROM armed \
+       WHERE status = 'DISPATCHED' \
+       RETURNING id, namespace, queue, task_id, attempt, shard_key, priority)";
+
+/// The armed DISPATCHED tasks' messages, read from the task rows: no row
+/// is written for them (decision 0024).
+const QUEUE_IN_TASKS: &str = "queued AS ( \
+       SELECT NULL::bigint AS id, namespace, queue, id AS task_id, attempt, \
+         run_id AS shard_key, priority FROM armed WHERE status = 'DISPATCHED')";
 
 /// Schedules (or moves) timers; parameters from `$n`. `held`: the run is
 /// paused, the timers wait for its resume.
@@ -1098,7 +1118,7 @@ pub async fn write_event(
     ];
     let mut next = if insert.is_some() { 26 } else { 18 };
     if !tasks.is_empty() {
-        parts.push(write_tasks(next, write.held));
+        parts.push(write_tasks(next, write.held, !write.published_by_caller));
         next += 15;
     }
     if !timers.is_empty() {
@@ -1220,7 +1240,7 @@ pub async fn write_event(
     let created_at: DateTime<Utc> = first.try_get("created_at")?;
     let mut outbox = Vec::with_capacity(rows.len());
     for row in &rows {
-        if row.try_get::<Option<i64>, _>("outbox_id")?.is_some() {
+        if row.try_get::<Option<Uuid>, _>("task_id")?.is_some() {
             outbox.push(crate::tasks::outbox_from_row(row)?);
         }
     }

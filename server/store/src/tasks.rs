@@ -550,11 +550,12 @@ pub async fn republish_lost_dispatches(
     .rows_affected())
 }
 
-/// An outbox row taken for sending.
+/// A task to send to its stream.
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxMessage {
-    /// The outbox row.
-    pub outbox_id: i64,
+    /// Its outbox row; None when the task row is its own outbox (the
+    /// committing server sends it, decision 0024).
+    pub outbox_id: Option<i64>,
     /// Namespace.
     pub namespace: String,
     /// Queue.
@@ -594,6 +595,45 @@ pub async fn take_outbox(
         .map(outbox_from_row)
         .collect::<Result<_, sqlx::Error>>()
         .map_err(StoreError::from)
+}
+
+/// Writes outbox rows for messages the committing server could not send
+/// (Redis refused them or was not reached), so any server's enqueuer
+/// sends them once Redis takes them again; the commit notifies it.
+pub async fn queue_unsent(pool: &PgPool, messages: &[OutboxMessage]) -> Result<u64, StoreError> {
+    if messages.is_empty() {
+        return Ok(0);
+    }
+    let mut tx = pool.begin().await?;
+    // queue_unsent: one multi-row insert; a task leased or re-armed since
+    // gets a message that loses its lease update, as any duplicate does
+    let written = sqlx::query(
+        "INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::uuid[], $4::int[], $5::uuid[], \
+           $6::smallint[])",
+    )
+    .bind(
+        messages
+            .iter()
+            .map(|m| m.namespace.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(
+        messages
+            .iter()
+            .map(|m| m.queue.as_str())
+            .collect::<Vec<_>>(),
+    )
+    .bind(messages.iter().map(|m| m.task_id).collect::<Vec<_>>())
+    .bind(messages.iter().map(|m| m.attempt).collect::<Vec<_>>())
+    .bind(messages.iter().map(|m| m.shard_key).collect::<Vec<_>>())
+    .bind(messages.iter().map(|m| m.priority).collect::<Vec<_>>())
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    crate::runs::notify_outbox(&mut tx).await?;
+    tx.commit().await?;
+    Ok(written)
 }
 
 /// Deletes outbox rows the committing server already published. Losing this
