@@ -1155,26 +1155,30 @@ async fn history_records_who_held_each_lease_and_when_one_expired() {
         of_step,
         [
             ("node_started", 0),
-            ("task_leased", 1),
             ("lease_expired", 1),
             ("attempt_failed", 1),
             ("retry_scheduled", 2),
-            ("task_leased", 2),
             ("node_completed", 2),
         ],
         "{history:#?}"
     );
-    let holders: Vec<String> = history
+    // each ended lease names its worker in the attempt's outcome entry
+    // (one history row per attempt, decision 0024)
+    let holders: Vec<(&str, String)> = history
         .iter()
-        .filter(|e| e.event_type == "task_leased")
-        .map(|e| {
-            composer_testkit::worker::json_of(e.details.clone().expect("details"))["worker_id"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned()
+        .filter_map(|e| {
+            let details = composer_testkit::worker::json_of(e.details.clone()?);
+            let worker = details["worker_id"].as_str()?.to_owned();
+            Some((e.event_type.as_str(), worker))
         })
         .collect();
-    assert_eq!(holders, ["test-worker-0", "test-worker-0"]);
+    assert_eq!(
+        holders,
+        [
+            ("lease_expired", "test-worker-0".to_owned()),
+            ("node_completed", "test-worker-0".to_owned())
+        ]
+    );
     // every type the server wrote is one of the documented list
     let known: Vec<&str> = composer_engine::history::HistoryEventType::ALL
         .iter()

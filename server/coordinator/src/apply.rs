@@ -188,6 +188,9 @@ pub(crate) struct RunTxn<'a> {
     touched: BTreeMap<NodeKey, NodeState>,
     timers: BTreeMap<String, Option<TimerWrite>>,
     history: Vec<HistoryWrite>,
+    /// The `task_leased` entry of the event being applied, by its index in
+    /// `history`: the attempt's outcome entry takes its worker and it goes.
+    lease_entry: Option<usize>,
     /// Events to apply, each with its actor and, for the end of a leased
     /// attempt, the worker that held the lease.
     queue: VecDeque<(Event, String, Option<String>)>,
@@ -305,6 +308,7 @@ impl<'a> RunTxn<'a> {
             touched: BTreeMap::new(),
             timers: BTreeMap::new(),
             history: Vec::new(),
+            lease_entry: None,
             queue: VecDeque::new(),
             began: std::time::Instant::now(),
             arms: Vec::new(),
@@ -384,6 +388,10 @@ impl<'a> RunTxn<'a> {
             .push_back((event, actor.to_owned(), Some(worker_id)));
     }
 
+    /// Writes which worker held the lease that `event` ends, as its own
+    /// `task_leased` entry; the attempt's outcome entry, if the event
+    /// writes one, takes it over (`record_history`), so a completed attempt
+    /// costs one history row, not two.
     fn note_lease(&mut self, event: &Event, worker_id: &str, actor: &str) {
         let (Event::TaskCompleted { node, attempt, .. }
         | Event::TaskFailed { node, attempt, .. }
@@ -391,6 +399,7 @@ impl<'a> RunTxn<'a> {
         else {
             return;
         };
+        self.lease_entry = Some(self.history.len());
         self.history.push(HistoryWrite {
             event_type: HistoryEventType::TaskLeased.as_str().to_owned(),
             node_key: Some(node.to_string()),
@@ -400,6 +409,32 @@ impl<'a> RunTxn<'a> {
         });
     }
 
+    /// Appends an entry the engine asked for. The outcome of a leased
+    /// attempt (`node_completed`, `attempt_failed`, `lease_expired`) takes
+    /// the attempt's `task_leased` entry into its details as `worker_id`.
+    fn record_history(&mut self, mut entry: HistoryWrite) {
+        let is_outcome = [
+            HistoryEventType::NodeCompleted,
+            HistoryEventType::AttemptFailed,
+            HistoryEventType::LeaseExpired,
+        ]
+        .iter()
+        .any(|t| t.as_str() == entry.event_type);
+        if let Some(index) = self.lease_entry
+            && is_outcome
+            && let Some(lease) = self.history.get(index)
+            && lease.node_key == entry.node_key
+            && lease.attempt == entry.attempt
+            && let Json::Object(details) = &mut entry.details
+            && let Some(worker) = lease.details.get("worker_id")
+        {
+            details.insert("worker_id".to_owned(), worker.clone());
+            self.history.remove(index);
+            self.lease_entry = None;
+        }
+        self.history.push(entry);
+    }
+
     /// Applies every queued event (and the ones they cause), then writes the
     /// result. The caller commits.
     pub(crate) async fn finish(
@@ -407,6 +442,7 @@ impl<'a> RunTxn<'a> {
         conn: &mut PgConnection,
     ) -> Result<Applied, CoordinatorError> {
         while let Some((event, actor, lease_holder)) = self.queue.pop_front() {
+            self.lease_entry = None;
             if let Some(worker_id) = lease_holder {
                 self.note_lease(&event, &worker_id, &actor);
             }
@@ -644,7 +680,7 @@ impl<'a> RunTxn<'a> {
                 node,
                 attempt,
                 detail,
-            } => self.history.push(HistoryWrite {
+            } => self.record_history(HistoryWrite {
                 event_type: kind.as_str().to_owned(),
                 node_key: node.map(|n| n.to_string()),
                 attempt: attempt.and_then(|a| i32::try_from(a).ok()),
