@@ -349,6 +349,27 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
     }
 }
 
+/// The most frequent statements of a throughput row, per task.
+fn statements_table(t: &mut String, row: &benches::Throughput) {
+    if row.top_statements.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        t,
+        "Statements per task in {}, most frequent first (pg_stat_statements):\n\n| calls / task | exec ms / task | statement |\n| --- | --- | --- |",
+        row.label
+    );
+    for (q, calls, ms) in &row.top_statements {
+        let short: String = q.chars().take(110).collect();
+        let _ = writeln!(
+            t,
+            "| {calls:.2} | {ms:.3} | `{}` |",
+            short.replace('|', "/")
+        );
+    }
+    t.push('\n');
+}
+
 /// The SDK issues' targets, as a ratio to the Rust worker.
 fn sdk_target(label: &str) -> Option<f64> {
     if label.contains("Go SDK") {
@@ -735,22 +756,9 @@ fn observability_rows(t: &mut String, observed: &observability::Observability) {
 
 fn render_details(r: &Results) -> String {
     let mut t = String::new();
-    if let Some(row) = &r.b1
-        && !row.top_statements.is_empty()
-    {
-        let _ = writeln!(
-            t,
-            "Statements per task in B1 (Rust worker), most frequent first (pg_stat_statements):\n\n| calls / task | exec ms / task | statement |\n| --- | --- | --- |"
-        );
-        for (q, calls, ms) in &row.top_statements {
-            let short: String = q.chars().take(110).collect();
-            let _ = writeln!(
-                t,
-                "| {calls:.2} | {ms:.3} | `{}` |",
-                short.replace('|', "/")
-            );
-        }
-        t.push('\n');
+    // B1, and the widest B5: where one server and several differ
+    for row in r.b1.iter().chain(r.scale.last()) {
+        statements_table(&mut t, row);
     }
     if let Some(perf) = r.b1.as_ref().and_then(|b| b.perf.as_ref()) {
         let _ = writeln!(t, "perf during B1 (Rust worker):\n\n```\n{}```\n", perf);
