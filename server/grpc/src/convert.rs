@@ -127,3 +127,70 @@ pub fn page_size(requested: i32) -> Result<i64, Status> {
         n => Ok(i64::from(n.min(1000))),
     }
 }
+
+/// A `page_token` read back: None for the first page (empty), the key it
+/// holds, or INVALID_ARGUMENT naming the field when `parse` does not
+/// recognise it as one this server issued.
+pub fn page_token<'t, T>(
+    token: &'t str,
+    parse: impl FnOnce(&'t str) -> Option<T>,
+) -> Result<Option<T>, Status> {
+    if token.is_empty() {
+        return Ok(None);
+    }
+    parse(token)
+        .map(Some)
+        .ok_or_else(|| invalid_field("page_token", "not a token this server issued"))
+}
+
+/// A keyset page from rows fetched with one more than `limit`: the page,
+/// and the next page's token (`token_of` its last row; empty when this is
+/// the last page).
+pub fn keyset_page<T>(
+    mut rows: Vec<T>,
+    limit: i64,
+    token_of: impl FnOnce(&T) -> String,
+) -> (Vec<T>, String) {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let more = rows.len() > limit;
+    rows.truncate(limit);
+    let next = match (more, rows.last()) {
+        (true, Some(last)) => token_of(last),
+        _ => String::new(),
+    };
+    (rows, next)
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_token_is_the_first_page_and_a_foreign_one_names_the_field() {
+        assert_eq!(page_token("", |t| t.parse::<i64>().ok()).unwrap(), None);
+        assert_eq!(
+            page_token("42", |t| t.parse::<i64>().ok()).unwrap(),
+            Some(42)
+        );
+        let refused = page_token("forty-two", |t| t.parse::<i64>().ok()).unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+        assert!(refused.message().contains("page_token"), "{refused:?}");
+    }
+
+    #[test]
+    fn a_page_with_one_row_more_than_asked_has_a_next_token_from_its_last_row() {
+        let (page, next) = keyset_page(vec![1, 2, 3], 2, |last| last.to_string());
+        assert_eq!(page, [1, 2]);
+        assert_eq!(next, "2");
+    }
+
+    #[test]
+    fn the_last_page_has_no_next_token() {
+        let (page, next) = keyset_page(vec![1, 2], 2, |last| last.to_string());
+        assert_eq!(page, [1, 2]);
+        assert_eq!(next, "");
+        let (page, next) = keyset_page(Vec::<i32>::new(), 2, |last| last.to_string());
+        assert!(page.is_empty());
+        assert_eq!(next, "");
+    }
+}

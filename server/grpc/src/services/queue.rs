@@ -12,7 +12,7 @@ use tonic::{Request, Response, Status};
 
 use crate::{
     caller::caller,
-    convert::{page_size, timestamp},
+    convert::{keyset_page, page_size, page_token, timestamp},
     status::{check_name, from_coordinator, invalid_field},
 };
 
@@ -158,25 +158,15 @@ impl QueueService for QueueApi {
         let caller = caller(&request)?;
         let request = request.into_inner();
         let limit = page_size(request.page_size)?;
-        let after = match request.page_token.as_str() {
-            "" => None,
-            token => {
-                check_name("page_token", token)
-                    .map_err(|_| invalid_field("page_token", "not a token this server issued"))?;
-                Some(token)
-            }
-        };
+        let after = page_token(&request.page_token, |token| {
+            check_name("page_token", token).ok().map(|()| token)
+        })?;
         let rows = self
             .coordinator
             .list_queue_rate_limits(&caller.namespace, after, limit + 1)
             .await
             .map_err(from_coordinator)?;
-        let more = rows.len() as i64 > limit;
-        let page: Vec<RateLimitRow> = rows.into_iter().take(limit as usize).collect();
-        let next_page_token = match (more, page.last()) {
-            (true, Some(last)) => last.queue.clone(),
-            _ => String::new(),
-        };
+        let (page, next_page_token) = keyset_page(rows, limit, |last| last.queue.clone());
         Ok(Response::new(ListQueueRateLimitsResponse {
             limits: page.into_iter().map(limit_message).collect(),
             next_page_token,

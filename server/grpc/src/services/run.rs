@@ -25,7 +25,10 @@ use uuid::Uuid;
 use super::bulk::{self, BulkFields};
 use crate::{
     caller::caller,
-    convert::{from_json, from_json_opt, from_timestamp, page_size, timestamp, to_json},
+    convert::{
+        from_json, from_json_opt, from_timestamp, keyset_page, page_size, page_token, timestamp,
+        to_json,
+    },
     status::{
         MAX_KEY_BYTES, MAX_TEXT_BYTES, check_name, check_text, from_coordinator, invalid_field,
     },
@@ -233,15 +236,12 @@ fn parse_run_id(run_id: &str) -> Result<Uuid, Status> {
 }
 
 fn runs_cursor(token: &str) -> Result<Option<(chrono::DateTime<chrono::Utc>, Uuid)>, Status> {
-    if token.is_empty() {
-        return Ok(None);
-    }
     check_text("page_token", token, MAX_KEY_BYTES)?;
-    let bad = || invalid_field("page_token", "not a token this server issued");
-    let (micros, id) = token.split_once('_').ok_or_else(bad)?;
-    let micros: i64 = micros.parse().map_err(|_| bad())?;
-    let time = chrono::DateTime::from_timestamp_micros(micros).ok_or_else(bad)?;
-    Ok(Some((time, Uuid::parse_str(id).map_err(|_| bad())?)))
+    page_token(token, |token| {
+        let (micros, id) = token.split_once('_')?;
+        let time = chrono::DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+        Some((time, Uuid::parse_str(id).ok()?))
+    })
 }
 
 /// The statuses a ListRuns asks for, as stored; each names its index.
@@ -447,12 +447,9 @@ impl RunService for RunApi {
             .list_runs(&caller.namespace, &filter, cursor, limit + 1)
             .await
             .map_err(from_coordinator)?;
-        let more = rows.len() as i64 > limit;
-        let page: Vec<RunRow> = rows.into_iter().take(limit as usize).collect();
-        let next_page_token = match (more, page.last()) {
-            (true, Some(last)) => format!("{}_{}", last.created_at.timestamp_micros(), last.id),
-            _ => String::new(),
-        };
+        let (page, next_page_token) = keyset_page(rows, limit, |last| {
+            format!("{}_{}", last.created_at.timestamp_micros(), last.id)
+        });
         Ok(Response::new(ListRunsResponse {
             runs: page
                 .into_iter()
@@ -751,23 +748,13 @@ impl RunService for RunApi {
         let request = request.into_inner();
         require_run_id(&request.run_id)?;
         let limit = page_size(request.page_size)?;
-        let after: i64 = match request.page_token.as_str() {
-            "" => 0,
-            token => token
-                .parse()
-                .map_err(|_| invalid_field("page_token", "not a token this server issued"))?,
-        };
+        let after: i64 = page_token(&request.page_token, |token| token.parse().ok())?.unwrap_or(0);
         let rows = self
             .coordinator
             .history(Some(&caller.namespace), &request.run_id, after, limit + 1)
             .await
             .map_err(from_coordinator)?;
-        let more = rows.len() as i64 > limit;
-        let page: Vec<HistoryRow> = rows.into_iter().take(limit as usize).collect();
-        let next_page_token = match (more, page.last()) {
-            (true, Some(last)) => last.seq.to_string(),
-            _ => String::new(),
-        };
+        let (page, next_page_token) = keyset_page(rows, limit, |last| last.seq.to_string());
         Ok(Response::new(GetRunHistoryResponse {
             events: page.into_iter().map(history_message).collect(),
             next_page_token,

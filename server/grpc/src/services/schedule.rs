@@ -21,7 +21,7 @@ use tonic::{Request, Response, Status};
 
 use crate::{
     caller::caller,
-    convert::{from_json, page_size, timestamp, to_json},
+    convert::{from_json, keyset_page, page_size, page_token, timestamp, to_json},
     services::run::{MAX_LABELS, check_label_keys},
     status::{
         MAX_KEY_BYTES, MAX_TEXT_BYTES, check_name, check_text, from_coordinator, invalid_field,
@@ -297,25 +297,15 @@ impl ScheduleService for ScheduleApi {
         let caller = caller(&request)?;
         let request = request.into_inner();
         let limit = page_size(request.page_size)?;
-        let after = match request.page_token.as_str() {
-            "" => None,
-            token => {
-                check_name("page_token", token)
-                    .map_err(|_| invalid_field("page_token", "not a token this server issued"))?;
-                Some(token)
-            }
-        };
+        let after = page_token(&request.page_token, |token| {
+            check_name("page_token", token).ok().map(|()| token)
+        })?;
         let views = self
             .coordinator
             .list_schedules(&caller.namespace, after, limit + 1)
             .await
             .map_err(from_coordinator)?;
-        let more = views.len() as i64 > limit;
-        let page: Vec<ScheduleView> = views.into_iter().take(limit as usize).collect();
-        let next_page_token = match (more, page.last()) {
-            (true, Some(last)) => last.row.id.clone(),
-            _ => String::new(),
-        };
+        let (page, next_page_token) = keyset_page(views, limit, |last| last.row.id.clone());
         Ok(Response::new(ListSchedulesResponse {
             schedules: page.into_iter().map(schedule_message).collect(),
             next_page_token,

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 
 use crate::{
     caller::caller,
-    convert::{from_json, page_size, timestamp},
+    convert::{from_json, keyset_page, page_size, page_token, timestamp},
     status::{MAX_KEY_BYTES, check_text, from_coordinator, invalid_field},
 };
 
@@ -159,13 +159,7 @@ impl WorkflowService for WorkflowApi {
             )
             .await
             .map_err(from_coordinator)?;
-        let more = rows.len() as i64 > limit;
-        let page: Vec<WorkflowRow> = rows.into_iter().take(limit as usize).collect();
-        let next_page_token = if more {
-            page.last().map(|r| r.name.clone()).unwrap_or_default()
-        } else {
-            String::new()
-        };
+        let (page, next_page_token) = keyset_page(rows, limit, |last| last.name.clone());
         Ok(Response::new(ListWorkflowsResponse {
             workflows: page
                 .into_iter()
@@ -189,12 +183,8 @@ impl WorkflowService for WorkflowApi {
         let request = request.into_inner();
         check_name(&request.name)?;
         let limit = page_size(request.page_size)?;
-        let before = match request.page_token.as_str() {
-            "" => i32::MAX,
-            token => token
-                .parse::<i32>()
-                .map_err(|_| invalid_field("page_token", "not a token this server issued"))?,
-        };
+        let before =
+            page_token(&request.page_token, |token| token.parse::<i32>().ok())?.unwrap_or(i32::MAX);
         let rows = self
             .coordinator
             .list_workflow_versions(&caller.namespace, &request.name, before, limit + 1)
@@ -206,15 +196,7 @@ impl WorkflowService for WorkflowApi {
                 request.name
             )));
         }
-        let more = rows.len() as i64 > limit;
-        let page: Vec<WorkflowRow> = rows.into_iter().take(limit as usize).collect();
-        let next_page_token = if more {
-            page.last()
-                .map(|r| r.version.to_string())
-                .unwrap_or_default()
-        } else {
-            String::new()
-        };
+        let (page, next_page_token) = keyset_page(rows, limit, |last| last.version.to_string());
         Ok(Response::new(ListWorkflowVersionsResponse {
             versions: page
                 .into_iter()
