@@ -3,9 +3,10 @@
 //! (docs/decisions/0023-group-commit.md).
 //!
 //! Each item (one StartRun, or one run's batch of reports) is still
-//! decided on its own run, under its own savepoint: an item that fails is
-//! undone alone and applied again on its own after the group's commit,
-//! so it never fails the others. Nobody is answered before the commit.
+//! decided on its own run. An item that fails aborts the transaction: the
+//! others are applied again as a group without it, and it goes on its own
+//! after their commit, so it never fails the others. Nobody is answered
+//! before the commit.
 //!
 //! Gathering never waits while nothing is being applied: the first item
 //! at an idle server goes at once, alone. Items that arrive while groups
@@ -32,9 +33,8 @@ use crate::{
     workflows::LoadedWorkflow,
 };
 
-/// Items one group holds at most. A savepoint that wrote takes one of
-/// Postgres's 64 cached subtransaction ids; past them every snapshot of
-/// every session gets slower.
+/// Items one group holds at most: bounds one transaction's locks, and the
+/// work redone when one of its items fails.
 pub const MAX_GROUP_ITEMS: usize = 64;
 
 /// Groups applied at once, each on its own connection.
@@ -91,9 +91,14 @@ impl GroupItem {
 enum Outcome {
     Reports(Vec<ReportAnswer>, Applied),
     Start(Applied),
-    /// Its statements failed and were undone: it goes again alone, after
-    /// the commit.
-    Alone,
+}
+
+/// Why a group's transaction committed nothing.
+enum GroupFailed {
+    /// This item's statements failed: the others go again without it.
+    Item(usize, CoordinatorError),
+    /// The group's own statements failed (`BEGIN`, `COMMIT`).
+    Group(CoordinatorError),
 }
 
 /// The items waiting for a group and the groups under way.
@@ -270,39 +275,51 @@ impl Coordinator {
         }
     }
 
-    /// Applies a group: one transaction, a savepoint per item; answers
-    /// after the commit; then the items that failed, each alone.
+    /// Applies a group: one transaction; answers after the commit. An item
+    /// whose statements fail aborts the transaction: the others are
+    /// applied again as a group without it (once; a second failure sends
+    /// every item alone), and it goes alone after their commit.
     async fn apply_group(&self, mut items: Vec<GroupItem>) {
-        if items.len() == 1 {
-            if let Some(item) = items.pop() {
-                self.apply_alone(item).await;
-            }
-            return;
-        }
         items.sort_by(|a, b| a.lock_order().cmp(&b.lock_order()));
-        self.group_commit.count(items.len());
-        let outcomes = match self.group_transaction(&items).await {
-            Ok(outcomes) => outcomes,
-            Err(error) => {
-                tracing::warn!(%error, items = items.len(), "group transaction failed; items alone");
-                for item in items {
-                    self.apply_alone(item).await;
-                }
-                return;
+        let mut failed = Vec::new();
+        for attempt in 0..2 {
+            if items.len() <= 1 {
+                break;
             }
-        };
-        self.answer_group(items, outcomes).await;
+            self.group_commit.count(items.len());
+            match self.group_transaction(&items).await {
+                Ok(outcomes) => {
+                    self.answer_group(items, outcomes).await;
+                    items = Vec::new();
+                    break;
+                }
+                Err(GroupFailed::Item(index, error)) if attempt == 0 => {
+                    tracing::debug!(%error, "group item failed; the others go again without it");
+                    failed.push(items.remove(index));
+                }
+                Err(GroupFailed::Item(_, error) | GroupFailed::Group(error)) => {
+                    tracing::warn!(%error, items = items.len(), "group transaction failed; items alone");
+                    break;
+                }
+            }
+        }
+        for item in items.into_iter().chain(failed) {
+            self.apply_alone(item).await;
+        }
     }
 
-    /// The group's transaction. Err: nothing of it was committed.
-    async fn group_transaction(
-        &self,
-        items: &[GroupItem],
-    ) -> Result<Vec<Outcome>, CoordinatorError> {
-        let mut tx = self.store.begin().await?;
+    /// The group's transaction. Err: nothing of it was committed. No
+    /// savepoint per item: an item's failure is rare, and redoing the
+    /// group then is cheaper than a savepoint round trip and a
+    /// subtransaction id for every item of every group (decision 0023).
+    async fn group_transaction(&self, items: &[GroupItem]) -> Result<Vec<Outcome>, GroupFailed> {
+        let mut tx = self
+            .store
+            .begin()
+            .await
+            .map_err(|e| GroupFailed::Group(e.into()))?;
         let mut outcomes = Vec::with_capacity(items.len());
-        for item in items {
-            composer_store::group::savepoint(&mut tx).await?;
+        for (index, item) in items.iter().enumerate() {
             let applied = match item {
                 GroupItem::Reports { queue, batch, .. } => self
                     .apply_reports_on(&mut tx, queue, batch)
@@ -312,27 +329,21 @@ impl Coordinator {
                     self.insert_start(&mut tx, start).await.map(Outcome::Start)
                 }
             };
-            match applied {
-                Ok(outcome) => outcomes.push(outcome),
-                Err(error) => {
-                    tracing::debug!(%error, "group item undone; it goes again alone");
-                    composer_store::group::rollback_item(&mut tx).await?;
-                    outcomes.push(Outcome::Alone);
-                }
-            }
+            outcomes.push(applied.map_err(|error| GroupFailed::Item(index, error))?);
         }
-        tx.commit().await?;
+        tx.commit()
+            .await
+            .map_err(|e| GroupFailed::Group(e.into()))?;
         Ok(outcomes)
     }
 
     /// After the commit: reports are answered before the tasks their
     /// events armed go out (as a run's own batch does), StartRuns after
-    /// (as the one-statement start does); then the items undone, alone.
+    /// (as the one-statement start does).
     async fn answer_group(&self, items: Vec<GroupItem>, outcomes: Vec<Outcome>) {
         let mut reported: Vec<Applied> = Vec::with_capacity(items.len());
         let mut starts = Vec::new();
         let mut reports_done = Vec::new();
-        let mut alone = Vec::new();
         for (item, outcome) in items.into_iter().zip(outcomes) {
             match (item, outcome) {
                 (GroupItem::Reports { batch, done, .. }, Outcome::Reports(answers, applied)) => {
@@ -345,7 +356,8 @@ impl Coordinator {
                 (GroupItem::Start { answer, .. }, Outcome::Start(applied)) => {
                     starts.push((answer, applied));
                 }
-                (item, _) => alone.push(item),
+                // items and outcomes are zipped in order: never mixed
+                (GroupItem::Reports { .. } | GroupItem::Start { .. }, _) => {}
             }
         }
         let mut to_announce: Vec<&mut Applied> = reported.iter_mut().collect();
@@ -360,9 +372,6 @@ impl Coordinator {
         }
         for done in reports_done {
             let _ = done.send(());
-        }
-        for item in alone {
-            self.apply_alone(item).await;
         }
     }
 

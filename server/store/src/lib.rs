@@ -4,7 +4,6 @@
 pub mod bulk;
 pub mod concurrency;
 pub mod events;
-pub mod group;
 pub mod pause;
 pub mod rate_limits;
 pub mod runs;
