@@ -142,12 +142,14 @@ impl HistoryEventType {
                 "a node became ready and started its attempt (for a TASK: the task was created and dispatched)"
             }
             Self::TaskLeased => {
-                "a worker held this attempt's lease; `details.worker_id` names it. Written with the attempt's outcome (its report or its expiry), not when the lease is taken, so leasing stays one statement"
+                "a worker held this attempt's lease; `details.worker_id` names it. Written with the attempt's outcome (its report or its expiry), not when the lease is taken, so leasing stays one statement; and only when that outcome writes no entry of its own (a report the run no longer needed): otherwise the outcome entry (`node_completed`, `attempt_failed`, `lease_expired`) carries `details.worker_id`, one row per attempt"
             }
             Self::LeaseExpired => {
                 "the attempt's lease ended without a heartbeat or report (`details.worker_id`); the attempt fails with LEASE_EXPIRED and is retried by the node's policy"
             }
-            Self::NodeCompleted => "the node's attempt succeeded; `details.output` is its output",
+            Self::NodeCompleted => {
+                "the node's attempt succeeded; `details.output` is its output; for a TASK, `details.worker_id` the worker that ran it"
+            }
             Self::AttemptFailed => "one attempt failed; `details.code`, `message`, `retryable`",
             Self::RetryScheduled => "a next attempt is due after `details.delay_ms`",
             Self::NodeFailed => "the node failed for good (no attempts left, or not retryable)",
