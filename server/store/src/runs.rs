@@ -495,8 +495,10 @@ pub async fn append_history(
         "WITH reserved AS ( \
            UPDATE runs SET history_seq = history_seq + $3 WHERE id = $1 \
            RETURNING history_seq - $3 AS base) \
-         INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, details) \
-         SELECT $1, reserved.base + t.ord, $2, t.ty, t.node, t.attempt, t.actor, t.details \
+         INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, details, \
+           created_at) \
+         SELECT $1, reserved.base + t.ord, $2, t.ty, t.node, t.attempt, t.actor, t.details, \
+           clock_timestamp() \
            FROM reserved, UNNEST($4::text[], $5::text[], $6::int[], $7::text[], $8::jsonb[]) \
              WITH ORDINALITY AS t(ty, node, attempt, actor, details, ord)",
     )
@@ -954,7 +956,11 @@ const INSERT_RUN: &str = "run_row AS ( \
        ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
        RETURNING 0::bigint AS base, created_at, priority)";
 
-/// Node rows and history, after `run_row`.
+/// Node rows and history, after `run_row`. A history entry's time is when
+/// its statement ran (`clock_timestamp()`), not when its transaction began
+/// (`now()`): a group transaction may begin well before an item's event,
+/// and a run that waited on another's lock would otherwise be dated
+/// before what it waited for.
 const WRITE_ROWS: &str = "node_rows AS ( \
        INSERT INTO run_nodes (run_id, node_key, status, state, started_at, ended_at) \
        SELECT $1, k, s, st, now(), CASE WHEN e THEN now() END \
@@ -964,8 +970,10 @@ const WRITE_ROWS: &str = "node_rows AS ( \
          state = EXCLUDED.state, updated_at = now(), \
          ended_at = CASE WHEN EXCLUDED.ended_at IS NOT NULL THEN now() END), \
      history AS ( \
-       INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, details) \
-       SELECT $1, run_row.base + h.ord, $8, h.ty, h.node, h.attempt, h.actor, h.details \
+       INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, \
+         details, created_at) \
+       SELECT $1, run_row.base + h.ord, $8, h.ty, h.node, h.attempt, h.actor, h.details, \
+         clock_timestamp() \
          FROM run_row, UNNEST($13::text[], $14::text[], $15::int[], $16::text[], $17::jsonb[]) \
            WITH ORDINALITY AS h(ty, node, attempt, actor, details, ord))";
 
