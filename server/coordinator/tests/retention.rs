@@ -1,37 +1,19 @@
 //! Retention against the real Postgres: finished runs go with everything
 //! that hangs off them; old history partitions are dropped whole.
 
+mod common;
+
 use std::time::Duration;
 
 use composer_coordinator::{Coordinator, CoordinatorConfig, StartRun};
-use composer_store::{Store, StoreConfig};
 use serde_json::json;
 
 async fn coordinator() -> Coordinator {
-    let store = Store::connect(&StoreConfig {
-        database_url: composer_testkit::fresh_database().await,
-        max_connections: 4,
-        connect_timeout: Duration::from_secs(10),
-        query_timeout: std::time::Duration::from_secs(30),
-    })
-    .await
-    .expect("connect");
-    store.migrate().await.expect("migrate");
-    Coordinator::new(store, CoordinatorConfig::default())
+    Coordinator::new(common::fresh_store(4).await, CoordinatorConfig::default())
 }
 
 fn start(workflow: &str) -> StartRun {
-    StartRun {
-        namespace: "default".to_owned(),
-        workflow_name: workflow.to_owned(),
-        version: None,
-        input: json!({}),
-        idempotency_key: None,
-        labels: json!({}),
-        actor: "test".to_owned(),
-        traceparent: None,
-        priority: 3,
-    }
+    common::start_request(workflow, json!({}))
 }
 
 async fn count(coordinator: &Coordinator, sql: &str) -> i64 {

@@ -4,11 +4,12 @@
 //! then; a task whose send was lost (a crash right after the commit) is
 //! found by the lost-dispatch pass. Real Postgres and Redis throughout.
 
-use std::sync::Arc;
-use std::time::Duration;
+mod common;
 
-use composer_coordinator::{Coordinator, CoordinatorConfig, StartRun, dispatch::Publisher};
-use composer_store::{Store, StoreConfig, tasks};
+use std::sync::Arc;
+
+use composer_coordinator::{Coordinator, CoordinatorConfig, dispatch::Publisher};
+use composer_store::tasks;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -18,15 +19,7 @@ const WORKFLOW: &str =
 /// A coordinator on a fresh database whose committed tasks go to
 /// `redis_url` at once.
 async fn coordinator_publishing_to(redis_url: &str) -> Coordinator {
-    let store = Store::connect(&StoreConfig {
-        database_url: composer_testkit::fresh_database().await,
-        max_connections: 4,
-        connect_timeout: Duration::from_secs(10),
-        query_timeout: Duration::from_secs(30),
-    })
-    .await
-    .expect("connect");
-    store.migrate().await.expect("migrate");
+    let store = common::fresh_store(4).await;
     let (publisher, deleter) = Publisher::new(store.clone(), redis_url, 1).expect("publisher");
     tokio::spawn(deleter);
     let coordinator = Coordinator::new(store, CoordinatorConfig::default())
@@ -41,17 +34,7 @@ async fn coordinator_publishing_to(redis_url: &str) -> Coordinator {
 
 async fn start_one(coordinator: &Coordinator) -> Uuid {
     let (run, created) = coordinator
-        .start_run(StartRun {
-            namespace: "default".to_owned(),
-            workflow_name: "one".to_owned(),
-            version: None,
-            input: json!({}),
-            idempotency_key: None,
-            labels: json!({}),
-            actor: "test".to_owned(),
-            traceparent: None,
-            priority: 3,
-        })
+        .start_run(common::start_request("one", json!({})))
         .await
         .expect("start");
     assert!(created);
