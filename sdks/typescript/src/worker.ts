@@ -291,10 +291,14 @@ export class Slots {
   /** Resolves once a slot is free (or `signal` aborts). */
   async waitFree(signal?: AbortSignal): Promise<void> {
     while (this.free <= 0 && !signal?.aborted) {
+      // the abort listener goes with the wait: one left per wait piles up on a long-lived signal
+      let onAbort: (() => void) | undefined;
       await new Promise<void>((resolve) => {
+        onAbort = () => resolve();
         this.#waiters.push(resolve);
-        signal?.addEventListener("abort", () => resolve(), { once: true });
+        signal?.addEventListener("abort", onAbort, { once: true });
       });
+      if (onAbort) signal?.removeEventListener("abort", onAbort);
     }
   }
 }

@@ -1,6 +1,7 @@
 // The worker's local behaviours against a fake WorkerService (tests/conformance/README.md L1-L5),
 // and what the real server cannot be made to do on cue.
 import assert from "node:assert/strict";
+import { getEventListeners } from "node:events";
 import { describe, test } from "node:test";
 import { setTimeout as sleep } from "node:timers/promises";
 
@@ -370,5 +371,21 @@ describe("slots", () => {
     await waiting;
     assert.equal(slots.highWater, 2);
     assert.throws(() => new Slots(0), RangeError);
+  });
+
+  test("waitFree leaves no listener on the stop signal once a slot frees", async () => {
+    const slots = new Slots(1);
+    const stop = new AbortController();
+    for (let i = 0; i < 20; i++) {
+      slots.acquire();
+      const waiting = slots.waitFree(stop.signal);
+      slots.release();
+      await waiting;
+    }
+    assert.equal(getEventListeners(stop.signal, "abort").length, 0);
+    slots.acquire();
+    const waiting = slots.waitFree(stop.signal);
+    stop.abort();
+    await waiting;
   });
 });
