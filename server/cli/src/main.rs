@@ -2,6 +2,11 @@
 
 use std::process::ExitCode;
 
+// The server allocates a little for every message, row and event; glibc's
+// malloc was a third of its CPU under load (BENCHMARKS.md, decision 0025).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use clap::{CommandFactory, Parser, Subcommand};
 use clap_complete::Shell;
 use composer_cli::{

@@ -203,12 +203,27 @@ pub(crate) struct RunTxn<'a> {
     /// before that one.
     insert: Option<bool>,
     applied: Applied,
+    /// The final write's values, between [`RunTxn::stage`] and the write.
+    staged: Option<Staged>,
     /// When this transaction began, for its duration.
     began: std::time::Instant,
     /// Its span and that span's traceparent (the parent of the tasks it
     /// arms and the children it starts); none unless traces are on.
     span: tracing::Span,
     traceparent: Option<String>,
+}
+
+/// A run's values for its final write, computed once its events applied.
+struct Staged {
+    status: String,
+    /// The engine record as stored (without the input).
+    record: Json,
+    error: Option<Json>,
+    ended: bool,
+    held: bool,
+    nodes: Vec<NodeWrite>,
+    timers: Vec<TimerWrite>,
+    cancelled_timers: Vec<String>,
 }
 
 /// A task attempt an event armed, not written yet.
@@ -315,6 +330,7 @@ impl<'a> RunTxn<'a> {
             fresh,
             insert: None,
             applied: Applied::default(),
+            staged: None,
         })
     }
 
@@ -441,6 +457,30 @@ impl<'a> RunTxn<'a> {
         mut self,
         conn: &mut PgConnection,
     ) -> Result<Applied, CoordinatorError> {
+        self.stage(conn).await?;
+        self.write_alone(conn).await
+    }
+
+    /// Writes a [`stage`](RunTxn::stage)d run in its own statement.
+    pub(crate) async fn write_alone(
+        self,
+        conn: &mut PgConnection,
+    ) -> Result<Applied, CoordinatorError> {
+        let arms = self.task_arms();
+        let write = self.event_write(&arms)?;
+        let insert = self.run_insert();
+        let written = runs::write_event(conn, &write, insert.as_ref()).await?;
+        drop(arms);
+        self.conclude(conn, written).await
+    }
+
+    /// Applies every queued event (and the ones they cause) and runs what
+    /// must come before the final write; [`event_write`] is that write,
+    /// alone or in a group's shared statement, and [`conclude`] follows it.
+    ///
+    /// [`event_write`]: RunTxn::event_write
+    /// [`conclude`]: RunTxn::conclude
+    pub(crate) async fn stage(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
         while let Some((event, actor, lease_holder)) = self.queue.pop_front() {
             self.lease_entry = None;
             if let Some(worker_id) = lease_holder {
@@ -450,7 +490,16 @@ impl<'a> RunTxn<'a> {
             self.applied.counted.events += 1;
             self.applied.counted.run_started |= matches!(event, Event::RunStarted);
         }
-        self.persist(conn).await?;
+        self.stage_write(conn).await
+    }
+
+    /// What the final write returned, taken into the answer.
+    pub(crate) async fn conclude(
+        mut self,
+        conn: &mut PgConnection,
+        written: Option<runs::EventWritten>,
+    ) -> Result<Applied, CoordinatorError> {
+        self.take_written(conn, written).await?;
         self.applied.counted.namespace = self.run.namespace.clone();
         self.applied.counted.workflow = self.run.workflow_name.clone();
         self.applied.counted.took = self.began.elapsed();
@@ -673,7 +722,7 @@ impl<'a> RunTxn<'a> {
             }
             Action::CompleteRun { .. } | Action::FailRun { .. } | Action::CancelRun { .. } => {
                 // the status is in the state change; the run's end is
-                // handled once, in persist
+                // handled once, in stage_write
             }
             Action::AppendHistory {
                 kind,
@@ -897,8 +946,10 @@ impl<'a> RunTxn<'a> {
         self.run.status == composer_store::pause::PAUSED && !self.state.run.status.is_terminal()
     }
 
-    async fn persist(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
-        let run_id = self.run.id;
+    /// The run's final values and the statements that precede its write:
+    /// a run that ends arms what it still must (its end cancels those),
+    /// tells its parent and gives back its slot.
+    async fn stage_write(&mut self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
         let nodes: Vec<NodeWrite> = std::mem::take(&mut self.touched)
             .into_iter()
             .map(|(key, state)| {
@@ -915,8 +966,8 @@ impl<'a> RunTxn<'a> {
         let (deletes, writes): (Vec<_>, Vec<_>) = std::mem::take(&mut self.timers)
             .into_iter()
             .partition(|(_, w)| w.is_none());
-        let deletes: Vec<String> = deletes.into_iter().map(|(k, _)| k).collect();
-        let writes: Vec<TimerWrite> = writes.into_iter().filter_map(|(_, w)| w).collect();
+        let cancelled_timers: Vec<String> = deletes.into_iter().map(|(k, _)| k).collect();
+        let timers: Vec<TimerWrite> = writes.into_iter().filter_map(|(_, w)| w).collect();
 
         let record = &self.state.run;
         let held = self.held();
@@ -945,49 +996,83 @@ impl<'a> RunTxn<'a> {
             .as_ref()
             .map(serde_json::to_value)
             .transpose()?;
-        let stored = stored_record(record)?;
+        self.staged = Some(Staged {
+            record: stored_record(record)?,
+            status,
+            error,
+            ended,
+            held,
+            nodes,
+            timers,
+            cancelled_timers,
+        });
+        Ok(())
+    }
+
+    /// The tasks to arm, in the order their slot rows are locked: every
+    /// statement that arms several keyed tasks locks them in one order, so
+    /// two such statements cannot deadlock.
+    pub(crate) fn task_arms(&self) -> Vec<TaskArm<'_>> {
         let mut arms: Vec<TaskArm<'_>> = self.arms.iter().map(|arm| self.task_arm(arm)).collect();
-        // slot rows are locked in one order by every statement that arms
-        // several keyed tasks, so two such statements cannot deadlock
         arms.sort_by_key(|arm| arm.concurrency.map(|c| (c.node, c.key)));
-        let written = runs::write_event(
-            conn,
-            &EventWrite {
-                run_id,
-                namespace: &self.run.namespace,
-                run: RunUpdate {
-                    status: &status,
-                    record: &stored,
-                    output: record.output.as_ref(),
-                    error: error.as_ref(),
-                    ended,
-                },
-                nodes: &nodes,
-                history: &self.history,
-                tasks: &arms,
-                timers: &writes,
-                cancelled_timers: &deletes,
-                held,
-                published_by_caller: self.coordinator.publisher.is_some(),
+        arms
+    }
+
+    /// The final write, once [`stage`](RunTxn::stage)d; `arms` are
+    /// [`task_arms`](RunTxn::task_arms).
+    pub(crate) fn event_write<'s>(
+        &'s self,
+        arms: &'s [TaskArm<'s>],
+    ) -> Result<EventWrite<'s>, CoordinatorError> {
+        let staged = self.staged.as_ref().ok_or_else(|| {
+            CoordinatorError::Corrupt("a run was written before it was staged".to_owned())
+        })?;
+        Ok(EventWrite {
+            run_id: self.run.id,
+            namespace: &self.run.namespace,
+            run: RunUpdate {
+                status: &staged.status,
+                record: &staged.record,
+                output: self.state.run.output.as_ref(),
+                error: staged.error.as_ref(),
+                ended: staged.ended,
             },
-            self.insert
-                .as_ref()
-                .map(|only_if_latest| RunInsert {
-                    workflow_name: &self.run.workflow_name,
-                    workflow_version: self.run.workflow_version,
-                    input: &self.run.input,
-                    labels: &self.run.labels,
-                    idempotency_key: self.run.idempotency_key.as_deref(),
-                    only_if_latest: *only_if_latest,
-                    traceparent: self.run.traceparent.as_deref(),
-                    priority: self.run.priority,
-                })
-                .as_ref(),
-        )
-        .await?;
-        drop(arms);
+            nodes: &staged.nodes,
+            history: &self.history,
+            tasks: arms,
+            timers: &staged.timers,
+            cancelled_timers: &staged.cancelled_timers,
+            held: staged.held,
+            published_by_caller: self.coordinator.publisher.is_some(),
+        })
+    }
+
+    /// The run's insert, for a run not written yet.
+    pub(crate) fn run_insert(&self) -> Option<RunInsert<'_>> {
+        self.insert.map(|only_if_latest| RunInsert {
+            workflow_name: &self.run.workflow_name,
+            workflow_version: self.run.workflow_version,
+            input: &self.run.input,
+            labels: &self.run.labels,
+            idempotency_key: self.run.idempotency_key.as_deref(),
+            only_if_latest,
+            traceparent: self.run.traceparent.as_deref(),
+            priority: self.run.priority,
+        })
+    }
+
+    /// Takes what the final write returned (None: nothing was written).
+    async fn take_written(
+        &mut self,
+        conn: &mut PgConnection,
+        written: Option<runs::EventWritten>,
+    ) -> Result<(), CoordinatorError> {
         self.arms.clear();
         self.history.clear();
+        let staged = self.staged.take().ok_or_else(|| {
+            CoordinatorError::Corrupt("a run's write was taken before it was staged".to_owned())
+        })?;
+        let run_id = self.run.id;
         let Some(written) = written else {
             if self.insert.is_some() {
                 // not inserted: the caller finds out why; nothing was written
@@ -1001,14 +1086,14 @@ impl<'a> RunTxn<'a> {
         if !self.applied.outbox.is_empty() && self.coordinator.publisher.is_none() {
             runs::notify_outbox(conn).await?;
         }
-        self.applied.status = status;
+        self.applied.status = staged.status;
         self.applied.run_id = run_id;
-        self.applied.output = record.output.clone();
-        self.applied.error = error;
+        self.applied.output = self.state.run.output.clone();
+        self.applied.error = staged.error;
         Ok(())
     }
 
-    /// Every end of a run goes through here (from persist): a run holding a
+    /// Every end of a run goes through here (from stage_write): a run holding a
     /// slot of its concurrency key gives it back, and the oldest QUEUED
     /// runs of the key that now fit take it, their start (or retry) put in
     /// their inbox in this same transaction.

@@ -13,7 +13,7 @@
 //! are in flight wait for the next group, which waits at most the window
 //! (or until it is full) before it begins.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::{
     Arc, Mutex,
     atomic::{AtomicU64, Ordering},
@@ -21,7 +21,10 @@ use std::sync::{
 use std::time::Duration;
 
 use composer_engine::Event;
-use composer_store::runs::RunRow;
+use composer_store::{
+    group_write,
+    runs::{self, FencedReports, RunRow},
+};
 use tokio::sync::{Notify, oneshot};
 use uuid::Uuid;
 
@@ -29,7 +32,7 @@ use crate::{
     Coordinator,
     apply::{Applied, RunTxn},
     error::CoordinatorError,
-    reports::{QueueKey, QueuedReport, ReportAnswer},
+    reports::{QueueKey, QueuedReport, ReportAnswer, ReportPlan},
     workflows::LoadedWorkflow,
 };
 
@@ -97,6 +100,9 @@ enum Outcome {
 enum GroupFailed {
     /// This item's statements failed: the others go again without it.
     Item(usize, CoordinatorError),
+    /// The statement that wrote several runs failed: which run's part
+    /// failed is unknown, so the group goes again with a write per run.
+    SharedWrite(CoordinatorError),
     /// The group's own statements failed (`BEGIN`, `COMMIT`).
     Group(CoordinatorError),
 }
@@ -120,6 +126,7 @@ pub(crate) struct GroupCommit {
     /// Groups of more than one item begun, and the items in them.
     groups: AtomicU64,
     grouped_items: AtomicU64,
+    shared_writes: AtomicU64,
 }
 
 /// How much was grouped since the server started.
@@ -129,6 +136,8 @@ pub struct GroupCommitStats {
     pub groups: u64,
     /// The items in them.
     pub items: u64,
+    /// Runs written by a statement shared with other runs (decision 0026).
+    pub shared_writes: u64,
 }
 
 impl GroupCommit {
@@ -142,6 +151,7 @@ impl GroupCommit {
             max_items: max_items.clamp(1, MAX_GROUP_ITEMS),
             groups: AtomicU64::new(0),
             grouped_items: AtomicU64::new(0),
+            shared_writes: AtomicU64::new(0),
         }
     }
 
@@ -151,10 +161,16 @@ impl GroupCommit {
             .fetch_add(u64::try_from(items).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
+    fn count_shared(&self, runs: usize) {
+        self.shared_writes
+            .fetch_add(u64::try_from(runs).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
     pub(crate) fn stats(&self) -> GroupCommitStats {
         GroupCommitStats {
             groups: self.groups.load(Ordering::Relaxed),
             items: self.grouped_items.load(Ordering::Relaxed),
+            shared_writes: self.shared_writes.load(Ordering::Relaxed),
         }
     }
 
@@ -282,22 +298,31 @@ impl Coordinator {
     async fn apply_group(&self, mut items: Vec<GroupItem>) {
         items.sort_by(|a, b| a.lock_order().cmp(&b.lock_order()));
         let mut failed = Vec::new();
-        for attempt in 0..2 {
-            if items.len() <= 1 {
-                break;
-            }
+        let mut shared_write = true;
+        let mut failures = 0;
+        while items.len() > 1 {
             self.group_commit.count(items.len());
-            match self.group_transaction(&items).await {
+            match self.group_transaction(&items, shared_write).await {
                 Ok(outcomes) => {
                     self.answer_group(items, outcomes).await;
                     items = Vec::new();
                     break;
                 }
-                Err(GroupFailed::Item(index, error)) if attempt == 0 => {
+                Err(GroupFailed::SharedWrite(error)) if shared_write => {
+                    // a write per run again, which names the item that fails
+                    tracing::debug!(%error, "a group's shared write failed; again with one per run");
+                    shared_write = false;
+                }
+                Err(GroupFailed::Item(index, error)) if failures == 0 => {
                     tracing::debug!(%error, "group item failed; the others go again without it");
                     failed.push(items.remove(index));
+                    failures += 1;
                 }
-                Err(GroupFailed::Item(_, error) | GroupFailed::Group(error)) => {
+                Err(
+                    GroupFailed::Item(_, error)
+                    | GroupFailed::Group(error)
+                    | GroupFailed::SharedWrite(error),
+                ) => {
                     tracing::warn!(%error, items = items.len(), "group transaction failed; items alone");
                     break;
                 }
@@ -312,29 +337,152 @@ impl Coordinator {
     /// savepoint per item: an item's failure is rare, and redoing the
     /// group then is cheaper than a savepoint round trip and a
     /// subtransaction id for every item of every group (decision 0023).
-    async fn group_transaction(&self, items: &[GroupItem]) -> Result<Vec<Outcome>, GroupFailed> {
+    ///
+    /// StartRuns go first (their idempotency keys sort first); then the
+    /// runs of all report batches are locked, fenced and loaded in one
+    /// statement, in id order, and each batch is applied in turn. With
+    /// `shared_write`, the StartRuns' runs are inserted in one statement
+    /// and the batches' runs written in another (decision 0026); without,
+    /// each run's write follows its events.
+    async fn group_transaction(
+        &self,
+        items: &[GroupItem],
+        shared_write: bool,
+    ) -> Result<Vec<Outcome>, GroupFailed> {
         let mut tx = self
             .store
             .begin()
             .await
             .map_err(|e| GroupFailed::Group(e.into()))?;
-        let mut outcomes = Vec::with_capacity(items.len());
+        let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(items.len());
+        let mut plans = Vec::new();
+        let mut staged = Vec::new();
         for (index, item) in items.iter().enumerate() {
-            let applied = match item {
-                GroupItem::Reports { queue, batch, .. } => self
-                    .apply_reports_on(&mut tx, queue, batch)
-                    .await
-                    .map(|(answers, applied)| Outcome::Reports(answers, applied)),
+            let item_failed = |error| GroupFailed::Item(index, error);
+            match item {
+                GroupItem::Start { start, .. } if shared_write => {
+                    let txn = self
+                        .stage_start(&mut tx, start)
+                        .await
+                        .map_err(item_failed)?;
+                    staged.push(StagedItem {
+                        index,
+                        answers: None,
+                        txn,
+                    });
+                    outcomes.push(None);
+                }
                 GroupItem::Start { start, .. } => {
-                    self.insert_start(&mut tx, start).await.map(Outcome::Start)
+                    let applied = self
+                        .insert_start(&mut tx, start)
+                        .await
+                        .map_err(item_failed)?;
+                    outcomes.push(Some(Outcome::Start(applied)));
+                }
+                GroupItem::Reports { queue, batch, .. } => {
+                    let plan = self.plan_reports(queue, batch).await.map_err(item_failed)?;
+                    plans.push((index, batch.as_slice(), plan));
+                    outcomes.push(None);
+                }
+            }
+        }
+        // the StartRuns' keys before the reports' runs: the group's lock order
+        self.write_staged(&mut tx, &mut staged, &mut outcomes)
+            .await?;
+        let found = lock_planned_runs(&mut tx, &plans)
+            .await
+            .map_err(|e| GroupFailed::Group(e.into()))?;
+        for ((index, batch, plan), locked) in plans.iter().zip(found) {
+            let item_failed = |error| GroupFailed::Item(*index, error);
+            let found = match locked {
+                Locked::Now(found) => found.map(|found| *found),
+                Locked::Later => {
+                    // its run's earlier batch is written before this one loads it
+                    self.write_staged(&mut tx, &mut staged, &mut outcomes)
+                        .await?;
+                    plan.lock_alone(&mut tx)
+                        .await
+                        .map_err(|error| item_failed(error.into()))?
                 }
             };
-            outcomes.push(applied.map_err(|error| GroupFailed::Item(index, error))?);
+            let (answers, txn) = self
+                .fenced_txn(&mut tx, batch, plan, found)
+                .await
+                .map_err(item_failed)?;
+            let applied = match txn {
+                None => crate::apply::Applied::default(),
+                Some(mut txn) if shared_write => {
+                    txn.stage(&mut tx).await.map_err(item_failed)?;
+                    staged.push(StagedItem {
+                        index: *index,
+                        answers: Some(answers),
+                        txn,
+                    });
+                    continue;
+                }
+                Some(txn) => txn.finish(&mut tx).await.map_err(item_failed)?,
+            };
+            outcomes[*index] = Some(Outcome::Reports(answers, applied));
         }
+        self.write_staged(&mut tx, &mut staged, &mut outcomes)
+            .await?;
+        let outcomes = outcomes
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                GroupFailed::Group(CoordinatorError::Corrupt(
+                    "a group item was left without an outcome".to_owned(),
+                ))
+            })?;
         tx.commit()
             .await
             .map_err(|e| GroupFailed::Group(e.into()))?;
         Ok(outcomes)
+    }
+
+    /// Writes the staged items' runs in one statement (as few as
+    /// [`group_write`] can): StartRuns' new runs, or report batches' runs,
+    /// never both at once. Takes each item's outcome.
+    async fn write_staged(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        staged: &mut Vec<StagedItem<'_>>,
+        outcomes: &mut [Option<Outcome>],
+    ) -> Result<(), GroupFailed> {
+        if staged.is_empty() {
+            return Ok(());
+        }
+        let written = {
+            let arms: Vec<_> = staged.iter().map(|s| s.txn.task_arms()).collect();
+            let writes = staged
+                .iter()
+                .zip(&arms)
+                .map(|(s, arms)| s.txn.event_write(arms))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(GroupFailed::Group)?;
+            let inserts: Option<Vec<_>> = staged.iter().map(|s| s.txn.run_insert()).collect();
+            match inserts {
+                Some(inserts) => group_write::insert_runs(conn, &writes, &inserts).await,
+                None => group_write::write_events(conn, &writes).await,
+            }
+            .map_err(|e| GroupFailed::SharedWrite(e.into()))?
+        };
+        self.group_commit.count_shared(written.shared);
+        for (item, written) in staged.drain(..).zip(written.per_write) {
+            let applied = item
+                .txn
+                .conclude(conn, written)
+                .await
+                .map_err(|error| GroupFailed::Item(item.index, error))?;
+            let outcome = match item.answers {
+                Some(answers) => Outcome::Reports(answers, applied),
+                None => Outcome::Start(applied),
+            };
+            if let Some(slot) = outcomes.get_mut(item.index) {
+                *slot = Some(outcome);
+            }
+        }
+        Ok(())
     }
 
     /// After the commit: reports are answered before the tasks their
@@ -416,6 +564,16 @@ impl Coordinator {
         conn: &mut sqlx::PgConnection,
         start: &NewStart,
     ) -> Result<Applied, CoordinatorError> {
+        self.stage_start(conn, start).await?.write_alone(conn).await
+    }
+
+    /// A StartRun's first event applied, its run not written yet (it runs
+    /// no statement: the caller checked that it writes rows only).
+    async fn stage_start(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        start: &NewStart,
+    ) -> Result<RunTxn<'_>, CoordinatorError> {
         let mut txn = RunTxn::new_unsaved_run(
             self,
             start.run.clone(),
@@ -423,7 +581,8 @@ impl Coordinator {
             start.only_if_latest,
         )?;
         txn.push(Event::RunStarted, &start.actor);
-        txn.finish(conn).await
+        txn.stage(conn).await?;
+        Ok(txn)
     }
 
     /// A StartRun's one statement, autocommitted, then announced.
@@ -453,4 +612,55 @@ impl Coordinator {
             ))
         })
     }
+}
+
+/// Locks, fences and loads the runs of a group's report batches in one
+/// statement. A run with two batches in the group (two callers' scopes
+/// reporting on it) gets `Later` for its second: that one must be loaded
+/// after the first is written, and then finds the run already locked.
+async fn lock_planned_runs(
+    conn: &mut sqlx::PgConnection,
+    plans: &[(usize, &[QueuedReport], ReportPlan)],
+) -> Result<Vec<Locked>, composer_store::StoreError> {
+    let mut seen = HashSet::with_capacity(plans.len());
+    let first: Vec<bool> = plans
+        .iter()
+        .map(|(_, _, plan)| seen.insert(plan.run_id()))
+        .collect();
+    let requests: Vec<_> = plans
+        .iter()
+        .zip(&first)
+        .filter(|(_, first)| **first)
+        .map(|((_, _, plan), _)| plan.request())
+        .collect();
+    let mut found = runs::lock_runs_fence_and_load(conn, &requests)
+        .await?
+        .into_iter();
+    Ok(first
+        .iter()
+        .map(|&first| {
+            if first {
+                Locked::Now(found.next().flatten().map(Box::new))
+            } else {
+                Locked::Later
+            }
+        })
+        .collect())
+}
+
+/// A group's item applied and waiting for the shared write of its run.
+struct StagedItem<'a> {
+    /// Its item in the group.
+    index: usize,
+    /// A report batch's answers; None: a StartRun.
+    answers: Option<Vec<ReportAnswer>>,
+    txn: RunTxn<'a>,
+}
+
+/// A report batch's run as [`lock_planned_runs`] left it.
+enum Locked {
+    /// Locked and loaded (None: no such run).
+    Now(Option<Box<FencedReports>>),
+    /// To lock and load when its turn comes.
+    Later,
 }

@@ -305,7 +305,20 @@ impl Coordinator {
         queue: &QueueKey,
         batch: &[QueuedReport],
     ) -> Result<(Vec<ReportAnswer>, crate::apply::Applied), CoordinatorError> {
-        let (run_id, namespace) = (queue.0, Some(queue.1.namespace.as_str()));
+        let plan = self.plan_reports(queue, batch).await?;
+        let found = plan.lock_alone(&mut *conn).await?;
+        self.apply_fenced_reports(conn, batch, &plan, found).await
+    }
+
+    /// What the lock statement needs for a batch of one run's reports: its
+    /// leases, and the node rows its events need first, as far as the
+    /// workflow tells (compensation keys depend on the run record; decide
+    /// asks for them).
+    pub(crate) async fn plan_reports(
+        &self,
+        queue: &QueueKey,
+        batch: &[QueuedReport],
+    ) -> Result<ReportPlan, CoordinatorError> {
         let first = &batch[0].hint;
         let workflow = self
             .workflows
@@ -316,8 +329,6 @@ impl Coordinator {
                 Some(first.workflow_version),
             )
             .await?;
-        // the keys the events need first, as far as the workflow tells
-        // (compensation keys depend on the run record; decide asks for them)
         let blank = composer_engine::RunState::new(
             "",
             &first.workflow_name,
@@ -331,13 +342,44 @@ impl Coordinator {
             .collect();
         keys.sort();
         keys.dedup();
-        let leases: Vec<runs::ReportLease<'_>> = batch
-            .iter()
-            .map(|queued| queued.lease.as_report_lease())
-            .collect();
-        let Some(found) =
-            runs::lock_run_fence_and_load(&mut *conn, namespace, run_id, &leases, &keys).await?
-        else {
+        Ok(ReportPlan {
+            run_id: queue.0,
+            namespace: queue.1.namespace.clone(),
+            keys,
+            leases: batch
+                .iter()
+                .map(|queued| queued.lease.as_report_lease())
+                .collect(),
+        })
+    }
+
+    /// The rest of a batch once its run is locked and its leases fenced
+    /// (`found`; None: no such run): apply the reports that held, write.
+    pub(crate) async fn apply_fenced_reports(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        batch: &[QueuedReport],
+        plan: &ReportPlan,
+        found: Option<runs::FencedReports>,
+    ) -> Result<(Vec<ReportAnswer>, crate::apply::Applied), CoordinatorError> {
+        let (answers, txn) = self.fenced_txn(conn, batch, plan, found).await?;
+        let applied = match txn {
+            Some(txn) => txn.finish(conn).await?,
+            None => crate::apply::Applied::default(),
+        };
+        Ok((answers, applied))
+    }
+
+    /// A batch's answers, and the run's events queued in a [`RunTxn`] for
+    /// the reports that held (None: no such run, every report refused).
+    pub(crate) async fn fenced_txn(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        batch: &[QueuedReport],
+        plan: &ReportPlan,
+        found: Option<runs::FencedReports>,
+    ) -> Result<(Vec<ReportAnswer>, Option<RunTxn<'_>>), CoordinatorError> {
+        let Some(found) = found else {
             let answers = batch
                 .iter()
                 .map(|queued| {
@@ -346,12 +388,12 @@ impl Coordinator {
                     ))
                 })
                 .collect();
-            return Ok((answers, crate::apply::Applied::default()));
+            return Ok((answers, None));
         };
         let mut answers = Vec::with_capacity(batch.len());
         let mut txn = RunTxn::new(self, found.run, &mut *conn).await?;
         if found.consistent {
-            txn.preload(&keys, found.nodes)?;
+            txn.preload(&plan.keys, found.nodes)?;
         }
         for (index, queued) in batch.iter().enumerate() {
             if found.applied.get(index).copied().unwrap_or(false) {
@@ -377,8 +419,7 @@ impl Coordinator {
             };
             answers.push(queued.lease.refused(repeat));
         }
-        let applied = txn.finish(conn).await?;
-        Ok((answers, applied))
+        Ok((answers, Some(txn)))
     }
 
     /// A report of a task leased by another server (or before a restart):
@@ -463,6 +504,41 @@ impl Coordinator {
 struct ReportTrace<'a> {
     name: &'static str,
     worker: Option<&'a str>,
+}
+
+/// A batch of one run's reports, as the lock statement takes it.
+pub(crate) struct ReportPlan {
+    run_id: Uuid,
+    namespace: String,
+    keys: Vec<String>,
+    leases: Vec<runs::ReportLease<'static>>,
+}
+
+impl ReportPlan {
+    pub(crate) fn run_id(&self) -> Uuid {
+        self.run_id
+    }
+
+    /// Locks, fences and loads this batch's run on its own (None: no such
+    /// run), in a statement of its own.
+    pub(crate) async fn lock_alone(
+        &self,
+        conn: &mut sqlx::PgConnection,
+    ) -> Result<Option<runs::FencedReports>, composer_store::StoreError> {
+        Ok(runs::lock_runs_fence_and_load(conn, &[self.request()])
+            .await?
+            .pop()
+            .flatten())
+    }
+
+    pub(crate) fn request(&self) -> runs::RunReports<'_> {
+        runs::RunReports {
+            run_id: self.run_id,
+            namespace: &self.namespace,
+            leases: &self.leases,
+            keys: &self.keys,
+        }
+    }
 }
 
 /// The lease a report names, and the outcome it reports.

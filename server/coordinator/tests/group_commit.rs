@@ -21,6 +21,11 @@ const WORKFLOW: &str =
     "name: one\nnodes:\n  - { id: work, type: TASK, queue: grouped, task: work }\n";
 
 async fn coordinator() -> Coordinator {
+    coordinator_with(Duration::from_millis(200)).await
+}
+
+/// A coordinator whose groups gather for `window` (zero: group commit off).
+async fn coordinator_with(window: Duration) -> Coordinator {
     let store = Store::connect(&StoreConfig {
         database_url: composer_testkit::fresh_database().await,
         max_connections: 8,
@@ -33,7 +38,7 @@ async fn coordinator() -> Coordinator {
     let coordinator = Coordinator::new(
         store,
         CoordinatorConfig {
-            group_commit_window: Duration::from_millis(200),
+            group_commit_window: window,
             ..CoordinatorConfig::default()
         },
     );
@@ -99,11 +104,114 @@ async fn start_all(coordinator: &Coordinator, requests: Vec<StartRun>) -> Vec<St
     started
 }
 
+/// Registers `definition` (named `name`) and starts `count` runs of it at
+/// once, with inputs `{"n": 0}` and up.
+async fn register_and_start(
+    coordinator: &Coordinator,
+    definition: &str,
+    name: &str,
+    count: i64,
+) -> Vec<Started> {
+    coordinator
+        .workflows()
+        .register(coordinator.store(), "default", definition)
+        .await
+        .expect("register");
+    let requests = (0..count)
+        .map(|i| StartRun {
+            workflow_name: name.to_owned(),
+            ..start(json!({ "n": i }), None)
+        })
+        .collect();
+    start_all(coordinator, requests).await
+}
+
+/// The runs the StartRuns with idempotency key `key` got, created or found.
+fn runs_of_key(started: &[Started], key: &str) -> Vec<Uuid> {
+    started
+        .iter()
+        .filter_map(|s| match s {
+            Started::Created(id, Some(k)) | Started::Existing(id, Some(k)) if k == key => Some(*id),
+            _ => None,
+        })
+        .collect()
+}
+
 async fn count_runs(coordinator: &Coordinator) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM runs")
         .fetch_one(coordinator.store().pool())
         .await
         .expect("count")
+}
+
+/// Leases every dispatched task to this server's worker, as a poll would;
+/// there must be `expected` of them.
+async fn lease_all(coordinator: &Coordinator, expected: usize) -> Vec<tasks::LeasedTask> {
+    lease_all_of(coordinator, "grouped", expected).await
+}
+
+async fn lease_all_of(
+    coordinator: &Coordinator,
+    queue: &str,
+    expected: usize,
+) -> Vec<tasks::LeasedTask> {
+    let candidates: Vec<(Uuid, i32)> =
+        sqlx::query_as("SELECT id, attempt FROM tasks WHERE status = 'DISPATCHED'")
+            .fetch_all(coordinator.store().pool())
+            .await
+            .expect("tasks");
+    assert_eq!(candidates.len(), expected);
+    let leased = tasks::lease_tasks(
+        coordinator.store().pool(),
+        &candidates,
+        "worker-1",
+        "default",
+        queue,
+        None,
+    )
+    .await
+    .expect("lease");
+    assert_eq!(leased.len(), expected);
+    coordinator.remember_leases(&leased);
+    leased
+}
+
+/// Sends every report at once, as many workers would; the answers by
+/// task.
+async fn report_all(
+    coordinator: &Coordinator,
+    reports: Vec<(tasks::LeasedTask, TaskReport)>,
+) -> std::collections::HashMap<Uuid, Result<(), CoordinatorError>> {
+    let mut calls = JoinSet::new();
+    for (task, report) in reports {
+        let coordinator = coordinator.clone();
+        calls.spawn(async move {
+            let scope = TaskScope {
+                namespace: "default".to_owned(),
+                queues: None,
+            };
+            let answer = coordinator
+                .report(
+                    &scope,
+                    &task.id.to_string(),
+                    task.attempt,
+                    &task.lease_token.to_string(),
+                    report,
+                    Reporter {
+                        actor: "worker:w",
+                        traceparent: None,
+                    },
+                )
+                .await;
+            (task.id, answer)
+        });
+    }
+    let mut answers = std::collections::HashMap::new();
+    while let Some(joined) = calls.join_next().await {
+        let (task_id, answer) = joined.expect("report");
+        answers.insert(task_id, answer);
+    }
+    answers
 }
 
 #[tokio::test]
@@ -136,15 +244,7 @@ async fn many_starts_at_once_each_get_their_own_answer_and_a_failing_one_fails_a
         matches!(failed[0], Started::Failed(message) if message.starts_with("database error")),
         "{failed:?}"
     );
-    let same_key: Vec<Uuid> = started
-        .iter()
-        .filter_map(|s| match s {
-            Started::Created(id, Some(key)) | Started::Existing(id, Some(key)) if key == "same" => {
-                Some(*id)
-            }
-            _ => None,
-        })
-        .collect();
+    let same_key = runs_of_key(&started, "same");
     assert_eq!(same_key.len(), 6);
     assert!(
         same_key.iter().all(|id| *id == same_key[0]),
@@ -158,6 +258,27 @@ async fn many_starts_at_once_each_get_their_own_answer_and_a_failing_one_fails_a
     );
 }
 
+/// StartRuns of one group insert their runs in one statement (decision
+/// 0026); one idempotency key there still makes one run, the first.
+#[tokio::test]
+async fn starts_inserted_together_keep_one_run_per_key() {
+    let coordinator = coordinator().await;
+    let mut requests: Vec<StartRun> = (0..12).map(|i| start(json!({ "n": i }), None)).collect();
+    requests.extend((0..6).map(|i| start(json!({ "n": 100 + i }), Some("one-key"))));
+    let started = start_all(&coordinator, requests).await;
+    let created = started
+        .iter()
+        .filter(|s| matches!(s, Started::Created(..)))
+        .count();
+    let keyed = runs_of_key(&started, "one-key");
+    assert_eq!(created, 13, "{started:?}");
+    assert_eq!(keyed.len(), 6);
+    assert!(keyed.iter().all(|id| *id == keyed[0]), "{started:?}");
+    assert_eq!(count_runs(&coordinator).await, 13);
+    let stats = coordinator.group_commit_stats();
+    assert!(stats.shared_writes >= 2, "inserted together: {stats:?}");
+}
+
 #[tokio::test]
 async fn a_report_whose_lease_was_lost_gets_lease_lost_while_its_group_applies() {
     let coordinator = coordinator().await;
@@ -165,24 +286,7 @@ async fn a_report_whose_lease_was_lost_gets_lease_lost_while_its_group_applies()
     let started = start_all(&coordinator, requests).await;
     assert_eq!(started.len(), 20);
 
-    let candidates: Vec<(Uuid, i32)> =
-        sqlx::query_as("SELECT id, attempt FROM tasks WHERE status = 'DISPATCHED'")
-            .fetch_all(coordinator.store().pool())
-            .await
-            .expect("tasks");
-    assert_eq!(candidates.len(), 20);
-    let leased = tasks::lease_tasks(
-        coordinator.store().pool(),
-        &candidates,
-        "worker-1",
-        "default",
-        "grouped",
-        None,
-    )
-    .await
-    .expect("lease");
-    assert_eq!(leased.len(), 20);
-    coordinator.remember_leases(&leased);
+    let leased = lease_all(&coordinator, 20).await;
     let before = coordinator.group_commit_stats();
 
     let stale = leased[7].id;
@@ -244,4 +348,270 @@ async fn a_report_whose_lease_was_lost_gets_lease_lost_while_its_group_applies()
         after.groups > before.groups && after.items - before.items > after.groups - before.groups,
         "the reports met in groups: {before:?} → {after:?}"
     );
+}
+
+const TWO_BRANCHES: &str = r#"
+name: two
+nodes:
+  - { id: start, type: FORK }
+  - { id: left, type: TASK, queue: grouped, task: left }
+  - { id: right, type: TASK, queue: grouped, task: right }
+  - { id: both, type: JOIN }
+edges:
+  - { from: start, to: left }
+  - { from: start, to: right }
+  - { from: left, to: both }
+  - { from: right, to: both }
+output: "${nodes.both.output}"
+"#;
+
+/// A group locks all its runs in one statement. Two callers whose scopes
+/// differ report on one run through two batches, which can meet in one
+/// group: the second must see what the first wrote, or the JOIN would
+/// never hear of one branch and the run would not complete.
+#[tokio::test]
+async fn two_batches_of_one_run_in_a_group_each_see_the_other() {
+    let coordinator = coordinator().await;
+    let started = register_and_start(&coordinator, TWO_BRANCHES, "two", 30).await;
+    assert!(started.iter().all(|s| matches!(s, Started::Created(..))));
+
+    let leased = lease_all(&coordinator, 60).await;
+    let before = coordinator.group_commit_stats();
+
+    let mut reports = JoinSet::new();
+    for task in &leased {
+        let coordinator = coordinator.clone();
+        let (task_id, attempt, token) = (task.id, task.attempt, task.lease_token);
+        // the left branch's worker may touch any queue, the right's only
+        // this one: two scopes, so two report queues of one run
+        let queues = (task.node_key == "right").then(|| vec!["grouped".to_owned()]);
+        let output = json!({ "node": task.node_key });
+        reports.spawn(async move {
+            let scope = TaskScope {
+                namespace: "default".to_owned(),
+                queues,
+            };
+            coordinator
+                .report(
+                    &scope,
+                    &task_id.to_string(),
+                    attempt,
+                    &token.to_string(),
+                    TaskReport::Completed { output },
+                    Reporter {
+                        actor: "worker:w",
+                        traceparent: None,
+                    },
+                )
+                .await
+        });
+    }
+    while let Some(joined) = reports.join_next().await {
+        let answer = joined.expect("report");
+        assert!(answer.is_ok(), "{answer:?}");
+    }
+    for started in &started {
+        let Started::Created(run_id, _) = started else {
+            unreachable!("every start created its run");
+        };
+        let run = coordinator
+            .get_run(Some("default"), &run_id.to_string(), false)
+            .await
+            .expect("run")
+            .run;
+        assert_eq!(run.status, "COMPLETED", "{run_id}");
+        assert_eq!(
+            run.output,
+            Some(json!({ "left": { "node": "left" }, "right": { "node": "right" } })),
+            "{run_id}"
+        );
+    }
+    let after = coordinator.group_commit_stats();
+    assert!(
+        after.items - before.items > after.groups - before.groups,
+        "the reports met in groups: {before:?} → {after:?}"
+    );
+}
+
+const MIXED: &str = r#"
+name: mixed
+nodes:
+  - { id: start, type: FORK }
+  - { id: left, type: TASK, queue: mixed, task: left, retry: { max_attempts: 2, initial_interval: 1h } }
+  - { id: right, type: TASK, queue: mixed, task: right, timeout: 1h }
+  - { id: both, type: JOIN }
+edges:
+  - { from: start, to: left }
+  - { from: start, to: right }
+  - { from: left, to: both }
+  - { from: right, to: both }
+"#;
+
+/// What a run left in every table a write touches, without ids and times.
+async fn snapshot(coordinator: &Coordinator, run_id: Uuid) -> String {
+    let pool = coordinator.store().pool();
+    let run: (String, i64, bool, Option<Json>) = sqlx::query_as(
+        "SELECT status, history_seq, ended_at IS NOT NULL, error FROM runs WHERE id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(pool)
+    .await
+    .expect("run");
+    let nodes: Vec<(String, String, bool)> = sqlx::query_as(
+        "SELECT node_key, status, ended_at IS NOT NULL FROM run_nodes WHERE run_id = $1 \
+         ORDER BY node_key",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await
+    .expect("nodes");
+    let history: Vec<(i64, String, Option<String>, Option<i32>)> = sqlx::query_as(
+        "SELECT seq, event_type, node_key, attempt FROM run_events WHERE run_id = $1 ORDER BY seq",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await
+    .expect("history");
+    let tasks: Vec<(String, String, i32, Option<String>)> = sqlx::query_as(
+        "SELECT node_key, status, attempt, outcome FROM tasks WHERE run_id = $1 ORDER BY node_key",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await
+    .expect("tasks");
+    let timers: Vec<(String, bool)> =
+        sqlx::query_as("SELECT timer_key, held FROM timers WHERE run_id = $1 ORDER BY timer_key")
+            .bind(run_id)
+            .fetch_all(pool)
+            .await
+            .expect("timers");
+    format!("{run:?}\n{nodes:?}\n{history:?}\n{tasks:?}\n{timers:?}")
+}
+
+/// Runs of `mixed` met by reports all at once: half see their left task
+/// fail for a retry (a timer is scheduled) and their right one complete
+/// (its attempt timeout's timer goes); the other half see their left task
+/// fail for good, so the run fails, its live right task is cancelled and
+/// its timers go. Returns each run's snapshot by its input.
+async fn mixed_reports(coordinator: &Coordinator) -> std::collections::BTreeMap<i64, String> {
+    let started = register_and_start(coordinator, MIXED, "mixed", 24).await;
+    assert!(
+        started.iter().all(|s| matches!(s, Started::Created(..))),
+        "{started:?}"
+    );
+    let inputs: Vec<(Uuid, i64)> =
+        sqlx::query_as("SELECT id, (input->>'n')::bigint FROM runs WHERE workflow_name = 'mixed'")
+            .fetch_all(coordinator.store().pool())
+            .await
+            .expect("inputs");
+    let by_run: std::collections::HashMap<Uuid, i64> = inputs.iter().copied().collect();
+
+    let leased = lease_all_of(coordinator, "mixed", 48).await;
+    let mut reports = Vec::new();
+    for task in leased {
+        let n = by_run[&task.run_id];
+        let report = match (task.node_key.as_str(), n % 2) {
+            ("left", retryable) => TaskReport::Failed {
+                code: "boom".to_owned(),
+                message: "left failed".to_owned(),
+                retryable: retryable == 0,
+                details: None,
+            },
+            // the failing half's right task is still running when its run ends
+            (_, 1) => continue,
+            _ => TaskReport::Completed {
+                output: json!({ "right": n }),
+            },
+        };
+        reports.push((task, report));
+    }
+    let answers = report_all(coordinator, reports).await;
+    assert!(answers.values().all(Result::is_ok), "{answers:?}");
+
+    let mut snapshots = std::collections::BTreeMap::new();
+    for (run_id, n) in inputs {
+        snapshots.insert(n, snapshot(coordinator, run_id).await);
+    }
+    snapshots
+}
+
+/// The group's runs written in one statement (decision 0026) end exactly
+/// as runs written one statement each: node rows, gap-free history, armed
+/// and cancelled tasks, scheduled and removed timers, the run's end.
+#[tokio::test]
+async fn runs_written_together_end_as_runs_written_alone() {
+    let together = coordinator().await;
+    let grouped = mixed_reports(&together).await;
+    assert!(
+        together.group_commit_stats().shared_writes >= 2,
+        "the reports' runs were written together: {:?}",
+        together.group_commit_stats()
+    );
+    let alone = coordinator_with(Duration::ZERO).await;
+    let single = mixed_reports(&alone).await;
+    assert_eq!(alone.group_commit_stats().shared_writes, 0);
+
+    assert_eq!(grouped.len(), 24);
+    for (n, snapshot) in &grouped {
+        assert_eq!(Some(snapshot), single.get(n), "run {n}");
+        let expected = if n % 2 == 0 {
+            "\"RUNNING\""
+        } else {
+            "\"FAILED\""
+        };
+        assert!(
+            snapshot.starts_with(&format!("({expected}")),
+            "run {n}: {snapshot}"
+        );
+    }
+    // the retrying half waits on its backoff timer; the failed half has none
+    assert!(
+        grouped[&0].ends_with("\n[(\"RETRY:left:2\", false)]"),
+        "{}",
+        grouped[&0]
+    );
+    assert!(grouped[&1].ends_with("\n[]"), "{}", grouped[&1]);
+}
+
+/// A run whose part of the shared write fails (Postgres refuses a NUL in
+/// jsonb) fails alone: the group goes again with a write per run, which
+/// names it, and every other report applies.
+#[tokio::test]
+async fn a_run_whose_shared_write_fails_fails_alone() {
+    let coordinator = coordinator().await;
+    let requests = (0..20).map(|i| start(json!({ "n": i }), None)).collect();
+    start_all(&coordinator, requests).await;
+    let leased = lease_all(&coordinator, 20).await;
+    let poisoned = leased[5].id;
+    let reports = leased
+        .iter()
+        .map(|task| {
+            let output = if task.id == poisoned {
+                json!({ "text": "nul\u{0}here" })
+            } else {
+                json!({ "done": true })
+            };
+            (task.clone(), TaskReport::Completed { output })
+        })
+        .collect();
+    let answers = report_all(&coordinator, reports).await;
+    for task in &leased {
+        let answer = &answers[&task.id];
+        let status = coordinator
+            .get_run(Some("default"), &task.run_id.to_string(), false)
+            .await
+            .expect("run")
+            .run
+            .status;
+        if task.id == poisoned {
+            assert!(
+                matches!(answer, Err(CoordinatorError::Store(_))),
+                "{answer:?}"
+            );
+            assert_eq!(status, "RUNNING");
+        } else {
+            assert!(answer.is_ok(), "{answer:?}");
+            assert_eq!(status, "COMPLETED");
+        }
+    }
 }

@@ -1268,7 +1268,7 @@ pub struct ReportLease<'a> {
     pub outcome: &'a str,
 }
 
-/// What [`lock_run_fence_and_load`] found.
+/// What [`lock_runs_fence_and_load`] found for one run.
 #[derive(Debug, Clone)]
 pub struct FencedReports {
     /// The locked run.
@@ -1288,76 +1288,127 @@ pub struct FencedReports {
     pub nodes: Vec<(String, Json)>,
 }
 
-/// Reports of one run in ONE statement, for the server that leased the
-/// tasks (it knows their run, workflow and nodes, so which node rows the
-/// events need): lock the run, record each outcome fenced by its lease, and
-/// read `keys`' node rows. Each fence is an UPDATE, which re-checks the
+/// One run's part of [`lock_runs_fence_and_load`]: the run, its
+/// namespace, the leases its reports end, and the node rows its events need.
+#[derive(Debug, Clone, Copy)]
+pub struct RunReports<'a> {
+    /// The run.
+    pub run_id: Uuid,
+    /// Its namespace: a run of another namespace is not found.
+    pub namespace: &'a str,
+    /// The leases the reports end; distinct tasks.
+    pub leases: &'a [ReportLease<'a>],
+    /// The node rows to read.
+    pub keys: &'a [String],
+}
+
+/// Reports of several runs in ONE statement, for the server that leased
+/// the tasks (it knows their runs, workflows and nodes, so which node rows
+/// the events need): lock the runs in id order, record each outcome fenced
+/// by its lease, and read each run's node rows. One statement for a group
+/// of runs rather than one per run: the per-statement cost (executor
+/// start, a round trip) was most of what locking a run cost.
+///
+/// Each fence is an UPDATE of a run already locked, which re-checks the
 /// newest version of the task row whatever the snapshot. The reads use the
-/// snapshot taken before the lock; they are current only if no event of the
-/// run committed in between, which the run row's version (`xmin`) before
-/// and after the lock tells (`consistent`). None: no such run in
-/// `namespace`. The leases must name distinct tasks.
-pub async fn lock_run_fence_and_load(
+/// snapshot taken before the locks; for a run they are current only if no
+/// event of it committed in between, which its row's version (`xmin`)
+/// before and after the lock tells (`consistent`). Returns one answer per
+/// request, in order; None: no such run in that namespace. Lock the runs of
+/// a transaction through one call, or in id order across calls.
+pub async fn lock_runs_fence_and_load(
     conn: &mut PgConnection,
-    namespace: Option<&str>,
-    run_id: Uuid,
-    leases: &[ReportLease<'_>],
-    keys: &[String],
-) -> Result<Option<FencedReports>, StoreError> {
-    // lock_run_fence_and_load: the run lock first (the fences wait on it
-    // through `locked`)
-    let row = sqlx::query(&format!(
-        "WITH locked AS ( \
+    requests: &[RunReports<'_>],
+) -> Result<Vec<Option<FencedReports>>, StoreError> {
+    if requests.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut lease_runs = Vec::new();
+    let mut key_runs = Vec::new();
+    let mut keys: Vec<&str> = Vec::new();
+    let mut leases: Vec<&ReportLease<'_>> = Vec::new();
+    for request in requests {
+        lease_runs.extend(request.leases.iter().map(|_| request.run_id));
+        leases.extend(request.leases);
+        key_runs.extend(request.keys.iter().map(|_| request.run_id));
+        keys.extend(request.keys.iter().map(String::as_str));
+    }
+    // lock_runs_fence_and_load: the run locks first, in id order (each
+    // fence waits on its run's through `locked`). Tasks and node rows are
+    // found by their keys only: a run of 10,000 branches has 10,000 of
+    // each, so no plan may reach them through the run id. Hence the task's
+    // run is compared with IS NOT DISTINCT FROM (which no index serves, so
+    // the primary key does), and the node rows are read in a CTE of their
+    // own, driven by the (run, key) pairs asked for.
+    let rows = sqlx::query(&format!(
+        "WITH wanted AS (SELECT * FROM UNNEST($1::uuid[], $2::text[]) AS w(id, namespace)), \
+         locked AS ( \
            SELECT {RUN_COLUMNS}, xmin::text AS locked_version FROM runs \
-           WHERE id = $1 AND ($2::text IS NULL OR namespace = $2) FOR UPDATE), \
+           WHERE id = ANY($1::uuid[]) AND (id, namespace) IN (SELECT id, namespace FROM wanted) \
+           ORDER BY id FOR UPDATE), \
          lease AS ( \
-           SELECT * FROM UNNEST($3::uuid[], $4::int[], $5::uuid[], $6::text[]) \
-             WITH ORDINALITY AS l(id, attempt, token, outcome, ord)), \
+           SELECT * FROM UNNEST($3::uuid[], $4::uuid[], $5::int[], $6::uuid[], $7::text[]) \
+             WITH ORDINALITY AS l(run_id, id, attempt, token, outcome, ord)), \
          finished AS ( \
            UPDATE tasks t SET status = l.outcome, outcome = l.outcome, lease_expires_at = NULL, \
              updated_at = now() \
            FROM lease l \
-           WHERE t.id = ANY($3::uuid[]) AND t.id = l.id AND t.attempt = l.attempt \
-             AND t.lease_token = l.token \
-             AND t.status = 'LEASED' AND t.run_id = $1 AND EXISTS (SELECT 1 FROM locked) \
-           RETURNING t.id, t.lease_owner) \
+           WHERE t.id = ANY($4::uuid[]) AND t.id = l.id AND t.attempt = l.attempt \
+             AND t.lease_token = l.token AND t.status = 'LEASED' \
+             AND t.run_id IS NOT DISTINCT FROM l.run_id \
+             AND EXISTS (SELECT 1 FROM locked WHERE locked.id = l.run_id) \
+           RETURNING t.id, t.lease_owner), \
+         nodes AS MATERIALIZED ( \
+           SELECT n.run_id, n.node_key, n.state \
+           FROM UNNEST($8::uuid[], $9::text[]) AS k(run_id, key) \
+           JOIN run_nodes n ON n.run_id = k.run_id AND n.node_key = k.key) \
          SELECT locked.*, \
-           (SELECT xmin::text FROM runs WHERE id = $1) AS seen_version, \
+           (SELECT xmin::text FROM runs r WHERE r.id = locked.id) AS seen_version, \
            ARRAY(SELECT EXISTS (SELECT 1 FROM finished f WHERE f.id = l.id) \
-             FROM lease l ORDER BY l.ord) AS applied, \
+             FROM lease l WHERE l.run_id = locked.id ORDER BY l.ord) AS applied, \
            ARRAY(SELECT (SELECT f.lease_owner FROM finished f WHERE f.id = l.id) \
-             FROM lease l ORDER BY l.ord) AS holders, \
+             FROM lease l WHERE l.run_id = locked.id ORDER BY l.ord) AS holders, \
            ARRAY(SELECT COALESCE((SELECT t.outcome = l.outcome FROM tasks t \
                WHERE t.id = l.id AND t.attempt = l.attempt AND t.lease_token = l.token), false) \
-             FROM lease l ORDER BY l.ord) AS repeat, \
-           {} \
-         FROM locked",
-        node_rows_columns("$1", "$7")
+             FROM lease l WHERE l.run_id = locked.id ORDER BY l.ord) AS repeat, \
+           ARRAY(SELECT node_key FROM nodes WHERE nodes.run_id = locked.id \
+             ORDER BY node_key) AS node_keys, \
+           ARRAY(SELECT state FROM nodes WHERE nodes.run_id = locked.id \
+             ORDER BY node_key) AS node_states \
+         FROM locked"
     ))
-    .bind(run_id)
-    .bind(namespace)
+    .bind(requests.iter().map(|r| r.run_id).collect::<Vec<_>>())
+    .bind(requests.iter().map(|r| r.namespace).collect::<Vec<_>>())
+    .bind(lease_runs)
     .bind(leases.iter().map(|l| l.task_id).collect::<Vec<_>>())
     .bind(leases.iter().map(|l| l.attempt).collect::<Vec<_>>())
     .bind(leases.iter().map(|l| l.lease_token).collect::<Vec<_>>())
     .bind(leases.iter().map(|l| l.outcome).collect::<Vec<_>>())
+    .bind(key_runs)
     .bind(keys)
-    .fetch_optional(conn)
+    .fetch_all(conn)
     .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
+    let mut found = std::collections::HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let fenced = fenced_from_row(row)?;
+        found.insert(fenced.run.id, fenced);
+    }
+    Ok(requests.iter().map(|r| found.remove(&r.run_id)).collect())
+}
+
+fn fenced_from_row(row: &PgRow) -> Result<FencedReports, StoreError> {
     let locked: String = row.try_get("locked_version")?;
     let seen: Option<String> = row.try_get("seen_version")?;
     let node_keys: Vec<String> = row.try_get("node_keys")?;
     let states: Vec<Json> = row.try_get("node_states")?;
-    Ok(Some(FencedReports {
-        run: run_from_row(&row)?,
+    Ok(FencedReports {
+        run: run_from_row(row)?,
         applied: row.try_get("applied")?,
         holders: row.try_get("holders")?,
         repeat: row.try_get("repeat")?,
         consistent: seen.as_deref() == Some(locked.as_str()),
         nodes: node_keys.into_iter().zip(states).collect(),
-    }))
+    })
 }
 
 /// Locks the run a task belongs to, as [`lock_run`] does, and returns it with

@@ -474,15 +474,19 @@ pub struct ExpiredLease {
     pub attempt: i32,
 }
 
-/// Leased tasks whose lease ran out, oldest first (partial index
-/// `tasks_leased`; the expiry is read from the heap).
+/// Leased tasks whose lease ran out (partial index `tasks_leased`; the
+/// expiry is read from the heap). In index order, not expiry order: an
+/// index scan marks the entries of tasks that left LEASED dead as it
+/// passes them, so later scans skip them; a bitmap scan (which sorting by
+/// expiry gets) never does, and rereads every task leased since the last
+/// vacuum, twice a second.
 pub async fn expired_leases(pool: &PgPool, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
     // expired_leases: candidates only; each is re-checked under its run lock
     let rows = sqlx::query(
         "SELECT id, namespace, queue, run_id, node_key, attempt FROM tasks \
          WHERE status = 'LEASED' AND lease_expires_at < now() \
            AND lease_confirmed IS DISTINCT FROM false \
-         ORDER BY lease_expires_at LIMIT $1",
+         ORDER BY id LIMIT $1",
     )
     .bind(limit)
     .fetch_all(pool)
@@ -697,11 +701,12 @@ pub async fn release_leases(pool: &PgPool, leases: &[(Uuid, Uuid)]) -> Result<u6
 /// touched) and is re-enqueued. Returns how many.
 pub async fn return_unconfirmed_leases(pool: &PgPool, limit: i64) -> Result<u64, StoreError> {
     // return_unconfirmed_leases: LEASED, never confirmed, expired -> DISPATCHED
-    // (HELD, not enqueued, when the run is paused)
+    // (HELD, not enqueued, when the run is paused); in index order, as
+    // `expired_leases` is and for its reason
     Ok(sqlx::query(
         "WITH stranded AS (SELECT id, run_id FROM tasks WHERE status = 'LEASED' \
              AND lease_confirmed = false AND lease_expires_at < now() \
-           ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED), \
+           ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED), \
          paused AS (SELECT id FROM runs WHERE status = 'PAUSED' \
            AND id IN (SELECT run_id FROM stranded) FOR SHARE), \
          returned AS ( \
