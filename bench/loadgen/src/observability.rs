@@ -1,8 +1,9 @@
 //! What observing the server costs: B1 with metrics off, with metrics on
 //! (scraped every second, as Prometheus would), and with traces exported
 //! to an OTLP/HTTP receiver that takes and drops them. The variants take
-//! turns, round after round, so machine noise hits each alike; the median
-//! of each is compared with "off".
+//! turns, round after round, each round starting with the next one, so
+//! machine noise and what an earlier round left behind hit each alike; the
+//! median of each is compared with "off".
 
 use std::{
     sync::{
@@ -145,8 +146,12 @@ pub async fn observability(ctx: &Ctx) -> Result<Observability> {
         server_cpu: Vec::new(),
     });
     let secs = ctx.profile.observe_secs;
+    let count = variants.len();
     for round in 0..rounds {
-        for variant in &mut variants {
+        // each round starts with the next variant: no variant may always
+        // come first, or always run after another's load
+        for turn in 0..count {
+            let variant = &mut variants[(round + turn) % count];
             let mut extra = Vec::new();
             let mut scraper = None;
             match variant.name {
