@@ -45,6 +45,8 @@ pub struct Profile {
     pub sdk_secs: u64,
     /// B2 duration at ~10 runs/s.
     pub latency_secs: u64,
+    /// B3: runs of each case; the median counts.
+    pub fan_tries: usize,
     /// B3 sizes (the larger is capped at the 10,000-node definition limit
     /// for FORK/JOIN).
     pub fan_sizes: [usize; 2],
@@ -52,6 +54,14 @@ pub struct Profile {
     pub timer_runs: usize,
     /// Servers for B5 (measured back to back, so machine noise hits all alike).
     pub scale_servers: Vec<usize>,
+    /// B5: rounds of the server counts, each round starting with the next
+    /// count; each row measures `measure_secs / scale_rounds`.
+    pub scale_rounds: usize,
+    /// B5: runs in flight over all servers, the same for every count, and
+    /// deep enough that one server is saturated (it runs no faster with
+    /// twice as many): so B5 compares capacity, not how thinly one load
+    /// can be split.
+    pub scale_in_flight: usize,
     /// perf sampling during a B1 load (0: none).
     pub perf_secs: u64,
     /// Runs in flight in the closed loops.
@@ -84,8 +94,11 @@ impl Profile {
             // 1,000 and 10,000 take minutes while MAP scales badly (see
             // BENCHMARKS.md); the full profile runs them
             fan_sizes: [300, 3_000],
+            fan_tries: 3,
             timer_runs: 2_000,
             scale_servers: vec![1, 2, 3],
+            scale_rounds: 1,
+            scale_in_flight: 1_200,
             perf_secs: 0,
             in_flight: 200,
             list_runs: 100_000,
@@ -108,8 +121,11 @@ impl Profile {
             sdk_secs: 40,
             latency_secs: 60,
             fan_sizes: [1_000, 10_000],
+            fan_tries: 3,
             timer_runs: 10_000,
             scale_servers: vec![1, 2, 3],
+            scale_rounds: 3,
+            scale_in_flight: 1_200,
             perf_secs: 15,
             in_flight: 200,
             list_runs: 100_000,
@@ -560,17 +576,20 @@ pub async fn throughput(
         measure_secs,
         perf_secs,
         payload_bytes: 0,
+        in_flight: ctx.profile.in_flight,
     };
     throughput_of(ctx, label, server_count, load, extra).await
 }
 
 /// What a B1 row runs: the worker, the measured window, perf sampling, and
-/// the size of each run's input and each task's output (0: empty objects).
+/// the size of each run's input and each task's output (0: empty objects),
+/// and the runs in flight (over all servers).
 pub struct Load {
     pub kind: WorkerKind,
     pub measure_secs: u64,
     pub perf_secs: u64,
     pub payload_bytes: usize,
+    pub in_flight: usize,
 }
 
 /// [`throughput`] of any [`Load`].
@@ -605,6 +624,7 @@ async fn throughput_on(
         measure_secs,
         perf_secs,
         payload_bytes,
+        in_flight,
     } = load;
     let input = if payload_bytes == 0 {
         serde_json::json!({})
@@ -630,11 +650,9 @@ async fn throughput_on(
     register(&urls[0], &linear_workflow(workflow, queue)).await?;
     // large payloads: fewer runs in flight, so the machine's memory and
     // not the loop's depth bounds what is measured
-    let in_flight = ctx
-        .profile
-        .in_flight
-        .min((20 << 20) / payload_bytes.max(1))
-        .max(20);
+    let in_flight = in_flight.min((20 << 20) / payload_bytes.max(1)).max(20);
+    // a run has one task out at a time: slots for all of them
+    let slots = in_flight.max(512);
     let in_flight = Arc::new(Semaphore::new(in_flight));
     let runs_done = Arc::new(AtomicU64::new(0));
     let tasks_done = Arc::new(AtomicU64::new(0));
@@ -658,7 +676,7 @@ async fn throughput_on(
                     queue: queue.to_owned(),
                     pollers_per_server: 4,
                     connections_per_server: 2,
-                    slots: 512,
+                    slots,
                     // a poll's answer carries every task's input
                     max_per_poll: ((2 << 20) / payload_bytes.max(1)).clamp(1, 100),
                     output_bytes: payload_bytes,
@@ -1120,8 +1138,21 @@ pub struct FanOut {
     pub shape: &'static str,
     /// Branches.
     pub branches: usize,
-    /// Start → run completed, seconds.
+    /// Start → run completed, seconds: the median of `tries`.
     pub secs: f64,
+    /// Every try's seconds, in the order they ran.
+    pub tries: Vec<f64>,
+}
+
+/// The middle value (the mean of the two middle ones for an even count).
+pub(crate) fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => sorted[n / 2],
+        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
 }
 
 fn fork_join_workflow(name: &str, branches: usize) -> String {
@@ -1180,24 +1211,27 @@ async fn fan_out_on(ctx: &Ctx, server: &Server) -> Result<Vec<FanOut>> {
         let branches = size.min(9_998);
         let name = format!("bench_fork_{branches}");
         register(&server.url, &fork_join_workflow(&name, branches)).await?;
-        let secs = run_to_end(&mut client, &name, serde_json::json!({}), size).await?;
+        let items: Vec<Json> = (0..size).map(|i| Json::from(i as u64)).collect();
+        let map_input = serde_json::json!({ "items": items });
+        // a single run of a fraction of a second is at the mercy of one
+        // hiccup of the machine: each case runs a few times, the shapes
+        // taking turns, and its median counts
+        let (mut fork_tries, mut map_tries) = (Vec::new(), Vec::new());
+        for _ in 0..ctx.profile.fan_tries.max(1) {
+            fork_tries.push(run_to_end(&mut client, &name, serde_json::json!({}), size).await?);
+            map_tries.push(run_to_end(&mut client, "bench_map", map_input.clone(), size).await?);
+        }
         results.push(FanOut {
             shape: "FORK/JOIN",
             branches,
-            secs,
+            secs: median(&fork_tries),
+            tries: fork_tries,
         });
-        let items: Vec<Json> = (0..size).map(|i| Json::from(i as u64)).collect();
-        let secs = run_to_end(
-            &mut client,
-            "bench_map",
-            serde_json::json!({ "items": items }),
-            size,
-        )
-        .await?;
         results.push(FanOut {
             shape: "MAP",
             branches: size,
-            secs,
+            secs: median(&map_tries),
+            tries: map_tries,
         });
     }
     worker.stop().await;

@@ -19,7 +19,7 @@ use tokio::{
     net::{TcpListener, TcpStream},
 };
 
-use crate::benches::{self, Ctx, WorkerKind};
+use crate::benches::{self, Ctx, WorkerKind, median};
 
 /// One variant's B1 rounds.
 #[derive(Debug, Clone)]
@@ -41,17 +41,6 @@ impl Variant {
     /// The median server CPU seconds per 1,000 tasks.
     pub fn median_cpu(&self) -> f64 {
         median(&self.server_cpu)
-    }
-}
-
-/// The middle value (the mean of the two middle ones for an even count).
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    match sorted.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => sorted[n / 2],
-        n => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
 }
 

@@ -33,6 +33,7 @@ pub async fn payload(ctx: &Ctx) -> Result<Vec<PayloadRow>> {
             measure_secs: ctx.profile.payload_secs,
             perf_secs: 0,
             payload_bytes: bytes,
+            in_flight: ctx.profile.in_flight,
         };
         let row = throughput_of(ctx, &label, 1, load, &[]).await?;
         rows.push(PayloadRow { bytes, row });
