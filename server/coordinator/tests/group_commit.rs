@@ -176,6 +176,34 @@ async fn lease_all_of(
     leased
 }
 
+/// One report, as worker `w` of the default namespace sends it.
+async fn report_as_worker(
+    coordinator: &Coordinator,
+    task_id: Uuid,
+    attempt: i32,
+    lease_token: Uuid,
+    report: TaskReport,
+) -> Result<(), CoordinatorError> {
+    let scope = TaskScope {
+        namespace: "default".to_owned(),
+        queues: None,
+    };
+    let reporter = Reporter {
+        actor: "worker:w",
+        traceparent: None,
+    };
+    coordinator
+        .report(
+            &scope,
+            &task_id.to_string(),
+            attempt,
+            &lease_token.to_string(),
+            report,
+            reporter,
+        )
+        .await
+}
+
 /// Sends every report at once, as many workers would; the answers by
 /// task.
 async fn report_all(
@@ -186,23 +214,14 @@ async fn report_all(
     for (task, report) in reports {
         let coordinator = coordinator.clone();
         calls.spawn(async move {
-            let scope = TaskScope {
-                namespace: "default".to_owned(),
-                queues: None,
-            };
-            let answer = coordinator
-                .report(
-                    &scope,
-                    &task.id.to_string(),
-                    task.attempt,
-                    &task.lease_token.to_string(),
-                    report,
-                    Reporter {
-                        actor: "worker:w",
-                        traceparent: None,
-                    },
-                )
-                .await;
+            let answer = report_as_worker(
+                &coordinator,
+                task.id,
+                task.attempt,
+                task.lease_token,
+                report,
+            )
+            .await;
             (task.id, answer)
         });
     }
@@ -301,25 +320,10 @@ async fn a_report_whose_lease_was_lost_gets_lease_lost_while_its_group_applies()
             task.lease_token
         };
         reports.spawn(async move {
-            let scope = TaskScope {
-                namespace: "default".to_owned(),
-                queues: None,
+            let done = TaskReport::Completed {
+                output: json!({ "done": true }),
             };
-            let answer = coordinator
-                .report(
-                    &scope,
-                    &task_id.to_string(),
-                    attempt,
-                    &token.to_string(),
-                    TaskReport::Completed {
-                        output: json!({ "done": true }),
-                    },
-                    Reporter {
-                        actor: "worker:w",
-                        traceparent: None,
-                    },
-                )
-                .await;
+            let answer = report_as_worker(&coordinator, task_id, attempt, token, done).await;
             // answered after the commit: the run shows the report at once
             let status = coordinator
                 .get_run(Some("default"), &run_id.to_string(), false)
