@@ -179,7 +179,9 @@ export function decodeErrorInfo(bytes: Uint8Array): { reason: string; domain: st
 export function toComposerError(error: unknown): ComposerError {
   if (error instanceof ComposerError) return error;
   const connect = ConnectError.from(error);
-  const code = CODE_NAMES[connect.code] ?? "UNKNOWN";
+  // gRPC maps an HTTP/2 REFUSED_STREAM (a stopping server refused it, unprocessed) to
+  // UNAVAILABLE; connect-node reports INTERNAL, which would make it look permanent.
+  const code = refusedStream(error) ? "UNAVAILABLE" : (CODE_NAMES[connect.code] ?? "UNKNOWN");
   const init: ComposerErrorInit = { cause: error };
   const violations: FieldViolation[] = [];
   for (const detail of connect.details) {
@@ -193,6 +195,14 @@ export function toComposerError(error: unknown): ComposerError {
   }
   if (violations.length > 0) init.fieldViolations = violations;
   return new ComposerError(code, connect.rawMessage, init);
+}
+
+/** Whether an error, or one of its causes, is an HTTP/2 stream the server refused. */
+function refusedStream(error: unknown): boolean {
+  for (let e = error, depth = 0; e instanceof Error && depth < 8; e = e.cause, depth += 1) {
+    if ((e as { code?: unknown }).code === "ERR_HTTP2_STREAM_ERROR" && e.message.includes("NGHTTP2_REFUSED_STREAM")) return true;
+  }
+  return false;
 }
 
 /** The numeric code of a status name (for tests and interop). */

@@ -87,6 +87,11 @@ test("a ConnectError becomes a ComposerError with its field violations and Error
   assert.ok(toComposerError(new ConnectError("x", Code.Unavailable)).retryable);
   assert.ok(toComposerError(new ConnectError("x", Code.DeadlineExceeded)).retryable);
   assert.ok(!toComposerError(new ConnectError("x", Code.Internal)).retryable);
+  // a stream a stopping server refused was not processed: as gRPC maps it, UNAVAILABLE
+  const refused = Object.assign(new Error("Stream closed with error code NGHTTP2_REFUSED_STREAM"), { code: "ERR_HTTP2_STREAM_ERROR" });
+  const wrapped = new ConnectError("Stream closed with error code NGHTTP2_REFUSED_STREAM", Code.Internal, undefined, undefined, refused);
+  assert.equal(toComposerError(wrapped).code, "UNAVAILABLE");
+  assert.ok(toComposerError(wrapped).retryable);
   assert.equal(toComposerError(new Error("boom")).code, "UNKNOWN");
   const garbage = toComposerError(wireError(Code.InvalidArgument, "x", [{ type: "google.rpc.BadRequest", value: new Uint8Array([0xff, 0xff]) }]));
   assert.deepEqual(garbage.fieldViolations, []);
