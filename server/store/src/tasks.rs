@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use serde_json::Value as Json;
-use sqlx::{PgConnection, PgPool, Row, postgres::PgRow};
+use sqlx::{PgConnection, PgExecutor, PgPool, Row, postgres::PgRow};
 use uuid::Uuid;
 
 use crate::StoreError;
@@ -474,22 +474,23 @@ pub struct ExpiredLease {
     pub attempt: i32,
 }
 
-/// Leased tasks whose lease ran out (partial index `tasks_leased`; the
-/// expiry is read from the heap). In index order, not expiry order: an
-/// index scan marks the entries of tasks that left LEASED dead as it
-/// passes them, so later scans skip them; a bitmap scan (which sorting by
-/// expiry gets) never does, and rereads every task leased since the last
-/// vacuum, twice a second.
-pub async fn expired_leases(pool: &PgPool, limit: i64) -> Result<Vec<ExpiredLease>, StoreError> {
+/// Leased tasks whose lease ran out, oldest expiry first: a range scan of
+/// the partial index `tasks_lease_expiry` that stops at now(), so it reads
+/// the leases that ran out since the last scan, not every leased task
+/// (migration 0015).
+pub async fn expired_leases<'e>(
+    db: impl PgExecutor<'e>,
+    limit: i64,
+) -> Result<Vec<ExpiredLease>, StoreError> {
     // expired_leases: candidates only; each is re-checked under its run lock
     let rows = sqlx::query(
         "SELECT id, namespace, queue, run_id, node_key, attempt FROM tasks \
          WHERE status = 'LEASED' AND lease_expires_at < now() \
            AND lease_confirmed IS DISTINCT FROM false \
-         ORDER BY id LIMIT $1",
+         ORDER BY lease_expires_at LIMIT $1",
     )
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(db)
     .await?;
     rows.iter()
         .map(|row| {
@@ -699,14 +700,17 @@ pub async fn release_leases(pool: &PgPool, leases: &[(Uuid, Uuid)]) -> Result<u6
 /// short expiry: the answer to the poll was lost. Each goes back to
 /// DISPATCHED with the same attempt (no attempt is spent, the run is not
 /// touched) and is re-enqueued. Returns how many.
-pub async fn return_unconfirmed_leases(pool: &PgPool, limit: i64) -> Result<u64, StoreError> {
+pub async fn return_unconfirmed_leases<'e>(
+    db: impl PgExecutor<'e>,
+    limit: i64,
+) -> Result<u64, StoreError> {
     // return_unconfirmed_leases: LEASED, never confirmed, expired -> DISPATCHED
-    // (HELD, not enqueued, when the run is paused); in index order, as
+    // (HELD, not enqueued, when the run is paused); in expiry order, as
     // `expired_leases` is and for its reason
     Ok(sqlx::query(
         "WITH stranded AS (SELECT id, run_id FROM tasks WHERE status = 'LEASED' \
              AND lease_confirmed = false AND lease_expires_at < now() \
-           ORDER BY id LIMIT $1 FOR UPDATE SKIP LOCKED), \
+           ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED), \
          paused AS (SELECT id FROM runs WHERE status = 'PAUSED' \
            AND id IN (SELECT run_id FROM stranded) FOR SHARE), \
          returned AS ( \
@@ -723,7 +727,7 @@ pub async fn return_unconfirmed_leases(pool: &PgPool, limit: i64) -> Result<u64,
          WHERE status = 'DISPATCHED'",
     )
     .bind(limit)
-    .execute(pool)
+    .execute(db)
     .await?
     .rows_affected())
 }
