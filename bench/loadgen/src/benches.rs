@@ -537,7 +537,7 @@ pub struct Throughput {
     pub peak_rss_mib: f64,
     /// Statements per task (pg_stat_statements: calls, incl. BEGIN/COMMIT).
     pub statements_per_task: Option<f64>,
-    /// The most frequent statements: (text, calls per task, exec ms per task).
+    /// The costliest statements: (text, calls per task, exec ms per task).
     pub top_statements: Vec<(String, f64, f64)>,
     /// perf output (comm breakdown and server symbols), if sampled.
     pub perf: Option<String>,
@@ -915,7 +915,7 @@ async fn read_statements(admin: &PgPool) -> Result<Vec<(String, f64, f64)>> {
     let rows = sqlx::query(
         "SELECT s.query, s.calls::float8, s.total_exec_time FROM pg_stat_statements s \
          JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = 'composer' \
-         ORDER BY s.calls DESC",
+         ORDER BY s.total_exec_time DESC",
     )
     .fetch_all(admin)
     .await?;

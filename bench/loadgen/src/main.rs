@@ -412,14 +412,14 @@ async fn scale_out(ctx: &Ctx, results: &mut Results) {
     }
 }
 
-/// The most frequent statements of a throughput row, per task.
+/// The costliest statements of a throughput row (by execution time), per task.
 fn statements_table(t: &mut String, row: &benches::Throughput) {
     if row.top_statements.is_empty() {
         return;
     }
     let _ = writeln!(
         t,
-        "Statements per task in {}, most frequent first (pg_stat_statements):\n\n| calls / task | exec ms / task | statement |\n| --- | --- | --- |",
+        "Statements per task in {}, costliest first (pg_stat_statements):\n\n| calls / task | exec ms / task | statement |\n| --- | --- | --- |",
         row.label
     );
     for (q, calls, ms) in &row.top_statements {
@@ -842,8 +842,13 @@ fn observability_rows(t: &mut String, observed: &observability::Observability) {
 
 fn render_details(r: &Results) -> String {
     let mut t = String::new();
-    // B1, and the widest B5: where one server and several differ
-    for row in r.b1.iter().chain(r.scale.last()) {
+    // B1, and the narrowest and widest B5: where one server and several differ
+    let b5_ends = r
+        .scale
+        .first()
+        .into_iter()
+        .chain(r.scale.last().filter(|_| r.scale.len() > 1));
+    for row in r.b1.iter().chain(b5_ends) {
         statements_table(&mut t, row);
     }
     if let Some(perf) = r.b1.as_ref().and_then(|b| b.perf.as_ref()) {
