@@ -3,7 +3,7 @@
 //! actions (tasks and their outbox rows, timers, waits, history, run status,
 //! hand-offs to other runs). The caller commits.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use chrono::{DateTime, TimeZone, Utc};
 use composer_engine::{
@@ -195,7 +195,7 @@ pub(crate) struct RunTxn<'a> {
     /// attempt, the worker that held the lease.
     queue: VecDeque<(Event, String, Option<String>)>,
     /// Tasks to arm, written with the rest at the end (one per node key).
-    arms: Vec<PendingArm>,
+    arms: PendingArms,
     /// A run inserted by this transaction: it has no node rows to load.
     fresh: bool,
     /// A run not written yet: the final statement inserts it (the value:
@@ -239,6 +239,29 @@ struct PendingArm {
     rate_limit_key: Option<String>,
     /// The TASK node's id and its concurrency slot, if it has one.
     concurrency: Option<(String, SlotKey)>,
+}
+
+/// The task attempts a transaction armed, in the order armed, one per node
+/// key. A MAP or FORK arms thousands in one event, so finding an earlier
+/// attempt of a key is a set lookup, not a pass over the list.
+#[derive(Default)]
+struct PendingArms {
+    list: Vec<PendingArm>,
+    keys: HashSet<String>,
+}
+
+impl PendingArms {
+    /// Adds `arm`; a later attempt of the same node in this transaction wins.
+    fn push(&mut self, arm: PendingArm) {
+        if !self.keys.insert(arm.node_key.clone()) {
+            self.list.retain(|earlier| earlier.node_key != arm.node_key);
+        }
+        self.list.push(arm);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.list.is_empty()
+    }
 }
 
 impl<'a> RunTxn<'a> {
@@ -326,7 +349,7 @@ impl<'a> RunTxn<'a> {
             lease_entry: None,
             queue: VecDeque::new(),
             began: std::time::Instant::now(),
-            arms: Vec::new(),
+            arms: PendingArms::default(),
             fresh,
             insert: None,
             applied: Applied::default(),
@@ -615,12 +638,9 @@ impl<'a> RunTxn<'a> {
                 rate_limit_key,
                 concurrency,
             } => {
-                let node_key = node.to_string();
-                // a later attempt of the same node in this transaction wins
-                self.arms.retain(|arm| arm.node_key != node_key);
                 self.arms.push(PendingArm {
                     new_id: Uuid::new_v4(),
-                    node_key,
+                    node_key: node.to_string(),
                     queue,
                     task_name,
                     attempt: i32::try_from(attempt).unwrap_or(i32::MAX),
@@ -909,7 +929,7 @@ impl<'a> RunTxn<'a> {
         }
         self.saved()?;
         let held = self.held();
-        for arm in std::mem::take(&mut self.arms) {
+        for arm in std::mem::take(&mut self.arms).list {
             if let Some(message) = tasks::arm_task(conn, &self.task_arm(&arm), held).await? {
                 self.applied.outbox.push(message);
             }
@@ -1013,7 +1033,12 @@ impl<'a> RunTxn<'a> {
     /// statement that arms several keyed tasks locks them in one order, so
     /// two such statements cannot deadlock.
     pub(crate) fn task_arms(&self) -> Vec<TaskArm<'_>> {
-        let mut arms: Vec<TaskArm<'_>> = self.arms.iter().map(|arm| self.task_arm(arm)).collect();
+        let mut arms: Vec<TaskArm<'_>> = self
+            .arms
+            .list
+            .iter()
+            .map(|arm| self.task_arm(arm))
+            .collect();
         arms.sort_by_key(|arm| arm.concurrency.map(|c| (c.node, c.key)));
         arms
     }
@@ -1067,7 +1092,7 @@ impl<'a> RunTxn<'a> {
         conn: &mut PgConnection,
         written: Option<runs::EventWritten>,
     ) -> Result<(), CoordinatorError> {
-        self.arms.clear();
+        self.arms = PendingArms::default();
         self.history.clear();
         let staged = self.staged.take().ok_or_else(|| {
             CoordinatorError::Corrupt("a run's write was taken before it was staged".to_owned())

@@ -64,6 +64,7 @@ pub fn prefetch(wf: &CompiledWorkflow, state: &RunState, event: &Event) -> Vec<N
         wf,
         state,
         keys: Vec::new(),
+        seen: HashSet::new(),
     };
     let failure = matches!(
         event,
@@ -135,11 +136,13 @@ struct Prefetch<'a> {
     wf: &'a CompiledWorkflow,
     state: &'a RunState,
     keys: Vec<NodeKey>,
+    /// `keys` as a set: a FORK's successors are thousands of keys.
+    seen: HashSet<NodeKey>,
 }
 
 impl Prefetch<'_> {
     fn add(&mut self, k: NodeKey) {
-        if !self.state.nodes.contains_key(&k) && !self.keys.contains(&k) {
+        if !self.state.nodes.contains_key(&k) && self.seen.insert(k.clone()) {
             self.keys.push(k);
         }
     }
