@@ -96,6 +96,12 @@ async fn assert_streams_on_every_master(cluster: &RedisCluster) {
     }
 }
 
+/// The server's last `count` stderr lines, for a failure's message.
+fn last_lines(server: &ServerProcess, count: usize) -> String {
+    let lines = server.stderr_lines();
+    lines[lines.len().saturating_sub(count)..].join("\n")
+}
+
 #[tokio::test]
 async fn a_master_killed_in_the_middle_of_300_runs_on_a_cluster_loses_none() {
     let mut cluster = RedisCluster::start(3).await;
@@ -121,8 +127,9 @@ async fn a_master_killed_in_the_middle_of_300_runs_on_a_cluster_loses_none() {
     while worker.leases().len() < leased_at_kill + 50 {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "{} tasks leased while one master of three was down",
-            worker.leases().len() - leased_at_kill
+            "{} tasks leased while one master of three was down; the server's last lines:\n{}",
+            worker.leases().len() - leased_at_kill,
+            last_lines(&server, 40)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -1099,32 +1099,36 @@ impl PollHub {
 const DELETE_IF_EMPTY: &str = "if redis.call('XLEN', KEYS[1]) == 0 then \
      return redis.call('DEL', KEYS[1]) else return 0 end";
 
-/// Creates the consumer group (and the stream) of each key not grouped yet;
+/// Creates the consumer group (and the stream) of each key not grouped yet,
+/// all at once (a cluster's dead node costs one timeout, not one per key);
 /// returns the keys that have their group, and the first failure (a
 /// cluster's node that is down fails its keys only).
 async fn ensure_groups<'k>(
     client: &RedisClient,
-    connection: &mut RedisConnection,
+    connection: &RedisConnection,
     keys: &[&'k str],
     grouped: &mut HashSet<String>,
 ) -> (Vec<&'k str>, Option<redis::RedisError>) {
-    let mut ready = Vec::with_capacity(keys.len());
-    let mut failed = None;
-    for key in keys {
-        if grouped.contains(*key) {
-            ready.push(*key);
-            continue;
+    let (mut ready, missing): (Vec<&'k str>, Vec<&'k str>) =
+        keys.iter().partition(|key| grouped.contains(**key));
+    let creations = missing.into_iter().map(|key| {
+        let mut connection = connection.clone();
+        async move {
+            let created: redis::RedisResult<()> =
+                connection.xgroup_create_mkstream(key, GROUP, "0").await;
+            (key, created)
         }
-        let created: redis::RedisResult<()> =
-            connection.xgroup_create_mkstream(*key, GROUP, "0").await;
+    });
+    let mut failed = None;
+    for (key, created) in futures::future::join_all(creations).await {
         match created {
             Err(error) if error.code() != Some("BUSYGROUP") => {
                 client.rest(key);
                 failed.get_or_insert(error);
             }
             _ => {
-                grouped.insert((*key).to_owned());
-                ready.push(*key);
+                grouped.insert(key.to_owned());
+                ready.push(key);
             }
         }
     }

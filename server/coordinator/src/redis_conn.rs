@@ -33,6 +33,10 @@ const CLUSTER_NODE_TIMEOUT: Duration = Duration::from_secs(2);
 /// MOVED or a node lost), milliseconds.
 const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (10, 100);
 
+/// How long opening a cluster connection may take (its seeds, then its slot
+/// map) before it counts as failed.
+const CLUSTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long the slots of a cluster node that failed a command are left
 /// alone: each failure makes the cluster client refresh its slot map, which
 /// holds up every other command, so a dead node is tried about once a
@@ -264,10 +268,13 @@ impl RedisClient {
                 .get_multiplexed_async_connection()
                 .await
                 .map(RedisConnection::Single),
-            ClientKind::Cluster { client, .. } => client
-                .get_async_connection()
-                .await
-                .map(RedisConnection::Cluster),
+            ClientKind::Cluster { client, .. } => {
+                let client = Arc::new((**client).clone());
+                let connection = open_cluster(&client).await?;
+                Ok(RedisConnection::Cluster(HealingCluster::new(
+                    client, connection,
+                )))
+            }
         }
     }
 
@@ -289,7 +296,7 @@ pub enum RedisConnection {
     /// One Redis.
     Single(MultiplexedConnection),
     /// A cluster: each command goes to the node of its keys' slot.
-    Cluster(ClusterConnection),
+    Cluster(HealingCluster),
 }
 
 impl RedisConnection {
@@ -306,7 +313,7 @@ impl ConnectionLike for RedisConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Single(connection) => connection.req_packed_command(cmd),
-            Self::Cluster(connection) => connection.req_packed_command(cmd),
+            Self::Cluster(connection) => Box::pin(connection.command(cmd)),
         }
     }
 
@@ -318,15 +325,116 @@ impl ConnectionLike for RedisConnection {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Self::Single(connection) => connection.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(connection) => connection.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(connection) => Box::pin(connection.pipeline(pipeline, offset, count)),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Self::Single(connection) => connection.get_db(),
-            Self::Cluster(connection) => connection.get_db(),
+            Self::Cluster(_) => 0,
         }
+    }
+}
+
+/// Opens a cluster connection, in at most [`CLUSTER_CONNECT_TIMEOUT`].
+async fn open_cluster(client: &ClusterClient) -> redis::RedisResult<ClusterConnection> {
+    tokio::time::timeout(CLUSTER_CONNECT_TIMEOUT, client.get_async_connection())
+        .await
+        .map_err(|_| {
+            redis::RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "opening the cluster connection timed out",
+            ))
+        })?
+}
+
+/// A cluster connection that replaces itself when a command times out.
+///
+/// Why: the `redis` crate's cluster connection can wedge after a node dies.
+/// A slot refresh that never ends holds every later command of that
+/// connection, on every node, until its timeout, for good (seen in 4 of
+/// 72 runs of `redis_cluster.rs`, decision 0028). A command
+/// that times out therefore retires the connection it used, and the next
+/// command opens a fresh one; a dead node's own commands keep failing fast
+/// and resting their slots ([`RedisClient::rest`]) meanwhile. Clones share
+/// the current connection.
+#[derive(Clone)]
+pub struct HealingCluster {
+    client: Arc<ClusterClient>,
+    current: Arc<tokio::sync::Mutex<Current>>,
+}
+
+/// The connection in use, and how many have been opened before it.
+struct Current {
+    generation: u64,
+    connection: Option<ClusterConnection>,
+}
+
+impl HealingCluster {
+    fn new(client: Arc<ClusterClient>, connection: ClusterConnection) -> Self {
+        Self {
+            client,
+            current: Arc::new(tokio::sync::Mutex::new(Current {
+                generation: 0,
+                connection: Some(connection),
+            })),
+        }
+    }
+
+    /// The connection to use and its generation; opens one when the last
+    /// was retired (callers wait for it: one open at a time).
+    async fn checkout(&self) -> redis::RedisResult<(u64, ClusterConnection)> {
+        let mut current = self.current.lock().await;
+        if let Some(connection) = &current.connection {
+            return Ok((current.generation, connection.clone()));
+        }
+        let connection = open_cluster(&self.client).await?;
+        current.generation += 1;
+        current.connection = Some(connection.clone());
+        tracing::info!(
+            generation = current.generation,
+            "opened a fresh cluster connection"
+        );
+        Ok((current.generation, connection))
+    }
+
+    /// Retires the connection of `generation` after `error`, when that is
+    /// a timeout and the connection is still the current one.
+    async fn after(&self, generation: u64, error: &redis::RedisError) {
+        if !error.is_timeout() {
+            return;
+        }
+        let mut current = self.current.lock().await;
+        if current.generation == generation && current.connection.take().is_some() {
+            crate::metrics::redis_error("cluster_retired");
+            tracing::warn!(%error, "a cluster command timed out; its connection is retired");
+        }
+    }
+
+    async fn command(&mut self, cmd: &Cmd) -> redis::RedisResult<Value> {
+        let (generation, mut connection) = self.checkout().await?;
+        let reply = connection.req_packed_command(cmd).await;
+        if let Err(error) = &reply {
+            self.after(generation, error).await;
+        }
+        reply
+    }
+
+    async fn pipeline(
+        &mut self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisResult<Vec<Value>> {
+        let (generation, mut connection) = self.checkout().await?;
+        let reply = connection
+            .req_packed_commands(pipeline, offset, count)
+            .await;
+        if let Err(error) = &reply {
+            self.after(generation, error).await;
+        }
+        reply
     }
 }
 

@@ -65,24 +65,23 @@ async fn task_ids_in_redis(redis_url: &str) -> Vec<Uuid> {
         .get_multiplexed_async_connection()
         .await
         .expect("redis");
-    let mut ids = Vec::new();
     // one shard: the publisher of `coordinator_publishing_to`
-    for key in [composer_coordinator::dispatch::stream_key(
-        "default", "outboxed", 0,
-    )] {
-        let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(&key)
-            .arg("-")
-            .arg("+")
-            .query_async(&mut redis)
-            .await
-            .expect("xrange");
-        for entry in entries.ids {
+    let key = composer_coordinator::dispatch::stream_key("default", "outboxed", 0);
+    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(&key)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut redis)
+        .await
+        .expect("xrange");
+    entries
+        .ids
+        .iter()
+        .map(|entry| {
             let id: String = entry.get("task_id").expect("task_id field");
-            ids.push(id.parse().expect("a uuid"));
-        }
-    }
-    ids
+            id.parse().expect("a uuid")
+        })
+        .collect()
 }
 
 #[tokio::test]
