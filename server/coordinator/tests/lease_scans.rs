@@ -8,7 +8,6 @@ mod common;
 
 use composer_store::tasks;
 use sqlx::{PgConnection, PgPool};
-use uuid::Uuid;
 
 /// Tasks leased and then ended: each leaves a dead entry in any index of
 /// leased tasks until vacuum, the load a busy server's scans meet.
@@ -19,15 +18,7 @@ const ENDED: i64 = 4_000;
 /// leased and expired: `n1`..`n3` (confirmed) and `n4`, `n5` (receipt
 /// never confirmed). Statistics are fresh, as autovacuum keeps them.
 async fn leased_and_mostly_ended(pool: &PgPool) {
-    let run_id = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, record) \
-         VALUES ($1, 'default', 'wf', 1, 'RUNNING', '{}', '{}')",
-    )
-    .bind(run_id)
-    .execute(pool)
-    .await
-    .expect("run");
+    let run_id = common::insert_run(pool).await;
     sqlx::query(
         "INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
            queue, task_name, status, attempt, input, heartbeat_timeout_ms, lease_token, \
