@@ -1,7 +1,9 @@
 //! A lease takes exactly the candidates still DISPATCHED at the attempt
 //! their message names, in the namespace and queue of the poll, whether a
 //! poll brings a few candidates (joined by the cached statement) or many
-//! (one probe each, planned per list: decision 0029). Real Postgres.
+//! (one probe each, planned per list: decision 0029). A rate-limited
+//! queue's hand-out reads the same candidates by the same two forms before
+//! it takes tokens. Real Postgres.
 
 // this test needs the fresh store only
 #[allow(dead_code)]
@@ -56,6 +58,18 @@ async fn only_the_dispatched_of_the_queue_at_their_attempt_are_leased(count: i64
         .filter(|(i, _)| *i >= 3 && i % 5 != 4)
         .map(|(_, id)| *id)
         .collect();
+
+    let unleased = tasks::dispatched_with_keys(pool, &candidates, "default", &queue)
+        .await
+        .expect("dispatched");
+    let found: HashSet<Uuid> = unleased.iter().map(|(id, _, _)| *id).collect();
+    assert_eq!(found.len(), unleased.len(), "a task found twice");
+    assert_eq!(found, expected, "the rate-limited hand-out's candidates");
+    assert!(
+        unleased
+            .iter()
+            .all(|(_, attempt, key)| *attempt == 2 && key.is_none())
+    );
 
     let leased = tasks::lease_tasks(pool, &candidates, "w", "default", &queue, None)
         .await

@@ -3,6 +3,8 @@
 //! Fencing: every change of a leased task says `WHERE id = $1 AND attempt =
 //! $2 AND lease_token = $3`; zero rows means the lease is not the caller's.
 
+use std::sync::LazyLock;
+
 use chrono::{DateTime, Utc};
 use serde_json::Value as Json;
 use sqlx::{PgConnection, PgExecutor, PgPool, Row, postgres::PgRow};
@@ -305,6 +307,30 @@ const LEASE_BY_KEYS: &str = "t.id = ANY($1::uuid[]) AND t.id = c.id AND t.attemp
 const LEASE_BY_PROBE: &str = "t.id = c.id AND t.attempt = c.attempt \
      AND COALESCE(t.status = 'DISPATCHED', false)";
 
+/// The lease statement with its candidate condition: [`LEASE_BY_KEYS`] or
+/// [`LEASE_BY_PROBE`].
+fn lease_statement(candidate_condition: &str) -> String {
+    format!(
+        "UPDATE tasks t SET status = 'LEASED', lease_token = gen_random_uuid(), \
+           lease_owner = $3, \
+           lease_expires_at = now() + make_interval(secs => \
+             LEAST(t.heartbeat_timeout_ms, COALESCE($6, t.heartbeat_timeout_ms)) / 1000.0), \
+           lease_confirmed = CASE WHEN $6::bigint IS NULL THEN NULL ELSE false END, \
+           attempt_deadline = CASE WHEN t.attempt_timeout_ms IS NULL THEN NULL \
+             ELSE now() + make_interval(secs => t.attempt_timeout_ms / 1000.0) END, \
+           updated_at = now() \
+         FROM UNNEST($1::uuid[], $2::int[]) AS c(id, attempt) \
+         WHERE {candidate_condition} AND t.namespace = $4 AND t.queue = $5 \
+         RETURNING t.id, t.namespace, t.run_id, t.node_key, t.workflow_name, t.workflow_version, \
+           t.queue, t.task_name, t.attempt, t.input, t.lease_token, t.lease_expires_at, \
+           t.heartbeat_timeout_ms, t.attempt_deadline, t.dispatched_at, t.traceparent"
+    )
+}
+
+/// Built once: a poll leases on the hot path.
+static LEASE_FEW: LazyLock<String> = LazyLock::new(|| lease_statement(LEASE_BY_KEYS));
+static LEASE_MANY: LazyLock<String> = LazyLock::new(|| lease_statement(LEASE_BY_PROBE));
+
 /// Leases the given `(task_id, attempt)` pairs to `owner`, each only if it
 /// is still DISPATCHED at that attempt (a duplicate or stale message loses
 /// here) and belongs to `namespace` and `queue` (what a stream message says
@@ -327,23 +353,8 @@ pub async fn lease_tasks(
     let attempts: Vec<i32> = candidates.iter().map(|c| c.1).collect();
     // lease_tasks: conditional DISPATCHED -> LEASED with a fresh fencing token
     let many = candidates.len() > FEW_CANDIDATES;
-    let sql = format!(
-        "UPDATE tasks t SET status = 'LEASED', lease_token = gen_random_uuid(), \
-           lease_owner = $3, \
-           lease_expires_at = now() + make_interval(secs => \
-             LEAST(t.heartbeat_timeout_ms, COALESCE($6, t.heartbeat_timeout_ms)) / 1000.0), \
-           lease_confirmed = CASE WHEN $6::bigint IS NULL THEN NULL ELSE false END, \
-           attempt_deadline = CASE WHEN t.attempt_timeout_ms IS NULL THEN NULL \
-             ELSE now() + make_interval(secs => t.attempt_timeout_ms / 1000.0) END, \
-           updated_at = now() \
-         FROM UNNEST($1::uuid[], $2::int[]) AS c(id, attempt) \
-         WHERE {} AND t.namespace = $4 AND t.queue = $5 \
-         RETURNING t.id, t.namespace, t.run_id, t.node_key, t.workflow_name, t.workflow_version, \
-           t.queue, t.task_name, t.attempt, t.input, t.lease_token, t.lease_expires_at, \
-           t.heartbeat_timeout_ms, t.attempt_deadline, t.dispatched_at, t.traceparent",
-        if many { LEASE_BY_PROBE } else { LEASE_BY_KEYS }
-    );
-    let rows = sqlx::query(&sql)
+    let sql: &str = if many { &LEASE_MANY } else { &LEASE_FEW };
+    let rows = sqlx::query(sql)
         // many candidates: planned for this list each time (see LEASE_BY_PROBE)
         .persistent(!many)
         .bind(&ids)
@@ -360,6 +371,19 @@ pub async fn lease_tasks(
         .map_err(StoreError::from)
 }
 
+/// The statement of [`dispatched_with_keys`] with its candidate condition,
+/// chosen as the lease's is.
+fn dispatched_statement(candidate_condition: &str) -> String {
+    format!(
+        "SELECT t.id, t.attempt, t.rate_limit_key \
+         FROM tasks t, UNNEST($1::uuid[], $2::int[]) AS c(id, attempt) \
+         WHERE {candidate_condition} AND t.namespace = $3 AND t.queue = $4"
+    )
+}
+
+static DISPATCHED_FEW: LazyLock<String> = LazyLock::new(|| dispatched_statement(LEASE_BY_KEYS));
+static DISPATCHED_MANY: LazyLock<String> = LazyLock::new(|| dispatched_statement(LEASE_BY_PROBE));
+
 /// Of the given `(task_id, attempt)` pairs, those still DISPATCHED at that
 /// attempt in `namespace` and `queue`, each with its rate-limit key: what a
 /// rate-limited queue's hand-out takes tokens for, so a stale or duplicate
@@ -375,20 +399,21 @@ pub async fn dispatched_with_keys(
     }
     let ids: Vec<Uuid> = candidates.iter().map(|c| c.0).collect();
     let attempts: Vec<i32> = candidates.iter().map(|c| c.1).collect();
-    // dispatched_with_keys: primary key lookups
-    let rows: Vec<(Uuid, i32, Option<String>)> = sqlx::query_as(
-        "SELECT t.id, t.attempt, t.rate_limit_key FROM tasks t \
-           JOIN UNNEST($1::uuid[], $2::int[]) AS c(id, attempt) \
-             ON t.id = c.id AND t.attempt = c.attempt \
-         WHERE t.id = ANY($1::uuid[]) AND t.status = 'DISPATCHED' \
-           AND t.namespace = $3 AND t.queue = $4",
-    )
-    .bind(&ids)
-    .bind(&attempts)
-    .bind(namespace)
-    .bind(queue)
-    .fetch_all(pool)
-    .await?;
+    // dispatched_with_keys: the lease's two candidate forms, unleased
+    let many = candidates.len() > FEW_CANDIDATES;
+    let sql: &str = if many {
+        &DISPATCHED_MANY
+    } else {
+        &DISPATCHED_FEW
+    };
+    let rows: Vec<(Uuid, i32, Option<String>)> = sqlx::query_as(sql)
+        .persistent(!many)
+        .bind(&ids)
+        .bind(&attempts)
+        .bind(namespace)
+        .bind(queue)
+        .fetch_all(pool)
+        .await?;
     Ok(rows)
 }
 
