@@ -327,9 +327,30 @@ fn lease_statement(candidate_condition: &str) -> String {
     )
 }
 
-/// Built once: a poll leases on the hot path.
-static LEASE_FEW: LazyLock<String> = LazyLock::new(|| lease_statement(LEASE_BY_KEYS));
-static LEASE_MANY: LazyLock<String> = LazyLock::new(|| lease_statement(LEASE_BY_PROBE));
+/// A statement over candidates in its two forms, each built once (a poll
+/// runs it on the hot path).
+struct CandidateStatement {
+    few: LazyLock<String>,
+    many: LazyLock<String>,
+}
+
+impl CandidateStatement {
+    /// The form for `count` candidates, and whether it is kept prepared:
+    /// many candidates are planned for their list each time (see
+    /// [`LEASE_BY_PROBE`]).
+    fn for_count(&self, count: usize) -> (&str, bool) {
+        if count > FEW_CANDIDATES {
+            (&self.many, false)
+        } else {
+            (&self.few, true)
+        }
+    }
+}
+
+static LEASE: CandidateStatement = CandidateStatement {
+    few: LazyLock::new(|| lease_statement(LEASE_BY_KEYS)),
+    many: LazyLock::new(|| lease_statement(LEASE_BY_PROBE)),
+};
 
 /// Leases the given `(task_id, attempt)` pairs to `owner`, each only if it
 /// is still DISPATCHED at that attempt (a duplicate or stale message loses
@@ -349,14 +370,11 @@ pub async fn lease_tasks(
     // a worker that confirms receipt holds the lease for the receipt time
     // (or less) until its first heartbeat
     let receipt_ms = receipt.map(|r| i64::try_from(r.as_millis()).unwrap_or(i64::MAX));
-    let ids: Vec<Uuid> = candidates.iter().map(|c| c.0).collect();
-    let attempts: Vec<i32> = candidates.iter().map(|c| c.1).collect();
+    let (ids, attempts): (Vec<Uuid>, Vec<i32>) = candidates.iter().copied().unzip();
     // lease_tasks: conditional DISPATCHED -> LEASED with a fresh fencing token
-    let many = candidates.len() > FEW_CANDIDATES;
-    let sql: &str = if many { &LEASE_MANY } else { &LEASE_FEW };
+    let (sql, prepared) = LEASE.for_count(candidates.len());
     let rows = sqlx::query(sql)
-        // many candidates: planned for this list each time (see LEASE_BY_PROBE)
-        .persistent(!many)
+        .persistent(prepared)
         .bind(&ids)
         .bind(&attempts)
         .bind(owner)
@@ -381,8 +399,10 @@ fn dispatched_statement(candidate_condition: &str) -> String {
     )
 }
 
-static DISPATCHED_FEW: LazyLock<String> = LazyLock::new(|| dispatched_statement(LEASE_BY_KEYS));
-static DISPATCHED_MANY: LazyLock<String> = LazyLock::new(|| dispatched_statement(LEASE_BY_PROBE));
+static DISPATCHED: CandidateStatement = CandidateStatement {
+    few: LazyLock::new(|| dispatched_statement(LEASE_BY_KEYS)),
+    many: LazyLock::new(|| dispatched_statement(LEASE_BY_PROBE)),
+};
 
 /// Of the given `(task_id, attempt)` pairs, those still DISPATCHED at that
 /// attempt in `namespace` and `queue`, each with its rate-limit key: what a
@@ -397,17 +417,11 @@ pub async fn dispatched_with_keys(
     if candidates.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<Uuid> = candidates.iter().map(|c| c.0).collect();
-    let attempts: Vec<i32> = candidates.iter().map(|c| c.1).collect();
+    let (ids, attempts): (Vec<Uuid>, Vec<i32>) = candidates.iter().copied().unzip();
     // dispatched_with_keys: the lease's two candidate forms, unleased
-    let many = candidates.len() > FEW_CANDIDATES;
-    let sql: &str = if many {
-        &DISPATCHED_MANY
-    } else {
-        &DISPATCHED_FEW
-    };
+    let (sql, prepared) = DISPATCHED.for_count(candidates.len());
     let rows: Vec<(Uuid, i32, Option<String>)> = sqlx::query_as(sql)
-        .persistent(!many)
+        .persistent(prepared)
         .bind(&ids)
         .bind(&attempts)
         .bind(namespace)
