@@ -11,7 +11,7 @@ use composer_engine::{
     RunStatus, SlotKey, TimerId, TimerKind, Timestamp, decide, history::HistoryEventType, prefetch,
 };
 use composer_store::{
-    events,
+    events, group_write,
     runs::{self, EventWrite, HistoryWrite, NewRun, NodeWrite, RunInsert, RunRow, RunUpdate},
     tasks::{self, TaskArm, TaskSlotArm},
     timers::{self, TimerWrite},
@@ -495,6 +495,29 @@ impl<'a> RunTxn<'a> {
         let written = runs::write_event(conn, &write, insert.as_ref()).await?;
         drop(arms);
         self.conclude(conn, written).await
+    }
+
+    /// Writes several [`stage`](RunTxn::stage)d runs, each locked on
+    /// `conn` and none twice, in as few statements as
+    /// [`group_write::write_events`] can (one for most), and concludes each.
+    pub(crate) async fn write_together(
+        txns: Vec<RunTxn<'a>>,
+        conn: &mut PgConnection,
+    ) -> Result<Vec<Applied>, CoordinatorError> {
+        let written = {
+            let arms: Vec<_> = txns.iter().map(RunTxn::task_arms).collect();
+            let writes = txns
+                .iter()
+                .zip(&arms)
+                .map(|(txn, arms)| txn.event_write(arms))
+                .collect::<Result<Vec<_>, _>>()?;
+            group_write::write_events(conn, &writes).await?
+        };
+        let mut applied = Vec::with_capacity(txns.len());
+        for (txn, written) in txns.into_iter().zip(written.per_write) {
+            applied.push(txn.conclude(conn, written).await?);
+        }
+        Ok(applied)
     }
 
     /// Applies every queued event (and the ones they cause) and runs what

@@ -55,8 +55,8 @@ impl Default for RecoveryConfig {
 impl Coordinator {
     /// Fires many due timers in ONE transaction: one statement locks their
     /// runs (skipping busy ones) and takes the timers, one loads the node
-    /// rows every event needs, then each run's events are applied and
-    /// written (a statement per run), and one commit. Returns how many
+    /// rows every event needs, then each run's events are applied and all
+    /// runs written in one statement (decision 0026), and one commit. Returns how many
     /// fired. On an error nothing is fired; the caller falls back to
     /// one transaction per timer, so one bad run cannot hold
     /// back the others.
@@ -102,11 +102,13 @@ impl Coordinator {
         for (run_id, key, state) in runs::load_nodes_of_runs(&mut tx, &wanted).await? {
             rows.entry(run_id).or_default().push((key, state));
         }
-        let mut applied = Vec::with_capacity(txns.len());
+        let mut staged = Vec::with_capacity(txns.len());
         for (mut txn, keys) in txns {
             txn.preload(&keys, rows.remove(&txn.run_id()).unwrap_or_default())?;
-            applied.push(txn.finish(&mut tx).await?);
+            txn.stage(&mut tx).await?;
+            staged.push(txn);
         }
+        let applied = RunTxn::write_together(staged, &mut tx).await?;
         tx.commit().await?;
         for mut applied in applied {
             self.announce(&mut applied).await;

@@ -6,6 +6,10 @@
 
 use std::time::Duration;
 
+// these tests use some of the shared helpers
+#[allow(dead_code)]
+mod common;
+
 use composer_coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorError, Reporter, StartRun, TaskReport,
 };
@@ -451,47 +455,6 @@ edges:
   - { from: right, to: both }
 "#;
 
-/// What a run left in every table a write touches, without ids and times.
-async fn snapshot(coordinator: &Coordinator, run_id: Uuid) -> String {
-    let pool = coordinator.store().pool();
-    let run: (String, i64, bool, Option<Json>) = sqlx::query_as(
-        "SELECT status, history_seq, ended_at IS NOT NULL, error FROM runs WHERE id = $1",
-    )
-    .bind(run_id)
-    .fetch_one(pool)
-    .await
-    .expect("run");
-    let nodes: Vec<(String, String, bool)> = sqlx::query_as(
-        "SELECT node_key, status, ended_at IS NOT NULL FROM run_nodes WHERE run_id = $1 \
-         ORDER BY node_key",
-    )
-    .bind(run_id)
-    .fetch_all(pool)
-    .await
-    .expect("nodes");
-    let history: Vec<(i64, String, Option<String>, Option<i32>)> = sqlx::query_as(
-        "SELECT seq, event_type, node_key, attempt FROM run_events WHERE run_id = $1 ORDER BY seq",
-    )
-    .bind(run_id)
-    .fetch_all(pool)
-    .await
-    .expect("history");
-    let tasks: Vec<(String, String, i32, Option<String>)> = sqlx::query_as(
-        "SELECT node_key, status, attempt, outcome FROM tasks WHERE run_id = $1 ORDER BY node_key",
-    )
-    .bind(run_id)
-    .fetch_all(pool)
-    .await
-    .expect("tasks");
-    let timers: Vec<(String, bool)> =
-        sqlx::query_as("SELECT timer_key, held FROM timers WHERE run_id = $1 ORDER BY timer_key")
-            .bind(run_id)
-            .fetch_all(pool)
-            .await
-            .expect("timers");
-    format!("{run:?}\n{nodes:?}\n{history:?}\n{tasks:?}\n{timers:?}")
-}
-
 /// Runs of `mixed` met by reports all at once: half see their left task
 /// fail for a retry (a timer is scheduled) and their right one complete
 /// (its attempt timeout's timer goes); the other half see their left task
@@ -534,7 +497,10 @@ async fn mixed_reports(coordinator: &Coordinator) -> std::collections::BTreeMap<
 
     let mut snapshots = std::collections::BTreeMap::new();
     for (run_id, n) in inputs {
-        snapshots.insert(n, snapshot(coordinator, run_id).await);
+        snapshots.insert(
+            n,
+            common::run_snapshot(coordinator.store().pool(), run_id).await,
+        );
     }
     snapshots
 }

@@ -1,5 +1,6 @@
 //! What the coordinator's integration tests share: a migrated store on a
-//! fresh database, a StartRun request, and a bare run row.
+//! fresh database, a StartRun request, a bare run row, and what a run left
+//! in the tables.
 
 use std::time::Duration;
 
@@ -50,4 +51,44 @@ pub async fn insert_run(pool: &sqlx::PgPool) -> Uuid {
     .await
     .expect("run");
     run_id
+}
+
+/// What a run left in every table a write touches, without ids and times.
+pub async fn run_snapshot(pool: &sqlx::PgPool, run_id: Uuid) -> String {
+    let run: (String, i64, bool, Option<Json>) = sqlx::query_as(
+        "SELECT status, history_seq, ended_at IS NOT NULL, error FROM runs WHERE id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(pool)
+    .await
+    .expect("run");
+    let nodes: Vec<(String, String, bool)> = sqlx::query_as(
+        "SELECT node_key, status, ended_at IS NOT NULL FROM run_nodes WHERE run_id = $1 \
+         ORDER BY node_key",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await
+    .expect("nodes");
+    let history: Vec<(i64, String, Option<String>, Option<i32>)> = sqlx::query_as(
+        "SELECT seq, event_type, node_key, attempt FROM run_events WHERE run_id = $1 ORDER BY seq",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await
+    .expect("history");
+    let tasks: Vec<(String, String, i32, Option<String>)> = sqlx::query_as(
+        "SELECT node_key, status, attempt, outcome FROM tasks WHERE run_id = $1 ORDER BY node_key",
+    )
+    .bind(run_id)
+    .fetch_all(pool)
+    .await
+    .expect("tasks");
+    let timers: Vec<(String, bool)> =
+        sqlx::query_as("SELECT timer_key, held FROM timers WHERE run_id = $1 ORDER BY timer_key")
+            .bind(run_id)
+            .fetch_all(pool)
+            .await
+            .expect("timers");
+    format!("{run:?}\n{nodes:?}\n{history:?}\n{tasks:?}\n{timers:?}")
 }
