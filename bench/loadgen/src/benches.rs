@@ -64,6 +64,8 @@ pub struct Profile {
     pub scale_in_flight: usize,
     /// perf sampling during a B1 load (0: none).
     pub perf_secs: u64,
+    /// perf sampling during every B5 row (0: none; only `--perf-b5-secs`).
+    pub scale_perf_secs: u64,
     /// Runs in flight in the closed loops.
     pub in_flight: usize,
     /// B6: runs in the database.
@@ -100,6 +102,7 @@ impl Profile {
             scale_rounds: 1,
             scale_in_flight: 1_200,
             perf_secs: 0,
+            scale_perf_secs: 0,
             in_flight: 200,
             list_runs: 100_000,
             list_calls: 30,
@@ -127,6 +130,7 @@ impl Profile {
             scale_rounds: 3,
             scale_in_flight: 1_200,
             perf_secs: 15,
+            scale_perf_secs: 0,
             in_flight: 200,
             list_runs: 100_000,
             list_calls: 200,

@@ -57,6 +57,10 @@ struct Args {
     /// full profile does 15).
     #[arg(long)]
     perf_secs: Option<u64>,
+    /// Sample the machine with perf for this many seconds during every B5
+    /// row, to see where several servers spend what one does not.
+    #[arg(long)]
+    perf_b5_secs: Option<u64>,
     /// Runs in flight in the B1 rows (200 in both profiles): to ask
     /// whether a deeper loop would change a row.
     #[arg(long)]
@@ -115,6 +119,9 @@ async fn run(args: Args) -> Result<()> {
     };
     if let Some(secs) = args.perf_secs {
         profile.perf_secs = secs;
+    }
+    if let Some(secs) = args.perf_b5_secs {
+        profile.scale_perf_secs = secs;
     }
     if let Some(runs) = args.in_flight {
         profile.in_flight = runs.max(1);
@@ -373,7 +380,7 @@ async fn scale_out(ctx: &Ctx, results: &mut Results) {
             let load = benches::Load {
                 kind: WorkerKind::Rust,
                 measure_secs: secs,
-                perf_secs: 0,
+                perf_secs: ctx.profile.scale_perf_secs,
                 payload_bytes: 0,
                 in_flight: ctx.profile.scale_in_flight,
             };
@@ -848,11 +855,13 @@ fn render_details(r: &Results) -> String {
         .first()
         .into_iter()
         .chain(r.scale.last().filter(|_| r.scale.len() > 1));
-    for row in r.b1.iter().chain(b5_ends) {
+    for row in r.b1.iter().chain(b5_ends.clone()) {
         statements_table(&mut t, row);
     }
-    if let Some(perf) = r.b1.as_ref().and_then(|b| b.perf.as_ref()) {
-        let _ = writeln!(t, "perf during B1 (Rust worker):\n\n```\n{}```\n", perf);
+    for row in r.b1.iter().chain(b5_ends) {
+        if let Some(perf) = &row.perf {
+            let _ = writeln!(t, "perf during {}:\n\n```\n{}```\n", row.label, perf);
+        }
     }
     t
 }
