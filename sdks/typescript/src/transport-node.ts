@@ -2,6 +2,8 @@
 import type { Interceptor, Transport } from "@connectrpc/connect";
 import { createGrpcTransport, Http2SessionManager } from "@connectrpc/connect-node";
 
+import { createLeanGrpcTransport } from "./grpc-unary-node.js";
+
 /** Where `composer serve` and `composer dev` listen by default. */
 export const DEFAULT_ADDRESS = "127.0.0.1:7070";
 
@@ -29,6 +31,10 @@ export function createNodeTransport(
 ): { transport: Transport; close: () => void } {
   const baseUrl = baseUrlOf(address, options.tls);
   const sessionManager = new Http2SessionManager(baseUrl, { pingIntervalMs: 30_000, pingTimeoutMs: 10_000, idleConnectionTimeoutMs: 60_000 });
-  const transport = createGrpcTransport({ baseUrl, sessionManager, interceptors: options.interceptors ?? [] });
+  const interceptors = options.interceptors ?? [];
+  const grpc = createGrpcTransport({ baseUrl, sessionManager, interceptors });
+  // Unary calls straight on the HTTP/2 stream (grpc-unary-node.ts); with interceptors, connect's
+  // transport runs them all, as the interceptors expect.
+  const transport = interceptors.length === 0 ? createLeanGrpcTransport(baseUrl, sessionManager, grpc) : grpc;
   return { transport, close: () => sessionManager.abort() };
 }

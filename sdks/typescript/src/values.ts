@@ -49,7 +49,8 @@ function convert(value: unknown, path: string, seen: Set<object>): Json {
     const out: { [key: string]: Json } = {};
     for (const [key, item] of Object.entries(object)) {
       if (item === undefined) continue;
-      out[key] = convert(item, `${path}.${key}`, seen);
+      // a `__proto__` key (JSON.parse makes one) stays a key, not the output's prototype
+      setOwn(out, key, convert(item, `${path}.${key}`, seen));
     }
     return out;
   } finally {
@@ -57,14 +58,97 @@ function convert(value: unknown, path: string, seen: Set<object>): Json {
   }
 }
 
+// The worker converts every task's input and output: built directly, as the `create` and
+// `fromJson` / `toJson` of @bufbuild/protobuf would, without their reflection. A value nested
+// deeper than FAST_DEPTH takes the library's path, which also keeps its recursion limit.
+const FAST_DEPTH = 64;
+
+class TooDeep extends Error {}
+
+/** The `google.protobuf.Value` of `json`, already checked to be JSON (`fromJson(ValueSchema, json)`). */
+function valueOf(json: Json, depth: number): Value {
+  if (depth > FAST_DEPTH) throw new TooDeep();
+  let kind: Value["kind"];
+  switch (typeof json) {
+    case "number":
+      kind = { case: "numberValue", value: json };
+      break;
+    case "string":
+      kind = { case: "stringValue", value: json };
+      break;
+    case "boolean":
+      kind = { case: "boolValue", value: json };
+      break;
+    default:
+      if (json === null) kind = { case: "nullValue", value: 0 };
+      else if (Array.isArray(json)) {
+        const values: Value[] = new Array(json.length);
+        for (let i = 0; i < json.length; i++) values[i] = valueOf(json[i] as Json, depth + 1);
+        kind = { case: "listValue", value: { $typeName: "google.protobuf.ListValue", values } };
+      } else {
+        const fields: { [key: string]: Value } = {};
+        for (const key of Object.keys(json)) setOwn(fields, key, valueOf(json[key] as Json, depth + 1));
+        kind = { case: "structValue", value: { $typeName: "google.protobuf.Struct", fields } };
+      }
+  }
+  return { $typeName: "google.protobuf.Value", kind };
+}
+
+/** The JSON of a `google.protobuf.Value` (`toJson(ValueSchema, value)`). */
+function jsonOf(value: Value, depth: number): Json {
+  if (depth > FAST_DEPTH) throw new TooDeep();
+  const kind = value.kind;
+  switch (kind.case) {
+    case "nullValue":
+      return null;
+    case "numberValue":
+      if (!Number.isFinite(kind.value)) throw new Error(`${value.$typeName} cannot be NaN or Infinity`);
+      return kind.value;
+    case "boolValue":
+    case "stringValue":
+      return kind.value;
+    case "structValue": {
+      const out: { [key: string]: Json } = {};
+      const fields = kind.value.fields;
+      for (const key of Object.keys(fields)) setOwn(out, key, jsonOf(fields[key] as Value, depth + 1));
+      return out;
+    }
+    case "listValue": {
+      const values = kind.value.values;
+      const out: Json[] = new Array(values.length);
+      for (let i = 0; i < values.length; i++) out[i] = jsonOf(values[i] as Value, depth + 1);
+      return out;
+    }
+    default:
+      throw new Error(`${value.$typeName} must have a value`);
+  }
+}
+
+/** `obj[key] = value`, as an own property even for `__proto__` (as @bufbuild/protobuf does). */
+function setOwn<T>(obj: { [key: string]: T }, key: string, value: T): void {
+  if (key === "__proto__") Object.defineProperty(obj, key, { value, writable: true, enumerable: true, configurable: true });
+  else obj[key] = value;
+}
+
 /** A JSON value as a `google.protobuf.Value` (throws {@link NotJsonError}). */
 export function toValue(value: unknown): Value {
   const json = toJsonValue(value);
-  return json === null ? create(ValueSchema, { kind: { case: "nullValue", value: 0 } }) : fromJson(ValueSchema, json);
+  if (json === null) return create(ValueSchema, { kind: { case: "nullValue", value: 0 } });
+  try {
+    return valueOf(json, 0);
+  } catch (error) {
+    if (!(error instanceof TooDeep)) throw error;
+    return fromJson(ValueSchema, json);
+  }
 }
 
 /** A `google.protobuf.Value` field as JSON (`null` when the field is unset). */
 export function fromValue(value: Value | undefined): Json {
   if (value === undefined || value.kind.case === undefined) return null;
-  return toJson(ValueSchema, value);
+  try {
+    return jsonOf(value, 0);
+  } catch (error) {
+    if (!(error instanceof TooDeep)) throw error;
+    return toJson(ValueSchema, value);
+  }
 }

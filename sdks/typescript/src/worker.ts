@@ -15,7 +15,7 @@
 // the same token after UNAVAILABLE / DEADLINE_EXCEEDED, and treats LEASE_LOST as final. On stop
 // it stops polling, drains in-flight tasks within `drainTimeoutMs`, and only then stops
 // heartbeating.
-import { AsyncLocalStorage, createHook, type AsyncHook } from "node:async_hooks";
+import { AsyncLocalStorage } from "node:async_hooks";
 import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
 
@@ -304,16 +304,18 @@ export class Slots {
 }
 
 // --- attributing unhandled rejections to the task whose handler made the promise -----------------
+//
+// Node emits `unhandledRejection` in the async context of the rejected promise, so the execution
+// the handler ran in (`currentExecution.run`) is the store there: no hook of our own on every
+// promise of the process.
 
 const currentExecution = new AsyncLocalStorage<Execution>();
-const promiseOwners = new WeakMap<object, Execution>();
 let guardUsers = 0;
-let guardHook: AsyncHook | undefined;
 
-function onUnhandledRejection(reason: unknown, promise: Promise<unknown>): void {
-  const owner = promiseOwners.get(promise);
+function onUnhandledRejection(reason: unknown): void {
+  const owner = currentExecution.getStore();
   if (owner && !owner.finished) {
-    owner.crash.resolve(reason);
+    if (!owner.interrupt.settled) owner.interrupt.resolve({ kind: "crash", error: reason });
     return;
   }
   // Not a handler's: do what Node does by default, unless the program listens itself.
@@ -322,20 +324,11 @@ function onUnhandledRejection(reason: unknown, promise: Promise<unknown>): void 
 
 function installGuard(): void {
   if (guardUsers++ > 0) return;
-  guardHook = createHook({
-    init(_id, type, _trigger, resource) {
-      if (type !== "PROMISE") return;
-      const owner = currentExecution.getStore();
-      if (owner) promiseOwners.set(resource as object, owner);
-    },
-  }).enable();
   process.on("unhandledRejection", onUnhandledRejection);
 }
 
 function removeGuard(): void {
   if (--guardUsers > 0) return;
-  guardHook?.disable();
-  guardHook = undefined;
   process.off("unhandledRejection", onUnhandledRejection);
 }
 
@@ -353,9 +346,15 @@ class Context implements TaskContext {
   readonly taskName: string;
   readonly input: any; // eslint-disable-line @typescript-eslint/no-explicit-any
   readonly deadline: Date | undefined;
-  readonly logger: Logger;
-  readonly controller = new AbortController();
   cancelReason: CancelReason | undefined;
+  /** Called once, when the attempt is cancelled (the worker's wake-up of the attempt). */
+  onCancel: (() => void) | undefined;
+  // The logger, the controller and the reason are made when first used: most attempts never
+  // log, read their signal or get cancelled.
+  readonly #baseLogger: Logger;
+  #logger: Logger | undefined;
+  #controller: AbortController | undefined;
+  #reason: TaskCancelledError | undefined;
 
   constructor(task: Task, logger: Logger) {
     this.taskId = task.taskId;
@@ -369,35 +368,61 @@ class Context implements TaskContext {
     this.taskName = task.taskName;
     this.input = fromValue(task.input);
     this.deadline = tsDate(task.attemptDeadline);
-    this.logger = prefixed(logger, `[${task.nodeId}#${task.attempt} run ${task.runId}]`);
+    this.#baseLogger = logger;
+  }
+
+  get logger(): Logger {
+    return (this.#logger ??= prefixed(this.#baseLogger, `[${this.nodeId}#${this.attempt} run ${this.runId}]`));
   }
 
   get signal(): AbortSignal {
-    return this.controller.signal;
+    if (this.#controller === undefined) {
+      this.#controller = new AbortController();
+      if (this.#reason !== undefined) this.#controller.abort(this.#reason);
+    }
+    return this.#controller.signal;
   }
 
   throwIfCancelled(): void {
-    this.controller.signal.throwIfAborted();
+    if (this.#reason !== undefined) throw this.#reason;
   }
 
   /** Aborts the signal; false if it already was. */
   cancel(reason: CancelReason): boolean {
     if (this.cancelReason !== undefined) return false;
     this.cancelReason = reason;
-    this.controller.abort(new TaskCancelledError(reason));
+    this.#reason = new TaskCancelledError(reason);
+    this.#controller?.abort(this.#reason);
+    this.onCancel?.();
     return true;
   }
+}
+
+/** What ends the wait for a handler early: its cancellation, or a rejection it left unhandled. */
+type Interrupt = { kind: "aborted" } | { kind: "crash"; error: unknown };
+
+/** An attempt's heartbeats: a timer until the first is due, then a loop (stopped by `stop`). */
+interface Heartbeats {
+  timer: NodeJS.Timeout | undefined;
+  stop: AbortController | undefined;
+  loop: Promise<void> | undefined;
+}
+
+function stopHeartbeats(heartbeats: Heartbeats): void {
+  if (heartbeats.timer !== undefined) clearTimeout(heartbeats.timer);
+  heartbeats.timer = undefined;
+  heartbeats.stop?.abort();
 }
 
 interface Execution {
   task: Task;
   ctx: Context;
-  /** Stops the attempt's heartbeats. */
-  heartbeatStop: AbortController;
-  /** Resolved with the reason of an unhandled rejection made by the handler. */
-  crash: Deferred<unknown>;
-  /** Resolved when the handler's promise settled. */
-  handlerSettled: Deferred<void>;
+  /** The attempt's heartbeats (stopped with {@link stopHeartbeats}). */
+  heartbeats: Heartbeats;
+  /** Resolved when the attempt is cancelled, or with the reason of an unhandled rejection made by the handler. */
+  interrupt: Deferred<Interrupt>;
+  /** Settles when the handler's promise settled; undefined when no handler ran. */
+  handlerSettled: Promise<unknown> | undefined;
   /** The handler's span; ended before the report goes out, so an exporter has it when the run ends. */
   span: HandlerSpan;
   /** Resolved when everything about the attempt is done (handler, report, slot). */
@@ -650,7 +675,7 @@ export class Worker {
       unfinished.map(async (execution) => {
         execution.ctx.cancel(CANCEL_SHUTDOWN);
         execution.finished = true;
-        execution.heartbeatStop.abort();
+        stopHeartbeats(execution.heartbeats);
         execution.span.end(CANCEL_SHUTDOWN);
         const failure = new TaskError("the worker stopped before the task finished", { code: "WORKER_SHUTDOWN" });
         try {
@@ -715,19 +740,21 @@ export class Worker {
 
   async #execute(task: Task): Promise<void> {
     const ctx = new Context(task, this.#log);
-    const heartbeatStop = new AbortController();
     const execution: Execution = {
       ctx,
       task,
-      heartbeatStop,
-      crash: deferred<unknown>(),
-      handlerSettled: deferred(),
+      heartbeats: { timer: undefined, stop: undefined, loop: undefined },
+      interrupt: deferred<Interrupt>(),
+      handlerSettled: undefined,
       span: new HandlerSpan(task, this.#tracing),
       done: deferred(),
       finished: false,
     };
+    ctx.onCancel = () => {
+      if (!execution.interrupt.settled) execution.interrupt.resolve({ kind: "aborted" });
+    };
     this.#running.add(execution);
-    const heartbeat = this.#heartbeatLoop(task, execution, heartbeatStop.signal);
+    this.#startHeartbeats(task, execution);
     let deadlineTimer: NodeJS.Timeout | undefined;
     const untilDeadline = ctx.deadline ? Math.max(0, ctx.deadline.getTime() - Date.now()) : Infinity;
     if (untilDeadline <= 2_147_483_647) {
@@ -745,10 +772,10 @@ export class Worker {
     } finally {
       clearTimeout(deadlineTimer);
       execution.finished = true;
-      heartbeatStop.abort();
-      await heartbeat;
+      stopHeartbeats(execution.heartbeats);
+      if (execution.heartbeats.loop) await execution.heartbeats.loop;
       // The slot is free once the handler itself returned, even when its attempt was dropped.
-      await execution.handlerSettled.promise;
+      if (execution.handlerSettled) await execution.handlerSettled;
       this.#running.delete(execution);
       (this.#slots as Slots).release();
       execution.done.resolve();
@@ -760,7 +787,6 @@ export class Worker {
     const ctx = execution.ctx;
     const handler = this.#handlerFor(task);
     if (!handler) {
-      execution.handlerSettled.resolve();
       ctx.logger.error(`no handler for task ${JSON.stringify(task.taskName)} on queue ${JSON.stringify(task.queue)}`);
       return { failure: new TaskError(`this worker has no handler for task ${JSON.stringify(task.taskName)}`, { code: "UNKNOWN_TASK" }) };
     }
@@ -778,13 +804,8 @@ export class Worker {
       (output) => ({ kind: "ok" as const, output }),
       (error: unknown) => ({ kind: "error" as const, error }),
     );
-    void settled.then(() => execution.handlerSettled.resolve());
-    const aborted = new Promise<{ kind: "aborted" }>((resolve) => {
-      if (ctx.signal.aborted) resolve({ kind: "aborted" });
-      ctx.signal.addEventListener("abort", () => resolve({ kind: "aborted" }), { once: true });
-    });
-    const crashed = execution.crash.promise.then((error) => ({ kind: "crash" as const, error }));
-    const first = await Promise.race([settled, aborted, crashed]);
+    execution.handlerSettled = settled;
+    const first = await Promise.race([settled, execution.interrupt.promise]);
     if (first.kind === "crash") {
       ctx.logger.warn(`the handler left a rejection unhandled: ${describe(first.error instanceof Error ? first.error.message : first.error)}`);
       ctx.cancel(CANCEL_ATTEMPT_FAILED);
@@ -813,18 +834,32 @@ export class Worker {
     return { failure: failureOf(first.error), error: first.error };
   }
 
-  /** Heartbeats the task: first a third of the way to its first expiry (it confirms receipt), then every interval. */
-  async #heartbeatLoop(task: Task, execution: Execution, stop: AbortSignal): Promise<void> {
-    const client = this.#client as ComposerClient;
-    const ctx = execution.ctx;
+  /**
+   * Heartbeats the task: first a third of the way to its first expiry (it confirms receipt), then
+   * every interval. Until the first is due it is only a timer: most attempts end before.
+   */
+  #startHeartbeats(task: Task, execution: Execution): void {
     const lease = durationMs(task.leaseDuration) ?? DEFAULT_LEASE_MS;
     const interval = this.#options.heartbeatIntervalMs ?? Math.max(lease / 3, 50);
+    const heartbeats = execution.heartbeats;
+    // Computed at receipt: #execute starts the heartbeats before its first await.
+    const first = firstHeartbeatDelayMs(task, interval, Date.now());
+    heartbeats.timer = setTimeout(() => {
+      heartbeats.timer = undefined;
+      heartbeats.stop = new AbortController();
+      heartbeats.loop = this.#heartbeatLoop(task, execution, heartbeats.stop.signal, interval);
+    }, first);
+  }
+
+  /** The heartbeats from the first (due now) on, until `stop` aborts. */
+  async #heartbeatLoop(task: Task, execution: Execution, stop: AbortSignal, interval: number): Promise<void> {
+    const client = this.#client as ComposerClient;
+    const ctx = execution.ctx;
     const request = { taskId: task.taskId, attempt: task.attempt, leaseToken: task.leaseToken };
     let failures = 0;
-    // Computed at receipt: #execute calls this loop before its first await.
-    let wait = firstHeartbeatDelayMs(task, interval, Date.now());
+    let wait: number | undefined; // none before the first: the timer waited
     for (;;) {
-      if (!(await sleep(wait, stop))) return;
+      if (wait !== undefined && !(await sleep(wait, stop))) return;
       wait = interval;
       let cancelRequested: boolean;
       try {

@@ -2,6 +2,8 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
+import { fromJson, toBinary, toJson } from "@bufbuild/protobuf";
+import { ValueSchema } from "@bufbuild/protobuf/wkt";
 import { Code, ConnectError } from "@connectrpc/connect";
 
 import {
@@ -51,6 +53,26 @@ test("JSON conversion is strict", () => {
   assert.throws(() => toJsonValue(cycle), /cycle/);
   const shared = { x: 1 };
   assert.deepEqual(toJsonValue([shared, shared]), [{ x: 1 }, { x: 1 }], "a shared object is not a cycle");
+});
+
+test("JSON conversion gives the library's Value and JSON, byte for byte, at any depth", () => {
+  let deep: unknown = "leaf";
+  for (let i = 0; i < 80; i++) deep = i % 2 ? [deep] : { [`k${i}`]: deep };
+  const cases: unknown[] = [
+    0, -1.5, 1e300, "", "ünï\u0000code", true, false, [], {}, [null, [null]],
+    { __proto__key: 1, nested: { list: [1, "two", { three: 3 }] } },
+    JSON.parse('{"__proto__": {"x": 1}, "constructor": 2}'),
+    deep,
+  ];
+  for (const value of cases) {
+    const json = toJsonValue(value);
+    const ours = toValue(value);
+    const library = fromJson(ValueSchema, json);
+    assert.deepEqual(toBinary(ValueSchema, ours), toBinary(ValueSchema, library), JSON.stringify(json));
+    assert.deepEqual(fromValue(library), toJson(ValueSchema, library));
+    assert.deepEqual(fromValue(ours), json);
+  }
+  assert.ok(Object.hasOwn(fromValue(toValue(cases[11])) as object, "__proto__"), "__proto__ stays an own key");
 });
 
 test("a ConnectError becomes a ComposerError with its field violations and ErrorInfo", () => {
