@@ -12,8 +12,8 @@ import type { ClientHttp2Stream, IncomingHttpHeaders, IncomingHttpStatusHeader }
 import { create, fromBinary, isMessage, toBinary, type DescMessage, type DescMethodUnary, type MessageInitShape, type MessageShape } from "@bufbuild/protobuf";
 import { Code, ConnectError, type ContextValues, type Transport, type UnaryResponse } from "@connectrpc/connect";
 import type { Http2SessionManager } from "@connectrpc/connect-node";
-import { getAbortSignalReason } from "@connectrpc/connect/protocol";
-import { codeFromHttpStatus, findTrailerError, parseContentType } from "@connectrpc/connect/protocol-grpc";
+import { encodeEnvelope, getAbortSignalReason } from "@connectrpc/connect/protocol";
+import { codeFromHttpStatus, findTrailerError, parseContentType, validateTrailer } from "@connectrpc/connect/protocol-grpc";
 
 const USER_AGENT = "connect-es/2.1.2";
 
@@ -157,7 +157,7 @@ function unary<I extends DescMessage, O extends DescMessage>(
     let body: Uint8Array;
     try {
       const message = isMessage(input, method.input) ? (input as MessageShape<I>) : create(method.input, input);
-      body = envelope(serialize(method.input, message));
+      body = encodeEnvelope(0, serialize(method.input, message));
     } catch (error) {
       reject(ConnectError.from(error));
       return;
@@ -248,15 +248,6 @@ function serialize(desc: DescMessage, message: MessageShape<DescMessage>): Uint8
   }
 }
 
-/** One uncompressed gRPC envelope: flags 0, big-endian length, the message. */
-function envelope(data: Uint8Array): Uint8Array {
-  const out = Buffer.allocUnsafe(5 + data.length);
-  out[0] = 0;
-  out.writeUInt32BE(data.length, 1);
-  out.set(data, 5);
-  return out;
-}
-
 /** The call's outcome from what the stream received, checked as connect's gRPC transport does. */
 function parseResponse<I extends DescMessage, O extends DescMessage>(
   method: DescMethodUnary<I, O>,
@@ -301,14 +292,8 @@ function parseResponse<I extends DescMessage, O extends DescMessage>(
   const trailerStatus = nodeTrailers?.["grpc-status"];
   let trailer: Headers | undefined;
   const trailerOf = (): Headers => (trailer ??= webHeaders(nodeTrailers));
-  if (trailerStatus !== "0" || nodeTrailers?.["grpc-status-details-bin"] !== undefined) {
-    const error = findTrailerError(trailerOf());
-    if (error) {
-      headerOf().forEach((value, key) => error.metadata.append(key, value));
-      throw error;
-    }
-    if (!headerHasStatus && trailerStatus === undefined) throw new ConnectError("protocol error: missing status", Code.Internal);
-  }
+  // the Headers are made only for a call that did not plainly succeed
+  if (trailerStatus !== "0" || nodeTrailers?.["grpc-status-details-bin"] !== undefined) validateTrailer(trailerOf(), headerOf());
   if (message === undefined) {
     if (headerError) throw headerError;
     throw new ConnectError("protocol error: missing output message for unary method", trailerStatus !== undefined ? Code.Unimplemented : Code.Unknown);
