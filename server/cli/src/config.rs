@@ -124,6 +124,10 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_GROUP_COMMIT_MAX", default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub group_commit_max: u16,
 
+    /// Group transactions one server applies at once.
+    #[arg(long, env = "COMPOSER_GROUP_COMMIT_IN_FLIGHT", default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=16))]
+    pub group_commit_in_flight: u8,
+
     /// Runs a bulk operation reads per page; each run is still its own
     /// transaction (docs/decisions/0019-bulk-operations.md).
     #[arg(long, env = "COMPOSER_BULK_BATCH_SIZE", default_value_t = 20, value_parser = clap::value_parser!(i64).range(1..=10_000))]

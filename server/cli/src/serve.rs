@@ -185,6 +185,7 @@ fn start_background(
             max_runs_per_tree: server.max_runs_per_tree,
             group_commit_window: server.group_commit_window,
             group_commit_max: usize::from(server.group_commit_max),
+            group_commit_in_flight: usize::from(server.group_commit_in_flight),
             ..CoordinatorConfig::default()
         },
     )

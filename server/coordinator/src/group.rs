@@ -40,8 +40,8 @@ use crate::{
 /// work redone when one of its items fails.
 pub const MAX_GROUP_ITEMS: usize = 64;
 
-/// Groups applied at once, each on its own connection.
-const GROUPS_IN_FLIGHT: usize = 4;
+/// Groups one server applies at once at most, each on its own connection.
+pub const MAX_GROUPS_IN_FLIGHT: usize = 16;
 
 /// A run to insert with its first event, as the one-statement StartRun
 /// writes it.
@@ -123,6 +123,8 @@ pub(crate) struct GroupCommit {
     full: Notify,
     window: Duration,
     max_items: usize,
+    /// Groups applied at once, each on its own connection.
+    in_flight: usize,
     /// Groups of more than one item begun, and the items in them.
     groups: AtomicU64,
     grouped_items: AtomicU64,
@@ -143,12 +145,13 @@ pub struct GroupCommitStats {
 impl GroupCommit {
     /// Groups of at most `max_items` gathered for at most `window` while
     /// another group is under way; a zero window or a group of one: off.
-    pub(crate) fn new(window: Duration, max_items: usize) -> Self {
+    pub(crate) fn new(window: Duration, max_items: usize, in_flight: usize) -> Self {
         Self {
             waiting: Mutex::default(),
             full: Notify::new(),
             window,
             max_items: max_items.clamp(1, MAX_GROUP_ITEMS),
+            in_flight: in_flight.clamp(1, MAX_GROUPS_IN_FLIGHT),
             groups: AtomicU64::new(0),
             grouped_items: AtomicU64::new(0),
             shared_writes: AtomicU64::new(0),
@@ -192,7 +195,7 @@ impl GroupCommit {
         }
         // a new leader only when every leader is inside a transaction:
         // one gathers at a time
-        let start = waiting.leaders < GROUPS_IN_FLIGHT && waiting.leaders == waiting.applying;
+        let start = waiting.leaders < self.in_flight && waiting.leaders == waiting.applying;
         if start {
             waiting.leaders += 1;
         }

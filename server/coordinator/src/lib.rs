@@ -30,7 +30,7 @@ pub use broker::{Broker, BrokerError};
 pub use composer_engine::names;
 use composer_store::Store;
 pub use error::{CoordinatorError, FieldProblem};
-pub use group::{GroupCommitStats, MAX_GROUP_ITEMS};
+pub use group::{GroupCommitStats, MAX_GROUP_ITEMS, MAX_GROUPS_IN_FLIGHT};
 pub use reports::{HeartbeatAnswer, Reporter, TaskReport};
 pub use runs::{EventTarget, RunView, SendEventResult, StartRun};
 use workflows::WorkflowCache;
@@ -79,6 +79,9 @@ pub struct CoordinatorConfig {
     /// Most StartRuns and runs' report batches in one group transaction
     /// (1 to [`MAX_GROUP_ITEMS`]; 1: every one alone).
     pub group_commit_max: usize,
+    /// Group transactions this server applies at once (1 to
+    /// [`MAX_GROUPS_IN_FLIGHT`]).
+    pub group_commit_in_flight: usize,
 }
 
 impl Default for CoordinatorConfig {
@@ -89,6 +92,7 @@ impl Default for CoordinatorConfig {
             max_runs_per_tree: 100_000,
             group_commit_window: std::time::Duration::from_millis(1),
             group_commit_max: MAX_GROUP_ITEMS,
+            group_commit_in_flight: 4,
         }
     }
 }
@@ -114,6 +118,7 @@ impl Coordinator {
         let group_commit = Arc::new(group::GroupCommit::new(
             config.group_commit_window,
             config.group_commit_max,
+            config.group_commit_in_flight,
         ));
         Self {
             store,
