@@ -66,6 +66,9 @@ pub struct Profile {
     pub perf_secs: u64,
     /// perf sampling during every B5 row (0: none; only `--perf-b5-secs`).
     pub scale_perf_secs: u64,
+    /// B5: the CPU each server may use, in cores, as if on a machine of its
+    /// own (a cgroup quota); 0: no budgeted series (docs/decisions/0031).
+    pub scale_server_cores: f64,
     /// Runs in flight in the closed loops.
     pub in_flight: usize,
     /// B6: runs in the database.
@@ -103,6 +106,7 @@ impl Profile {
             scale_in_flight: 1_200,
             perf_secs: 0,
             scale_perf_secs: 0,
+            scale_server_cores: 0.25,
             in_flight: 200,
             list_runs: 100_000,
             list_calls: 30,
@@ -131,6 +135,7 @@ impl Profile {
             scale_in_flight: 1_200,
             perf_secs: 15,
             scale_perf_secs: 0,
+            scale_server_cores: 0.25,
             in_flight: 200,
             list_runs: 100_000,
             list_calls: 200,
@@ -203,9 +208,23 @@ impl Ctx {
         count: usize,
         extra: &[String],
     ) -> Result<Vec<Server>> {
+        self.start_budgeted_servers(count, extra, None).await
+    }
+
+    /// Servers each held to `cores` of CPU (a cgroup quota) when given.
+    pub(crate) async fn start_budgeted_servers(
+        &self,
+        count: usize,
+        extra: &[String],
+        cores: Option<f64>,
+    ) -> Result<Vec<Server>> {
         let mut servers = Vec::new();
         for _ in 0..count {
-            servers.push(Server::start_with(&self.composer, &self.backends, extra).await?);
+            let mut server = Server::start_with(&self.composer, &self.backends, extra).await?;
+            if let Some(cores) = cores {
+                server.limit_cpu(cores)?;
+            }
+            servers.push(server);
         }
         Ok(servers)
     }
@@ -581,6 +600,7 @@ pub async fn throughput(
         perf_secs,
         payload_bytes: 0,
         in_flight: ctx.profile.in_flight,
+        server_cores: None,
     };
     throughput_of(ctx, label, server_count, load, extra).await
 }
@@ -594,6 +614,8 @@ pub struct Load {
     pub perf_secs: u64,
     pub payload_bytes: usize,
     pub in_flight: usize,
+    /// Each server's CPU budget in cores (B5); None: unbounded.
+    pub server_cores: Option<f64>,
 }
 
 /// [`throughput`] of any [`Load`].
@@ -605,7 +627,9 @@ pub async fn throughput_of(
     extra: &[String],
 ) -> Result<Throughput> {
     ctx.reset().await?;
-    let servers = ctx.start_servers_with(server_count, extra).await?;
+    let servers = ctx
+        .start_budgeted_servers(server_count, extra, load.server_cores)
+        .await?;
     let result = throughput_on(ctx, label, &servers, load).await;
     let peak = servers
         .iter()
@@ -629,6 +653,7 @@ async fn throughput_on(
         perf_secs,
         payload_bytes,
         in_flight,
+        server_cores: _,
     } = load;
     let input = if payload_bytes == 0 {
         serde_json::json!({})

@@ -68,6 +68,20 @@ struct Args {
     /// Runs in flight in B5, over all servers (1,200 in both profiles).
     #[arg(long)]
     scale_in_flight: Option<usize>,
+    /// B5's CPU budget per server, in cores (0.25 in both profiles); 0
+    /// leaves the budgeted series out.
+    #[arg(long)]
+    server_cores: Option<f64>,
+}
+
+/// One B5 series: every server count, in rounds.
+struct ScaleSeries {
+    /// Each server's CPU budget; None: the machine's cores, shared.
+    cores: Option<f64>,
+    /// Each server count's median row.
+    rows: Vec<Throughput>,
+    /// For each count above one, its ratio to one server in each round.
+    ratios: Vec<(usize, Vec<f64>)>,
 }
 
 #[derive(Default)]
@@ -79,10 +93,9 @@ struct Results {
     latency: Option<Latency>,
     fan: Option<Vec<FanOut>>,
     timers: Option<Timers>,
-    /// B5: each server count's median row.
-    scale: Vec<Throughput>,
-    /// B5: for each count above one, its ratio to one server in each round.
-    scale_ratios: Vec<(usize, Vec<f64>)>,
+    /// B5: with each server held to its CPU budget (the target's series,
+    /// when the machine allows budgets), then on the machine's shared cores.
+    scale: Vec<ScaleSeries>,
     listing: Option<listing::Listing>,
     observability: Option<observability::Observability>,
     bulk: Option<bulk::BulkCost>,
@@ -128,6 +141,9 @@ async fn run(args: Args) -> Result<()> {
     }
     if let Some(runs) = args.scale_in_flight {
         profile.scale_in_flight = runs.max(1);
+    }
+    if let Some(cores) = args.server_cores {
+        profile.scale_server_cores = cores.max(0.0);
     }
     let repo = std::env::current_dir()?;
     let composer = repo.join(&args.composer);
@@ -359,14 +375,24 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
         results.bulk = section!("a bulk retry against live dispatch", bulk::bulk_cost(ctx));
     }
     if want("b5") {
-        scale_out(ctx, results).await;
+        let cores = ctx.profile.scale_server_cores;
+        if cores > 0.0 && procs::cpu_budgets_work() {
+            scale_out(ctx, results, Some(cores)).await;
+        } else if cores > 0.0 {
+            eprintln!(
+                "bench: B5 per-server CPU budgets need a writable cgroup cpu controller; left out"
+            );
+        }
+        scale_out(ctx, results, None).await;
     }
 }
 
 /// B5: one, two and three servers, in rounds that each start with the next
 /// count, so that no count always runs first or always after another's
 /// load; each count's median row counts, and each round gives a ratio.
-async fn scale_out(ctx: &Ctx, results: &mut Results) {
+/// With `cores`, each server is held to that much CPU, as servers on
+/// machines of their own are (docs/decisions/0031).
+async fn scale_out(ctx: &Ctx, results: &mut Results, cores: Option<f64>) {
     let counts = &ctx.profile.scale_servers;
     let rounds = ctx.profile.scale_rounds.max(1);
     let secs = (ctx.profile.measure_secs / rounds as u64).max(5);
@@ -374,7 +400,10 @@ async fn scale_out(ctx: &Ctx, results: &mut Results) {
     for round in 0..rounds {
         for turn in 0..counts.len() {
             let n = counts[(round + turn) % counts.len()];
-            let label = format!("B5 {n} server{}", if n == 1 { "" } else { "s" });
+            let budget = cores
+                .map(|c| format!(", {c} core each"))
+                .unwrap_or_default();
+            let label = format!("B5 {n} server{}{budget}", if n == 1 { "" } else { "s" });
             let t = Instant::now();
             eprintln!("bench: {label} (round {}) ...", round + 1);
             let load = benches::Load {
@@ -383,6 +412,7 @@ async fn scale_out(ctx: &Ctx, results: &mut Results) {
                 perf_secs: ctx.profile.scale_perf_secs,
                 payload_bytes: 0,
                 in_flight: ctx.profile.scale_in_flight,
+                server_cores: cores,
             };
             let row = benches::throughput_of(ctx, &label, n, load, &[]).await;
             eprintln!("bench: {label} done in {:.0} s", t.elapsed().as_secs_f64());
@@ -395,6 +425,11 @@ async fn scale_out(ctx: &Ctx, results: &mut Results) {
             }
         }
     }
+    let mut series = ScaleSeries {
+        cores,
+        rows: Vec::new(),
+        ratios: Vec::new(),
+    };
     for &n in counts {
         let mut of_count: Vec<&Throughput> = rows
             .iter()
@@ -403,7 +438,7 @@ async fn scale_out(ctx: &Ctx, results: &mut Results) {
             .collect();
         of_count.sort_by(|a, b| a.tasks_per_s.total_cmp(&b.tasks_per_s));
         if let Some(row) = of_count.get(of_count.len() / 2) {
-            results.scale.push((*row).clone());
+            series.rows.push((*row).clone());
         }
     }
     let per_round = |round: usize, n: usize| {
@@ -415,7 +450,10 @@ async fn scale_out(ctx: &Ctx, results: &mut Results) {
         let ratios = (0..rounds)
             .filter_map(|round| Some(per_round(round, n)? / per_round(round, 1)?))
             .collect();
-        results.scale_ratios.push((n, ratios));
+        series.ratios.push((n, ratios));
+    }
+    if !series.rows.is_empty() {
+        results.scale.push(series);
     }
 }
 
@@ -452,41 +490,48 @@ fn sdk_target(label: &str) -> Option<f64> {
 }
 
 /// B5's median rows, then each count's ratio to one server: of the
-/// medians, and round by round (the target holds when every round meets it).
+/// medians, and round by round (the target holds when every round meets
+/// it). The target is the first series': the budgeted one, where there is.
 fn scale_rows(t: &mut String, r: &Results, floor: Option<f64>, statements: bool) {
-    for row in &r.scale {
-        throughput_rows(t, row, floor, false, statements);
-    }
-    let one = r
-        .scale
-        .iter()
-        .find(|row| row.servers == 1)
-        .map(|row| row.tasks_per_s);
-    for (n, ratios) in &r.scale_ratios {
-        let Some(median_row) = r.scale.iter().find(|row| row.servers == *n) else {
-            continue;
+    for (index, series) in r.scale.iter().enumerate() {
+        for row in &series.rows {
+            throughput_rows(t, row, floor, false, statements);
+        }
+        let one = series
+            .rows
+            .iter()
+            .find(|row| row.servers == 1)
+            .map(|row| row.tasks_per_s);
+        let what = match series.cores {
+            Some(cores) => format!("B5 scale-out, {cores} core each"),
+            None => "B5 scale-out, shared cores".to_owned(),
         };
-        let Some(one) = one else {
-            continue;
-        };
-        let shown: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
-        let target = *n == 3;
-        let _ = writeln!(
-            t,
-            "| B5 scale-out | {n} servers / 1 server, tasks/s: of the medians (each round) | {:.2} ({}) | {} | {} |",
-            median_row.tasks_per_s / one,
-            shown.join(", "),
-            if target {
-                "≥ 1 (3 servers), every round"
-            } else {
-                ""
-            },
-            if target {
-                verdict(!ratios.is_empty() && ratios.iter().all(|x| *x >= 1.0))
-            } else {
-                ""
-            },
-        );
+        for (n, ratios) in &series.ratios {
+            let Some(median_row) = series.rows.iter().find(|row| row.servers == *n) else {
+                continue;
+            };
+            let Some(one) = one else {
+                continue;
+            };
+            let shown: Vec<String> = ratios.iter().map(|x| format!("{x:.2}")).collect();
+            let target = *n == 3 && index == 0;
+            let _ = writeln!(
+                t,
+                "| {what} | {n} servers / 1 server, tasks/s: of the medians (each round) | {:.2} ({}) | {} | {} |",
+                median_row.tasks_per_s / one,
+                shown.join(", "),
+                if target {
+                    "≥ 1 (3 servers), every round"
+                } else {
+                    ""
+                },
+                if target {
+                    verdict(!ratios.is_empty() && ratios.iter().all(|x| *x >= 1.0))
+                } else {
+                    ""
+                },
+            );
+        }
     }
 }
 
@@ -850,15 +895,20 @@ fn observability_rows(t: &mut String, observed: &observability::Observability) {
 fn render_details(r: &Results) -> String {
     let mut t = String::new();
     // B1, and the narrowest and widest B5: where one server and several differ
-    let b5_ends = r
+    let b5_ends: Vec<&Throughput> = r
         .scale
-        .first()
-        .into_iter()
-        .chain(r.scale.last().filter(|_| r.scale.len() > 1));
-    for row in r.b1.iter().chain(b5_ends.clone()) {
+        .iter()
+        .flat_map(|series| {
+            let rows = &series.rows;
+            rows.first()
+                .into_iter()
+                .chain(rows.last().filter(|_| rows.len() > 1))
+        })
+        .collect();
+    for row in r.b1.iter().chain(b5_ends.iter().copied()) {
         statements_table(&mut t, row);
     }
-    for row in r.b1.iter().chain(b5_ends) {
+    for row in r.b1.iter().chain(b5_ends.iter().copied()) {
         if let Some(perf) = &row.perf {
             let _ = writeln!(t, "perf during {}:\n\n```\n{}```\n", row.label, perf);
         }

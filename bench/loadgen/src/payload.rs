@@ -34,6 +34,7 @@ pub async fn payload(ctx: &Ctx) -> Result<Vec<PayloadRow>> {
             perf_secs: 0,
             payload_bytes: bytes,
             in_flight: ctx.profile.in_flight,
+            server_cores: None,
         };
         let row = throughput_of(ctx, &label, 1, load, &[]).await?;
         rows.push(PayloadRow { bytes, row });

@@ -195,6 +195,7 @@ pub struct Server {
     /// Its pid.
     pub pid: i32,
     lines: Arc<Mutex<VecDeque<String>>>,
+    budget: Option<CpuBudget>,
 }
 
 impl Server {
@@ -269,7 +270,15 @@ impl Server {
             url: format!("http://{addr}"),
             pid,
             lines,
+            budget: None,
         })
+    }
+
+    /// Holds the server to `cores` of CPU from now on, as a machine of its
+    /// own with that many cores would (docs/decisions/0031).
+    pub fn limit_cpu(&mut self, cores: f64) -> Result<()> {
+        self.budget = Some(CpuBudget::new(self.pid, cores)?);
+        Ok(())
     }
 
     /// Warnings and errors the server logged (the last 200 lines kept).
@@ -286,6 +295,85 @@ impl Server {
     /// SIGTERM, then SIGKILL after 15 s.
     pub async fn stop(mut self) {
         stop_child(&mut self.child, Duration::from_secs(15)).await;
+        // its cgroup can go only once nothing is left in it
+        drop(self.budget.take());
+    }
+}
+
+/// A cgroup with a CPU quota holding one process (cgroup v1's `cpu`
+/// controller, or v2's `cpu.max`); removed on drop.
+struct CpuBudget {
+    dir: PathBuf,
+}
+
+/// The quota's period: CFS's default.
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// True when this process may make CPU budgets (root, with a cgroup cpu
+/// controller): probed by making an empty one.
+pub fn cpu_budgets_work() -> bool {
+    let probe = Path::new("/sys/fs/cgroup/cpu")
+        .join(format!("composer-bench-probe-{}", std::process::id()));
+    let v2 = Path::new("/sys/fs/cgroup");
+    let probe = if probe
+        .parent()
+        .is_some_and(|p| p.join("cpu.cfs_quota_us").exists())
+    {
+        probe
+    } else if v2.join("cgroup.controllers").exists() {
+        let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+cpu");
+        v2.join(format!("composer-bench-probe-{}", std::process::id()))
+    } else {
+        return false;
+    };
+    let made = std::fs::create_dir(&probe).is_ok();
+    let limited =
+        made && (probe.join("cpu.cfs_quota_us").exists() || probe.join("cpu.max").exists());
+    let _ = std::fs::remove_dir(&probe);
+    limited
+}
+
+impl CpuBudget {
+    fn new(pid: i32, cores: f64) -> Result<Self> {
+        anyhow::ensure!(cores > 0.0, "a CPU budget must be above zero cores");
+        // at least 1 ms a period, the kernel's least quota
+        let quota = ((cores * CPU_PERIOD_US as f64) as u64).max(1_000);
+        let name = format!("composer-bench-{}-{pid}", std::process::id());
+        let v1 = Path::new("/sys/fs/cgroup/cpu");
+        let v2 = Path::new("/sys/fs/cgroup");
+        let budget = if v1.join("cpu.cfs_quota_us").exists() {
+            let budget = Self {
+                dir: v1.join(&name),
+            };
+            std::fs::create_dir_all(&budget.dir)?;
+            budget.write("cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
+            budget.write("cpu.cfs_quota_us", &quota.to_string())?;
+            budget
+        } else if v2.join("cgroup.controllers").exists() {
+            // the root must hand the cpu controller to its children
+            let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+cpu");
+            let budget = Self {
+                dir: v2.join(&name),
+            };
+            std::fs::create_dir_all(&budget.dir)?;
+            budget.write("cpu.max", &format!("{quota} {CPU_PERIOD_US}"))?;
+            budget
+        } else {
+            bail!("no cgroup cpu controller under /sys/fs/cgroup");
+        };
+        budget.write("cgroup.procs", &pid.to_string())?;
+        Ok(budget)
+    }
+
+    fn write(&self, file: &str, value: &str) -> Result<()> {
+        std::fs::write(self.dir.join(file), value)
+            .with_context(|| format!("write {value} to {}", self.dir.join(file).display()))
+    }
+}
+
+impl Drop for CpuBudget {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
     }
 }
 
