@@ -310,58 +310,44 @@ struct CpuBudget {
 const CPU_PERIOD_US: u64 = 100_000;
 
 /// True when this process may make CPU budgets (root, with a cgroup cpu
-/// controller): probed by making an empty one.
+/// controller): probed by making one that holds nothing.
 pub fn cpu_budgets_work() -> bool {
-    let probe = Path::new("/sys/fs/cgroup/cpu")
-        .join(format!("composer-bench-probe-{}", std::process::id()));
-    let v2 = Path::new("/sys/fs/cgroup");
-    let probe = if probe
-        .parent()
-        .is_some_and(|p| p.join("cpu.cfs_quota_us").exists())
-    {
-        probe
-    } else if v2.join("cgroup.controllers").exists() {
-        let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+cpu");
-        v2.join(format!("composer-bench-probe-{}", std::process::id()))
-    } else {
-        return false;
-    };
-    let made = std::fs::create_dir(&probe).is_ok();
-    let limited =
-        made && (probe.join("cpu.cfs_quota_us").exists() || probe.join("cpu.max").exists());
-    let _ = std::fs::remove_dir(&probe);
-    limited
+    CpuBudget::create(&format!("composer-bench-probe-{}", std::process::id()), 1.0).is_ok()
 }
 
 impl CpuBudget {
     fn new(pid: i32, cores: f64) -> Result<Self> {
+        let budget = Self::create(
+            &format!("composer-bench-{}-{pid}", std::process::id()),
+            cores,
+        )?;
+        budget.write("cgroup.procs", &pid.to_string())?;
+        Ok(budget)
+    }
+
+    /// An empty cgroup `name` with a quota of `cores`.
+    fn create(name: &str, cores: f64) -> Result<Self> {
         anyhow::ensure!(cores > 0.0, "a CPU budget must be above zero cores");
         // at least 1 ms a period, the kernel's least quota
         let quota = ((cores * CPU_PERIOD_US as f64) as u64).max(1_000);
-        let name = format!("composer-bench-{}-{pid}", std::process::id());
         let v1 = Path::new("/sys/fs/cgroup/cpu");
         let v2 = Path::new("/sys/fs/cgroup");
-        let budget = if v1.join("cpu.cfs_quota_us").exists() {
-            let budget = Self {
-                dir: v1.join(&name),
-            };
+        if v1.join("cpu.cfs_quota_us").exists() {
+            let budget = Self { dir: v1.join(name) };
             std::fs::create_dir_all(&budget.dir)?;
             budget.write("cpu.cfs_period_us", &CPU_PERIOD_US.to_string())?;
             budget.write("cpu.cfs_quota_us", &quota.to_string())?;
-            budget
-        } else if v2.join("cgroup.controllers").exists() {
-            // the root must hand the cpu controller to its children
-            let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+cpu");
-            let budget = Self {
-                dir: v2.join(&name),
-            };
-            std::fs::create_dir_all(&budget.dir)?;
-            budget.write("cpu.max", &format!("{quota} {CPU_PERIOD_US}"))?;
-            budget
-        } else {
-            bail!("no cgroup cpu controller under /sys/fs/cgroup");
-        };
-        budget.write("cgroup.procs", &pid.to_string())?;
+            return Ok(budget);
+        }
+        anyhow::ensure!(
+            v2.join("cgroup.controllers").exists(),
+            "no cgroup cpu controller under /sys/fs/cgroup"
+        );
+        // the root must hand the cpu controller to its children
+        let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+cpu");
+        let budget = Self { dir: v2.join(name) };
+        std::fs::create_dir_all(&budget.dir)?;
+        budget.write("cpu.max", &format!("{quota} {CPU_PERIOD_US}"))?;
         Ok(budget)
     }
 
