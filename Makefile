@@ -64,7 +64,7 @@ generate-check: ## fail when generated code differs from what is committed
 purity: ## the engine crate imports no I/O crate
 	scripts/check-engine-purity.sh
 
-bench: setup ## server benchmarks, about 20 min: table written to bench/results/
+bench: setup ## server benchmarks, about 30 min: table written to bench/results/
 	bench/run.sh full
 
 bench-quick: setup ## server benchmarks, about 6 min (CI; reports, never fails on a time)

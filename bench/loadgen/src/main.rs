@@ -27,7 +27,7 @@ use clap::Parser;
     about = "Composer server benchmarks (issue #7)"
 )]
 struct Args {
-    /// `quick` (under 3 minutes) or `full` (about 15 minutes).
+    /// `quick` (about 6 minutes) or `full` (about 30 minutes).
     #[arg(long, default_value = "quick")]
     profile: String,
     /// The release server binary.
