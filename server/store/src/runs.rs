@@ -288,9 +288,10 @@ pub async fn load_nodes_of_runs(
     let keys: Vec<&str> = wanted.iter().map(|w| w.1.as_str()).collect();
     // load_nodes_of_runs: primary key lookups
     let rows = sqlx::query(
-        "SELECT n.run_id, n.node_key, n.state FROM run_nodes n \
-         JOIN UNNEST($1::uuid[], $2::text[]) AS w(run_id, node_key) \
-           ON n.run_id = w.run_id AND n.node_key = w.node_key",
+        "SELECT w.run_id, n.node_key, n.state \
+         FROM UNNEST($1::uuid[], $2::text[]) AS w(run_id, node_key) \
+         CROSS JOIN LATERAL (SELECT n.node_key, n.state FROM run_nodes n \
+           WHERE n.run_id = w.run_id AND n.node_key = w.node_key LIMIT 1) n",
     )
     .bind(&run_ids)
     .bind(&keys)
@@ -344,11 +345,13 @@ pub struct RunUpdate<'a> {
 /// (jsonb[]), in the same order: the node rows of run `run` among `keys`
 /// (SQL parameters). Each key is looked up through the primary key; with a
 /// generic plan, `node_key = ANY(keys)` instead filtered every node row of
-/// the run (30 ms per call on a 10,000-branch run).
+/// the run (30 ms per call on a 10,000-branch run). Each key is its own
+/// LATERAL probe, as in [`lock_runs_fence_and_load`].
 pub(crate) fn node_rows_columns(run: &str, keys: &str) -> String {
     let rows = format!(
         "FROM UNNEST({keys}::text[]) AS k(key) \
-         JOIN run_nodes n ON n.run_id = {run} AND n.node_key = k.key ORDER BY n.node_key"
+         CROSS JOIN LATERAL (SELECT n.node_key, n.state FROM run_nodes n \
+           WHERE n.run_id = {run} AND n.node_key = k.key LIMIT 1) n ORDER BY n.node_key"
     );
     format!(
         "ARRAY(SELECT n.node_key {rows}) AS node_keys, ARRAY(SELECT n.state {rows}) AS node_states"
@@ -367,7 +370,8 @@ pub async fn load_nodes(
     // load_nodes: only the node rows an event touches (primary key lookups)
     let rows = sqlx::query(
         "SELECT n.node_key, n.state FROM UNNEST($2::text[]) AS k(key) \
-         JOIN run_nodes n ON n.run_id = $1 AND n.node_key = k.key",
+         CROSS JOIN LATERAL (SELECT n.node_key, n.state FROM run_nodes n \
+           WHERE n.run_id = $1 AND n.node_key = k.key LIMIT 1) n",
     )
     .bind(run_id)
     .bind(keys)
@@ -1339,7 +1343,12 @@ pub async fn lock_runs_fence_and_load(
     // each, so no plan may reach them through the run id. Hence the task's
     // run is compared with IS NOT DISTINCT FROM (which no index serves, so
     // the primary key does), and the node rows are read in a CTE of their
-    // own, driven by the (run, key) pairs asked for.
+    // own, driven by the (run, key) pairs asked for: each pair a LATERAL
+    // probe with a LIMIT, which is never flattened into a join. As a join,
+    // a generic plan made while `run_nodes` looked small (emptied, or not
+    // analyzed yet) was a hash join over a sequential scan, and it stayed
+    // as the table grew: each event of a 10,000-step run read every node
+    // row (BENCHMARKS.md, B7, 2026-12-03).
     let rows = sqlx::query(&format!(
         "WITH wanted AS (SELECT * FROM UNNEST($1::uuid[], $2::text[]) AS w(id, namespace)), \
          locked AS ( \
@@ -1359,9 +1368,10 @@ pub async fn lock_runs_fence_and_load(
              AND EXISTS (SELECT 1 FROM locked WHERE locked.id = l.run_id) \
            RETURNING t.id, t.lease_owner), \
          nodes AS MATERIALIZED ( \
-           SELECT n.run_id, n.node_key, n.state \
+           SELECT k.run_id, n.node_key, n.state \
            FROM UNNEST($8::uuid[], $9::text[]) AS k(run_id, key) \
-           JOIN run_nodes n ON n.run_id = k.run_id AND n.node_key = k.key) \
+           CROSS JOIN LATERAL (SELECT n.node_key, n.state FROM run_nodes n \
+             WHERE n.run_id = k.run_id AND n.node_key = k.key LIMIT 1) n) \
          SELECT locked.*, \
            (SELECT xmin::text FROM runs r WHERE r.id = locked.id) AS seen_version, \
            ARRAY(SELECT EXISTS (SELECT 1 FROM finished f WHERE f.id = l.id) \
