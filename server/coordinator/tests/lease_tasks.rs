@@ -94,3 +94,53 @@ async fn a_poll_of_a_few_candidates_leases_only_those_still_dispatched() {
 async fn a_poll_of_many_candidates_leases_only_those_still_dispatched() {
     only_the_dispatched_of_the_queue_at_their_attempt_are_leased(1_000).await;
 }
+
+/// The connection's `synchronous_commit` as its transaction sees it now.
+async fn synchronous_commit(conn: &mut sqlx::PgConnection) -> String {
+    sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(conn)
+        .await
+        .expect("show synchronous_commit")
+}
+
+/// A lease's transaction commits without waiting for its WAL flush
+/// (decision 0033), in both forms of the statement, and the setting ends
+/// with that transaction: the connection's next one, an event's, waits
+/// for its flush again.
+async fn a_lease_commits_without_waiting_for_its_flush(count: i64) {
+    use sqlx::Connection;
+
+    let store = common::fresh_store(4).await;
+    let pool = store.pool();
+    let queue = format!("q{}", Uuid::new_v4().simple());
+    let ids = tasks_in(pool, &queue, count, 0).await;
+    let candidates: Vec<(Uuid, i32)> = ids.iter().map(|id| (*id, 2)).collect();
+    let mut conn = pool.acquire().await.expect("connection");
+    assert_eq!(synchronous_commit(&mut conn).await, "on");
+
+    let mut lease = conn.begin().await.expect("begin");
+    let leased = tasks::lease_tasks(&mut *lease, &candidates, "w", "default", &queue, None)
+        .await
+        .expect("lease");
+    assert_eq!(leased.len(), ids.len(), "every candidate leased");
+    assert_eq!(synchronous_commit(&mut lease).await, "off");
+    lease.commit().await.expect("commit");
+
+    assert_eq!(synchronous_commit(&mut conn).await, "on");
+    let status: Vec<String> = sqlx::query_scalar("SELECT status FROM tasks WHERE id = ANY($1)")
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await
+        .expect("status");
+    assert!(status.iter().all(|s| s == "LEASED"), "{status:?}");
+}
+
+#[tokio::test]
+async fn a_lease_of_a_few_candidates_commits_without_waiting_for_its_flush() {
+    a_lease_commits_without_waiting_for_its_flush(3).await;
+}
+
+#[tokio::test]
+async fn a_lease_of_many_candidates_commits_without_waiting_for_its_flush() {
+    a_lease_commits_without_waiting_for_its_flush(100).await;
+}

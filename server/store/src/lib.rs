@@ -15,7 +15,10 @@ pub mod workflows;
 
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{
+    Connection,
+    postgres::{PgConnectOptions, PgPool, PgPoolOptions},
+};
 
 /// The migrations in `migrations/`, embedded at compile time and applied by
 /// the server at start (forward-only, each once).
@@ -52,6 +55,10 @@ impl StoreError {
         }
     }
 }
+
+/// A pooled connection idle for longer than this is pinged before it is
+/// handed out (see [`Store::pool_options`]).
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
 /// How to connect to Postgres.
 #[derive(Debug, Clone)]
@@ -101,6 +108,21 @@ impl Store {
         PgPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(config.query_timeout)
+            // sqlx pings every connection it hands out, a round trip before
+            // each event and lease. It pings each one it takes back too, so
+            // a connection idle for less than a second answered a second
+            // ago; only one idle for longer may have been dropped since (a
+            // restart, a failover, a proxy's idle timeout), so only that
+            // one is pinged, and replaced if it does not answer.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for < PING_IF_IDLE_FOR {
+                        return Ok(true);
+                    }
+                    Ok(conn.ping().await.is_ok())
+                })
+            })
     }
 
     fn connect_options(config: &StoreConfig) -> Result<PgConnectOptions, StoreError> {

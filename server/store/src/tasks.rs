@@ -307,6 +307,16 @@ const LEASE_BY_KEYS: &str = "t.id = ANY($1::uuid[]) AND t.id = c.id AND t.attemp
 const LEASE_BY_PROBE: &str = "t.id = c.id AND t.attempt = c.attempt \
      AND COALESCE(t.status = 'DISPATCHED', false)";
 
+/// Makes the statement's own transaction commit without waiting for its
+/// WAL flush (decision 0033): a lease is on the path from a report to the
+/// next task, and a lease lost in a Postgres crash is recovery's ordinary
+/// case. Its token was random and never stored, so every call of the
+/// worker that holds it is refused, and the task, still DISPATCHED, is
+/// sent again after `--lost-dispatch-grace`. Any later synchronous commit
+/// (the report of the lease) flushes the lease's WAL with its own. As a
+/// one-time filter it is set before the first row is updated.
+const COMMIT_WITHOUT_FLUSH: &str = "(SELECT set_config('synchronous_commit', 'off', true)) = 'off'";
+
 /// The lease statement with its candidate condition: [`LEASE_BY_KEYS`] or
 /// [`LEASE_BY_PROBE`].
 fn lease_statement(candidate_condition: &str) -> String {
@@ -321,6 +331,7 @@ fn lease_statement(candidate_condition: &str) -> String {
            updated_at = now() \
          FROM UNNEST($1::uuid[], $2::int[]) AS c(id, attempt) \
          WHERE {candidate_condition} AND t.namespace = $4 AND t.queue = $5 \
+           AND {COMMIT_WITHOUT_FLUSH} \
          RETURNING t.id, t.namespace, t.run_id, t.node_key, t.workflow_name, t.workflow_version, \
            t.queue, t.task_name, t.attempt, t.input, t.lease_token, t.lease_expires_at, \
            t.heartbeat_timeout_ms, t.attempt_deadline, t.dispatched_at, t.traceparent"
@@ -357,7 +368,7 @@ static LEASE: CandidateStatement = CandidateStatement {
 /// here) and belongs to `namespace` and `queue` (what a stream message says
 /// is never trusted), in one statement. Returns what was leased.
 pub async fn lease_tasks(
-    pool: &PgPool,
+    executor: impl PgExecutor<'_>,
     candidates: &[(Uuid, i32)],
     owner: &str,
     namespace: &str,
@@ -381,7 +392,7 @@ pub async fn lease_tasks(
         .bind(namespace)
         .bind(queue)
         .bind(receipt_ms)
-        .fetch_all(pool)
+        .fetch_all(executor)
         .await?;
     rows.iter()
         .map(leased_from_row)
