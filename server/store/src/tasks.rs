@@ -366,7 +366,9 @@ static LEASE: CandidateStatement = CandidateStatement {
 /// Leases the given `(task_id, attempt)` pairs to `owner`, each only if it
 /// is still DISPATCHED at that attempt (a duplicate or stale message loses
 /// here) and belongs to `namespace` and `queue` (what a stream message says
-/// is never trusted), in one statement. Returns what was leased.
+/// is never trusted), in one statement. Returns what was leased. Its
+/// transaction commits without a flush (decision 0033): run it
+/// on a pool, or in a transaction that writes nothing else.
 pub async fn lease_tasks(
     executor: impl PgExecutor<'_>,
     candidates: &[(Uuid, i32)],
