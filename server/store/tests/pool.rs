@@ -1,6 +1,6 @@
-//! The pool hands out connections without a ping while they were in use a
-//! moment ago, and replaces one that was dropped while it sat idle.
-//! Real Postgres.
+//! A pooled connection dropped while it sat idle is replaced before anyone
+//! uses it: the pool pings a connection idle for a second or more before
+//! handing it out (decision 0033). Real Postgres.
 
 use std::time::Duration;
 
@@ -34,8 +34,8 @@ async fn a_connection_dropped_while_idle_is_replaced_before_anyone_uses_it() {
         "the one connection is reused"
     );
 
-    // the server ends the idle connection's backend, as a restart, a
-    // failover or a proxy's idle timeout would
+    // idle past the pool's one second, the connection's backend ends, as
+    // a restart, a failover or a proxy's idle timeout would end it
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     let admin = store_of_one_connection().await;
     let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
