@@ -178,7 +178,16 @@ fn start_background(
         )))
     })?;
     tokio::spawn(announcer);
-    let coordinator = Coordinator::new(
+    let dispatch_config = DispatchConfig {
+        shards: server.stream_shards,
+        lease_timeout: server.db_timeout,
+        reader_idle: server.queue_idle,
+        receipt_timeout: server.lease_receipt_timeout,
+        ..DispatchConfig::default()
+    };
+    let hub = PollHub::new(store.clone(), &backend.redis_url, dispatch_config.clone())
+        .map_err(StartError::Hub)?;
+    let mut coordinator = Coordinator::new(
         store.clone(),
         CoordinatorConfig {
             max_payload_bytes: server.max_payload_bytes,
@@ -191,20 +200,14 @@ fn start_background(
     )
     .with_publisher(publisher)
     .with_changes(feed);
-    let dispatch_config = DispatchConfig {
-        shards: server.stream_shards,
-        lease_timeout: server.db_timeout,
-        reader_idle: server.queue_idle,
-        receipt_timeout: server.lease_receipt_timeout,
-        ..DispatchConfig::default()
-    };
+    if !server.no_hand_off {
+        coordinator = coordinator.with_hand_off(Arc::clone(&hub));
+    }
     let recovery = RecoveryConfig {
         lost_dispatch_grace: server.lost_dispatch_grace,
         retention: server.retention,
         ..RecoveryConfig::default()
     };
-    let hub = PollHub::new(store.clone(), &backend.redis_url, dispatch_config.clone())
-        .map_err(StartError::Hub)?;
     let changes = RunChanges::new();
     tokio::spawn(dispatch::run_enqueuer(
         store.clone(),

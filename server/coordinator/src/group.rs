@@ -32,6 +32,7 @@ use crate::{
     Coordinator,
     apply::{Applied, RunTxn},
     error::CoordinatorError,
+    hand_off::Handed,
     reports::{QueueKey, QueuedReport, ReportAnswer, ReportPlan},
     workflows::LoadedWorkflow,
 };
@@ -94,6 +95,15 @@ impl GroupItem {
 enum Outcome {
     Reports(Vec<ReportAnswer>, Applied),
     Start(Applied),
+}
+
+impl Outcome {
+    /// The tasks its events armed, to publish after the commit.
+    fn outbox(&mut self) -> &mut Vec<composer_store::tasks::OutboxMessage> {
+        match self {
+            Outcome::Reports(_, applied) | Outcome::Start(applied) => &mut applied.outbox,
+        }
+    }
 }
 
 /// Why a group's transaction committed nothing.
@@ -306,8 +316,8 @@ impl Coordinator {
         while items.len() > 1 {
             self.group_commit.count(items.len());
             match self.group_transaction(&items, shared_write).await {
-                Ok(outcomes) => {
-                    self.answer_group(items, outcomes).await;
+                Ok((outcomes, handed)) => {
+                    self.answer_group(items, outcomes, handed).await;
                     items = Vec::new();
                     break;
                 }
@@ -351,7 +361,7 @@ impl Coordinator {
         &self,
         items: &[GroupItem],
         shared_write: bool,
-    ) -> Result<Vec<Outcome>, GroupFailed> {
+    ) -> Result<(Vec<Outcome>, Option<Handed>), GroupFailed> {
         let mut tx = self
             .store
             .begin()
@@ -429,7 +439,7 @@ impl Coordinator {
         }
         self.write_staged(&mut tx, &mut staged, &mut outcomes)
             .await?;
-        let outcomes = outcomes
+        let mut outcomes = outcomes
             .into_iter()
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| {
@@ -437,10 +447,15 @@ impl Coordinator {
                     "a group item was left without an outcome".to_owned(),
                 ))
             })?;
+        let mut outboxes: Vec<_> = outcomes.iter_mut().map(Outcome::outbox).collect();
+        let handed = self
+            .hand_off(&mut tx, &mut outboxes)
+            .await
+            .map_err(GroupFailed::Group)?;
         tx.commit()
             .await
             .map_err(|e| GroupFailed::Group(e.into()))?;
-        Ok(outcomes)
+        Ok((outcomes, handed))
     }
 
     /// Writes the staged items' runs in one statement (as few as
@@ -491,7 +506,12 @@ impl Coordinator {
     /// After the commit: reports are answered before the tasks their
     /// events armed go out (as a run's own batch does), StartRuns after
     /// (as the one-statement start does).
-    async fn answer_group(&self, items: Vec<GroupItem>, outcomes: Vec<Outcome>) {
+    async fn answer_group(
+        &self,
+        items: Vec<GroupItem>,
+        outcomes: Vec<Outcome>,
+        handed: Option<Handed>,
+    ) {
         let mut reported: Vec<Applied> = Vec::with_capacity(items.len());
         let mut starts = Vec::new();
         let mut reports_done = Vec::new();
@@ -511,6 +531,7 @@ impl Coordinator {
                 (GroupItem::Reports { .. } | GroupItem::Start { .. }, _) => {}
             }
         }
+        self.send_handed(handed).await;
         let mut to_announce: Vec<&mut Applied> = reported.iter_mut().collect();
         for (_, applied) in &mut starts {
             if applied.created_at.is_some() {

@@ -8,6 +8,7 @@ mod concurrency;
 pub mod dispatch;
 pub mod error;
 mod group;
+mod hand_off;
 pub mod http;
 pub mod http_worker;
 pub mod metrics;
@@ -110,6 +111,9 @@ pub struct Coordinator {
     group_commit: Arc<group::GroupCommit>,
     /// Wakes this server's bulk loop when a bulk operation is created here.
     bulk_wake: Arc<tokio::sync::Notify>,
+    /// The polls waiting in this server, which tasks armed here may go to
+    /// directly (decision 0034); None: every task goes through Redis.
+    polls: Option<Arc<poll_hub::PollHub>>,
 }
 
 impl Coordinator {
@@ -130,6 +134,7 @@ impl Coordinator {
             report_queues: Arc::default(),
             group_commit,
             bulk_wake: Arc::default(),
+            polls: None,
         }
     }
 
@@ -158,6 +163,14 @@ impl Coordinator {
         if let Some(changes) = &self.changes {
             changes.changed(run_id);
         }
+    }
+
+    /// Leases the tasks reports arm to the polls waiting in `polls`, when
+    /// one waits on their queue, in the reports' own transaction (decision
+    /// 0034), instead of sending them through Redis.
+    pub fn with_hand_off(mut self, polls: Arc<poll_hub::PollHub>) -> Self {
+        self.polls = Some(polls);
+        self
     }
 
     /// Publishes the tasks this coordinator arms itself, right after each

@@ -114,6 +114,27 @@ impl Waiter {
     }
 }
 
+/// A poll waiting in this server, taken for tasks an event armed: they
+/// are leased in the event's transaction and sent to it after the commit
+/// (decision 0034). Dropped unsent, the poll answers with no task and its
+/// worker polls again.
+pub(crate) struct WaitingPoll {
+    /// Recorded as the lease owner.
+    pub(crate) worker_id: String,
+    /// At most this many tasks.
+    pub(crate) want: usize,
+    /// Its lease's first length when the worker confirms receipt.
+    pub(crate) receipt: Option<Duration>,
+    sender: oneshot::Sender<Vec<LeasedTask>>,
+}
+
+impl WaitingPoll {
+    /// Hands the poll its tasks; Err gives them back when it went away.
+    pub(crate) fn send(self, tasks: Vec<LeasedTask>) -> Result<(), Vec<LeasedTask>> {
+        self.sender.send(tasks)
+    }
+}
+
 /// (namespace, queue)
 type QueueKey = (String, String);
 
@@ -316,6 +337,45 @@ impl PollHub {
                 receiver.await.unwrap_or_default()
             }
         })
+    }
+
+    /// How many polls wait in this server on the queue now.
+    pub fn polls_waiting(&self, namespace: &str, queue: &str) -> usize {
+        let key = (namespace.to_owned(), queue.to_owned());
+        lock(&self.queues)
+            .get(&key)
+            .map_or(0, |s| s.waiters.iter().filter(|w| w.is_waiting()).count())
+    }
+
+    /// The first poll waiting on the queue, taken out of it, when a task
+    /// armed for the queue may go to it directly: the queue is known to
+    /// have no rate limit (a limited one hands out through its tokens) and
+    /// nothing read for it waits (what was read first goes first).
+    pub(crate) fn take_waiting_poll(&self, namespace: &str, queue: &str) -> Option<WaitingPoll> {
+        let key = (namespace.to_owned(), queue.to_owned());
+        if !self.limits.is_known_unlimited(&key) {
+            return None;
+        }
+        let mut states = lock(&self.queues);
+        let state = states.get_mut(&key)?;
+        if !state.buffered.is_empty() {
+            return None;
+        }
+        while let Some(waiter) = state.waiters.pop_front() {
+            let Some(sender) = waiter.take_sender() else {
+                continue;
+            };
+            if sender.is_closed() {
+                continue;
+            }
+            return Some(WaitingPoll {
+                worker_id: waiter.worker_id.clone(),
+                want: waiter.want,
+                receipt: waiter.receipt,
+                sender,
+            });
+        }
+        None
     }
 
     /// Adds the waiter to each queue; true when one of them is not in the
@@ -994,6 +1054,9 @@ impl PollHub {
             let Some(sender) = waiter.take_sender() else {
                 continue;
             };
+            if sender.is_closed() {
+                continue;
+            }
             let rest = granted.split_off(waiter.want.min(granted.len()));
             state.buffered.put_back(rest);
             let granted = granted.into_iter().map(|(_, id, attempt)| (id, attempt));
@@ -1067,6 +1130,10 @@ impl PollHub {
             let Some(sender) = waiter.take_sender() else {
                 continue;
             };
+            // a poll whose caller went away would cost a lease and its release
+            if sender.is_closed() {
+                continue;
+            }
             let take = waiter.want.min(state.buffered.len());
             let candidates = state.buffered.take(take);
             return Some((waiter, sender, candidates));
@@ -1234,7 +1301,7 @@ async fn read_batch(
 
 /// Opens and closes the task's lease span (traces on only) and hands the
 /// worker its traceparent in place of the arming transaction's.
-fn trace_lease(task: &mut LeasedTask, worker_id: &str) {
+pub(crate) fn trace_lease(task: &mut LeasedTask, worker_id: &str) {
     if task.traceparent.is_none() {
         return;
     }

@@ -95,6 +95,11 @@ impl LimitCache {
         Ok(limit)
     }
 
+    /// Whether the queue is known to have no limit (unknown: false).
+    pub(crate) fn is_known_unlimited(&self, key: &QueueKey) -> bool {
+        self.lock().get(key).is_some_and(Option::is_none)
+    }
+
     /// Whether the queue is known to have a limit (unknown: false).
     pub(crate) fn is_limited(&self, key: &QueueKey) -> bool {
         self.lock().get(key).is_some_and(Option::is_some)

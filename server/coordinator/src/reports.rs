@@ -249,7 +249,7 @@ impl Coordinator {
     /// fails, each report alone.
     pub(crate) async fn reports_alone(&self, queue: &QueueKey, batch: Vec<QueuedReport>) {
         let answers = match self.apply_reports(queue, &batch).await {
-            Ok((answers, mut applied)) => {
+            Ok((answers, mut applied, handed)) => {
                 // answer before the next tasks go out: a worker never
                 // sees a task of a node whose previous step it has not
                 // yet been told is done (MAP concurrency, as workers
@@ -257,6 +257,7 @@ impl Coordinator {
                 for (queued, answer) in batch.into_iter().zip(answers) {
                     let _ = queued.answer.send(answer);
                 }
+                self.send_handed(handed).await;
                 self.announce(&mut applied).await;
                 return;
             }
@@ -283,16 +284,25 @@ impl Coordinator {
     }
 
     /// [`apply_reports_on`](Coordinator::apply_reports_on) in a transaction
-    /// of its own.
+    /// of its own, with the tasks it arms for a poll waiting here leased to
+    /// it before the commit.
     async fn apply_reports(
         &self,
         queue: &QueueKey,
         batch: &[QueuedReport],
-    ) -> Result<(Vec<ReportAnswer>, crate::apply::Applied), CoordinatorError> {
+    ) -> Result<
+        (
+            Vec<ReportAnswer>,
+            crate::apply::Applied,
+            Option<crate::hand_off::Handed>,
+        ),
+        CoordinatorError,
+    > {
         let mut tx = self.store.begin().await?;
-        let applied = self.apply_reports_on(&mut tx, queue, batch).await?;
+        let (answers, mut applied) = self.apply_reports_on(&mut tx, queue, batch).await?;
+        let handed = self.hand_off(&mut tx, &mut [&mut applied.outbox]).await?;
         tx.commit().await?;
-        Ok(applied)
+        Ok((answers, applied, handed))
     }
 
     /// A batch of one run's reports on `conn`, inside the caller's

@@ -144,3 +144,26 @@ async fn a_lease_of_a_few_candidates_commits_without_waiting_for_its_flush() {
 async fn a_lease_of_many_candidates_commits_without_waiting_for_its_flush() {
     a_lease_commits_without_waiting_for_its_flush(100).await;
 }
+
+/// The lease inside an event's transaction (the direct hand-off, decision
+/// 0034) leaves that transaction's flush alone: the event still commits
+/// durably, as every event does.
+#[tokio::test]
+async fn a_lease_inside_an_events_transaction_keeps_its_flush() {
+    use sqlx::Connection;
+
+    let store = common::fresh_store(4).await;
+    let pool = store.pool();
+    let queue = format!("q{}", Uuid::new_v4().simple());
+    let ids = tasks_in(pool, &queue, 3, 0).await;
+    let candidates: Vec<(Uuid, i32)> = ids.iter().map(|id| (*id, 2)).collect();
+    let mut conn = pool.acquire().await.expect("connection");
+
+    let mut event = conn.begin().await.expect("begin");
+    let leased = tasks::lease_armed_tasks(&mut event, &candidates, "w", "default", &queue, None)
+        .await
+        .expect("lease");
+    assert_eq!(leased.len(), ids.len(), "every candidate leased");
+    assert_eq!(synchronous_commit(&mut event).await, "on");
+    event.commit().await.expect("commit");
+}

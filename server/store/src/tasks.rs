@@ -318,8 +318,9 @@ const LEASE_BY_PROBE: &str = "t.id = c.id AND t.attempt = c.attempt \
 const COMMIT_WITHOUT_FLUSH: &str = "(SELECT set_config('synchronous_commit', 'off', true)) = 'off'";
 
 /// The lease statement with its candidate condition: [`LEASE_BY_KEYS`] or
-/// [`LEASE_BY_PROBE`].
-fn lease_statement(candidate_condition: &str) -> String {
+/// [`LEASE_BY_PROBE`]; `commit_condition` is [`COMMIT_WITHOUT_FLUSH`] for a
+/// lease in a transaction of its own, `true` for one inside an event's.
+fn lease_statement(candidate_condition: &str, commit_condition: &str) -> String {
     format!(
         "UPDATE tasks t SET status = 'LEASED', lease_token = gen_random_uuid(), \
            lease_owner = $3, \
@@ -331,7 +332,7 @@ fn lease_statement(candidate_condition: &str) -> String {
            updated_at = now() \
          FROM UNNEST($1::uuid[], $2::int[]) AS c(id, attempt) \
          WHERE {candidate_condition} AND t.namespace = $4 AND t.queue = $5 \
-           AND {COMMIT_WITHOUT_FLUSH} \
+           AND {commit_condition} \
          RETURNING t.id, t.namespace, t.run_id, t.node_key, t.workflow_name, t.workflow_version, \
            t.queue, t.task_name, t.attempt, t.input, t.lease_token, t.lease_expires_at, \
            t.heartbeat_timeout_ms, t.attempt_deadline, t.dispatched_at, t.traceparent"
@@ -359,8 +360,14 @@ impl CandidateStatement {
 }
 
 static LEASE: CandidateStatement = CandidateStatement {
-    few: LazyLock::new(|| lease_statement(LEASE_BY_KEYS)),
-    many: LazyLock::new(|| lease_statement(LEASE_BY_PROBE)),
+    few: LazyLock::new(|| lease_statement(LEASE_BY_KEYS, COMMIT_WITHOUT_FLUSH)),
+    many: LazyLock::new(|| lease_statement(LEASE_BY_PROBE, COMMIT_WITHOUT_FLUSH)),
+};
+
+/// The lease inside an event's transaction: that commit keeps its flush.
+static LEASE_IN_EVENT: CandidateStatement = CandidateStatement {
+    few: LazyLock::new(|| lease_statement(LEASE_BY_KEYS, "true")),
+    many: LazyLock::new(|| lease_statement(LEASE_BY_PROBE, "true")),
 };
 
 /// Leases the given `(task_id, attempt)` pairs to `owner`, each only if it
@@ -377,6 +384,44 @@ pub async fn lease_tasks(
     queue: &str,
     receipt: Option<std::time::Duration>,
 ) -> Result<Vec<LeasedTask>, StoreError> {
+    lease_with(
+        &LEASE, executor, candidates, owner, namespace, queue, receipt,
+    )
+    .await
+}
+
+/// [`lease_tasks`] inside the transaction of the event that armed the
+/// tasks, which then commits with its flush as every event does: the
+/// direct hand-off to a poll waiting in this server (decision 0034).
+pub async fn lease_armed_tasks(
+    conn: &mut PgConnection,
+    candidates: &[(Uuid, i32)],
+    owner: &str,
+    namespace: &str,
+    queue: &str,
+    receipt: Option<std::time::Duration>,
+) -> Result<Vec<LeasedTask>, StoreError> {
+    lease_with(
+        &LEASE_IN_EVENT,
+        conn,
+        candidates,
+        owner,
+        namespace,
+        queue,
+        receipt,
+    )
+    .await
+}
+
+async fn lease_with(
+    statement: &CandidateStatement,
+    executor: impl PgExecutor<'_>,
+    candidates: &[(Uuid, i32)],
+    owner: &str,
+    namespace: &str,
+    queue: &str,
+    receipt: Option<std::time::Duration>,
+) -> Result<Vec<LeasedTask>, StoreError> {
     if candidates.is_empty() {
         return Ok(Vec::new());
     }
@@ -385,7 +430,7 @@ pub async fn lease_tasks(
     let receipt_ms = receipt.map(|r| i64::try_from(r.as_millis()).unwrap_or(i64::MAX));
     let (ids, attempts): (Vec<Uuid>, Vec<i32>) = candidates.iter().copied().unzip();
     // lease_tasks: conditional DISPATCHED -> LEASED with a fresh fencing token
-    let (sql, prepared) = LEASE.for_count(candidates.len());
+    let (sql, prepared) = statement.for_count(candidates.len());
     let rows = sqlx::query(sql)
         .persistent(prepared)
         .bind(&ids)

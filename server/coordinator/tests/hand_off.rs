@@ -1,0 +1,382 @@
+//! Direct hand-off (docs/decisions/0034-direct-hand-off.md): the task a
+//! report arms, for a queue on which a poll waits in this server, is
+//! leased to that poll in the report's own transaction and never goes
+//! through Redis. Without such a poll (none waits, it went away, the queue
+//! is rate-limited) the task goes through Redis as before. Real Postgres
+//! and Redis throughout; a stream's `entries-added` counts its XADDs.
+
+// these tests use some of the shared helpers
+#[allow(dead_code)]
+mod common;
+
+use std::{sync::Arc, time::Duration};
+
+use composer_coordinator::{
+    Coordinator, CoordinatorConfig, Reporter, TaskReport,
+    dispatch::{DispatchConfig, PollHub, PollRequest, Publisher, priority_stream_key},
+};
+use composer_store::{
+    rate_limits::RateLimitSetting,
+    tasks::{LeasedTask, TaskScope},
+};
+use serde_json::json;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+/// A server's dispatch, in one process: the coordinator, its publisher and
+/// its poll hub, on a fresh database and Redis, one stream per queue.
+struct Server {
+    coordinator: Coordinator,
+    hub: Arc<PollHub>,
+    redis_url: String,
+    queue: String,
+}
+
+async fn server(group_commit_window: Duration) -> Server {
+    let store = common::fresh_store(8).await;
+    let redis_url = composer_testkit::fresh_redis_url();
+    let (publisher, deleter) = Publisher::new(store.clone(), &redis_url, 1).expect("publisher");
+    tokio::spawn(deleter);
+    let hub = PollHub::new(
+        store.clone(),
+        &redis_url,
+        DispatchConfig {
+            shards: 1,
+            ..DispatchConfig::default()
+        },
+    )
+    .expect("hub");
+    let coordinator = Coordinator::new(
+        store,
+        CoordinatorConfig {
+            group_commit_window,
+            ..CoordinatorConfig::default()
+        },
+    )
+    .with_publisher(publisher)
+    .with_hand_off(Arc::clone(&hub));
+    // a queue of its own: a Redis database index may hold an earlier
+    // process's streams
+    let queue = format!("handed{}", Uuid::new_v4().simple());
+    let workflow = format!(
+        "name: two\nnodes:\n  - {{ id: a, type: TASK, queue: {queue}, task: a }}\n  \
+         - {{ id: b, type: TASK, queue: {queue}, task: b }}\nedges:\n  - {{ from: a, to: b }}\n"
+    );
+    coordinator
+        .workflows()
+        .register(coordinator.store(), "default", &workflow)
+        .await
+        .expect("register");
+    Server {
+        coordinator,
+        hub,
+        redis_url,
+        queue,
+    }
+}
+
+/// Reports the task completed, as its worker would.
+async fn complete(coordinator: &Coordinator, task: &LeasedTask) {
+    coordinator
+        .report(
+            &TaskScope {
+                namespace: "default".to_owned(),
+                queues: None,
+            },
+            &task.id.to_string(),
+            task.attempt,
+            &task.lease_token.to_string(),
+            TaskReport::Completed {
+                output: json!({"done": task.task_name}),
+            },
+            Reporter {
+                actor: "worker:w",
+                traceparent: None,
+            },
+        )
+        .await
+        .expect("report");
+}
+
+impl Server {
+    async fn start(&self) -> Uuid {
+        let (run, created) = self
+            .coordinator
+            .start_run(common::start_request("two", json!({})))
+            .await
+            .expect("start");
+        assert!(created);
+        run.id
+    }
+
+    /// A poll of the queue by `worker`, waiting up to 10 s, in a task; as
+    /// the worker service does, the server remembers what it leased, so
+    /// that their reports are applied here.
+    fn poll(&self, worker: &'static str) -> JoinHandle<Vec<LeasedTask>> {
+        let hub = Arc::clone(&self.hub);
+        let coordinator = self.coordinator.clone();
+        let queue = self.queue.clone();
+        tokio::spawn(async move {
+            let leased = hub
+                .poll(
+                    "default",
+                    &[queue],
+                    PollRequest {
+                        worker_id: worker,
+                        max: 8,
+                        wait: Duration::from_secs(10),
+                        confirm_receipt: false,
+                    },
+                )
+                .await
+                .expect("poll");
+            coordinator.remember_leases(&leased);
+            leased
+        })
+    }
+
+    /// A poll by `worker` that has reached the hub and waits there.
+    async fn waiting_poll(&self, worker: &'static str) -> JoinHandle<Vec<LeasedTask>> {
+        let before = self.hub.polls_waiting("default", &self.queue);
+        let poll = self.poll(worker);
+        while self.hub.polls_waiting("default", &self.queue) == before {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        poll
+    }
+
+    /// The first task of a new run, through Redis (which also tells the
+    /// hub that the queue has no rate limit).
+    async fn first_task(&self) -> LeasedTask {
+        self.start().await;
+        let mut got = self.poll("first").await.expect("poll");
+        assert_eq!(got.len(), 1, "the run's first task");
+        got.remove(0)
+    }
+
+    async fn complete(&self, task: &LeasedTask) {
+        complete(&self.coordinator, task).await;
+    }
+
+    /// How many messages were ever XADDed to the queue's stream.
+    async fn messages_sent_to_redis(&self) -> i64 {
+        let client = redis::Client::open(self.redis_url.as_str()).expect("redis url");
+        let mut redis = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis");
+        let key = priority_stream_key("default", &self.queue, 0, 3);
+        let info: redis::Value = redis::cmd("XINFO")
+            .arg("STREAM")
+            .arg(&key)
+            .query_async(&mut redis)
+            .await
+            .expect("xinfo");
+        let redis::Value::Array(fields) = info else {
+            panic!("XINFO STREAM answers an array: {info:?}");
+        };
+        let at = fields
+            .iter()
+            .position(|f| matches!(f, redis::Value::BulkString(name) if name == b"entries-added"))
+            .expect("entries-added");
+        match &fields[at + 1] {
+            redis::Value::Int(count) => *count,
+            other => panic!("entries-added is a count: {other:?}"),
+        }
+    }
+
+    /// The task's status, lease owner and token.
+    async fn row(&self, task_id: Uuid) -> (String, Option<String>, Option<Uuid>) {
+        sqlx::query_as("SELECT status, lease_owner, lease_token FROM tasks WHERE id = $1")
+            .bind(task_id)
+            .fetch_one(self.coordinator.store().pool())
+            .await
+            .expect("task row")
+    }
+
+    async fn task_of(&self, run_id: Uuid, node: &str) -> Uuid {
+        sqlx::query_scalar("SELECT id FROM tasks WHERE run_id = $1 AND node_key = $2")
+            .bind(run_id)
+            .bind(node)
+            .fetch_one(self.coordinator.store().pool())
+            .await
+            .expect("task")
+    }
+
+    async fn run_status(&self, run_id: Uuid) -> String {
+        sqlx::query_scalar("SELECT status FROM runs WHERE id = $1")
+            .bind(run_id)
+            .fetch_one(self.coordinator.store().pool())
+            .await
+            .expect("run")
+    }
+}
+
+#[tokio::test]
+async fn a_reports_next_task_is_leased_to_a_poll_waiting_here_in_the_reports_transaction() {
+    let server = server(Duration::from_millis(1)).await;
+    let a = server.first_task().await;
+    assert_eq!(server.messages_sent_to_redis().await, 1);
+
+    let poll = server.waiting_poll("w2").await;
+    server.complete(&a).await;
+    let got = poll.await.expect("poll");
+
+    assert_eq!(got.len(), 1, "the next task, handed to the waiting poll");
+    let b = &got[0];
+    assert_eq!(b.task_name, "b");
+    assert_eq!(b.run_id, a.run_id);
+    assert_eq!(
+        server.row(b.id).await,
+        (
+            "LEASED".to_owned(),
+            Some("w2".to_owned()),
+            Some(b.lease_token)
+        ),
+        "leased to the poll's worker with the token it was sent"
+    );
+    assert_eq!(
+        server.messages_sent_to_redis().await,
+        1,
+        "the handed task never went through Redis"
+    );
+    // the hand-off's lease fences as any other
+    server.complete(b).await;
+    assert_eq!(server.run_status(a.run_id).await, "COMPLETED");
+}
+
+#[tokio::test]
+async fn without_a_waiting_poll_the_next_task_goes_through_redis() {
+    let server = server(Duration::from_millis(1)).await;
+    let a = server.first_task().await;
+
+    server.complete(&a).await;
+    let b = server.task_of(a.run_id, "b").await;
+    assert_eq!(server.row(b).await.0, "DISPATCHED");
+    assert_eq!(server.messages_sent_to_redis().await, 2);
+
+    let got = server.poll("w2").await.expect("poll");
+    assert_eq!(got.iter().map(|t| t.id).collect::<Vec<_>>(), vec![b]);
+}
+
+#[tokio::test]
+async fn a_poll_that_went_away_is_handed_nothing() {
+    let server = server(Duration::from_millis(1)).await;
+    let a = server.first_task().await;
+
+    let gone = server.waiting_poll("gone").await;
+    gone.abort();
+    let _ = gone.await;
+    server.complete(&a).await;
+
+    let b = server.task_of(a.run_id, "b").await;
+    assert_eq!(
+        server.row(b).await,
+        ("DISPATCHED".to_owned(), None, None),
+        "not leased to a poll that is gone"
+    );
+    assert_eq!(server.messages_sent_to_redis().await, 2);
+    let got = server.poll("w2").await.expect("poll");
+    assert_eq!(got.iter().map(|t| t.id).collect::<Vec<_>>(), vec![b]);
+}
+
+#[tokio::test]
+async fn a_rate_limited_queues_tasks_go_through_its_tokens_not_by_hand_off() {
+    let server = server(Duration::from_millis(1)).await;
+    server
+        .coordinator
+        .set_queue_rate_limit(&RateLimitSetting {
+            namespace: "default",
+            queue: &server.queue,
+            per_second: 1000.0,
+            burst: 1000,
+            per_key_per_second: None,
+            per_key_burst: None,
+        })
+        .await
+        .expect("rate limit");
+    let a = server.first_task().await;
+
+    let poll = server.waiting_poll("w2").await;
+    server.complete(&a).await;
+    let got = poll.await.expect("poll");
+
+    assert_eq!(got.len(), 1, "the poll still gets the task, through Redis");
+    assert_eq!(got[0].task_name, "b");
+    assert_eq!(server.messages_sent_to_redis().await, 2);
+}
+
+/// Reports of many runs at once, alone and in group transactions, with
+/// four polls waiting: each transaction hands tasks to one poll at most;
+/// every next task is either handed (leased to the poll that received it)
+/// or sent through Redis (and leased by a later poll), never both and
+/// never lost.
+#[tokio::test]
+async fn reports_applied_together_hand_off_some_tasks_and_send_the_rest() {
+    const RUNS: usize = 12;
+    let server = server(Duration::from_millis(50)).await;
+    let mut first = Vec::new();
+    for _ in 0..RUNS {
+        server.start().await;
+    }
+    while first.len() < RUNS {
+        first.extend(server.poll("first").await.expect("poll"));
+    }
+    let sent_before = server.messages_sent_to_redis().await;
+    assert_eq!(sent_before, i64::try_from(RUNS).expect("count"));
+
+    let mut waiting = Vec::new();
+    for _ in 0..4 {
+        waiting.push(server.waiting_poll("w2").await);
+    }
+    let reports: Vec<_> = first
+        .into_iter()
+        .map(|task| {
+            let coordinator = server.coordinator.clone();
+            tokio::spawn(async move { complete(&coordinator, &task).await })
+        })
+        .collect();
+    for report in reports {
+        report.await.expect("report");
+    }
+    let mut received = Vec::new();
+    for poll in waiting {
+        received.extend(poll.await.expect("poll"));
+    }
+    let through_redis =
+        usize::try_from(server.messages_sent_to_redis().await - sent_before).expect("count");
+    assert!(
+        through_redis < RUNS,
+        "the first report, alone at an idle server, hands its task to a waiting poll"
+    );
+    while received.len() < RUNS {
+        received.extend(server.poll("w3").await.expect("poll"));
+    }
+    let mut ids: Vec<Uuid> = received.iter().map(|t| t.id).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        RUNS,
+        "every next task received once: {received:?}"
+    );
+    for task in &received {
+        assert_eq!(task.task_name, "b");
+        let (status, owner, token) = server.row(task.id).await;
+        assert_eq!(status, "LEASED");
+        assert_eq!(
+            token,
+            Some(task.lease_token),
+            "leased to the poll that got it"
+        );
+        assert!(owner.is_some());
+    }
+    for task in &received {
+        server.complete(task).await;
+    }
+    let done: i64 = sqlx::query_scalar("SELECT count(*) FROM runs WHERE status = 'COMPLETED'")
+        .fetch_one(server.coordinator.store().pool())
+        .await
+        .expect("count");
+    assert_eq!(done, i64::try_from(RUNS).expect("count"));
+}
