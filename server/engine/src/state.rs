@@ -263,6 +263,8 @@ pub struct RunRecord {
     pub workflow: String,
     pub version: u32,
     /// Shared, so that copying the record per event does not copy the input.
+    /// Stored apart from the record (absent there: null until put back).
+    #[serde(default)]
     pub input: Arc<Json>,
     pub status: RunStatus,
     pub started_at: Option<Timestamp>,
