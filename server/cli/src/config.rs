@@ -128,11 +128,13 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_GROUP_COMMIT_IN_FLIGHT", default_value_t = 4, value_parser = clap::value_parser!(u8).range(1..=16))]
     pub group_commit_in_flight: u8,
 
-    /// Send every task through Redis, even when a poll waits in this server
-    /// on its queue (by default a report's next task is leased to such a
-    /// poll in the report's transaction: docs/decisions/0034-direct-hand-off.md).
-    #[arg(long, env = "COMPOSER_NO_HAND_OFF")]
-    pub no_hand_off: bool,
+    /// Lease a report's next task to a poll waiting in this server on its
+    /// queue, in the report's own transaction, instead of sending it
+    /// through Redis (docs/decisions/0034-direct-hand-off.md). Off by
+    /// default: the poll's answer can reach a worker before the answer to
+    /// the report that freed its slot.
+    #[arg(long, env = "COMPOSER_HAND_OFF")]
+    pub hand_off: bool,
 
     /// Runs a bulk operation reads per page; each run is still its own
     /// transaction (docs/decisions/0019-bulk-operations.md).

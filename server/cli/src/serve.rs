@@ -200,7 +200,7 @@ fn start_background(
     )
     .with_publisher(publisher)
     .with_changes(feed);
-    if !server.no_hand_off {
+    if server.hand_off {
         coordinator = coordinator.with_hand_off(Arc::clone(&hub));
     }
     let recovery = RecoveryConfig {
