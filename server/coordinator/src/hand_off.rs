@@ -61,27 +61,17 @@ impl Coordinator {
         }))
     }
 
-    /// After the commit: sends the leased tasks to their poll; a poll gone
-    /// meanwhile has its leases released (or they expire).
+    /// After the commit: sends the leased tasks to their poll (a poll gone
+    /// meanwhile has its leases released, as the poll hub's are).
     pub(crate) async fn send_handed(&self, handed: Option<Handed>) {
-        let Some(Handed { poll, mut tasks }) = handed else {
+        let Some(Handed { poll, tasks }) = handed else {
             return;
         };
         if let Some(first) = tasks.first() {
             let count = u64::try_from(tasks.len()).unwrap_or(u64::MAX);
             crate::metrics::tasks_dispatched(&first.namespace, &first.queue, count);
         }
-        for task in &mut tasks {
-            crate::metrics::task_leased(&task.namespace, &task.queue, task.dispatched_at);
-            crate::poll_hub::trace_lease(task, &poll.worker_id);
-        }
-        let Err(unsent) = poll.send(tasks) else {
-            return;
-        };
-        let leases: Vec<(Uuid, Uuid)> = unsent.iter().map(|t| (t.id, t.lease_token)).collect();
-        if let Err(error) = tasks::release_leases(self.store.pool(), &leases).await {
-            tracing::warn!(%error, "could not release leases of a vanished poll; they will expire");
-        }
+        poll.deliver(&self.store, tasks).await;
     }
 }
 

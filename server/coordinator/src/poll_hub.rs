@@ -129,10 +129,34 @@ pub(crate) struct WaitingPoll {
 }
 
 impl WaitingPoll {
-    /// Hands the poll its tasks; Err gives them back when it went away.
-    pub(crate) fn send(self, tasks: Vec<LeasedTask>) -> Result<(), Vec<LeasedTask>> {
-        self.sender.send(tasks)
+    /// Hands the poll the tasks leased to it, as [`deliver`] does.
+    pub(crate) async fn deliver(self, store: &Store, tasks: Vec<LeasedTask>) {
+        deliver(store, &self.worker_id, self.sender, tasks).await;
     }
+}
+
+/// Sends a poll the tasks leased to its worker, counted and traced; a poll
+/// gone meanwhile has their leases released (or they expire). Returns the
+/// ids it received.
+async fn deliver(
+    store: &Store,
+    worker_id: &str,
+    sender: oneshot::Sender<Vec<LeasedTask>>,
+    mut leased: Vec<LeasedTask>,
+) -> Vec<Uuid> {
+    for task in &mut leased {
+        crate::metrics::task_leased(&task.namespace, &task.queue, task.dispatched_at);
+        trace_lease(task, worker_id);
+    }
+    let ids = leased.iter().map(|t| t.id).collect();
+    let Err(unsent) = sender.send(leased) else {
+        return ids;
+    };
+    let leases: Vec<(Uuid, Uuid)> = unsent.iter().map(|t| (t.id, t.lease_token)).collect();
+    if let Err(error) = tasks::release_leases(store.pool(), &leases).await {
+        tracing::warn!(%error, "could not release leases of a vanished poll; they will expire");
+    }
+    Vec::new()
 }
 
 /// (namespace, queue)
@@ -1084,7 +1108,7 @@ impl PollHub {
                 &key.1,
                 waiter.receipt,
             );
-            let mut leased = match tokio::time::timeout(self.config.lease_timeout, lease)
+            let leased = match tokio::time::timeout(self.config.lease_timeout, lease)
                 .await
                 .unwrap_or(Err(StoreError::TimedOut))
             {
@@ -1095,20 +1119,7 @@ impl PollHub {
                     return Vec::new();
                 }
             };
-            for task in &mut leased {
-                crate::metrics::task_leased(&task.namespace, &task.queue, task.dispatched_at);
-                trace_lease(task, &waiter.worker_id);
-            }
-            let ids = leased.iter().map(|t| t.id).collect();
-            if let Err(unsent) = sender.send(leased) {
-                let leases: Vec<(Uuid, Uuid)> =
-                    unsent.iter().map(|t| (t.id, t.lease_token)).collect();
-                if let Err(error) = tasks::release_leases(self.store.pool(), &leases).await {
-                    tracing::warn!(%error, "could not release leases of a vanished poll; they will expire");
-                }
-                return Vec::new();
-            }
-            ids
+            deliver(&self.store, &waiter.worker_id, sender, leased).await
         }
     }
 
@@ -1301,7 +1312,7 @@ async fn read_batch(
 
 /// Opens and closes the task's lease span (traces on only) and hands the
 /// worker its traceparent in place of the arming transaction's.
-pub(crate) fn trace_lease(task: &mut LeasedTask, worker_id: &str) {
+fn trace_lease(task: &mut LeasedTask, worker_id: &str) {
     if task.traceparent.is_none() {
         return;
     }
