@@ -130,10 +130,9 @@ pub struct ServerArgs {
 
     /// Lease a report's next task to a poll waiting in this server on its
     /// queue, in the report's own transaction, instead of sending it
-    /// through Redis (docs/decisions/0034-direct-hand-off.md). Off by
-    /// default: the poll's answer can reach a worker before the answer to
-    /// the report that freed its slot.
-    #[arg(long, env = "COMPOSER_HAND_OFF")]
+    /// through Redis (docs/decisions/0034-direct-hand-off.md); `false`
+    /// sends every task through Redis.
+    #[arg(long, env = "COMPOSER_HAND_OFF", default_value_t = true, action = clap::ArgAction::Set)]
     pub hand_off: bool,
 
     /// Runs a bulk operation reads per page; each run is still its own
@@ -227,6 +226,26 @@ mod tests {
         assert!(parse_duration("10x").is_err());
         assert!(parse_duration("abc").is_err());
         assert!(parse_duration("-1s").is_err());
+    }
+
+    #[derive(clap::Parser)]
+    struct Server {
+        #[command(flatten)]
+        args: ServerArgs,
+    }
+
+    fn hand_off(args: &[&str]) -> bool {
+        use clap::Parser;
+        Server::parse_from(std::iter::once("serve").chain(args.iter().copied()))
+            .args
+            .hand_off
+    }
+
+    #[test]
+    fn the_direct_hand_off_is_on_unless_turned_off() {
+        assert!(hand_off(&[]));
+        assert!(hand_off(&["--hand-off", "true"]));
+        assert!(!hand_off(&["--hand-off", "false"]));
     }
 }
 

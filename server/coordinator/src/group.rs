@@ -515,11 +515,13 @@ impl Coordinator {
         let mut reported: Vec<Applied> = Vec::with_capacity(items.len());
         let mut starts = Vec::new();
         let mut reports_done = Vec::new();
+        let mut answers_sent = Vec::new();
         for (item, outcome) in items.into_iter().zip(outcomes) {
             match (item, outcome) {
                 (GroupItem::Reports { batch, done, .. }, Outcome::Reports(answers, applied)) => {
                     for (queued, answer) in batch.into_iter().zip(answers) {
                         let _ = queued.answer.send(answer);
+                        answers_sent.extend(queued.answer_sent);
                     }
                     reported.push(applied);
                     reports_done.push(done);
@@ -531,7 +533,7 @@ impl Coordinator {
                 (GroupItem::Reports { .. } | GroupItem::Start { .. }, _) => {}
             }
         }
-        self.send_handed(handed).await;
+        self.send_handed(handed, answers_sent);
         let mut to_announce: Vec<&mut Applied> = reported.iter_mut().collect();
         for (_, applied) in &mut starts {
             if applied.created_at.is_some() {

@@ -1,8 +1,9 @@
 //! Direct hand-off (docs/decisions/0034-direct-hand-off.md): a task an
 //! event arms, for a queue on which a poll is waiting in this server, is
 //! leased to that poll inside the event's own transaction and sent to it
-//! after the commit. It never goes through Redis: no XADD, no stream read,
-//! no lease transaction of its own.
+//! after the commit, once the answers to the transaction's reports are
+//! written ([`crate::answer_sent`]). It never goes through Redis: no XADD,
+//! no stream read, no lease transaction of its own.
 //!
 //! The lease is the same conditional statement a poll's lease runs, so
 //! fencing is unchanged; the task is DISPATCHED only inside the
@@ -15,7 +16,7 @@ use std::collections::HashSet;
 use composer_store::tasks::{self, LeasedTask, OutboxMessage};
 use uuid::Uuid;
 
-use crate::{Coordinator, error::CoordinatorError, poll_hub::WaitingPoll};
+use crate::{Coordinator, answer_sent::AnswerSent, error::CoordinatorError, poll_hub::WaitingPoll};
 
 /// Tasks leased to a waiting poll in an event's transaction, to send it
 /// once that commits.
@@ -61,9 +62,12 @@ impl Coordinator {
         }))
     }
 
-    /// After the commit: sends the leased tasks to their poll (a poll gone
-    /// meanwhile has its leases released, as the poll hub's are).
-    pub(crate) async fn send_handed(&self, handed: Option<Handed>) {
+    /// After the commit, once the transaction's reports are answered:
+    /// sends the leased tasks to their poll when those answers are written
+    /// (`answers_sent`), so that a worker learns a step is done before it
+    /// sees the next (a poll gone meanwhile has its leases released, as
+    /// the poll hub's are). Its own task: the caller goes on publishing.
+    pub(crate) fn send_handed(&self, handed: Option<Handed>, answers_sent: Vec<AnswerSent>) {
         let Some(Handed { poll, tasks }) = handed else {
             return;
         };
@@ -71,7 +75,11 @@ impl Coordinator {
             let count = u64::try_from(tasks.len()).unwrap_or(u64::MAX);
             crate::metrics::tasks_dispatched(&first.namespace, &first.queue, count);
         }
-        poll.deliver(&self.store, tasks).await;
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            AnswerSent::all(answers_sent).await;
+            poll.deliver(&store, tasks).await;
+        });
     }
 }
 

@@ -149,6 +149,7 @@ async fn execute(coordinator: &Coordinator, executor: &HttpExecutor, task: Lease
             Reporter {
                 actor: "worker:composer-http",
                 traceparent: None,
+                answer_sent: None,
             },
         )
         .await;

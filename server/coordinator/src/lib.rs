@@ -1,6 +1,7 @@
 //! The coordinator: applies each event in one Postgres transaction (lock →
 //! decide → persist → commit) and moves dispatch through Redis Streams.
 
+pub mod answer_sent;
 mod apply;
 pub mod broker;
 pub mod bulk;

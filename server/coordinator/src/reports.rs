@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use crate::{
     Coordinator,
+    answer_sent::AnswerSent,
     apply::{RunTxn, seed},
     error::CoordinatorError,
 };
@@ -40,14 +41,19 @@ pub enum TaskReport {
     },
 }
 
-/// Who reports: the actor the history names, and the traceparent of the
-/// worker's span that sent the report, if any.
-#[derive(Debug, Clone, Copy)]
+/// Who reports: the actor the history names, the traceparent of the
+/// worker's span that sent the report, if any, and when its answer is
+/// written.
+#[derive(Debug)]
 pub struct Reporter<'a> {
     /// `worker:<subject>`, as the history records it.
     pub actor: &'a str,
     /// The report's `traceparent` header (read only when traces are on).
     pub traceparent: Option<&'a str>,
+    /// Resolves once the transport has written the answer: a task the
+    /// report's transaction hands to a poll goes out after it (None: the
+    /// answer is out when [`Coordinator::report`] returns).
+    pub answer_sent: Option<AnswerSent>,
 }
 
 /// The answer to a heartbeat.
@@ -123,10 +129,6 @@ impl Coordinator {
         report: TaskReport,
         reporter: Reporter<'_>,
     ) -> Result<(), CoordinatorError> {
-        let Reporter {
-            actor,
-            traceparent: worker_trace,
-        } = reporter;
         let (task, token) = parse_ids(task_id, lease_token, attempt)?;
         if let TaskReport::Completed { output } = &report {
             self.check_payload("output", output)?;
@@ -142,19 +144,16 @@ impl Coordinator {
             outcome,
         };
         let hint = self.lease_hints.take(task);
-        let trace = ReportTrace {
-            name: span_name,
-            worker: worker_trace,
-        };
         match hint.as_ref().and_then(|h| h.traceparent.as_deref()) {
             Some(lease_trace) => {
-                let span = crate::traces::report(span_name, worker_trace, Some(lease_trace));
-                self.report_with_hint(scope, lease, hint, report, actor, trace)
+                let span =
+                    crate::traces::report(span_name, reporter.traceparent, Some(lease_trace));
+                self.report_with_hint(scope, lease, hint, report, reporter, span_name)
                     .instrument(span)
                     .await
             }
             None => {
-                self.report_with_hint(scope, lease, hint, report, actor, trace)
+                self.report_with_hint(scope, lease, hint, report, reporter, span_name)
                     .await
             }
         }
@@ -167,14 +166,23 @@ impl Coordinator {
         lease: Lease,
         hint: Option<LeaseHint>,
         report: TaskReport,
-        actor: &str,
-        trace: ReportTrace<'_>,
+        reporter: Reporter<'_>,
+        span_name: &'static str,
     ) -> Result<(), CoordinatorError> {
+        let Reporter {
+            actor,
+            traceparent,
+            answer_sent,
+        } = reporter;
+        let trace = ReportTrace {
+            name: span_name,
+            worker: traceparent,
+        };
         let (task, outcome) = (lease.task, lease.outcome);
         let reported = match hint {
             Some(hint) if scope.covers(&hint.namespace, &hint.queue) => {
                 let queue = hint.queue.clone();
-                self.report_leased_here(scope, lease, hint, report, actor)
+                self.report_leased_here(scope, lease, hint, report, actor, answer_sent)
                     .await
                     .map(|()| queue)
             }
@@ -202,6 +210,7 @@ impl Coordinator {
         hint: LeaseHint,
         report: TaskReport,
         actor: &str,
+        answer_sent: Option<AnswerSent>,
     ) -> Result<(), CoordinatorError> {
         let event = task_event(&hint.node_key, lease.attempt, report)?;
         let (answer, answered) = tokio::sync::oneshot::channel();
@@ -212,6 +221,7 @@ impl Coordinator {
             event,
             actor: actor.to_owned(),
             answer,
+            answer_sent,
         };
         if self.report_queues.push(queue.clone(), queued) {
             let coordinator = self.clone();
@@ -254,10 +264,12 @@ impl Coordinator {
                 // sees a task of a node whose previous step it has not
                 // yet been told is done (MAP concurrency, as workers
                 // count it)
+                let mut sent = Vec::new();
                 for (queued, answer) in batch.into_iter().zip(answers) {
                     let _ = queued.answer.send(answer);
+                    sent.extend(queued.answer_sent);
                 }
-                self.send_handed(handed).await;
+                self.send_handed(handed, sent);
                 self.announce(&mut applied).await;
                 return;
             }
@@ -675,6 +687,9 @@ pub(crate) struct QueuedReport {
     event: Event,
     actor: String,
     pub(crate) answer: tokio::sync::oneshot::Sender<ReportAnswer>,
+    /// When the answer is written, if the transport says (see
+    /// [`AnswerSent`]).
+    pub(crate) answer_sent: Option<AnswerSent>,
 }
 
 /// A run and the namespace its reporters gave (None: internal callers).

@@ -195,6 +195,7 @@ async fn report_as_worker(
     let reporter = Reporter {
         actor: "worker:w",
         traceparent: None,
+        answer_sent: None,
     };
     coordinator
         .report(
@@ -409,6 +410,7 @@ async fn two_batches_of_one_run_in_a_group_each_see_the_other() {
                     Reporter {
                         actor: "worker:w",
                         traceparent: None,
+                        answer_sent: None,
                     },
                 )
                 .await

@@ -13,6 +13,7 @@ use std::{sync::Arc, time::Duration};
 
 use composer_coordinator::{
     Coordinator, CoordinatorConfig, Reporter, TaskReport,
+    answer_sent::{self, AnswerSent},
     dispatch::{DispatchConfig, PollHub, PollRequest, Publisher, priority_stream_key},
 };
 use composer_store::{
@@ -77,6 +78,16 @@ async fn server(group_commit_window: Duration) -> Server {
 
 /// Reports the task completed, as its worker would.
 async fn complete(coordinator: &Coordinator, task: &LeasedTask) {
+    complete_telling(coordinator, task, None).await;
+}
+
+/// Reports the task completed; `answer_sent` says when the transport has
+/// written the answer.
+async fn complete_telling(
+    coordinator: &Coordinator,
+    task: &LeasedTask,
+    answer_sent: Option<AnswerSent>,
+) {
     coordinator
         .report(
             &TaskScope {
@@ -92,6 +103,7 @@ async fn complete(coordinator: &Coordinator, task: &LeasedTask) {
             Reporter {
                 actor: "worker:w",
                 traceparent: None,
+                answer_sent,
             },
         )
         .await
@@ -243,6 +255,55 @@ async fn a_reports_next_task_is_leased_to_a_poll_waiting_here_in_the_reports_tra
     // the hand-off's lease fences as any other
     server.complete(b).await;
     assert_eq!(server.run_status(a.run_id).await, "COMPLETED");
+}
+
+/// The order a worker sees: told its step is done, then given the next.
+/// Alone (no group commit) and in a group transaction alike.
+#[tokio::test]
+async fn a_handed_task_goes_out_only_once_the_reports_answer_is_written() {
+    for group_commit_window in [Duration::ZERO, Duration::from_millis(1)] {
+        let server = server(group_commit_window).await;
+        let a = server.first_task().await;
+        let poll = server.waiting_poll("w2").await;
+        let (in_flight, sent) = answer_sent::signal();
+
+        complete_telling(&server.coordinator, &a, Some(sent)).await;
+        // committed and answered, but the answer is not yet written: time
+        // for a premature send to show (well under the longest wait)
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(
+            !poll.is_finished(),
+            "no next task before the report's answer is out ({group_commit_window:?})"
+        );
+        let b = server.task_of(a.run_id, "b").await;
+        assert_eq!(
+            server.row(b).await.0,
+            "LEASED",
+            "leased in the report's transaction all the same"
+        );
+
+        drop(in_flight);
+        let got = poll.await.expect("poll");
+        assert_eq!(got.iter().map(|t| t.id).collect::<Vec<_>>(), vec![b]);
+        assert_eq!(server.messages_sent_to_redis().await, 1, "handed, not sent");
+    }
+}
+
+/// A worker that never reads its answer cannot hold another's task: the
+/// handed task goes out after a short bound (`answer_sent::MOST_WAIT`).
+#[tokio::test]
+async fn an_answer_never_written_delays_the_handed_task_only_briefly() {
+    let server = server(Duration::from_millis(1)).await;
+    let a = server.first_task().await;
+    let poll = server.waiting_poll("w2").await;
+    let (in_flight, sent) = answer_sent::signal();
+
+    complete_telling(&server.coordinator, &a, Some(sent)).await;
+    let got = poll.await.expect("poll");
+
+    assert_eq!(got.len(), 1, "the next task, handed");
+    assert_eq!(got[0].task_name, "b");
+    drop(in_flight);
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
 //! Composer's gRPC surface: the services of `composer.v1`, health, reflection
 //! and grpc-web, all on one port.
 
+mod answer_written;
 pub mod auth;
 mod caller;
 pub mod convert;

@@ -136,6 +136,9 @@ pub async fn serve(
         ))))
         .layer(crate::transport_status::TransportStatusLayer)
         .layer(crate::deadline::CallDeadlineLayer::new(config.call_timeout))
+        // innermost: it holds a report's answer signal in the very body
+        // the connection writes
+        .layer(crate::answer_written::AnswerWrittenLayer)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

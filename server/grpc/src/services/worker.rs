@@ -5,7 +5,7 @@
 use std::{sync::Arc, time::Duration};
 
 use composer_coordinator::{
-    Coordinator, Reporter, TaskReport,
+    Coordinator, Reporter, TaskReport, answer_sent,
     dispatch::{PollHub, PollRequest},
 };
 use composer_proto::v1::{
@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::{
+    answer_written::hold_until_written,
     auth::Role,
     caller::Caller,
     caller::caller,
@@ -208,6 +209,7 @@ impl WorkerService for WorkerApi {
         let request = request.into_inner();
         lease_fields(&request.task_id, &request.lease_token, request.attempt)?;
         let output = to_json(request.output, "output")?;
+        let (in_flight, sent) = answer_sent::signal();
         self.coordinator
             .report(
                 &scope_of(&caller),
@@ -218,11 +220,15 @@ impl WorkerService for WorkerApi {
                 Reporter {
                     actor: &format!("worker:{}", caller.subject),
                     traceparent: traceparent.as_deref(),
+                    answer_sent: Some(sent),
                 },
             )
             .await
             .map_err(from_coordinator)?;
-        Ok(Response::new(CompleteTaskResponse {}))
+        Ok(hold_until_written(
+            Response::new(CompleteTaskResponse {}),
+            in_flight,
+        ))
     }
 
     async fn fail_task(
@@ -238,6 +244,7 @@ impl WorkerService for WorkerApi {
         }
         check_text("error_code", &request.error_code, MAX_KEY_BYTES)?;
         check_text("message", &request.message, MAX_TEXT_BYTES)?;
+        let (in_flight, sent) = answer_sent::signal();
         self.coordinator
             .report(
                 &scope_of(&caller),
@@ -256,10 +263,14 @@ impl WorkerService for WorkerApi {
                 Reporter {
                     actor: &format!("worker:{}", caller.subject),
                     traceparent: traceparent.as_deref(),
+                    answer_sent: Some(sent),
                 },
             )
             .await
             .map_err(from_coordinator)?;
-        Ok(Response::new(FailTaskResponse {}))
+        Ok(hold_until_written(
+            Response::new(FailTaskResponse {}),
+            in_flight,
+        ))
     }
 }

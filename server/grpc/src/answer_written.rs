@@ -1,0 +1,171 @@
+//! Tells the coordinator when a report's answer has been written
+//! (decision 0034): a report handler puts the report's
+//! [`AnswerInFlight`] in its response's extensions, and this layer keeps
+//! it in the response body, which the HTTP/2 connection drops after
+//! queueing the body's last frame. A task the report's transaction handed
+//! to a waiting poll goes out after that, so on one connection a worker
+//! reads "done" before it reads the next step. Responses without one pass
+//! untouched.
+
+use std::{
+    pin::Pin,
+    task::{Context, Poll},
+};
+
+use bytes::Bytes;
+use composer_coordinator::answer_sent::AnswerInFlight;
+use http::{Request, Response};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use tonic::body::Body;
+use tower::{Layer, Service};
+
+/// The response of a report call, holding its answer's signal until the
+/// transport has written it.
+pub(crate) fn hold_until_written<T>(
+    mut response: tonic::Response<T>,
+    in_flight: AnswerInFlight,
+) -> tonic::Response<T> {
+    response.extensions_mut().insert(in_flight);
+    response
+}
+
+/// The layer; see the module's documentation.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AnswerWrittenLayer;
+
+impl<S> Layer<S> for AnswerWrittenLayer {
+    type Service = AnswerWritten<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        AnswerWritten { inner }
+    }
+}
+
+/// The service [`AnswerWrittenLayer`] wraps.
+#[derive(Clone, Debug)]
+pub struct AnswerWritten<S> {
+    inner: S,
+}
+
+type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
+
+impl<S, B> Service<Request<B>> for AnswerWritten<S>
+where
+    S: Service<Request<B>, Response = Response<Body>> + Send + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let future = self.inner.call(request);
+        Box::pin(async move {
+            let mut response = future.await?;
+            let Some(in_flight) = response.extensions_mut().remove::<AnswerInFlight>() else {
+                return Ok(response);
+            };
+            Ok(response.map(|body| {
+                Body::new(HeldUntilWritten {
+                    body,
+                    _in_flight: in_flight,
+                })
+            }))
+        })
+    }
+}
+
+/// A response body that holds its answer's signal until it is dropped.
+struct HeldUntilWritten {
+    body: Body,
+    _in_flight: AnswerInFlight,
+}
+
+impl HttpBody for HeldUntilWritten {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use composer_coordinator::answer_sent;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    use super::*;
+
+    /// A handler's answer: a body of one frame, with the signal attached.
+    async fn answer(in_flight: AnswerInFlight) -> Result<Response<Body>, Infallible> {
+        let response = hold_until_written(
+            tonic::Response::new(Body::new(http_body_util::Full::new(Bytes::from_static(
+                b"done",
+            )))),
+            in_flight,
+        );
+        // as tonic turns its response into HTTP
+        let (_, body, extensions) = response.into_parts();
+        let mut http = Response::new(body);
+        *http.extensions_mut() = extensions;
+        Ok(http)
+    }
+
+    #[tokio::test]
+    async fn the_answer_counts_as_sent_once_its_body_is_written_and_dropped() {
+        let (in_flight, mut sent) = answer_sent::signal();
+        let holder = std::sync::Mutex::new(Some(in_flight));
+        let service = AnswerWrittenLayer.layer(tower::service_fn(move |_: Request<()>| {
+            let in_flight = holder.lock().expect("holder").take().expect("one call");
+            answer(in_flight)
+        }));
+
+        let response = service.oneshot(Request::new(())).await.expect("answered");
+        assert!(
+            response.extensions().get::<AnswerInFlight>().is_none(),
+            "the signal moves from the extensions into the body"
+        );
+        assert!(
+            !sent.is_written_now(),
+            "not sent while the body is unwritten"
+        );
+        let body = response.into_body().collect().await.expect("body");
+        assert_eq!(body.to_bytes(), Bytes::from_static(b"done"));
+        assert!(
+            sent.is_written_now(),
+            "sent once the body is written and dropped"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_response_without_a_signal_passes_untouched() {
+        let service = AnswerWrittenLayer.layer(tower::service_fn(|_: Request<()>| async {
+            Ok::<_, Infallible>(Response::new(Body::new(http_body_util::Full::new(
+                Bytes::from_static(b"plain"),
+            ))))
+        }));
+        let response = service.oneshot(Request::new(())).await.expect("answered");
+        let body = response.into_body().collect().await.expect("body");
+        assert_eq!(body.to_bytes(), Bytes::from_static(b"plain"));
+    }
+}
