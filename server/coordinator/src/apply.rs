@@ -121,10 +121,10 @@ pub fn stored_record(record: &RunRecord) -> Result<Json, serde_json::Error> {
     Ok(value)
 }
 
-/// The engine's run record of a stored run, its input moved in from the
-/// row (not copied: the row's is not read again).
+/// The engine's run record of a stored run, its record and input moved
+/// out of the row (not copied: the row's are not read again).
 fn record_from_row(run: &mut RunRow) -> Result<RunRecord, serde_json::Error> {
-    let mut record: RunRecord = serde_json::from_value(run.record.clone())?;
+    let mut record: RunRecord = serde_json::from_value(std::mem::take(&mut run.record))?;
     record.input = std::sync::Arc::new(std::mem::take(&mut run.input));
     Ok(record)
 }

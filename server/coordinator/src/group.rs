@@ -520,8 +520,7 @@ impl Coordinator {
             match (item, outcome) {
                 (GroupItem::Reports { batch, done, .. }, Outcome::Reports(answers, applied)) => {
                     for (queued, answer) in batch.into_iter().zip(answers) {
-                        let _ = queued.answer.send(answer);
-                        answers_sent.extend(queued.answer_sent);
+                        answers_sent.extend(queued.answer_with(answer));
                     }
                     reported.push(applied);
                     reports_done.push(done);

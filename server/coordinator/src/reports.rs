@@ -264,11 +264,11 @@ impl Coordinator {
                 // sees a task of a node whose previous step it has not
                 // yet been told is done (MAP concurrency, as workers
                 // count it)
-                let mut sent = Vec::new();
-                for (queued, answer) in batch.into_iter().zip(answers) {
-                    let _ = queued.answer.send(answer);
-                    sent.extend(queued.answer_sent);
-                }
+                let sent = batch
+                    .into_iter()
+                    .zip(answers)
+                    .filter_map(|(queued, answer)| queued.answer_with(answer))
+                    .collect();
                 self.send_handed(handed, sent);
                 self.announce(&mut applied).await;
                 return;
@@ -291,7 +291,7 @@ impl Coordinator {
             }
         };
         for (queued, answer) in batch.into_iter().zip(answers) {
-            let _ = queued.answer.send(answer);
+            queued.answer_with(answer);
         }
     }
 
@@ -686,10 +686,19 @@ pub(crate) struct QueuedReport {
     hint: LeaseHint,
     event: Event,
     actor: String,
-    pub(crate) answer: tokio::sync::oneshot::Sender<ReportAnswer>,
+    answer: tokio::sync::oneshot::Sender<ReportAnswer>,
     /// When the answer is written, if the transport says (see
     /// [`AnswerSent`]).
-    pub(crate) answer_sent: Option<AnswerSent>,
+    answer_sent: Option<AnswerSent>,
+}
+
+impl QueuedReport {
+    /// Answers the reporter (one gone meanwhile is no matter); returns
+    /// what says when that answer is written, for a hand-off to wait on.
+    pub(crate) fn answer_with(self, answer: ReportAnswer) -> Option<AnswerSent> {
+        let _ = self.answer.send(answer);
+        self.answer_sent
+    }
 }
 
 /// A run and the namespace its reporters gave (None: internal callers).

@@ -1,7 +1,7 @@
 //! Tells the coordinator when a report's answer has been written
 //! (decision 0034): a report handler puts the report's
-//! [`AnswerInFlight`] in its response's extensions, and this layer keeps
-//! it in the response body, which the HTTP/2 connection drops after
+//! [`AnswerInFlight`] in its response's extensions, and this layer
+//! ([`hold_in_body`]) keeps it in the response body, which the HTTP/2 connection drops after
 //! queueing the body's last frame. A task the report's transaction handed
 //! to a waiting poll goes out after that, so on one connection a worker
 //! reads "done" before it reads the next step. Responses without one pass
@@ -14,10 +14,9 @@ use std::{
 
 use bytes::Bytes;
 use composer_coordinator::answer_sent::AnswerInFlight;
-use http::{Request, Response};
+use http::Response;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tonic::body::Body;
-use tower::{Layer, Service};
 
 /// The response of a report call, holding its answer's signal until the
 /// transport has written it.
@@ -29,55 +28,19 @@ pub(crate) fn hold_until_written<T>(
     response
 }
 
-/// The layer; see the module's documentation.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AnswerWrittenLayer;
-
-impl<S> Layer<S> for AnswerWrittenLayer {
-    type Service = AnswerWritten<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        AnswerWritten { inner }
-    }
-}
-
-/// The service [`AnswerWrittenLayer`] wraps.
-#[derive(Clone, Debug)]
-pub struct AnswerWritten<S> {
-    inner: S,
-}
-
-type BoxFuture<T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send>>;
-
-impl<S, B> Service<Request<B>> for AnswerWritten<S>
-where
-    S: Service<Request<B>, Response = Response<Body>> + Send + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = Response<Body>;
-    type Error = S::Error;
-    type Future = BoxFuture<Self::Response, Self::Error>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
-        let future = self.inner.call(request);
-        Box::pin(async move {
-            let mut response = future.await?;
-            let Some(in_flight) = response.extensions_mut().remove::<AnswerInFlight>() else {
-                return Ok(response);
-            };
-            Ok(response.map(|body| {
-                Body::new(HeldUntilWritten {
-                    body,
-                    _in_flight: in_flight,
-                })
-            }))
+/// The layer's function: moves a response's [`AnswerInFlight`], if it has
+/// one, from its extensions into its body (a plain map of the response,
+/// so calls without one pay no allocation).
+pub(crate) fn hold_in_body(mut response: Response<Body>) -> Response<Body> {
+    let Some(in_flight) = response.extensions_mut().remove::<AnswerInFlight>() else {
+        return response;
+    };
+    response.map(|body| {
+        Body::new(HeldUntilWritten {
+            body,
+            _in_flight: in_flight,
         })
-    }
+    })
 }
 
 /// A response body that holds its answer's signal until it is dropped.
@@ -111,8 +74,9 @@ mod tests {
     use std::convert::Infallible;
 
     use composer_coordinator::answer_sent;
+    use http::Request;
     use http_body_util::BodyExt;
-    use tower::ServiceExt;
+    use tower::{Layer, ServiceExt, util::MapResponseLayer};
 
     use super::*;
 
@@ -135,10 +99,11 @@ mod tests {
     async fn the_answer_counts_as_sent_once_its_body_is_written_and_dropped() {
         let (in_flight, mut sent) = answer_sent::signal();
         let holder = std::sync::Mutex::new(Some(in_flight));
-        let service = AnswerWrittenLayer.layer(tower::service_fn(move |_: Request<()>| {
-            let in_flight = holder.lock().expect("holder").take().expect("one call");
-            answer(in_flight)
-        }));
+        let service =
+            MapResponseLayer::new(hold_in_body).layer(tower::service_fn(move |_: Request<()>| {
+                let in_flight = holder.lock().expect("holder").take().expect("one call");
+                answer(in_flight)
+            }));
 
         let response = service.oneshot(Request::new(())).await.expect("answered");
         assert!(
@@ -159,11 +124,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_response_without_a_signal_passes_untouched() {
-        let service = AnswerWrittenLayer.layer(tower::service_fn(|_: Request<()>| async {
-            Ok::<_, Infallible>(Response::new(Body::new(http_body_util::Full::new(
-                Bytes::from_static(b"plain"),
-            ))))
-        }));
+        let service =
+            MapResponseLayer::new(hold_in_body).layer(tower::service_fn(|_: Request<()>| async {
+                Ok::<_, Infallible>(Response::new(Body::new(http_body_util::Full::new(
+                    Bytes::from_static(b"plain"),
+                ))))
+            }));
         let response = service.oneshot(Request::new(())).await.expect("answered");
         let body = response.into_body().collect().await.expect("body");
         assert_eq!(body.to_bytes(), Bytes::from_static(b"plain"));

@@ -138,7 +138,9 @@ pub async fn serve(
         .layer(crate::deadline::CallDeadlineLayer::new(config.call_timeout))
         // innermost: it holds a report's answer signal in the very body
         // the connection writes
-        .layer(crate::answer_written::AnswerWrittenLayer)
+        .layer(tower::util::MapResponseLayer::new(
+            crate::answer_written::hold_in_body,
+        ))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
