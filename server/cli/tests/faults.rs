@@ -514,3 +514,150 @@ fn now_seconds() -> i64 {
         .expect("clock")
         .as_secs() as i64
 }
+
+/// A worker that takes a task and dies before its first heartbeat, over and
+/// over, as a supervisor restarting a worker whose task crashes it would:
+/// polls `queue` as a worker that confirms receipt, holds each task for
+/// `holds` (the handler's time before the crash) and then drops it, until
+/// `run_id` ends or the task was delivered far more often than it may be.
+/// Returns the (task, attempt) of every delivery.
+async fn crash_loop(
+    server_url: String,
+    queue: &str,
+    holds: Duration,
+    run_id: String,
+) -> Vec<(String, i32)> {
+    use composer_proto::v1::{PollTasksRequest, worker_service_client::WorkerServiceClient};
+    let mut client = TestClient::connect(&server_url).await;
+    let mut deliveries = Vec::new();
+    loop {
+        // each "restart" is a new process: a new connection and worker id
+        let channel = tonic::transport::Channel::from_shared(server_url.clone())
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect");
+        let mut workers = WorkerServiceClient::new(channel);
+        let tasks = workers
+            .poll_tasks(PollTasksRequest {
+                worker_id: format!("crashing-{}", deliveries.len()),
+                queues: vec![queue.to_owned()],
+                max_tasks: 1,
+                wait: Some(prost_types::Duration {
+                    seconds: 1,
+                    nanos: 0,
+                }),
+                confirm_receipt: true,
+            })
+            .await
+            .expect("poll")
+            .into_inner()
+            .tasks;
+        for task in tasks {
+            deliveries.push((task.task_id, task.attempt));
+            tokio::time::sleep(holds).await;
+        }
+        let status = client.get(&run_id).await.status();
+        let ended = matches!(
+            status,
+            RunStatus::Failed | RunStatus::Completed | RunStatus::Cancelled
+        );
+        if ended || deliveries.len() > 12 {
+            return deliveries;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_task_that_kills_every_worker_fails_with_worker_lost_after_two_deliveries_per_attempt() {
+    let database = composer_testkit::fresh_database().await;
+    let redis = composer_testkit::fresh_redis_url();
+    let metrics_addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|probe| probe.local_addr())
+        .expect("a free port")
+        .to_string();
+    // the default receipt timeout (5 s): the case as a user meets it
+    let server = ServerProcess::start_with(
+        &composer_binary(),
+        &database,
+        &redis,
+        &["--metrics-listen", &metrics_addr],
+    )
+    .await;
+    let mut client = TestClient::connect(&server.url()).await;
+    for queue in ["poison_now", "poison_late"] {
+        client
+            .register(&format!(
+                "name: {queue}\nnodes:\n  - {{ id: only, type: TASK, queue: {queue}, task: t, \
+                 retry: {{ max_attempts: 3, initial_interval: 100ms }} }}\n\
+                 output: '${{nodes.only.output}}'\n"
+            ))
+            .await;
+    }
+    let started = tokio::time::Instant::now();
+    let at_once = client.start("poison_now", json!({})).await;
+    let after_a_second = client.start("poison_late", json!({})).await;
+    let (now_deliveries, late_deliveries) = tokio::join!(
+        crash_loop(server.url(), "poison_now", Duration::ZERO, at_once.clone()),
+        crash_loop(
+            server.url(),
+            "poison_late",
+            Duration::from_secs(1),
+            after_a_second.clone()
+        ),
+    );
+    println!(
+        "both runs ended {:.1} s after they started",
+        started.elapsed().as_secs_f64()
+    );
+
+    for (run_id, deliveries) in [
+        (&at_once, now_deliveries),
+        (&after_a_second, late_deliveries),
+    ] {
+        let run = client.wait_done(run_id, WAIT).await;
+        assert_eq!(run.status(), RunStatus::Failed, "{run:#?}");
+        let error = run.error.clone().expect("the run's error");
+        assert_eq!(error.code, "WORKER_LOST", "{error:?}");
+        // each attempt: the free hand-back (a lost poll answer) and the
+        // delivery that spends it; nothing more
+        let attempts: Vec<i32> = deliveries.iter().map(|d| d.1).collect();
+        assert_eq!(attempts, [1, 1, 2, 2, 3, 3], "{deliveries:?}");
+
+        let history = client.history(run_id).await;
+        let lost: Vec<_> = history
+            .iter()
+            .filter(|e| e.event_type == "lease_expired")
+            .map(|e| {
+                let details =
+                    composer_testkit::worker::json_of(e.details.clone().expect("details"));
+                (
+                    e.attempt,
+                    details["worker_lost"].clone(),
+                    details["deliveries"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            lost,
+            [1, 2, 3].map(|attempt| (attempt, json!(true), json!(2))),
+            "{history:#?}"
+        );
+        assert!(
+            history.iter().any(|e| e.event_type == "run_failed"),
+            "the run took its failure path: {history:#?}"
+        );
+    }
+    let metrics = reqwest::get(format!("http://{metrics_addr}/metrics"))
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("body");
+    let lost: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("composer_workers_lost_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(lost, 6.0, "three attempts of each run: {metrics}");
+}

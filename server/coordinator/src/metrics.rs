@@ -51,6 +51,11 @@ pub const METRICS: &[(&str, &str)] = &[
         "leases never confirmed by their worker, offered again without spending an attempt",
     ),
     (
+        WORKERS_LOST,
+        "attempts spent because their worker never confirmed receipt of a second delivery \
+         (the task kills or loses its workers; it fails with WORKER_LOST), by namespace and queue",
+    ),
+    (
         DISPATCH_LATENCY,
         "from the commit that made a task due (or its re-offer) to its lease, by namespace and queue",
     ),
@@ -103,6 +108,7 @@ pub const TASKS_LEASED: &str = "composer_tasks_leased_total";
 pub const TASKS_REPORTED: &str = "composer_tasks_reported_total";
 pub const LEASES_EXPIRED: &str = "composer_leases_expired_total";
 pub const LEASES_RETURNED: &str = "composer_leases_returned_total";
+pub const WORKERS_LOST: &str = "composer_workers_lost_total";
 pub const DISPATCH_LATENCY: &str = "composer_task_dispatch_latency_seconds";
 pub const EVENT_TX_SECONDS: &str = "composer_event_transaction_seconds";
 pub const EVENT_TX_EVENTS: &str = "composer_event_transaction_events";
@@ -252,6 +258,13 @@ pub(crate) fn lease_expired(namespace: &str, queue: &str) {
         return;
     }
     counter!(LEASES_EXPIRED, &queue_labels(namespace, queue)).increment(1);
+}
+
+pub(crate) fn worker_lost(namespace: &str, queue: &str) {
+    if !enabled() {
+        return;
+    }
+    counter!(WORKERS_LOST, &queue_labels(namespace, queue)).increment(1);
 }
 
 pub(crate) fn leases_returned(count: u64) {

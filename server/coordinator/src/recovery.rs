@@ -139,8 +139,17 @@ impl Coordinator {
         let Some(run) = runs::lock_run(&mut tx, None, lease.run_id).await? else {
             return Ok(false);
         };
-        let Some(holder) = tasks::expire_lease(&mut tx, lease.task_id, lease.attempt).await? else {
+        let Some((holder, end)) =
+            tasks::expire_lease(&mut tx, lease.task_id, lease.attempt).await?
+        else {
             return Ok(false);
+        };
+        let lost_deliveries = match end {
+            tasks::LeaseEnd::Silent => None,
+            tasks::LeaseEnd::WorkerLost { deliveries } => {
+                crate::metrics::worker_lost(&lease.namespace, &lease.queue);
+                Some(deliveries)
+            }
         };
         let node: NodeKey = lease.node_key.parse().map_err(|_| {
             CoordinatorError::Corrupt(format!("task node key {:?}", lease.node_key))
@@ -150,6 +159,7 @@ impl Coordinator {
             Event::LeaseExpired {
                 node,
                 attempt: u32::try_from(lease.attempt).unwrap_or_default(),
+                lost_deliveries,
                 seed: seed(),
             },
             SYSTEM,

@@ -24,6 +24,10 @@ use crate::state::{
 pub mod codes {
     pub const TIMEOUT: &str = "TIMEOUT";
     pub const LEASE_EXPIRED: &str = "LEASE_EXPIRED";
+    /// Every delivery of the attempt was lost with its worker before the
+    /// worker confirmed receipt: the task keeps killing its workers, or no
+    /// worker can take it.
+    pub const WORKER_LOST: &str = "WORKER_LOST";
     pub const RUN_TIMEOUT: &str = "RUN_TIMEOUT";
     pub const INPUT_ERROR: &str = "INPUT_ERROR";
     pub const OUTPUT_ERROR: &str = "OUTPUT_ERROR";
@@ -444,14 +448,12 @@ impl<'a> Ctx<'a> {
             Event::LeaseExpired {
                 node,
                 attempt,
+                lost_deliveries,
                 seed,
             } => {
                 if let Some((idx, st)) = self.current_attempt(node, *attempt, &TASK_TYPES, false)? {
-                    self.history(H::LeaseExpired, Some(node), Some(*attempt), json!({}));
-                    let error = ErrorInfo::new(
-                        codes::LEASE_EXPIRED,
-                        format!("attempt {attempt} lost its lease: no heartbeat or report in time"),
-                    );
+                    let (details, error) = lease_end(*attempt, *lost_deliveries);
+                    self.history(H::LeaseExpired, Some(node), Some(*attempt), details);
                     self.attempt_failed(node, idx, st, error, true, *seed)?;
                 }
             }
@@ -1768,4 +1770,27 @@ fn json_size(value: &Json, limit: usize) -> usize {
         };
     }
     size
+}
+
+/// The history details and the error of an attempt whose lease ran out:
+/// WORKER_LOST when its worker never confirmed any of `lost_deliveries`.
+fn lease_end(attempt: u32, lost_deliveries: Option<u32>) -> (Json, ErrorInfo) {
+    let Some(deliveries) = lost_deliveries else {
+        let error = ErrorInfo::new(
+            codes::LEASE_EXPIRED,
+            format!("attempt {attempt} lost its lease: no heartbeat or report in time"),
+        );
+        return (json!({}), error);
+    };
+    let error = ErrorInfo::new(
+        codes::WORKER_LOST,
+        format!(
+            "attempt {attempt} was delivered {deliveries} times and no worker confirmed it: \
+             the worker died or lost the task each time before its first heartbeat"
+        ),
+    );
+    (
+        json!({ "worker_lost": true, "deliveries": deliveries }),
+        error,
+    )
 }

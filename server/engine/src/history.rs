@@ -145,7 +145,7 @@ impl HistoryEventType {
                 "a worker held this attempt's lease; `details.worker_id` names it. Written with the attempt's outcome (its report or its expiry), not when the lease is taken, so leasing stays one statement; and only when that outcome writes no entry of its own (a report the run no longer needed): otherwise the outcome entry (`node_completed`, `attempt_failed`, `lease_expired`) carries `details.worker_id`, one row per attempt"
             }
             Self::LeaseExpired => {
-                "the attempt's lease ended without a heartbeat or report (`details.worker_id`); the attempt fails with LEASE_EXPIRED and is retried by the node's policy"
+                "the attempt's lease ended without a heartbeat or report (`details.worker_id`); the attempt fails with LEASE_EXPIRED and is retried by the node's policy. With `details.worker_lost` the worker never confirmed receipt of any of the attempt's `details.deliveries`: the attempt fails with WORKER_LOST"
             }
             Self::NodeCompleted => {
                 "the node's attempt succeeded; `details.output` is its output; for a TASK, `details.worker_id` the worker that ran it"

@@ -59,6 +59,11 @@ pub struct FailSpec {
     pub retryable: bool,
 }
 
+/// How long a `lost` attempt takes to fail: two deliveries, each held for
+/// the server's default `--lease-receipt-timeout` (5 s) before it is
+/// given up.
+pub const LOST_AFTER_MS: u64 = 10_000;
+
 fn yes() -> bool {
     true
 }
@@ -68,6 +73,9 @@ fn yes() -> bool {
 #[serde(untagged)]
 pub enum Outcome {
     /// `hang`: no report, the lease expires (tasks) / never finishes (children).
+    /// `lost` (tasks): the task kills its worker before the first heartbeat,
+    /// at both of the attempt's deliveries; the attempt fails with
+    /// WORKER_LOST after two receipt timeouts ([`LOST_AFTER_MS`]).
     Word(String),
     Full(OutcomeSpec),
 }
@@ -588,13 +596,25 @@ impl Sim<'_> {
                             Due::Deliver(Event::LeaseExpired {
                                 node,
                                 attempt,
+                                lost_deliveries: None,
+                                seed,
+                            }),
+                        );
+                    }
+                    Some(Outcome::Word(w)) if w == "lost" => {
+                        self.push(
+                            now.plus_ms(LOST_AFTER_MS),
+                            Due::Deliver(Event::LeaseExpired {
+                                node,
+                                attempt,
+                                lost_deliveries: Some(2),
                                 seed,
                             }),
                         );
                     }
                     Some(Outcome::Word(w)) => {
                         return Err(SimulationError::BadOutcomes(format!(
-                            "unknown outcome '{w}' (hang, or a map)"
+                            "unknown outcome '{w}' (hang, lost, or a map)"
                         )));
                     }
                     Some(Outcome::Full(spec)) => {
@@ -605,6 +625,7 @@ impl Sim<'_> {
                                 Due::Deliver(Event::LeaseExpired {
                                     node,
                                     attempt,
+                                    lost_deliveries: None,
                                     seed,
                                 }),
                             );

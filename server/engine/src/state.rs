@@ -446,6 +446,11 @@ pub enum Event {
     LeaseExpired {
         node: NodeKey,
         attempt: u32,
+        /// Set when the worker never confirmed receipt of any of the
+        /// attempt's deliveries: how many there were. The attempt fails
+        /// with WORKER_LOST rather than LEASE_EXPIRED.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lost_deliveries: Option<u32>,
         #[serde(default)]
         seed: u64,
     },

@@ -160,6 +160,7 @@ mod decide_fuzz {
             4 => Event::LeaseExpired {
                 node,
                 attempt,
+                lost_deliveries: index.is_multiple_of(3).then_some(2),
                 seed: 3,
             },
             5 => {

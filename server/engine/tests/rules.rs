@@ -852,6 +852,38 @@ fn lease_expiry_fails_the_attempt_with_code_lease_expired() {
 }
 
 #[test]
+fn a_task_lost_with_its_worker_at_every_delivery_fails_the_attempt_with_worker_lost() {
+    let yaml = format!(
+        "name: l\nnodes:\n  - id: a\n    {TASK}\n    retry: {{ max_attempts: 3, initial_interval: 1s }}\n"
+    );
+    let r = simulate(&yaml, "tasks: { a: [ lost, lost, lost ] }");
+    assert_eq!(r.status, RunStatus::Failed);
+    assert_eq!(
+        r.error.as_ref().map(|e| e.code.as_str()),
+        Some(codes::WORKER_LOST)
+    );
+    let lost: Vec<_> = r.history_of("lease_expired").collect();
+    assert_eq!(lost.len(), 3, "one per attempt");
+    assert!(
+        lost.iter()
+            .all(|a| matches!(a, Action::AppendHistory { detail, .. }
+        if detail["worker_lost"] == true && detail["deliveries"] == 2))
+    );
+    let failures: Vec<_> = r.history_of("attempt_failed").collect();
+    assert!(
+        failures.iter().all(
+            |a| matches!(a, Action::AppendHistory { detail, .. } if detail["code"] == "WORKER_LOST")
+        ),
+        "{failures:?}"
+    );
+    // the retry policy runs as for any failure: 10 s + 1 s + 10 s + 2 s + 10 s
+    assert_eq!(
+        r.history.last().map(|s| s.at),
+        Some(Timestamp(T0.0 + 33_000))
+    );
+}
+
+#[test]
 fn run_timeout_fails_the_run() {
     let yaml = format!("name: t\ntimeout: 1h\nnodes:\n  - id: a\n    {TASK}\n");
     let r = simulate(&yaml, "tasks: { a: [ { complete: 1, after: 2h } ] }");

@@ -115,7 +115,7 @@ fn arm_tasks(n: usize) -> String {
          input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
          attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
          lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
-         outcome = NULL, dispatched_at = now(), updated_at = now(), \
+         outcome = NULL, handbacks = 0, dispatched_at = now(), updated_at = now(), \
          traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority, \
          rate_limit_key = EXCLUDED.rate_limit_key, concurrency_node = NULL, \
          concurrency_key = NULL, concurrency_max = NULL, concurrency_seq = NULL \

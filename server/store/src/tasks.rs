@@ -143,7 +143,7 @@ pub async fn arm_task(
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
-             outcome = NULL, dispatched_at = now(), updated_at = now(), \
+             outcome = NULL, handbacks = 0, dispatched_at = now(), updated_at = now(), \
              traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority, \
              rate_limit_key = EXCLUDED.rate_limit_key, \
              concurrency_node = EXCLUDED.concurrency_node, \
@@ -596,6 +596,25 @@ pub struct ExpiredLease {
     pub attempt: i32,
 }
 
+/// Unconfirmed leases of one attempt that go back to DISPATCHED without
+/// spending it: the first is a lost poll answer (decision 0012); a second
+/// means the worker took the task and died before its first heartbeat, so
+/// that lease expires and spends the attempt like any other (decision 0039).
+pub const FREE_HANDBACKS: i16 = 1;
+
+/// Why a lease ran out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseEnd {
+    /// The worker confirmed receipt (or never asked to) and then went quiet.
+    Silent,
+    /// The worker never confirmed receipt, again: every delivery of this
+    /// attempt was lost with its worker. `deliveries` counts them.
+    WorkerLost {
+        /// Leases of this attempt, the free hand-backs included.
+        deliveries: u32,
+    },
+}
+
 /// Leased tasks whose lease ran out, oldest expiry first: a range scan of
 /// the partial index `tasks_lease_expiry` that stops at now(), so it reads
 /// the leases that ran out since the last scan, not every leased task
@@ -604,14 +623,17 @@ pub async fn expired_leases<'e>(
     db: impl PgExecutor<'e>,
     limit: i64,
 ) -> Result<Vec<ExpiredLease>, StoreError> {
-    // expired_leases: candidates only; each is re-checked under its run lock
+    // expired_leases: candidates only; each is re-checked under its run lock.
+    // An unconfirmed lease is one only once its attempt's free hand-backs
+    // are spent (`return_unconfirmed_leases` takes the others first).
     let rows = sqlx::query(
         "SELECT id, namespace, queue, run_id, node_key, attempt FROM tasks \
          WHERE status = 'LEASED' AND lease_expires_at < now() \
-           AND lease_confirmed IS DISTINCT FROM false \
+           AND (lease_confirmed IS DISTINCT FROM false OR handbacks >= $2) \
          ORDER BY lease_expires_at LIMIT $1",
     )
     .bind(limit)
+    .bind(FREE_HANDBACKS)
     .fetch_all(db)
     .await?;
     rows.iter()
@@ -630,24 +652,40 @@ pub async fn expired_leases<'e>(
 }
 
 /// Marks a lease expired if it still is; under the run lock. Returns the
-/// worker that held it; None: a heartbeat or report got there first.
+/// worker that held it and why it ended; None: a heartbeat or report got
+/// there first, or the lease is a free hand-back's to return.
 pub async fn expire_lease(
     conn: &mut PgConnection,
     task_id: Uuid,
     attempt: i32,
-) -> Result<Option<String>, StoreError> {
-    // expire_lease: LEASED and past its deadline -> EXPIRED
-    let holder: Option<Option<String>> = sqlx::query_scalar(
+) -> Result<Option<(String, LeaseEnd)>, StoreError> {
+    // expire_lease: LEASED and past its deadline -> EXPIRED; an unconfirmed
+    // lease only once its attempt's free hand-backs are spent
+    let row = sqlx::query(
         "UPDATE tasks SET status = 'EXPIRED', updated_at = now() \
          WHERE id = $1 AND attempt = $2 AND status = 'LEASED' AND lease_expires_at < now() \
-           AND lease_confirmed IS DISTINCT FROM false \
-         RETURNING lease_owner",
+           AND (lease_confirmed IS DISTINCT FROM false OR handbacks >= $3) \
+         RETURNING lease_owner, lease_confirmed = false AS unconfirmed, handbacks",
     )
     .bind(task_id)
     .bind(attempt)
+    .bind(FREE_HANDBACKS)
     .fetch_optional(conn)
     .await?;
-    Ok(holder.map(Option::unwrap_or_default))
+    let Some(row) = row else {
+        return Ok(None);
+    };
+    let holder: Option<String> = row.try_get("lease_owner")?;
+    let unconfirmed: Option<bool> = row.try_get("unconfirmed")?;
+    let handbacks: i16 = row.try_get("handbacks")?;
+    let end = if unconfirmed == Some(true) {
+        LeaseEnd::WorkerLost {
+            deliveries: u32::try_from(handbacks).unwrap_or_default() + 1,
+        }
+    } else {
+        LeaseEnd::Silent
+    };
+    Ok(Some((holder.unwrap_or_default(), end)))
 }
 
 /// Writes fresh outbox rows for tasks dispatched longer than `grace_ms` ago
@@ -821,17 +859,19 @@ pub async fn release_leases(pool: &PgPool, leases: &[(Uuid, Uuid)]) -> Result<u6
 /// Leases whose worker asked to confirm receipt and never did, past their
 /// short expiry: the answer to the poll was lost. Each goes back to
 /// DISPATCHED with the same attempt (no attempt is spent, the run is not
-/// touched) and is re-enqueued. Returns how many.
+/// touched) and is re-enqueued, up to [`FREE_HANDBACKS`] times per attempt;
+/// past that the lease is [`expired_leases`]' to spend. Returns how many.
 pub async fn return_unconfirmed_leases<'e>(
     db: impl PgExecutor<'e>,
     limit: i64,
 ) -> Result<u64, StoreError> {
-    // return_unconfirmed_leases: LEASED, never confirmed, expired -> DISPATCHED
-    // (HELD, not enqueued, when the run is paused); in expiry order, as
-    // `expired_leases` is and for its reason
+    // return_unconfirmed_leases: LEASED, never confirmed, expired, with a free
+    // hand-back left -> DISPATCHED (HELD, not enqueued, when the run is
+    // paused), the hand-back counted; in expiry order, as `expired_leases`
+    // is and for its reason
     Ok(sqlx::query(
         "WITH stranded AS (SELECT id, run_id FROM tasks WHERE status = 'LEASED' \
-             AND lease_confirmed = false AND lease_expires_at < now() \
+             AND lease_confirmed = false AND lease_expires_at < now() AND handbacks < $2 \
            ORDER BY lease_expires_at LIMIT $1 FOR UPDATE SKIP LOCKED), \
          paused AS (SELECT id FROM runs WHERE status = 'PAUSED' \
            AND id IN (SELECT run_id FROM stranded) FOR SHARE), \
@@ -840,7 +880,7 @@ pub async fn return_unconfirmed_leases<'e>(
                THEN 'HELD' ELSE 'DISPATCHED' END, \
              lease_token = NULL, lease_owner = NULL, \
              lease_expires_at = NULL, lease_confirmed = NULL, attempt_deadline = NULL, \
-             dispatched_at = now(), updated_at = now() \
+             handbacks = t.handbacks + 1, dispatched_at = now(), updated_at = now() \
            WHERE t.id IN (SELECT id FROM stranded) \
              AND t.status = 'LEASED' AND t.lease_confirmed = false \
            RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id, t.priority, t.status) \
@@ -849,6 +889,7 @@ pub async fn return_unconfirmed_leases<'e>(
          WHERE status = 'DISPATCHED'",
     )
     .bind(limit)
+    .bind(FREE_HANDBACKS)
     .execute(db)
     .await?
     .rows_affected())
