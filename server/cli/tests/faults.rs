@@ -389,7 +389,36 @@ async fn a_frozen_database_makes_calls_unavailable_by_the_server_not_the_callers
     services.stop().await;
 }
 
-/// Polls `queue` once for one task, as a worker that confirms receipt.
+/// One long poll of `queue` for at most one task, as worker `worker_id`
+/// that confirms receipt, waiting up to `wait_seconds`.
+async fn poll_once_confirming(
+    workers: &mut composer_proto::v1::worker_service_client::WorkerServiceClient<
+        tonic::transport::Channel,
+    >,
+    worker_id: String,
+    queue: &str,
+    wait_seconds: i64,
+) -> Option<composer_proto::v1::Task> {
+    workers
+        .poll_tasks(composer_proto::v1::PollTasksRequest {
+            worker_id,
+            queues: vec![queue.to_owned()],
+            max_tasks: 1,
+            wait: Some(prost_types::Duration {
+                seconds: wait_seconds,
+                nanos: 0,
+            }),
+            confirm_receipt: true,
+        })
+        .await
+        .expect("poll")
+        .into_inner()
+        .tasks
+        .into_iter()
+        .next()
+}
+
+/// Polls `queue` until it gets one task, as a worker that confirms receipt.
 async fn poll_confirming(
     workers: &mut composer_proto::v1::worker_service_client::WorkerServiceClient<
         tonic::transport::Channel,
@@ -397,22 +426,7 @@ async fn poll_confirming(
     queue: &str,
 ) -> composer_proto::v1::Task {
     loop {
-        let tasks = workers
-            .poll_tasks(composer_proto::v1::PollTasksRequest {
-                worker_id: "confirming".to_owned(),
-                queues: vec![queue.to_owned()],
-                max_tasks: 1,
-                wait: Some(prost_types::Duration {
-                    seconds: 5,
-                    nanos: 0,
-                }),
-                confirm_receipt: true,
-            })
-            .await
-            .expect("poll")
-            .into_inner()
-            .tasks;
-        if let Some(task) = tasks.into_iter().next() {
+        if let Some(task) = poll_once_confirming(workers, "confirming".to_owned(), queue, 5).await {
             return task;
         }
     }
@@ -527,7 +541,7 @@ async fn crash_loop(
     holds: Duration,
     run_id: String,
 ) -> Vec<(String, i32)> {
-    use composer_proto::v1::{PollTasksRequest, worker_service_client::WorkerServiceClient};
+    use composer_proto::v1::worker_service_client::WorkerServiceClient;
     let mut client = TestClient::connect(&server_url).await;
     let mut deliveries = Vec::new();
     loop {
@@ -538,22 +552,8 @@ async fn crash_loop(
             .await
             .expect("connect");
         let mut workers = WorkerServiceClient::new(channel);
-        let tasks = workers
-            .poll_tasks(PollTasksRequest {
-                worker_id: format!("crashing-{}", deliveries.len()),
-                queues: vec![queue.to_owned()],
-                max_tasks: 1,
-                wait: Some(prost_types::Duration {
-                    seconds: 1,
-                    nanos: 0,
-                }),
-                confirm_receipt: true,
-            })
-            .await
-            .expect("poll")
-            .into_inner()
-            .tasks;
-        for task in tasks {
+        let worker_id = format!("crashing-{}", deliveries.len());
+        if let Some(task) = poll_once_confirming(&mut workers, worker_id, queue, 1).await {
             deliveries.push((task.task_id, task.attempt));
             tokio::time::sleep(holds).await;
         }
