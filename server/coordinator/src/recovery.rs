@@ -146,10 +146,7 @@ impl Coordinator {
         };
         let lost_deliveries = match end {
             tasks::LeaseEnd::Silent => None,
-            tasks::LeaseEnd::WorkerLost { deliveries } => {
-                crate::metrics::worker_lost(&lease.namespace, &lease.queue);
-                Some(deliveries)
-            }
+            tasks::LeaseEnd::WorkerLost { deliveries } => Some(deliveries),
         };
         let node: NodeKey = lease.node_key.parse().map_err(|_| {
             CoordinatorError::Corrupt(format!("task node key {:?}", lease.node_key))
@@ -166,6 +163,10 @@ impl Coordinator {
             holder,
         );
         txn.commit(tx).await?;
+        // counted once committed: a rolled-back expiry spent nothing
+        if lost_deliveries.is_some() {
+            crate::metrics::worker_lost(&lease.namespace, &lease.queue);
+        }
         Ok(true)
     }
 
