@@ -84,6 +84,12 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_METRICS_LISTEN")]
     pub metrics_listen: Option<std::net::SocketAddr>,
 
+    /// Label metrics with the namespaces, workflows and queues they count;
+    /// `false`: those labels all read `_all`, so /metrics names no tenant
+    /// (it needs no token: SECURITY.md).
+    #[arg(long, env = "COMPOSER_METRICS_TENANT_LABELS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub metrics_tenant_labels: bool,
+
     /// Export traces over OTLP/HTTP to this collector (its base URL, as
     /// OTEL_EXPORTER_OTLP_ENDPOINT: `/v1/traces` is appended), e.g.
     /// `http://otel-collector:4318`. Off when unset: no span is made.
@@ -165,6 +171,30 @@ pub struct ServerArgs {
     /// HTTP node requests in flight at once in this server.
     #[arg(long, env = "COMPOSER_HTTP_CONCURRENCY", default_value_t = 64)]
     pub http_concurrency: usize,
+
+    /// CPU-heavy checks of requests (compiling a definition, searching a
+    /// cron spec, an input schema with regular expressions) run at once on
+    /// their own threads, one namespace on at most half of them; 0: one per
+    /// core (docs/decisions/0036-cpu-work-off-the-request-threads.md).
+    #[arg(long, env = "COMPOSER_CPU_POOL_THREADS", default_value_t = 0)]
+    pub cpu_pool_threads: usize,
+
+    /// Such checks one namespace may have waiting (all namespaces: eight
+    /// times this); past it a request is RESOURCE_EXHAUSTED.
+    #[arg(long, env = "COMPOSER_CPU_POOL_QUEUE", default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..))]
+    pub cpu_pool_queue: u16,
+
+    /// The nice value of those threads (0 to 19): higher, and a busy
+    /// machine serves calls first and runs such checks with what is left.
+    #[arg(long, env = "COMPOSER_CPU_POOL_NICE", default_value_t = 5, value_parser = clap::value_parser!(u8).range(0..=19))]
+    pub cpu_pool_nice: u8,
+
+    /// A YAML file of per-namespace quotas: `defaults` and
+    /// `namespaces.<name>`, each a map of quota names to values
+    /// (docs/operations.md, Quotas). Read again on SIGHUP and whenever it
+    /// changes; unset: the built-in defaults for every namespace.
+    #[arg(long, env = "COMPOSER_QUOTAS_FILE")]
+    pub quotas_file: Option<std::path::PathBuf>,
 
     #[command(flatten)]
     pub auth: AuthArgs,

@@ -9,6 +9,7 @@ pub mod dev;
 pub mod local_services;
 pub mod logging;
 pub mod metrics_server;
+pub mod quotas;
 pub mod serve;
 pub mod traces;
 pub mod workflow_test;

@@ -68,6 +68,7 @@ pub async fn start(
         .route("/metrics", get(render))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
+        .layer(axum::middleware::map_response(secure))
         .with_state(Port {
             handle: handle.clone(),
             readiness,
@@ -81,6 +82,13 @@ pub async fn start(
     tokio::spawn(refresh_gauges(handle, pools, stop));
     tracing::info!(addr = %bound, "metrics at /metrics, /healthz, /readyz");
     Ok(bound)
+}
+
+/// Every answer of the port, a 404 included, carries the headers the
+/// gRPC port's answers do (`nosniff`, the CSP): SECURITY.md.
+async fn secure(mut response: axum::response::Response) -> axum::response::Response {
+    composer_grpc::dashboard::add_security_headers(response.headers_mut());
+    response
 }
 
 async fn render(State(port): State<Port>) -> impl IntoResponse {

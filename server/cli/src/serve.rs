@@ -61,6 +61,9 @@ pub enum StartError {
     /// Draining took longer than the shutdown timeout.
     #[error("did not stop within COMPOSER_SHUTDOWN_TIMEOUT (--shutdown-timeout) {0:?}")]
     ShutdownTimeout(std::time::Duration),
+    /// The quotas file could not be read or is invalid.
+    #[error("COMPOSER_QUOTAS_FILE (--quotas-file) {0}")]
+    Quotas(String),
 }
 
 /// Connects to Postgres and applies the migrations.
@@ -135,6 +138,7 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let (services, background) = start_background(server, backend, &backends, &stop_rx)?;
+    composer_coordinator::metrics::set_tenant_labels(server.metrics_tenant_labels);
     if let Some(addr) = server.metrics_listen {
         let pools = vec![
             ("requests", backends.store.clone()),
@@ -161,6 +165,22 @@ pub async fn run(
     Ok(())
 }
 
+/// The CPU pool's settings: `--cpu-pool-threads 0` is one per core.
+fn cpu_pool_config(server: &ServerArgs) -> composer_coordinator::cpu_pool::CpuPoolConfig {
+    let default = composer_coordinator::cpu_pool::CpuPoolConfig::default();
+    composer_coordinator::cpu_pool::CpuPoolConfig {
+        threads: match server.cpu_pool_threads {
+            0 => default.threads,
+            threads => threads,
+        },
+        queue_per_namespace: usize::from(server.cpu_pool_queue),
+        nice: i32::from(server.cpu_pool_nice),
+        // refused while the call still has time to say so, and a check
+        // that got its thread has most of the call's time to run
+        max_wait: server.db_timeout / 4,
+    }
+}
+
 fn start_background(
     server: &ServerArgs,
     backend: &BackendArgs,
@@ -178,11 +198,14 @@ fn start_background(
         )))
     })?;
     tokio::spawn(announcer);
+    let quotas = crate::quotas::start(server.quotas_file.as_deref(), stop.clone())
+        .map_err(StartError::Quotas)?;
     let dispatch_config = DispatchConfig {
         shards: server.stream_shards,
         lease_timeout: server.db_timeout,
         reader_idle: server.queue_idle,
         receipt_timeout: server.lease_receipt_timeout,
+        quotas: Arc::clone(&quotas),
         ..DispatchConfig::default()
     };
     let hub = PollHub::new(store.clone(), &backend.redis_url, dispatch_config.clone())
@@ -195,6 +218,8 @@ fn start_background(
             group_commit_window: server.group_commit_window,
             group_commit_max: usize::from(server.group_commit_max),
             group_commit_in_flight: usize::from(server.group_commit_in_flight),
+            quotas,
+            cpu_pool: cpu_pool_config(server),
             ..CoordinatorConfig::default()
         },
     )

@@ -153,6 +153,30 @@ async fn pages_fall_back_to_index_and_assets_are_served_with_their_types() {
     }
 }
 
+/// A path shaped like a gRPC method (`/<a.b>/<c>`) goes to the gRPC stack,
+/// which refuses a plain HTTP request with a 400 of its own: that answer
+/// carries the headers too.
+#[tokio::test]
+async fn answers_of_the_grpc_stack_to_plain_http_carry_the_security_headers() {
+    let dashboard = built_dashboard();
+    let server = serve_dashboard(&dashboard.path().join("dist"), &[]).await;
+    for (method, path) in [
+        ("GET", "/.git/config"),
+        ("GET", "/composer.v1.RunService/GetRun"),
+        ("HEAD", "/composer.v1.RunService/GetRun"),
+        ("POST", "/composer.v1.RunService/GetRun"),
+        ("GET", "/grpc.health.v1.Health/Check"),
+    ] {
+        let answer = request(&server.addr, method, path).await;
+        assert!(
+            (400..500).contains(&answer.status),
+            "{method} {path}: {}",
+            answer.status
+        );
+        assert_security_headers(&answer, &format!("{method} {path}"));
+    }
+}
+
 #[tokio::test]
 async fn paths_that_leave_the_dashboard_folder_are_refused() {
     let dashboard = built_dashboard();

@@ -213,3 +213,76 @@ async fn metrics_count_runs_tasks_and_calls_and_readiness_follows_the_drain() {
     }
     assert_eq!(ready, 503, "a draining server is not ready");
 }
+
+/// `--metrics-tenant-labels false`: /metrics (which needs no token) names
+/// no namespace, workflow or queue; every such label reads `_all`. Every
+/// answer of the port carries `nosniff` and the CSP, a 404 included.
+#[tokio::test]
+async fn without_tenant_labels_metrics_name_no_tenant() {
+    let metrics = free_addr();
+    let server = ServerProcess::start(
+        &composer_binary(),
+        &[
+            "--metrics-listen",
+            &metrics,
+            "--metrics-tenant-labels",
+            "false",
+        ],
+    )
+    .await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register(
+            "name: secret_project\nnodes:\n  - { id: a, type: TASK, queue: hidden_queue, task: t }\n",
+        )
+        .await;
+    let worker = TestWorker::start(&server.url(), &["hidden_queue"], 1, 4, |_| {
+        Outcome::Complete(json!({}))
+    })
+    .await;
+    let run = client.start("secret_project", json!({})).await;
+    assert_eq!(
+        client.wait_done(&run, WAIT).await.status(),
+        RunStatus::Completed
+    );
+    drop(worker);
+    let base = format!("http://{metrics}");
+    let text = get(&format!("{base}/metrics")).await.1;
+    let all = ["namespace=\"_all\"", "workflow=\"_all\""];
+    assert_eq!(
+        sample(&text, "composer_runs_started_total", &all),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "composer_tasks_leased_total",
+            &["namespace=\"_all\"", "queue=\"_all\""]
+        ),
+        Some(1.0),
+        "{text}"
+    );
+    for name in ["default", "secret_project", "hidden_queue"] {
+        assert!(
+            !text.contains(&format!("\"{name}\"")),
+            "/metrics names {name}: {text}"
+        );
+    }
+    for path in ["/metrics", "/healthz", "/no-such-page"] {
+        let answer = reqwest::get(format!("{base}{path}")).await.expect("http");
+        let header = |name: &str| {
+            answer
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert_eq!(header("x-content-type-options"), "nosniff", "{path}");
+        assert!(
+            header("content-security-policy").contains("default-src 'self'"),
+            "{path}"
+        );
+    }
+}

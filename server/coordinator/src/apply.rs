@@ -823,16 +823,29 @@ impl<'a> RunTxn<'a> {
         }
         let admitted = match crate::concurrency::run_key(&child_workflow, &input) {
             Ok(None) => None,
-            Ok(Some((key, concurrency))) => Some(
-                crate::concurrency::admit(
+            Ok(Some((key, concurrency))) => {
+                let quotas = self.coordinator.quotas().of(&self.run.namespace);
+                match crate::concurrency::admit(
                     conn,
                     &self.run.namespace,
                     &child_workflow.row.name,
                     key,
                     concurrency,
+                    &quotas,
                 )
-                .await?,
-            ),
+                .await
+                {
+                    Ok(admitted) => Some(admitted),
+                    // the node fails and retries as its policy says
+                    Err(CoordinatorError::QuotaExceeded(refusal)) => {
+                        let error =
+                            ErrorInfo::new(crate::quotas::QUOTA_EXCEEDED, refusal.to_string());
+                        self.child_not_started(node, attempt, error, actor);
+                        return Ok(());
+                    }
+                    Err(other) => return Err(other),
+                }
+            }
             Err(CoordinatorError::InvalidArgument(problems)) => {
                 let message = problems
                     .first()

@@ -6,6 +6,10 @@
 //! and hands it over in the same transaction. The run handed a slot gets its
 //! start (or its retry) through its inbox, applied right after commit and
 //! by recovery after a crash, as a child run's start is.
+//!
+//! A key's slot row lives while the key is in use: the release that leaves
+//! it with no holder and no waiter deletes it (decision 0037), and
+//! [`Coordinator::sweep_unused_keys`] deletes what a release had to leave.
 
 use composer_engine::{Event, OnLimit, RunConcurrency};
 use composer_store::{
@@ -19,6 +23,7 @@ use uuid::Uuid;
 
 use crate::{
     error::{CoordinatorError, FieldProblem},
+    quotas::{Quota, QuotaExceeded, Quotas, Subject},
     workflows::LoadedWorkflow,
 };
 
@@ -106,13 +111,15 @@ pub(crate) fn run_key<'w>(
 
 /// Admits a run of `workflow_name` under `key`: locks the key's slot row
 /// (held to commit) and takes a slot if one is free, else follows
-/// `on_limit`.
+/// `on_limit`. A key not in use yet that would put the namespace over its
+/// `concurrency_keys` quota is refused, leaving no row behind.
 pub(crate) async fn admit(
     conn: &mut PgConnection,
     namespace: &str,
     workflow_name: &str,
     key: String,
     concurrency: &RunConcurrency,
+    quotas: &Quotas,
 ) -> Result<Admitted, CoordinatorError> {
     let slot = SlotKey {
         namespace,
@@ -120,6 +127,9 @@ pub(crate) async fn admit(
         key: &key,
     };
     let locked = concurrency::lock_slot(conn, slot).await?;
+    if locked.created {
+        check_key_quota(conn, slot, quotas).await?;
+    }
     let max = i32::try_from(concurrency.max).unwrap_or(i32::MAX);
     let outcome = if locked.running < max {
         concurrency::take_slot(conn, slot).await?;
@@ -134,6 +144,33 @@ pub(crate) async fn admit(
         outcome,
         key,
     })
+}
+
+/// How soon a run refused a new key may try again: keys free as runs end.
+const KEY_QUOTA_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Refuses the key `slot` just created when the namespace now holds more
+/// keys than its quota. Counted only for a new key, and at most quota + 1
+/// index entries, so keys already in use cost nothing more. Admissions
+/// of new keys committing at the same instant may each see the other's
+/// row missing: the quota is exceeded by at most the admissions in flight.
+async fn check_key_quota(
+    conn: &mut PgConnection,
+    slot: SlotKey<'_>,
+    quotas: &Quotas,
+) -> Result<(), CoordinatorError> {
+    let cap = i64::from(quotas.concurrency_keys);
+    if concurrency::count_keys(conn, slot.namespace, cap).await? <= cap {
+        return Ok(());
+    }
+    concurrency::forget_new_slot(conn, slot).await?;
+    Err(QuotaExceeded::counted(
+        Quota::ConcurrencyKeys,
+        Subject::Namespace(slot.namespace.to_owned()),
+        quotas,
+        KEY_QUOTA_RETRY,
+    )
+    .into())
 }
 
 /// What a run arriving at a full key does, per `on_limit`.
@@ -181,4 +218,29 @@ pub(crate) async fn resume_event(
         .filter_map(|k| k.parse().ok())
         .collect();
     Ok(Event::RetryRequested { interrupted })
+}
+
+/// Sweeps of unused slot rows one reconcile pass makes at most.
+const MAX_SWEEPS_PER_PASS: usize = 50;
+
+impl crate::Coordinator {
+    /// Deletes the slot rows of run and TASK node keys no longer in use,
+    /// `batch` of each kind at a time until a sweep finds fewer (at most
+    /// [`MAX_SWEEPS_PER_PASS`]). Returns how many went.
+    pub async fn sweep_unused_keys(
+        &self,
+        batch: i64,
+    ) -> Result<concurrency::Swept, CoordinatorError> {
+        let full = u64::try_from(batch).unwrap_or(0);
+        let mut total = concurrency::Swept::default();
+        for _ in 0..MAX_SWEEPS_PER_PASS {
+            let swept = concurrency::sweep_unused_slots(self.store().pool(), batch).await?;
+            total.run_keys += swept.run_keys;
+            total.task_keys += swept.task_keys;
+            if swept.run_keys < full && swept.task_keys < full {
+                break;
+            }
+        }
+        Ok(total)
+    }
 }

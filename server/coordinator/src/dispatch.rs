@@ -49,6 +49,8 @@ pub struct DispatchConfig {
     /// How long a lease lasts before its worker's first heartbeat, when the
     /// worker confirms receipt (`--lease-receipt-timeout`).
     pub receipt_timeout: Duration,
+    /// Each namespace's quotas: the rate-limit keys a queue may use.
+    pub quotas: std::sync::Arc<crate::quotas::NamespaceQuotas>,
 }
 
 impl Default for DispatchConfig {
@@ -62,6 +64,7 @@ impl Default for DispatchConfig {
             reader_idle: Duration::from_secs(60),
             lease_timeout: Duration::from_secs(5),
             receipt_timeout: Duration::from_secs(5),
+            quotas: std::sync::Arc::default(),
         }
     }
 }

@@ -32,21 +32,17 @@ pub enum CoordinatorError {
     /// The queue has no rate limit in the namespace.
     #[error("queue {0:?} has no rate limit")]
     RateLimitNotFound(String),
-    /// The namespace holds as many rate limits as it may.
-    #[error("the namespace already holds {limit} queue rate limits")]
-    TooManyRateLimits {
-        /// The limit.
-        limit: i64,
-    },
     /// The namespace already has a schedule with this id.
     #[error("schedule {0:?} already exists")]
     ScheduleExists(String),
-    /// The namespace holds as many schedules as it may.
-    #[error("the namespace already holds {limit} schedules, the most it may (docs/limits.md)")]
-    TooManySchedules {
-        /// The limit.
-        limit: i64,
-    },
+    /// What was asked would go over one of the namespace's quotas
+    /// (schedules, queue rate limits, concurrency keys).
+    #[error(transparent)]
+    QuotaExceeded(#[from] crate::quotas::QuotaExceeded),
+    /// A CPU-heavy check of the request did not run: the namespace (or the
+    /// server) has as many waiting as it may, or it panicked.
+    #[error(transparent)]
+    CpuPool(#[from] crate::cpu_pool::CpuPoolError),
     /// The bulk operation does not exist in the namespace.
     #[error("bulk operation {0} not found")]
     BulkOperationNotFound(String),

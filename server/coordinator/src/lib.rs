@@ -6,6 +6,7 @@ mod apply;
 pub mod broker;
 pub mod bulk;
 mod concurrency;
+pub mod cpu_pool;
 pub mod dispatch;
 pub mod error;
 mod group;
@@ -15,6 +16,7 @@ pub mod http_worker;
 pub mod metrics;
 pub mod pause;
 mod poll_hub;
+pub mod quotas;
 pub mod rate_limit;
 pub mod recovery;
 pub mod redis_conn;
@@ -84,6 +86,11 @@ pub struct CoordinatorConfig {
     /// Group transactions this server applies at once (1 to
     /// [`MAX_GROUPS_IN_FLIGHT`]).
     pub group_commit_in_flight: usize,
+    /// Each namespace's quotas (decision 0038), shared with the gRPC layer
+    /// and replaced when the quotas file is read again.
+    pub quotas: Arc<quotas::NamespaceQuotas>,
+    /// The pool the CPU-heavy checks of requests run on (decision 0036).
+    pub cpu_pool: cpu_pool::CpuPoolConfig,
 }
 
 impl Default for CoordinatorConfig {
@@ -95,6 +102,8 @@ impl Default for CoordinatorConfig {
             group_commit_window: std::time::Duration::from_millis(1),
             group_commit_max: MAX_GROUP_ITEMS,
             group_commit_in_flight: 4,
+            quotas: Arc::default(),
+            cpu_pool: cpu_pool::CpuPoolConfig::default(),
         }
     }
 }
@@ -127,7 +136,10 @@ impl Coordinator {
         ));
         Self {
             store,
-            workflows: Arc::new(WorkflowCache::new(config.max_payload_bytes)),
+            workflows: Arc::new(WorkflowCache::new(
+                config.max_payload_bytes,
+                cpu_pool::CpuPool::new(config.cpu_pool),
+            )),
             config,
             publisher: None,
             changes: None,
@@ -194,6 +206,11 @@ impl Coordinator {
     /// The store.
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// Each namespace's quotas.
+    pub fn quotas(&self) -> &Arc<quotas::NamespaceQuotas> {
+        &self.config.quotas
     }
 
     /// The compiled-workflow cache.

@@ -94,6 +94,25 @@ pub const METRICS: &[(&str, &str)] = &[
         "runs a bulk operation went through, by kind and outcome (succeeded, skipped, failed)",
     ),
     (REDIS_ERRORS, "failed Redis operations, by operation"),
+    (
+        WATCHED_RUNS,
+        "runs this server follows for its WatchRun streams (one read per change each, decision 0035)",
+    ),
+    (
+        WATCH_READS,
+        "reads of runs followed for WatchRun streams, by cause (first, announced, resubscribed, \
+         fallback, more_history, retry)",
+    ),
+    (
+        QUOTA_THROTTLED,
+        "calls refused and tasks held back by a namespace quota, by namespace and quota \
+         (docs/operations.md, Quotas)",
+    ),
+    (
+        CPU_CHECKS_REFUSED,
+        "requests refused because their namespace (or the server) had as many CPU-heavy \
+         checks waiting as it may (--cpu-pool-queue), by namespace",
+    ),
     (GRPC_REQUESTS, "gRPC requests by method and status code"),
     (
         GRPC_SECONDS,
@@ -123,6 +142,10 @@ pub const TASKS_RATE_LIMITED: &str = "composer_tasks_rate_limited_total";
 pub const BULK_OPERATIONS: &str = "composer_bulk_operations_total";
 pub const BULK_RUNS: &str = "composer_bulk_runs_total";
 pub const REDIS_ERRORS: &str = "composer_redis_errors_total";
+pub const WATCHED_RUNS: &str = "composer_watched_runs";
+pub const WATCH_READS: &str = "composer_watch_reads_total";
+pub const QUOTA_THROTTLED: &str = "composer_quota_throttled_total";
+pub const CPU_CHECKS_REFUSED: &str = "composer_cpu_checks_refused_total";
 pub const GRPC_REQUESTS: &str = "composer_grpc_requests_total";
 pub const GRPC_SECONDS: &str = "composer_grpc_request_duration_seconds";
 
@@ -155,6 +178,21 @@ pub fn describe_all() {
     }
 }
 
+/// Whether a namespace, workflow or queue label carries its value (the
+/// default) or [`ALL_TENANTS`] (`--metrics-tenant-labels false`).
+static TENANT_LABELS: AtomicBool = AtomicBool::new(true);
+
+/// What every namespace, workflow and queue label reads when tenant
+/// labels are off: each metric then sums over all tenants.
+pub const ALL_TENANTS: &str = "_all";
+
+/// Turns the namespace, workflow and queue label values on or off (on
+/// by default): `/metrics` needs no token, so a shared cluster may keep
+/// its tenants' names out of it.
+pub fn set_tenant_labels(on: bool) {
+    TENANT_LABELS.store(on, Ordering::Relaxed);
+}
+
 /// The values seen so far of one label kind.
 struct Seen(OnceLock<Mutex<HashSet<String>>>);
 
@@ -163,8 +201,12 @@ static WORKFLOWS: Seen = Seen(OnceLock::new());
 static QUEUES: Seen = Seen(OnceLock::new());
 
 impl Seen {
-    /// `value` if it is one of the first [`MAX_LABEL_VALUES`], else `_other`.
+    /// `value` if it is one of the first [`MAX_LABEL_VALUES`], else
+    /// `_other`; [`ALL_TENANTS`] when tenant labels are off.
     fn bounded(&self, value: &str) -> String {
+        if !TENANT_LABELS.load(Ordering::Relaxed) {
+            return ALL_TENANTS.to_owned();
+        }
         let mut seen = self
             .0
             .get_or_init(|| Mutex::new(HashSet::new()))
@@ -253,6 +295,22 @@ pub(crate) fn task_reported(namespace: &str, queue: &str, outcome: &str) {
     .increment(1);
 }
 
+/// How many runs this server follows for WatchRun streams.
+pub(crate) fn watched_runs(count: usize) {
+    if !enabled() {
+        return;
+    }
+    gauge!(WATCHED_RUNS).set(count as f64);
+}
+
+/// One read of a run followed for WatchRun streams, and why.
+pub(crate) fn watch_read(cause: &'static str) {
+    if !enabled() {
+        return;
+    }
+    counter!(WATCH_READS, "cause" => cause).increment(1);
+}
+
 pub(crate) fn lease_expired(namespace: &str, queue: &str) {
     if !enabled() {
         return;
@@ -335,6 +393,33 @@ pub(crate) fn redis_error(operation: &'static str) {
     counter!(REDIS_ERRORS, "operation" => operation).increment(1);
 }
 
+/// Calls refused (or tasks held back) by a namespace's `quota`.
+pub fn quota_throttled(namespace: &str, quota: crate::quotas::Quota, count: u64) {
+    if !enabled() || count == 0 {
+        return;
+    }
+    counter!(
+        QUOTA_THROTTLED,
+        &[
+            ("namespace", NAMESPACES.bounded(namespace)),
+            ("quota", quota.name().to_owned())
+        ]
+    )
+    .increment(count);
+}
+
+/// A request refused by the CPU pool (decision 0036).
+pub(crate) fn cpu_check_refused(namespace: &str) {
+    if !enabled() {
+        return;
+    }
+    counter!(
+        CPU_CHECKS_REFUSED,
+        &[("namespace", NAMESPACES.bounded(namespace))]
+    )
+    .increment(1);
+}
+
 /// The backlog gauges, from one look at the tables.
 pub fn backlog(outbox_rows: i64, outbox_oldest: f64, timers_due: i64, timer_lag: f64) {
     if !enabled() {
@@ -384,7 +469,8 @@ mod tests {
                     || name.ends_with("_events")
                     || name.ends_with("_rows")
                     || name.ends_with("_due")
-                    || name.ends_with("_connections"),
+                    || name.ends_with("_connections")
+                    || name.ends_with("_runs"),
                 "{name}: a unit or _total"
             );
             assert!(!help.is_empty());

@@ -940,9 +940,11 @@ impl PollHub {
             .iter()
             .map(|c| keys.get(&(c.1, c.2)).and_then(Option::as_deref))
             .collect();
+        let max_keys = self.config.quotas.of(&key.0).rate_limit_keys_per_queue;
         let grant = match self.control_connection().await {
             Some(mut connection) => {
-                rate_limit::take_tokens(&mut connection, key, limit, &task_keys, want).await
+                rate_limit::take_tokens(&mut connection, key, limit, &task_keys, want, max_keys)
+                    .await
             }
             None => Err(redis::RedisError::from((
                 redis::ErrorKind::Io,
@@ -978,6 +980,11 @@ impl PollHub {
             0
         };
         crate::metrics::tasks_rate_limited(&key.0, &key.1, u64::try_from(held_back).unwrap_or(0));
+        crate::metrics::quota_throttled(
+            &key.0,
+            crate::quotas::Quota::RateLimitKeysPerQueue,
+            grant.over_key_quota,
+        );
         self.remember_checked(key, &rest, &keys);
         self.put_back(key, rest);
         match (grant.queue_wait, grant.key_wait) {

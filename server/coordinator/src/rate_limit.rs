@@ -21,6 +21,33 @@ pub const REFRESH: Duration = Duration::from_secs(1);
 /// character boundary, so a template cannot grow Redis keys without bound.
 pub const MAX_KEY_BYTES: usize = 200;
 
+/// The longest a bucket takes to refill from empty to full (`burst /
+/// rate`), in seconds: a day. A bucket idle that long is full, the same
+/// as no bucket, so its Redis key expires then at the latest: no bucket
+/// lives in Redis longer than a day, whatever its rate.
+pub const MAX_REFILL_SECS: f64 = 86_400.0;
+
+/// The lowest rate a limit may name: one task a day.
+pub const MIN_RATE_PER_SECOND: f64 = 1.0 / MAX_REFILL_SECS;
+
+/// The highest rate a limit may name.
+pub const MAX_RATE_PER_SECOND: f64 = 100_000.0;
+
+/// The longest a bucket's key lives in Redis, in milliseconds.
+pub const MAX_BUCKET_TTL_MS: i64 = 86_400_000;
+
+/// A rate as the buckets apply it: within [`MIN_RATE_PER_SECOND`] and
+/// [`MAX_RATE_PER_SECOND`] (the API refuses others; a limit stored before
+/// the minimum existed, or edited by hand, is applied at the nearest
+/// bound rather than handed to the script, where a rate like 1e-300 made
+/// numbers no Redis reply can carry).
+pub fn applied_rate(per_second: f64) -> f64 {
+    if per_second.is_nan() {
+        return MIN_RATE_PER_SECOND;
+    }
+    per_second.clamp(MIN_RATE_PER_SECOND, MAX_RATE_PER_SECOND)
+}
+
 /// One queue's limit, as the hub applies it.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limit {
@@ -35,9 +62,15 @@ pub struct Limit {
 impl From<&rate_limits::RateLimitRow> for Limit {
     fn from(row: &rate_limits::RateLimitRow) -> Self {
         Limit {
-            per_second: row.per_second,
+            // 0: no queue-wide limit
+            per_second: if row.per_second > 0.0 {
+                applied_rate(row.per_second)
+            } else {
+                0.0
+            },
             burst: u32::try_from(row.burst).unwrap_or(1).max(1),
             per_key: row.per_key_per_second.map(|rate| {
+                let rate = applied_rate(rate);
                 let burst = row
                     .per_key_burst
                     .and_then(|b| u32::try_from(b).ok())
@@ -137,6 +170,9 @@ pub(crate) struct Grant {
     pub key_wait: Option<Duration>,
     /// The grant's Redis time, microseconds (what a refund names).
     pub at: i64,
+    /// Candidates held back because their key would need a new bucket
+    /// past the queue's `rate_limit_keys_per_queue` quota.
+    pub over_key_quota: u64,
 }
 
 /// The Redis key of a queue's bucket: the hash tag of the queue's shard 0
@@ -151,6 +187,14 @@ pub fn key_bucket_key(namespace: &str, queue: &str, key: &str) -> String {
     format!("composer:rate:{}:key:{key}", hash_tag(namespace, queue))
 }
 
+/// The Redis key of a queue's index of live key buckets (a sorted set of
+/// bucket keys by expiry time), which the `rate_limit_keys_per_queue`
+/// quota is counted in; in the queue's hash slot, so the script that
+/// creates a bucket counts and records it at once.
+pub fn key_index_key(namespace: &str, queue: &str) -> String {
+    format!("composer:rate:{}:keys", hash_tag(namespace, queue))
+}
+
 fn hash_tag(namespace: &str, queue: &str) -> String {
     let stream = stream_key(namespace, queue, 0);
     stream
@@ -162,27 +206,33 @@ fn hash_tag(namespace: &str, queue: &str) -> String {
 /// order: its rate-limit key, if any), from the queue's bucket and each
 /// candidate's key bucket at once. A candidate whose key is out of tokens
 /// is skipped and later ones may still be granted; when the queue's bucket
-/// is out, nothing after is.
+/// is out, nothing after is. A key with no live bucket gets one only while
+/// the queue has fewer than `max_keys` (its `rate_limit_keys_per_queue`
+/// quota); otherwise its task waits, as for a key out of tokens, until a
+/// bucket expires.
 pub(crate) async fn take_tokens(
     connection: &mut RedisConnection,
     (namespace, queue): &QueueKey,
     limit: &Limit,
     keys: &[Option<&str>],
     max: usize,
+    max_keys: u32,
 ) -> redis::RedisResult<Grant> {
     let mut bucket_of: HashMap<&str, usize> = HashMap::new();
     let mut invocation = TAKE_SCRIPT.key(queue_bucket_key(namespace, queue));
+    invocation.key(key_index_key(namespace, queue));
     let (key_rate, key_burst) = limit.per_key.unwrap_or((0.0, 0));
     invocation
         .arg(limit.per_second)
         .arg(limit.burst)
         .arg(key_rate)
         .arg(key_burst)
-        .arg(max);
+        .arg(max)
+        .arg(max_keys);
     for key in keys {
         let index = match key {
             Some(key) if limit.per_key.is_some() => {
-                let next = bucket_of.len() + 2;
+                let next = bucket_of.len() + 3;
                 let index = *bucket_of.entry(key).or_insert(next);
                 if index == next {
                     invocation.key(key_bucket_key(namespace, queue, key));
@@ -199,9 +249,13 @@ pub(crate) async fn take_tokens(
         queue_wait: reply.first().copied().and_then(micros),
         key_wait: reply.get(1).copied().and_then(micros),
         at: reply.get(2).copied().unwrap_or_default(),
+        over_key_quota: reply
+            .get(3)
+            .and_then(|n| u64::try_from(*n).ok())
+            .unwrap_or_default(),
         granted: reply
             .iter()
-            .skip(3)
+            .skip(4)
             .filter_map(|i| usize::try_from(*i - 1).ok())
             .collect(),
     })
@@ -286,7 +340,11 @@ return 0
 pub const WINDOW_MICROS: i64 = 1_025_000;
 
 static TAKE_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
-    redis::Script::new(&TAKE_LUA.replace("WINDOW_MICROS", &WINDOW_MICROS.to_string()))
+    redis::Script::new(
+        &TAKE_LUA
+            .replace("WINDOW_MICROS", &WINDOW_MICROS.to_string())
+            .replace("MAX_BUCKET_TTL_MS", &MAX_BUCKET_TTL_MS.to_string()),
+    )
 });
 
 /// A bucket is two limits at once, both in Redis time (TIME), so every
@@ -299,20 +357,58 @@ static TAKE_SCRIPT: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::ne
 ///   a grant is refused when the window already holds `burst`.
 ///
 /// A bucket expires once it is full again and its window empty, so an
-/// idle key costs no memory. KEYS[1]: the queue's bucket; KEYS[2..]: key
-/// buckets. ARGV: queue rate (0: none), queue burst, key rate, key burst,
-/// most grants, then per candidate the KEYS index of its key bucket (0:
-/// none). Returns {queue wait us, key wait us, granted candidate numbers}.
+/// idle key costs no memory. Every key bucket saved is recorded in the
+/// queue's key index with its expiry time; a key with no bucket gets one
+/// only while fewer than the quota are live there, else it waits until the
+/// first of them expires. KEYS[1]: the queue's bucket; KEYS[2]: the key
+/// index; KEYS[3..]: key buckets. ARGV: queue rate (0: none), queue burst,
+/// key rate, key burst, most grants, most live key buckets, then per
+/// candidate the KEYS index of its key bucket (0: none). Returns {queue
+/// wait us, key wait us, now, candidates over the key quota, granted
+/// candidate numbers}.
 const TAKE_LUA: &str = r"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local window = WINDOW_MICROS
 local max_log = 64
 
+local key_index = KEYS[2]
+local max_keys = tonumber(ARGV[6])
+local live_keys = nil
+local over_key_quota = 0
+
+-- live key buckets of the queue, the expired ones dropped first
+local function keys_in_use()
+  if not live_keys then
+    redis.call('ZREMRANGEBYSCORE', key_index, '-inf', now)
+    live_keys = redis.call('ZCARD', key_index)
+  end
+  return live_keys
+end
+
+-- how long until the first live key bucket expires
+local function key_quota_wait()
+  local first = redis.call('ZRANGE', key_index, 0, 0, 'WITHSCORES')
+  if first[2] then
+    return math.max(math.ceil(tonumber(first[2]) - now), 1000)
+  end
+  return 1000000
+end
+
+-- records a key bucket with the expiry its save just set; the index
+-- itself expires with its last bucket
+local function index_bucket(key)
+  local ttl = redis.call('PTTL', key)
+  redis.call('ZADD', key_index, string.format('%.0f', now + ttl * 1000), key)
+  local last = redis.call('ZRANGE', key_index, -1, -1, 'WITHSCORES')
+  local until_last = math.ceil((tonumber(last[2]) - now) / 1000)
+  redis.call('PEXPIRE', key_index, math.max(until_last, 1) + 1000)
+end
+
 local function load(key, rate, burst)
   local v = redis.call('HMGET', key, 'tat', 'log')
   local b = {key = key, step = 1000000 / rate, burst = burst, tat = tonumber(v[1]) or 0,
-             times = {}, counts = {}, sum = 0, taken = 0}
+             times = {}, counts = {}, sum = 0, taken = 0, new = not v[1]}
   if v[2] then
     for time, count in string.gmatch(v[2], '(%d+):(%d+)') do
       time = tonumber(time)
@@ -365,8 +461,13 @@ local function save(b)
     parts[i] = string.format('%.0f:%d', b.times[i], b.counts[i])
   end
   redis.call('HSET', b.key, 'tat', string.format('%.3f', b.tat), 'log', table.concat(parts, ','))
+  -- full again (and its window empty) once idle this long; never more
+  -- than a day (the API keeps a refill within a day, so that is exact)
   local idle = math.max(b.tat - now, 0) + window
-  redis.call('PEXPIRE', b.key, math.ceil(idle / 1000) + 1000)
+  redis.call('PEXPIRE', b.key, math.min(math.ceil(idle / 1000) + 1000, MAX_BUCKET_TTL_MS))
+  if b.indexed then
+    index_bucket(b.key)
+  end
 end
 
 local queue = nil
@@ -380,7 +481,7 @@ local buckets = {}
 local granted = {}
 local queue_wait = 0
 local key_wait = 0
-for i = 6, #ARGV do
+for i = 7, #ARGV do
   if #granted >= max then
     break
   end
@@ -397,11 +498,22 @@ for i = 6, #ARGV do
     b = buckets[k]
     if not b then
       b = load(KEYS[k], key_rate, key_burst)
+      b.indexed = true
+      if b.new then
+        if keys_in_use() >= max_keys then
+          b.over_quota = true
+        else
+          live_keys = live_keys + 1
+        end
+      end
       buckets[k] = b
     end
   end
   local w = 0
-  if b then
+  if b and b.over_quota then
+    w = key_quota_wait()
+    over_key_quota = over_key_quota + 1
+  elseif b then
     w = wait(b)
   end
   if w > 0 then
@@ -415,7 +527,7 @@ for i = 6, #ARGV do
     if b then
       take(b)
     end
-    table.insert(granted, i - 5)
+    table.insert(granted, i - 6)
   end
 end
 if queue then
@@ -424,31 +536,36 @@ end
 for _, b in pairs(buckets) do
   save(b)
 end
-local reply = {queue_wait, key_wait, now}
+local reply = {queue_wait, key_wait, now, over_key_quota}
 for _, g in ipairs(granted) do
   table.insert(reply, g)
 end
 return reply
 ";
 
-/// Queue rate limits a namespace may hold.
-pub const MAX_LIMITS_PER_NAMESPACE: i64 = 1000;
-
 impl crate::Coordinator {
-    /// Creates or replaces a queue's limit (checked by the caller).
+    /// Creates or replaces a queue's limit (checked by the caller); a new
+    /// one over the namespace's `queue_rate_limits` quota is refused.
     pub async fn set_queue_rate_limit(
         &self,
         limit: &rate_limits::RateLimitSetting<'_>,
     ) -> Result<rate_limits::RateLimitRow, crate::CoordinatorError> {
+        let quotas = self.quotas().of(limit.namespace);
         let mut tx = self.store.begin().await?;
-        match rate_limits::set_rate_limit(&mut tx, limit, MAX_LIMITS_PER_NAMESPACE).await? {
+        let cap = i64::from(quotas.queue_rate_limits);
+        match rate_limits::set_rate_limit(&mut tx, limit, cap).await? {
             rate_limits::Set::Written(row) => {
                 tx.commit().await?;
                 Ok(*row)
             }
-            rate_limits::Set::Full => Err(crate::CoordinatorError::TooManyRateLimits {
-                limit: MAX_LIMITS_PER_NAMESPACE,
-            }),
+            rate_limits::Set::Full => Err(crate::quotas::QuotaExceeded::counted(
+                crate::quotas::Quota::QueueRateLimits,
+                crate::quotas::Subject::Namespace(limit.namespace.to_owned()),
+                &quotas,
+                // a place frees only when a limit is deleted
+                Duration::from_secs(60),
+            )
+            .into()),
         }
     }
 

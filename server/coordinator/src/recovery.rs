@@ -315,6 +315,22 @@ impl Coordinator {
                 if let Err(error) = self.apply_retention(config.retention, config.batch).await {
                     tracing::warn!(%error, "retention pass");
                 }
+                match self.sweep_unused_keys(config.batch).await {
+                    Ok(swept) if swept.run_keys + swept.task_keys > 0 => {
+                        crate::metrics::recovery(
+                            "reconcile",
+                            "unused_keys",
+                            swept.run_keys + swept.task_keys,
+                        );
+                        tracing::info!(
+                            run_keys = swept.run_keys,
+                            task_keys = swept.task_keys,
+                            "deleted unused concurrency key rows"
+                        );
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(%error, "unused concurrency key pass"),
+                }
             }
             sleep_or_stop(config.reconcile_interval, &mut shutdown).await;
         }

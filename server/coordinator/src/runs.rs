@@ -79,6 +79,39 @@ pub struct SendEventResult {
     pub stored: bool,
 }
 
+/// Where `input` breaks its workflow's input schema (none: no schema).
+fn input_problems(workflow: &crate::workflows::LoadedWorkflow, input: &Json) -> Vec<FieldProblem> {
+    let Some(schema) = &workflow.input_schema else {
+        return Vec::new();
+    };
+    schema
+        .iter_errors(input)
+        .map(|e| FieldProblem {
+            field: format!("input{}", pointer_to_path(&e.instance_path().to_string())),
+            description: e.to_string(),
+        })
+        .collect()
+}
+
+/// The length of `value` as compact JSON, counted without writing it.
+fn json_len(value: &Json) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
+    }
+}
+
 fn parse_run_id(text: &str) -> Result<Uuid, CoordinatorError> {
     Uuid::parse_str(text).map_err(|_| CoordinatorError::RunNotFound(text.to_owned()))
 }
@@ -130,6 +163,19 @@ impl Coordinator {
         request: &StartRun,
         refresh: bool,
     ) -> Result<std::sync::Arc<crate::workflows::LoadedWorkflow>, CoordinatorError> {
+        self.workflow_to_start_as(request, refresh, crate::cpu_pool::Admission::RefuseWhenFull)
+            .await
+    }
+
+    /// [`workflow_to_start`](Coordinator::workflow_to_start), its input
+    /// checked on the CPU pool as `admission` says (a schedule's fire is
+    /// the server's own work: it waits).
+    pub(crate) async fn workflow_to_start_as(
+        &self,
+        request: &StartRun,
+        refresh: bool,
+        admission: crate::cpu_pool::Admission,
+    ) -> Result<std::sync::Arc<crate::workflows::LoadedWorkflow>, CoordinatorError> {
         let workflow = match request.version {
             Some(version) => {
                 self.workflows
@@ -152,19 +198,40 @@ impl Coordinator {
                     .await?
             }
         };
-        if let Some(schema) = &workflow.input_schema {
-            let problems: Vec<FieldProblem> = schema
-                .iter_errors(&request.input)
-                .map(|e| FieldProblem {
-                    field: format!("input{}", pointer_to_path(&e.instance_path().to_string())),
-                    description: e.to_string(),
-                })
-                .collect();
-            if !problems.is_empty() {
-                return Err(CoordinatorError::InvalidArgument(problems));
-            }
-        }
+        self.check_input(request, &workflow, admission).await?;
         Ok(workflow)
+    }
+
+    /// Checks the input against the workflow's schema: on the CPU pool
+    /// when the schema runs regular expressions or the input is large
+    /// (decision 0036), inline otherwise.
+    async fn check_input(
+        &self,
+        request: &StartRun,
+        workflow: &std::sync::Arc<crate::workflows::LoadedWorkflow>,
+        admission: crate::cpu_pool::Admission,
+    ) -> Result<(), CoordinatorError> {
+        if workflow.input_schema.is_none() {
+            return Ok(());
+        }
+        let costly = workflow.input_check_is_costly
+            || json_len(&request.input) > crate::workflows::INLINE_INPUT_CHECK_BYTES;
+        let problems = if costly {
+            let (workflow, input) = (std::sync::Arc::clone(workflow), request.input.clone());
+            self.workflows
+                .cpu_pool()
+                .run(&request.namespace, admission, move || {
+                    input_problems(&workflow, &input)
+                })
+                .await?
+        } else {
+            input_problems(workflow, &request.input)
+        };
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(CoordinatorError::InvalidArgument(problems))
+        }
     }
 
     /// None: the workflow's latest version is not `workflow` any more.
@@ -217,7 +284,9 @@ impl Coordinator {
         conn: &mut sqlx::PgConnection,
         request: &StartRun,
     ) -> Result<(Uuid, Option<crate::apply::Applied>), CoordinatorError> {
-        let workflow = self.workflow_to_start(request, true).await?;
+        let workflow = self
+            .workflow_to_start_as(request, true, crate::cpu_pool::Admission::Wait)
+            .await?;
         self.check_payload("input", &request.input)?;
         // a fire has no caller's trace: a new one, when traces are on
         let span = crate::traces::start_run(None, &request.namespace, &request.workflow_name);
@@ -271,6 +340,7 @@ impl Coordinator {
             &run.workflow_name,
             key,
             concurrency,
+            &self.quotas().of(&run.namespace),
         )
         .await?;
         run.concurrency_key = Some(admitted.key.clone());
@@ -682,9 +752,16 @@ impl Coordinator {
         let Some(concurrency) = workflow.compiled.concurrency() else {
             return Ok(None);
         };
-        let admitted =
-            crate::concurrency::admit(tx, &run.namespace, &run.workflow_name, key, concurrency)
-                .await?;
+        let quotas = self.quotas().of(&run.namespace);
+        let admitted = crate::concurrency::admit(
+            tx,
+            &run.namespace,
+            &run.workflow_name,
+            key,
+            concurrency,
+            &quotas,
+        )
+        .await?;
         if let crate::concurrency::Outcome::CancelNew(_) = admitted.outcome {
             return Err(CoordinatorError::WrongRunStatus {
                 run_id: run.id.to_string(),

@@ -35,8 +35,6 @@ use crate::{
     runs::is_final,
 };
 
-/// Schedules one namespace may hold.
-pub const MAX_SCHEDULES_PER_NAMESPACE: i64 = 10_000;
 /// Fires kept in a schedule's recent list.
 pub const RECENT_FIRES: usize = 10;
 /// Next fire times a schedule shows.
@@ -240,6 +238,9 @@ fn definition<'a>(
     }
 }
 
+/// A schedule's next fire time and when it is due (with its jitter).
+type NextAndDue = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+
 fn next_and_due(
     timetable: &Timetable,
     namespace: &str,
@@ -287,13 +288,13 @@ fn view(row: ScheduleRow) -> Result<ScheduleView, CoordinatorError> {
 
 impl Coordinator {
     /// Checks a definition (spec, bounds, the workflow and its input
-    /// schema) and returns its stored spec and timetable, the spec
-    /// anchored at `now`.
+    /// schema) and returns its stored spec, anchored at `now`, and its
+    /// next fire and its due time after `now`.
     async fn check_schedule(
         &self,
         request: &ScheduleRequest,
         now: DateTime<Utc>,
-    ) -> Result<(ScheduleSpec, Timetable), CoordinatorError> {
+    ) -> Result<(ScheduleSpec, NextAndDue), CoordinatorError> {
         let spec = match &request.spec {
             SpecRequest::Cron {
                 expression,
@@ -311,13 +312,9 @@ impl Coordinator {
                 anchor: whole_seconds(now),
             },
         };
-        let timetable = Timetable::new(&spec).map_err(|p| field(p.field, p.description))?;
-        if timetable.next_after(now).is_none() {
-            return Err(field(
-                "spec.cron",
-                "never matches a time from now on (e.g. February 30)",
-            ));
-        }
+        let (next, shortest_gap) = self
+            .timetable_of(&request.namespace, spec.clone(), now, request.jitter_ms > 0)
+            .await?;
         if !(1000..=plan::MAX_CATCH_UP_WINDOW_MS).contains(&request.catch_up_window_ms) {
             return Err(field(
                 "catch_up_window",
@@ -327,8 +324,7 @@ impl Coordinator {
         if !(0..=plan::MAX_JITTER_MS).contains(&request.jitter_ms) {
             return Err(field("jitter", "must be 0 to 24 hours"));
         }
-        if request.jitter_ms > 0
-            && let Some(gap) = timetable.shortest_gap(now, 20)
+        if let Some(gap) = shortest_gap
             && request.jitter_ms >= gap.num_milliseconds()
         {
             return Err(field(
@@ -364,7 +360,73 @@ impl Coordinator {
                 other => other,
             })?;
         self.check_payload("action.input", &request.action.input)?;
-        Ok((spec, timetable))
+        let due = due_at(&request.namespace, &request.id, request.jitter_ms, next);
+        Ok((spec, (Some(next), Some(due))))
+    }
+
+    /// Checks `spec` on the CPU pool (decision 0036): it parses and fires
+    /// after `now` within the search bound. Returns that next fire and,
+    /// when `with_gap`, the shortest time between its next fires (for the
+    /// jitter check).
+    async fn timetable_of(
+        &self,
+        namespace: &str,
+        spec: ScheduleSpec,
+        now: DateTime<Utc>,
+        with_gap: bool,
+    ) -> Result<(DateTime<Utc>, Option<chrono::Duration>), CoordinatorError> {
+        self.workflows
+            .cpu_pool()
+            .run(
+                namespace,
+                crate::cpu_pool::Admission::RefuseWhenFull,
+                move || {
+                    let timetable =
+                        Timetable::new(&spec).map_err(|p| field(p.field, p.description))?;
+                    let Some(next) = timetable.next_after(now) else {
+                        return Err(field(
+                            "spec.cron",
+                            format!(
+                                "never fires: no time in the next {} years matches it, and the \
+                             calendar repeats after that (e.g. February 30, or day 31 in \
+                             months of 30 days)",
+                                plan::SEARCH_YEARS
+                            ),
+                        ));
+                    };
+                    let gap = with_gap.then(|| timetable.shortest_gap(now, 20)).flatten();
+                    Ok((next, gap))
+                },
+            )
+            .await?
+    }
+
+    /// The views of `rows`, their next fires computed on the CPU pool.
+    async fn views(
+        &self,
+        namespace: &str,
+        rows: Vec<ScheduleRow>,
+    ) -> Result<Vec<ScheduleView>, CoordinatorError> {
+        self.workflows
+            .cpu_pool()
+            .run(
+                namespace,
+                crate::cpu_pool::Admission::RefuseWhenFull,
+                move || rows.into_iter().map(view).collect(),
+            )
+            .await?
+    }
+
+    /// The view of `row`, its next fires computed on the CPU pool.
+    async fn view_of(
+        &self,
+        namespace: &str,
+        row: ScheduleRow,
+    ) -> Result<ScheduleView, CoordinatorError> {
+        let mut views = self.views(namespace, vec![row]).await?;
+        views
+            .pop()
+            .ok_or_else(|| corrupt("view", "a row gave no view"))
     }
 
     /// The StartRun of a fire of `id` at `at`.
@@ -391,8 +453,8 @@ impl Coordinator {
         }
     }
 
-    /// Creates a schedule. ALREADY_EXISTS for a taken id; RESOURCE_EXHAUSTED
-    /// past [`MAX_SCHEDULES_PER_NAMESPACE`].
+    /// Creates a schedule. ALREADY_EXISTS for a taken id; over the
+    /// namespace's `schedules` quota, QuotaExceeded.
     pub async fn create_schedule(
         &self,
         request: ScheduleRequest,
@@ -400,34 +462,33 @@ impl Coordinator {
         note: &str,
     ) -> Result<ScheduleView, CoordinatorError> {
         let now = Utc::now();
-        let (spec, timetable) = self.check_schedule(&request, now).await?;
-        let (next_fire_at, next_due_at) = next_and_due(
-            &timetable,
-            &request.namespace,
-            &request.id,
-            request.jitter_ms,
-            now,
-        );
+        let (spec, (next_fire_at, next_due_at)) = self.check_schedule(&request, now).await?;
         let spec = serde_json::to_value(&spec)?;
         let action = serde_json::to_value(&request.action)?;
+        let quotas = self.quotas().of(&request.namespace);
         let mut tx = self.store.begin().await?;
         let inserted = schedules::insert_schedule(
             &mut tx,
             &definition(&request, &spec, &action, (next_fire_at, next_due_at)),
             paused,
             note,
-            MAX_SCHEDULES_PER_NAMESPACE,
+            i64::from(quotas.schedules),
         )
         .await?;
         match inserted {
             Inserted::Created(row) => {
                 tx.commit().await?;
-                view(*row)
+                self.view_of(&request.namespace, *row).await
             }
             Inserted::Exists => Err(CoordinatorError::ScheduleExists(request.id)),
-            Inserted::Full => Err(CoordinatorError::TooManySchedules {
-                limit: MAX_SCHEDULES_PER_NAMESPACE,
-            }),
+            Inserted::Full => Err(crate::quotas::QuotaExceeded::counted(
+                crate::quotas::Quota::Schedules,
+                crate::quotas::Subject::Namespace(request.namespace),
+                &quotas,
+                // a place frees only when a schedule is deleted
+                Duration::from_secs(60),
+            )
+            .into()),
         }
     }
 
@@ -440,7 +501,7 @@ impl Coordinator {
         let row = schedules::get_schedule(self.store.pool(), namespace, id)
             .await?
             .ok_or_else(|| not_found(id))?;
-        view(row)
+        self.view_of(namespace, row).await
     }
 
     /// One page of the namespace's schedules, by id.
@@ -450,11 +511,8 @@ impl Coordinator {
         after_id: Option<&str>,
         limit: i64,
     ) -> Result<Vec<ScheduleView>, CoordinatorError> {
-        schedules::list_schedules(self.store.pool(), namespace, after_id, limit)
-            .await?
-            .into_iter()
-            .map(view)
-            .collect()
+        let rows = schedules::list_schedules(self.store.pool(), namespace, after_id, limit).await?;
+        self.views(namespace, rows).await
     }
 
     /// Replaces a schedule's spec, action and policies; its counters and
@@ -465,18 +523,11 @@ impl Coordinator {
         request: ScheduleRequest,
     ) -> Result<ScheduleView, CoordinatorError> {
         let now = Utc::now();
-        let (spec, timetable) = self.check_schedule(&request, now).await?;
+        let (spec, (next_fire_at, next_due_at)) = self.check_schedule(&request, now).await?;
         let mut tx = self.store.begin().await?;
         schedules::lock_schedule(&mut tx, &request.namespace, &request.id)
             .await?
             .ok_or_else(|| not_found(&request.id))?;
-        let (next_fire_at, next_due_at) = next_and_due(
-            &timetable,
-            &request.namespace,
-            &request.id,
-            request.jitter_ms,
-            now,
-        );
         let spec = serde_json::to_value(&spec)?;
         let action = serde_json::to_value(&request.action)?;
         let row = schedules::update_definition(
@@ -485,7 +536,7 @@ impl Coordinator {
         )
         .await?;
         tx.commit().await?;
-        view(row)
+        self.view_of(&request.namespace, row).await
     }
 
     /// Pauses (`paused`) or resumes a schedule, with a note. A resume
@@ -512,7 +563,7 @@ impl Coordinator {
         };
         let row = schedules::set_paused(&mut tx, namespace, id, paused, note, next).await?;
         tx.commit().await?;
-        view(row)
+        self.view_of(namespace, row).await
     }
 
     /// Deletes a schedule; the runs it started stay.
@@ -685,7 +736,8 @@ impl Coordinator {
             Err(
                 error @ (CoordinatorError::WorkflowNotFound { .. }
                 | CoordinatorError::InvalidArgument(_)
-                | CoordinatorError::PayloadTooLarge { .. }),
+                | CoordinatorError::PayloadTooLarge { .. }
+                | CoordinatorError::QuotaExceeded(_)),
             ) => {
                 tracing::warn!(schedule = %row.id, namespace = %row.namespace, %error, "schedule fire started no run");
                 pass.state.last_error = Some(error.to_string());

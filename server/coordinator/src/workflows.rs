@@ -1,5 +1,7 @@
 //! Registered workflows: validation, content-addressed versions, and a cache
-//! of compiled definitions (one compile per version per server).
+//! of compiled definitions (one compile per version per server). Every
+//! compile runs on the CPU pool (decision 0036), never on the threads that
+//! serve requests.
 
 use std::{
     collections::HashMap,
@@ -13,7 +15,10 @@ use composer_store::{
 };
 use sha2::{Digest, Sha256};
 
-use crate::error::{CoordinatorError, FieldProblem};
+use crate::{
+    cpu_pool::{Admission, CpuPool},
+    error::{CoordinatorError, FieldProblem},
+};
 
 /// A compiled version with its input schema, shared by every run of it.
 pub struct LoadedWorkflow {
@@ -23,6 +28,29 @@ pub struct LoadedWorkflow {
     pub compiled: CompiledWorkflow,
     /// The compiled `input_schema`, if any.
     pub input_schema: Option<jsonschema::Validator>,
+    /// The input schema matches regular expressions (`pattern`,
+    /// `patternProperties`, `format`), whose cost per string can reach
+    /// the regex engine's backtrack limit: inputs are checked on the CPU
+    /// pool.
+    pub input_check_is_costly: bool,
+}
+
+/// Inputs larger than this (bytes of JSON) are checked against their
+/// schema on the CPU pool whatever the schema; smaller ones against a
+/// schema without regular expressions cost microseconds, less than the
+/// hop to the pool (decision 0036).
+pub const INLINE_INPUT_CHECK_BYTES: usize = 64 * 1024;
+
+/// Whether `schema` names a keyword that runs a regular expression.
+fn uses_regular_expressions(schema: &serde_json::Value) -> bool {
+    match schema {
+        serde_json::Value::Object(map) => map.iter().any(|(key, value)| {
+            matches!(key.as_str(), "pattern" | "patternProperties" | "format")
+                || uses_regular_expressions(value)
+        }),
+        serde_json::Value::Array(items) => items.iter().any(uses_regular_expressions),
+        _ => false,
+    }
 }
 
 type CacheKey = (String, String, i32);
@@ -32,6 +60,8 @@ type CacheKey = (String, String, i32);
 pub struct WorkflowCache {
     /// What a template of any workflow may render (`--max-payload-bytes`).
     max_rendered_bytes: usize,
+    /// Where definitions are compiled.
+    cpu: CpuPool,
     entries: Mutex<HashMap<CacheKey, Arc<LoadedWorkflow>>>,
     /// The latest version of each (namespace, name) as last read. A hint:
     /// StartRun checks it in the statement that inserts the run.
@@ -81,10 +111,9 @@ fn load(row: WorkflowRow, max_rendered_bytes: usize) -> Result<LoadedWorkflow, C
             ))
         })?
         .with_max_rendered_bytes(max_rendered_bytes);
-    let input_schema = compiled
-        .definition()
-        .input_schema
-        .as_ref()
+    let schema = compiled.definition().input_schema.as_ref();
+    let input_check_is_costly = schema.is_some_and(uses_regular_expressions);
+    let input_schema = schema
         .map(jsonschema::validator_for)
         .transpose()
         .map_err(|e| CoordinatorError::Corrupt(e.to_string()))?;
@@ -92,14 +121,17 @@ fn load(row: WorkflowRow, max_rendered_bytes: usize) -> Result<LoadedWorkflow, C
         row,
         compiled,
         input_schema,
+        input_check_is_costly,
     })
 }
 
 impl WorkflowCache {
-    /// An empty cache whose workflows render at most `max_rendered_bytes`.
-    pub fn new(max_rendered_bytes: usize) -> Self {
+    /// An empty cache whose workflows render at most `max_rendered_bytes`
+    /// and compile on `cpu`.
+    pub fn new(max_rendered_bytes: usize, cpu: CpuPool) -> Self {
         Self {
             max_rendered_bytes,
+            cpu,
             entries: Mutex::default(),
             latest: Mutex::default(),
         }
@@ -112,7 +144,10 @@ impl WorkflowCache {
         namespace: &str,
         source: &str,
     ) -> Result<(WorkflowRow, bool), CoordinatorError> {
-        let compiled = validate(source).map_err(CoordinatorError::InvalidDefinition)?;
+        let compiled = self
+            .validate(namespace, source)
+            .await?
+            .map_err(CoordinatorError::InvalidDefinition)?;
         let definition = compiled.definition();
         let canonical = definition.canonical_json();
         let content_hash = hex(&Sha256::digest(&canonical));
@@ -175,7 +210,16 @@ impl WorkflowCache {
             return Ok(hit);
         }
         let key = (namespace.to_owned(), name.to_owned(), row.version);
-        let loaded = Arc::new(load(row, self.max_rendered_bytes)?);
+        // a stored definition the server needs: it waits for the pool
+        // rather than fail the run that needs it
+        let max_rendered_bytes = self.max_rendered_bytes;
+        let loaded = Arc::new(
+            self.cpu
+                .run(namespace, Admission::Wait, move || {
+                    load(row, max_rendered_bytes)
+                })
+                .await??,
+        );
         let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
         if entries.len() >= CACHE_LIMIT {
             entries.clear();
@@ -214,6 +258,27 @@ impl WorkflowCache {
         }
         latest.insert(key, loaded.row.version);
         Ok(loaded)
+    }
+
+    /// [`validate`] on the CPU pool, as `namespace`'s request: refused
+    /// when the namespace has as many checks waiting as it may.
+    pub async fn validate(
+        &self,
+        namespace: &str,
+        source: &str,
+    ) -> Result<Result<CompiledWorkflow, Vec<FieldProblem>>, CoordinatorError> {
+        let source = source.to_owned();
+        Ok(self
+            .cpu
+            .run(namespace, Admission::RefuseWhenFull, move || {
+                validate(&source)
+            })
+            .await?)
+    }
+
+    /// The CPU pool.
+    pub fn cpu_pool(&self) -> &CpuPool {
+        &self.cpu
     }
 
     fn cached(&self, namespace: &str, name: &str, version: i32) -> Option<Arc<LoadedWorkflow>> {

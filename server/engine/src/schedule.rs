@@ -4,7 +4,8 @@
 //! Nothing here reads a clock: every function takes `now` or the time to
 //! start from, so the scheduler in the coordinator and the tests (with a
 //! fixed clock) compute the same fire times. Cron expressions are parsed by
-//! `croner`, time zones come from `chrono-tz` (decision 0016).
+//! `croner`, time zones come from `chrono-tz` (decision 0016); the search
+//! for the next fire is [`cron`]'s, bounded in steps (decision 0036).
 //!
 //! Daylight saving time follows `croner`'s documented rules:
 //! - a fixed-time fire (`30 2 * * *`) whose local time falls in a spring
@@ -20,14 +21,14 @@
 //!   from one fire to the next, and a schedule computes its next fire from
 //!   the last fire time alone, so every server agrees.
 
-use chrono::{DateTime, Duration, SecondsFormat, TimeZone, Utc};
+pub mod cron;
+
+use chrono::{DateTime, Duration, SecondsFormat, Utc};
 use chrono_tz::Tz;
-use croner::{
-    Cron,
-    parser::{CronParser, Seconds, Year},
-};
+use croner::parser::{CronParser, Seconds, Year};
 use serde::{Deserialize, Serialize};
 
+pub use self::cron::{CronTable, MAX_SEARCH_STEPS, SEARCH_YEARS, Search};
 use crate::compile::splitmix64;
 
 /// The shortest interval of an interval schedule.
@@ -47,10 +48,6 @@ pub const MAX_CRON_BYTES: usize = 256;
 /// schedules (whose count is arithmetic), and a cron schedule's count
 /// stops here for that gap.
 pub const MAX_MISSED_STEPS: u64 = 10_000;
-
-/// Wall times looked past inside a repeated hour (a second each, at most
-/// an hour of them).
-const MAX_REPEAT_STEPS: usize = 3_700;
 
 /// When a schedule fires, as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,8 +93,8 @@ fn problem(field: &'static str, description: impl Into<String>) -> SpecProblem {
 pub enum Timetable {
     /// A parsed cron expression in its zone.
     Cron {
-        /// The expression.
-        cron: Box<Cron>,
+        /// The expression, ready to search.
+        cron: Box<CronTable>,
         /// The zone.
         zone: Tz,
     },
@@ -150,7 +147,7 @@ impl Timetable {
                         )
                     })?;
                 Ok(Timetable::Cron {
-                    cron: Box::new(cron),
+                    cron: Box::new(CronTable::new(cron)),
                     zone,
                 })
             }
@@ -173,28 +170,11 @@ impl Timetable {
     }
 
     /// The first fire time strictly after `t`; None when there is none
-    /// (a cron expression that never matches again).
+    /// (a cron expression with no fire within [`SEARCH_YEARS`] of `t`,
+    /// which therefore never fires again).
     pub fn next_after(&self, t: DateTime<Utc>) -> Option<DateTime<Utc>> {
         match self {
-            Timetable::Cron { cron, zone } => {
-                // croner works in whole seconds: from the second `t` is in,
-                // strictly after, is strictly after `t` too
-                let whole = DateTime::<Utc>::from_timestamp(t.timestamp(), 0)?;
-                let local = zone.from_utc_datetime(&whole.naive_utc());
-                // croner reads an ambiguous wall time (a fall-back repeat)
-                // as its first occurrence: from inside the second copy of
-                // the hour it may answer a time already past, which fired
-                // then; look on past it
-                let mut from = local;
-                for _ in 0..MAX_REPEAT_STEPS {
-                    let next = cron.find_next_occurrence(&from, false).ok()?;
-                    if next.with_timezone(&Utc) > t {
-                        return Some(next.with_timezone(&Utc));
-                    }
-                    from = next;
-                }
-                None
-            }
+            Timetable::Cron { cron, zone } => cron.next_after(*zone, t),
             Timetable::Interval { every, anchor } => {
                 if t < *anchor {
                     return Some(*anchor);

@@ -7,16 +7,11 @@
 //! reads "done" before it reads the next step. Responses without one pass
 //! untouched.
 
-use std::{
-    pin::Pin,
-    task::{Context, Poll},
-};
-
-use bytes::Bytes;
 use composer_coordinator::answer_sent::AnswerInFlight;
 use http::Response;
-use http_body::{Body as HttpBody, Frame, SizeHint};
 use tonic::body::Body;
+
+use crate::held_body::holding;
 
 /// The response of a report call, holding its answer's signal until the
 /// transport has written it.
@@ -35,43 +30,14 @@ pub(crate) fn hold_in_body(mut response: Response<Body>) -> Response<Body> {
     let Some(in_flight) = response.extensions_mut().remove::<AnswerInFlight>() else {
         return response;
     };
-    response.map(|body| {
-        Body::new(HeldUntilWritten {
-            body,
-            _in_flight: in_flight,
-        })
-    })
-}
-
-/// A response body that holds its answer's signal until it is dropped.
-struct HeldUntilWritten {
-    body: Body,
-    _in_flight: AnswerInFlight,
-}
-
-impl HttpBody for HeldUntilWritten {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
-    }
+    response.map(|body| holding(body, in_flight))
 }
 
 #[cfg(test)]
 mod tests {
     use std::convert::Infallible;
+
+    use bytes::Bytes;
 
     use composer_coordinator::answer_sent;
     use http::Request;

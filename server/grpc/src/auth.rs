@@ -162,6 +162,9 @@ pub struct Caller {
     pub roles: Vec<Role>,
     /// For workers: the queues they may poll (`None`: any).
     pub queues: Option<HashSet<String>>,
+    /// Which token this is, for per-token quotas: `jti:<jti>` when the
+    /// token has a `jti`, else `<its namespace>/<its subject>`.
+    pub token: String,
 }
 
 impl Caller {
@@ -193,6 +196,9 @@ pub struct Claims {
     /// Queues a worker may poll.
     #[serde(default)]
     pub queues: Option<Vec<String>>,
+    /// Token id: what per-token quotas count by, when present.
+    #[serde(default)]
+    pub jti: Option<String>,
 }
 
 /// One verification key, bound to the one algorithm it verifies, so a
@@ -340,6 +346,7 @@ impl Authenticator {
                 subject: "anonymous".to_owned(),
                 roles: vec![Admin],
                 queues: None,
+                token: format!("{}/anonymous", crate::caller::DEFAULT_NAMESPACE),
             },
             AuthMode::Tokens {
                 keys,
@@ -488,11 +495,16 @@ fn caller_of(claims: Claims) -> Result<Caller, Status> {
     if roles.is_empty() {
         return Err(Status::permission_denied("the token carries no known role"));
     }
+    let token = match claims.jti.filter(|jti| !jti.is_empty()) {
+        Some(jti) => format!("jti:{jti}"),
+        None => format!("{}/{}", claims.ns, claims.sub),
+    };
     Ok(Caller {
         namespace: claims.ns,
         subject: claims.sub,
         roles,
         queues: claims.queues.map(|q| q.into_iter().collect()),
+        token,
     })
 }
 

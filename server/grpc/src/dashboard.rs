@@ -10,8 +10,10 @@
 //! - another method on a non-gRPC path: 405.
 //!
 //! Every answer carries the Content-Security-Policy of decision 0013,
-//! `nosniff` and `no-referrer`. `index.html` is never cached; Vite's hashed
-//! files under `assets/` are cached for a year.
+//! `nosniff` and `no-referrer`; so does every answer of the port that is
+//! not a gRPC one (a plain HTTP 400 for a GET of `/a.b/c`, a path shaped
+//! like a gRPC method). `index.html` is never cached; Vite's hashed files
+//! under `assets/` are cached for a year.
 
 use std::{
     borrow::Cow,
@@ -211,18 +213,39 @@ fn answer(
     let mut response = Response::new(body);
     *response.status_mut() = status;
     let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static(cache));
+    add_security_headers(headers);
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    response
+}
+
+/// The headers every answer a browser may render carries: the policy,
+/// `nosniff` and `no-referrer` (kept where already set).
+pub fn add_security_headers(headers: &mut http::HeaderMap) {
     let fixed = [
-        (header::CONTENT_TYPE, content_type),
-        (header::CACHE_CONTROL, cache),
         (header::CONTENT_SECURITY_POLICY, CONTENT_SECURITY_POLICY),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::REFERRER_POLICY, "no-referrer"),
     ];
     for (name, value) in fixed {
-        headers.insert(name, HeaderValue::from_static(value));
+        headers
+            .entry(name)
+            .or_insert(HeaderValue::from_static(value));
     }
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
-    response
+}
+
+/// Adds the security headers to an answer that is not gRPC's (tonic's
+/// plain HTTP refusals of requests it cannot serve).
+fn secure_unless_grpc(response: &mut Response<Body>) {
+    let grpc = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"));
+    if !grpc {
+        add_security_headers(response.headers_mut());
+    }
 }
 
 fn text(status: StatusCode, message: &'static str, head: bool) -> Response<Body> {
@@ -328,7 +351,12 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         if is_grpc(&request) {
-            return Box::pin(self.inner.call(request));
+            let answered = self.inner.call(request);
+            return Box::pin(async move {
+                let mut response = answered.await?;
+                secure_unless_grpc(&mut response);
+                Ok(response)
+            });
         }
         let method = request.method().clone();
         if method != Method::GET && method != Method::HEAD {

@@ -8,11 +8,14 @@ pub mod convert;
 pub mod dashboard;
 mod deadline;
 mod health;
+mod held_body;
+pub mod quota;
 pub mod request_metrics;
 mod server;
 mod services;
 mod status;
 pub mod transport_status;
+mod watch_body;
 
 pub use health::{HealthMonitor, Readiness};
 pub use server::{GrpcConfig, ServeError, Services, serve};

@@ -134,12 +134,22 @@ pub async fn serve(
             config.auth.clone(),
             config.cors_allowed_origins.clone(),
         ))))
+        // right after auth, where the caller's namespace is known, before
+        // anything decodes the request (decision 0038)
+        .layer(crate::quota::QuotaLayer::new(
+            crate::quota::QuotaEnforcer::new(Arc::clone(services.coordinator.quotas())),
+        ))
         .layer(crate::transport_status::TransportStatusLayer)
         .layer(crate::deadline::CallDeadlineLayer::new(config.call_timeout))
         // innermost: it holds a report's answer signal in the very body
         // the connection writes
         .layer(tower::util::MapResponseLayer::new(
             crate::answer_written::hold_in_body,
+        ))
+        // WatchRun's messages go out as encoded, often shared by all the
+        // streams of a run, not copied into a buffer per stream (0035)
+        .layer(tower::util::MapResponseLayer::new(
+            crate::watch_body::send_watch_body,
         ))
         .add_service(health_service)
         .add_service(reflection_v1)

@@ -2,7 +2,11 @@
 //! codes, field problems as google.rpc.BadRequest violations, lease
 //! problems as google.rpc.ErrorInfo. Database text never reaches a caller.
 
-use composer_coordinator::{CoordinatorError, FieldProblem};
+use composer_coordinator::{
+    CoordinatorError, FieldProblem,
+    cpu_pool::{CpuPoolError, RETRY_AFTER},
+    quotas::{QUOTA_EXCEEDED, QuotaExceeded},
+};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};
 
@@ -71,6 +75,39 @@ fn bad_request(message: &str, problems: &[FieldProblem]) -> Status {
     )
 }
 
+/// RESOURCE_EXHAUSTED for a call over one of its namespace's quotas: the
+/// message names the quota, google.rpc.QuotaFailure says who it was
+/// counted for and what it allows, google.rpc.RetryInfo when to try again,
+/// and google.rpc.ErrorInfo (`QUOTA_EXCEEDED`) names the quota for code.
+pub fn quota_exceeded(refusal: &QuotaExceeded) -> Status {
+    let quota = refusal.quota.name();
+    let mut details = ErrorDetails::with_quota_failure_violation(
+        refusal.subject.to_string(),
+        format!("{quota}: {}", refusal.description),
+    );
+    details.set_retry_info(Some(refusal.retry_after));
+    details.set_error_info(
+        QUOTA_EXCEEDED,
+        DOMAIN,
+        std::collections::HashMap::from([("quota".to_owned(), quota.to_owned())]),
+    );
+    let retry_ms = refusal.retry_after.as_millis().max(1);
+    Status::with_error_details(
+        Code::ResourceExhausted,
+        format!("{refusal}; retry in {retry_ms} ms (docs/operations.md, Quotas)"),
+        details,
+    )
+}
+
+/// RESOURCE_EXHAUSTED for a request whose CPU-heavy check the CPU pool
+/// refused (decision 0036): google.rpc.RetryInfo says when to try again,
+/// google.rpc.ErrorInfo (`CPU_POOL_BUSY`) says why.
+fn cpu_pool_busy(refusal: &CpuPoolError) -> Status {
+    let mut details = ErrorDetails::with_retry_info(Some(RETRY_AFTER));
+    details.set_error_info("CPU_POOL_BUSY", DOMAIN, std::collections::HashMap::new());
+    Status::with_error_details(Code::ResourceExhausted, refusal.to_string(), details)
+}
+
 fn with_reason(code: Code, message: String, reason: &str) -> Status {
     Status::with_error_details(
         code,
@@ -97,9 +134,12 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
             Status::unavailable("the bulk operation moved to another server, retry later")
         }
         CoordinatorError::ScheduleExists(_) => Status::already_exists(error.to_string()),
-        CoordinatorError::TooManySchedules { .. } | CoordinatorError::TooManyRateLimits { .. } => {
-            Status::resource_exhausted(error.to_string())
+        CoordinatorError::QuotaExceeded(refusal) => quota_exceeded(&refusal),
+        CoordinatorError::CpuPool(CpuPoolError::Panicked) => {
+            tracing::error!("a cpu-heavy check panicked");
+            Status::internal("internal error: a check of the request failed")
         }
+        CoordinatorError::CpuPool(refusal) => cpu_pool_busy(&refusal),
         CoordinatorError::InvalidDefinition(problems) => {
             bad_request("invalid workflow definition", &problems)
         }

@@ -6,7 +6,7 @@
 //! slot row; other runs' rows only with SKIP LOCKED, never waited for.
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgConnection, Row};
+use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
 use crate::StoreError;
@@ -32,6 +32,8 @@ pub struct LockedSlot {
     /// When it arrived (the run's created_at): taken under the lock, so per
     /// key it orders runs as their admissions committed.
     pub arrived_at: DateTime<Utc>,
+    /// True when this statement created the row: the key was not in use.
+    pub created: bool,
 }
 
 /// Locks the slot row of `slot` (creating it at 0) and draws an arrival.
@@ -44,7 +46,8 @@ pub async fn lock_slot(
         "INSERT INTO concurrency_slots (namespace, workflow_name, key_value) VALUES ($1, $2, $3) \
          ON CONFLICT (namespace, workflow_name, key_value) \
            DO UPDATE SET running = concurrency_slots.running \
-         RETURNING running, nextval('run_arrival_seq') AS seq, clock_timestamp() AS arrived_at",
+         RETURNING running, nextval('run_arrival_seq') AS seq, clock_timestamp() AS arrived_at, \
+           (xmax = 0) AS created",
     )
     .bind(slot.namespace)
     .bind(slot.workflow_name)
@@ -55,7 +58,42 @@ pub async fn lock_slot(
         running: row.try_get("running")?,
         seq: row.try_get("seq")?,
         arrived_at: row.try_get("arrived_at")?,
+        created: row.try_get("created")?,
     })
+}
+
+/// The concurrency keys the namespace has in use (its slot rows, this
+/// transaction's new one included), counted up to `cap` + 1: what a new
+/// key is checked against, at a cost bounded by the quota.
+pub async fn count_keys(
+    conn: &mut PgConnection,
+    namespace: &str,
+    cap: i64,
+) -> Result<i64, StoreError> {
+    // count_keys: the primary key's namespace prefix, at most cap + 1 entries
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT 1 FROM concurrency_slots WHERE namespace = $1 LIMIT $2) k",
+    )
+    .bind(namespace)
+    .bind(cap.saturating_add(1))
+    .fetch_one(conn)
+    .await?)
+}
+
+/// Deletes the slot row this transaction just created for a key it may
+/// not use (over the namespace's quota): the refusal leaves nothing.
+pub async fn forget_new_slot(conn: &mut PgConnection, slot: SlotKey<'_>) -> Result<(), StoreError> {
+    // forget_new_slot: primary key delete of the caller's own new row
+    sqlx::query(
+        "DELETE FROM concurrency_slots \
+         WHERE namespace = $1 AND workflow_name = $2 AND key_value = $3 AND running = 0",
+    )
+    .bind(slot.namespace)
+    .bind(slot.workflow_name)
+    .bind(slot.key)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Takes one slot of a locked slot row.
@@ -160,7 +198,144 @@ pub async fn release_slot(
         handed.push(next);
         running += 1;
     }
+    if running == 0 {
+        forget_unused_slot(conn, slot).await?;
+    }
     Ok(handed)
+}
+
+/// Deletes the key's slot row when no run holds a slot of it and none
+/// waits for one: a key not in use keeps no row (decision 0037). The
+/// caller holds the row's lock, so no admission of the key is in between;
+/// one that comes later waits on the lock, then its upsert inserts the row
+/// again. A statement of its own: it sees every QUEUED run committed
+/// before the lock was taken, skipped ones (locked right now) included.
+async fn forget_unused_slot(conn: &mut PgConnection, slot: SlotKey<'_>) -> Result<(), StoreError> {
+    // forget_unused_slot: primary key delete under the caller's lock, and
+    // a runs_queued_by_key probe
+    sqlx::query(
+        "DELETE FROM concurrency_slots \
+         WHERE namespace = $1 AND workflow_name = $2 AND key_value = $3 AND running = 0 \
+           AND NOT EXISTS (SELECT 1 FROM runs \
+             WHERE namespace = $1 AND workflow_name = $2 AND concurrency_key = $3 \
+               AND status = 'QUEUED')",
+    )
+    .bind(slot.namespace)
+    .bind(slot.workflow_name)
+    .bind(slot.key)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A `task_slots s` row no task holds (DISPATCHED, LEASED, HELD) or waits
+/// for (WAITING_SLOT).
+/// Two probes, as the tasks' indexes on holders and on waiters differ.
+const TASK_SLOT_UNUSED: &str = "NOT EXISTS (SELECT 1 FROM tasks t \
+       WHERE t.namespace = s.namespace AND t.workflow_name = s.workflow_name \
+         AND t.concurrency_node = s.node_id AND t.concurrency_key = s.key_value \
+         AND t.status IN ('DISPATCHED', 'LEASED', 'HELD')) \
+     AND NOT EXISTS (SELECT 1 FROM tasks t \
+       WHERE t.namespace = s.namespace AND t.workflow_name = s.workflow_name \
+         AND t.concurrency_node = s.node_id AND t.concurrency_key = s.key_value \
+         AND t.status = 'WAITING_SLOT')";
+
+/// What one sweep of unused slot rows deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Swept {
+    /// Run concurrency keys (`concurrency_slots`).
+    pub run_keys: u64,
+    /// TASK node concurrency keys (`task_slots`).
+    pub task_keys: u64,
+}
+
+/// Deletes up to `limit` slot rows of each kind whose key no run or task
+/// holds or waits for: what a release left because a waiter was locked at
+/// that moment (and was then cancelled), or a rolled-back one. Rows another
+/// transaction holds are skipped. Each kind in a transaction of two
+/// statements: lock the candidates, then delete those still unused, seen
+/// by a snapshot taken after the locks.
+pub async fn sweep_unused_slots(pool: &PgPool, limit: i64) -> Result<Swept, StoreError> {
+    let mut tx = pool.begin().await?;
+    // unused_run_slots: empty rows, locked; a concurrent admission of one
+    // of these keys waits for this transaction, then inserts it again
+    let keys: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT namespace, workflow_name, key_value FROM concurrency_slots \
+         WHERE running = 0 LIMIT $1 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    let (namespaces, workflows, values) = unzip3(keys);
+    // delete_unused_run_slots: those with no QUEUED run
+    let run_keys = sqlx::query(
+        "DELETE FROM concurrency_slots s \
+         USING UNNEST($1::text[], $2::text[], $3::text[]) AS k(namespace, workflow_name, key_value) \
+         WHERE s.namespace = k.namespace AND s.workflow_name = k.workflow_name \
+           AND s.key_value = k.key_value AND s.running = 0 \
+           AND NOT EXISTS (SELECT 1 FROM runs r \
+             WHERE r.namespace = s.namespace AND r.workflow_name = s.workflow_name \
+               AND r.concurrency_key = s.key_value AND r.status = 'QUEUED')",
+    )
+    .bind(&namespaces)
+    .bind(&workflows)
+    .bind(&values)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+
+    let mut tx = pool.begin().await?;
+    // unused_task_slots: rows with no holding or waiting task, locked
+    let keys: Vec<(String, String, String, String)> = sqlx::query_as(&format!(
+        "SELECT namespace, workflow_name, node_id, key_value FROM task_slots s \
+             WHERE {TASK_SLOT_UNUSED} LIMIT $1 FOR UPDATE SKIP LOCKED"
+    ))
+    .bind(limit)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut namespaces = Vec::with_capacity(keys.len());
+    let mut workflows = Vec::with_capacity(keys.len());
+    let mut nodes = Vec::with_capacity(keys.len());
+    let mut values = Vec::with_capacity(keys.len());
+    for (namespace, workflow, node, value) in keys {
+        namespaces.push(namespace);
+        workflows.push(workflow);
+        nodes.push(node);
+        values.push(value);
+    }
+    // delete_unused_task_slots: those still with no holder and no waiter
+    let task_keys = sqlx::query(&format!(
+        "DELETE FROM task_slots s \
+         USING UNNEST($1::text[], $2::text[], $3::text[], $4::text[]) \
+           AS k(namespace, workflow_name, node_id, key_value) \
+         WHERE s.namespace = k.namespace AND s.workflow_name = k.workflow_name \
+           AND s.node_id = k.node_id AND s.key_value = k.key_value AND {TASK_SLOT_UNUSED}"
+    ))
+    .bind(&namespaces)
+    .bind(&workflows)
+    .bind(&nodes)
+    .bind(&values)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    tx.commit().await?;
+    Ok(Swept {
+        run_keys,
+        task_keys,
+    })
+}
+
+fn unzip3(rows: Vec<(String, String, String)>) -> (Vec<String>, Vec<String>, Vec<String>) {
+    let mut first = Vec::with_capacity(rows.len());
+    let mut second = Vec::with_capacity(rows.len());
+    let mut third = Vec::with_capacity(rows.len());
+    for (a, b, c) in rows {
+        first.push(a);
+        second.push(b);
+        third.push(c);
+    }
+    (first, second, third)
 }
 
 /// Hands one slot to the oldest QUEUED run of the key, when `running`

@@ -1,10 +1,22 @@
-//! Set-up shared by the end-to-end tests that need a Postgres and Redis of
-//! their own (to wipe, freeze or count clients of).
+//! Set-up shared by the end-to-end tests: the binary, servers on a Postgres
+//! and Redis of their own (to wipe, freeze or count clients of), and the
+//! tokens and channels of servers that check tokens. Each test binary uses
+//! part of it.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 
 use composer_cli::local_services::{LocalServices, LocalServicesOptions};
+use composer_grpc::auth::{NewToken, SigningKey, mint};
+use composer_proto::v1::{RegisterWorkflowRequest, workflow_service_client::WorkflowServiceClient};
 use composer_testkit::ServerProcess;
+use tonic::{Request, transport::Channel};
+
+/// The secret of the servers these tests start with [`TOKEN_ARGS`].
+pub const SECRET: &str = "a-test-secret-that-is-long-enough-for-hs256-0123456789";
+
+/// Server flags that make it check tokens signed by [`token`].
+pub const TOKEN_ARGS: [&str; 4] = ["--auth-secret", SECRET, "--auth-audience", "composer"];
 
 pub fn composer_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_composer"))
@@ -23,4 +35,57 @@ pub async fn server_on_private_services(args: &[&str]) -> (LocalServices, Server
     )
     .await;
     (services, server)
+}
+
+/// A token of `namespace` for `subject` with `roles`, valid for an hour,
+/// for a server started with [`TOKEN_ARGS`].
+pub fn token(namespace: &str, subject: &str, roles: &[&str]) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    let claims = NewToken {
+        sub: subject.to_owned(),
+        ns: namespace.to_owned(),
+        roles: roles.iter().map(|role| (*role).to_owned()).collect(),
+        queues: None,
+        iat: now,
+        nbf: now,
+        exp: now + 3600,
+        iss: None,
+        aud: Some("composer".to_owned()),
+    };
+    mint(&claims, SigningKey::Secret(SECRET.as_bytes()), None).expect("mint")
+}
+
+/// `message` with `token` as its bearer.
+pub fn authed<T>(message: T, token: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("header"),
+    );
+    request
+}
+
+/// A channel to `server`.
+pub async fn channel(server: &ServerProcess) -> Channel {
+    Channel::from_shared(server.url())
+        .expect("url")
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// Registers `source` as `token`'s namespace.
+pub async fn register(channel: &Channel, token: &str, source: &str) {
+    WorkflowServiceClient::new(channel.clone())
+        .register_workflow(authed(
+            RegisterWorkflowRequest {
+                source: source.to_owned(),
+            },
+            token,
+        ))
+        .await
+        .expect("register");
 }

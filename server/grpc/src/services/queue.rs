@@ -1,6 +1,9 @@
 //! `QueueService`: queue rate limits (decision 0021).
 
-use composer_coordinator::{Coordinator, rate_limit::default_burst};
+use composer_coordinator::{
+    Coordinator,
+    rate_limit::{MAX_RATE_PER_SECOND, MAX_REFILL_SECS, MIN_RATE_PER_SECOND, default_burst},
+};
 use composer_proto::v1::{
     DeleteQueueRateLimitRequest, DeleteQueueRateLimitResponse, GetQueueRateLimitRequest,
     GetQueueRateLimitResponse, ListQueueRateLimitsRequest, ListQueueRateLimitsResponse,
@@ -16,8 +19,8 @@ use crate::{
     status::{check_name, from_coordinator, invalid_field},
 };
 
-/// The highest rate and burst a limit may name.
-pub const MAX_RATE: f64 = 100_000.0;
+/// The highest rate a limit may name.
+pub const MAX_RATE: f64 = MAX_RATE_PER_SECOND;
 /// The highest burst a limit may name.
 pub const MAX_BURST: i32 = 100_000;
 
@@ -27,7 +30,8 @@ pub(crate) struct QueueApi {
     pub(crate) coordinator: Coordinator,
 }
 
-/// A rate: 0 (none) or positive, finite, at most [`MAX_RATE`].
+/// A rate: 0 (none), or finite from one a day ([`MIN_RATE_PER_SECOND`])
+/// to [`MAX_RATE`] per second.
 fn check_rate(field: &str, rate: f64) -> Result<Option<f64>, Status> {
     if rate == 0.0 {
         return Ok(None);
@@ -36,6 +40,16 @@ fn check_rate(field: &str, rate: f64) -> Result<Option<f64>, Status> {
         return Err(invalid_field(
             field,
             "must be a positive number of tasks per second",
+        ));
+    }
+    // a day's worth, with room for the rounding of 1/86400 as written
+    if rate * MAX_REFILL_SECS < 1.0 - 1e-9 {
+        return Err(invalid_field(
+            field,
+            format!(
+                "must be at least one task a day ({MIN_RATE_PER_SECOND:e} per second): \
+                 a bucket refills within a day, so Redis keeps none longer"
+            ),
         ));
     }
     if rate > MAX_RATE {
@@ -74,8 +88,25 @@ fn check_burst(
                 "must be at least {rate_field} rounded up ({least}): it is the most tasks in one second"
             ),
         )),
+        b if f64::from(b) / rate > MAX_REFILL_SECS * (1.0 + 1e-9) => Err(invalid_field(
+            field,
+            format!(
+                "is {b}: at {rate} per second a bucket that size takes {:.0} s to refill; \
+                 at most a day ({MAX_REFILL_SECS} s), so at most {} for this rate",
+                f64::from(b) / rate,
+                largest_burst(rate),
+            ),
+        )),
         b => Ok(b),
     }
+}
+
+/// The largest burst `rate` refills within a day.
+fn largest_burst(rate: f64) -> i64 {
+    // bounded: rate <= MAX_RATE, so the product fits
+    #[allow(clippy::cast_possible_truncation)]
+    let largest = (rate * MAX_REFILL_SECS * (1.0 + 1e-9)).floor() as i64;
+    largest.max(1)
 }
 
 fn limit_message(row: RateLimitRow) -> QueueRateLimit {

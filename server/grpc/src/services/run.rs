@@ -1,9 +1,13 @@
 //! `RunService`: run control.
 
-use std::{collections::HashMap, pin::Pin, time::Duration};
+use std::{collections::HashMap, pin::Pin, sync::Arc};
 
+use bytes::Bytes;
 use composer_coordinator::bulk::BulkKind;
-use composer_coordinator::{Coordinator, EventTarget, RunView, StartRun, watch::RunChanges};
+use composer_coordinator::{
+    Coordinator, CoordinatorError, EventTarget, RunView, StartRun,
+    watch::{HISTORY_PAGE, RunChanges, RunSnapshot, RunWatch, SendPermit, Watched, history_bytes},
+};
 use composer_proto::v1::{
     BulkCancelRunsRequest, BulkCancelRunsResponse, BulkPauseRunsRequest, BulkPauseRunsResponse,
     BulkResumeRunsRequest, BulkResumeRunsResponse, BulkRetryRunsRequest, BulkRetryRunsResponse,
@@ -32,6 +36,7 @@ use crate::{
     status::{
         MAX_KEY_BYTES, MAX_TEXT_BYTES, check_name, check_text, from_coordinator, invalid_field,
     },
+    watch_body::{Frames, WatchSlot, grpc_frame},
 };
 
 /// The RunService implementation.
@@ -768,92 +773,186 @@ impl RunService for RunApi {
         let caller = caller(&request)?;
         let run_id = request.into_inner().run_id;
         require_run_id(&run_id)?;
-        let coordinator = self.coordinator.clone();
-        let mut changes = self.changes.subscribe();
-        // the first snapshot proves the run exists before the stream opens
-        let first = coordinator
-            .get_run(Some(&caller.namespace), &run_id, true)
+        // the run must exist in the caller's namespace before the stream opens
+        let run = self
+            .coordinator
+            .get_run(Some(&caller.namespace), &run_id, false)
             .await
-            .map_err(from_coordinator)?;
-        let id = first.run.id;
-        let namespace = caller.namespace;
-        let mut draining = self.draining.clone();
-        let stream = async_stream(move |sender| async move {
-            let mut last_seq = 0_i64;
-            let mut view = first;
-            loop {
-                let events = coordinator
-                    .history(Some(&namespace), &run_id, last_seq, 1000)
-                    .await
-                    .unwrap_or_default();
-                if let Some(last) = events.last() {
-                    last_seq = last.seq;
-                }
-                let finished = matches!(
-                    view.run.status.as_str(),
-                    "COMPLETED" | "FAILED" | "CANCELLED"
-                );
-                let message = WatchRunResponse {
-                    run: Some(view_message(view)),
-                    events: events.into_iter().map(history_message).collect(),
-                };
-                if sender.send(Ok(message)).await.is_err() || finished {
-                    return;
-                }
-                tokio::select! {
-                    () = wait_for_change(&mut changes, id) => {}
-                    _ = async { draining.wait_for(|d| *d).await.is_ok() } => {
-                        // a watch must not hold a stopping server open: the
-                        // client reconnects to another server and resumes
-                        let _ = sender
-                            .send(Err(Status::unavailable(
-                                "the server is shutting down; watch again",
-                            )))
-                            .await;
-                        return;
-                    }
-                }
-                view = match coordinator.get_run(Some(&namespace), &run_id, true).await {
-                    Ok(view) => view,
-                    Err(error) => {
-                        let _ = sender.send(Err(from_coordinator(error))).await;
-                        return;
-                    }
-                };
-            }
-        });
-        Ok(Response::new(stream))
+            .map_err(from_coordinator)?
+            .run;
+        let follower = Follower {
+            watch: self.changes.watch(&self.coordinator, &run),
+            coordinator: self.coordinator.clone(),
+            namespace: caller.namespace,
+            run_id,
+            sent_seq: 0,
+            behind: false,
+            ended: false,
+            in_flight: None,
+            draining: self.draining.clone(),
+        };
+        // the innermost layer sends the frames as they are (decision 0035)
+        let slot = WatchSlot::new(follower.into_frames());
+        let mut response = Response::new(slot.messages());
+        response.extensions_mut().insert(slot);
+        Ok(response)
     }
 }
 
-/// Waits for a change of `run_id`, or a second (a lost notification only
-/// delays the watcher).
-async fn wait_for_change(changes: &mut tokio::sync::broadcast::Receiver<Uuid>, run_id: Uuid) {
-    let deadline = tokio::time::sleep(Duration::from_secs(1));
-    tokio::pin!(deadline);
-    loop {
-        tokio::select! {
-            () = &mut deadline => return,
-            changed = changes.recv() => match changed {
-                Ok(id) if id == run_id => return,
-                Ok(_) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => return,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                    deadline.as_mut().await;
-                    return;
+/// One WatchRun stream. It waits on its run's snapshot, read once for
+/// every stream of the run on this server (decision 0035). While it is in
+/// step (it sent everything before the snapshot) it sends the snapshot's
+/// one shared encoding. Out of step (it joined after the snapshot's
+/// events, or skipped snapshots) it builds a message of its own, reading
+/// from Postgres the history the snapshot does not carry. It makes a
+/// message only when the connection asks for one, so a slow client skips
+/// to the latest snapshot instead of queueing each.
+struct Follower {
+    watch: RunWatch,
+    coordinator: Coordinator,
+    namespace: String,
+    run_id: String,
+    /// The sequence number of the last history event sent.
+    sent_seq: i64,
+    /// The last message carried a full page of history: more may wait.
+    behind: bool,
+    /// The snapshot with a final status, or an error, went out.
+    ended: bool,
+    /// The last message's share of the server's send budget, held until
+    /// the connection asks for the next one.
+    in_flight: Option<SendPermit>,
+    /// Flips to true when the server drains.
+    draining: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Follower {
+    fn into_frames(self) -> Frames {
+        Box::pin(futures::stream::unfold(self, |mut follower| async move {
+            let frame = follower.next_frame().await?;
+            Some((frame, follower))
+        }))
+    }
+
+    /// The next message as a gRPC frame, None once the stream is over.
+    async fn next_frame(&mut self) -> Option<Result<Bytes, Status>> {
+        // asked again: the connection took the last message
+        self.in_flight = None;
+        if self.ended {
+            return None;
+        }
+        let frame = self.build_frame().await;
+        if frame.is_err() {
+            self.ended = true;
+        }
+        Some(frame)
+    }
+
+    async fn build_frame(&mut self) -> Result<Bytes, Status> {
+        let snapshot = self.next_snapshot().await?;
+        if !self.behind && self.sent_seq == snapshot.after_seq {
+            let frame = shared_frame(&snapshot)?;
+            self.sent(&snapshot, &snapshot.events);
+            return Ok(frame);
+        }
+        let read;
+        let events = match self.shared_events(&snapshot) {
+            Some(shared) => shared,
+            None => {
+                read = self.read_events().await?;
+                &read[..]
+            }
+        };
+        let bytes = snapshot.view_bytes + history_bytes(events);
+        self.in_flight = Some(self.watch.admit(bytes).await);
+        let frame = grpc_frame(&WatchRunResponse {
+            run: Some(snapshot_message(&snapshot.view)),
+            events: events.iter().cloned().map(history_message).collect(),
+        })?;
+        self.sent(&snapshot, events);
+        Ok(Bytes::from(frame))
+    }
+
+    /// Notes that `snapshot` went out with `events`.
+    fn sent(&mut self, snapshot: &RunSnapshot, events: &[HistoryRow]) {
+        self.behind = i64::try_from(events.len()).unwrap_or(i64::MAX) >= HISTORY_PAGE;
+        if let Some(last) = events.last() {
+            self.sent_seq = last.seq;
+        }
+        self.ended = snapshot.has_ended();
+    }
+
+    /// The snapshot to send next: while history is left to send the latest
+    /// one at once, otherwise the next one to come.
+    async fn next_snapshot(&mut self) -> Result<Arc<RunSnapshot>, Status> {
+        let state = if self.behind {
+            self.watch.current()
+        } else {
+            let (watch, draining) = (&mut self.watch, &mut self.draining);
+            tokio::select! {
+                state = watch.next() => state,
+                _ = async { draining.wait_for(|d| *d).await.is_ok() } => {
+                    // a watch must not hold a stopping server open: the
+                    // client reconnects to another server and resumes
+                    return Err(Status::unavailable(
+                        "the server is shutting down; watch again",
+                    ));
                 }
-            },
+            }
+        };
+        match state {
+            Some(Watched::Snapshot(snapshot)) => Ok(snapshot),
+            Some(Watched::Gone) => Err(from_coordinator(CoordinatorError::RunNotFound(
+                self.run_id.clone(),
+            ))),
+            None => Err(Status::unavailable(
+                "the server stopped following the run; watch again",
+            )),
         }
     }
+
+    /// The history events after the last one sent, when the shared
+    /// snapshot reaches back that far.
+    fn shared_events<'a>(&self, snapshot: &'a RunSnapshot) -> Option<&'a [HistoryRow]> {
+        if self.behind {
+            return None;
+        }
+        snapshot.events_after(self.sent_seq)
+    }
+
+    /// The history events after the last one sent, read for this stream.
+    async fn read_events(&self) -> Result<Vec<HistoryRow>, Status> {
+        self.coordinator
+            .history(
+                Some(&self.namespace),
+                &self.run_id,
+                self.sent_seq,
+                HISTORY_PAGE,
+            )
+            .await
+            .map_err(from_coordinator)
+    }
 }
 
-/// A stream fed by a task through a bounded channel.
-fn async_stream<F, Fut>(produce: F) -> WatchStream
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<WatchRunResponse, Status>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (sender, receiver) = tokio::sync::mpsc::channel(16);
-    tokio::spawn(produce(sender));
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(receiver))
+/// The snapshot with all its events, as the one frame every stream in step
+/// sends: encoded by the first of them, then shared.
+fn shared_frame(snapshot: &RunSnapshot) -> Result<Bytes, Status> {
+    if let Some(encoded) = snapshot.message.get() {
+        return Ok(Bytes::from_owner(Arc::clone(encoded)));
+    }
+    let frame = grpc_frame(&WatchRunResponse {
+        run: Some(snapshot_message(&snapshot.view)),
+        events: snapshot
+            .events
+            .iter()
+            .cloned()
+            .map(history_message)
+            .collect(),
+    })?;
+    let encoded = snapshot.message.get_or_init(move || Arc::from(frame));
+    Ok(Bytes::from_owner(Arc::clone(encoded)))
+}
+
+/// A shared snapshot's run as the API's.
+fn snapshot_message(view: &RunView) -> Run {
+    run_message(view.run.clone(), view.nodes.clone(), &view.node_types)
 }

@@ -1,6 +1,6 @@
 //! `WorkflowService`: registered definitions.
 
-use composer_coordinator::{Coordinator, workflows};
+use composer_coordinator::Coordinator;
 use composer_proto::v1::{
     GetWorkflowRequest, GetWorkflowResponse, ListWorkflowVersionsRequest,
     ListWorkflowVersionsResponse, ListWorkflowsRequest, ListWorkflowsResponse,
@@ -89,9 +89,16 @@ impl WorkflowService for WorkflowApi {
         &self,
         request: Request<ValidateWorkflowRequest>,
     ) -> Result<Response<ValidateWorkflowResponse>, Status> {
+        let caller = caller(&request)?;
         let source = request.into_inner().source;
         check_source(&source)?;
-        let problems = match workflows::validate(&source) {
+        let checked = self
+            .coordinator
+            .workflows()
+            .validate(&caller.namespace, &source)
+            .await
+            .map_err(from_coordinator)?;
+        let problems = match checked {
             Ok(_) => Vec::new(),
             Err(problems) => problems
                 .into_iter()
