@@ -35,7 +35,7 @@ test: setup ## every test in every language (what CI runs)
 	COMPOSER_BIN=$(CURDIR)/target/debug/composer scripts/test-ts-sdk.sh
 	COMPOSER_BIN=$(CURDIR)/target/debug/composer scripts/test-dashboard.sh
 	scripts/check-engine-purity.sh
-	BENCH_APPEND=0 bench/run.sh quick
+	BENCH_APPEND=0 BENCH_BUILD=debug bench/run.sh quick
 
 lint: setup fmt clippy buf-lint buf-breaking generate-check purity ## every check that is not a test
 

@@ -9,6 +9,11 @@
 # as `make test` runs it). It reports; it never fails on a time, only when a
 # benchmark cannot run.
 #
+# BENCH_BUILD=debug runs it on the debug build the tests made instead of
+# compiling everything again for release: `make test` does, so CI checks
+# that every benchmark runs without a second build of the whole tree; its
+# figures are a debug build's and are never quoted.
+#
 #   bench/run.sh quick|full [extra composer-loadgen flags]
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,7 +26,12 @@ case $profile in
   *) echo "usage: bench/run.sh quick|full" >&2; exit 2 ;;
 esac
 
-cargo build --release --quiet -p composer-cli -p composer-loadgen
+build=${BENCH_BUILD:-release}
+case $build in
+  release) cargo build --release --quiet -p composer-cli -p composer-loadgen ;;
+  debug) cargo build --quiet -p composer-cli -p composer-loadgen ;;
+  *) echo "bench: BENCH_BUILD is release or debug, not $build" >&2; exit 2 ;;
+esac
 
 sdk_args=()
 if python=$(scripts/python-venv.sh); then
@@ -50,5 +60,5 @@ if [[ ${BENCH_APPEND:-1} == 0 ]]; then
   append_args=()
 fi
 
-exec target/release/composer-loadgen --profile "$profile" --composer target/release/composer \
+exec "target/$build/composer-loadgen" --profile "$profile" --composer "target/$build/composer" \
   "${sdk_args[@]}" "${append_args[@]}" --command "$command" "$@"
