@@ -1,12 +1,12 @@
 //! The floor (pgbench) and B1..B5.
 
 use std::{
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, HashMap, HashSet},
     path::{Path, PathBuf},
     process::Stdio,
     sync::{
         Arc, Mutex,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     time::{Duration, Instant},
 };
@@ -27,7 +27,7 @@ use tonic::transport::Channel;
 
 use crate::{
     procs::{self, Backends, Server, TICKS_PER_SECOND},
-    worker::{FastWorker, Hook, WorkerConfig, WorkerEvent, channel},
+    worker::{Authed, Bearer, FastWorker, Hook, WorkerConfig, WorkerEvent, channel},
 };
 
 /// Lengths and sizes of one benchmark profile.
@@ -84,6 +84,16 @@ pub struct Profile {
     pub payload_secs: u64,
     /// B7: steps of the sequential workflow.
     pub chain_steps: usize,
+    /// B8: the victim's window idle and under each aggressor, seconds (at
+    /// 10 runs/s).
+    pub noisy_secs: u64,
+    /// B8: the longest an aggressor's phase may last, seconds (a poisoned
+    /// run that never ends, a backlog filling slowly).
+    pub noisy_limit_secs: u64,
+    /// B8: WatchRun streams the aggressor holds.
+    pub noisy_watch_streams: usize,
+    /// B8: tasks the aggressor leaves waiting in its own queue.
+    pub noisy_backlog_tasks: usize,
 }
 
 impl Profile {
@@ -115,6 +125,10 @@ impl Profile {
             payload_sizes: vec![100_000],
             payload_secs: 6,
             chain_steps: 1_000,
+            noisy_secs: 5,
+            noisy_limit_secs: 20,
+            noisy_watch_streams: 1_000,
+            noisy_backlog_tasks: 10_000,
         }
     }
 
@@ -144,6 +158,10 @@ impl Profile {
             payload_sizes: vec![1_000, 10_000, 100_000, 1_000_000],
             payload_secs: 20,
             chain_steps: 10_000,
+            noisy_secs: 30,
+            noisy_limit_secs: 90,
+            noisy_watch_streams: 5_000,
+            noisy_backlog_tasks: 100_000,
         }
     }
 }
@@ -427,7 +445,12 @@ async fn run_pgbench(
 // ---------------------------------------------------------------- helpers
 
 pub(crate) async fn register(url: &str, source: &str) -> Result<()> {
-    let mut client = WorkflowServiceClient::new(channel(url).await?)
+    register_as(url, &Bearer::none(), source).await
+}
+
+/// [`register`] with `bearer`'s token.
+pub(crate) async fn register_as(url: &str, bearer: &Bearer, source: &str) -> Result<()> {
+    let mut client = WorkflowServiceClient::with_interceptor(channel(url).await?, bearer.clone())
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);
     client
@@ -1074,105 +1097,213 @@ pub async fn latency(ctx: &Ctx) -> Result<Latency> {
 }
 
 async fn latency_on(ctx: &Ctx, server: &Server) -> Result<Latency> {
-    register(&server.url, &linear_workflow("bench_latency", "bench_lat")).await?;
-    let times: Arc<Mutex<HashMap<String, RunTimes>>> = Arc::default();
-    let recorder = Arc::clone(&times);
-    let hook: Hook = Arc::new(move |event| {
-        let mut times = recorder.lock().unwrap_or_else(|p| p.into_inner());
-        match event {
-            WorkerEvent::Leased { run_id, node, at } => {
-                times.entry(run_id).or_default().leases.insert(node, at);
-            }
-            WorkerEvent::Reported {
-                run_id,
-                task_name,
-                sent,
-                done,
-            } => {
-                times
-                    .entry(run_id)
-                    .or_default()
-                    .reports
-                    .insert(task_name, (sent, done));
-            }
-        }
-    });
-    let worker = FastWorker::start(
-        std::slice::from_ref(&server.url),
-        &WorkerConfig {
-            queue: "bench_lat".to_owned(),
-            pollers_per_server: 4,
-            connections_per_server: 1,
-            slots: 64,
-            max_per_poll: 8,
-            output_bytes: 0,
-        },
-        Some(hook),
-    )
-    .await?;
-    let client = RunServiceClient::new(channel(&server.url).await?);
-    // let the pollers reach the server and its stream reader start
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let began = Instant::now();
-    let runs = ctx.profile.latency_secs * 10;
-    let mut ticker = tokio::time::interval(Duration::from_millis(100));
-    let mut pending = Vec::new();
-    for _ in 0..runs {
-        ticker.tick().await;
-        let mut client = client.clone();
-        let times = Arc::clone(&times);
-        pending.push(tokio::spawn(async move {
-            let sent = Instant::now();
-            if let Ok(response) = client
-                .start_run(start_request("bench_latency", serde_json::json!({})))
-                .await
-                && let Some(run) = response.into_inner().run
-            {
-                let mut times = times.lock().unwrap_or_else(|p| p.into_inner());
-                times.entry(run.run_id).or_default().start_sent = Some(sent);
-            }
-        }));
+    let open_loop = OpenLoop::start(&server.url, &Bearer::none()).await?;
+    let started = open_loop
+        .drive(Until::Runs(ctx.profile.latency_secs * 10))
+        .await;
+    open_loop.settle(&started, Duration::from_secs(10)).await;
+    let latency = open_loop.latency(&started);
+    open_loop.stop().await;
+    Ok(latency)
+}
+
+/// B2's open loop, also run as the victim of other loads (the bulk retry,
+/// B8): three-step runs of [`OPEN_LOOP_WORKFLOW`], started one every
+/// [`OPEN_LOOP_TICK`] whatever the server answers, and a worker on their
+/// queue that notes when each task reaches it and each report is answered.
+pub(crate) struct OpenLoop {
+    client: RunServiceClient<Authed>,
+    worker: FastWorker,
+    times: Arc<Mutex<HashMap<String, RunTimes>>>,
+}
+
+/// The open loop's workflow and its queue.
+pub(crate) const OPEN_LOOP_WORKFLOW: &str = "bench_latency";
+const OPEN_LOOP_QUEUE: &str = "bench_lat";
+/// The open loop's pace: 10 runs/s.
+const OPEN_LOOP_TICK: Duration = Duration::from_millis(100);
+
+/// How long an open loop starts runs.
+pub(crate) enum Until {
+    /// This many runs, one a tick.
+    Runs(u64),
+    /// Until the flag is set.
+    Stopped(Arc<AtomicBool>),
+}
+
+/// The runs one stretch of an open loop started.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Started {
+    /// Their ids (runs whose StartRun failed are not here).
+    pub runs: HashSet<String>,
+    /// Runs sent per second.
+    pub rate: f64,
+}
+
+impl Started {
+    /// Both stretches as one sample.
+    pub(crate) fn and(mut self, other: Started) -> Started {
+        self.rate = (self.rate + other.rate) / 2.0;
+        self.runs.extend(other.runs);
+        self
     }
-    let rate = runs as f64 / began.elapsed().as_secs_f64();
-    for p in pending {
-        let _ = p.await;
+}
+
+impl OpenLoop {
+    /// Registers the workflow as `bearer`, starts the worker with the same
+    /// token and lets its pollers reach the server.
+    pub(crate) async fn start(url: &str, bearer: &Bearer) -> Result<Self> {
+        register_as(
+            url,
+            bearer,
+            &linear_workflow(OPEN_LOOP_WORKFLOW, OPEN_LOOP_QUEUE),
+        )
+        .await?;
+        let times: Arc<Mutex<HashMap<String, RunTimes>>> = Arc::default();
+        let recorder = Arc::clone(&times);
+        let hook: Hook = Arc::new(move |event| {
+            let mut times = recorder.lock().unwrap_or_else(|p| p.into_inner());
+            match event {
+                WorkerEvent::Leased { run_id, node, at } => {
+                    times.entry(run_id).or_default().leases.insert(node, at);
+                }
+                WorkerEvent::Reported {
+                    run_id,
+                    task_name,
+                    sent,
+                    done,
+                } => {
+                    times
+                        .entry(run_id)
+                        .or_default()
+                        .reports
+                        .insert(task_name, (sent, done));
+                }
+            }
+        });
+        let worker = FastWorker::start_as(
+            &[url.to_owned()],
+            &WorkerConfig {
+                queue: OPEN_LOOP_QUEUE.to_owned(),
+                pollers_per_server: 4,
+                connections_per_server: 1,
+                slots: 64,
+                max_per_poll: 8,
+                output_bytes: 0,
+            },
+            Some(hook),
+            bearer,
+        )
+        .await?;
+        let client = RunServiceClient::with_interceptor(channel(url).await?, bearer.clone());
+        // let the pollers reach the server and its stream reader start
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        Ok(Self {
+            client,
+            worker,
+            times,
+        })
     }
-    let until = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < until {
-        let done = times
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter(|t| t.reports.contains_key("step3"))
-            .count();
-        if done as u64 >= runs {
-            break;
+
+    /// Starts a run every tick, without waiting for the answers, `until`
+    /// says stop; returns once every StartRun has been answered.
+    pub(crate) async fn drive(&self, until: Until) -> Started {
+        let began = Instant::now();
+        let runs: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let mut ticker = tokio::time::interval(OPEN_LOOP_TICK);
+        let mut pending = Vec::new();
+        let mut sent: u64 = 0;
+        loop {
+            let enough = match &until {
+                Until::Runs(limit) => sent >= *limit,
+                Until::Stopped(flag) => flag.load(Ordering::Relaxed),
+            };
+            if enough {
+                break;
+            }
+            ticker.tick().await;
+            sent += 1;
+            let mut client = self.client.clone();
+            let times = Arc::clone(&self.times);
+            let runs = Arc::clone(&runs);
+            pending.push(tokio::spawn(async move {
+                let sent = Instant::now();
+                if let Ok(response) = client
+                    .start_run(start_request(OPEN_LOOP_WORKFLOW, serde_json::json!({})))
+                    .await
+                    && let Some(run) = response.into_inner().run
+                {
+                    let mut times = times.lock().unwrap_or_else(|p| p.into_inner());
+                    times.entry(run.run_id.clone()).or_default().start_sent = Some(sent);
+                    runs.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(run.run_id);
+                }
+            }));
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        let rate = sent as f64 / began.elapsed().as_secs_f64().max(f64::MIN_POSITIVE);
+        for p in pending {
+            let _ = p.await;
+        }
+        let runs = std::mem::take(&mut *runs.lock().unwrap_or_else(|p| p.into_inner()));
+        Started { runs, rate }
     }
-    worker.stop().await;
-    let times = times.lock().unwrap_or_else(|p| p.into_inner());
-    let (mut first, mut dispatch, mut whole) = (Vec::new(), Vec::new(), Vec::new());
-    for t in times.values() {
-        let Some(start) = t.start_sent else { continue };
-        if let Some(lease) = t.leases.get("a") {
-            first.push(ms(lease.saturating_duration_since(start)));
+
+    /// Waits, at most `limit`, until every run of `started` has had its last
+    /// report answered: the runs started last still have steps to go.
+    pub(crate) async fn settle(&self, started: &Started, limit: Duration) {
+        let until = Instant::now() + limit;
+        while Instant::now() < until {
+            let done = {
+                let times = self.times.lock().unwrap_or_else(|p| p.into_inner());
+                started
+                    .runs
+                    .iter()
+                    .filter(|run| {
+                        times
+                            .get(*run)
+                            .is_some_and(|t| t.reports.contains_key("step3"))
+                    })
+                    .count()
+            };
+            if done >= started.runs.len() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        for (report, next) in [("step1", "b"), ("step2", "c")] {
-            if let (Some((sent, _)), Some(lease)) = (t.reports.get(report), t.leases.get(next)) {
-                dispatch.push(ms(lease.saturating_duration_since(*sent)));
+    }
+
+    /// The latencies of the runs of `started`.
+    pub(crate) fn latency(&self, started: &Started) -> Latency {
+        let times = self.times.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut first, mut dispatch, mut whole) = (Vec::new(), Vec::new(), Vec::new());
+        for t in started.runs.iter().filter_map(|run| times.get(run)) {
+            let Some(start) = t.start_sent else { continue };
+            if let Some(lease) = t.leases.get("a") {
+                first.push(ms(lease.saturating_duration_since(start)));
+            }
+            for (report, next) in [("step1", "b"), ("step2", "c")] {
+                if let (Some((sent, _)), Some(lease)) = (t.reports.get(report), t.leases.get(next))
+                {
+                    dispatch.push(ms(lease.saturating_duration_since(*sent)));
+                }
+            }
+            if let Some((_, done)) = t.reports.get("step3") {
+                whole.push(ms(done.saturating_duration_since(start)));
             }
         }
-        if let Some((_, done)) = t.reports.get("step3") {
-            whole.push(ms(done.saturating_duration_since(start)));
+        Latency {
+            start_to_lease: dist(first),
+            dispatch: dist(dispatch),
+            whole_run: dist(whole),
+            rate: started.rate,
         }
     }
-    Ok(Latency {
-        start_to_lease: dist(first),
-        dispatch: dist(dispatch),
-        whole_run: dist(whole),
-        rate,
-    })
+
+    /// Stops the worker.
+    pub(crate) async fn stop(self) {
+        self.worker.stop().await;
+    }
 }
 
 // ---------------------------------------------------------------- B3

@@ -3,9 +3,9 @@
 //! through them, against idle windows before and after it, on one server.
 
 use std::{
-    collections::{HashMap, HashSet},
+    collections::HashMap,
     sync::{
-        Arc, Mutex,
+        Arc,
         atomic::{AtomicBool, Ordering},
     },
     time::{Duration, Instant},
@@ -19,9 +19,9 @@ use composer_proto::v1::{
 use tonic::transport::Channel;
 
 use crate::{
-    benches::{Ctx, Dist, dist, linear_workflow, ms, register, start_request, stop_all},
+    benches::{Ctx, Dist, OpenLoop, Until, register, start_request, stop_all},
     procs::Server,
-    worker::{FastWorker, Hook, WorkerConfig, WorkerEvent, channel},
+    worker::{Bearer, channel},
 };
 
 /// Failed runs the operation retries.
@@ -63,12 +63,6 @@ impl BulkCost {
     }
 }
 
-#[derive(Default)]
-struct Times {
-    leases: HashMap<(String, String), Instant>,
-    reports: HashMap<(String, String), Instant>,
-}
-
 pub async fn bulk_cost(ctx: &Ctx) -> Result<BulkCost> {
     ctx.reset().await?;
     let servers = ctx.start_servers(1).await?;
@@ -79,84 +73,49 @@ pub async fn bulk_cost(ctx: &Ctx) -> Result<BulkCost> {
 
 async fn bulk_cost_on(ctx: &Ctx, server: &Server) -> Result<BulkCost> {
     register(&server.url, FAIL_FAST).await?;
-    register(&server.url, &linear_workflow("bench_latency", "bench_lat")).await?;
     let client = RunServiceClient::new(channel(&server.url).await?);
     let began = Instant::now();
     create_failed_runs(&client).await?;
     let create_secs = began.elapsed().as_secs_f64();
 
-    let times: Arc<Mutex<Times>> = Arc::default();
-    let recorder = Arc::clone(&times);
-    let hook: Hook = Arc::new(move |event| {
-        let mut times = recorder.lock().unwrap_or_else(|p| p.into_inner());
-        match event {
-            WorkerEvent::Leased { run_id, node, at } => {
-                times.leases.insert((run_id, node), at);
-            }
-            WorkerEvent::Reported {
-                run_id,
-                task_name,
-                sent,
-                ..
-            } => {
-                times.reports.insert((run_id, task_name), sent);
-            }
-        }
-    });
-    let worker = FastWorker::start(
-        std::slice::from_ref(&server.url),
-        &WorkerConfig {
-            queue: "bench_lat".to_owned(),
-            pollers_per_server: 4,
-            connections_per_server: 1,
-            slots: 64,
-            max_per_poll: 8,
-            output_bytes: 0,
-        },
-        Some(hook),
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let open_loop = OpenLoop::start(&server.url, &Bearer::none()).await?;
+    // each idle window: at least 15 s of B2's 10 runs/s
+    let idle_runs = ctx.profile.latency_secs.max(15) * 10;
+    // the runs started last still have their steps to go
+    let settle = Duration::from_secs(10);
 
     eprintln!("bench: bulk: B2 idle");
-    let idle_window = Duration::from_secs(ctx.profile.latency_secs.max(15));
-    let idle_runs = drive_b2(
-        client.clone(),
-        Arc::new(AtomicBool::new(false)),
-        Some(idle_window),
-    )
-    .await;
+    let idle_before = open_loop.drive(Until::Runs(idle_runs)).await;
+    open_loop.settle(&idle_before, settle).await;
 
     eprintln!("bench: bulk: B2 during BulkRetryRuns of {FAILED_RUNS} runs");
     let stop = Arc::new(AtomicBool::new(false));
-    let driver = tokio::spawn(drive_b2(client.clone(), Arc::clone(&stop), None));
-    let op_began = Instant::now();
-    let operation = retry_all_and_wait(&client).await;
-    let op_secs = op_began.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let during_runs = driver.await.context("B2 driver")?;
+    let operation = async {
+        let op_began = Instant::now();
+        let operation = retry_all_and_wait(&client).await;
+        stop.store(true, Ordering::Relaxed);
+        (operation, op_began.elapsed().as_secs_f64())
+    };
+    let (during, (operation, op_secs)) = tokio::join!(
+        open_loop.drive(Until::Stopped(Arc::clone(&stop))),
+        operation
+    );
+    open_loop.settle(&during, settle).await;
     let operation = operation?;
 
     // idle again after it: a machine whose noise drifts during the run
     // weighs on both sides of the ratio alike
     eprintln!("bench: bulk: B2 idle after");
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let idle_after = drive_b2(
-        client.clone(),
-        Arc::new(AtomicBool::new(false)),
-        Some(idle_window),
-    )
-    .await;
-    // let the last runs finish
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    worker.stop().await;
-
-    let times = times.lock().unwrap_or_else(|p| p.into_inner());
-    let idle_runs: HashSet<String> = idle_runs.union(&idle_after).cloned().collect();
+    let idle_after = open_loop.drive(Until::Runs(idle_runs)).await;
+    open_loop.settle(&idle_after, settle).await;
+    let idle = open_loop.latency(&idle_before.and(idle_after)).dispatch;
+    let during = open_loop.latency(&during).dispatch;
+    open_loop.stop().await;
     Ok(BulkCost {
         runs: FAILED_RUNS,
-        idle: dist(dispatch_samples(&times, &idle_runs)),
-        during: dist(dispatch_samples(&times, &during_runs)),
+        idle,
+        during,
         op_secs,
         operation,
         create_secs,
@@ -189,58 +148,6 @@ async fn create_failed_runs(client: &RunServiceClient<Channel>) -> Result<()> {
         done.context("a caller")??;
     }
     Ok(())
-}
-
-/// B2's open loop, a run every 100 ms, for `window` or until `stop`;
-/// returns the runs it started.
-async fn drive_b2(
-    client: RunServiceClient<Channel>,
-    stop: Arc<AtomicBool>,
-    window: Option<Duration>,
-) -> HashSet<String> {
-    let began = Instant::now();
-    let started: Arc<Mutex<HashSet<String>>> = Arc::default();
-    let mut ticker = tokio::time::interval(Duration::from_millis(100));
-    let mut pending = Vec::new();
-    while !stop.load(Ordering::Relaxed) && window.is_none_or(|w| began.elapsed() < w) {
-        ticker.tick().await;
-        let mut client = client.clone();
-        let started = Arc::clone(&started);
-        pending.push(tokio::spawn(async move {
-            if let Ok(response) = client
-                .start_run(start_request("bench_latency", serde_json::json!({})))
-                .await
-                && let Some(run) = response.into_inner().run
-            {
-                started
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(run.run_id);
-            }
-        }));
-    }
-    for p in pending {
-        let _ = p.await;
-    }
-    // the runs started last still have their steps to go
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let started = started.lock().unwrap_or_else(|p| p.into_inner());
-    started.clone()
-}
-
-/// Report of step N → lease of step N+1, for the given runs.
-fn dispatch_samples(times: &Times, runs: &HashSet<String>) -> Vec<f64> {
-    let mut samples = Vec::new();
-    for run in runs {
-        for (report, next) in [("step1", "b"), ("step2", "c")] {
-            let sent = times.reports.get(&(run.clone(), report.to_owned()));
-            let lease = times.leases.get(&(run.clone(), next.to_owned()));
-            if let (Some(sent), Some(lease)) = (sent, lease) {
-                samples.push(ms(lease.saturating_duration_since(*sent)));
-            }
-        }
-    }
-    samples
 }
 
 async fn retry_all_and_wait(client: &RunServiceClient<Channel>) -> Result<BulkOperation> {

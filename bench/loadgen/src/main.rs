@@ -8,6 +8,7 @@ mod benches;
 mod bulk;
 mod chain;
 mod listing;
+mod noisy;
 mod observability;
 mod payload;
 mod procs;
@@ -50,7 +51,7 @@ struct Args {
     #[arg(long, default_value = "composer-loadgen")]
     command: String,
     /// Only these sections (comma-separated:
-    /// floor,b1,sdk,payload,b2,b3,b4,b7,b5,b6,obs,bulk).
+    /// floor,b1,sdk,payload,b2,b3,b4,b7,b5,b6,obs,bulk,b8).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sample the machine with perf for this many seconds during B1 (the
@@ -101,6 +102,7 @@ struct Results {
     bulk: Option<bulk::BulkCost>,
     payload: Option<Vec<payload::PayloadRow>>,
     chain: Option<chain::Chain>,
+    noisy: Option<noisy::Noisy>,
     failures: Vec<String>,
 }
 
@@ -373,6 +375,9 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
     }
     if want("bulk") {
         results.bulk = section!("a bulk retry against live dispatch", bulk::bulk_cost(ctx));
+    }
+    if want("b8") {
+        results.noisy = section!("B8 noisy neighbours", noisy::noisy(ctx));
     }
     if want("b5") {
         let cores = ctx.profile.scale_server_cores;
@@ -656,6 +661,9 @@ fn render(r: &Results, statements: bool) -> String {
     if let Some(cost) = &r.bulk {
         bulk_rows(&mut t, cost);
     }
+    if let Some(noisy) = &r.noisy {
+        noisy_rows(&mut t, noisy);
+    }
     for f in &r.failures {
         let _ = writeln!(
             t,
@@ -764,6 +772,156 @@ fn bulk_rows(t: &mut String, cost: &bulk::BulkCost) {
         "| bulk retry | p99 during / p99 idle | {ratio:.2} | ≤ 2 | {} |",
         verdict(ratio <= 2.0)
     );
+}
+
+fn noisy_rows(t: &mut String, n: &noisy::Noisy) {
+    let quota = match &n.quotas {
+        Some(_) => format!(
+            "the aggressor's quota: {} writing calls/s ({})",
+            noisy::AGGRESSOR_WRITES_PER_SECOND,
+            noisy::QUOTAS_FILE_FLAG
+        ),
+        None => format!(
+            "no {} on this server: the aggressor is unbounded",
+            noisy::QUOTAS_FILE_FLAG
+        ),
+    };
+    let _ = writeln!(
+        t,
+        "| B8 noisy neighbours | setup | namespaces `{}` (B2's open loop) and `{}`, each with its own tokens, on one server; {quota} | | |",
+        noisy::VICTIM,
+        noisy::AGGRESSOR
+    );
+    let _ = writeln!(
+        t,
+        "| B8 victim idle | report → next task leased, ms p50 / p99 / max | {} | | |",
+        d3(&n.idle.dispatch)
+    );
+    let _ = writeln!(
+        t,
+        "| B8 victim idle | StartRun → first task leased, ms p50 / p99 / max; server CPU | {}; {:.2} cores | | |",
+        d3(&n.idle.start_to_lease),
+        n.idle_cores
+    );
+    for phase in &n.phases {
+        let l = &phase.label;
+        let (dispatch, start) = phase.ratios(&n.idle);
+        for (what, d, ratio) in [
+            (
+                "report → next task leased",
+                &phase.victim.dispatch,
+                dispatch,
+            ),
+            (
+                "StartRun → first task leased",
+                &phase.victim.start_to_lease,
+                start,
+            ),
+        ] {
+            let _ = writeln!(
+                t,
+                "| B8 victim vs {l} | {what}, ms p50 / p99 / max; p99 / idle p99 | {}; {} | p99 ≤ 2 × idle | {} |",
+                d3(d),
+                ratio.map_or("no samples".to_owned(), |r| format!("**{r:.2} ×**")),
+                verdict(ratio.is_some_and(|r| r <= 2.0))
+            );
+        }
+        let (what, figures) = aggressor_figures(&phase.figures);
+        // only the poisoned runs have a target of their own (issue 34)
+        let target = match phase.figures.poison_contained() {
+            Some(ok) => format!(
+                " each run FAILED after ≤ {} deliveries | {} |",
+                2 * noisy::POISON_MAX_ATTEMPTS,
+                verdict(ok)
+            ),
+            None => " | |".to_owned(),
+        };
+        let _ = writeln!(
+            t,
+            "| B8 aggressor: {l} | {what}; server / load generator CPU over the {:.0} s window | {figures}; {:.2} / {:.2} cores |{target}",
+            phase.secs, phase.server_cores, phase.client_cores,
+        );
+    }
+}
+
+/// What a B8 aggressor's figures measure, and the figures.
+fn aggressor_figures(figures: &noisy::Figures) -> (String, String) {
+    use noisy::Figures;
+    match figures {
+        Figures::Flood { calls, secs } => (
+            "StartRun calls / accepted / throttled (RESOURCE_EXHAUSTED) / other errors; calls/s".to_owned(),
+            format!(
+                "{} / {} / **{}** / {}; {:.0}/s",
+                calls.calls(),
+                calls.accepted,
+                calls.throttled,
+                calls.other,
+                calls.calls() as f64 / secs.max(f64::MIN_POSITIVE)
+            ),
+        ),
+        Figures::Watch {
+            asked,
+            held,
+            refused,
+            failed,
+            dropped,
+            updates,
+            open_secs,
+        } => (
+            "WatchRun streams asked / held / refused over a quota / failed / dropped by the server; messages after the first; opened in".to_owned(),
+            format!(
+                "{asked} / **{held}** / {refused} / {failed} / {dropped}; {updates}; {open_secs:.1} s"
+            ),
+        ),
+        Figures::Cron { calls, latency } => (
+            "CreateSchedule calls / created / refused (INVALID_ARGUMENT) / throttled / other errors; ms a call p50 / p99 / max".to_owned(),
+            format!(
+                "{} / {} / **{}** / {} / {}; {}",
+                calls.calls(),
+                calls.accepted,
+                calls.invalid,
+                calls.throttled,
+                calls.other,
+                d3(latency)
+            ),
+        ),
+        Figures::Poison { runs, workers } => {
+            let each: Vec<String> = runs
+                .iter()
+                .map(|r| {
+                    let code = if r.code.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", r.code)
+                    };
+                    let secs = r.secs.map_or(String::new(), |s| format!(" in {s:.1} s"));
+                    format!(
+                        "{} (attempt {}) → {}{code}{secs}",
+                        r.deliveries, r.last_attempt, r.status
+                    )
+                })
+                .collect();
+            (
+                "each poisoned run: deliveries (last attempt) → status; workers started".to_owned(),
+                format!("{}; {workers}", each.join(", ")),
+            )
+        }
+        Figures::Backlog {
+            asked,
+            calls,
+            fill_secs,
+            depth,
+        } => (
+            "tasks asked / waiting in its queue; StartRun calls / accepted / throttled / other errors; filled in".to_owned(),
+            format!(
+                "{asked} / **{depth}**; {} / {} / {} / {}; {fill_secs:.1} s",
+                calls.calls(),
+                calls.accepted,
+                calls.throttled,
+                calls.other
+            ),
+        ),
+    }
 }
 
 fn listing_rows(t: &mut String, listing: &listing::Listing) {

@@ -187,6 +187,16 @@ async fn stop_child(child: &mut Child, timeout: Duration) {
     }
 }
 
+/// How a server authenticates its callers.
+pub enum ServerAuth {
+    /// No tokens (`COMPOSER_INSECURE`): every call acts as the default
+    /// namespace's admin. Every benchmark but B8.
+    Insecure,
+    /// Tokens signed with this HS256 secret (`COMPOSER_AUTH_SECRET`), so
+    /// callers act in their token's namespace (B8's tenants).
+    Secret(String),
+}
+
 /// One `composer serve` process.
 pub struct Server {
     child: Child,
@@ -200,13 +210,33 @@ pub struct Server {
 
 impl Server {
     /// Starts `composer serve` on a free port, with `extra` flags, and
-    /// waits until it listens.
+    /// waits until it listens. No tokens: every call acts as the default
+    /// namespace's admin.
     pub async fn start_with(
         composer: &Path,
         backends: &Backends,
         extra: &[String],
     ) -> Result<Self> {
-        let mut child = Command::new(composer)
+        Self::start_authenticated(composer, backends, extra, &ServerAuth::Insecure).await
+    }
+
+    /// [`start_with`](Server::start_with), authenticating callers as `auth` says.
+    pub async fn start_authenticated(
+        composer: &Path,
+        backends: &Backends,
+        extra: &[String],
+        auth: &ServerAuth,
+    ) -> Result<Self> {
+        let mut command = Command::new(composer);
+        match auth {
+            // servers before auth ignore the variable
+            ServerAuth::Insecure => command.env("COMPOSER_INSECURE", "true"),
+            // in the environment, not on the command line `ps` shows
+            ServerAuth::Secret(secret) => command
+                .env_remove("COMPOSER_INSECURE")
+                .env("COMPOSER_AUTH_SECRET", secret),
+        };
+        let mut child = command
             .arg("serve")
             .args([
                 "--listen",
@@ -218,9 +248,6 @@ impl Server {
             ])
             .args(["--drain-delay", "0s", "--shutdown-timeout", "10s"])
             .args(["--database-url", &backends.database_url])
-            // no tokens in the benchmark: every call acts as the default
-            // namespace's admin (servers before auth ignore the variable)
-            .env("COMPOSER_INSECURE", "true")
             .args(["--redis-url", &backends.redis_url])
             .args(extra)
             .stdin(Stdio::null())

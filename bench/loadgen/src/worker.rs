@@ -19,7 +19,45 @@ use tokio::{
     sync::{Semaphore, watch},
     task::JoinHandle,
 };
-use tonic::transport::Channel;
+use tonic::{
+    metadata::{Ascii, MetadataValue},
+    service::{Interceptor, interceptor::InterceptedService},
+    transport::Channel,
+};
+
+/// Adds a caller's token to every call; [`Bearer::none`] adds nothing, for
+/// servers that run without authentication (`--insecure`).
+#[derive(Debug, Clone, Default)]
+pub struct Bearer(Option<MetadataValue<Ascii>>);
+
+impl Bearer {
+    /// No token: the insecure server's anonymous admin of `default`.
+    pub fn none() -> Self {
+        Self(None)
+    }
+
+    /// `authorization: Bearer <token>` on every call.
+    pub fn token(token: &str) -> Result<Self> {
+        Ok(Self(Some(format!("Bearer {token}").parse()?)))
+    }
+}
+
+impl Interceptor for Bearer {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A connection whose calls carry a [`Bearer`].
+pub type Authed = InterceptedService<Channel, Bearer>;
 
 /// What the worker saw.
 #[derive(Debug, Clone)]
@@ -117,6 +155,16 @@ pub async fn channel(url: &str) -> Result<Channel> {
 impl FastWorker {
     /// Starts polling every server in `urls`.
     pub async fn start(urls: &[String], config: &WorkerConfig, hook: Option<Hook>) -> Result<Self> {
+        Self::start_as(urls, config, hook, &Bearer::none()).await
+    }
+
+    /// [`start`](FastWorker::start), every call carrying `bearer`.
+    pub async fn start_as(
+        urls: &[String],
+        config: &WorkerConfig,
+        hook: Option<Hook>,
+        bearer: &Bearer,
+    ) -> Result<Self> {
         let stats = Arc::new(WorkerStats::default());
         let slots = Arc::new(Semaphore::new(config.slots));
         let output = Arc::new(output_of(config.output_bytes));
@@ -126,7 +174,7 @@ impl FastWorker {
             let mut clients = Vec::new();
             for _ in 0..config.connections_per_server.max(1) {
                 clients.push(
-                    WorkerServiceClient::new(channel(url).await?)
+                    WorkerServiceClient::with_interceptor(channel(url).await?, bearer.clone())
                         .max_decoding_message_size(64 << 20)
                         .max_encoding_message_size(64 << 20),
                 );
@@ -163,7 +211,7 @@ impl FastWorker {
 
 #[derive(Clone)]
 struct Poller {
-    client: WorkerServiceClient<Channel>,
+    client: WorkerServiceClient<Authed>,
     worker_id: String,
     queue: String,
     max: usize,
@@ -237,7 +285,7 @@ impl Poller {
 }
 
 async fn complete(
-    client: &mut WorkerServiceClient<Channel>,
+    client: &mut WorkerServiceClient<Authed>,
     task: Task,
     output: Value,
     stats: &WorkerStats,
