@@ -276,7 +276,7 @@ fn start_background(
         },
         stop.clone(),
     ));
-    tokio::spawn(recovering.run_reconcile_loop(recovery, stop.clone()));
+    tokio::spawn(recovering.run_reconcile_loop(recovery, Arc::clone(&hub), stop.clone()));
     tokio::spawn(changes.clone().run(backend.redis_url.clone(), stop.clone()));
     let executor = HttpExecutor::new(HttpExecutorConfig {
         allow_private_networks: server.http_allow_private,

@@ -300,3 +300,85 @@ async fn every_rate_limit_bucket_expires_within_a_day_whatever_its_rate() {
         }
     }
 }
+
+/// A workflow whose task goes to a queue no worker polls.
+const UNPOLLED: &str =
+    "name: unpolled\nnodes:\n  - { id: work, type: TASK, queue: unpolled, task: work }\n";
+
+/// Messages in the streams of the queue `unpolled`.
+async fn unpolled_messages(redis: &mut redis::aio::MultiplexedConnection) -> i64 {
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("composer:tasks:*unpolled*")
+        .query_async(redis)
+        .await
+        .expect("keys");
+    let mut messages = 0;
+    for key in keys {
+        let length: i64 = redis::cmd("XLEN")
+            .arg(&key)
+            .query_async(redis)
+            .await
+            .expect("xlen");
+        messages += length;
+    }
+    messages
+}
+
+#[tokio::test]
+async fn a_queue_nobody_polls_keeps_one_message_per_task_however_long_it_waits() {
+    let redis_url = fresh_redis_url();
+    let server = ServerProcess::start_with(
+        &composer_binary(),
+        &fresh_database().await,
+        &redis_url,
+        &["--lost-dispatch-grace", "1s"],
+    )
+    .await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(UNPOLLED).await;
+    const TASKS: i64 = 20;
+    for _ in 0..TASKS {
+        client.start("unpolled", json!({})).await;
+    }
+    let mut redis = redis::Client::open(redis_url.as_str())
+        .expect("redis url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    // recovery looks every 2 s: three passes well past the grace
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(
+        unpolled_messages(&mut redis).await,
+        TASKS,
+        "nothing is republished into the stream of a queue nobody polls"
+    );
+
+    // the messages are lost; a worker comes: its server republishes them
+    let () = redis::cmd("FLUSHDB")
+        .query_async(&mut redis)
+        .await
+        .expect("flushdb");
+    let mut workers = WorkerServiceClient::new(channel(&server).await);
+    let mut leased = 0;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while leased < TASKS {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{leased} of {TASKS} leased"
+        );
+        let answer = workers
+            .poll_tasks(PollTasksRequest {
+                worker_id: "late".to_owned(),
+                queues: vec!["unpolled".to_owned()],
+                max_tasks: 10,
+                wait: Some(prost_types::Duration {
+                    seconds: 2,
+                    nanos: 0,
+                }),
+                confirm_receipt: false,
+            })
+            .await
+            .expect("poll");
+        leased += answer.into_inner().tasks.len() as i64;
+    }
+}

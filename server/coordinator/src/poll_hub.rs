@@ -363,6 +363,12 @@ impl PollHub {
         })
     }
 
+    /// The queues some poll of this server waited on within `reader_idle`:
+    /// the ones whose lost messages recovery republishes.
+    pub fn served_queues(&self) -> Vec<(String, String)> {
+        lock(&self.queues).keys().cloned().collect()
+    }
+
     /// How many polls wait in this server on the queue now.
     pub fn polls_waiting(&self, namespace: &str, queue: &str) -> usize {
         let key = (namespace.to_owned(), queue.to_owned());

@@ -2,7 +2,7 @@
 //! is re-checked under its run's lock, so two servers never apply one
 //! timer or one expiry twice.
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use composer_engine::{Event, NodeKey, TimerId};
 use composer_store::{events, runs, tasks, timers};
@@ -13,6 +13,7 @@ use crate::{
     Coordinator,
     apply::{RunTxn, SYSTEM, seed},
     error::CoordinatorError,
+    poll_hub::PollHub,
 };
 
 /// Periods and batch sizes of the recovery loops.
@@ -275,15 +276,24 @@ impl Coordinator {
 
     /// Republishes lost dispatches, hands free task slots to tasks left
     /// waiting, applies stuck inboxes, keeps history partitions ahead: so Redis and the hand-offs never drift for long.
+    /// Lost dispatches are looked for in the queues `served` polls on.
     pub async fn run_reconcile_loop(
         self,
         config: RecoveryConfig,
+        served: Arc<PollHub>,
         mut shutdown: watch::Receiver<bool>,
     ) {
         let grace_ms = i64::try_from(config.lost_dispatch_grace.as_millis()).unwrap_or(i64::MAX);
         let mut last_partition_check: Option<tokio::time::Instant> = None;
         while !*shutdown.borrow() {
-            match tasks::republish_lost_dispatches(self.store.pool(), grace_ms, config.batch).await
+            let queues = served.served_queues();
+            match tasks::republish_lost_dispatches(
+                self.store.pool(),
+                grace_ms,
+                config.batch,
+                &queues,
+            )
+            .await
             {
                 Ok(0) => {}
                 Ok(count) => {

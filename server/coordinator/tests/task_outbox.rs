@@ -120,7 +120,7 @@ async fn a_task_redis_does_not_take_is_left_in_the_outbox_for_the_enqueuer() {
 }
 
 #[tokio::test]
-async fn a_send_lost_after_the_commit_is_found_by_the_lost_dispatch_pass() {
+async fn a_send_lost_after_the_commit_is_found_by_the_lost_dispatch_pass_of_a_served_queue() {
     let redis_url = composer_testkit::fresh_redis_url();
     let coordinator = coordinator_publishing_to(&redis_url).await;
     let run_id = start_one(&coordinator).await;
@@ -140,15 +140,27 @@ async fn a_send_lost_after_the_commit_is_found_by_the_lost_dispatch_pass() {
     assert_eq!(outbox_rows_of(&coordinator, task_id).await, 0);
 
     let pool = coordinator.store().pool();
+    let elsewhere = [
+        ("default".to_owned(), "another".to_owned()),
+        ("other".to_owned(), "outboxed".to_owned()),
+    ];
     assert_eq!(
-        tasks::republish_lost_dispatches(pool, 60_000, 100)
+        tasks::republish_lost_dispatches(pool, 0, 100, &elsewhere)
+            .await
+            .expect("pass"),
+        0,
+        "a queue no poll of this server serves keeps its messages in its stream"
+    );
+    let served = [("default".to_owned(), "outboxed".to_owned())];
+    assert_eq!(
+        tasks::republish_lost_dispatches(pool, 60_000, 100, &served)
             .await
             .expect("pass"),
         0,
         "within the grace the task is not lost yet"
     );
     assert_eq!(
-        tasks::republish_lost_dispatches(pool, 0, 100)
+        tasks::republish_lost_dispatches(pool, 0, 100, &served)
             .await
             .expect("pass"),
         1

@@ -302,7 +302,7 @@ const LEASE_BY_KEYS: &str = "t.id = ANY($1::uuid[]) AND t.id = c.id AND t.attemp
 /// a poll of 1,000 (181 ms, decision 0029), and a cached plan of this form
 /// made while `tasks` was empty scanned the whole table per lease. The
 /// status test sits in COALESCE so that the plan cannot read
-/// `tasks_dispatched`, whose bitmap scans visit every task dispatched since
+/// `tasks_dispatched_by_queue`, whose bitmap scans visit every task dispatched since
 /// the last vacuum.
 const LEASE_BY_PROBE: &str = "t.id = c.id AND t.attempt = c.attempt \
      AND COALESCE(t.status = 'DISPATCHED', false)";
@@ -688,20 +688,36 @@ pub async fn expire_lease(
     Ok(Some((holder.unwrap_or_default(), end)))
 }
 
-/// Writes fresh outbox rows for tasks dispatched longer than `grace_ms` ago
-/// and never leased (a lost or never-sent message), same attempt.
+/// Writes fresh outbox rows for tasks of the `served` queues (namespace,
+/// queue) dispatched longer than `grace_ms` ago and never leased (a lost
+/// or never-sent message), same attempt, at most `limit` in all. Queues
+/// nobody polls are left alone: their messages wait in their streams, and
+/// republishing them would only grow those streams (decision 0040).
 pub async fn republish_lost_dispatches(
     pool: &PgPool,
     grace_ms: i64,
     limit: i64,
+    served: &[(String, String)],
 ) -> Result<u64, StoreError> {
-    // republish_lost_dispatches: partial index tasks_dispatched; the
-    // dispatched_at bump keeps other servers from republishing it again now
+    if served.is_empty() {
+        return Ok(0);
+    }
+    let (namespaces, queues): (Vec<&str>, Vec<&str>) = served
+        .iter()
+        .map(|(namespace, queue)| (namespace.as_str(), queue.as_str()))
+        .unzip();
+    // republish_lost_dispatches: partial index tasks_dispatched_by_queue,
+    // one probe per served queue; the dispatched_at bump keeps other
+    // servers from republishing it again now
     Ok(sqlx::query(
         "WITH lost AS ( \
-           SELECT id FROM tasks WHERE status = 'DISPATCHED' \
-             AND dispatched_at < now() - make_interval(secs => $1 / 1000.0) \
-           ORDER BY dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+           SELECT l.id FROM UNNEST($3::text[], $4::text[]) AS q(namespace, queue) \
+           CROSS JOIN LATERAL ( \
+             SELECT t.id FROM tasks t WHERE t.status = 'DISPATCHED' \
+               AND t.namespace = q.namespace AND t.queue = q.queue \
+               AND t.dispatched_at < now() - make_interval(secs => $1 / 1000.0) \
+             ORDER BY t.dispatched_at LIMIT $2 FOR UPDATE SKIP LOCKED) l \
+           LIMIT $2), \
          bumped AS ( \
            UPDATE tasks t SET dispatched_at = now() FROM lost WHERE t.id = lost.id \
            RETURNING t.namespace, t.queue, t.id, t.attempt, t.run_id, t.priority) \
@@ -710,6 +726,8 @@ pub async fn republish_lost_dispatches(
     )
     .bind(grace_ms as f64)
     .bind(limit)
+    .bind(&namespaces)
+    .bind(&queues)
     .execute(pool)
     .await?
     .rows_affected())
