@@ -29,7 +29,12 @@ esac
 build=${BENCH_BUILD:-release}
 case $build in
   release) cargo build --release --quiet -p composer-cli -p composer-loadgen ;;
-  debug) cargo build --quiet -p composer-cli -p composer-loadgen ;;
+  # a debug server cannot work within B5's quarter of a core: that
+  # series is the release build's alone
+  debug)
+    cargo build --quiet -p composer-cli -p composer-loadgen
+    set -- --server-cores 0 "$@"
+    ;;
   *) echo "bench: BENCH_BUILD is release or debug, not $build" >&2; exit 2 ;;
 esac
 
