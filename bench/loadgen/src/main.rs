@@ -777,8 +777,9 @@ fn bulk_rows(t: &mut String, cost: &bulk::BulkCost) {
 fn noisy_rows(t: &mut String, n: &noisy::Noisy) {
     let quota = match &n.quotas {
         Some(_) => format!(
-            "the aggressor's quota: {} writing calls/s ({})",
+            "the aggressor's quota: {} writing calls/s, {} tasks armed/s ({})",
             noisy::AGGRESSOR_WRITES_PER_SECOND,
+            noisy::AGGRESSOR_TASKS_PER_SECOND,
             noisy::QUOTAS_FILE_FLAG
         ),
         None => format!(

@@ -53,6 +53,10 @@ pub const QUOTAS_FILE_FLAG: &str = "--quotas-file";
 /// The aggressor's writing calls per second: far below what its flood
 /// sends, so the flood runs past its quota. The victim keeps the defaults.
 pub const AGGRESSOR_WRITES_PER_SECOND: u32 = 200;
+/// The tasks the aggressor's runs may arm a second: ten per writing call,
+/// so the backlog fills at this pace, not at what one StartRun of a
+/// thousand-item MAP per 5 ms would arm.
+pub const AGGRESSOR_TASKS_PER_SECOND: u32 = 2_000;
 /// `--lease-receipt-timeout` of B8's server (the default is 5 s): each
 /// delivery of the poisoned task lasts this long before the server takes it
 /// back, so its runs end within the quick profile's phase. The victim's
@@ -319,7 +323,10 @@ pub async fn noisy(ctx: &Ctx) -> Result<Noisy> {
 
 /// The aggressor's quotas; every other namespace keeps the defaults.
 fn quotas_file() -> String {
-    format!("namespaces:\n  {AGGRESSOR}:\n    writes_per_second: {AGGRESSOR_WRITES_PER_SECOND}\n")
+    format!(
+        "namespaces:\n  {AGGRESSOR}:\n    writes_per_second: {AGGRESSOR_WRITES_PER_SECOND}\n    \
+         tasks_per_second: {AGGRESSOR_TASKS_PER_SECOND}\n"
+    )
 }
 
 /// Whether `composer serve --help` lists `flag`.

@@ -63,6 +63,18 @@ async fn server_with_tokens(path: &Path, extra: &[&str]) -> ServerProcess {
     ServerProcess::start(&composer_binary(), &args).await
 }
 
+/// A server without tokens, with the quotas file `path`, and the address
+/// of its metrics.
+async fn server_with_metrics(path: &Path) -> (ServerProcess, String) {
+    let metrics = free_addr();
+    let path = path.to_str().expect("utf-8 path");
+    let args = ["--quotas-file", path, "--metrics-listen", &metrics];
+    (
+        ServerProcess::start(&composer_binary(), &args).await,
+        metrics,
+    )
+}
+
 fn start_request(workflow: &str, input: serde_json::Value) -> StartRunRequest {
     StartRunRequest {
         workflow_name: workflow.to_owned(),
@@ -583,6 +595,51 @@ async fn schedules_past_the_quota_are_refused_and_the_file_is_followed_while_ser
     );
 }
 
+/// A MAP arming one task per item at once, on a queue nobody polls.
+const FAN_OUT: &str = "name: fan_out\nnodes:\n  - { id: each, type: MAP, items: input.items, concurrency: \
+                       1000, queue: unpolled, task: work }\n";
+
+#[tokio::test]
+async fn a_namespace_that_armed_more_tasks_than_its_rate_cannot_start_runs_until_repaid() {
+    let (_dir, path) =
+        quotas_file("namespaces:\n  default:\n    tasks_per_second: 100\n    tasks_burst: 100\n");
+    let (server, metrics) = server_with_metrics(&path).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client.register(FAN_OUT).await;
+    let items: Vec<u32> = (0..300).collect();
+    // one call arms 300 tasks: admitted (the bucket held something), then
+    // 200 tasks in debt, repaid at 100 a second
+    client.start("fan_out", json!({ "items": items })).await;
+    let refused = client
+        .runs
+        .start_run(start_request("fan_out", json!({ "items": [1] })))
+        .await
+        .expect_err("the namespace is in debt");
+    let refused = refusal(&refused);
+    assert_eq!(refused.quota, "tasks_per_second");
+    assert_eq!(refused.subject, "namespace:default");
+    assert!(
+        refused.retry > Duration::from_millis(500) && refused.retry <= Duration::from_secs(2),
+        "about 2 s of debt left: {:?}",
+        refused.retry
+    );
+    eventually("the debt repaid", || async {
+        let mut runs = client.runs.clone();
+        runs.start_run(start_request("fan_out", json!({ "items": [1] })))
+            .await
+            .ok()
+    })
+    .await;
+    let throttled = metric_reaching(
+        &metrics,
+        "composer_quota_throttled_total",
+        &["namespace=\"default\"", "quota=\"tasks_per_second\""],
+        1.0,
+    )
+    .await;
+    assert!(throttled >= 1.0, "every refusal is counted: {throttled}");
+}
+
 #[tokio::test]
 async fn a_run_needing_a_concurrency_key_past_the_quota_is_refused_and_a_child_run_fails_its_node()
 {
@@ -636,17 +693,7 @@ async fn a_run_needing_a_concurrency_key_past_the_quota_is_refused_and_a_child_r
 #[tokio::test]
 async fn a_queue_uses_at_most_its_quota_of_rate_limit_keys_and_the_rest_wait() {
     let (_dir, path) = quotas_file("namespaces:\n  default:\n    rate_limit_keys_per_queue: 2\n");
-    let metrics = free_addr();
-    let server = ServerProcess::start(
-        &composer_binary(),
-        &[
-            "--quotas-file",
-            path.to_str().expect("path"),
-            "--metrics-listen",
-            &metrics,
-        ],
-    )
-    .await;
+    let (server, metrics) = server_with_metrics(&path).await;
     let mut client = TestClient::connect(&server.url()).await;
     client
         .register(

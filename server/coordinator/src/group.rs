@@ -13,7 +13,7 @@
 //! are in flight wait for the next group, which waits at most the window
 //! (or until it is full) before it begins.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{
     Arc, Mutex,
     atomic::{AtomicU64, Ordering},
@@ -80,6 +80,14 @@ enum LockOrder<'a> {
 }
 
 impl GroupItem {
+    /// The namespace whose run the item changes.
+    fn namespace(&self) -> &str {
+        match self {
+            GroupItem::Reports { queue, .. } => &queue.1.namespace,
+            GroupItem::Start { start, .. } => &start.run.namespace,
+        }
+    }
+
     fn lock_order(&self) -> LockOrder<'_> {
         match self {
             GroupItem::Reports { queue, .. } => LockOrder::Run(queue.0),
@@ -125,6 +133,28 @@ struct Waiting {
     leaders: usize,
     /// Of those, the ones inside a transaction now.
     applying: usize,
+    /// Groups inside a transaction now, by namespace (none: absent).
+    applying_by_namespace: HashMap<String, usize>,
+}
+
+impl Waiting {
+    fn begin(&mut self, namespace: &str) {
+        self.applying += 1;
+        *self
+            .applying_by_namespace
+            .entry(namespace.to_owned())
+            .or_default() += 1;
+    }
+
+    fn end(&mut self, namespace: &str) {
+        self.applying -= 1;
+        if let Some(count) = self.applying_by_namespace.get_mut(namespace) {
+            *count -= 1;
+            if *count == 0 {
+                self.applying_by_namespace.remove(namespace);
+            }
+        }
+    }
 }
 
 /// The gathering of items into groups.
@@ -232,46 +262,104 @@ impl GroupCommit {
         }
     }
 
-    /// The next group, oldest first; None (and the leader ends) when
-    /// nothing waits.
-    fn take(&self, leader: &mut Leader) -> Option<Vec<GroupItem>> {
+    /// Groups one namespace may have inside transactions at once: half of
+    /// them (at least one), so another namespace's item always finds a
+    /// leader free within one group's time.
+    fn per_namespace(&self) -> usize {
+        (self.in_flight / 2).max(1)
+    }
+
+    /// The next group: the oldest item of a namespace under its share of
+    /// the groups, and the next ones of that namespace; None (and the
+    /// leader ends) when nothing such waits: a namespace at its share has
+    /// leaders applying, which take its items next. With the group,
+    /// whether the caller must start another leader for the items left
+    /// waiting.
+    fn take(&self, leader: &mut Leader) -> Option<(Vec<GroupItem>, bool)> {
         let mut waiting = self.lock();
-        if waiting.items.is_empty() {
+        let share = self.per_namespace();
+        let first = waiting.items.iter().position(|item| {
+            waiting
+                .applying_by_namespace
+                .get(item.namespace())
+                .is_none_or(|applying| *applying < share)
+        });
+        let Some(first) = first else {
             waiting.leaders -= 1;
             leader.leading = false;
             return None;
+        };
+        let group = take_one_namespace(
+            &mut waiting.items,
+            first,
+            self.max_items,
+            GroupItem::namespace,
+        );
+        let namespace = group[0].namespace().to_owned();
+        waiting.begin(&namespace);
+        leader.applying = Some(namespace);
+        let another = !waiting.items.is_empty()
+            && waiting.leaders < self.in_flight
+            && waiting.leaders == waiting.applying;
+        if another {
+            waiting.leaders += 1;
         }
-        let count = waiting.items.len().min(self.max_items);
-        let group: Vec<GroupItem> = waiting.items.drain(..count).collect();
-        waiting.applying += 1;
-        leader.applying = true;
-        Some(group)
+        Some((group, another))
     }
 
     fn applied(&self, leader: &mut Leader) {
-        self.lock().applying -= 1;
-        leader.applying = false;
+        if let Some(namespace) = leader.applying.take() {
+            self.lock().end(&namespace);
+        }
     }
+}
+
+/// Takes from `items` the one at `first` and, in order, up to `max` of
+/// those after it in its namespace; the others keep their order. One
+/// namespace's transaction never holds another's items, so a tenant's
+/// costly StartRun (a MAP arming a thousand tasks) never delays another
+/// tenant's answer.
+fn take_one_namespace<T>(
+    items: &mut VecDeque<T>,
+    first: usize,
+    max: usize,
+    namespace: impl Fn(&T) -> &str,
+) -> Vec<T> {
+    let Some(head) = items.remove(first) else {
+        return Vec::new();
+    };
+    let mut group = vec![head];
+    let mut others = VecDeque::with_capacity(items.len());
+    for (index, item) in std::mem::take(items).into_iter().enumerate() {
+        if index >= first && group.len() < max && namespace(&item) == namespace(&group[0]) {
+            group.push(item);
+        } else {
+            others.push_back(item);
+        }
+    }
+    *items = others;
+    group
 }
 
 /// A leader's place in the counts, given back even if it panics.
 struct Leader {
     group: Arc<GroupCommit>,
     leading: bool,
-    applying: bool,
+    /// The namespace of the group it is applying.
+    applying: Option<String>,
 }
 
 impl Drop for Leader {
     fn drop(&mut self) {
-        if !self.leading && !self.applying {
+        if !self.leading && self.applying.is_none() {
             return;
         }
         let mut waiting = self.group.lock();
         if self.leading {
             waiting.leaders -= 1;
         }
-        if self.applying {
-            waiting.applying -= 1;
+        if let Some(namespace) = &self.applying {
+            waiting.end(namespace);
         }
     }
 }
@@ -280,10 +368,15 @@ impl Coordinator {
     /// Hands an item to the next group.
     pub(crate) fn submit_to_group(&self, item: GroupItem) {
         if self.group_commit.push(item) {
-            let coordinator = self.clone();
-            // its own task: a caller that goes away must not strand a group
-            tokio::spawn(async move { coordinator.lead_groups().await });
+            self.spawn_leader();
         }
+    }
+
+    /// A leader in its own task: a caller that goes away must not strand
+    /// a group.
+    fn spawn_leader(&self) {
+        let coordinator = self.clone();
+        tokio::spawn(async move { coordinator.lead_groups().await });
     }
 
     /// Takes and applies groups until nothing waits.
@@ -292,13 +385,16 @@ impl Coordinator {
         let mut leader = Leader {
             group: Arc::clone(&group_commit),
             leading: true,
-            applying: false,
+            applying: None,
         };
         loop {
             group_commit.gather().await;
-            let Some(items) = group_commit.take(&mut leader) else {
+            let Some((items, another)) = group_commit.take(&mut leader) else {
                 return;
             };
+            if another {
+                self.spawn_leader();
+            }
             self.apply_group(items).await;
             group_commit.applied(&mut leader);
         }
@@ -688,4 +784,43 @@ enum Locked {
     Now(Option<Box<FencedReports>>),
     /// To lock and load when its turn comes.
     Later,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_holds_the_oldest_items_of_one_namespace_and_leaves_the_rest_in_order() {
+        let mut items: VecDeque<(&str, u32)> = [
+            ("a", 1),
+            ("b", 2),
+            ("a", 3),
+            ("c", 4),
+            ("a", 5),
+            ("b", 6),
+            ("a", 7),
+        ]
+        .into();
+        let group = take_one_namespace(&mut items, 0, 3, |item| item.0);
+        assert_eq!(group, [("a", 1), ("a", 3), ("a", 5)]);
+        assert_eq!(
+            Vec::from(items.clone()),
+            [("b", 2), ("c", 4), ("b", 6), ("a", 7)],
+            "the fourth of a waits: the group is full"
+        );
+        assert_eq!(
+            take_one_namespace(&mut items, 1, 3, |item| item.0),
+            [("c", 4)]
+        );
+        assert_eq!(
+            take_one_namespace(&mut items, 0, 3, |item| item.0),
+            [("b", 2), ("b", 6)]
+        );
+        assert_eq!(
+            take_one_namespace(&mut items, 0, 3, |item| item.0),
+            [("a", 7)]
+        );
+        assert!(take_one_namespace(&mut items, 0, 3, |item| item.0).is_empty());
+    }
 }

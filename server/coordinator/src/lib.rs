@@ -119,6 +119,8 @@ pub struct Coordinator {
     lease_hints: Arc<reports::LeaseHints>,
     report_queues: Arc<reports::ReportQueues>,
     group_commit: Arc<group::GroupCommit>,
+    /// The tasks each namespace armed here, against its quota.
+    task_rates: Arc<quotas::TaskRates>,
     /// Wakes this server's bulk loop when a bulk operation is created here.
     bulk_wake: Arc<tokio::sync::Notify>,
     /// The polls waiting in this server, which tasks armed here may go to
@@ -146,6 +148,7 @@ impl Coordinator {
             lease_hints: Arc::default(),
             report_queues: Arc::default(),
             group_commit,
+            task_rates: Arc::default(),
             bulk_wake: Arc::default(),
             polls: None,
         }
@@ -196,10 +199,27 @@ impl Coordinator {
     /// Sends freshly committed outbox messages to Redis (the fast path); a
     /// message it cannot send stays in the outbox for the enqueuer.
     pub(crate) async fn publish(&self, messages: Vec<composer_store::tasks::OutboxMessage>) {
+        self.count_armed(&messages);
         if let Some(publisher) = &self.publisher
             && !messages.is_empty()
         {
             publisher.publish(messages).await;
+        }
+    }
+
+    /// Counts committed tasks against their namespaces' task rates.
+    fn count_armed(&self, messages: &[composer_store::tasks::OutboxMessage]) {
+        let now = std::time::Instant::now();
+        let mut rest = messages;
+        while let Some(first) = rest.first() {
+            // a transaction's tasks are one namespace's, so this is one pass
+            let same = rest
+                .iter()
+                .take_while(|m| m.namespace == first.namespace)
+                .count();
+            let quotas = self.config.quotas.of(&first.namespace);
+            self.task_rates.spend(&first.namespace, &quotas, same, now);
+            rest = &rest[same..];
         }
     }
 

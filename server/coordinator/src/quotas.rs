@@ -12,8 +12,8 @@ use std::{
     collections::{BTreeMap, HashMap},
     fmt,
     path::Path,
-    sync::{Arc, RwLock},
-    time::Duration,
+    sync::{Arc, Mutex, RwLock},
+    time::{Duration, Instant},
 };
 
 use serde::Deserialize;
@@ -47,11 +47,14 @@ pub enum Quota {
     ConcurrencyKeys,
     /// Live per-key rate-limit buckets of one queue.
     RateLimitKeysPerQueue,
+    /// Tasks armed per second, per server: what a namespace's runs add to
+    /// the shared stores, whatever the number of calls that armed them.
+    Tasks,
 }
 
 impl Quota {
     /// Every quota.
-    pub const ALL: [Quota; 11] = [
+    pub const ALL: [Quota; 12] = [
         Quota::Reads,
         Quota::Writes,
         Quota::WorkerCalls,
@@ -63,6 +66,7 @@ impl Quota {
         Quota::QueueRateLimits,
         Quota::ConcurrencyKeys,
         Quota::RateLimitKeysPerQueue,
+        Quota::Tasks,
     ];
 
     /// The quota's name: its key in the file (a rate's `_per_second` key).
@@ -79,6 +83,7 @@ impl Quota {
             Quota::QueueRateLimits => "queue_rate_limits",
             Quota::ConcurrencyKeys => "concurrency_keys",
             Quota::RateLimitKeysPerQueue => "rate_limit_keys_per_queue",
+            Quota::Tasks => "tasks_per_second",
         }
     }
 }
@@ -130,6 +135,8 @@ pub struct Quotas {
     pub concurrency_keys: u32,
     /// Live per-key rate-limit buckets of one queue.
     pub rate_limit_keys_per_queue: u32,
+    /// Tasks armed, per server.
+    pub tasks: Rate,
 }
 
 impl Default for Quotas {
@@ -148,6 +155,7 @@ impl Default for Quotas {
             queue_rate_limits: 1_000,
             concurrency_keys: 10_000,
             rate_limit_keys_per_queue: 10_000,
+            tasks: Rate::new(50_000.0, 100_000.0),
         }
     }
 }
@@ -192,6 +200,11 @@ impl Quotas {
             Quota::RateLimitKeysPerQueue => format!(
                 "at most {} rate-limit keys in use per queue",
                 self.rate_limit_keys_per_queue
+            ),
+            Quota::Tasks => format!(
+                "at most {} tasks armed per second (burst {}) on each server; \
+                 StartRun waits while more were armed",
+                self.tasks.per_second, self.tasks.burst
             ),
         }
     }
@@ -339,6 +352,8 @@ struct Overrides {
     writes_burst: Option<f64>,
     worker_calls_per_second: Option<f64>,
     worker_calls_burst: Option<f64>,
+    tasks_per_second: Option<f64>,
+    tasks_burst: Option<f64>,
     watch_streams: Option<u32>,
     watch_streams_per_token: Option<u32>,
     long_polls: Option<u32>,
@@ -369,6 +384,12 @@ impl Overrides {
                 self.worker_calls_per_second,
                 self.worker_calls_burst,
                 &mut quotas.worker_calls,
+            ),
+            (
+                "tasks",
+                self.tasks_per_second,
+                self.tasks_burst,
+                &mut quotas.tasks,
             ),
         ];
         for (name, per_second, burst, rate) in rates {
@@ -420,6 +441,122 @@ fn set_rate(rate: &mut Rate, per_second: Option<f64>, burst: Option<f64>) -> Res
         rate.burst = burst;
     }
     Ok(())
+}
+
+/// A token bucket: `burst` calls at once, refilled at `per_second`. The
+/// rate is given at each take, so a reloaded quota applies at once.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenBucket {
+    tokens: f64,
+    updated: Instant,
+    rate: Rate,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn full(rate: Rate, now: Instant) -> Self {
+        Self {
+            tokens: rate.burst,
+            updated: now,
+            rate,
+        }
+    }
+
+    /// Takes one call's token, or says how long until there is one.
+    pub fn take(&mut self, rate: Rate, now: Instant) -> Result<(), Duration> {
+        self.refill(rate, now);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return Ok(());
+        }
+        Err(self.time_to(1.0))
+    }
+
+    /// Spends `amount` tokens that were used already: the bucket may go
+    /// into debt, repaid at its rate.
+    pub fn spend(&mut self, rate: Rate, now: Instant, amount: f64) {
+        self.refill(rate, now);
+        self.tokens -= amount;
+    }
+
+    /// None while the bucket holds anything; in debt, how long until it
+    /// is repaid.
+    pub fn debt(&mut self, rate: Rate, now: Instant) -> Option<Duration> {
+        self.refill(rate, now);
+        (self.tokens < 0.0).then(|| self.time_to(0.0))
+    }
+
+    /// True when the bucket would be full at `now`: forgetting it then
+    /// loses nothing (a new one starts full).
+    pub fn is_full(&self, now: Instant) -> bool {
+        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
+        self.tokens + elapsed * self.rate.per_second >= self.rate.burst
+    }
+
+    fn time_to(&self, tokens: f64) -> Duration {
+        let missing = tokens - self.tokens;
+        Duration::from_secs_f64(missing / self.rate.per_second).max(Duration::from_millis(1))
+    }
+
+    fn refill(&mut self, rate: Rate, now: Instant) {
+        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * rate.per_second).min(rate.burst);
+        self.updated = now;
+        self.rate = rate;
+    }
+}
+
+/// Namespaces whose buckets this many are forgotten once full again.
+const TASK_BUCKETS_KEPT: usize = 1_000;
+
+/// The tasks each namespace armed on this server, against its
+/// `tasks_per_second` quota. Tasks are counted once armed (a MAP's
+/// thousand items are a thousand, whatever call armed them), so the
+/// bucket may go into debt; while it is, the namespace's StartRuns are
+/// refused, which bounds the work it adds to what it is allowed.
+#[derive(Debug, Default)]
+pub struct TaskRates {
+    buckets: Mutex<HashMap<String, TokenBucket>>,
+}
+
+impl TaskRates {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, TokenBucket>> {
+        self.buckets.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Refuses a StartRun of `namespace` while its bucket is in debt.
+    pub fn admit(
+        &self,
+        namespace: &str,
+        quotas: &Quotas,
+        now: Instant,
+    ) -> Result<(), QuotaExceeded> {
+        let mut buckets = self.lock();
+        let Some(bucket) = buckets.get_mut(namespace) else {
+            return Ok(());
+        };
+        match bucket.debt(quotas.tasks, now) {
+            None => Ok(()),
+            Some(wait) => Err(QuotaExceeded::counted(
+                Quota::Tasks,
+                Subject::Namespace(namespace.to_owned()),
+                quotas,
+                wait,
+            )),
+        }
+    }
+
+    /// Counts `count` tasks armed for `namespace`.
+    pub fn spend(&self, namespace: &str, quotas: &Quotas, count: usize, now: Instant) {
+        let mut buckets = self.lock();
+        if buckets.len() >= TASK_BUCKETS_KEPT && !buckets.contains_key(namespace) {
+            buckets.retain(|_, bucket| !bucket.is_full(now));
+        }
+        buckets
+            .entry(namespace.to_owned())
+            .or_insert_with(|| TokenBucket::full(quotas.tasks, now))
+            .spend(quotas.tasks, now, count as f64);
+    }
 }
 
 /// The quota table of a running server, replaced whole when the file is
@@ -555,6 +692,38 @@ mod tests {
         for quota in Quota::ALL {
             assert!(quotas.describe(quota).starts_with("at most"), "{quota}");
         }
+    }
+
+    #[test]
+    fn tasks_armed_past_the_rate_refuse_starts_until_the_debt_is_repaid() {
+        let quotas = Quotas {
+            tasks: Rate::new(1_000.0, 1_000.0),
+            ..Quotas::default()
+        };
+        let rates = TaskRates::default();
+        let now = Instant::now();
+        rates
+            .admit("shop", &quotas, now)
+            .expect("nothing armed yet");
+        rates.spend("shop", &quotas, 1_000, now);
+        rates
+            .admit("shop", &quotas, now)
+            .expect("the burst spent, not overspent");
+        rates.spend("shop", &quotas, 1_500, now);
+        let refused = rates.admit("shop", &quotas, now).expect_err("in debt");
+        assert_eq!(refused.quota, Quota::Tasks);
+        assert_eq!(refused.subject, Subject::Namespace("shop".to_owned()));
+        assert!(
+            refused.retry_after.abs_diff(Duration::from_millis(1_500)) < Duration::from_millis(1),
+            "1,500 tasks over at 1,000 a second: {:?}",
+            refused.retry_after
+        );
+        rates
+            .admit("other", &quotas, now)
+            .expect("another namespace is untouched");
+        rates
+            .admit("shop", &quotas, now + Duration::from_millis(1_500))
+            .expect("repaid");
     }
 
     #[test]

@@ -140,6 +140,9 @@ impl Coordinator {
         request: StartRun,
         run_trace: Option<String>,
     ) -> Result<(RunRow, bool), CoordinatorError> {
+        let quotas = self.config.quotas.of(&request.namespace);
+        self.task_rates
+            .admit(&request.namespace, &quotas, std::time::Instant::now())?;
         let mut workflow = self.workflow_to_start(&request, false).await?;
         self.check_payload("input", &request.input)?;
         for _ in 0..3 {

@@ -8,7 +8,12 @@
 //! ended or the caller went away).
 //!
 //! Over a quota the call is RESOURCE_EXHAUSTED with google.rpc.QuotaFailure
-//! and RetryInfo (`crate::status::quota_exceeded`).
+//! and RetryInfo (`crate::status::quota_exceeded`). The refusal is held
+//! back for its retry delay (at least [`MIN_HOLD`], at most [`MAX_HOLD`],
+//! and up to half again at random) before it is answered, so a client that ignores RetryInfo and calls
+//! again at once costs the servers at most one refusal per call in flight
+//! every 100 ms, not one per round trip. Held refusals are bounded per
+//! namespace and per server; past the bound a refusal is answered at once.
 
 use std::{
     collections::HashMap,
@@ -18,7 +23,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use composer_coordinator::quotas::{NamespaceQuotas, Quota, QuotaExceeded, Quotas, Rate, Subject};
+use composer_coordinator::quotas::{
+    NamespaceQuotas, Quota, QuotaExceeded, Quotas, Rate, Subject, TokenBucket,
+};
 use http::{Request, Response};
 use tonic::body::Body;
 use tower::{Layer, Service};
@@ -156,61 +163,30 @@ const HELD_RETRY: Duration = Duration::from_secs(1);
 /// How often idle namespaces are forgotten (their buckets full again).
 const PRUNE_EVERY: Duration = Duration::from_secs(10);
 
-/// A token bucket: `burst` calls at once, refilled at `per_second`. The
-/// rate is given at each take, so a reloaded quota applies at once.
-#[derive(Debug, Clone, Copy)]
-pub struct TokenBucket {
-    tokens: f64,
-    updated: Instant,
-    rate: Rate,
-}
+/// The shortest and longest a refusal is held before it is answered.
+pub const MIN_HOLD: Duration = Duration::from_millis(100);
+/// See [`MIN_HOLD`].
+pub const MAX_HOLD: Duration = Duration::from_secs(1);
 
-impl TokenBucket {
-    /// A full bucket.
-    pub fn full(rate: Rate, now: Instant) -> Self {
-        Self {
-            tokens: rate.burst,
-            updated: now,
-            rate,
-        }
-    }
-
-    /// Takes one call's token, or says how long until there is one.
-    pub fn take(&mut self, rate: Rate, now: Instant) -> Result<(), Duration> {
-        self.refill(rate, now);
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            return Ok(());
-        }
-        let missing = 1.0 - self.tokens;
-        Err(Duration::from_secs_f64(missing / rate.per_second).max(Duration::from_millis(1)))
-    }
-
-    /// True when the bucket would be full at `now`: forgetting it then
-    /// loses nothing (a new one starts full).
-    pub fn is_full(&self, now: Instant) -> bool {
-        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
-        self.tokens + elapsed * self.rate.per_second >= self.rate.burst
-    }
-
-    fn refill(&mut self, rate: Rate, now: Instant) {
-        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * rate.per_second).min(rate.burst);
-        self.updated = now;
-        self.rate = rate;
-    }
-}
+/// Refusals held at once for one namespace, then for the whole server:
+/// each costs a timer and a few hundred bytes (the request is dropped
+/// before the hold).
+const HELD_REFUSALS_PER_NAMESPACE: u32 = 1_000;
+const HELD_REFUSALS_PER_SERVER: u32 = 10_000;
 
 /// What one namespace uses of this server now.
 #[derive(Debug, Default)]
 struct NamespaceUse {
     buckets: [Option<TokenBucket>; 3],
     open: Open,
+    held_refusals: u32,
 }
 
 impl NamespaceUse {
     fn is_idle(&self, now: Instant) -> bool {
-        self.open.is_empty() && self.buckets.iter().flatten().all(|b| b.is_full(now))
+        self.open.is_empty()
+            && self.held_refusals == 0
+            && self.buckets.iter().flatten().all(|b| b.is_full(now))
     }
 }
 
@@ -246,6 +222,7 @@ struct State {
     namespaces: HashMap<String, NamespaceUse>,
     /// By [`Caller::token`]: entries leave when their last place is freed.
     tokens: HashMap<String, Open>,
+    held_refusals: u32,
     pruned_at: Instant,
 }
 
@@ -264,6 +241,7 @@ impl QuotaEnforcer {
             state: Mutex::new(State {
                 namespaces: HashMap::new(),
                 tokens: HashMap::new(),
+                held_refusals: 0,
                 pruned_at: Instant::now(),
             }),
         })
@@ -344,6 +322,45 @@ impl QuotaEnforcer {
         }
     }
 
+    /// How long to hold `refused` before answering it, with the place it
+    /// holds meanwhile; `None` when the namespace or the server already
+    /// holds as many refusals as it may (answer at once).
+    fn hold(self: &Arc<Self>, namespace: &str, refused: &QuotaExceeded) -> Option<HeldRefusal> {
+        let mut state = self.lock();
+        if state.held_refusals >= HELD_REFUSALS_PER_SERVER {
+            return None;
+        }
+        let usage = state.namespaces.get_mut(namespace)?;
+        if usage.held_refusals >= HELD_REFUSALS_PER_NAMESPACE {
+            return None;
+        }
+        usage.held_refusals += 1;
+        state.held_refusals += 1;
+        Some(HeldRefusal {
+            enforcer: Arc::clone(self),
+            namespace: namespace.to_owned(),
+            duration: jittered(refused.retry_after.clamp(MIN_HOLD, MAX_HOLD)),
+        })
+    }
+
+    fn release_refusal(&self, namespace: &str) {
+        let mut state = self.lock();
+        state.held_refusals = state.held_refusals.saturating_sub(1);
+        if let Some(usage) = state.namespaces.get_mut(namespace) {
+            usage.held_refusals = usage.held_refusals.saturating_sub(1);
+        }
+    }
+
+    /// Refusals held now: for `namespace`, and for the whole server.
+    pub fn held_refusals(&self, namespace: &str) -> (u32, u32) {
+        let state = self.lock();
+        let of_namespace = state
+            .namespaces
+            .get(namespace)
+            .map_or(0, |u| u.held_refusals);
+        (of_namespace, state.held_refusals)
+    }
+
     /// Open streams and waiting polls of `namespace` on this server.
     pub fn open_of(&self, namespace: &str) -> (u32, u32) {
         self.lock()
@@ -385,6 +402,28 @@ pub struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         self.enforcer.release(self);
+    }
+}
+
+/// `hold` and up to half again, at most [`MAX_HOLD`]: the calls refused
+/// together do not all come back together.
+fn jittered(hold: Duration) -> Duration {
+    let fraction = (uuid::Uuid::new_v4().as_u64_pair().0 >> 11) as f64 / (1u64 << 53) as f64;
+    hold.mul_f64(1.0 + fraction / 2.0).min(MAX_HOLD)
+}
+
+/// A refusal's place among the held ones, freed when dropped (answered,
+/// or the caller went away).
+#[derive(Debug)]
+struct HeldRefusal {
+    enforcer: Arc<QuotaEnforcer>,
+    namespace: String,
+    duration: Duration,
+}
+
+impl Drop for HeldRefusal {
+    fn drop(&mut self) {
+        self.enforcer.release_refusal(&self.namespace);
     }
 }
 
@@ -460,7 +499,14 @@ where
                     "call refused by a quota"
                 );
                 let response = crate::status::quota_exceeded(&refused).into_http::<Body>();
-                Box::pin(async move { Ok(response) })
+                let held = self.enforcer.hold(&caller.namespace, &refused);
+                drop(request);
+                Box::pin(async move {
+                    if let Some(held) = held {
+                        tokio::time::sleep(held.duration).await;
+                    }
+                    Ok(response)
+                })
             }
         }
     }
@@ -603,6 +649,51 @@ mod tests {
             .admit(&first, WATCH_RUN, now)
             .expect("places come back");
         assert!(quotas.lock().tokens.len() <= 1, "idle tokens are forgotten");
+    }
+
+    #[test]
+    fn refusals_are_held_for_their_retry_delay_up_to_a_bound_per_namespace() {
+        let quotas = enforcer(
+            "namespaces:\n  a:\n    writes_per_second: 1\n    writes_burst: 1\n  b:\n    writes_per_second: 1000\n    writes_burst: 1\n",
+        );
+        let now = Instant::now();
+        let a = caller("a", "t");
+        quotas.admit(&a, START_RUN, now).expect("the burst");
+        let refused = quotas.admit(&a, START_RUN, now).expect_err("then refused");
+        let mut held = Vec::new();
+        for _ in 0..HELD_REFUSALS_PER_NAMESPACE {
+            let hold = quotas.hold("a", &refused).expect("held");
+            assert_eq!(
+                hold.duration, MAX_HOLD,
+                "a's retry delay, 1 s, is the longest"
+            );
+            held.push(hold);
+        }
+        assert!(
+            quotas.hold("a", &refused).is_none(),
+            "past the bound: answered at once"
+        );
+        let b = caller("b", "t");
+        quotas.admit(&b, START_RUN, now).expect("the burst");
+        let refused_b = quotas.admit(&b, START_RUN, now).expect_err("then refused");
+        let hold = quotas
+            .hold("b", &refused_b)
+            .expect("b has places of its own");
+        assert!(
+            (MIN_HOLD..=MIN_HOLD * 3 / 2).contains(&hold.duration),
+            "a 1 ms retry delay is held 100 to 150 ms: {:?}",
+            hold.duration
+        );
+        assert_eq!(
+            quotas.held_refusals("b"),
+            (1, HELD_REFUSALS_PER_NAMESPACE + 1)
+        );
+        drop(held);
+        assert_eq!(
+            quotas.held_refusals("a"),
+            (0, 1),
+            "answered refusals free their place"
+        );
     }
 
     #[test]
