@@ -23,6 +23,11 @@ use tokio::sync::watch;
 
 const WAITER: &str = "name: waiter\nnodes:\n  - { id: go, type: WAIT_FOR_EVENT, event: go }\n  - { id: more, type: WAIT_FOR_EVENT, event: more }\nedges:\n  - { from: go, to: more }\n";
 
+/// Held to read by the tests that count on their subscription, and to
+/// write by the one that breaks subscriptions: `CLIENT KILL TYPE pubsub`
+/// breaks every subscription on the Redis server, another test's too.
+static SUBSCRIPTIONS: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 /// Well under the safety read's interval (45 s at the earliest).
 const PROMPTLY: Duration = Duration::from_secs(10);
 
@@ -109,6 +114,7 @@ fn node_status<'a>(snapshot: &'a RunSnapshot, node: &str) -> Option<&'a str> {
 
 #[tokio::test]
 async fn the_streams_of_a_run_share_one_read_per_change_and_the_run_is_forgotten_with_them() {
+    let _shared = SUBSCRIPTIONS.read().await;
     let feed = feed().await;
     let run = feed.start().await;
     let mut watches: Vec<RunWatch> = (0..100)
@@ -151,6 +157,7 @@ async fn the_streams_of_a_run_share_one_read_per_change_and_the_run_is_forgotten
 // senders wait on Postgres
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_of_changes_is_read_a_few_times_a_second_not_once_per_change() {
+    let _shared = SUBSCRIPTIONS.read().await;
     let feed = feed().await;
     let run = feed.start().await;
     let mut watch = feed.changes.watch(&feed.announced, &run);
@@ -218,6 +225,7 @@ async fn a_burst_of_changes_is_read_a_few_times_a_second_not_once_per_change() {
 
 #[tokio::test]
 async fn a_change_whose_announcement_was_lost_is_read_once_the_subscription_comes_back() {
+    let _alone = SUBSCRIPTIONS.write().await;
     let feed = feed().await;
     let run = feed.start().await;
     let mut watch = feed.changes.watch(&feed.announced, &run);
