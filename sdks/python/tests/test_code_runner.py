@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from composer import code_runner
+from composer import _code_handler
 from composer.code_runner import Sandbox, SandboxUnavailable, SnippetResult, default_sandbox, detect_sandbox, run_snippet
 
 
@@ -211,7 +211,7 @@ def test_a_snippet_cannot_raise_its_privileges() -> None:
 
 
 def test_without_namespaces_the_runner_refuses_unless_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(code_runner, "_unshare", lambda: "/bin/false")
+    monkeypatch.setattr(_code_handler, "_unshare", lambda: "/bin/false")
     with pytest.raises(SandboxUnavailable, match="--allow-network-in-snippets"):
         detect_sandbox()
     allowed = detect_sandbox(allow_network=True)

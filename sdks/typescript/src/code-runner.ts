@@ -11,8 +11,8 @@ import { delimiter, join, sep } from "node:path";
 
 import { CHILD_SOURCE } from "./code-child.js";
 import { NonRetryableError, TaskError } from "./errors.js";
+import type { Handler, TaskContext } from "./task-context.js";
 import type { Json } from "./values.js";
-import type { Handler, TaskContext } from "./worker.js";
 
 /** How long a snippet may run by default (ms). */
 export const DEFAULT_TIME_LIMIT_MS = 30_000;

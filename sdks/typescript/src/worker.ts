@@ -28,40 +28,21 @@ import { ComposerClient } from "./client.js";
 import { makeCodeHandler, type CodeRunnerOptions } from "./code-runner.js";
 import { ComposerError, TaskError, isLeaseLost, isResourceExhausted, toComposerError } from "./errors.js";
 import type { Task } from "./gen/composer/v1/worker_service_pb.js";
+import {
+  CANCEL_ATTEMPT_DEADLINE,
+  CANCEL_ATTEMPT_FAILED,
+  CANCEL_LEASE_LOST,
+  CANCEL_RUN_CANCELLED,
+  CANCEL_SHUTDOWN,
+  TaskCancelledError,
+  type CancelReason,
+  type Handler,
+  type Logger,
+  type TaskContext,
+} from "./task-context.js";
 import { HandlerSpan, workerTracing, type Tracing } from "./tracing.js";
 import { createNodeTransport, resolveAddress, resolveToken } from "./transport-node.js";
 import { NotJsonError, fromValue, toValue, type Json } from "./values.js";
-
-/** Why a task's `ctx.signal` fired. */
-export type CancelReason = "run cancelled" | "lease lost" | "attempt deadline" | "worker shutdown" | "attempt failed";
-/** A heartbeat answered that the run was cancelled. Nothing is reported. */
-export const CANCEL_RUN_CANCELLED: CancelReason = "run cancelled";
-/** The server said the lease is no longer this worker's. Nothing is reported. */
-export const CANCEL_LEASE_LOST: CancelReason = "lease lost";
-/** The attempt's deadline (the node's `timeout`) passed; the attempt is failed with TIMEOUT. */
-export const CANCEL_ATTEMPT_DEADLINE: CancelReason = "attempt deadline";
-/** The worker stopped before the task finished draining; failed with WORKER_SHUTDOWN (retryable). */
-export const CANCEL_SHUTDOWN: CancelReason = "worker shutdown";
-/** The attempt was already failed (an unhandled rejection inside the handler); stop the rest. */
-export const CANCEL_ATTEMPT_FAILED: CancelReason = "attempt failed";
-
-/** The `reason` of an aborted `ctx.signal`. */
-export class TaskCancelledError extends Error {
-  override name = "TaskCancelledError";
-  readonly reason: CancelReason;
-  constructor(reason: CancelReason) {
-    super(`task cancelled: ${reason}`);
-    this.reason = reason;
-  }
-}
-
-/** Where the worker logs; `console` fits. */
-export interface Logger {
-  debug(message: string, ...args: unknown[]): void;
-  info(message: string, ...args: unknown[]): void;
-  warn(message: string, ...args: unknown[]): void;
-  error(message: string, ...args: unknown[]): void;
-}
 
 const LEVELS = ["debug", "info", "warn", "error", "silent"] as const;
 
@@ -82,41 +63,6 @@ function prefixed(logger: Logger, prefix: string): Logger {
     error: (m, ...a) => logger.error(`${prefix} ${m}`, ...a),
   };
 }
-
-/** What a handler gets: the task's identity, its input, a cancellation signal and a logger. */
-export interface TaskContext {
-  /** The task's id, the same for every attempt: the idempotency key of the step's side effects. */
-  readonly taskId: string;
-  /** This attempt, from 1. */
-  readonly attempt: number;
-  readonly runId: string;
-  /** The node (or `<map id>[<index>]`) the task executes. */
-  readonly nodeId: string;
-  readonly workflowName: string;
-  readonly workflowVersion: number;
-  readonly namespace: string;
-  readonly queue: string;
-  readonly taskName: string;
-  /** The node's rendered input, as JSON. */
-  readonly input: any; // eslint-disable-line @typescript-eslint/no-explicit-any -- JSON of the workflow's making
-  /** The attempt must finish by this time (the node's `timeout`), if set. */
-  readonly deadline: Date | undefined;
-  /**
-   * Aborted when the run is cancelled, the lease is lost, the attempt's deadline passes, or the
-   * worker stops past its drain; `signal.reason` is a {@link TaskCancelledError} naming why. Pass it
-   * to `fetch`, timers and anything else that takes a signal.
-   */
-  readonly signal: AbortSignal;
-  /** Why the signal fired, once it did. */
-  readonly cancelReason: CancelReason | undefined;
-  /** A logger whose lines name the task. */
-  readonly logger: Logger;
-  /** Throws the signal's reason if it fired: a checkpoint for long loops. */
-  throwIfCancelled(): void;
-}
-
-/** A task handler: takes the context, returns (or resolves to) a JSON output. */
-export type Handler = (ctx: TaskContext) => unknown;
 
 /** Counters of what a worker did. */
 export interface WorkerStats {
@@ -996,3 +942,13 @@ export class Worker {
 
 export { ComposerError };
 export type { Json };
+// The task's side of the API, defined below the worker and the code runner, is the worker's too.
+export {
+  CANCEL_ATTEMPT_DEADLINE,
+  CANCEL_ATTEMPT_FAILED,
+  CANCEL_LEASE_LOST,
+  CANCEL_RUN_CANCELLED,
+  CANCEL_SHUTDOWN,
+  TaskCancelledError,
+};
+export type { CancelReason, Handler, Logger, TaskContext };

@@ -20,6 +20,10 @@ from composer import Backoff, Client, Run, RunStatus, Worker
 
 HERE = Path(__file__).resolve().parent
 FAST = Backoff(initial=0.05, maximum=1.0)
+POLL_WAIT = 1.0
+"""The long-poll wait of the tests' workers. A stopping worker lets the poll it has out answer
+first (cutting it off could strand tasks the server just leased to it), so at the default
+20 s every test would wait up to 20 s more for its worker to stop."""
 
 
 @asynccontextmanager

@@ -6,6 +6,10 @@ database is created for the session and dropped after) and
 the binary ``target/debug/composer`` (or ``COMPOSER_BIN``). From the repo root::
 
     scripts/with-services.sh .tools/venv-sdk-python/bin/python -m pytest sdks/python/tests/integration
+
+The tests run on two processes (pytest.ini): each process has its own
+session database and server, and they share the one Redis (every test's
+queues have names of their own).
 """
 
 from __future__ import annotations
@@ -108,6 +112,9 @@ class ServerProcess:
                 self.redis_url,
                 "--auth-secret",
                 AUTH_SECRET,
+                # No load balancer to leave: a stop or restart need not keep answering for 1 s.
+                "--drain-delay",
+                "0s",
                 *self.extra_args,
             ],
             stdin=subprocess.DEVNULL,

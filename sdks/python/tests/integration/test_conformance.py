@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 import pytest
-from _support import FAST, Recorder, WorkerProcess, final, history_types, one_task, serving, three_step, until
+from _support import FAST, POLL_WAIT, Recorder, WorkerProcess, final, history_types, one_task, serving, three_step, until
 from conftest import ServerProcess
 
 from composer import (
@@ -51,7 +51,7 @@ def run(coroutine: Any) -> None:
 
 def test_c01_a_worker_completes_a_three_step_workflow_and_the_client_gets_its_output(server: ServerProcess, names: str) -> None:
     async def main() -> None:
-        worker = Worker(server.address, slots=2, backoff=FAST)
+        worker = Worker(server.address, slots=2, backoff=FAST, poll_wait=POLL_WAIT)
         seen: list[tuple[str, int, str]] = []
 
         @worker.task("add_one", queue=f"steps_{names}")
@@ -91,7 +91,7 @@ def test_c01_a_worker_completes_a_three_step_workflow_and_the_client_gets_its_ou
 def test_c02_slots_bound_concurrency_and_every_task_finishes(server: ServerProcess, names: str) -> None:
     async def main() -> None:
         queue = f"slow_{names}"
-        worker = Worker(server.address, slots=4, backoff=FAST)
+        worker = Worker(server.address, slots=4, backoff=FAST, poll_wait=POLL_WAIT)
         lock = threading.Lock()
         running = peak = 0
 
@@ -126,7 +126,7 @@ def test_c02_slots_bound_concurrency_and_every_task_finishes(server: ServerProce
 def test_c03_heartbeats_keep_a_task_alive_past_its_lease(server: ServerProcess, names: str) -> None:
     async def main() -> None:
         queue = f"hb_{names}"
-        worker = Worker(server.address, slots=1, backoff=FAST)
+        worker = Worker(server.address, slots=1, backoff=FAST, poll_wait=POLL_WAIT)
         attempts: list[int] = []
 
         @worker.task("long", queue=queue)
@@ -152,7 +152,7 @@ def test_c03_heartbeats_keep_a_task_alive_past_its_lease(server: ServerProcess, 
 def test_c04_a_task_whose_run_is_cancelled_sees_its_cancellation(server: ServerProcess, names: str) -> None:
     async def main() -> None:
         queue = f"cancel_{names}"
-        worker = Worker(server.address, slots=2, backoff=FAST)
+        worker = Worker(server.address, slots=2, backoff=FAST, poll_wait=POLL_WAIT)
         started = asyncio.Event()
         reasons: list[str] = []
 
@@ -225,7 +225,9 @@ def test_c06_a_late_report_after_the_lease_was_lost_is_refused_and_not_retried(s
         queue = f"late_{names}"
         recorder = Recorder()
         # No heartbeats (interval far past the lease): the first attempt's lease expires.
-        worker = Worker(server.address, slots=2, backoff=FAST, heartbeat_interval=3600, interceptors=[recorder])
+        worker = Worker(
+            server.address, slots=2, backoff=FAST, poll_wait=POLL_WAIT, heartbeat_interval=3600, interceptors=[recorder]
+        )
         second_done = asyncio.Event()
 
         @worker.task("late", queue=queue)
@@ -267,7 +269,7 @@ def test_c06_a_late_report_after_the_lease_was_lost_is_refused_and_not_retried(s
 def test_c07_a_server_restart_under_a_running_worker(own_server: ServerProcess, names: str) -> None:
     async def main() -> None:
         queue = f"restart_{names}"
-        worker = Worker(own_server.address, slots=2, backoff=FAST)
+        worker = Worker(own_server.address, slots=2, backoff=FAST, poll_wait=POLL_WAIT)
         release = threading.Event()
 
         @worker.task("step", queue=queue)
@@ -313,7 +315,7 @@ def test_c08_sigterm_drains_in_flight_tasks_and_polls_nothing_new(server: Server
                 outputs = [await client.wait_for_result(r.run_id, timeout=10) for r in runs]
                 late_node = (await client.get_run(late.run_id)).node("work")
                 # Another worker takes the late run as its first attempt.
-                other = Worker(server.address, backoff=FAST)
+                other = Worker(server.address, backoff=FAST, poll_wait=POLL_WAIT)
 
                 @other.task("slow", queue=queue)
                 async def quick(ctx: TaskContext) -> dict[str, int]:
@@ -336,7 +338,7 @@ def test_c08_sigterm_drains_in_flight_tasks_and_polls_nothing_new(server: Server
 def test_c09_non_retryable_error_fails_at_once_a_plain_exception_is_retried(server: ServerProcess, names: str) -> None:
     async def main() -> None:
         queue = f"fail_{names}"
-        worker = Worker(server.address, slots=4, backoff=FAST)
+        worker = Worker(server.address, slots=4, backoff=FAST, poll_wait=POLL_WAIT)
         calls: dict[str, list[int]] = {"final": [], "flaky": [], "broken": []}
 
         @worker.task("final", queue=queue)
@@ -380,7 +382,7 @@ def test_c09_non_retryable_error_fails_at_once_a_plain_exception_is_retried(serv
 
 def test_c10_a_python_code_node_runs_and_an_endless_snippet_is_stopped(server: ServerProcess, names: str) -> None:
     async def main() -> None:
-        worker = Worker(server.address, slots=2, backoff=FAST)
+        worker = Worker(server.address, slots=2, backoff=FAST, poll_wait=POLL_WAIT)
         worker.serve_code(time_limit=2.0)
         workflow = f"""
 name: code_{names}
@@ -466,7 +468,7 @@ edges:
 def test_c12_client_runs_idempotency_listing_events_and_retry(server: ServerProcess, names: str) -> None:
     async def main() -> None:
         queue = f"client_{names}"
-        worker = Worker(server.address, slots=4, backoff=FAST)
+        worker = Worker(server.address, slots=4, backoff=FAST, poll_wait=POLL_WAIT)
         fail_first = {"on": True}
 
         @worker.task("echo", queue=queue)
@@ -579,7 +581,7 @@ def test_c15_a_task_running_past_the_first_short_lease_is_confirmed_and_keeps_it
     async def main() -> None:
         queue = f"receipt_{names}"
         recorder = Recorder()
-        worker = Worker(short_receipt_server.address, slots=2, backoff=FAST, interceptors=[recorder])
+        worker = Worker(short_receipt_server.address, slots=2, backoff=FAST, poll_wait=POLL_WAIT, interceptors=[recorder])
         started: list[tuple[str, int]] = []
 
         @worker.task("long", queue=queue)
@@ -719,7 +721,7 @@ def test_c18_bulk_actions_act_on_every_matching_run(server: ServerProcess, names
     retry_request = f"retry-{names}"
 
     def outage_worker(fixed: bool) -> Worker:
-        worker = Worker(server.address, slots=4, backoff=FAST)
+        worker = Worker(server.address, slots=4, backoff=FAST, poll_wait=POLL_WAIT)
 
         @worker.task("charge", queue=queue)
         async def charge(ctx: TaskContext) -> str:
@@ -855,7 +857,7 @@ def test_c19_queue_rate_limits_and_queued_runs(server: ServerProcess, names: str
 
             # 6 one-task runs started at once go out 2 at a time: the last ends
             # no sooner than 1.5 s after the first started.
-            worker = Worker(server.address, slots=8, backoff=FAST)
+            worker = Worker(server.address, slots=8, backoff=FAST, poll_wait=POLL_WAIT)
 
             @worker.task("work", queue=queue)
             async def work(ctx: TaskContext) -> Any:

@@ -44,7 +44,9 @@ class HeartbeatEvents(grpc.aio.UnaryUnaryClientInterceptor):
 def main() -> None:
     address, queue, slots, seconds = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     drain = float(sys.argv[5]) if len(sys.argv) > 5 else 30.0
-    worker = Worker(address, slots=slots, drain_timeout=drain, interceptors=[HeartbeatEvents()])
+    # Short polls, as in the tests' own workers (_support.POLL_WAIT): a stopping worker lets its
+    # poll answer first.
+    worker = Worker(address, slots=slots, drain_timeout=drain, poll_wait=1.0, interceptors=[HeartbeatEvents()])
 
     @worker.task("slow", queue=queue)
     async def slow(ctx: TaskContext) -> dict[str, int]:

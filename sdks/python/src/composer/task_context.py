@@ -1,0 +1,122 @@
+"""What a task handler gets and is: :class:`TaskContext` and the ``Handler`` type.
+
+Both the :class:`~composer.worker.Worker` and the code runner's handler
+(:mod:`composer.code_runner`) build on these, so they live below both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, MutableMapping
+from datetime import datetime, timezone
+from typing import Any
+
+from composer.v1 import worker_service_pb2
+
+from ._values import from_optional_field
+
+Handler = Callable[["TaskContext"], Any]
+"""A task handler: takes a :class:`TaskContext`, returns a JSON-able output
+(``async def`` handlers run on the worker's event loop, plain ``def`` handlers
+in its thread pool)."""
+
+CANCEL_RUN_CANCELLED = "run cancelled"
+"""``TaskContext.cancel_reason`` when a heartbeat answered that the run was cancelled."""
+CANCEL_LEASE_LOST = "lease lost"
+"""``TaskContext.cancel_reason`` when the server said the lease is no longer this worker's."""
+CANCEL_SHUTDOWN = "worker shutdown"
+"""``TaskContext.cancel_reason`` when the worker stopped before the task finished draining."""
+
+
+class TaskCancelled(Exception):
+    """Raised by :meth:`TaskContext.raise_if_cancelled` once the task was cancelled."""
+
+
+class _TaskLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """Prefixes each message with the task it is about and adds the ids as record attributes."""
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, MutableMapping[str, Any]]:
+        extra = dict(self.extra or {})
+        kwargs["extra"] = {**extra, **kwargs.get("extra", {})}
+        return f"[{extra['node_id']}#{extra['attempt']} run {extra['run_id']}] {msg}", kwargs
+
+
+class TaskContext:
+    """What a handler gets: the task's identity, its input, a cancellation signal and a logger.
+
+    ``task_id`` is stable across attempts: use it as the idempotency key of the
+    step's own side effects.
+    """
+
+    def __init__(self, task: worker_service_pb2.Task, logger: logging.Logger, loop: asyncio.AbstractEventLoop) -> None:
+        self.task_id: str = task.task_id
+        """The task's id, the same for every attempt."""
+        self.attempt: int = task.attempt
+        """This attempt, from 1."""
+        self.run_id: str = task.run_id
+        """The run the task belongs to."""
+        self.node_id: str = task.node_id
+        """The node (or ``<map id>[<index>]``) the task executes."""
+        self.workflow_name: str = task.workflow_name
+        """The workflow the run executes."""
+        self.workflow_version: int = task.workflow_version
+        """The version the run is pinned to."""
+        self.namespace: str = task.namespace
+        """The run's namespace."""
+        self.queue: str = task.queue
+        """The queue the task came from."""
+        self.task_name: str = task.task_name
+        """The task name (the node's ``task``)."""
+        self.input: Any = from_optional_field(task, "input")
+        """The node's rendered input, as JSON."""
+        self.deadline: datetime | None = (
+            task.attempt_deadline.ToDatetime(tzinfo=timezone.utc) if task.HasField("attempt_deadline") else None
+        )
+        """The attempt must finish by this time (the node's ``timeout``), if set."""
+        self.cancel_event: threading.Event = threading.Event()
+        """Set when the task is cancelled; a sync handler may poll it or ``wait()`` on it."""
+        self.cancel_reason: str | None = None
+        """Why the task was cancelled: ``run cancelled``, ``lease lost`` or ``worker shutdown``."""
+        self.logger: logging.LoggerAdapter[logging.Logger] = _TaskLogger(
+            logger,
+            {"task_id": self.task_id, "attempt": self.attempt, "run_id": self.run_id, "node_id": self.node_id},
+        )
+        """A logger whose records carry the task's ids."""
+        self._async_cancel = asyncio.Event()
+        self._loop = loop
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the run was cancelled, the lease lost, or the worker is shutting down past its drain."""
+        return self.cancel_event.is_set()
+
+    async def wait_cancelled(self) -> str:
+        """Waits (in an async handler) until the task is cancelled; returns the reason."""
+        await self._async_cancel.wait()
+        return self.cancel_reason or ""
+
+    def raise_if_cancelled(self) -> None:
+        """Raises :class:`TaskCancelled` if the task was cancelled: a checkpoint for long sync loops."""
+        if self.cancelled:
+            raise TaskCancelled(self.cancel_reason or "cancelled")
+
+    def _cancel(self, reason: str) -> bool:
+        """Marks the task cancelled (in the worker's loop); False if it already was."""
+        if self.cancel_event.is_set():
+            return False
+        self.cancel_reason = reason
+        self.cancel_event.set()
+        self._async_cancel.set()
+        return True
+
+
+__all__ = [
+    "CANCEL_LEASE_LOST",
+    "CANCEL_RUN_CANCELLED",
+    "CANCEL_SHUTDOWN",
+    "Handler",
+    "TaskCancelled",
+    "TaskContext",
+]
