@@ -4,7 +4,7 @@
 //! day whatever its rate, rates below one a day are refused, and nothing
 //! the server writes to Redis but its task streams lives without a TTL.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

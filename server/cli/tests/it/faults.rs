@@ -1,7 +1,7 @@
 //! Fault injection: Redis wiped, the server killed, several servers, HTTP
 //! nodes against a flaky endpoint. Real processes, real Postgres and Redis.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::{HashMap, HashSet},

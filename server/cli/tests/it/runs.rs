@@ -1068,8 +1068,10 @@ async fn list_runs_pages_newest_first_and_filters_by_status_and_label() {
 async fn watch_run_streams_over_grpc_web_until_the_run_ends() {
     use prost::Message;
     let (server, mut client) = server_and_client().await;
+    // the run waits for an event sent once the stream is open: a timer
+    // could end it before a loaded machine opened the stream
     client
-        .register("name: napping\nnodes:\n  - { id: nap, type: WAIT, duration: 500ms }\noutput: { slept: true }\n")
+        .register("name: napping\nnodes:\n  - { id: nap, type: WAIT_FOR_EVENT, event: approve }\noutput: { slept: true }\n")
         .await;
     let run_id = client.start("napping", json!({})).await;
     let mut body = vec![0u8, 0, 0, 0, 0];
@@ -1095,6 +1097,7 @@ async fn watch_run_streams_over_grpc_web_until_the_run_ends() {
         .await
         .expect("grpc-web request");
     assert_eq!(response.version(), reqwest::Version::HTTP_11);
+    send(&mut client, &run_id, json!({})).await;
     let bytes = response
         .bytes()
         .await

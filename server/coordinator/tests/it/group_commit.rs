@@ -6,9 +6,7 @@
 
 use std::time::Duration;
 
-// these tests use some of the shared helpers
-#[allow(dead_code)]
-mod common;
+use crate::common;
 
 use composer_coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorError, Reporter, StartRun, TaskReport,

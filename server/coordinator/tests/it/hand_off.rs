@@ -5,9 +5,7 @@
 //! is rate-limited) the task goes through Redis as before. Real Postgres
 //! and Redis throughout; a stream's `entries-added` counts its XADDs.
 
-// these tests use some of the shared helpers
-#[allow(dead_code)]
-mod common;
+use crate::common;
 
 use std::{sync::Arc, time::Duration};
 

@@ -2,9 +2,7 @@
 //! what one scan reads must follow the leases that ran out, not every task
 //! leased since the last vacuum (migration 0015). Real Postgres.
 
-// this test needs the fresh store only
-#[allow(dead_code)]
-mod common;
+use crate::common;
 
 use composer_store::tasks;
 use sqlx::{PgConnection, PgPool};

@@ -5,9 +5,7 @@
 //! queue's hand-out reads the same candidates by the same two forms before
 //! it takes tokens. Real Postgres.
 
-// this test needs the fresh store only
-#[allow(dead_code)]
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

@@ -1,9 +1,7 @@
 //! Retention against the real Postgres: finished runs go with everything
 //! that hangs off them; old history partitions are dropped whole.
 
-// these tests use some of the shared helpers
-#[allow(dead_code)]
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

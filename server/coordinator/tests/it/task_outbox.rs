@@ -4,9 +4,7 @@
 //! then; a task whose send was lost (a crash right after the commit) is
 //! found by the lost-dispatch pass. Real Postgres and Redis throughout.
 
-// these tests use some of the shared helpers
-#[allow(dead_code)]
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -4,8 +4,7 @@
 //! its run, a child run whose end tells its parent, an event's timeout,
 //! and a run's own timeout, which cancels its live task.
 
-#[allow(dead_code)]
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

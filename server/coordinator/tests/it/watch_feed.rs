@@ -4,9 +4,7 @@
 //! times a second, not once per change; and a change whose announcement
 //! was lost is read once the subscription comes back, not a minute later.
 
-// these tests use some of the shared helpers
-#[allow(dead_code)]
-mod common;
+use crate::common;
 
 use std::{
     sync::Arc,

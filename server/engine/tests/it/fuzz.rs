@@ -5,7 +5,7 @@ use composer_engine::cel::{self, Env, NodeField, Scope, Val};
 use composer_engine::{CompiledWorkflow, parse_definition};
 use proptest::prelude::*;
 
-const ORDER: &str = include_str!("../../../examples/workflows/order.yaml");
+const ORDER: &str = include_str!("../../../../examples/workflows/order.yaml");
 
 struct AnyEnv;
 impl Env for AnyEnv {
@@ -117,11 +117,11 @@ mod decide_fuzz {
     use serde_json::json;
 
     const WORKFLOWS: [&str; 5] = [
-        include_str!("../../../examples/workflows/order.yaml"),
-        include_str!("../../../examples/workflows/fork-join.yaml"),
-        include_str!("../../../examples/workflows/map.yaml"),
-        include_str!("../../../examples/workflows/approval.yaml"),
-        include_str!("../../../examples/workflows/linear.yaml"),
+        include_str!("../../../../examples/workflows/order.yaml"),
+        include_str!("../../../../examples/workflows/fork-join.yaml"),
+        include_str!("../../../../examples/workflows/map.yaml"),
+        include_str!("../../../../examples/workflows/approval.yaml"),
+        include_str!("../../../../examples/workflows/linear.yaml"),
     ];
 
     fn key_for(wf: &CompiledWorkflow, pick: u8, index: u8) -> NodeKey {

@@ -1,7 +1,5 @@
 //! Property tests over random valid DAGs and random event orders.
 
-mod common;
-
 use std::collections::HashMap;
 
 use composer_engine::{

@@ -1,7 +1,7 @@
 //! The coordinator-facing protocol: lazy loading with NeedNodes, serde forms
 //! of what the coordinator persists, and small helpers.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 
@@ -41,7 +41,7 @@ fn decide_asks_for_unloaded_node_states_and_prefetch_names_them() {
 #[test]
 fn what_the_coordinator_persists_round_trips_through_json() {
     let mut d = Driver::new(
-        include_str!("../../../examples/workflows/order.yaml"),
+        include_str!("../../../../examples/workflows/order.yaml"),
         json!({"order_id": 1, "amount": 2, "sku": "s"}),
     );
     let actions = d.send(Event::RunStarted);

@@ -1,6 +1,6 @@
 //! One test per rule of LANGUAGE.md, named after the rule.
 
-mod common;
+use crate::common;
 
 use common::*;
 use composer_engine::{

@@ -1957,7 +1957,14 @@ async fn every_rpc_survives_hostile_values_without_internal_errors_echoes_or_blo
     let seed = seed();
     eprintln!("abuse suite: seed {seed}");
     let mut rng = Rng(seed);
-    let server = ServerProcess::start(&composer_binary(), &["--auth-secret", SECRET]).await;
+    // a debug build registers a 10,000-node definition in seconds on a
+    // loaded machine: the database deadline (5 s by default) is not what
+    // this suite tries, so it does not cut such a call short
+    let server = ServerProcess::start(
+        &composer_binary(),
+        &["--auth-secret", SECRET, "--db-timeout", "30s"],
+    )
+    .await;
     let endpoint = Endpoint::from_shared(server.url())
         .expect("url")
         .http2_max_header_list_size(u32::try_from(64 * MIB).expect("fits"));

@@ -5,7 +5,7 @@
 //! runs. B's StartRun p99 stays under 250 ms, and a spec that never fires
 //! is refused at once with INVALID_ARGUMENT naming `spec.cron`.
 
-mod common;
+use crate::common;
 
 use std::{
     sync::{

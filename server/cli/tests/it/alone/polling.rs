@@ -2,7 +2,7 @@
 //! for all of them, a limit on the distinct queues a namespace may have
 //! polled, and nothing left in Redis once the polls stop.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! untouched; the quotas come from `--quotas-file`, read again on SIGHUP
 //! and when the file changes.
 
-mod common;
+use crate::common;
 
 use std::{
     collections::HashMap,

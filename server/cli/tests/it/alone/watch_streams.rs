@@ -8,7 +8,7 @@
 //!   grows the server's resident memory by little;
 //! - the run's end reaches every stream, which then closes.
 
-mod common;
+use crate::common;
 
 use std::{
     sync::{

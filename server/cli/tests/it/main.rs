@@ -1,0 +1,27 @@
+//! The integration tests of `cli`, one binary: each module was a test
+//! binary of its own, and linking the whole server once instead of once per
+//! file is most of what a test build costs.
+
+#[allow(dead_code)]
+mod common;
+
+mod admin_cli;
+mod alone;
+mod auth;
+mod cleanup;
+mod concurrency;
+mod dashboard;
+mod dev;
+mod faults;
+mod flow_control;
+mod operations;
+mod rate_limits;
+mod redis_cluster;
+mod run_filters;
+mod runs;
+mod schedules;
+mod security;
+mod serve;
+mod traces;
+mod workflow_cli;
+mod workflows;

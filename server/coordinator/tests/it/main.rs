@@ -1,0 +1,17 @@
+//! The integration tests of `coordinator`, one binary: each module was a test
+//! binary of its own, and linking the whole server once instead of once per
+//! file is most of what a test build costs.
+
+#[allow(dead_code)]
+mod common;
+
+mod group_commit;
+mod hand_off;
+mod http_executor;
+mod lease_scans;
+mod lease_tasks;
+mod records;
+mod retention;
+mod task_outbox;
+mod timer_batches;
+mod watch_feed;
