@@ -3,9 +3,8 @@ SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
 BUF := .tools/node_modules/.bin/buf
-CARGO_TEST_FLAGS ?=
 
-.PHONY: help setup build dashboard dev test test-rust test-sdks verify lint fmt clippy buf-lint buf-breaking generate generate-check purity bench bench-quick
+.PHONY: help setup build dashboard dev test verify lint fmt clippy buf-lint buf-breaking generate generate-check purity bench bench-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -27,15 +26,8 @@ dashboard: ## build the browser dashboard into dashboard/dist (needs npm; skippe
 dev: build ## run Composer: private Postgres + Redis, the server, the example worker; Ctrl-C stops all
 	scripts/dev.sh $(ARGS)
 
-test: setup ## every test in every language (what CI runs)
-	scripts/with-services.sh cargo test --workspace $(CARGO_TEST_FLAGS)
-	scripts/smoke-sdks.sh
-	scripts/with-services.sh .tools/venv-sdk-python/bin/python -m pytest -q -p no:cacheprovider sdks/python/tests/integration
-	COMPOSER_BIN=$(CURDIR)/target/debug/composer scripts/test-go-sdk.sh
-	COMPOSER_BIN=$(CURDIR)/target/debug/composer scripts/test-ts-sdk.sh
-	COMPOSER_BIN=$(CURDIR)/target/debug/composer scripts/test-dashboard.sh
-	scripts/check-engine-purity.sh
-	BENCH_APPEND=0 BENCH_BUILD=debug bench/run.sh quick
+test: setup ## every test in every language (what CI runs), in lanes side by side; prints each stage's time
+	scripts/test.sh
 
 lint: setup fmt clippy buf-lint buf-breaking generate-check purity ## every check that is not a test
 

@@ -10,12 +10,13 @@
 # benchmark cannot run.
 #
 # BENCH_BUILD=debug runs it on the debug build the tests made instead of
-# compiling everything again for release: `make test` does, so CI checks
+# compiling everything again for release: `make test` does, with the
+# `check` profile (every row in small windows and sizes), so CI checks
 # that the benchmarks run without a second build of the whole tree (all
 # but B5's quarter-core series and the large-payload rows, which a debug
 # server cannot keep up with); its figures are never quoted.
 #
-#   bench/run.sh quick|full [extra composer-loadgen flags]
+#   bench/run.sh quick|full|check [extra composer-loadgen flags]
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
@@ -24,7 +25,8 @@ shift || true
 case $profile in
   quick) command="make bench-quick" ;;
   full) command="make bench" ;;
-  *) echo "usage: bench/run.sh quick|full" >&2; exit 2 ;;
+  check) command="make test" ;;
+  *) echo "usage: bench/run.sh quick|full|check" >&2; exit 2 ;;
 esac
 
 build=${BENCH_BUILD:-release}

@@ -94,6 +94,8 @@ pub struct Profile {
     pub noisy_watch_streams: usize,
     /// B8: tasks the aggressor leaves waiting in its own queue.
     pub noisy_backlog_tasks: usize,
+    /// Bulk: failed runs the operation retries.
+    pub bulk_runs: usize,
 }
 
 impl Profile {
@@ -129,6 +131,43 @@ impl Profile {
             noisy_limit_secs: 20,
             noisy_watch_streams: 1_000,
             noisy_backlog_tasks: 10_000,
+            bulk_runs: 10_000,
+        }
+    }
+
+    /// `make test`'s run over the debug build: every row in small windows
+    /// and sizes, to show that each benchmark still runs end to end in
+    /// about three minutes; its figures are never quoted.
+    pub fn check() -> Self {
+        Self {
+            name: "check",
+            floor_secs: 3,
+            warm_secs: 1,
+            measure_secs: 3,
+            sdk_secs: 3,
+            latency_secs: 3,
+            fan_sizes: [100, 300],
+            fan_tries: 1,
+            timer_runs: 300,
+            scale_servers: vec![1, 2],
+            scale_rounds: 1,
+            scale_in_flight: 300,
+            perf_secs: 0,
+            scale_perf_secs: 0,
+            scale_server_cores: 0.25,
+            in_flight: 100,
+            list_runs: 5_000,
+            list_calls: 10,
+            observe_secs: 3,
+            observe_rounds: 1,
+            payload_sizes: vec![100_000],
+            payload_secs: 3,
+            chain_steps: 200,
+            noisy_secs: 3,
+            noisy_limit_secs: 10,
+            noisy_watch_streams: 200,
+            noisy_backlog_tasks: 1_000,
+            bulk_runs: 1_000,
         }
     }
 
@@ -162,6 +201,7 @@ impl Profile {
             noisy_limit_secs: 90,
             noisy_watch_streams: 5_000,
             noisy_backlog_tasks: 100_000,
+            bulk_runs: 10_000,
         }
     }
 }

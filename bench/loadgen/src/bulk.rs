@@ -24,9 +24,6 @@ use crate::{
     worker::{Bearer, channel},
 };
 
-/// Failed runs the operation retries.
-pub const FAILED_RUNS: usize = 10_000;
-
 /// Fails at its start (the task's input reads a field that is not there):
 /// a failed run for one StartRun, and a retry that fails again at once.
 const FAIL_FAST: &str = r#"
@@ -75,7 +72,7 @@ async fn bulk_cost_on(ctx: &Ctx, server: &Server) -> Result<BulkCost> {
     register(&server.url, FAIL_FAST).await?;
     let client = RunServiceClient::new(channel(&server.url).await?);
     let began = Instant::now();
-    create_failed_runs(&client).await?;
+    create_failed_runs(&client, ctx.profile.bulk_runs).await?;
     let create_secs = began.elapsed().as_secs_f64();
 
     let open_loop = OpenLoop::start(&server.url, &Bearer::none()).await?;
@@ -88,7 +85,10 @@ async fn bulk_cost_on(ctx: &Ctx, server: &Server) -> Result<BulkCost> {
     let idle_before = open_loop.drive(Until::Runs(idle_runs)).await;
     open_loop.settle(&idle_before, settle).await;
 
-    eprintln!("bench: bulk: B2 during BulkRetryRuns of {FAILED_RUNS} runs");
+    eprintln!(
+        "bench: bulk: B2 during BulkRetryRuns of {} runs",
+        ctx.profile.bulk_runs
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let operation = async {
         let op_began = Instant::now();
@@ -113,7 +113,7 @@ async fn bulk_cost_on(ctx: &Ctx, server: &Server) -> Result<BulkCost> {
     let during = open_loop.latency(&during).dispatch;
     open_loop.stop().await;
     Ok(BulkCost {
-        runs: FAILED_RUNS,
+        runs: ctx.profile.bulk_runs,
         idle,
         during,
         op_secs,
@@ -123,7 +123,7 @@ async fn bulk_cost_on(ctx: &Ctx, server: &Server) -> Result<BulkCost> {
 }
 
 /// 32 callers at a time, each starting its share in turn.
-async fn create_failed_runs(client: &RunServiceClient<Channel>) -> Result<()> {
+async fn create_failed_runs(client: &RunServiceClient<Channel>, runs: usize) -> Result<()> {
     const CALLERS: usize = 32;
     let labels = HashMap::from([("batch".to_owned(), "outage".to_owned())]);
     let mut callers = tokio::task::JoinSet::new();
@@ -133,7 +133,7 @@ async fn create_failed_runs(client: &RunServiceClient<Channel>) -> Result<()> {
             labels: labels.clone(),
             ..start_request("bench_fail_fast", serde_json::json!({}))
         };
-        let share = FAILED_RUNS / CALLERS + usize::from(caller < FAILED_RUNS % CALLERS);
+        let share = runs / CALLERS + usize::from(caller < runs % CALLERS);
         callers.spawn(async move {
             for _ in 0..share {
                 client

@@ -28,7 +28,8 @@ use clap::Parser;
     about = "Composer server benchmarks (issue #7)"
 )]
 struct Args {
-    /// `quick` (about 6 minutes) or `full` (about 30 minutes).
+    /// `quick` (about 6 minutes), `full` (about 30 minutes) or `check`
+    /// (`make test`: every row in small windows, figures never quoted).
     #[arg(long, default_value = "quick")]
     profile: String,
     /// The release server binary.
@@ -130,6 +131,7 @@ fn main() -> std::process::ExitCode {
 async fn run(args: Args) -> Result<()> {
     let mut profile = match args.profile.as_str() {
         "full" => Profile::full(),
+        "check" => Profile::check(),
         _ => Profile::quick(),
     };
     if let Some(secs) = args.perf_secs {
