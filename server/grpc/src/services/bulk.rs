@@ -20,7 +20,7 @@ use crate::{
     status::{MAX_KEY_BYTES, MAX_TEXT_BYTES, check_text, from_coordinator, invalid_field},
 };
 
-use super::run::{FilterFields, api_status, run_filter, status_filter};
+use super::run_fields::{FilterFields, api_status, run_filter, status_filter};
 
 /// What every Bulk* request carries.
 pub(crate) struct BulkFields<'a> {
