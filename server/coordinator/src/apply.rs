@@ -137,6 +137,13 @@ pub fn run_status_text(status: RunStatus) -> String {
         .unwrap_or_else(|| "UNKNOWN".to_owned())
 }
 
+/// The status the engine keeps in a run's record (a paused run's row says
+/// PAUSED; the record says what it is underneath).
+pub(crate) fn engine_status(run: &RunRow) -> Result<String, CoordinatorError> {
+    let status: composer_engine::RunStatus = serde_json::from_value(run.record["status"].clone())?;
+    Ok(run_status_text(status))
+}
+
 /// A timer's row key: unique per run.
 pub fn timer_key(timer: &TimerId) -> String {
     let kind = serde_json::to_value(timer.kind)
@@ -1150,7 +1157,7 @@ impl<'a> RunTxn<'a> {
         self.applied.outbox.extend(written.outbox);
         // tasks armed (outbox rows written) and no fast path to send them
         if !self.applied.outbox.is_empty() && self.coordinator.publisher.is_none() {
-            runs::notify_outbox(conn).await?;
+            tasks::notify_outbox(conn).await?;
         }
         self.applied.status = staged.status;
         self.applied.run_id = run_id;

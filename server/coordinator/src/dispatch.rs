@@ -12,8 +12,7 @@ use std::{sync::Arc, time::Duration};
 
 use composer_store::{
     Store,
-    runs::OUTBOX_CHANNEL,
-    tasks::{self, OutboxMessage},
+    tasks::{self, OUTBOX_CHANNEL, OutboxMessage},
 };
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;

@@ -733,6 +733,18 @@ impl Coordinator {
             ))
         })
     }
+
+    /// A batch of one run's reports through the next group; returns once
+    /// the group has answered them.
+    pub(crate) async fn reports_grouped(&self, queue: &QueueKey, batch: Vec<QueuedReport>) {
+        let (done, finished) = oneshot::channel();
+        self.submit_to_group(GroupItem::Reports {
+            queue: queue.clone(),
+            batch,
+            done,
+        });
+        let _ = finished.await;
+    }
 }
 
 /// Locks, fences and loads the runs of a group's report batches in one

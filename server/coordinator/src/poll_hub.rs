@@ -988,7 +988,7 @@ impl PollHub {
         crate::metrics::tasks_rate_limited(&key.0, &key.1, u64::try_from(held_back).unwrap_or(0));
         crate::metrics::quota_throttled(
             &key.0,
-            crate::quotas::Quota::RateLimitKeysPerQueue,
+            crate::quotas::Quota::RateLimitKeysPerQueue.name(),
             grant.over_key_quota,
         );
         self.remember_checked(key, &rest, &keys);

@@ -256,7 +256,7 @@ impl QuotaExceeded {
     /// [`QuotaExceeded::new`], counted in the namespace's throttled metric.
     pub fn counted(quota: Quota, subject: Subject, quotas: &Quotas, retry_after: Duration) -> Self {
         if let Subject::Namespace(namespace) = &subject {
-            crate::metrics::quota_throttled(namespace, quota, 1);
+            crate::metrics::quota_throttled(namespace, quota.name(), 1);
         }
         Self::new(quota, subject, quotas, retry_after)
     }

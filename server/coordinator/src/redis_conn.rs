@@ -20,7 +20,16 @@ use redis::{
     cluster_async::ClusterConnection,
 };
 
-use crate::broker::BrokerError;
+/// Errors talking to Redis.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The Redis URL could not be parsed.
+    #[error("invalid Redis URL: {0}")]
+    InvalidUrl(String),
+    /// Redis did not answer.
+    #[error("cannot reach Redis: {0}")]
+    Unreachable(String),
+}
 
 /// The scheme that names a cluster by its seed nodes.
 const CLUSTER_SCHEME: &str = "redis+cluster://";

@@ -244,14 +244,8 @@ impl Coordinator {
                 self.reports_alone(&queue, batch).await;
                 continue;
             }
-            let (done, finished) = tokio::sync::oneshot::channel();
-            self.submit_to_group(crate::group::GroupItem::Reports {
-                queue: queue.clone(),
-                batch,
-                done,
-            });
             // the next batch of this run waits for this one's commit
-            let _ = finished.await;
+            self.reports_grouped(&queue, batch).await;
         }
     }
 
@@ -496,7 +490,7 @@ impl Coordinator {
     ) -> Result<(), CoordinatorError> {
         let mut txn = RunTxn::new(self, run, &mut tx).await?;
         let keys = txn.first_keys(&event);
-        let (check, holder, rows) = tasks::finish_task_and_load(
+        let (check, holder, rows) = runs::finish_task_and_load(
             &mut tx,
             (lease.task, lease.attempt, lease.token, lease.outcome),
             txn.run_id(),

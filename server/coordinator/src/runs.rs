@@ -12,7 +12,7 @@ use uuid::Uuid;
 use crate::{
     Coordinator,
     apply::{RunTxn, run_status_text, seed},
-    bulk::BulkStep,
+    bulk_step::BulkStep,
     error::{CoordinatorError, FieldProblem},
 };
 
@@ -645,12 +645,12 @@ impl Coordinator {
         if run.status == composer_store::pause::PAUSED {
             // a cancel ends the pause: compensations it starts must run
             composer_store::pause::release_timers(&mut tx, run_id).await?;
-            run.status = crate::pause::engine_status(&run)?;
+            run.status = crate::apply::engine_status(&run)?;
         }
         if run.status == composer_store::concurrency::QUEUED {
             // it holds no slot and started nothing: a run never started is
             // CANCELLED, a queued retry withdrawn leaves the run FAILED
-            run.status = crate::pause::engine_status(&run)?;
+            run.status = crate::apply::engine_status(&run)?;
         }
         let mut txn = RunTxn::new(self, run, &mut tx).await?;
         txn.note(

@@ -53,10 +53,8 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use uuid::Uuid;
 
 use crate::{
-    Coordinator, CoordinatorError, RunView,
-    broker::BrokerError,
-    metrics,
-    redis_conn::{RedisClient, RedisConnection},
+    Coordinator, CoordinatorError, RunView, metrics,
+    redis_conn::{BrokerError, RedisClient, RedisConnection},
 };
 
 /// The Redis pub/sub channel run changes go to: a message is the ids of the

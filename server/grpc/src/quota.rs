@@ -492,7 +492,11 @@ where
                 })
             }
             Err(refused) => {
-                composer_coordinator::metrics::quota_throttled(&caller.namespace, refused.quota, 1);
+                composer_coordinator::metrics::quota_throttled(
+                    &caller.namespace,
+                    refused.quota.name(),
+                    1,
+                );
                 tracing::debug!(
                     namespace = %caller.namespace,
                     quota = %refused.quota,
