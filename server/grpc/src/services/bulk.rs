@@ -3,7 +3,7 @@
 
 use composer_coordinator::{
     Coordinator,
-    bulk::{BulkKind, BulkRequest},
+    events::bulk::{BulkKind, BulkRequest},
 };
 use composer_proto::v1::{
     BulkOperation, BulkOperationFailure, BulkOperationKind, BulkOperationStatus,

@@ -3,10 +3,12 @@
 use std::{collections::HashMap, pin::Pin, sync::Arc};
 
 use bytes::Bytes;
-use composer_coordinator::bulk::BulkKind;
+use composer_coordinator::events::bulk::BulkKind;
 use composer_coordinator::{
     Coordinator, CoordinatorError, EventTarget, RunView, StartRun,
-    watch::{HISTORY_PAGE, RunChanges, RunSnapshot, RunWatch, SendPermit, Watched, history_bytes},
+    events::watch::{
+        HISTORY_PAGE, RunChanges, RunSnapshot, RunWatch, SendPermit, Watched, history_bytes,
+    },
 };
 use composer_proto::v1::{
     BulkCancelRunsRequest, BulkCancelRunsResponse, BulkPauseRunsRequest, BulkPauseRunsResponse,
@@ -222,7 +224,7 @@ impl RunService for RunApi {
             ));
         }
         let priority = match request.priority {
-            0 => composer_coordinator::dispatch::DEFAULT_PRIORITY,
+            0 => composer_coordinator::dispatch::streams::DEFAULT_PRIORITY,
             p if (1..=5).contains(&p) => i16::try_from(p).unwrap_or_default(),
             p => {
                 return Err(invalid_field(

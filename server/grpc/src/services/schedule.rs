@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use composer_coordinator::{
     Coordinator,
-    schedules::{
+    time::schedules::{
         DEFAULT_CATCH_UP_WINDOW_MS, Fire, FireOutcome, Overlap, ScheduleAction, ScheduleRequest,
         ScheduleView, SpecRequest, StoredSpec,
     },

@@ -30,10 +30,10 @@ use uuid::Uuid;
 
 use crate::{
     Coordinator,
-    apply::{Applied, RunTxn},
+    dispatch::hand_off::Handed,
     error::CoordinatorError,
-    hand_off::Handed,
-    reports::{QueueKey, QueuedReport, ReportAnswer, ReportPlan},
+    events::apply::{Applied, RunTxn},
+    events::reports::{QueueKey, QueuedReport, ReportAnswer, ReportPlan},
     workflows::LoadedWorkflow,
 };
 
@@ -519,7 +519,7 @@ impl Coordinator {
                 .await
                 .map_err(item_failed)?;
             let applied = match txn {
-                None => crate::apply::Applied::default(),
+                None => crate::events::apply::Applied::default(),
                 Some(mut txn) if shared_write => {
                     txn.stage(&mut tx).await.map_err(item_failed)?;
                     staged.push(StagedItem {

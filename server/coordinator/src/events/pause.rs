@@ -11,7 +11,8 @@ use serde_json::json;
 use uuid::Uuid;
 
 use crate::{
-    Coordinator, apply::engine_status, bulk_step::BulkStep, error::CoordinatorError, runs::is_final,
+    Coordinator, error::CoordinatorError, events::apply::engine_status,
+    events::bulk_step::BulkStep, events::runs::is_final,
 };
 
 /// What a pause or resume found: whether it changed the run.

@@ -416,7 +416,7 @@ impl HealingCluster {
         }
         let mut current = self.current.lock().await;
         if current.generation == generation && current.connection.take().is_some() {
-            crate::metrics::redis_error("cluster_retired");
+            crate::observe::metrics::redis_error("cluster_retired");
             tracing::warn!(%error, "a cluster command timed out; its connection is retired");
         }
     }

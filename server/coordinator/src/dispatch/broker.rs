@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::redis_conn::{BrokerError, RedisClient, RedisConnection, RedisTarget};
+use crate::dispatch::redis_conn::{BrokerError, RedisClient, RedisConnection, RedisTarget};
 
 /// A shared, self-reconnecting connection to Redis. Cheap to clone.
 #[derive(Clone)]

@@ -53,8 +53,9 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use uuid::Uuid;
 
 use crate::{
-    Coordinator, CoordinatorError, RunView, metrics,
-    redis_conn::{BrokerError, RedisClient, RedisConnection},
+    Coordinator, CoordinatorError, RunView,
+    dispatch::redis_conn::{BrokerError, RedisClient, RedisConnection},
+    observe::metrics,
 };
 
 /// The Redis pub/sub channel run changes go to: a message is the ids of the

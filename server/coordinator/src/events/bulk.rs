@@ -22,7 +22,8 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::{
-    Coordinator, bulk_step::BulkStep, error::CoordinatorError, metrics, pause::FlowChange,
+    Coordinator, error::CoordinatorError, events::bulk_step::BulkStep, events::pause::FlowChange,
+    observe::metrics,
 };
 
 /// What a bulk operation does to each run.
