@@ -5,7 +5,7 @@ SHELL := bash
 BUF := .tools/node_modules/.bin/buf
 CARGO_TEST_FLAGS ?=
 
-.PHONY: help setup build dashboard dev test test-rust test-sdks verify lint fmt clippy buf-lint buf-breaking generate generate-check purity bench bench-quick
+.PHONY: help setup build dashboard dev test test-rust test-sdks verify lint fmt clippy buf-lint buf-breaking generate generate-check purity module-cycles bench bench-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -37,7 +37,7 @@ test: setup ## every test in every language (what CI runs)
 	scripts/check-engine-purity.sh
 	BENCH_APPEND=0 BENCH_BUILD=debug bench/run.sh quick
 
-lint: setup fmt clippy buf-lint buf-breaking generate-check purity ## every check that is not a test
+lint: setup fmt clippy buf-lint buf-breaking generate-check purity module-cycles ## every check that is not a test
 
 verify: lint test ## fmt, clippy, buf lint + breaking, generated code, all tests
 
@@ -63,6 +63,9 @@ generate-check: ## fail when generated code differs from what is committed
 
 purity: ## the engine crate imports no I/O crate
 	scripts/check-engine-purity.sh
+
+module-cycles: ## no two modules of a Rust crate import each other in a circle
+	scripts/check-module-cycles.sh
 
 bench: setup ## server benchmarks, about 30 min: table written to bench/results/
 	bench/run.sh full

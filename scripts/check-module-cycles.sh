@@ -16,7 +16,8 @@
 # edge: the parent contains them (`mod child;` is a declaration, and a
 # lib.rs or mod.rs that holds a type whose methods its children implement is
 # their common root, not their peer). Every other edge counts, child ->
-# parent included. --graph prints each crate's edges instead of checking.
+# parent included. A cycle is printed as its shortest loop, each step with
+# the names that tie it. --graph prints each crate's edges instead.
 set -euo pipefail
 root="${1:-$(cd "$(dirname "$0")/.." && pwd)}"
 mode="${2:-check}"
@@ -275,6 +276,34 @@ def cycles(edges):
     return out
 
 
+def shortest_loop(part, edges):
+    """The shortest loop of files within one strongly connected part."""
+    inside = set(part)
+    best = None
+    for start in sorted(part):
+        seen, queue = {start: None}, [start]
+        while queue:
+            nxt = []
+            for v in queue:
+                for (a, b) in edges:
+                    if a != v or b not in inside:
+                        continue
+                    if b == start:
+                        path = [v]
+                        while seen[path[-1]] is not None:
+                            path.append(seen[path[-1]])
+                        loop = list(reversed(path)) + [start]
+                        if best is None or len(loop) < len(best):
+                            best = loop
+                        nxt = []
+                        break
+                    if b not in seen:
+                        seen[b] = v
+                        nxt.append(b)
+            queue = nxt
+    return best
+
+
 def crates_under(root):
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.startswith("."))
@@ -294,10 +323,10 @@ for crate in crates_under(ROOT):
         continue
     for part in cycles(edges):
         failed += 1
-        print(f"module cycle in {rel(crate)}: {' '.join(rel(p) for p in part)}", file=sys.stderr)
-        for (a, b), names in sorted(edges.items()):
-            if a in part and b in part:
-                print(f"  {rel(a)} -> {rel(b)}: {', '.join(sorted(n for n in names if n))}", file=sys.stderr)
+        loop = shortest_loop(part, edges)
+        print(f"module cycle in {rel(crate)} ({len(part)} files tied), the shortest loop:", file=sys.stderr)
+        for a, b in zip(loop, loop[1:]):
+            print(f"  {rel(a)} -> {rel(b)}: {', '.join(sorted(n for n in edges[(a, b)] if n))}", file=sys.stderr)
 if MODE != "--graph":
     if read_crates == 0:
         print(f"no Rust crate under {ROOT}", file=sys.stderr)
