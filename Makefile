@@ -4,7 +4,7 @@ SHELL := bash
 .DEFAULT_GOAL := help
 BUF := .tools/node_modules/.bin/buf
 
-.PHONY: help setup build dashboard dev test verify lint fmt clippy buf-lint buf-breaking generate generate-check purity bench bench-quick
+.PHONY: help setup build dashboard dev test verify lint fmt clippy buf-lint buf-breaking generate generate-check purity module-cycles bench bench-quick
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -29,7 +29,7 @@ dev: build ## run Composer: private Postgres + Redis, the server, the example wo
 test: setup ## every test in every language (what CI runs), in lanes side by side; prints each stage's time
 	scripts/test.sh
 
-lint: setup fmt clippy buf-lint buf-breaking generate-check purity ## every check that is not a test
+lint: setup fmt clippy buf-lint buf-breaking generate-check purity module-cycles ## every check that is not a test
 
 verify: lint test ## fmt, clippy, buf lint + breaking, generated code, all tests
 
@@ -55,6 +55,9 @@ generate-check: ## fail when generated code differs from what is committed
 
 purity: ## the engine crate imports no I/O crate
 	scripts/check-engine-purity.sh
+
+module-cycles: ## no two modules of a Rust crate import each other in a circle
+	scripts/check-module-cycles.sh
 
 bench: setup ## server benchmarks, about 30 min: table written to bench/results/
 	bench/run.sh full

@@ -27,7 +27,9 @@ use tonic::transport::Channel;
 
 use crate::{
     procs::{self, Backends, Server, TICKS_PER_SECOND},
-    worker::{Authed, Bearer, FastWorker, Hook, WorkerConfig, WorkerEvent, channel},
+    worker::{
+        Authed, Bearer, FastWorker, Hook, WorkerConfig, WorkerEvent, channel, incompressible_text,
+    },
 };
 
 /// Lengths and sizes of one benchmark profile.
@@ -511,22 +513,6 @@ pub(crate) fn start_request(workflow: &str, input: Json) -> StartRunRequest {
         labels: HashMap::default(),
         priority: 0,
     }
-}
-
-/// `bytes` characters that compress about as badly as JSON data does
-/// (six bits of entropy each), so TOAST compression cannot hide a payload.
-pub(crate) fn incompressible_text(bytes: usize) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..bytes)
-        .map(|_| {
-            // xorshift64: fixed, so every run writes the same bytes
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            char::from(ALPHABET[(state >> 58) as usize])
-        })
-        .collect()
 }
 
 pub(crate) fn linear_workflow(name: &str, queue: &str) -> String {

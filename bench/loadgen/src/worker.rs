@@ -125,9 +125,7 @@ fn output_of(bytes: usize) -> Value {
         fields.insert(
             "blob".to_owned(),
             Value {
-                kind: Some(Kind::StringValue(crate::benches::incompressible_text(
-                    bytes,
-                ))),
+                kind: Some(Kind::StringValue(incompressible_text(bytes))),
             },
         );
     }
@@ -316,4 +314,20 @@ async fn complete(
             stats.report_errors.fetch_add(1, Ordering::Relaxed);
         }
     }
+}
+
+/// `bytes` characters that compress about as badly as JSON data does
+/// (six bits of entropy each), so TOAST compression cannot hide a payload.
+pub(crate) fn incompressible_text(bytes: usize) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..bytes)
+        .map(|_| {
+            // xorshift64: fixed, so every run writes the same bytes
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(ALPHABET[(state >> 58) as usize])
+        })
+        .collect()
 }

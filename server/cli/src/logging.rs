@@ -16,7 +16,7 @@ pub fn init(
     // the trace spans are for the exporter, not the log's line prefixes
     let filter = EnvFilter::try_new(format!(
         "{filter},{}=off",
-        composer_coordinator::traces::TARGET
+        composer_coordinator::observe::traces::TARGET
     ))
     .unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry().with(traces);

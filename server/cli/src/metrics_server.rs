@@ -58,8 +58,8 @@ pub async fn start(
         .map_err(|e| MetricsError::Recorder(e.to_string()))?
         .install_recorder()
         .map_err(|e| MetricsError::Recorder(e.to_string()))?;
-    composer_coordinator::metrics::describe_all();
-    composer_coordinator::metrics::enable();
+    composer_coordinator::observe::metrics::describe_all();
+    composer_coordinator::observe::metrics::enable();
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| MetricsError::Listen { addr, source })?;
@@ -117,7 +117,7 @@ async fn refresh_gauges(
     while !*stop.borrow() {
         if let Some((_, store)) = pools.first() {
             match store.backlog().await {
-                Ok(b) => composer_coordinator::metrics::backlog(
+                Ok(b) => composer_coordinator::observe::metrics::backlog(
                     b.outbox_rows,
                     b.outbox_oldest_secs,
                     b.timers_due,
@@ -127,7 +127,11 @@ async fn refresh_gauges(
             }
         }
         for (name, store) in &pools {
-            composer_coordinator::metrics::pool(name, store.pool().size(), store.pool().num_idle());
+            composer_coordinator::observe::metrics::pool(
+                name,
+                store.pool().size(),
+                store.pool().num_idle(),
+            );
         }
         handle.run_upkeep();
         tokio::select! {

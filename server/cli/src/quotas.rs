@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use composer_coordinator::quotas::{NamespaceQuotas, QuotaTable};
+use composer_coordinator::limits::quotas::{NamespaceQuotas, QuotaTable};
 use tokio::sync::watch;
 
 /// How often the file is read to see whether it changed.

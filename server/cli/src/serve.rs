@@ -4,14 +4,17 @@ use std::{future::Future, net::SocketAddr, sync::Arc};
 
 use composer_coordinator::{
     Backends, Broker, BrokerError, Coordinator, CoordinatorConfig,
-    bulk::BulkConfig,
-    dispatch::{self, DispatchConfig, PollHub, Publisher},
+    dispatch::redis_conn::RedisTarget,
+    dispatch::{
+        poll_hub::PollHub,
+        streams::{self, DispatchConfig, Publisher},
+    },
+    events::bulk::BulkConfig,
+    events::watch::{ChangeFeed, RunChanges},
+    http::worker::{HttpWorkerConfig, run_http_worker},
     http::{HttpExecutor, HttpExecutorConfig},
-    http_worker::{HttpWorkerConfig, run_http_worker},
-    recovery::RecoveryConfig,
-    redis_conn::RedisTarget,
-    schedules::SchedulerConfig,
-    watch::{ChangeFeed, RunChanges},
+    time::recovery::RecoveryConfig,
+    time::schedules::SchedulerConfig,
 };
 use composer_grpc::{GrpcConfig, ServeError, Services, dashboard::DashboardFiles};
 use composer_store::{Store, StoreConfig, StoreError};
@@ -138,7 +141,7 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let (services, background) = start_background(server, backend, &backends, &stop_rx)?;
-    composer_coordinator::metrics::set_tenant_labels(server.metrics_tenant_labels);
+    composer_coordinator::observe::metrics::set_tenant_labels(server.metrics_tenant_labels);
     if let Some(addr) = server.metrics_listen {
         let pools = vec![
             ("requests", backends.store.clone()),
@@ -166,9 +169,9 @@ pub async fn run(
 }
 
 /// The CPU pool's settings: `--cpu-pool-threads 0` is one per core.
-fn cpu_pool_config(server: &ServerArgs) -> composer_coordinator::cpu_pool::CpuPoolConfig {
-    let default = composer_coordinator::cpu_pool::CpuPoolConfig::default();
-    composer_coordinator::cpu_pool::CpuPoolConfig {
+fn cpu_pool_config(server: &ServerArgs) -> composer_coordinator::limits::cpu_pool::CpuPoolConfig {
+    let default = composer_coordinator::limits::cpu_pool::CpuPoolConfig::default();
+    composer_coordinator::limits::cpu_pool::CpuPoolConfig {
         threads: match server.cpu_pool_threads {
             0 => default.threads,
             threads => threads,
@@ -234,7 +237,7 @@ fn start_background(
         ..RecoveryConfig::default()
     };
     let changes = RunChanges::new();
-    tokio::spawn(dispatch::run_enqueuer(
+    tokio::spawn(streams::run_enqueuer(
         store.clone(),
         backend.redis_url.clone(),
         dispatch_config,

@@ -1,6 +1,6 @@
 //! The OTLP exporter of traces, installed only when `--otlp-endpoint`
 //! (`COMPOSER_OTLP_ENDPOINT`) is set. The spans are the coordinator's
-//! (`composer_coordinator::traces`); this is where they leave the process.
+//! (`composer_coordinator::observe::traces`); this is where they leave the process.
 
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{SpanExporter, WithExportConfig};
@@ -71,11 +71,12 @@ pub fn install(
         .build();
     let layer = tracing_opentelemetry::layer()
         .with_tracer(provider.tracer("composer"))
-        .with_filter(
-            Targets::new().with_target(composer_coordinator::traces::TARGET, tracing::Level::INFO),
-        )
+        .with_filter(Targets::new().with_target(
+            composer_coordinator::observe::traces::TARGET,
+            tracing::Level::INFO,
+        ))
         .boxed();
-    composer_coordinator::traces::enable();
+    composer_coordinator::observe::traces::enable();
     Ok((TraceExporter { provider }, layer))
 }
 

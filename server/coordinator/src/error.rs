@@ -38,11 +38,11 @@ pub enum CoordinatorError {
     /// What was asked would go over one of the namespace's quotas
     /// (schedules, queue rate limits, concurrency keys).
     #[error(transparent)]
-    QuotaExceeded(#[from] crate::quotas::QuotaExceeded),
+    QuotaExceeded(#[from] crate::limits::quotas::QuotaExceeded),
     /// A CPU-heavy check of the request did not run: the namespace (or the
     /// server) has as many waiting as it may, or it panicked.
     #[error(transparent)]
-    CpuPool(#[from] crate::cpu_pool::CpuPoolError),
+    CpuPool(#[from] crate::limits::cpu_pool::CpuPoolError),
     /// The bulk operation does not exist in the namespace.
     #[error("bulk operation {0} not found")]
     BulkOperationNotFound(String),

@@ -1,43 +1,46 @@
 //! The coordinator: applies each event in one Postgres transaction (lock →
 //! decide → persist → commit) and moves dispatch through Redis Streams.
+//!
+//! - [`events`]: every change to a run, each in one transaction (alone or in
+//!   a group commit), and the feed that announces it.
+//! - [`dispatch`]: getting armed tasks to workers (Redis Streams, the poll
+//!   hub, direct hand-off, queue rate limits).
+//! - [`time`]: the loops the clock drives (schedules, recovery).
+//! - [`http`]: the server's own HTTP work (the executor and its worker).
+//! - [`observe`]: metrics and traces.
+//! - [`limits`]: namespace quotas and the CPU pool.
+//! - [`workflows`]: registered workflows and the compiled-definition cache.
+//! - [`error`]: what the coordinator refuses, and why.
+//!
+//! [`Coordinator`] is what they share: each module adds its methods to it.
 
-pub mod answer_sent;
-mod apply;
-pub mod broker;
-pub mod bulk;
-mod concurrency;
-pub mod cpu_pool;
 pub mod dispatch;
 pub mod error;
-mod group;
-mod hand_off;
+pub mod events;
 pub mod http;
-pub mod http_worker;
-pub mod metrics;
-pub mod pause;
-mod poll_hub;
-pub mod quotas;
-pub mod rate_limit;
-pub mod recovery;
-pub mod redis_conn;
-mod reports;
-mod runs;
-pub mod schedules;
-pub mod traces;
-pub mod watch;
+pub mod limits;
+pub mod observe;
+pub mod time;
 pub mod workflows;
 
 use std::sync::Arc;
 
-pub use apply::{SYSTEM, correlation_text};
-pub use broker::{Broker, BrokerError};
 pub use composer_engine::names;
 use composer_store::Store;
+pub use dispatch::{broker::Broker, redis_conn::BrokerError};
 pub use error::{CoordinatorError, FieldProblem};
-pub use group::{GroupCommitStats, MAX_GROUP_ITEMS, MAX_GROUPS_IN_FLIGHT};
-pub use reports::{HeartbeatAnswer, Reporter, TaskReport};
-pub use runs::{EventTarget, RunView, SendEventResult, StartRun};
+pub use events::{
+    apply::{SYSTEM, correlation_text},
+    group::{GroupCommitStats, MAX_GROUP_ITEMS, MAX_GROUPS_IN_FLIGHT},
+    reports::{HeartbeatAnswer, Reporter, TaskReport},
+    runs::{EventTarget, RunView, SendEventResult, StartRun},
+};
+use limits::{cpu_pool, quotas};
 use workflows::WorkflowCache;
+
+// The flat module paths the integration tests still name.
+pub use dispatch::answer_sent;
+pub use events::watch;
 
 /// The backends every server needs: Postgres (the truth) and Redis (dispatch).
 #[derive(Debug, Clone)]
@@ -114,24 +117,24 @@ pub struct Coordinator {
     store: Store,
     workflows: Arc<WorkflowCache>,
     config: CoordinatorConfig,
-    publisher: Option<Arc<dispatch::Publisher>>,
-    changes: Option<watch::ChangeFeed>,
-    lease_hints: Arc<reports::LeaseHints>,
-    report_queues: Arc<reports::ReportQueues>,
-    group_commit: Arc<group::GroupCommit>,
+    publisher: Option<Arc<dispatch::streams::Publisher>>,
+    changes: Option<events::watch::ChangeFeed>,
+    lease_hints: Arc<events::reports::LeaseHints>,
+    report_queues: Arc<events::reports::ReportQueues>,
+    group_commit: Arc<events::group::GroupCommit>,
     /// The tasks each namespace armed here, against its quota.
     task_rates: Arc<quotas::TaskRates>,
     /// Wakes this server's bulk loop when a bulk operation is created here.
     bulk_wake: Arc<tokio::sync::Notify>,
     /// The polls waiting in this server, which tasks armed here may go to
     /// directly (decision 0034); None: every task goes through Redis.
-    polls: Option<Arc<poll_hub::PollHub>>,
+    polls: Option<Arc<dispatch::poll_hub::PollHub>>,
 }
 
 impl Coordinator {
     /// A coordinator over `store`.
     pub fn new(store: Store, config: CoordinatorConfig) -> Self {
-        let group_commit = Arc::new(group::GroupCommit::new(
+        let group_commit = Arc::new(events::group::GroupCommit::new(
             config.group_commit_window,
             config.group_commit_max,
             config.group_commit_in_flight,
@@ -166,7 +169,7 @@ impl Coordinator {
     }
 
     /// Announces every run change it commits on `feed` (for WatchRun).
-    pub fn with_changes(mut self, feed: watch::ChangeFeed) -> Self {
+    pub fn with_changes(mut self, feed: events::watch::ChangeFeed) -> Self {
         self.changes = Some(feed);
         self
     }
@@ -184,14 +187,14 @@ impl Coordinator {
     /// Leases the tasks reports arm to the polls waiting in `polls`, when
     /// one waits on their queue, in the reports' own transaction (decision
     /// 0034), instead of sending them through Redis.
-    pub fn with_hand_off(mut self, polls: Arc<poll_hub::PollHub>) -> Self {
+    pub fn with_hand_off(mut self, polls: Arc<dispatch::poll_hub::PollHub>) -> Self {
         self.polls = Some(polls);
         self
     }
 
     /// Publishes the tasks this coordinator arms itself, right after each
     /// commit, instead of leaving them to the outbox enqueuer's next pass.
-    pub fn with_publisher(mut self, publisher: Arc<dispatch::Publisher>) -> Self {
+    pub fn with_publisher(mut self, publisher: Arc<dispatch::streams::Publisher>) -> Self {
         self.publisher = Some(publisher);
         self
     }

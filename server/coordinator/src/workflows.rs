@@ -16,8 +16,8 @@ use composer_store::{
 use sha2::{Digest, Sha256};
 
 use crate::{
-    cpu_pool::{Admission, CpuPool},
     error::{CoordinatorError, FieldProblem},
+    limits::cpu_pool::{Admission, CpuPool},
 };
 
 /// A compiled version with its input schema, shared by every run of it.

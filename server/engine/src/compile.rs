@@ -7,7 +7,7 @@ use serde_json::Value as Json;
 use crate::cel::{Env, NodeField, Program, Scope, Ty, Val};
 use crate::definition::{
     Broken, Definition, EdgeOn, MAX_CONCURRENCY, MAX_NODES, Node, NodeConcurrency, NodeType,
-    OnLimit, ValidationErrors,
+    OnLimit, ValidationErrors, parse_structure,
 };
 use crate::duration::parse_duration;
 use crate::names;
@@ -328,7 +328,7 @@ impl CompiledWorkflow {
 
     /// Parses and compiles text (YAML or JSON).
     pub fn from_text(text: &str) -> Result<CompiledWorkflow, ValidationErrors> {
-        let definition = crate::definition::parse_definition(text)?;
+        let definition = parse_definition(text)?;
         CompiledWorkflow::compile(definition)
     }
 
@@ -515,6 +515,21 @@ fn check_fields(node: &Node, path: &str, errors: &mut ValidationErrors) {
             format!("{path}.concurrency"),
             format!("not allowed on a {t} node"),
         ),
+    }
+}
+
+/// Parses YAML or JSON text into a [`Definition`], reporting every problem at
+/// once. On success the definition is also known to compile.
+pub fn parse_definition(text: &str) -> Result<Definition, ValidationErrors> {
+    let (definition, mut errors, broken) = parse_structure(text);
+    if let Some(def) = &definition
+        && let Err(semantic) = build(def, &broken)
+    {
+        errors.0.extend(semantic.0);
+    }
+    match definition {
+        Some(def) if errors.is_empty() => Ok(def),
+        _ => Err(errors),
     }
 }
 

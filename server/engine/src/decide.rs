@@ -136,6 +136,14 @@ pub fn prefetch(wf: &CompiledWorkflow, state: &RunState, event: &Event) -> Vec<N
     p.keys
 }
 
+impl RunState {
+    /// Node keys `event` will likely touch that are not loaded yet; see
+    /// [`prefetch`].
+    pub fn prefetch(&self, wf: &CompiledWorkflow, event: &Event) -> Vec<NodeKey> {
+        prefetch(wf, self, event)
+    }
+}
+
 struct Prefetch<'a> {
     wf: &'a CompiledWorkflow,
     state: &'a RunState,

@@ -3,7 +3,7 @@
 //! YAML and JSON are the same document. Parsing reports every structural
 //! problem at once, each with its path (`nodes[3].retry.max_attempts`);
 //! semantic checks (ids, edges, cycles, CEL) happen in
-//! [`crate::CompiledWorkflow::compile`], which [`parse_definition`] also runs
+//! [`crate::CompiledWorkflow::compile`], which [`crate::parse_definition`] also runs
 //! on whatever parsed, so one call reports every problem it can see.
 
 use std::fmt;
@@ -413,21 +413,6 @@ fn typed<T: serde::de::DeserializeOwned>(
             errors.push(join_path(path, &inner), serde_message(e.inner()));
             None
         }
-    }
-}
-
-/// Parses YAML or JSON text into a [`Definition`], reporting every problem at
-/// once. On success the definition is also known to compile.
-pub fn parse_definition(text: &str) -> Result<Definition, ValidationErrors> {
-    let (definition, mut errors, broken) = parse_structure(text);
-    if let Some(def) = &definition
-        && let Err(semantic) = crate::compile::build(def, &broken)
-    {
-        errors.0.extend(semantic.0);
-    }
-    match definition {
-        Some(def) if errors.is_empty() => Ok(def),
-        _ => Err(errors),
     }
 }
 

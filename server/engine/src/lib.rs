@@ -52,13 +52,13 @@ pub mod template;
 pub use compile::{
     CEdge, CNode, CompiledWorkflow, ConcurrencyKeyError, DEFAULT_HEARTBEAT_TIMEOUT_MS,
     DEFAULT_MAP_CONCURRENCY, HTTP_QUEUE, Kind, MAX_CONCURRENCY_KEY_BYTES, MAX_EDGES, MapElement,
-    RetryPolicy, RunConcurrency, TaskSlot, splitmix64,
+    RetryPolicy, RunConcurrency, TaskSlot, parse_definition, splitmix64,
 };
 pub use decide::{codes, decide, prefetch};
 pub use definition::{
     ConcurrencySpec, Definition, Edge, EdgeOn, HttpSpec, MAX_CONCURRENCY, MAX_DEFINITION_BYTES,
     MAX_NODES, Node, NodeConcurrency, NodeType, OnLimit, RetrySpec, TaskConcurrency,
-    ValidationError, ValidationErrors, parse_definition,
+    ValidationError, ValidationErrors,
 };
 pub use simulate::{
     Outcomes, SimOptions, SimulationError, SimulationReport, simulate, simulate_with,

@@ -339,12 +339,6 @@ impl RunState {
         self.nodes.insert(key, state);
     }
 
-    /// Node keys `event` will likely touch that are not loaded yet; see
-    /// [`crate::prefetch`].
-    pub fn prefetch(&self, wf: &crate::CompiledWorkflow, event: &Event) -> Vec<NodeKey> {
-        crate::prefetch(wf, self, event)
-    }
-
     /// The state of `key` if loaded and existing.
     pub fn node(&self, key: &NodeKey) -> Option<&NodeState> {
         self.nodes.get(key).and_then(Option::as_ref)

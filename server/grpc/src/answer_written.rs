@@ -7,7 +7,7 @@
 //! reads "done" before it reads the next step. Responses without one pass
 //! untouched.
 
-use composer_coordinator::answer_sent::AnswerInFlight;
+use composer_coordinator::dispatch::answer_sent::AnswerInFlight;
 use http::Response;
 use tonic::body::Body;
 
@@ -39,7 +39,7 @@ mod tests {
 
     use bytes::Bytes;
 
-    use composer_coordinator::answer_sent;
+    use composer_coordinator::dispatch::answer_sent;
     use http::Request;
     use http_body_util::BodyExt;
     use tower::{Layer, ServiceExt, util::MapResponseLayer};

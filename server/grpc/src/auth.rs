@@ -151,6 +151,9 @@ fn is_public(path: &str) -> bool {
 /// The header an admin sets to act in another namespace.
 pub const NAMESPACE_HEADER: &str = "x-composer-namespace";
 
+/// The namespace of insecure mode.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
 /// The identity a request acts as.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Caller {
@@ -342,11 +345,11 @@ impl Authenticator {
         }
         let caller = match &self.mode {
             AuthMode::Insecure => Caller {
-                namespace: crate::caller::DEFAULT_NAMESPACE.to_owned(),
+                namespace: DEFAULT_NAMESPACE.to_owned(),
                 subject: "anonymous".to_owned(),
                 roles: vec![Admin],
                 queues: None,
-                token: format!("{}/anonymous", crate::caller::DEFAULT_NAMESPACE),
+                token: format!("{}/anonymous", DEFAULT_NAMESPACE),
             },
             AuthMode::Tokens {
                 keys,

@@ -4,9 +4,6 @@ use tonic::{Request, Status};
 
 pub use crate::auth::Caller;
 
-/// The namespace of insecure mode.
-pub const DEFAULT_NAMESPACE: &str = "default";
-
 /// The caller of a request (set by the auth layer before routing).
 pub fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
     request
@@ -20,9 +17,10 @@ pub fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
 /// traces. A header of the wrong size is dropped unread; what it says is
 /// parsed (strictly) where a span is opened under it.
 pub fn traceparent<T>(request: &Request<T>) -> Option<String> {
-    if !composer_coordinator::traces::enabled() {
+    if !composer_coordinator::observe::traces::enabled() {
         return None;
     }
     let value = request.metadata().get("traceparent")?.to_str().ok()?;
-    (value.len() == composer_coordinator::traces::TRACEPARENT_LEN).then(|| value.to_owned())
+    (value.len() == composer_coordinator::observe::traces::TRACEPARENT_LEN)
+        .then(|| value.to_owned())
 }

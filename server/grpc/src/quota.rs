@@ -23,7 +23,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use composer_coordinator::quotas::{
+use composer_coordinator::limits::quotas::{
     NamespaceQuotas, Quota, QuotaExceeded, Quotas, Rate, Subject, TokenBucket,
 };
 use http::{Request, Response};
@@ -492,7 +492,11 @@ where
                 })
             }
             Err(refused) => {
-                composer_coordinator::metrics::quota_throttled(&caller.namespace, refused.quota, 1);
+                composer_coordinator::observe::metrics::quota_throttled(
+                    &caller.namespace,
+                    refused.quota.name(),
+                    1,
+                );
                 tracing::debug!(
                     namespace = %caller.namespace,
                     quota = %refused.quota,
@@ -516,7 +520,7 @@ where
 mod tests {
     use std::collections::HashSet;
 
-    use composer_coordinator::quotas::QuotaTable;
+    use composer_coordinator::limits::quotas::QuotaTable;
     use prost::Message;
 
     use super::*;

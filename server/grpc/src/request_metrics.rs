@@ -11,7 +11,7 @@ use std::{
     time::Instant,
 };
 
-use composer_coordinator::metrics::{GRPC_REQUESTS, GRPC_SECONDS};
+use composer_coordinator::observe::metrics::{GRPC_REQUESTS, GRPC_SECONDS};
 use http::{Request, Response};
 use prost::Message;
 use tower::{Layer, Service};
@@ -106,7 +106,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        if !composer_coordinator::metrics::enabled() {
+        if !composer_coordinator::observe::metrics::enabled() {
             return Box::pin(self.inner.call(request));
         }
         let path = request.uri().path();

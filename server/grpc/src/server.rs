@@ -4,7 +4,9 @@
 
 use std::{sync::Arc, time::Duration};
 
-use composer_coordinator::{Backends, Coordinator, dispatch::PollHub, watch::RunChanges};
+use composer_coordinator::{
+    Backends, Coordinator, dispatch::poll_hub::PollHub, events::watch::RunChanges,
+};
 use composer_proto::v1::{
     queue_service_server::QueueServiceServer, run_service_server::RunServiceServer,
     schedule_service_server::ScheduleServiceServer, server_service_server::ServerServiceServer,

@@ -4,8 +4,8 @@
 
 use composer_coordinator::{
     CoordinatorError, FieldProblem,
-    cpu_pool::{CpuPoolError, RETRY_AFTER},
-    quotas::{QUOTA_EXCEEDED, QuotaExceeded},
+    limits::cpu_pool::{CpuPoolError, RETRY_AFTER},
+    limits::quotas::{QUOTA_EXCEEDED, QuotaExceeded},
 };
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, FieldViolation, StatusExt};

@@ -814,7 +814,7 @@ pub async fn queue_unsent(pool: &PgPool, messages: &[OutboxMessage]) -> Result<u
     .execute(&mut *tx)
     .await?
     .rows_affected();
-    crate::runs::notify_outbox(&mut tx).await?;
+    notify_outbox(&mut tx).await?;
     tx.commit().await?;
     Ok(written)
 }
@@ -913,52 +913,6 @@ pub async fn return_unconfirmed_leases<'e>(
     .rows_affected())
 }
 
-/// [`finish_task`] and [`crate::runs::load_nodes`] in one round trip: records
-/// the report's outcome (fenced by the lease) and returns the states of the
-/// run's nodes `keys` (those without a row are absent). Call under the run's
-/// lock; the statement's snapshot is taken after that lock was granted.
-pub async fn finish_task_and_load(
-    conn: &mut PgConnection,
-    finish: (Uuid, i32, Uuid, &str),
-    run_id: Uuid,
-    keys: &[String],
-) -> Result<(ReportCheck, Option<String>, Vec<(String, Json)>), StoreError> {
-    let (task_id, attempt, lease_token, outcome) = finish;
-    // finish_task_and_load: LEASED -> outcome for the caller's lease only;
-    // `repeat` reads the row as it was before this statement's update
-    let row = sqlx::query(&format!(
-        "WITH finished AS ( \
-           UPDATE tasks SET status = $4, outcome = $4, lease_expires_at = NULL, updated_at = now() \
-           WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND status = 'LEASED' \
-           RETURNING lease_owner) \
-         SELECT EXISTS (SELECT 1 FROM finished) AS applied, \
-           (SELECT lease_owner FROM finished) AS holder, \
-           (SELECT outcome = $4 FROM tasks WHERE id = $1 AND attempt = $2 AND lease_token = $3) \
-             AS repeat, \
-           {}",
-        crate::runs::node_rows_columns("$5", "$6")
-    ))
-    .bind(task_id)
-    .bind(attempt)
-    .bind(lease_token)
-    .bind(outcome)
-    .bind(run_id)
-    .bind(keys)
-    .fetch_one(conn)
-    .await?;
-    let applied: bool = row.try_get("applied")?;
-    let repeat: Option<bool> = row.try_get("repeat")?;
-    let check = match (applied, repeat) {
-        (true, _) => ReportCheck::Applied,
-        (false, Some(true)) => ReportCheck::Repeat,
-        (false, _) => ReportCheck::Stale,
-    };
-    let holder: Option<String> = row.try_get("holder")?;
-    let node_keys: Vec<String> = row.try_get("node_keys")?;
-    let states: Vec<Json> = row.try_get("node_states")?;
-    Ok((check, holder, node_keys.into_iter().zip(states).collect()))
-}
-
 /// Whether this lease already reported `outcome` (a repeat report, answered
 /// OK without a change). Under the run lock.
 pub async fn reported_before(
@@ -1015,4 +969,17 @@ pub async fn promote_stranded_waiters(
         promoted += i64::from(n);
     }
     Ok(promoted)
+}
+
+/// Channel NOTIFYed when outbox rows were written, to wake the enqueuers
+/// (only by a server that does not publish its own tasks).
+pub const OUTBOX_CHANNEL: &str = "composer_outbox";
+
+/// Tells the outbox enqueuers, on commit, that the outbox has rows.
+pub async fn notify_outbox(conn: &mut PgConnection) -> Result<(), StoreError> {
+    // notify_outbox: delivered at commit, dropped on rollback
+    sqlx::query("SELECT pg_notify('composer_outbox', '')")
+        .execute(conn)
+        .await?;
+    Ok(())
 }

@@ -16,7 +16,7 @@ use super::{
     AdminError, Api, ClientArgs, Format,
     output::{Table, fields, labels, print_json, print_text, run_status, time},
     parse_label,
-    run::StatusFilter,
+    status::StatusFilter,
     workflow::{PageArgs, more, page_size},
 };
 

@@ -11,6 +11,7 @@ pub mod queue;
 pub mod run;
 pub mod schedule;
 pub mod server;
+pub mod status;
 mod watch;
 pub mod workflow;
 

@@ -3,7 +3,7 @@
 
 use std::{collections::HashMap, path::PathBuf};
 
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Subcommand};
 use composer_grpc::convert::from_json;
 use composer_proto::v1::{
     CancelRunRequest, GetRunHistoryRequest, GetRunHistoryResponse, GetRunRequest, GetRunResponse,
@@ -18,6 +18,7 @@ use super::{
         Table, failure, fields, labels, print_json, print_text, run_status, shorten, time, value,
     },
     parse_label, read_json,
+    status::StatusFilter,
     watch::{self, follow, node_table, outcome},
     workflow::{PageArgs, more, page_size},
 };
@@ -92,39 +93,6 @@ pub struct RunIdArgs {
     pub run_id: String,
     #[command(flatten)]
     pub client: ClientArgs,
-}
-
-/// A run status, as `run list --status` takes it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum StatusFilter {
-    /// RUNNING.
-    Running,
-    /// COMPENSATING.
-    Compensating,
-    /// COMPLETED.
-    Completed,
-    /// FAILED.
-    Failed,
-    /// CANCELLED.
-    Cancelled,
-    /// PAUSED.
-    Paused,
-    /// QUEUED: waiting for a slot of its concurrency key.
-    Queued,
-}
-
-impl From<StatusFilter> for RunStatus {
-    fn from(status: StatusFilter) -> Self {
-        match status {
-            StatusFilter::Running => RunStatus::Running,
-            StatusFilter::Compensating => RunStatus::Compensating,
-            StatusFilter::Completed => RunStatus::Completed,
-            StatusFilter::Failed => RunStatus::Failed,
-            StatusFilter::Cancelled => RunStatus::Cancelled,
-            StatusFilter::Paused => RunStatus::Paused,
-            StatusFilter::Queued => RunStatus::Queued,
-        }
-    }
 }
 
 /// Options of `run list`.

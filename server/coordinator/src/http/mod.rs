@@ -1,4 +1,5 @@
-//! The executor behind HTTP nodes.
+//! The server's own HTTP work: the executor behind HTTP nodes (this
+//! module) and the worker that leases their tasks ([`worker`]).
 //!
 //! The engine turns an HTTP node into a task on the reserved queue
 //! [`HTTP_QUEUE`] whose input is
@@ -18,6 +19,7 @@
 
 mod guard;
 mod request;
+pub mod worker;
 
 use std::error::Error as _;
 use std::time::Duration;

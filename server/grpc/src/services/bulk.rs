@@ -3,7 +3,7 @@
 
 use composer_coordinator::{
     Coordinator,
-    bulk::{BulkKind, BulkRequest},
+    events::bulk::{BulkKind, BulkRequest},
 };
 use composer_proto::v1::{
     BulkOperation, BulkOperationFailure, BulkOperationKind, BulkOperationStatus,
@@ -20,7 +20,7 @@ use crate::{
     status::{MAX_KEY_BYTES, MAX_TEXT_BYTES, check_text, from_coordinator, invalid_field},
 };
 
-use super::run::{FilterFields, api_status, run_filter, status_filter};
+use super::run_fields::{FilterFields, api_status, run_filter, status_filter};
 
 /// What every Bulk* request carries.
 pub(crate) struct BulkFields<'a> {

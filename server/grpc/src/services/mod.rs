@@ -3,6 +3,7 @@
 pub(crate) mod bulk;
 pub(crate) mod queue;
 pub(crate) mod run;
+pub(crate) mod run_fields;
 pub(crate) mod schedule;
 pub(crate) mod server_info;
 pub(crate) mod worker;

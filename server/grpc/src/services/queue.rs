@@ -2,7 +2,9 @@
 
 use composer_coordinator::{
     Coordinator,
-    rate_limit::{MAX_RATE_PER_SECOND, MAX_REFILL_SECS, MIN_RATE_PER_SECOND, default_burst},
+    dispatch::rate_limit::{
+        MAX_RATE_PER_SECOND, MAX_REFILL_SECS, MIN_RATE_PER_SECOND, default_burst,
+    },
 };
 use composer_proto::v1::{
     DeleteQueueRateLimitRequest, DeleteQueueRateLimitResponse, GetQueueRateLimitRequest,

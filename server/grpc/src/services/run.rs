@@ -3,10 +3,12 @@
 use std::{collections::HashMap, pin::Pin, sync::Arc};
 
 use bytes::Bytes;
-use composer_coordinator::bulk::BulkKind;
+use composer_coordinator::events::bulk::BulkKind;
 use composer_coordinator::{
     Coordinator, CoordinatorError, EventTarget, RunView, StartRun,
-    watch::{HISTORY_PAGE, RunChanges, RunSnapshot, RunWatch, SendPermit, Watched, history_bytes},
+    events::watch::{
+        HISTORY_PAGE, RunChanges, RunSnapshot, RunWatch, SendPermit, Watched, history_bytes,
+    },
 };
 use composer_proto::v1::{
     BulkCancelRunsRequest, BulkCancelRunsResponse, BulkPauseRunsRequest, BulkPauseRunsResponse,
@@ -27,12 +29,12 @@ use tonic::{Request, Response, Status};
 use uuid::Uuid;
 
 use super::bulk::{self, BulkFields};
+use super::run_fields::{
+    FilterFields, check_label_keys, clipped, run_filter, run_status, status_filter,
+};
 use crate::{
     caller::caller,
-    convert::{
-        from_json, from_json_opt, from_timestamp, keyset_page, page_size, page_token, timestamp,
-        to_json,
-    },
+    convert::{from_json, from_json_opt, keyset_page, page_size, page_token, timestamp, to_json},
     status::{
         MAX_KEY_BYTES, MAX_TEXT_BYTES, check_name, check_text, from_coordinator, invalid_field,
     },
@@ -46,37 +48,6 @@ pub(crate) struct RunApi {
     pub(crate) changes: RunChanges,
     /// Flips to true when the server drains: open watches end at once.
     pub(crate) draining: tokio::sync::watch::Receiver<bool>,
-}
-
-/// A stored run status as the API's.
-pub(crate) fn api_status(text: &str) -> RunStatus {
-    run_status(text)
-}
-
-fn run_status(text: &str) -> RunStatus {
-    match text {
-        "PENDING" | "RUNNING" => RunStatus::Running,
-        "COMPENSATING" => RunStatus::Compensating,
-        "COMPLETED" => RunStatus::Completed,
-        "FAILED" => RunStatus::Failed,
-        "CANCELLED" => RunStatus::Cancelled,
-        "PAUSED" => RunStatus::Paused,
-        "QUEUED" => RunStatus::Queued,
-        _ => RunStatus::Unspecified,
-    }
-}
-
-fn status_text(status: RunStatus) -> Option<&'static str> {
-    match status {
-        RunStatus::Running => Some("RUNNING"),
-        RunStatus::Compensating => Some("COMPENSATING"),
-        RunStatus::Completed => Some("COMPLETED"),
-        RunStatus::Failed => Some("FAILED"),
-        RunStatus::Cancelled => Some("CANCELLED"),
-        RunStatus::Paused => Some("PAUSED"),
-        RunStatus::Queued => Some("QUEUED"),
-        RunStatus::Unspecified => None,
-    }
 }
 
 fn node_status(text: &str) -> NodeStatus {
@@ -192,39 +163,6 @@ fn history_message(row: HistoryRow) -> HistoryEvent {
     }
 }
 
-/// Labels a run may carry.
-pub(crate) const MAX_LABELS: usize = 64;
-
-/// At most [`MAX_LABELS`]; keys follow the name rule and values are short
-/// text; the field path names the key.
-pub(crate) fn check_label_keys(labels: &HashMap<String, String>) -> Result<(), Status> {
-    if labels.len() > MAX_LABELS {
-        return Err(invalid_field(
-            "labels",
-            format!("{} labels; at most {MAX_LABELS} are allowed", labels.len()),
-        ));
-    }
-    let mut keys: Vec<(&String, &String)> = labels.iter().collect();
-    keys.sort();
-    for (key, value) in keys {
-        let field = format!("labels[{}]", clipped(key));
-        composer_coordinator::names::check_name(key)
-            .map_err(|problem| invalid_field(&field, problem.to_string()))?;
-        check_text(&field, value, MAX_KEY_BYTES)?;
-    }
-    Ok(())
-}
-
-/// At most a few dozen characters of what a caller sent, quoted, for a
-/// message or a field path.
-fn clipped(text: &str) -> String {
-    const MAX: usize = 40;
-    match text.char_indices().nth(MAX) {
-        Some((end, _)) => format!("{:?}...", &text[..end]),
-        None => format!("{text:?}"),
-    }
-}
-
 fn require_run_id(run_id: &str) -> Result<(), Status> {
     if run_id.is_empty() {
         return Err(invalid_field("run_id", "must not be empty"));
@@ -246,103 +184,6 @@ fn runs_cursor(token: &str) -> Result<Option<(chrono::DateTime<chrono::Utc>, Uui
         let (micros, id) = token.split_once('_')?;
         let time = chrono::DateTime::from_timestamp_micros(micros.parse().ok()?)?;
         Some((time, Uuid::parse_str(id).ok()?))
-    })
-}
-
-/// The statuses a ListRuns asks for, as stored; each names its index.
-pub(crate) fn status_filter(numbers: &[i32]) -> Result<Vec<&'static str>, Status> {
-    numbers
-        .iter()
-        .enumerate()
-        .map(|(i, &number)| {
-            let field = format!("statuses[{i}]");
-            let status = RunStatus::try_from(number)
-                .map_err(|_| invalid_field(&field, format!("{number} is not a RunStatus")))?;
-            status_text(status)
-                .ok_or_else(|| invalid_field(&field, "RUN_STATUS_UNSPECIFIED matches nothing"))
-        })
-        .collect()
-}
-
-/// The filters ListRuns and CountRuns share, as the caller sent them.
-pub(crate) struct FilterFields<'a> {
-    pub(crate) workflow_name: &'a str,
-    pub(crate) workflow_version: i32,
-    pub(crate) labels: &'a HashMap<String, String>,
-    pub(crate) create_time_after: Option<&'a prost_types::Timestamp>,
-    pub(crate) create_time_before: Option<&'a prost_types::Timestamp>,
-    pub(crate) parent_run_id: &'a str,
-    pub(crate) search: &'a str,
-}
-
-impl<'a> From<&'a ListRunsRequest> for FilterFields<'a> {
-    fn from(request: &'a ListRunsRequest) -> Self {
-        Self {
-            workflow_name: &request.workflow_name,
-            workflow_version: request.workflow_version,
-            labels: &request.labels,
-            create_time_after: request.create_time_after.as_ref(),
-            create_time_before: request.create_time_before.as_ref(),
-            parent_run_id: &request.parent_run_id,
-            search: &request.search,
-        }
-    }
-}
-
-impl<'a> From<&'a CountRunsRequest> for FilterFields<'a> {
-    fn from(request: &'a CountRunsRequest) -> Self {
-        Self {
-            workflow_name: &request.workflow_name,
-            workflow_version: request.workflow_version,
-            labels: &request.labels,
-            create_time_after: request.create_time_after.as_ref(),
-            create_time_before: request.create_time_before.as_ref(),
-            parent_run_id: &request.parent_run_id,
-            search: &request.search,
-        }
-    }
-}
-
-/// Checks the shared filters (INVALID_ARGUMENT naming the field) and turns
-/// them into the store's filter, with no status filter.
-pub(crate) fn run_filter(fields: FilterFields<'_>) -> Result<RunFilter, Status> {
-    if !fields.workflow_name.is_empty() {
-        check_name("workflow_name", fields.workflow_name)?;
-    }
-    let workflow_version = match fields.workflow_version {
-        0 => None,
-        n if n < 0 => {
-            return Err(invalid_field(
-                "workflow_version",
-                "must be 0 (any) or a version number",
-            ));
-        }
-        _ if fields.workflow_name.is_empty() => {
-            return Err(invalid_field(
-                "workflow_version",
-                "needs workflow_name: a version belongs to one workflow",
-            ));
-        }
-        n => Some(n),
-    };
-    check_label_keys(fields.labels)?;
-    check_text("search", fields.search, MAX_KEY_BYTES)?;
-    let parent_run_id = match fields.parent_run_id {
-        "" => None,
-        id => {
-            Some(Uuid::parse_str(id).map_err(|_| invalid_field("parent_run_id", "not a run id"))?)
-        }
-    };
-    let time = |t: Option<&prost_types::Timestamp>, field| t.map(|t| from_timestamp(t, field));
-    Ok(RunFilter {
-        workflow_name: Some(fields.workflow_name.to_owned()).filter(|n| !n.is_empty()),
-        workflow_version,
-        statuses: Vec::new(),
-        labels: (!fields.labels.is_empty()).then(|| json!(fields.labels)),
-        created_after: time(fields.create_time_after, "create_time_after").transpose()?,
-        created_before: time(fields.create_time_before, "create_time_before").transpose()?,
-        parent_run_id,
-        search: Some(fields.search.to_owned()).filter(|s| !s.is_empty()),
     })
 }
 
@@ -383,7 +224,7 @@ impl RunService for RunApi {
             ));
         }
         let priority = match request.priority {
-            0 => composer_coordinator::dispatch::DEFAULT_PRIORITY,
+            0 => composer_coordinator::dispatch::streams::DEFAULT_PRIORITY,
             p if (1..=5).contains(&p) => i16::try_from(p).unwrap_or_default(),
             p => {
                 return Err(invalid_field(

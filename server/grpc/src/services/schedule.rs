@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use composer_coordinator::{
     Coordinator,
-    schedules::{
+    time::schedules::{
         DEFAULT_CATCH_UP_WINDOW_MS, Fire, FireOutcome, Overlap, ScheduleAction, ScheduleRequest,
         ScheduleView, SpecRequest, StoredSpec,
     },
@@ -22,7 +22,7 @@ use tonic::{Request, Response, Status};
 use crate::{
     caller::caller,
     convert::{from_json, keyset_page, page_size, page_token, timestamp, to_json},
-    services::run::{MAX_LABELS, check_label_keys},
+    services::run_fields::{MAX_LABELS, check_label_keys},
     status::{
         MAX_KEY_BYTES, MAX_TEXT_BYTES, check_name, check_text, from_coordinator, invalid_field,
     },

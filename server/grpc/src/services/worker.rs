@@ -5,8 +5,9 @@
 use std::{sync::Arc, time::Duration};
 
 use composer_coordinator::{
-    Coordinator, Reporter, TaskReport, answer_sent,
-    dispatch::{PollHub, PollRequest},
+    Coordinator, Reporter, TaskReport,
+    dispatch::answer_sent,
+    dispatch::poll_hub::{PollHub, PollRequest},
 };
 use composer_proto::v1::{
     CompleteTaskRequest, CompleteTaskResponse, FailTaskRequest, FailTaskResponse, HeartbeatRequest,

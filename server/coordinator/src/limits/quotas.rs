@@ -256,7 +256,7 @@ impl QuotaExceeded {
     /// [`QuotaExceeded::new`], counted in the namespace's throttled metric.
     pub fn counted(quota: Quota, subject: Subject, quotas: &Quotas, retry_after: Duration) -> Self {
         if let Subject::Namespace(namespace) = &subject {
-            crate::metrics::quota_throttled(namespace, quota, 1);
+            crate::observe::metrics::quota_throttled(namespace, quota.name(), 1);
         }
         Self::new(quota, subject, quotas, retry_after)
     }
@@ -301,7 +301,7 @@ impl QuotaTable {
         let defaults = file.defaults.apply(Quotas::default(), "defaults")?;
         let mut namespaces = HashMap::with_capacity(file.namespaces.len());
         for (namespace, overrides) in file.namespaces {
-            crate::names::check_name(&namespace).map_err(|problem| {
+            composer_engine::names::check_name(&namespace).map_err(|problem| {
                 QuotaFileError::Invalid(format!("namespaces.{namespace}: the name {problem}"))
             })?;
             let quotas = overrides.apply(defaults.clone(), &format!("namespaces.{namespace}"))?;

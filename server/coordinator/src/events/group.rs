@@ -30,10 +30,10 @@ use uuid::Uuid;
 
 use crate::{
     Coordinator,
-    apply::{Applied, RunTxn},
+    dispatch::hand_off::Handed,
     error::CoordinatorError,
-    hand_off::Handed,
-    reports::{QueueKey, QueuedReport, ReportAnswer, ReportPlan},
+    events::apply::{Applied, RunTxn},
+    events::reports::{QueueKey, QueuedReport, ReportAnswer, ReportPlan},
     workflows::LoadedWorkflow,
 };
 
@@ -519,7 +519,7 @@ impl Coordinator {
                 .await
                 .map_err(item_failed)?;
             let applied = match txn {
-                None => crate::apply::Applied::default(),
+                None => crate::events::apply::Applied::default(),
                 Some(mut txn) if shared_write => {
                     txn.stage(&mut tx).await.map_err(item_failed)?;
                     staged.push(StagedItem {
@@ -732,6 +732,18 @@ impl Coordinator {
                 "the StartRun was dropped unanswered".to_owned(),
             ))
         })
+    }
+
+    /// A batch of one run's reports through the next group; returns once
+    /// the group has answered them.
+    pub(crate) async fn reports_grouped(&self, queue: &QueueKey, batch: Vec<QueuedReport>) {
+        let (done, finished) = oneshot::channel();
+        self.submit_to_group(GroupItem::Reports {
+            queue: queue.clone(),
+            batch,
+            done,
+        });
+        let _ = finished.await;
     }
 }
 

@@ -2,7 +2,7 @@
 //! event arms, for a queue on which a poll is waiting in this server, is
 //! leased to that poll inside the event's own transaction and sent to it
 //! after the commit, once the answers to the transaction's reports are
-//! written ([`crate::answer_sent`]). It never goes through Redis: no XADD,
+//! written ([`crate::dispatch::answer_sent`]). It never goes through Redis: no XADD,
 //! no stream read, no lease transaction of its own.
 //!
 //! The lease is the same conditional statement a poll's lease runs, so
@@ -16,7 +16,10 @@ use std::collections::HashSet;
 use composer_store::tasks::{self, LeasedTask, OutboxMessage};
 use uuid::Uuid;
 
-use crate::{Coordinator, answer_sent::AnswerSent, error::CoordinatorError, poll_hub::WaitingPoll};
+use crate::{
+    Coordinator, dispatch::answer_sent::AnswerSent, dispatch::poll_hub::WaitingPoll,
+    error::CoordinatorError,
+};
 
 /// Tasks leased to a waiting poll in an event's transaction, to send it
 /// once that commits.
@@ -73,7 +76,7 @@ impl Coordinator {
         };
         if let Some(first) = tasks.first() {
             let count = u64::try_from(tasks.len()).unwrap_or(u64::MAX);
-            crate::metrics::tasks_dispatched(&first.namespace, &first.queue, count);
+            crate::observe::metrics::tasks_dispatched(&first.namespace, &first.queue, count);
         }
         let store = self.store.clone();
         tokio::spawn(async move {
@@ -86,7 +89,7 @@ impl Coordinator {
 /// The first queue, in the order the tasks were armed, with a poll
 /// waiting in this server that may take them directly.
 fn first_waiting_poll(
-    polls: &crate::poll_hub::PollHub,
+    polls: &crate::dispatch::poll_hub::PollHub,
     outboxes: &[&mut Vec<OutboxMessage>],
 ) -> Option<(WaitingPoll, String, String)> {
     let mut tried = HashSet::new();

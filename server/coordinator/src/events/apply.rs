@@ -78,12 +78,12 @@ impl Counted {
         if self.events == 0 {
             return;
         }
-        crate::metrics::event_transaction(self.took, self.events);
+        crate::observe::metrics::event_transaction(self.took, self.events);
         if self.run_started {
-            crate::metrics::run_started(&self.namespace, &self.workflow);
+            crate::observe::metrics::run_started(&self.namespace, &self.workflow);
         }
         if self.run_ended {
-            crate::metrics::run_ended(&self.namespace, &self.workflow, status);
+            crate::observe::metrics::run_ended(&self.namespace, &self.workflow, status);
         }
     }
 }
@@ -137,6 +137,13 @@ pub fn run_status_text(status: RunStatus) -> String {
         .unwrap_or_else(|| "UNKNOWN".to_owned())
 }
 
+/// The status the engine keeps in a run's record (a paused run's row says
+/// PAUSED; the record says what it is underneath).
+pub(crate) fn engine_status(run: &RunRow) -> Result<String, CoordinatorError> {
+    let status: composer_engine::RunStatus = serde_json::from_value(run.record["status"].clone())?;
+    Ok(run_status_text(status))
+}
+
 /// A timer's row key: unique per run.
 pub fn timer_key(timer: &TimerId) -> String {
     let kind = serde_json::to_value(timer.kind)
@@ -170,7 +177,7 @@ impl Coordinator {
         let outbox = std::mem::take(&mut applied.outbox);
         match applied.span.take() {
             Some(armed_by) if !outbox.is_empty() => {
-                let span = crate::traces::dispatch(&armed_by, outbox.len());
+                let span = crate::observe::traces::dispatch(&armed_by, outbox.len());
                 self.publish(outbox).instrument(span).await;
             }
             _ => self.publish(outbox).await,
@@ -334,8 +341,8 @@ impl<'a> RunTxn<'a> {
         let was_terminal = record.status.is_terminal();
         let queued_as =
             (run.status == composer_store::concurrency::QUEUED).then_some(record.status);
-        let span = crate::traces::run_events(run.traceparent.as_deref(), &run.id);
-        let traceparent = crate::traces::traceparent(&span);
+        let span = crate::observe::traces::run_events(run.traceparent.as_deref(), &run.id);
+        let traceparent = crate::observe::traces::traceparent(&span);
         Ok(RunTxn {
             span,
             traceparent,
@@ -675,7 +682,7 @@ impl<'a> RunTxn<'a> {
                     input,
                     heartbeat_timeout_ms: i64::try_from(heartbeat_timeout_ms).unwrap_or(i64::MAX),
                     attempt_timeout_ms: timeout_ms.and_then(|t| i64::try_from(t).ok()),
-                    rate_limit_key: rate_limit_key.map(crate::rate_limit::bounded_key),
+                    rate_limit_key: rate_limit_key.map(crate::dispatch::rate_limit::bounded_key),
                     concurrency: concurrency.map(|slot| (node.node.clone(), slot)),
                 });
             }
@@ -821,11 +828,11 @@ impl<'a> RunTxn<'a> {
             self.child_not_started(node, attempt, error, actor);
             return Ok(());
         }
-        let admitted = match crate::concurrency::run_key(&child_workflow, &input) {
+        let admitted = match crate::events::concurrency::run_key(&child_workflow, &input) {
             Ok(None) => None,
             Ok(Some((key, concurrency))) => {
                 let quotas = self.coordinator.quotas().of(&self.run.namespace);
-                match crate::concurrency::admit(
+                match crate::events::concurrency::admit(
                     conn,
                     &self.run.namespace,
                     &child_workflow.row.name,
@@ -838,8 +845,10 @@ impl<'a> RunTxn<'a> {
                     Ok(admitted) => Some(admitted),
                     // the node fails and retries as its policy says
                     Err(CoordinatorError::QuotaExceeded(refusal)) => {
-                        let error =
-                            ErrorInfo::new(crate::quotas::QUOTA_EXCEEDED, refusal.to_string());
+                        let error = ErrorInfo::new(
+                            crate::limits::quotas::QUOTA_EXCEEDED,
+                            refusal.to_string(),
+                        );
                         self.child_not_started(node, attempt, error, actor);
                         return Ok(());
                     }
@@ -1150,7 +1159,7 @@ impl<'a> RunTxn<'a> {
         self.applied.outbox.extend(written.outbox);
         // tasks armed (outbox rows written) and no fast path to send them
         if !self.applied.outbox.is_empty() && self.coordinator.publisher.is_none() {
-            runs::notify_outbox(conn).await?;
+            tasks::notify_outbox(conn).await?;
         }
         self.applied.status = staged.status;
         self.applied.run_id = run_id;
@@ -1179,7 +1188,7 @@ impl<'a> RunTxn<'a> {
         let handed = composer_store::concurrency::release_slot(conn, self.run.id, slot).await?;
         self.run.concurrency_holds = false;
         for next in handed {
-            let event = crate::concurrency::resume_event(conn, &next).await?;
+            let event = crate::events::concurrency::resume_event(conn, &next).await?;
             let actor = format!("run:{}", self.run.id);
             events::push_inbox(conn, next.run_id, &serde_json::to_value(event)?, &actor).await?;
             self.applied.inbox_runs.push(next.run_id);

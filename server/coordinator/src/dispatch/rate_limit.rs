@@ -5,10 +5,10 @@
 
 use std::{collections::HashMap, sync::Mutex, time::Duration};
 
-use crate::redis_conn::RedisConnection;
+use crate::dispatch::redis_conn::RedisConnection;
 use composer_store::{Store, StoreError, rate_limits};
 
-use crate::dispatch::stream_key;
+use crate::dispatch::streams::stream_key;
 
 /// (namespace, queue)
 pub(crate) type QueueKey = (String, String);
@@ -558,9 +558,9 @@ impl crate::Coordinator {
                 tx.commit().await?;
                 Ok(*row)
             }
-            rate_limits::Set::Full => Err(crate::quotas::QuotaExceeded::counted(
-                crate::quotas::Quota::QueueRateLimits,
-                crate::quotas::Subject::Namespace(limit.namespace.to_owned()),
+            rate_limits::Set::Full => Err(crate::limits::quotas::QuotaExceeded::counted(
+                crate::limits::quotas::Quota::QueueRateLimits,
+                crate::limits::quotas::Subject::Namespace(limit.namespace.to_owned()),
                 &quotas,
                 // a place frees only when a limit is deleted
                 Duration::from_secs(60),

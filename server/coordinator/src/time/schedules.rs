@@ -30,9 +30,9 @@ pub use composer_engine::schedule::{DEFAULT_CATCH_UP_WINDOW_MS, ScheduleSpec as 
 
 use crate::{
     Coordinator, StartRun,
-    apply::{Applied, RunTxn},
     error::{CoordinatorError, FieldProblem},
-    runs::is_final,
+    events::apply::{Applied, RunTxn},
+    events::runs::is_final,
 };
 
 /// Fires kept in a schedule's recent list.
@@ -379,7 +379,7 @@ impl Coordinator {
             .cpu_pool()
             .run(
                 namespace,
-                crate::cpu_pool::Admission::RefuseWhenFull,
+                crate::limits::cpu_pool::Admission::RefuseWhenFull,
                 move || {
                     let timetable =
                         Timetable::new(&spec).map_err(|p| field(p.field, p.description))?;
@@ -411,7 +411,7 @@ impl Coordinator {
             .cpu_pool()
             .run(
                 namespace,
-                crate::cpu_pool::Admission::RefuseWhenFull,
+                crate::limits::cpu_pool::Admission::RefuseWhenFull,
                 move || rows.into_iter().map(view).collect(),
             )
             .await?
@@ -449,7 +449,7 @@ impl Coordinator {
             labels: json!(labels),
             actor: format!("schedule:{id}"),
             traceparent: None,
-            priority: crate::dispatch::DEFAULT_PRIORITY,
+            priority: crate::dispatch::streams::DEFAULT_PRIORITY,
         }
     }
 
@@ -481,9 +481,9 @@ impl Coordinator {
                 self.view_of(&request.namespace, *row).await
             }
             Inserted::Exists => Err(CoordinatorError::ScheduleExists(request.id)),
-            Inserted::Full => Err(crate::quotas::QuotaExceeded::counted(
-                crate::quotas::Quota::Schedules,
-                crate::quotas::Subject::Namespace(request.namespace),
+            Inserted::Full => Err(crate::limits::quotas::QuotaExceeded::counted(
+                crate::limits::quotas::Quota::Schedules,
+                crate::limits::quotas::Subject::Namespace(request.namespace),
                 &quotas,
                 // a place frees only when a schedule is deleted
                 Duration::from_secs(60),
@@ -835,13 +835,13 @@ impl Pass {
             FireOutcome::Buffered,
             FireOutcome::Failed,
         ] {
-            crate::metrics::schedule_fires(
+            crate::observe::metrics::schedule_fires(
                 namespace,
                 outcome.metric(),
                 self.counts[outcome as usize],
             );
         }
-        crate::metrics::schedule_fires(
+        crate::observe::metrics::schedule_fires(
             namespace,
             "missed",
             u64::try_from(self.state.missed).unwrap_or(0),

@@ -255,7 +255,7 @@ impl CpuPool {
                     match tokio::time::timeout(max_wait, permits).await {
                         Ok(permits) => permits?,
                         Err(_) => {
-                            crate::metrics::cpu_check_refused(namespace);
+                            crate::observe::metrics::cpu_check_refused(namespace);
                             return Err(CpuPoolError::WaitedTooLong {
                                 namespace: namespace.to_owned(),
                                 waited_ms: max_wait.as_millis(),
@@ -319,7 +319,7 @@ impl CpuPool {
         }
         let limit = self.inner.config.queue_per_namespace;
         if in_lane >= limit {
-            crate::metrics::cpu_check_refused(&hold.namespace);
+            crate::observe::metrics::cpu_check_refused(&hold.namespace);
             return Err(CpuPoolError::NamespaceQueueFull {
                 namespace: hold.namespace.clone(),
                 waiting: in_lane,
@@ -327,7 +327,7 @@ impl CpuPool {
             });
         }
         if in_pool >= limit.saturating_mul(WAITING_PER_NAMESPACE_QUEUES) {
-            crate::metrics::cpu_check_refused(&hold.namespace);
+            crate::observe::metrics::cpu_check_refused(&hold.namespace);
             return Err(CpuPoolError::ServerQueueFull { waiting: in_pool });
         }
         Ok(waiting)

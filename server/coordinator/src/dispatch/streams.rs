@@ -12,16 +12,15 @@ use std::{sync::Arc, time::Duration};
 
 use composer_store::{
     Store,
-    runs::OUTBOX_CHANNEL,
-    tasks::{self, OutboxMessage},
+    tasks::{self, OUTBOX_CHANNEL, OutboxMessage},
 };
 use sqlx::postgres::PgListener;
 use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::{
+    dispatch::redis_conn::{RedisClient, RedisConnection, by_slot},
     error::CoordinatorError,
-    redis_conn::{RedisClient, RedisConnection, by_slot},
 };
 
 /// The consumer group every server reads with.
@@ -50,7 +49,7 @@ pub struct DispatchConfig {
     /// worker confirms receipt (`--lease-receipt-timeout`).
     pub receipt_timeout: Duration,
     /// Each namespace's quotas: the rate-limit keys a queue may use.
-    pub quotas: std::sync::Arc<crate::quotas::NamespaceQuotas>,
+    pub quotas: std::sync::Arc<crate::limits::quotas::NamespaceQuotas>,
 }
 
 impl Default for DispatchConfig {
@@ -130,7 +129,7 @@ pub async fn run_enqueuer(
             match drain_outbox(&store, &client, connection, &config).await {
                 Ok(_) => backoff = Duration::from_millis(100),
                 Err(error) => {
-                    crate::metrics::redis_error("enqueue");
+                    crate::observe::metrics::redis_error("enqueue");
                     tracing::warn!(%error, "outbox drain failed; rows stay in postgres");
                     // a cluster connection finds a node that comes back by itself
                     if !client.is_cluster() {
@@ -160,7 +159,7 @@ async fn connect_redis(client: &RedisClient) -> Option<RedisConnection> {
     match client.connect().await {
         Ok(connection) => Some(connection),
         Err(error) => {
-            crate::metrics::redis_error("connect");
+            crate::observe::metrics::redis_error("connect");
             tracing::warn!(%error, "redis unreachable");
             None
         }
@@ -312,7 +311,7 @@ fn count_dispatched(batch: &[&OutboxMessage]) {
             .or_default() += 1;
     }
     for ((namespace, queue), count) in by_queue {
-        crate::metrics::tasks_dispatched(namespace, queue, count);
+        crate::observe::metrics::tasks_dispatched(namespace, queue, count);
     }
 }
 
@@ -375,7 +374,7 @@ impl Publisher {
                 }
                 Sent::Resting => unsent.extend(messages),
                 Sent::Failed(error) => {
-                    crate::metrics::redis_error("publish");
+                    crate::observe::metrics::redis_error("publish");
                     tracing::warn!(%error, "publish failed; the enqueuer will send it");
                     failed = true;
                     unsent.extend(messages);
@@ -438,8 +437,6 @@ async fn sleep_or_stop(period: Duration, shutdown: &mut watch::Receiver<bool>) {
         _ = shutdown.changed() => {},
     }
 }
-
-pub use crate::poll_hub::{PollError, PollHub, PollRequest};
 
 #[cfg(test)]
 mod tests {

@@ -10,7 +10,10 @@ use composer_store::{
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::{Coordinator, bulk::BulkStep, error::CoordinatorError, runs::is_final};
+use crate::{
+    Coordinator, error::CoordinatorError, events::apply::engine_status,
+    events::bulk_step::BulkStep, events::runs::is_final,
+};
 
 /// What a pause or resume found: whether it changed the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,18 +131,11 @@ impl Coordinator {
         };
         runs::append_history(&mut tx, run_id, &run.namespace, &[history]).await?;
         if !outbox.is_empty() && self.publisher.is_none() {
-            runs::notify_outbox(&mut tx).await?;
+            composer_store::tasks::notify_outbox(&mut tx).await?;
         }
         tx.commit().await?;
         self.run_changed(run_id);
         self.publish(outbox).await;
         Ok(FlowChange::Changed)
     }
-}
-
-/// The status the engine keeps in a run's record (a paused run's row says
-/// PAUSED; the record says what it is underneath).
-pub(crate) fn engine_status(run: &RunRow) -> Result<String, CoordinatorError> {
-    let status: composer_engine::RunStatus = serde_json::from_value(run.record["status"].clone())?;
-    Ok(crate::apply::run_status_text(status))
 }

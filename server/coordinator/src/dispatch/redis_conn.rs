@@ -20,7 +20,16 @@ use redis::{
     cluster_async::ClusterConnection,
 };
 
-use crate::broker::BrokerError;
+/// Errors talking to Redis.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// The Redis URL could not be parsed.
+    #[error("invalid Redis URL: {0}")]
+    InvalidUrl(String),
+    /// Redis did not answer.
+    #[error("cannot reach Redis: {0}")]
+    Unreachable(String),
+}
 
 /// The scheme that names a cluster by its seed nodes.
 const CLUSTER_SCHEME: &str = "redis+cluster://";
@@ -407,7 +416,7 @@ impl HealingCluster {
         }
         let mut current = self.current.lock().await;
         if current.generation == generation && current.connection.take().is_some() {
-            crate::metrics::redis_error("cluster_retired");
+            crate::observe::metrics::redis_error("cluster_retired");
             tracing::warn!(%error, "a cluster command timed out; its connection is retired");
         }
     }

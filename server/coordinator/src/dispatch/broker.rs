@@ -5,18 +5,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::redis_conn::{RedisClient, RedisConnection, RedisTarget};
-
-/// Errors talking to Redis.
-#[derive(Debug, thiserror::Error)]
-pub enum BrokerError {
-    /// The Redis URL could not be parsed.
-    #[error("invalid Redis URL: {0}")]
-    InvalidUrl(String),
-    /// Redis did not answer.
-    #[error("cannot reach Redis: {0}")]
-    Unreachable(String),
-}
+use crate::dispatch::redis_conn::{BrokerError, RedisClient, RedisConnection, RedisTarget};
 
 /// A shared, self-reconnecting connection to Redis. Cheap to clone.
 #[derive(Clone)]

@@ -54,9 +54,8 @@ use uuid::Uuid;
 
 use crate::{
     Coordinator, CoordinatorError, RunView,
-    broker::BrokerError,
-    metrics,
-    redis_conn::{RedisClient, RedisConnection},
+    dispatch::redis_conn::{BrokerError, RedisClient, RedisConnection},
+    observe::metrics,
 };
 
 /// The Redis pub/sub channel run changes go to: a message is the ids of the

@@ -393,8 +393,9 @@ pub(crate) fn redis_error(operation: &'static str) {
     counter!(REDIS_ERRORS, "operation" => operation).increment(1);
 }
 
-/// Calls refused (or tasks held back) by a namespace's `quota`.
-pub fn quota_throttled(namespace: &str, quota: crate::quotas::Quota, count: u64) {
+/// Calls refused (or tasks held back) by a namespace's quota, by the
+/// quota's name (`Quota::name`).
+pub fn quota_throttled(namespace: &str, quota: &'static str, count: u64) {
     if !enabled() || count == 0 {
         return;
     }
@@ -402,7 +403,7 @@ pub fn quota_throttled(namespace: &str, quota: crate::quotas::Quota, count: u64)
         QUOTA_THROTTLED,
         &[
             ("namespace", NAMESPACES.bounded(namespace)),
-            ("quota", quota.name().to_owned())
+            ("quota", quota.to_owned())
         ]
     )
     .increment(count);

@@ -9,7 +9,7 @@ use tokio::sync::{Semaphore, watch};
 
 use crate::{
     Coordinator, Reporter, TaskReport,
-    dispatch::{PollHub, PollRequest},
+    dispatch::poll_hub::{PollHub, PollRequest},
     http::{HTTP_QUEUE, HttpExecutor, HttpOutcome},
 };
 

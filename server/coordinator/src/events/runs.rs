@@ -11,9 +11,9 @@ use uuid::Uuid;
 
 use crate::{
     Coordinator,
-    apply::{RunTxn, run_status_text, seed},
-    bulk::BulkStep,
     error::{CoordinatorError, FieldProblem},
+    events::apply::{RunTxn, run_status_text, seed},
+    events::bulk_step::BulkStep,
 };
 
 /// A StartRun request.
@@ -123,12 +123,12 @@ impl Coordinator {
     /// that "the latest version" taken from the cache still is), then the
     /// write of its first event. A new run has no node state to read.
     pub async fn start_run(&self, request: StartRun) -> Result<(RunRow, bool), CoordinatorError> {
-        let span = crate::traces::start_run(
+        let span = crate::observe::traces::start_run(
             request.traceparent.as_deref(),
             &request.namespace,
             &request.workflow_name,
         );
-        let run_trace = crate::traces::traceparent(&span);
+        let run_trace = crate::observe::traces::traceparent(&span);
         self.start_run_traced(request, run_trace)
             .instrument(span)
             .await
@@ -166,8 +166,12 @@ impl Coordinator {
         request: &StartRun,
         refresh: bool,
     ) -> Result<std::sync::Arc<crate::workflows::LoadedWorkflow>, CoordinatorError> {
-        self.workflow_to_start_as(request, refresh, crate::cpu_pool::Admission::RefuseWhenFull)
-            .await
+        self.workflow_to_start_as(
+            request,
+            refresh,
+            crate::limits::cpu_pool::Admission::RefuseWhenFull,
+        )
+        .await
     }
 
     /// [`workflow_to_start`](Coordinator::workflow_to_start), its input
@@ -177,7 +181,7 @@ impl Coordinator {
         &self,
         request: &StartRun,
         refresh: bool,
-        admission: crate::cpu_pool::Admission,
+        admission: crate::limits::cpu_pool::Admission,
     ) -> Result<std::sync::Arc<crate::workflows::LoadedWorkflow>, CoordinatorError> {
         let workflow = match request.version {
             Some(version) => {
@@ -212,7 +216,7 @@ impl Coordinator {
         &self,
         request: &StartRun,
         workflow: &std::sync::Arc<crate::workflows::LoadedWorkflow>,
-        admission: crate::cpu_pool::Admission,
+        admission: crate::limits::cpu_pool::Admission,
     ) -> Result<(), CoordinatorError> {
         if workflow.input_schema.is_none() {
             return Ok(());
@@ -248,10 +252,10 @@ impl Coordinator {
         let only_if_latest = request.version.is_none();
         // a run under a concurrency key locks its key's slot: a transaction
         let keyed = workflow.compiled.concurrency().is_some();
-        let applied = if !keyed && crate::apply::start_writes_rows_only(workflow, &record) {
+        let applied = if !keyed && crate::events::apply::start_writes_rows_only(workflow, &record) {
             // the usual start: one statement, in the next group's
             // transaction (or autocommitted alone)
-            self.start_grouped(crate::group::NewStart {
+            self.start_grouped(crate::events::group::NewStart {
                 run: run.clone(),
                 workflow: std::sync::Arc::clone(workflow),
                 only_if_latest,
@@ -286,14 +290,19 @@ impl Coordinator {
         &self,
         conn: &mut sqlx::PgConnection,
         request: &StartRun,
-    ) -> Result<(Uuid, Option<crate::apply::Applied>), CoordinatorError> {
+    ) -> Result<(Uuid, Option<crate::events::apply::Applied>), CoordinatorError> {
         let workflow = self
-            .workflow_to_start_as(request, true, crate::cpu_pool::Admission::Wait)
+            .workflow_to_start_as(request, true, crate::limits::cpu_pool::Admission::Wait)
             .await?;
         self.check_payload("input", &request.input)?;
         // a fire has no caller's trace: a new one, when traces are on
-        let span = crate::traces::start_run(None, &request.namespace, &request.workflow_name);
-        let (run, _) = new_run_row(request, &workflow, crate::traces::traceparent(&span))?;
+        let span =
+            crate::observe::traces::start_run(None, &request.namespace, &request.workflow_name);
+        let (run, _) = new_run_row(
+            request,
+            &workflow,
+            crate::observe::traces::traceparent(&span),
+        )?;
         let run_id = run.id;
         match self
             .insert_and_start(conn, request, &workflow, &run, false)
@@ -327,17 +336,17 @@ impl Coordinator {
     ) -> Result<
         Option<(
             chrono::DateTime<chrono::Utc>,
-            Option<crate::concurrency::Admitted>,
+            Option<crate::events::concurrency::Admitted>,
         )>,
         CoordinatorError,
     > {
-        let Some((key, concurrency)) = crate::concurrency::run_key(workflow, input)? else {
+        let Some((key, concurrency)) = crate::events::concurrency::run_key(workflow, input)? else {
             let created =
                 runs::insert_run(conn, &top_level_insert(run, None), only_if_latest).await?;
             return Ok(created.map(|at| (at, None)));
         };
         let mut savepoint = sqlx::Connection::begin(&mut *conn).await?;
-        let admitted = crate::concurrency::admit(
+        let admitted = crate::events::concurrency::admit(
             &mut savepoint,
             &run.namespace,
             &run.workflow_name,
@@ -374,7 +383,7 @@ impl Coordinator {
         workflow: &std::sync::Arc<crate::workflows::LoadedWorkflow>,
         run: &RunRow,
         only_if_latest: bool,
-    ) -> Result<Option<crate::apply::Applied>, CoordinatorError> {
+    ) -> Result<Option<crate::events::apply::Applied>, CoordinatorError> {
         let mut run = run.clone();
         let Some((created_at, admitted)) = self
             .admit_and_insert(conn, workflow, &request.input, &mut run, only_if_latest)
@@ -391,7 +400,7 @@ impl Coordinator {
                 txn.push(event, &request.actor);
                 txn.finish(conn).await?
             }
-            None => crate::apply::Applied {
+            None => crate::events::apply::Applied {
                 status: run.status.clone(),
                 run_id: run.id,
                 ..Default::default()
@@ -456,7 +465,7 @@ fn new_run_row(
         parent_run_id: None,
         parent_node: None,
         parent_attempt: None,
-        record: crate::apply::stored_record(&record)?,
+        record: crate::events::apply::stored_record(&record)?,
         created_at: now,
         updated_at: now,
         ended_at: None,
@@ -477,14 +486,14 @@ impl Coordinator {
         workflow: &std::sync::Arc<crate::workflows::LoadedWorkflow>,
         run: &RunRow,
         only_if_latest: bool,
-    ) -> Result<crate::apply::Applied, CoordinatorError> {
+    ) -> Result<crate::events::apply::Applied, CoordinatorError> {
         let mut tx = self.store.begin().await?;
         let Some(mut applied) = self
             .insert_and_start(&mut tx, request, workflow, run, only_if_latest)
             .await?
         else {
             tx.rollback().await?;
-            return Ok(crate::apply::Applied::default());
+            return Ok(crate::events::apply::Applied::default());
         };
         tx.commit().await?;
         self.announce(&mut applied).await;
@@ -645,12 +654,12 @@ impl Coordinator {
         if run.status == composer_store::pause::PAUSED {
             // a cancel ends the pause: compensations it starts must run
             composer_store::pause::release_timers(&mut tx, run_id).await?;
-            run.status = crate::pause::engine_status(&run)?;
+            run.status = crate::events::apply::engine_status(&run)?;
         }
         if run.status == composer_store::concurrency::QUEUED {
             // it holds no slot and started nothing: a run never started is
             // CANCELLED, a queued retry withdrawn leaves the run FAILED
-            run.status = crate::pause::engine_status(&run)?;
+            run.status = crate::events::apply::engine_status(&run)?;
         }
         let mut txn = RunTxn::new(self, run, &mut tx).await?;
         txn.note(
@@ -739,7 +748,7 @@ impl Coordinator {
         &self,
         tx: &mut sqlx::PgConnection,
         run: &mut RunRow,
-    ) -> Result<Option<crate::concurrency::Admitted>, CoordinatorError> {
+    ) -> Result<Option<crate::events::concurrency::Admitted>, CoordinatorError> {
         let Some(key) = run.concurrency_key.clone() else {
             return Ok(None);
         };
@@ -756,7 +765,7 @@ impl Coordinator {
             return Ok(None);
         };
         let quotas = self.quotas().of(&run.namespace);
-        let admitted = crate::concurrency::admit(
+        let admitted = crate::events::concurrency::admit(
             tx,
             &run.namespace,
             &run.workflow_name,
@@ -765,7 +774,7 @@ impl Coordinator {
             &quotas,
         )
         .await?;
-        if let crate::concurrency::Outcome::CancelNew(_) = admitted.outcome {
+        if let crate::events::concurrency::Outcome::CancelNew(_) = admitted.outcome {
             return Err(CoordinatorError::WrongRunStatus {
                 run_id: run.id.to_string(),
                 status: run.status.clone(),

@@ -2,7 +2,7 @@
 //! `concurrency`, and handing a freed slot to the oldest QUEUED run.
 //!
 //! Every admission locks the key's slot row; every end of a run holding a
-//! slot goes through [`RunTxn`](crate::apply)'s stage_write, which releases it
+//! slot goes through [`RunTxn`](crate::events::apply)'s stage_write, which releases it
 //! and hands it over in the same transaction. The run handed a slot gets its
 //! start (or its retry) through its inbox, applied right after commit and
 //! by recovery after a crash, as a child run's start is.
@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use crate::{
     error::{CoordinatorError, FieldProblem},
-    quotas::{Quota, QuotaExceeded, Quotas, Subject},
+    limits::quotas::{Quota, QuotaExceeded, Quotas, Subject},
     workflows::LoadedWorkflow,
 };
 

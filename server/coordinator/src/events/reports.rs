@@ -15,9 +15,9 @@ use uuid::Uuid;
 
 use crate::{
     Coordinator,
-    answer_sent::AnswerSent,
-    apply::{RunTxn, seed},
+    dispatch::answer_sent::AnswerSent,
     error::CoordinatorError,
+    events::apply::{RunTxn, seed},
 };
 
 /// How a worker ends an attempt.
@@ -146,8 +146,11 @@ impl Coordinator {
         let hint = self.lease_hints.take(task);
         match hint.as_ref().and_then(|h| h.traceparent.as_deref()) {
             Some(lease_trace) => {
-                let span =
-                    crate::traces::report(span_name, reporter.traceparent, Some(lease_trace));
+                let span = crate::observe::traces::report(
+                    span_name,
+                    reporter.traceparent,
+                    Some(lease_trace),
+                );
                 self.report_with_hint(scope, lease, hint, report, reporter, span_name)
                     .instrument(span)
                     .await
@@ -193,7 +196,7 @@ impl Coordinator {
             }
         };
         let queue = reported?;
-        crate::metrics::task_reported(&scope.namespace, &queue, outcome);
+        crate::observe::metrics::task_reported(&scope.namespace, &queue, outcome);
         Ok(())
     }
 
@@ -244,14 +247,8 @@ impl Coordinator {
                 self.reports_alone(&queue, batch).await;
                 continue;
             }
-            let (done, finished) = tokio::sync::oneshot::channel();
-            self.submit_to_group(crate::group::GroupItem::Reports {
-                queue: queue.clone(),
-                batch,
-                done,
-            });
             // the next batch of this run waits for this one's commit
-            let _ = finished.await;
+            self.reports_grouped(&queue, batch).await;
         }
     }
 
@@ -305,8 +302,8 @@ impl Coordinator {
     ) -> Result<
         (
             Vec<ReportAnswer>,
-            crate::apply::Applied,
-            Option<crate::hand_off::Handed>,
+            crate::events::apply::Applied,
+            Option<crate::dispatch::hand_off::Handed>,
         ),
         CoordinatorError,
     > {
@@ -326,7 +323,7 @@ impl Coordinator {
         conn: &mut sqlx::PgConnection,
         queue: &QueueKey,
         batch: &[QueuedReport],
-    ) -> Result<(Vec<ReportAnswer>, crate::apply::Applied), CoordinatorError> {
+    ) -> Result<(Vec<ReportAnswer>, crate::events::apply::Applied), CoordinatorError> {
         let plan = self.plan_reports(queue, batch).await?;
         let found = plan.lock_alone(&mut *conn).await?;
         self.apply_fenced_reports(conn, batch, &plan, found).await
@@ -383,11 +380,11 @@ impl Coordinator {
         batch: &[QueuedReport],
         plan: &ReportPlan,
         found: Option<runs::FencedReports>,
-    ) -> Result<(Vec<ReportAnswer>, crate::apply::Applied), CoordinatorError> {
+    ) -> Result<(Vec<ReportAnswer>, crate::events::apply::Applied), CoordinatorError> {
         let (answers, txn) = self.fenced_txn(conn, batch, plan, found).await?;
         let applied = match txn {
             Some(txn) => txn.finish(conn).await?,
-            None => crate::apply::Applied::default(),
+            None => crate::events::apply::Applied::default(),
         };
         Ok((answers, applied))
     }
@@ -462,7 +459,8 @@ impl Coordinator {
         };
         let event = task_event(&node_key, lease.attempt, report)?;
         // not leased here: the run's root stands for the lease span
-        let span = crate::traces::report(trace.name, trace.worker, run.traceparent.as_deref());
+        let span =
+            crate::observe::traces::report(trace.name, trace.worker, run.traceparent.as_deref());
         self.apply_locked_report(tx, run, lease, event, actor)
             .instrument(span)
             .await?;
@@ -496,7 +494,7 @@ impl Coordinator {
     ) -> Result<(), CoordinatorError> {
         let mut txn = RunTxn::new(self, run, &mut tx).await?;
         let keys = txn.first_keys(&event);
-        let (check, holder, rows) = tasks::finish_task_and_load(
+        let (check, holder, rows) = runs::finish_task_and_load(
             &mut tx,
             (lease.task, lease.attempt, lease.token, lease.outcome),
             txn.run_id(),

@@ -11,9 +11,9 @@ use tokio::sync::watch;
 
 use crate::{
     Coordinator,
-    apply::{RunTxn, SYSTEM, seed},
+    dispatch::poll_hub::PollHub,
     error::CoordinatorError,
-    poll_hub::PollHub,
+    events::apply::{RunTxn, SYSTEM, seed},
 };
 
 /// Periods and batch sizes of the recovery loops.
@@ -166,7 +166,7 @@ impl Coordinator {
         txn.commit(tx).await?;
         // counted once committed: a rolled-back expiry spent nothing
         if lost_deliveries.is_some() {
-            crate::metrics::worker_lost(&lease.namespace, &lease.queue);
+            crate::observe::metrics::worker_lost(&lease.namespace, &lease.queue);
         }
         Ok(true)
     }
@@ -222,7 +222,7 @@ impl Coordinator {
                         })
                         .await;
                     let fired = fired.into_inner();
-                    crate::metrics::recovery("timers", "fired", fired as u64);
+                    crate::observe::metrics::recovery("timers", "fired", fired as u64);
                     fired
                 }
                 Err(error) => {
@@ -243,8 +243,8 @@ impl Coordinator {
             match tasks::return_unconfirmed_leases(self.store.pool(), config.batch).await {
                 Ok(0) => {}
                 Ok(returned) => {
-                    crate::metrics::leases_returned(returned);
-                    crate::metrics::recovery("leases", "returned", returned);
+                    crate::observe::metrics::leases_returned(returned);
+                    crate::observe::metrics::recovery("leases", "returned", returned);
                     tracing::info!(
                         returned,
                         "leases never confirmed by their worker offered again"
@@ -257,8 +257,11 @@ impl Coordinator {
                     for lease in &expired {
                         match self.expire_lease(lease).await {
                             Ok(true) => {
-                                crate::metrics::lease_expired(&lease.namespace, &lease.queue);
-                                crate::metrics::recovery("leases", "expired", 1);
+                                crate::observe::metrics::lease_expired(
+                                    &lease.namespace,
+                                    &lease.queue,
+                                );
+                                crate::observe::metrics::recovery("leases", "expired", 1);
                                 tracing::info!(task_id = %lease.task_id, attempt = lease.attempt, "lease expired")
                             }
                             Ok(false) => {}
@@ -297,7 +300,7 @@ impl Coordinator {
             {
                 Ok(0) => {}
                 Ok(count) => {
-                    crate::metrics::recovery("reconcile", "republished", count);
+                    crate::observe::metrics::recovery("reconcile", "republished", count);
                     tracing::info!(count, "republished dispatches never leased")
                 }
                 Err(error) => tracing::warn!(%error, "lost dispatch pass"),
@@ -305,14 +308,14 @@ impl Coordinator {
             match tasks::promote_stranded_waiters(self.store.pool(), grace_ms, config.batch).await {
                 Ok(0) => {}
                 Ok(count) => {
-                    crate::metrics::recovery("reconcile", "slots_handed", count as u64);
+                    crate::observe::metrics::recovery("reconcile", "slots_handed", count as u64);
                     tracing::info!(count, "handed free task slots to tasks left waiting")
                 }
                 Err(error) => tracing::warn!(%error, "task slot pass"),
             }
             match events::runs_with_inbox(self.store.pool(), config.batch).await {
                 Ok(runs) => {
-                    crate::metrics::recovery("reconcile", "inboxes", runs.len() as u64);
+                    crate::observe::metrics::recovery("reconcile", "inboxes", runs.len() as u64);
                     self.after_commit(runs).await
                 }
                 Err(error) => tracing::warn!(%error, "inbox pass"),
@@ -327,7 +330,7 @@ impl Coordinator {
                 }
                 match self.sweep_unused_keys(config.batch).await {
                     Ok(swept) if swept.run_keys + swept.task_keys > 0 => {
-                        crate::metrics::recovery(
+                        crate::observe::metrics::recovery(
                             "reconcile",
                             "unused_keys",
                             swept.run_keys + swept.task_keys,

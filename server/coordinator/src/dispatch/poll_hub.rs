@@ -31,10 +31,10 @@ use tokio::{
 use uuid::Uuid;
 
 use crate::{
-    dispatch::{DEFAULT_PRIORITY, DispatchConfig, GROUP, PRIORITIES, priority_stream_key},
+    dispatch::rate_limit::{self, Limit, LimitCache},
+    dispatch::redis_conn::{RedisClient, RedisConnection, by_slot},
+    dispatch::streams::{DEFAULT_PRIORITY, DispatchConfig, GROUP, PRIORITIES, priority_stream_key},
     error::CoordinatorError,
-    rate_limit::{self, Limit, LimitCache},
-    redis_conn::{RedisClient, RedisConnection, by_slot},
 };
 
 /// Queues of one namespace that polls on one server may wait on at once;
@@ -145,7 +145,7 @@ async fn deliver(
     mut leased: Vec<LeasedTask>,
 ) -> Vec<Uuid> {
     for task in &mut leased {
-        crate::metrics::task_leased(&task.namespace, &task.queue, task.dispatched_at);
+        crate::observe::metrics::task_leased(&task.namespace, &task.queue, task.dispatched_at);
         trace_lease(task, worker_id);
     }
     let ids = leased.iter().map(|t| t.id).collect();
@@ -514,7 +514,7 @@ impl PollHub {
             .query_async(connection)
             .await;
         if let Err(error) = sent {
-            crate::metrics::redis_error("wake");
+            crate::observe::metrics::redis_error("wake");
             tracing::warn!(%error, "could not wake the stream reader");
             *guard = None;
         }
@@ -550,7 +550,7 @@ impl PollHub {
             let keys = self.keys_to_read(&streams);
             let (keys, failed) = ensure_groups(&self.redis, active, &keys, &mut grouped).await;
             if let Some(error) = failed {
-                crate::metrics::redis_error("groups");
+                crate::observe::metrics::redis_error("groups");
                 tracing::warn!(%error, "could not create consumer groups");
                 // on a cluster, the slots of the nodes that answered are
                 // still read
@@ -579,7 +579,7 @@ impl PollHub {
             let got_some = !read.is_empty();
             self.buffer(read, &streams);
             if let Some(error) = failed {
-                crate::metrics::redis_error("read");
+                crate::observe::metrics::redis_error("read");
                 tracing::warn!(%error, "stream read failed");
                 // a cluster's failed slots rest while the others are read
                 if !cluster {
@@ -709,7 +709,7 @@ impl PollHub {
         .await;
         self.buffer(read, &streams);
         if let Some(error) = failed {
-            crate::metrics::redis_error("read");
+            crate::observe::metrics::redis_error("read");
             tracing::warn!(%error, "stream read failed");
             if !cluster {
                 *connection = None;
@@ -807,7 +807,7 @@ impl PollHub {
                 let deleted: redis::RedisResult<i64> =
                     script.key(key).invoke_async(connection).await;
                 if let Err(error) = deleted {
-                    crate::metrics::redis_error("clean_up");
+                    crate::observe::metrics::redis_error("clean_up");
                     tracing::warn!(%error, "could not clean up an idle stream");
                     *guard = None;
                     return;
@@ -888,7 +888,7 @@ impl PollHub {
             return;
         };
         if let Err(error) = rate_limit::refund_tokens(&mut connection, key, limit, at, keys).await {
-            crate::metrics::redis_error("rate_limit");
+            crate::observe::metrics::redis_error("rate_limit");
             tracing::warn!(%error, "could not give back unused rate-limit tokens");
         }
     }
@@ -961,7 +961,7 @@ impl PollHub {
             Ok(grant) => grant,
             Err(error) => {
                 // as for every Redis outage: nothing is handed out
-                crate::metrics::redis_error("rate_limit");
+                crate::observe::metrics::redis_error("rate_limit");
                 tracing::warn!(%error, "could not take rate-limit tokens; holding the queue");
                 self.drop_control_connection().await;
                 self.put_back(key, candidates);
@@ -985,10 +985,14 @@ impl PollHub {
         } else {
             0
         };
-        crate::metrics::tasks_rate_limited(&key.0, &key.1, u64::try_from(held_back).unwrap_or(0));
-        crate::metrics::quota_throttled(
+        crate::observe::metrics::tasks_rate_limited(
             &key.0,
-            crate::quotas::Quota::RateLimitKeysPerQueue,
+            &key.1,
+            u64::try_from(held_back).unwrap_or(0),
+        );
+        crate::observe::metrics::quota_throttled(
+            &key.0,
+            crate::limits::quotas::Quota::RateLimitKeysPerQueue.name(),
             grant.over_key_quota,
         );
         self.remember_checked(key, &rest, &keys);
@@ -1175,7 +1179,7 @@ impl PollHub {
                 Some(connection)
             }
             Err(error) => {
-                crate::metrics::redis_error("connect");
+                crate::observe::metrics::redis_error("connect");
                 tracing::warn!(%error, "redis unreachable for the stream reader");
                 None
             }
@@ -1329,7 +1333,7 @@ fn trace_lease(task: &mut LeasedTask, worker_id: &str) {
     if task.traceparent.is_none() {
         return;
     }
-    let span = crate::traces::lease(
+    let span = crate::observe::traces::lease(
         task.traceparent.as_deref(),
         &task.id.to_string(),
         &task.queue,
@@ -1337,9 +1341,9 @@ fn trace_lease(task: &mut LeasedTask, worker_id: &str) {
     );
     if let Some(waited) = task.dispatched_at {
         let waited = (chrono::Utc::now() - waited).num_milliseconds();
-        crate::traces::attribute(&span, "composer.queue_wait_ms", waited.to_string());
+        crate::observe::traces::attribute(&span, "composer.queue_wait_ms", waited.to_string());
     }
-    task.traceparent = crate::traces::traceparent(&span);
+    task.traceparent = crate::observe::traces::traceparent(&span);
 }
 
 #[cfg(test)]

@@ -18,11 +18,13 @@ use composer_store::{
     bulk::{self, BulkOperationRow, CancelRequest, Hold, NewBulkOperation, RunOutcome},
     runs::RunFilter,
 };
-use sqlx::PgConnection;
 use tokio::sync::watch;
 use uuid::Uuid;
 
-use crate::{Coordinator, error::CoordinatorError, metrics, pause::FlowChange};
+use crate::{
+    Coordinator, error::CoordinatorError, events::bulk_step::BulkStep, events::pause::FlowChange,
+    observe::metrics,
+};
 
 /// What a bulk operation does to each run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,39 +103,6 @@ impl Default for BulkConfig {
             batch_pause: Duration::from_millis(100),
             poll_interval: Duration::from_secs(1),
             lease: Duration::from_secs(10),
-        }
-    }
-}
-
-/// One run's action as part of an operation: the single-run paths record
-/// it inside their own transaction, after their status check, so the run's
-/// change, the count and the cursor commit together or not at all.
-pub(crate) struct BulkStep<'a> {
-    operation_id: Uuid,
-    owner: &'a str,
-    lease: Duration,
-    run: (DateTime<Utc>, Uuid),
-}
-
-impl BulkStep<'_> {
-    /// Counts the run as done; BulkOperationReleased when this server no
-    /// longer holds the operation (the caller's transaction then rolls back).
-    pub(crate) async fn record(&self, conn: &mut PgConnection) -> Result<(), CoordinatorError> {
-        let held = bulk::record_run(
-            conn,
-            self.operation_id,
-            self.owner,
-            self.lease,
-            self.run,
-            &RunOutcome::Succeeded,
-        )
-        .await?;
-        if held {
-            Ok(())
-        } else {
-            Err(CoordinatorError::BulkOperationReleased(
-                self.operation_id.to_string(),
-            ))
         }
     }
 }
