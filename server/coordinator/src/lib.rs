@@ -38,10 +38,6 @@ pub use events::{
 use limits::{cpu_pool, quotas};
 use workflows::WorkflowCache;
 
-// The flat module paths the integration tests still name.
-pub use dispatch::answer_sent;
-pub use events::watch;
-
 /// The backends every server needs: Postgres (the truth) and Redis (dispatch).
 #[derive(Debug, Clone)]
 pub struct Backends {

@@ -6,7 +6,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use base64::{Engine, engine::general_purpose::URL_SAFE_NO_PAD};
-use composer_coordinator::dispatch::stream_key;
+use composer_coordinator::dispatch::streams::stream_key;
 use composer_grpc::auth::{NewToken, SigningKey, mint};
 use composer_proto::v1::{
     CompleteTaskRequest, FailTaskRequest, GetRunRequest, GetWorkflowRequest, HeartbeatRequest,

@@ -8,7 +8,3 @@ pub mod poll_hub;
 pub mod rate_limit;
 pub mod redis_conn;
 pub mod streams;
-
-// The flat paths the integration tests still name (`dispatch::PollHub`).
-pub use poll_hub::{PollHub, PollRequest};
-pub use streams::{DispatchConfig, Publisher, priority_stream_key, stream_key};

@@ -11,8 +11,11 @@ use std::{sync::Arc, time::Duration};
 
 use composer_coordinator::{
     Coordinator, CoordinatorConfig, Reporter, TaskReport,
-    answer_sent::{self, AnswerSent},
-    dispatch::{DispatchConfig, PollHub, PollRequest, Publisher, priority_stream_key},
+    dispatch::{
+        answer_sent::{self, AnswerSent},
+        poll_hub::{PollHub, PollRequest},
+        streams::{DispatchConfig, Publisher, priority_stream_key},
+    },
 };
 use composer_store::{
     rate_limits::RateLimitSetting,

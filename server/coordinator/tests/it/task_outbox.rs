@@ -8,7 +8,7 @@ use crate::common;
 
 use std::sync::Arc;
 
-use composer_coordinator::{Coordinator, CoordinatorConfig, dispatch::Publisher};
+use composer_coordinator::{Coordinator, CoordinatorConfig, dispatch::streams::Publisher};
 use composer_store::tasks;
 use serde_json::json;
 use uuid::Uuid;
@@ -66,7 +66,7 @@ async fn task_ids_in_redis(redis_url: &str) -> Vec<Uuid> {
         .await
         .expect("redis");
     // one shard: the publisher of `coordinator_publishing_to`
-    let key = composer_coordinator::dispatch::stream_key("default", "outboxed", 0);
+    let key = composer_coordinator::dispatch::streams::stream_key("default", "outboxed", 0);
     let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
         .arg(&key)
         .arg("-")

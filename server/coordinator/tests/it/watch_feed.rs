@@ -13,7 +13,7 @@ use std::{
 
 use composer_coordinator::{
     Coordinator, CoordinatorConfig, EventTarget,
-    watch::{ChangeFeed, MIN_READ_INTERVAL, RunChanges, RunSnapshot, RunWatch, Watched},
+    events::watch::{ChangeFeed, MIN_READ_INTERVAL, RunChanges, RunSnapshot, RunWatch, Watched},
 };
 use composer_store::runs::RunRow;
 use serde_json::json;

@@ -2,7 +2,6 @@
 //! binary of its own, and linking the whole server once instead of once per
 //! file is most of what a test build costs.
 
-#[allow(dead_code)]
 mod common;
 
 mod examples;
