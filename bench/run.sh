@@ -36,7 +36,9 @@ case $build in
   # 100 KB payloads within the payload rows' window: those two are the
   # release build's alone
   debug)
-    cargo build --quiet -p composer-cli -p composer-loadgen
+    # the selection `make test` builds (scripts/test.sh): nothing compiles
+    # again
+    cargo build --quiet --workspace --lib --bins --tests
     set -- --server-cores 0 --only floor,b1,sdk,b2,b3,b4,b7,b6,obs,bulk,b8,b5 "$@"
     ;;
   *) echo "bench: BENCH_BUILD is release or debug, not $build" >&2; exit 2 ;;

@@ -18,6 +18,10 @@ logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 lanes=${TEST_LANES:-prep,rust,sdks,bench}
 composer=$PWD/target/debug/composer
+# one selection for every cargo command here and in bench/run.sh: another
+# (`-p composer-cli`, no tests) unifies features differently and compiles
+# again
+targets="--workspace --lib --bins --tests"
 started=$SECONDS
 
 wanted() { [[ ,$lanes, == *,$1,* ]]; }
@@ -51,11 +55,11 @@ prep_lane() {
 rust_lane() {
   # the integration tests mostly wait on their servers: four at a time
   # keep two cores busy without starving any test's server
-  stage rust cargo-test scripts/with-services.sh \
-    cargo test --workspace --no-fail-fast --lib --bins --tests -- --skip alone:: --test-threads=4
+  stage rust cargo-test env COMPOSER_BIN="$composer" scripts/with-services.sh \
+    cargo test $targets --no-fail-fast -- --skip alone:: --test-threads=4
   # the tests that need the machine to themselves, one at a time
-  stage rust cargo-test-alone scripts/with-services.sh \
-    cargo test -p composer-cli --no-fail-fast --test it -- alone:: --test-threads=1
+  stage rust cargo-test-alone env COMPOSER_BIN="$composer" scripts/with-services.sh \
+    cargo test $targets --no-fail-fast -- alone:: --test-threads=1
   stage rust engine-purity scripts/check-engine-purity.sh
 }
 
@@ -74,8 +78,7 @@ sdks_lane() {
 # the build comes first (the prep lane's downloads overlap it): every lane
 # after it runs what it built and none waits on cargo's lock
 wanted prep && { prep_lane & }
-stage build cargo bash -c 'cargo test --workspace --no-run --lib --bins --tests &&
-  cargo build -p composer-cli -p composer-loadgen'
+stage build cargo cargo build $targets
 built=$?
 wait
 
