@@ -33,6 +33,24 @@ pub struct LoadedWorkflow {
     /// the regex engine's backtrack limit: inputs are checked on the CPU
     /// pool.
     pub input_check_is_costly: bool,
+    /// Tasks the last run started on this version armed at its start: what
+    /// the next start reserves against its namespace's task quota.
+    armed_at_start: std::sync::atomic::AtomicU64,
+}
+
+impl LoadedWorkflow {
+    /// What a start of this version is expected to arm.
+    pub fn armed_at_start(&self) -> u64 {
+        self.armed_at_start
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notes what a start of this version armed.
+    pub fn started_arming(&self, tasks: usize) {
+        let tasks = u64::try_from(tasks).unwrap_or(u64::MAX);
+        self.armed_at_start
+            .store(tasks, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Inputs larger than this (bytes of JSON) are checked against their
@@ -122,6 +140,7 @@ fn load(row: WorkflowRow, max_rendered_bytes: usize) -> Result<LoadedWorkflow, C
         compiled,
         input_schema,
         input_check_is_costly,
+        armed_at_start: std::sync::atomic::AtomicU64::new(0),
     })
 }
 

@@ -33,6 +33,8 @@ pub mod codes {
     pub const OUTPUT_ERROR: &str = "OUTPUT_ERROR";
     pub const CHILD_FAILED: &str = "CHILD_FAILED";
     pub const CHILD_CANCELLED: &str = "CHILD_CANCELLED";
+    /// The run was cancelled; the message is the reason given.
+    pub const CANCELLED: &str = "CANCELLED";
     /// A child run would be deeper than the server allows. Never retried,
     /// at any level: a retry would only start the same too-deep tree again.
     pub const SUB_WORKFLOW_TOO_DEEP: &str = "SUB_WORKFLOW_TOO_DEEP";
@@ -1659,6 +1661,9 @@ impl<'a> Ctx<'a> {
             }
             Ending::Cancelled(reason) => {
                 self.run.status = RunStatus::Cancelled;
+                // the reason is the run's error, so a caller waiting for the
+                // run learns why it ended as it would for a failure
+                self.run.error = Some(ErrorInfo::new(codes::CANCELLED, reason.clone()));
                 self.history(H::RunCancelled, None, None, json!({ "reason": reason }));
                 self.actions.push(Action::CancelRun { reason });
             }

@@ -490,12 +490,13 @@ pub async fn dispatched_with_keys(
 }
 
 /// The answer to a heartbeat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HeartbeatOutcome {
     /// The lease now runs until this time.
     Extended(DateTime<Utc>),
-    /// The lease is the caller's but the task was cancelled.
-    Cancelled,
+    /// The lease is the caller's but the task was cancelled; why, when its
+    /// run was cancelled with a reason.
+    Cancelled(Option<String>),
     /// The lease is not the caller's (expired, reassigned, unknown).
     Lost,
 }
@@ -527,9 +528,13 @@ pub async fn heartbeat(
     if let Some(until) = extended {
         return Ok(HeartbeatOutcome::Extended(until));
     }
-    // heartbeat_refused: was the caller's lease cancelled rather than lost?
-    let cancelled: Option<bool> = sqlx::query_scalar(&format!(
-        "SELECT status = 'CANCELLED' FROM tasks \
+    // heartbeat_refused: was the caller's lease cancelled rather than lost,
+    // and if its run was cancelled, why?
+    let cancelled: Option<(bool, Option<String>)> = sqlx::query_as(&format!(
+        "SELECT status = 'CANCELLED', \
+           (SELECT r.error->>'message' FROM runs r \
+             WHERE r.id = tasks.run_id AND r.status = 'CANCELLED') \
+         FROM tasks \
          WHERE id = $1 AND attempt = $2 AND lease_token = $3 AND {}",
         scope_condition(4, 5)
     ))
@@ -541,7 +546,7 @@ pub async fn heartbeat(
     .fetch_optional(pool)
     .await?;
     Ok(match cancelled {
-        Some(true) => HeartbeatOutcome::Cancelled,
+        Some((true, reason)) => HeartbeatOutcome::Cancelled(reason),
         _ => HeartbeatOutcome::Lost,
     })
 }

@@ -980,15 +980,22 @@ async fn a_running_worker_learns_of_a_cancel_at_its_next_heartbeat_and_watch_run
         .expect("heartbeat after cancel")
         .into_inner();
     assert!(told.cancel_requested, "the worker learns of the cancel");
+    assert_eq!(told.cancel_reason, "stop", "and why");
 
     let mut last = None;
     while let Some(update) = stream.message().await.expect("stream") {
         last = update.run;
     }
+    let last = last.expect("a final snapshot");
     assert_eq!(
-        last.expect("a final snapshot").status(),
+        last.status(),
         RunStatus::Cancelled,
         "the stream ends with the run"
+    );
+    let error = last.error.expect("a cancelled run says why");
+    assert_eq!(
+        (error.code.as_str(), error.message.as_str()),
+        ("CANCELLED", "stop")
     );
 }
 

@@ -77,6 +77,14 @@ impl Coordinator {
         if let Some(first) = tasks.first() {
             let count = u64::try_from(tasks.len()).unwrap_or(u64::MAX);
             crate::observe::metrics::tasks_dispatched(&first.namespace, &first.queue, count);
+            // armed as surely as the published ones: the same quota
+            let quotas = self.config.quotas.of(&first.namespace);
+            self.task_rates.spend(
+                &first.namespace,
+                &quotas,
+                tasks.len(),
+                std::time::Instant::now(),
+            );
         }
         let store = self.store.clone();
         tokio::spawn(async move {

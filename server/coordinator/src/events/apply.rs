@@ -55,6 +55,8 @@ pub struct Applied {
     /// The concurrency key a run inserted by this transaction was admitted
     /// under, if its workflow declares one.
     pub concurrency_key: Option<String>,
+    /// Tasks the events armed (those handed to a waiting poll included).
+    pub(crate) armed: usize,
     /// What the metrics count once the transaction committed.
     pub(crate) counted: Counted,
     /// The transaction's span (traces on only), the parent of its
@@ -982,6 +984,7 @@ impl<'a> RunTxn<'a> {
         for arm in std::mem::take(&mut self.arms).list {
             if let Some(message) = tasks::arm_task(conn, &self.task_arm(&arm), held).await? {
                 self.applied.outbox.push(message);
+                self.applied.armed += 1;
             }
         }
         Ok(())
@@ -1156,6 +1159,7 @@ impl<'a> RunTxn<'a> {
             return Err(CoordinatorError::RunNotFound(run_id.to_string()));
         };
         self.applied.created_at = Some(written.created_at);
+        self.applied.armed += written.outbox.len();
         self.applied.outbox.extend(written.outbox);
         // tasks armed (outbox rows written) and no fast path to send them
         if !self.applied.outbox.is_empty() && self.coordinator.publisher.is_none() {

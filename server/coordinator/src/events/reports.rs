@@ -57,12 +57,14 @@ pub struct Reporter<'a> {
 }
 
 /// The answer to a heartbeat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeartbeatAnswer {
     /// The lease's new deadline (None once cancelled).
     pub lease_expires_at: Option<DateTime<Utc>>,
     /// True when the run was cancelled.
     pub cancel_requested: bool,
+    /// Why, when the run was cancelled with a reason; empty otherwise.
+    pub cancel_reason: String,
 }
 
 fn parse_ids(
@@ -93,10 +95,12 @@ impl Coordinator {
             HeartbeatOutcome::Extended(until) => Ok(HeartbeatAnswer {
                 lease_expires_at: Some(until),
                 cancel_requested: false,
+                cancel_reason: String::new(),
             }),
-            HeartbeatOutcome::Cancelled => Ok(HeartbeatAnswer {
+            HeartbeatOutcome::Cancelled(reason) => Ok(HeartbeatAnswer {
                 lease_expires_at: None,
                 cancel_requested: true,
+                cancel_reason: reason.unwrap_or_default(),
             }),
             HeartbeatOutcome::Lost => self.lost_or_unknown(scope, task, attempt).await,
         }

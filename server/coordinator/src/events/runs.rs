@@ -141,9 +141,20 @@ impl Coordinator {
         run_trace: Option<String>,
     ) -> Result<(RunRow, bool), CoordinatorError> {
         let quotas = self.config.quotas.of(&request.namespace);
-        self.task_rates
-            .admit(&request.namespace, &quotas, std::time::Instant::now())?;
-        let mut workflow = self.workflow_to_start(&request, false).await?;
+        let mut workflow = self.load_workflow(&request, false).await?;
+        // held until the start ends, when what it armed has been counted
+        let _reserved = self.task_rates.admit(
+            &request.namespace,
+            &quotas,
+            workflow.armed_at_start(),
+            std::time::Instant::now(),
+        )?;
+        self.check_input(
+            &request,
+            &workflow,
+            crate::limits::cpu_pool::Admission::RefuseWhenFull,
+        )
+        .await?;
         self.check_payload("input", &request.input)?;
         for _ in 0..3 {
             if let Some(started) = self
@@ -183,6 +194,18 @@ impl Coordinator {
         refresh: bool,
         admission: crate::limits::cpu_pool::Admission,
     ) -> Result<std::sync::Arc<crate::workflows::LoadedWorkflow>, CoordinatorError> {
+        let workflow = self.load_workflow(request, refresh).await?;
+        self.check_input(request, &workflow, admission).await?;
+        Ok(workflow)
+    }
+
+    /// The version `request` names, or the latest one (`refresh`: asked
+    /// of Postgres, not the cache); its input not checked yet.
+    async fn load_workflow(
+        &self,
+        request: &StartRun,
+        refresh: bool,
+    ) -> Result<std::sync::Arc<crate::workflows::LoadedWorkflow>, CoordinatorError> {
         let workflow = match request.version {
             Some(version) => {
                 self.workflows
@@ -205,7 +228,6 @@ impl Coordinator {
                     .await?
             }
         };
-        self.check_input(request, &workflow, admission).await?;
         Ok(workflow)
     }
 
@@ -269,6 +291,7 @@ impl Coordinator {
         let Some(created_at) = applied.created_at else {
             return self.existing_run(request).await;
         };
+        workflow.started_arming(applied.armed);
         run.created_at = created_at;
         run.updated_at = created_at;
         run.status = applied.status;

@@ -479,11 +479,17 @@ impl TokenBucket {
         self.tokens -= amount;
     }
 
-    /// None while the bucket holds anything; in debt, how long until it
-    /// is repaid.
-    pub fn debt(&mut self, rate: Rate, now: Instant) -> Option<Duration> {
+    /// Gives back `amount` tokens reserved earlier, up to a full bucket.
+    pub fn refund(&mut self, rate: Rate, now: Instant, amount: f64) {
         self.refill(rate, now);
-        (self.tokens < 0.0).then(|| self.time_to(0.0))
+        self.tokens = (self.tokens + amount).min(rate.burst);
+    }
+
+    /// None while the bucket holds `need` tokens; short of them, how long
+    /// until it does.
+    pub fn shortfall(&mut self, rate: Rate, now: Instant, need: f64) -> Option<Duration> {
+        self.refill(rate, now);
+        (self.tokens < need).then(|| self.time_to(need))
     }
 
     /// True when the bucket would be full at `now`: forgetting it then
@@ -514,6 +520,12 @@ const TASK_BUCKETS_KEPT: usize = 1_000;
 /// thousand items are a thousand, whatever call armed them), so the
 /// bucket may go into debt; while it is, the namespace's StartRuns are
 /// refused, which bounds the work it adds to what it is allowed.
+///
+/// An admitted StartRun reserves the tasks it is expected to arm until it
+/// ends: concurrent starts of a wide MAP are then admitted one after the
+/// other as the debt is repaid, not all at the moment it is, so a
+/// namespace at its quota adds its work evenly and never several large
+/// transactions at once.
 #[derive(Debug, Default)]
 pub struct TaskRates {
     buckets: Mutex<HashMap<String, TokenBucket>>,
@@ -524,38 +536,101 @@ impl TaskRates {
         self.buckets.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Refuses a StartRun of `namespace` while its bucket is in debt.
+    /// Admits a StartRun of `namespace` expected to arm `expected` tasks
+    /// once its bucket holds them (a full bucket will do for more than it
+    /// can hold; none expected: once it is out of debt). They stay
+    /// reserved until the returned reservation is dropped.
     pub fn admit(
-        &self,
+        self: &Arc<Self>,
         namespace: &str,
         quotas: &Quotas,
+        expected: u64,
         now: Instant,
-    ) -> Result<(), QuotaExceeded> {
+    ) -> Result<TaskReservation, QuotaExceeded> {
         let mut buckets = self.lock();
-        let Some(bucket) = buckets.get_mut(namespace) else {
-            return Ok(());
+        let bucket = match buckets.get_mut(namespace) {
+            Some(bucket) => bucket,
+            None if expected == 0 => return Ok(TaskReservation::none()),
+            None => Self::bucket(&mut buckets, namespace, quotas, now),
         };
-        match bucket.debt(quotas.tasks, now) {
-            None => Ok(()),
-            Some(wait) => Err(QuotaExceeded::counted(
+        let need = (expected as f64).min(quotas.tasks.burst);
+        if let Some(wait) = bucket.shortfall(quotas.tasks, now, need) {
+            return Err(QuotaExceeded::counted(
                 Quota::Tasks,
                 Subject::Namespace(namespace.to_owned()),
                 quotas,
                 wait,
-            )),
+            ));
         }
+        if expected == 0 {
+            return Ok(TaskReservation::none());
+        }
+        let amount = expected as f64;
+        bucket.spend(quotas.tasks, now, amount);
+        Ok(TaskReservation {
+            rates: Some(Arc::clone(self)),
+            namespace: namespace.to_owned(),
+            rate: quotas.tasks,
+            amount,
+        })
     }
 
     /// Counts `count` tasks armed for `namespace`.
     pub fn spend(&self, namespace: &str, quotas: &Quotas, count: usize, now: Instant) {
         let mut buckets = self.lock();
+        Self::bucket(&mut buckets, namespace, quotas, now).spend(quotas.tasks, now, count as f64);
+    }
+
+    /// The namespace's bucket, a full one if it has none; full ones are
+    /// forgotten first when too many are kept.
+    fn bucket<'b>(
+        buckets: &'b mut HashMap<String, TokenBucket>,
+        namespace: &str,
+        quotas: &Quotas,
+        now: Instant,
+    ) -> &'b mut TokenBucket {
         if buckets.len() >= TASK_BUCKETS_KEPT && !buckets.contains_key(namespace) {
             buckets.retain(|_, bucket| !bucket.is_full(now));
         }
         buckets
             .entry(namespace.to_owned())
             .or_insert_with(|| TokenBucket::full(quotas.tasks, now))
-            .spend(quotas.tasks, now, count as f64);
+    }
+
+    fn refund(&self, namespace: &str, rate: Rate, amount: f64) {
+        if let Some(bucket) = self.lock().get_mut(namespace) {
+            bucket.refund(rate, Instant::now(), amount);
+        }
+    }
+}
+
+/// Tasks an admitted StartRun reserved in its namespace's bucket, given
+/// back when it is dropped: by then the tasks it armed were counted.
+#[derive(Debug)]
+#[must_use = "the reservation is given back when dropped"]
+pub struct TaskReservation {
+    rates: Option<Arc<TaskRates>>,
+    namespace: String,
+    rate: Rate,
+    amount: f64,
+}
+
+impl TaskReservation {
+    fn none() -> Self {
+        Self {
+            rates: None,
+            namespace: String::new(),
+            rate: Rate::new(1.0, 1.0),
+            amount: 0.0,
+        }
+    }
+}
+
+impl Drop for TaskReservation {
+    fn drop(&mut self) {
+        if let Some(rates) = self.rates.take() {
+            rates.refund(&self.namespace, self.rate, self.amount);
+        }
     }
 }
 
@@ -700,17 +775,21 @@ mod tests {
             tasks: Rate::new(1_000.0, 1_000.0),
             ..Quotas::default()
         };
-        let rates = TaskRates::default();
+        let rates = Arc::new(TaskRates::default());
         let now = Instant::now();
-        rates
-            .admit("shop", &quotas, now)
-            .expect("nothing armed yet");
+        drop(
+            rates
+                .admit("shop", &quotas, 0, now)
+                .expect("nothing armed yet"),
+        );
         rates.spend("shop", &quotas, 1_000, now);
-        rates
-            .admit("shop", &quotas, now)
-            .expect("the burst spent, not overspent");
+        drop(
+            rates
+                .admit("shop", &quotas, 0, now)
+                .expect("the burst spent, not overspent"),
+        );
         rates.spend("shop", &quotas, 1_500, now);
-        let refused = rates.admit("shop", &quotas, now).expect_err("in debt");
+        let refused = rates.admit("shop", &quotas, 0, now).expect_err("in debt");
         assert_eq!(refused.quota, Quota::Tasks);
         assert_eq!(refused.subject, Subject::Namespace("shop".to_owned()));
         assert!(
@@ -718,12 +797,73 @@ mod tests {
             "1,500 tasks over at 1,000 a second: {:?}",
             refused.retry_after
         );
+        drop(
+            rates
+                .admit("other", &quotas, 0, now)
+                .expect("another namespace is untouched"),
+        );
+        drop(
+            rates
+                .admit("shop", &quotas, 0, now + Duration::from_millis(1_500))
+                .expect("repaid"),
+        );
+    }
+
+    #[test]
+    fn a_start_waits_until_its_bucket_holds_what_it_is_expected_to_arm() {
+        let quotas = Quotas {
+            tasks: Rate::new(1_000.0, 2_000.0),
+            ..Quotas::default()
+        };
+        let rates = Arc::new(TaskRates::default());
+        let now = Instant::now();
+        let first = rates
+            .admit("shop", &quotas, 800, now)
+            .expect("a full bucket");
+        let second = rates
+            .admit("shop", &quotas, 800, now)
+            .expect("1,200 tokens left");
+        let refused = rates
+            .admit("shop", &quotas, 800, now)
+            .expect_err("400 left: the third waits, though not in debt");
+        assert!(
+            refused.retry_after.abs_diff(Duration::from_millis(400)) < Duration::from_millis(1),
+            "400 tasks short at 1,000 a second: {:?}",
+            refused.retry_after
+        );
+        drop(
+            rates
+                .admit("shop", &quotas, 5_000, now + Duration::from_millis(1_600))
+                .expect("more than a bucket holds: a full bucket will do"),
+        );
+        drop((first, second));
+    }
+
+    #[test]
+    fn a_dropped_reservation_gives_back_what_it_took_and_the_spent_tasks_stay_spent() {
+        let quotas = Quotas {
+            tasks: Rate::new(1_000.0, 1_000.0),
+            ..Quotas::default()
+        };
+        let rates = Arc::new(TaskRates::default());
+        let now = Instant::now();
+        let reserved = rates
+            .admit("shop", &quotas, 600, now)
+            .expect("a full bucket");
         rates
-            .admit("other", &quotas, now)
-            .expect("another namespace is untouched");
+            .admit("shop", &quotas, 600, now)
+            .expect_err("600 reserved: 400 left");
+        // the start armed 300: counted, then its reservation given back
+        rates.spend("shop", &quotas, 300, now);
+        drop(reserved);
+        drop(
+            rates
+                .admit("shop", &quotas, 600, now)
+                .expect("700 left: the reservation went back"),
+        );
         rates
-            .admit("shop", &quotas, now + Duration::from_millis(1_500))
-            .expect("repaid");
+            .admit("shop", &quotas, 800, now)
+            .expect_err("the 300 armed stay spent");
     }
 
     #[test]

@@ -1035,11 +1035,26 @@ fn cancellation_cancels_tasks_timers_and_children_runs_compensations_and_ends_ca
         reason: "changed my mind".into()
     }));
     assert_eq!(d.state.run.status, RunStatus::Cancelled);
+    let error = d
+        .state
+        .run
+        .error
+        .as_ref()
+        .expect("a cancelled run says why");
+    assert_eq!(
+        (error.code.as_str(), error.message.as_str()),
+        ("CANCELLED", "changed my mind")
+    );
     // Cancelling again: ignored.
     let acts = d.send(Event::CancelRequested {
         reason: "again".into(),
     });
     assert_eq!(history_kinds(&acts), vec!["event_ignored"]);
+    assert_eq!(
+        d.state.run.error.as_ref().map(|e| e.message.as_str()),
+        Some("changed my mind"),
+        "the first reason stays"
+    );
 }
 
 #[test]

@@ -198,6 +198,7 @@ impl WorkerService for WorkerApi {
         Ok(Response::new(HeartbeatResponse {
             lease_expire_time: answer.lease_expires_at.map(timestamp),
             cancel_requested: answer.cancel_requested,
+            cancel_reason: answer.cancel_reason,
         }))
     }
 

@@ -413,8 +413,11 @@ type HeartbeatResponse struct {
 	LeaseExpireTime *timestamppb.Timestamp `protobuf:"bytes,1,opt,name=lease_expire_time,json=leaseExpireTime,proto3" json:"lease_expire_time,omitempty"`
 	// True when the run was cancelled: stop the work; no report is needed.
 	CancelRequested bool `protobuf:"varint,2,opt,name=cancel_requested,json=cancelRequested,proto3" json:"cancel_requested,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Why, when cancel_requested: the reason given to CancelRun (or the
+	// server's own, e.g. a run timeout); empty otherwise.
+	CancelReason  string `protobuf:"bytes,3,opt,name=cancel_reason,json=cancelReason,proto3" json:"cancel_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HeartbeatResponse) Reset() {
@@ -459,6 +462,13 @@ func (x *HeartbeatResponse) GetCancelRequested() bool {
 		return x.CancelRequested
 	}
 	return false
+}
+
+func (x *HeartbeatResponse) GetCancelReason() string {
+	if x != nil {
+		return x.CancelReason
+	}
+	return ""
 }
 
 // CompleteTaskRequest reports a successful attempt.
@@ -747,10 +757,11 @@ const file_composer_v1_worker_service_proto_rawDesc = "" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1f\n" +
 	"\vlease_token\x18\x03 \x01(\tR\n" +
-	"leaseToken\"\x86\x01\n" +
+	"leaseToken\"\xab\x01\n" +
 	"\x11HeartbeatResponse\x12F\n" +
 	"\x11lease_expire_time\x18\x01 \x01(\v2\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12)\n" +
-	"\x10cancel_requested\x18\x02 \x01(\bR\x0fcancelRequested\"\x99\x01\n" +
+	"\x10cancel_requested\x18\x02 \x01(\bR\x0fcancelRequested\x12#\n" +
+	"\rcancel_reason\x18\x03 \x01(\tR\fcancelReason\"\x99\x01\n" +
 	"\x13CompleteTaskRequest\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1f\n" +

@@ -83,12 +83,14 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, task_id: _Optional[str] = ..., attempt: _Optional[int] = ..., lease_token: _Optional[str] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("lease_expire_time", "cancel_requested")
+    __slots__ = ("lease_expire_time", "cancel_requested", "cancel_reason")
     LEASE_EXPIRE_TIME_FIELD_NUMBER: _ClassVar[int]
     CANCEL_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_REASON_FIELD_NUMBER: _ClassVar[int]
     lease_expire_time: _timestamp_pb2.Timestamp
     cancel_requested: bool
-    def __init__(self, lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ...) -> None: ...
+    cancel_reason: str
+    def __init__(self, lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., cancel_requested: _Optional[bool] = ..., cancel_reason: _Optional[str] = ...) -> None: ...
 
 class CompleteTaskRequest(_message.Message):
     __slots__ = ("task_id", "attempt", "lease_token", "output")
