@@ -10,6 +10,7 @@ import (
 	"iter"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -70,7 +71,8 @@ type Option func(*options)
 func WithToken(token string) Option { return func(o *options) { o.token = &token } }
 
 // WithTLS connects with TLS (nil: the system's roots). Without it the
-// connection is plaintext, as composer dev serves.
+// connection is plaintext, as composer dev serves, unless the address is
+// https://host:port.
 func WithTLS(config *tls.Config) Option {
 	return func(o *options) {
 		if config == nil {
@@ -97,10 +99,13 @@ func WithUnaryInterceptor(i grpc.UnaryClientInterceptor) Option {
 	return func(o *options) { o.interceptors = append(o.interceptors, i) }
 }
 
-// Dial makes a Client for the server at address (host:port; empty means
-// COMPOSER_ADDRESS, else DefaultAddress). The token is WithToken's, else
-// COMPOSER_TOKEN's. Dial does not wait for the server: the first call
-// connects (ServerInfo checks it). ctx is not retained.
+// Dial makes a Client for the server at address: `host:port` (plaintext,
+// or TLS with WithTLS), `http://host:port` (plaintext) or
+// `https://host:port` (TLS with the system's roots, or WithTLS's config);
+// empty means COMPOSER_ADDRESS, else DefaultAddress. A malformed address is
+// an error at once. The token is WithToken's, else COMPOSER_TOKEN's. Dial
+// does not wait for the server: the first call connects (ServerInfo and
+// CheckProtocol check it). ctx is not retained.
 func Dial(ctx context.Context, address string, opts ...Option) (*Client, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -114,6 +119,13 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Client, error) 
 	}
 	if address == "" {
 		address = DefaultAddress
+	}
+	parsed, err := parseAddress(address, o.tls != nil)
+	if err != nil {
+		return nil, err
+	}
+	if parsed.tls && o.tls == nil {
+		o.tls = &tls.Config{MinVersion: tls.VersionTLS12} // the system's roots
 	}
 	token := os.Getenv("COMPOSER_TOKEN")
 	if o.token != nil {
@@ -145,7 +157,7 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Client, error) 
 		dial = append(dial, grpc.WithChainUnaryInterceptor(o.interceptors...))
 	}
 	dial = append(dial, o.dialOptions...)
-	conn, err := grpc.NewClient(address, dial...)
+	conn, err := grpc.NewClient(parsed.target, dial...)
 	if err != nil {
 		return nil, fmt.Errorf("composer: dial %s: %w", address, err)
 	}
@@ -190,8 +202,8 @@ func (c *Client) callContext(ctx context.Context) (context.Context, context.Canc
 // it (within the call's deadline) rather than fail UNAVAILABLE at once.
 var waitForReady = grpc.WaitForReady(true)
 
-// ServerInfo asks the server for its version, protocol version and features,
-// and fails with FAILED_PRECONDITION if this SDK cannot speak its protocol.
+// ServerInfo asks the server for its version, protocol version and
+// features. CheckProtocol also checks that this SDK can speak the protocol.
 func (c *Client) ServerInfo(ctx context.Context) (*ServerInfo, error) {
 	ctx, cancel := c.callContext(ctx)
 	defer cancel()
@@ -199,16 +211,26 @@ func (c *Client) ServerInfo(ctx context.Context) (*ServerInfo, error) {
 	if err != nil {
 		return nil, convertError(err)
 	}
-	info := &ServerInfo{ServerVersion: r.GetServerVersion(), ProtocolVersion: r.GetProtocolVersion(), Features: r.GetFeatures()}
-	if err := CheckProtocol(info.ProtocolVersion); err != nil {
-		return info, err
+	return &ServerInfo{ServerVersion: r.GetServerVersion(), ProtocolVersion: r.GetProtocolVersion(), Features: r.GetFeatures()}, nil
+}
+
+// CheckProtocol asks the server for its protocol version (ServerInfo) and
+// fails with FAILED_PRECONDITION, returning the info too, when this SDK
+// cannot speak it. A Worker makes this check before it polls.
+func (c *Client) CheckProtocol(ctx context.Context) (*ServerInfo, error) {
+	info, err := c.ServerInfo(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := CheckProtocolVersion(info.ProtocolVersion); err != nil {
+		return info, fmt.Errorf("composer: server %s: %w", c.address, err)
 	}
 	return info, nil
 }
 
-// CheckProtocol returns an *Error (FAILED_PRECONDITION) unless this SDK can
-// speak the protocol version ("<major>.<minor>") a server announces.
-func CheckProtocol(version string) error {
+// CheckProtocolVersion returns an *Error (FAILED_PRECONDITION) unless this
+// SDK can speak the protocol version ("<major>.<minor>") a server announces.
+func CheckProtocolVersion(version string) error {
 	majorText, minorText, _ := strings.Cut(version, ".")
 	major, err1 := strconv.Atoi(majorText)
 	minor, err2 := strconv.Atoi(minorText)
@@ -296,6 +318,70 @@ func (c *Client) ValidateWorkflow(ctx context.Context, src Source) ([]Validation
 		problems = append(problems, ValidationProblem{Path: p.GetPath(), Message: p.GetMessage()})
 	}
 	return problems, nil
+}
+
+// ListWorkflowsOptions selects the workflows ListWorkflows returns.
+type ListWorkflowsOptions struct {
+	// NamePrefix: only workflows whose name starts with it.
+	NamePrefix string
+	// PageSize is the number of workflows fetched per call (default 100, at
+	// most 1000).
+	PageSize int
+}
+
+// ListWorkflows iterates over the namespace's workflows, by name, one
+// summary each (its latest version), fetching page after page. Iteration
+// stops at the first error, which it yields.
+func (c *Client) ListWorkflows(ctx context.Context, opts ListWorkflowsOptions) iter.Seq2[*WorkflowSummary, error] {
+	return func(yield func(*WorkflowSummary, error) bool) {
+		req := &pb.ListWorkflowsRequest{NamePrefix: opts.NamePrefix, PageSize: int32(opts.PageSize)}
+		for {
+			callCtx, cancel := c.callContext(ctx)
+			r, err := c.workflows.ListWorkflows(callCtx, req, waitForReady)
+			cancel()
+			if err != nil {
+				yield(nil, convertError(err))
+				return
+			}
+			for _, w := range r.GetWorkflows() {
+				if !yield(workflowSummaryFrom(w), nil) {
+					return
+				}
+			}
+			if r.GetNextPageToken() == "" {
+				return
+			}
+			req.PageToken = r.GetNextPageToken()
+		}
+	}
+}
+
+// ListWorkflowVersions iterates over the versions of the workflow name,
+// newest first, pageSize per call (0: the server's default, 100), without
+// their Source (GetWorkflow has it). It yields NOT_FOUND when no workflow
+// has that name. Iteration stops at the first error, which it yields.
+func (c *Client) ListWorkflowVersions(ctx context.Context, name string, pageSize int) iter.Seq2[*WorkflowVersion, error] {
+	return func(yield func(*WorkflowVersion, error) bool) {
+		req := &pb.ListWorkflowVersionsRequest{Name: name, PageSize: int32(pageSize)}
+		for {
+			callCtx, cancel := c.callContext(ctx)
+			r, err := c.workflows.ListWorkflowVersions(callCtx, req, waitForReady)
+			cancel()
+			if err != nil {
+				yield(nil, convertError(err))
+				return
+			}
+			for _, v := range r.GetVersions() {
+				if !yield(workflowFrom(v, false), nil) {
+					return
+				}
+			}
+			if r.GetNextPageToken() == "" {
+				return
+			}
+			req.PageToken = r.GetNextPageToken()
+		}
+	}
 }
 
 // GetWorkflow returns one version of a workflow (the latest for version 0).
@@ -437,8 +523,37 @@ func (c *Client) ListRuns(ctx context.Context, filter RunFilter) iter.Seq2[*Run,
 	}
 }
 
-// CancelRun cancels a running run (its tasks' handlers see their context
-// done with cause ErrRunCancelled). FAILED_PRECONDITION if it already ended.
+// CountRuns counts the runs matching filter by status, in one call. The
+// filter's fields are ListRuns' (its PageSize is ignored); with Statuses
+// set, only those statuses are counted. A status without runs is absent
+// from the counts (reads as 0).
+func (c *Client) CountRuns(ctx context.Context, filter RunFilter) (RunCounts, error) {
+	f := filter.proto()
+	ctx, cancel := c.callContext(ctx)
+	defer cancel()
+	r, err := c.runs.CountRuns(ctx, &pb.CountRunsRequest{
+		WorkflowName: f.WorkflowName, WorkflowVersion: f.WorkflowVersion, Labels: f.Labels,
+		CreateTimeAfter: f.CreateTimeAfter, CreateTimeBefore: f.CreateTimeBefore,
+		ParentRunId: f.ParentRunId, Search: f.Search,
+	}, waitForReady)
+	if err != nil {
+		return nil, convertError(err)
+	}
+	counts := RunCounts{}
+	for _, sc := range r.GetCounts() {
+		status := RunStatus(sc.GetStatus())
+		if len(filter.Statuses) > 0 && !slices.Contains(filter.Statuses, status) {
+			continue
+		}
+		counts[status] += sc.GetCount()
+	}
+	return counts, nil
+}
+
+// CancelRun cancels a running run: its tasks' handlers see their context
+// done with a *RunCancelledError carrying reason (CancelReason), and
+// WaitForResult / RunWorkflow return a *RunFailedError with code CANCELLED
+// and reason as message. FAILED_PRECONDITION if it already ended.
 func (c *Client) CancelRun(ctx context.Context, runID, reason string) (*Run, error) {
 	ctx, cancel := c.callContext(ctx)
 	defer cancel()
@@ -620,6 +735,29 @@ func (c *Client) WaitForResult(ctx context.Context, runID string, out any) error
 	if err != nil {
 		return err
 	}
+	return resultOf(run, out)
+}
+
+// RunWorkflow starts a run of workflow with input and waits for its result
+// (StartRun, then WaitForResult): it decodes the output into out (a
+// pointer; nil skips decoding) and returns the final run. A run that ended
+// FAILED or CANCELLED returns it with a *RunFailedError; when ctx ends
+// first the error wraps ctx's (errors.Is(err, context.DeadlineExceeded)
+// for a timeout), and the run, once started, goes on.
+func (c *Client) RunWorkflow(ctx context.Context, workflow string, input, out any, opts ...StartOption) (*Run, error) {
+	started, err := c.StartRun(ctx, workflow, input, opts...)
+	if err != nil {
+		return nil, err
+	}
+	run, err := c.WaitForRun(ctx, started.ID)
+	if err != nil {
+		return nil, err
+	}
+	return run, resultOf(run, out)
+}
+
+// resultOf decodes a final run's output into out, or says why it has none.
+func resultOf(run *Run, out any) error {
 	if run.Status != RunCompleted {
 		return &RunFailedError{Run: run}
 	}
@@ -627,7 +765,7 @@ func (c *Client) WaitForResult(ctx context.Context, runID string, out any) error
 		return nil
 	}
 	if err := run.DecodeOutput(out); err != nil {
-		return fmt.Errorf("composer: decode the output of run %s: %w", runID, err)
+		return fmt.Errorf("composer: decode the output of run %s: %w", run.ID, err)
 	}
 	return nil
 }

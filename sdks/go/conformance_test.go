@@ -257,15 +257,16 @@ func TestC04ATaskWhoseRunIsCancelledSeesItsCancellation(t *testing.T) {
 	w := composer.NewWorker(client, fast(2))
 	started := make(chan struct{}, 1)
 	type seen struct {
-		cause error
-		at    time.Time
+		cause  error
+		reason string
+		at     time.Time
 	}
 	seenCh := make(chan seen, 1)
 	w.Handle("cancel-"+n, "wait", func(ctx context.Context, task *composer.Task) (any, error) {
 		started <- struct{}{}
 		select {
 		case <-ctx.Done():
-			seenCh <- seen{context.Cause(ctx), time.Now()}
+			seenCh <- seen{context.Cause(ctx), composer.CancelReason(ctx), time.Now()}
 			return nil, ctx.Err()
 		case <-time.After(120 * time.Second):
 			return "unreachable", nil
@@ -294,8 +295,9 @@ func TestC04ATaskWhoseRunIsCancelledSeesItsCancellation(t *testing.T) {
 	case <-time.After(15 * time.Second):
 		t.Fatal("the handler's context was not cancelled")
 	}
-	if !errors.Is(got.cause, composer.ErrRunCancelled) || got.cause.Error() != "run cancelled" {
-		t.Errorf("cause %v", got.cause)
+	// The heartbeat carries the reason given to CancelRun.
+	if !errors.Is(got.cause, composer.ErrRunCancelled) || got.reason != "conformance C4" || got.cause.Error() != "run cancelled: conformance C4" {
+		t.Errorf("cause %v, reason %q", got.cause, got.reason)
 	}
 	if d := got.at.Sub(cancelledAt); d > 3*time.Second { // one heartbeat interval (1 s) plus slack
 		t.Errorf("the handler saw the cancellation %s after it", d)
@@ -309,7 +311,7 @@ func TestC04ATaskWhoseRunIsCancelledSeesItsCancellation(t *testing.T) {
 	}
 	err = client.WaitForResult(ctx, run.ID, nil)
 	var failed *composer.RunFailedError
-	if !errors.As(err, &failed) || failed.Run.Status != composer.RunCancelled {
+	if !errors.As(err, &failed) || failed.Run.Status != composer.RunCancelled || failed.Code() != "CANCELLED" || failed.Message() != "conformance C4" {
 		t.Errorf("WaitForResult: %v", err)
 	}
 	time.Sleep(500 * time.Millisecond)
@@ -636,10 +638,11 @@ func TestC09NonRetryableFailsAtOnceAPlainErrorIsRetried(t *testing.T) {
 	if err := ended["flaky"].DecodeOutput(&flaky); ended["flaky"].Status != composer.RunCompleted || err != nil || flaky.Result != "third time lucky" {
 		t.Errorf("flaky: %+v", ended["flaky"])
 	}
-	// A plain error: code = its Go type; details carry the error chain (Go
-	// errors have no stack trace; a panic's details carry the stack).
+	// A plain error (fmt.Errorf of errors.New): code ERROR, not a Go
+	// implementation type; details carry the error chain (Go errors have no
+	// stack trace; a panic's details carry the stack).
 	broken := ended["broken"].Node("work")
-	if ended["broken"].Status != composer.RunFailed || broken.Attempt != 3 || broken.Error == nil || broken.Error.Code != "fmt.wrapError" {
+	if ended["broken"].Status != composer.RunFailed || broken.Attempt != 3 || broken.Error == nil || broken.Error.Code != composer.DefaultErrorCode {
 		t.Fatalf("broken: %+v", broken)
 	}
 	var details struct {
@@ -858,7 +861,7 @@ func TestC13TheSDKChecksTheProtocolVersion(t *testing.T) {
 	// That a worker refuses a server of another major before polling is
 	// proved against a fake server (TestRunRefusesAServerOfAnotherProtocol):
 	// the real server cannot be made to announce another protocol.
-	if composer.CheckProtocol(info.ProtocolVersion) != nil || composer.CheckProtocol("2.0") == nil {
+	if composer.CheckProtocolVersion(info.ProtocolVersion) != nil || composer.CheckProtocolVersion("2.0") == nil {
 		t.Error("CheckProtocol")
 	}
 }

@@ -30,8 +30,9 @@
 // # Cancellation
 //
 // A handler's context is done when the attempt must stop; context.Cause
-// says why: ErrRunCancelled ("run cancelled": a heartbeat learnt that the
-// run was cancelled), ErrLeaseLost ("lease lost"), ErrAttemptTimeout (the
+// says why: ErrRunCancelled (a heartbeat learnt that the run was
+// cancelled; the cause is a *RunCancelledError whose Reason, also
+// CancelReason(ctx), is the reason given to CancelRun), ErrLeaseLost ("lease lost"), ErrAttemptTimeout (the
 // node's timeout, also the context's deadline) or ErrWorkerShutdown (the
 // worker stopped and the drain timed out). After a cancelled run or a lost
 // lease nothing is reported for the attempt, whatever the handler returns.
@@ -40,8 +41,10 @@
 //
 // A handler fails its attempt by returning an error. A *TaskError chooses
 // the code, the retryability and the details; NonRetryable(err) makes any
-// error final; any other error is retryable, its code the error's Go type
-// (e.g. errors.errorString) and its details the error chain. A panic is a
+// error final; any other error is retryable, its code the Go type of the
+// first error in its chain that a program declared (e.g. fs.PathError), else
+// ERROR (DefaultErrorCode: errors.New, fmt.Errorf), and its details the
+// error chain. A panic is a
 // retryable failure with code PANIC and the stack in its details; it never
 // crashes the worker.
 //

@@ -1,6 +1,7 @@
 package composer
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -230,17 +231,42 @@ func IsRetryable(err error) bool {
 	return ok && e.Retryable()
 }
 
-// RunFailedError is returned by WaitForResult when the run ended FAILED or
-// CANCELLED. Run is the final run; its Error says why.
+// RunFailedError is returned by WaitForResult and RunWorkflow when the run
+// ended FAILED or CANCELLED. Run is the final run; its Error says why (for
+// a cancelled run, code CANCELLED and the cancel's reason as message).
 type RunFailedError struct {
 	Run *Run
 }
 
+// Code is the run's failure code: its Error's, else CANCELLED for a
+// cancelled run, else "".
+func (e *RunFailedError) Code() string {
+	if f := e.Run.Error; f != nil && f.Code != "" {
+		return f.Code
+	}
+	if e.Run.Status == RunCancelled {
+		return "CANCELLED"
+	}
+	return ""
+}
+
+// Message is the failure's message: for a cancelled run, the reason given
+// to the cancel ("" when none was).
+func (e *RunFailedError) Message() string {
+	if f := e.Run.Error; f != nil {
+		return f.Message
+	}
+	return ""
+}
+
 func (e *RunFailedError) Error() string {
 	why := "no error recorded"
-	if f := e.Run.Error; f != nil {
-		why = f.Code + ": " + f.Message
-		if f.NodeID != "" {
+	if code := e.Code(); code != "" {
+		why = code
+		if msg := e.Message(); msg != "" {
+			why += ": " + msg
+		}
+		if f := e.Run.Error; f != nil && f.NodeID != "" {
 			why += " (node " + f.NodeID + ")"
 		}
 	}
@@ -324,9 +350,43 @@ func NonRetryable(err error) error {
 	return &TaskError{Code: "NON_RETRYABLE", Message: err.Error(), Err: err}
 }
 
+// RunCancelledError is the cause (context.Cause) of a handler's ctx when a
+// heartbeat answered that the task's run was cancelled: errors.Is(err,
+// ErrRunCancelled) holds, and Reason is why (CancelRun's reason, or the
+// server's own, e.g. a run timeout; empty when none was given). Nothing is
+// reported for the attempt.
+type RunCancelledError struct {
+	Reason string
+}
+
+// Error is "run cancelled: <reason>", or "run cancelled" without one.
+func (e *RunCancelledError) Error() string {
+	if e.Reason == "" {
+		return ErrRunCancelled.Error()
+	}
+	return ErrRunCancelled.Error() + ": " + e.Reason
+}
+
+// Is makes errors.Is(err, ErrRunCancelled) hold.
+func (e *RunCancelledError) Is(target error) bool { return target == ErrRunCancelled }
+
+// CancelReason returns why the task's run was cancelled (CancelRun's reason,
+// or the server's own) once a handler's ctx was cancelled for that; ""
+// while ctx is live, when it ended for another cause (context.Cause tells
+// which), or when the cancel gave no reason.
+func CancelReason(ctx context.Context) string {
+	var rc *RunCancelledError
+	if errors.As(context.Cause(ctx), &rc) {
+		return rc.Reason
+	}
+	return ""
+}
+
 // Causes given to a handler's context (read them with context.Cause).
 var (
-	// ErrRunCancelled: a heartbeat answered that the task's run was cancelled.
+	// ErrRunCancelled: a heartbeat answered that the task's run was
+	// cancelled. The cause is a *RunCancelledError carrying the reason
+	// (errors.Is(cause, ErrRunCancelled) holds; CancelReason reads it).
 	// Nothing is reported for the attempt.
 	ErrRunCancelled = errors.New("run cancelled")
 	// ErrLeaseLost: the server said the task's lease is no longer this

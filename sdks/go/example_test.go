@@ -95,15 +95,22 @@ func ExampleHandler_cancellation() {
 		case <-time.After(time.Hour):
 			return "done", nil
 		case <-ctx.Done():
-			// ErrRunCancelled, ErrLeaseLost, ErrAttemptTimeout or ErrWorkerShutdown.
+			// ErrRunCancelled (with CancelReason(ctx)), ErrLeaseLost,
+			// ErrAttemptTimeout or ErrWorkerShutdown.
+			if errors.Is(context.Cause(ctx), composer.ErrRunCancelled) {
+				fmt.Println("cancelled because:", composer.CancelReason(ctx))
+			}
 			return nil, context.Cause(ctx)
 		}
 	})
 	ctx, cancel := context.WithCancelCause(context.Background())
-	cancel(composer.ErrRunCancelled) // what the worker does when a heartbeat says so
+	// What the worker does when a heartbeat says the run was cancelled.
+	cancel(&composer.RunCancelledError{Reason: "customer asked"})
 	_, err := handler(ctx, &composer.Task{})
 	fmt.Println(err, errors.Is(err, composer.ErrRunCancelled))
-	// Output: run cancelled true
+	// Output:
+	// cancelled because: customer asked
+	// run cancelled: customer asked true
 }
 
 // NonRetryable makes any error final; a TaskError chooses its code.

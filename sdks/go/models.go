@@ -155,6 +155,31 @@ type WorkflowVersion struct {
 	Created bool
 }
 
+// WorkflowSummary is one workflow of a namespace, as ListWorkflows gives it.
+type WorkflowSummary struct {
+	Namespace string
+	Name      string
+	// LatestVersion is the highest registered version.
+	LatestVersion int
+	// Description is the latest version's.
+	Description string
+	// UpdateTime is when the latest version was registered.
+	UpdateTime time.Time
+}
+
+// RunCounts is how many runs are in each status (CountRuns); a status
+// without runs is absent and reads as 0.
+type RunCounts map[RunStatus]int64
+
+// Total is the number of runs counted, whatever their status.
+func (c RunCounts) Total() int64 {
+	var total int64
+	for _, n := range c {
+		total += n
+	}
+	return total
+}
+
 // ValidationProblem is one problem of a workflow definition.
 type ValidationProblem struct {
 	// Path of the offending field, e.g. nodes[3].retry.max_attempts.
@@ -277,6 +302,13 @@ func workflowFrom(w *pb.WorkflowVersion, created bool) *WorkflowVersion {
 		Namespace: w.GetNamespace(), Name: w.GetName(), Version: int(w.GetVersion()),
 		Description: w.GetDescription(), Source: w.GetSource(), ContentHash: w.GetContentHash(),
 		CreateTime: toTime(w.GetCreateTime()), Created: created,
+	}
+}
+
+func workflowSummaryFrom(w *pb.WorkflowSummary) *WorkflowSummary {
+	return &WorkflowSummary{
+		Namespace: w.GetNamespace(), Name: w.GetName(), LatestVersion: int(w.GetLatestVersion()),
+		Description: w.GetDescription(), UpdateTime: toTime(w.GetUpdateTime()),
 	}
 }
 

@@ -69,7 +69,8 @@ func taskFrom(p *pb.Task, logger *slog.Logger) *Task {
 }
 
 // Handler runs one task attempt. Its ctx is done when the run was cancelled
-// (context.Cause is ErrRunCancelled), the lease lost (ErrLeaseLost), the
+// (context.Cause is a *RunCancelledError, errors.Is ErrRunCancelled, with
+// the reason: CancelReason(ctx)), the lease lost (ErrLeaseLost), the
 // attempt's deadline passed (ErrAttemptTimeout) or the worker stopped past
 // its drain (ErrWorkerShutdown). It returns the node's output (any
 // JSON-encodable value; a json.RawMessage is taken as it is) or an error:

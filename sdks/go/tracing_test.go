@@ -128,7 +128,7 @@ func TestHandlerSpansContinueTheLeaseSpanAndReportsNameThem(t *testing.T) {
 	if good.Status.Code != codes.Ok {
 		t.Errorf("the completed attempt's span has status %v", good.Status)
 	}
-	if bad.Status.Code != codes.Error || bad.Status.Description != "errors.errorString: card declined" {
+	if bad.Status.Code != codes.Error || bad.Status.Description != "ERROR: card declined" {
 		t.Errorf("the failed attempt's span has status %+v", bad.Status)
 	}
 	if len(bad.Events) != 1 || bad.Events[0].Name != "exception" {

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"reflect"
 	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
@@ -317,7 +320,7 @@ func (w *Worker) waitForServer(ctx context.Context) error {
 		r, err := w.client.server.GetServerInfo(callCtx, &pb.GetServerInfoRequest{})
 		cancel()
 		if err == nil {
-			if perr := CheckProtocol(r.GetProtocolVersion()); perr != nil {
+			if perr := CheckProtocolVersion(r.GetProtocolVersion()); perr != nil {
 				return fmt.Errorf("composer: server %s: %w", w.client.address, perr)
 			}
 			return nil
@@ -512,9 +515,9 @@ func (w *Worker) execute(a *attempt) {
 	cause := context.Cause(a.ctx)
 	switch {
 	case errors.Is(cause, ErrRunCancelled):
-		endHandlerSpan(a.span, cause.Error(), nil)
+		endHandlerSpan(a.span, ErrRunCancelled.Error(), nil)
 		w.stats.cancelled.Add(1)
-		a.task.Logger.Info("composer task stopped: run cancelled; not reporting")
+		a.task.Logger.Info("composer task stopped: run cancelled; not reporting", "reason", CancelReason(a.ctx))
 		return
 	case errors.Is(cause, ErrLeaseLost):
 		endHandlerSpan(a.span, cause.Error(), nil)
@@ -573,13 +576,52 @@ func (w *Worker) failureOf(a *attempt, err error) *TaskError {
 	}
 	a.task.Logger.Warn("composer handler failed", "error", err)
 	return &TaskError{
-		Code: typeName(err), Message: err.Error(), Retryable: true,
+		Code: errorCode(err), Message: err.Error(), Retryable: true,
 		Details: map[string]any{"type": typeName(err), "error": truncate(err.Error(), maxMessage), "chain": chain},
 	}
 }
 
+// DefaultErrorCode is the code of a failed handler's error that names no
+// type of its own: errors.New, fmt.Errorf and errors.Join make errors whose
+// Go types (errors.errorString, fmt.wrapError, ...) are the standard
+// library's internals, not a code a workflow could match.
+const DefaultErrorCode = "ERROR"
+
+// errorCode is the code of a handler's error that is not a *TaskError: the
+// type (without its pointer star) of the first error in its Unwrap chain
+// that a program declared, e.g. fs.PathError or shop.DeclinedError, else
+// DefaultErrorCode. Unexported types of the standard library are skipped.
+func errorCode(err error) string {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if declaredType(e) {
+			return typeName(e)
+		}
+	}
+	return DefaultErrorCode
+}
+
+// declaredType reports whether err's type is a program's own: exported, or
+// declared outside the standard library (whose import paths have no dot in
+// their first element; main is a program's).
+func declaredType(err error) bool {
+	t := reflect.TypeOf(err)
+	for t.Kind() == reflect.Pointer && t.Name() == "" {
+		t = t.Elem()
+	}
+	name := t.Name()
+	if name == "" {
+		return false
+	}
+	if r, _ := utf8.DecodeRuneInString(name); unicode.IsUpper(r) {
+		return true
+	}
+	pkg := t.PkgPath()
+	first, _, _ := strings.Cut(pkg, "/")
+	return pkg == "main" || strings.Contains(first, ".")
+}
+
 // typeName is the Go type of an error without its pointer star, e.g.
-// errors.errorString or fs.PathError: the code of a plain error.
+// errors.errorString or fs.PathError (the details' "type").
 func typeName(err error) string {
 	return strings.TrimLeft(fmt.Sprintf("%T", err), "*")
 }
@@ -748,8 +790,8 @@ func (w *Worker) heartbeatLoop(ctx context.Context, a *attempt) {
 		}
 		failures = 0
 		if resp.GetCancelRequested() && !a.handlerDone.Load() {
-			a.task.Logger.Info("composer run cancelled; cancelling the handler")
-			a.cancel(ErrRunCancelled)
+			a.task.Logger.Info("composer run cancelled; cancelling the handler", "reason", resp.GetCancelReason())
+			a.cancel(&RunCancelledError{Reason: resp.GetCancelReason()})
 			return
 		}
 	}

@@ -410,6 +410,39 @@ func TestCancelRequestedStopsTheHandler(t *testing.T) {
 	}
 }
 
+// The cancel's reason reaches the handler: context.Cause is a
+// *RunCancelledError (still errors.Is ErrRunCancelled) and CancelReason
+// reads it.
+func TestCancelRequestedCarriesTheReason(t *testing.T) {
+	f, client := startFake(t)
+	f.onHeartbeat = func(*pb.HeartbeatRequest) (*pb.HeartbeatResponse, error) {
+		return &pb.HeartbeatResponse{CancelRequested: true, CancelReason: "customer asked", LeaseExpireTime: timestamppb.Now()}, nil
+	}
+	f.add(fakeTask("c", "q", "wait", 300*time.Millisecond, nil))
+	w := NewWorker(client, WorkerOptions{Slots: 1, PollWait: 200 * time.Millisecond})
+	type seen struct {
+		cause  error
+		reason string
+	}
+	got := make(chan seen, 1)
+	w.Handle("q", "wait", func(ctx context.Context, task *Task) (any, error) {
+		if CancelReason(ctx) != "" {
+			t.Error("a live ctx has a cancel reason")
+		}
+		<-ctx.Done()
+		got <- seen{context.Cause(ctx), CancelReason(ctx)}
+		return nil, nil
+	})
+	runWorker(t, w)
+	s := <-got
+	var rc *RunCancelledError
+	if !errors.Is(s.cause, ErrRunCancelled) || !errors.As(s.cause, &rc) || rc.Reason != "customer asked" ||
+		s.cause.Error() != "run cancelled: customer asked" || s.reason != "customer asked" {
+		t.Fatalf("cause %v, reason %q", s.cause, s.reason)
+	}
+	eventually(t, 5*time.Second, "the cancel to be counted", func() bool { return w.Stats().Cancelled == 1 })
+}
+
 // L5: a drain that times out fails the attempts with WORKER_SHUTDOWN,
 // retryable, and only then stops heartbeating.
 func TestL05DrainTimeoutFailsWithWorkerShutdown(t *testing.T) {
@@ -566,7 +599,7 @@ func TestHandlerErrorsBecomeFailures(t *testing.T) {
 	}
 	r := got["plain"]
 	chain := r.GetDetails().GetStructValue().GetFields()["chain"].GetListValue().GetValues()
-	if r.GetErrorCode() != "fmt.wrapError" || !r.GetRetryable() || r.GetMessage() != "charging: connection reset" || len(chain) != 2 {
+	if r.GetErrorCode() != DefaultErrorCode || !r.GetRetryable() || r.GetMessage() != "charging: connection reset" || len(chain) != 2 {
 		t.Errorf("plain: %v", r)
 	}
 }
@@ -641,12 +674,12 @@ func TestRunRefusesAServerOfAnotherProtocol(t *testing.T) {
 		t.Fatal("polled a server of another protocol")
 	}
 	for _, v := range []string{"1.0", "1.7", "1"} {
-		if CheckProtocol(v) != nil {
+		if CheckProtocolVersion(v) != nil {
 			t.Errorf("refused %s", v)
 		}
 	}
 	for _, v := range []string{"0.9", "2.0", "", "x.y"} {
-		if CheckProtocol(v) == nil {
+		if CheckProtocolVersion(v) == nil {
 			t.Errorf("accepted %q", v)
 		}
 	}

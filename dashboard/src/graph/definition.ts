@@ -1,5 +1,5 @@
 // A workflow definition (GetWorkflow's parsed `definition`, the same JSON the server runs) as the
-// nodes and edges the graph draws. Node types and fields: LANGUAGE.md.
+// nodes and edges the graph draws. Node types and fields: docs/language.md.
 import type { Json } from "@composer-dev/composer/web";
 
 export type NodeKind =

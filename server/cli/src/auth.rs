@@ -88,6 +88,11 @@ pub struct TokenArgs {
     /// RSA or Ed25519 private key (PEM) to sign with instead.
     #[arg(long, env = "COMPOSER_AUTH_PRIVATE_KEY")]
     pub private_key: Option<PathBuf>,
+    /// Sign with the secret of `composer dev` whose data folder this is
+    /// (the `data` line `composer dev` prints; it keeps the secret in
+    /// `auth-secret` there).
+    #[arg(long, conflicts_with_all = ["auth_secret", "private_key"])]
+    pub dev_data: Option<PathBuf>,
     /// Key id (`kid`) to put in the header.
     #[arg(long)]
     pub kid: Option<String>,
@@ -103,8 +108,15 @@ pub struct TokenArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
     /// No key given.
-    #[error("no signing key: set COMPOSER_AUTH_SECRET (--auth-secret) or --private-key")]
+    #[error(
+        "no signing key: set COMPOSER_AUTH_SECRET (--auth-secret) or --private-key; for `composer dev`, --dev-data <its data folder>"
+    )]
     NoKey,
+    /// The dev data folder holds no secret.
+    #[error(
+        "{0}: no `composer dev` secret here ({1}); pass the data folder `composer dev` printed"
+    )]
+    NoDevSecret(PathBuf, std::io::Error),
     /// The key file could not be read.
     #[error("{0}: {1}")]
     Read(PathBuf, std::io::Error),
@@ -112,6 +124,9 @@ pub enum TokenError {
     #[error(transparent)]
     Mint(#[from] MintError),
 }
+
+/// Where `composer dev` keeps its HS256 secret, in its data folder.
+pub const DEV_SECRET_FILE: &str = "auth-secret";
 
 /// Mints a token as `args` say.
 pub fn mint_token(args: &TokenArgs) -> Result<String, TokenError> {
@@ -134,7 +149,15 @@ pub fn mint_token(args: &TokenArgs) -> Result<String, TokenError> {
         let pem = std::fs::read(path).map_err(|e| TokenError::Read(path.clone(), e))?;
         return Ok(mint(&token, SigningKey::Pem(&pem), args.kid.as_deref())?);
     }
-    let secret = args.auth_secret.as_ref().ok_or(TokenError::NoKey)?;
+    let secret = match &args.dev_data {
+        Some(folder) => {
+            let path = folder.join(DEV_SECRET_FILE);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| TokenError::NoDevSecret(path.clone(), e))?;
+            text.trim().to_owned()
+        }
+        None => args.auth_secret.clone().ok_or(TokenError::NoKey)?,
+    };
     Ok(mint(
         &token,
         SigningKey::Secret(secret.as_bytes()),

@@ -121,6 +121,7 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
     println!("  Postgres         {}", services.database_url);
     println!("  Redis            {}", services.redis_url);
     println!("  data             {} ({kept})", services.root().display());
+    println!("  address          export COMPOSER_ADDRESS=http://{addr}");
     if let Some(path) = &args.env_file {
         let mut text = format!(
             "COMPOSER_DATABASE_URL={}\nCOMPOSER_REDIS_URL={}\nCOMPOSER_ADDRESS={addr}\n",
@@ -143,6 +144,10 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
         println!("  try              export COMPOSER_TOKEN={admin}");
         println!(
             "                   {grpcurl} -plaintext -H \"authorization: Bearer $COMPOSER_TOKEN\" {addr} list"
+        );
+        println!(
+            "  more tokens      composer token --dev-data {} --sub me --role operator",
+            services.root().display()
         );
     } else {
         println!("  try              {grpcurl} -plaintext {addr} list");
@@ -182,14 +187,25 @@ fn grpcurl_command() -> String {
     if on_path {
         return "grpcurl".to_owned();
     }
-    let local = std::env::current_dir()
-        .map(|dir| dir.join(".tools/bin/grpcurl"))
+    // the repository's own copy (`make dev` installs it), found from here
+    // or from where this binary was built (`target/debug/composer`)
+    let exe_dir = std::env::current_exe()
         .ok()
-        .filter(|path| path.is_file());
-    match local {
-        Some(path) => path.display().to_string(),
-        None => "grpcurl".to_owned(),
+        .and_then(|exe| exe.parent().map(std::path::Path::to_path_buf));
+    let places = std::env::current_dir().ok().into_iter().chain(exe_dir);
+    for place in places {
+        if let Some(found) = place
+            .ancestors()
+            .map(|dir| dir.join(".tools/bin/grpcurl"))
+            .find(|path| path.is_file())
+        {
+            return found.display().to_string();
+        }
     }
+    println!(
+        "  grpcurl          not found; go install github.com/fullstorydev/grpcurl/cmd/grpcurl@latest"
+    );
+    "grpcurl".to_owned()
 }
 
 /// Unless a key or `--insecure` was given, makes an HS256 secret (kept in the
@@ -205,7 +221,7 @@ fn dev_tokens(
     let secret = match &auth.auth_secret {
         Some(secret) => secret.clone(),
         None => {
-            let path = root.join("auth-secret");
+            let path = root.join(crate::auth::DEV_SECRET_FILE);
             let secret = match std::fs::read_to_string(&path) {
                 Ok(existing) if existing.trim().len() >= 32 => existing.trim().to_owned(),
                 _ => {
@@ -231,6 +247,7 @@ fn dev_tokens(
             ttl: std::time::Duration::from_secs(24 * 3600),
             auth_secret: Some(secret.clone()),
             private_key: None,
+            dev_data: None,
             kid: None,
             issuer: auth.auth_issuer.clone(),
             audience: auth.auth_audience.clone(),

@@ -20,7 +20,10 @@ pub fn init(
     ))
     .unwrap_or_else(|_| EnvFilter::new("info"));
     let registry = tracing_subscriber::registry().with(traces);
-    let log = fmt::layer().with_writer(std::io::stderr);
+    // colours only for a terminal, never into a file
+    let log = fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let _ = match format {
         LogFormat::Json => registry
             .with(log.json().flatten_event(true).with_filter(filter))

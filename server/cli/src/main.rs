@@ -89,7 +89,8 @@ enum WorkflowCommand {
 }
 
 fn main() -> ExitCode {
-    match Cli::parse().command {
+    let args = admin::global_flags::hoist(std::env::args_os().collect());
+    match Cli::parse_from(args).command {
         Command::Token(args) => match auth::mint_token(&args) {
             Ok(token) => {
                 println!("{token}");
@@ -155,9 +156,14 @@ fn serve_or_migrate(command: Command) -> ExitCode {
                 .await?;
             }
             Command::Dev(args) => {
-                let format = match std::env::var_os("COMPOSER_LOG_FORMAT") {
-                    Some(_) => args.server.log_format,
-                    None => LogFormat::Text,
+                // text for a person at a terminal; what the flags say (JSON by
+                // default) when asked for, or when the log goes to a file
+                let asked = std::env::var_os("COMPOSER_LOG_FORMAT").is_some()
+                    || std::env::args().any(|arg| arg.starts_with("--log-format"));
+                let format = if asked || !std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                    args.server.log_format
+                } else {
+                    LogFormat::Text
                 };
                 logging::init(format, &args.server.log, trace_layer.take());
                 dev::run(args).await?;

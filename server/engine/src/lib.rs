@@ -1,6 +1,6 @@
 //! composer-engine: the pure workflow engine.
 //!
-//! What a workflow means (`LANGUAGE.md`) as pure code: definitions and their
+//! What a workflow means (`docs/language.md`) as pure code: definitions and their
 //! validation, the DAG index, CEL, the state machine [`decide`], and a
 //! [`simulate()`] driver with a virtual clock. No I/O, no clock, no randomness:
 //! `now` arrives with every call and jitter comes from a seed in the event.

@@ -5,6 +5,7 @@
 
 pub mod bulk;
 mod connect;
+pub mod global_flags;
 mod error;
 mod output;
 pub mod queue;

@@ -1087,7 +1087,7 @@ fn pointer_to_path(pointer: &str) -> String {
 }
 
 /// Fills in the outputs the engine assembles when an expression reads them
-/// rather than stores (LANGUAGE.md): a completed JOIN's, the map from each
+/// rather than stores (docs/language.md): a completed JOIN's, the map from each
 /// completed incoming node to its output, and a completed MAP's, the list of
 /// its elements' outputs. In topological order, so a JOIN after a JOIN or a
 /// MAP sees its predecessors already assembled.

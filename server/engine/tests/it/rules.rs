@@ -1,4 +1,4 @@
-//! One test per rule of LANGUAGE.md, named after the rule.
+//! One test per rule of docs/language.md, named after the rule.
 
 use crate::common;
 

@@ -24,7 +24,7 @@ const (
 // RegisterWorkflowRequest carries a definition's text.
 type RegisterWorkflowRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The definition, YAML or JSON (JSON is YAML), as LANGUAGE.md describes.
+	// The definition, YAML or JSON (JSON is YAML), as docs/language.md describes.
 	Source        string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

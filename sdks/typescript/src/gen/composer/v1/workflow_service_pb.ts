@@ -21,7 +21,7 @@ export const file_composer_v1_workflow_service: GenFile = /*@__PURE__*/
  */
 export type RegisterWorkflowRequest = Message<"composer.v1.RegisterWorkflowRequest"> & {
   /**
-   * The definition, YAML or JSON (JSON is YAML), as LANGUAGE.md describes.
+   * The definition, YAML or JSON (JSON is YAML), as docs/language.md describes.
    *
    * @generated from field: string source = 1;
    */
