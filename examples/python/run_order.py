@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import sys
 import uuid
 from pathlib import Path
@@ -22,10 +21,9 @@ HERE = Path(__file__).resolve().parent
 
 
 async def main() -> int:
-    address = os.environ.get("COMPOSER_ADDRESS", "127.0.0.1:7070")
     serving = asyncio.create_task(worker.serve())
     try:
-        async with Client(address, token=os.environ.get("COMPOSER_TOKEN")) as client:
+        async with Client() as client:  # COMPOSER_ADDRESS and COMPOSER_TOKEN, as the worker
             workflow = await client.register_workflow(HERE / "order.yaml")
             print(f"registered {workflow.name} v{workflow.version}")
             order_id = f"A-{uuid.uuid4().hex[:6]}"

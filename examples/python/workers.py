@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import os
 
 from composer import NonRetryableError, TaskContext, Worker
 
-worker = Worker(os.environ.get("COMPOSER_ADDRESS", "127.0.0.1:7070"), token=os.environ.get("COMPOSER_TOKEN"), slots=8)
+# The server: COMPOSER_ADDRESS (host:port, http://host:port or https://host:port; default
+# 127.0.0.1:7070) and COMPOSER_TOKEN, read by the Worker itself.
+worker = Worker(slots=8)
 
 
-@worker.task("charge", queue="payments")
+@worker.task("payments", "charge")
 async def charge(ctx: TaskContext) -> dict[str, object]:
     if ctx.input["amount"] <= 0:
         raise NonRetryableError("amount must be positive", code="BAD_AMOUNT")
@@ -25,23 +26,23 @@ async def charge(ctx: TaskContext) -> dict[str, object]:
     return {"id": charge_id, "amount": ctx.input["amount"]}
 
 
-@worker.task("reserve_stock", queue="inventory")
+@worker.task("inventory", "reserve_stock")
 def reserve_stock(ctx: TaskContext) -> dict[str, object]:  # sync handlers run in a thread pool
     return {"sku": ctx.input["sku"], "reserved": True, "charge": ctx.input["charge_id"]}
 
 
-@worker.task("ship", queue="shipping")
+@worker.task("shipping", "ship")
 async def ship(ctx: TaskContext) -> dict[str, object]:
     await asyncio.sleep(0.2)
     return {"tracking": f"TRK-{ctx.input['order']}", "sku": ctx.input["sku"]}
 
 
-@worker.task("refund", queue="payments")
+@worker.task("payments", "refund")
 async def refund(ctx: TaskContext) -> dict[str, object]:
     return {"refunded": ctx.input["charge"]}
 
 
-@worker.task("void", queue="payments")
+@worker.task("payments", "void")
 async def void(ctx: TaskContext) -> dict[str, object]:
     return {"voided": ctx.input["charge"]}
 

@@ -45,6 +45,7 @@ def status_trailer(code: grpc.StatusCode, message: str, *details: Any) -> tuple[
 class Lease:
     task: worker_service_pb2.Task
     cancel_requested: bool = False
+    cancel_reason: str = ""
 
 
 @dataclass
@@ -99,9 +100,10 @@ class FakeServer:
         """Takes the lease away, as the server's lease recovery does."""
         self.leases.pop(task_id, None)
 
-    def cancel(self, task_id: str) -> None:
-        """Marks the task's run cancelled: the next heartbeat answers cancel_requested."""
+    def cancel(self, task_id: str, reason: str = "") -> None:
+        """Marks the task's run cancelled: the next heartbeat answers cancel_requested (and ``reason``)."""
         self.leases[task_id].cancel_requested = True
+        self.leases[task_id].cancel_reason = reason
 
     def count(self, method: str, task_id: str | None = None) -> int:
         return sum(1 for m, r in self.calls if m == method and (task_id is None or r.task_id == task_id))
@@ -157,7 +159,9 @@ class _Worker(worker_service_pb2_grpc.WorkerServiceServicer):
         self.state.heartbeat_times.append(time.monotonic())
         await self._injected("Heartbeat", context)
         lease = await self._check(request, context)
-        return worker_service_pb2.HeartbeatResponse(cancel_requested=lease.cancel_requested)
+        return worker_service_pb2.HeartbeatResponse(
+            cancel_requested=lease.cancel_requested, cancel_reason=lease.cancel_reason
+        )
 
     def _see_report(self, method: str, request: Any, context: Any) -> None:
         self.state.calls.append((method, request))

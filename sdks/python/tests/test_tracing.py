@@ -55,13 +55,13 @@ def test_handler_spans_continue_the_lease_span_and_reports_name_them() -> None:
     async def test(state: FakeServer, address: str) -> None:
         worker = make_worker(address, tracer_provider=provider)
 
-        @worker.task("charge")
+        @worker.task(name="charge")
         async def charge(ctx: TaskContext) -> dict[str, bool]:
             with user_tracer.start_as_current_span("async user work"):
                 await asyncio.sleep(0)
             return {"charged": True}
 
-        @worker.task("refund")
+        @worker.task(name="refund")
         def refund(ctx: TaskContext) -> None:  # a sync handler, in the worker's thread pool
             with user_tracer.start_as_current_span("sync user work"):
                 raise ValueError("card declined")
@@ -117,7 +117,7 @@ def test_a_cancelled_attempt_ends_its_span_as_an_error_naming_the_cause() -> Non
     async def test(state: FakeServer, address: str) -> None:
         worker = make_worker(address, tracer_provider=provider, heartbeat_interval=0.05)
 
-        @worker.task("wait")
+        @worker.task(name="wait")
         async def wait(ctx: TaskContext) -> None:
             await ctx.wait_cancelled()
 
@@ -205,7 +205,7 @@ def test_without_opentelemetry_the_worker_and_client_send_no_trace_context(witho
 
     async def test(state: FakeServer, address: str) -> None:
         worker = make_worker(address, tracer_provider=provider)
-        worker.register("work", lambda ctx: {"ok": True})
+        worker.register(None, "work", lambda ctx: {"ok": True})
         task_id = state.add_task("work", trace_context=LEASE_CONTEXT)
         await serving(worker, lambda: until(lambda: task_id in state.completed))
         assert "traceparent" not in state.report_metadata[("CompleteTask", task_id)]

@@ -83,7 +83,7 @@ def test_slots_bound_concurrency_and_every_task_completes() -> None:
             with lock:
                 running -= 1
 
-        @worker.task("slow_async")
+        @worker.task(name="slow_async")
         async def slow_async(ctx: TaskContext) -> dict[str, Any]:
             enter()
             try:
@@ -92,7 +92,7 @@ def test_slots_bound_concurrency_and_every_task_completes() -> None:
                 leave()
             return {"n": ctx.input["n"]}
 
-        @worker.task("slow_sync")
+        @worker.task(name="slow_sync")
         def slow_sync(ctx: TaskContext) -> dict[str, Any]:
             enter()
             try:
@@ -129,7 +129,7 @@ def test_heartbeats_keep_the_lease_and_a_cancelled_run_cancels_the_async_handler
         worker = make_worker(address)
         seen: dict[str, Any] = {}
 
-        @worker.task("long")
+        @worker.task(name="long")
         async def long(ctx: TaskContext) -> None:
             seen["ctx"] = ctx
             try:
@@ -148,12 +148,41 @@ def test_heartbeats_keep_the_lease_and_a_cancelled_run_cancels_the_async_handler
             assert time.monotonic() - started < 0.5
 
         await serving(worker, body)
+        # the server gave no reason: the fixed text stands in
         assert seen["cancelled"] == CANCEL_RUN_CANCELLED
+        assert seen["ctx"].cancel_kind == CANCEL_RUN_CANCELLED
         assert seen["ctx"].cancelled
         assert state.count("CompleteTask") == 0 and state.count("FailTask") == 0
         assert worker.stats.cancelled == 1
         beats = [r for m, r in state.calls if m == "Heartbeat"]
         assert {(b.task_id, b.attempt) for b in beats} == {(task_id, 1)}
+
+    run(test, lease_seconds=0.3)
+
+
+def test_a_cancelled_run_tells_the_handler_the_reason_the_server_gives() -> None:
+    """The heartbeat's cancel_reason (CancelRun's reason) is ctx.cancel_reason, in a sync handler too."""
+
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address)
+        seen: dict[str, Any] = {}
+
+        @worker.task(name="long")
+        def long(ctx: TaskContext) -> None:
+            ctx.cancel_event.wait(30)
+            seen["reason"], seen["kind"] = ctx.cancel_reason, ctx.cancel_kind
+
+        task_id = state.add_task("long")
+
+        async def body() -> None:
+            await until(lambda: state.count("Heartbeat", task_id) >= 1)
+            state.cancel(task_id, "customer changed their mind")
+            await until(lambda: "reason" in seen)
+
+        await serving(worker, body)
+        assert seen == {"reason": "customer changed their mind", "kind": CANCEL_RUN_CANCELLED}
+        assert state.count("CompleteTask") == 0 and state.count("FailTask") == 0
+        assert worker.stats.cancelled == 1
 
     run(test, lease_seconds=0.3)
 
@@ -165,7 +194,7 @@ def test_polls_confirm_receipt_and_the_first_heartbeat_comes_a_third_of_the_way_
         worker = make_worker(address)
         received: list[float] = []
 
-        @worker.task("long")
+        @worker.task(name="long")
         async def long(ctx: TaskContext) -> str:
             received.append(time.monotonic())
             await asyncio.sleep(1.5)
@@ -191,7 +220,7 @@ def test_polls_confirm_receipt_and_the_first_heartbeat_comes_a_third_of_the_way_
 def test_a_task_reported_before_its_first_heartbeat_sends_none() -> None:
     async def test(state: FakeServer, address: str) -> None:
         worker = make_worker(address)
-        worker.register("quick", lambda ctx: "done")
+        worker.register(None, "quick", lambda ctx: "done")
         task_id = state.add_task("quick")
         await serving(worker, lambda: until(lambda: state.count("CompleteTask", task_id) == 1))
         await asyncio.sleep(0.5)
@@ -220,7 +249,7 @@ def test_a_sync_handler_sees_the_lost_lease_and_nothing_is_reported() -> None:
         worker = make_worker(address)
         reasons: list[str | None] = []
 
-        @worker.task("spin")
+        @worker.task(name="spin")
         def spin(ctx: TaskContext) -> str:
             ctx.cancel_event.wait(20)
             reasons.append(ctx.cancel_reason)
@@ -249,7 +278,7 @@ def test_a_late_report_after_the_lease_was_lost_is_sent_once_and_dropped() -> No
         worker = make_worker(address, heartbeat_interval=60.0)
         release = asyncio.Event()
 
-        @worker.task("late")
+        @worker.task(name="late")
         async def late(ctx: TaskContext) -> str:
             await release.wait()
             return "too late"
@@ -276,7 +305,7 @@ def test_transient_report_failures_are_retried_with_the_same_lease_token() -> No
     async def test(state: FakeServer, address: str) -> None:
         worker = make_worker(address)
 
-        @worker.task("ok")
+        @worker.task(name="ok")
         async def ok(ctx: TaskContext) -> int:
             return 42
 
@@ -302,19 +331,19 @@ def test_handler_failures_map_to_codes_and_retryability() -> None:
     async def test(state: FakeServer, address: str) -> None:
         worker = make_worker(address)
 
-        @worker.task("final")
+        @worker.task(name="final")
         async def final(ctx: TaskContext) -> None:
             raise NonRetryableError("card declined", code="DECLINED", details={"card": "x"})
 
-        @worker.task("plain")
+        @worker.task(name="plain")
         def plain(ctx: TaskContext) -> None:
             raise ValueError("bad amount")
 
-        @worker.task("custom")
+        @worker.task(name="custom")
         async def custom(ctx: TaskContext) -> None:
             raise TaskError("rate limited", code="RATE_LIMITED")
 
-        @worker.task("not_json")
+        @worker.task(name="not_json")
         async def not_json(ctx: TaskContext) -> object:
             return {"when": object()}
 
@@ -341,7 +370,7 @@ def test_poll_errors_back_off_and_the_worker_recovers() -> None:
     async def test(state: FakeServer, address: str) -> None:
         worker = make_worker(address)
 
-        @worker.task("ok")
+        @worker.task(name="ok")
         async def ok(ctx: TaskContext) -> str:
             return "fine"
 
@@ -364,7 +393,7 @@ def test_stop_drains_in_flight_tasks_and_polls_nothing_new() -> None:
         worker = make_worker(address, slots=4, drain_timeout=10.0)
         started = asyncio.Event()
 
-        @worker.task("work")
+        @worker.task(name="work")
         async def work(ctx: TaskContext) -> str:
             started.set()
             await asyncio.sleep(0.6)
@@ -391,7 +420,7 @@ def test_a_drain_that_times_out_gives_the_attempt_back() -> None:
         worker = make_worker(address, drain_timeout=0.3)
         reasons: list[str | None] = []
 
-        @worker.task("stuck")
+        @worker.task(name="stuck")
         async def stuck(ctx: TaskContext) -> None:
             try:
                 await asyncio.sleep(60)
@@ -410,16 +439,30 @@ def test_a_drain_that_times_out_gives_the_attempt_back() -> None:
     run(test)
 
 
-def test_registration_rules() -> None:
+def test_registration_takes_the_queue_then_the_task_name() -> None:
     worker = Worker("127.0.0.1:1", queues=["a"])
 
-    @worker.task("t", queue="b")
+    @worker.task("b", "t")
     def handler(ctx: TaskContext) -> None:
         return None
 
-    assert worker.queues == ["a", "b"]
+    @worker.task(queue="c", name="u")
+    def other(ctx: TaskContext) -> None:
+        return None
+
+    @worker.task(name="anywhere")
+    def anywhere(ctx: TaskContext) -> None:
+        return None
+
+    assert worker.queues == ["a", "b", "c"]
+    assert worker._handlers == {("b", "t"): handler, ("c", "u"): other, (None, "anywhere"): anywhere}
     with pytest.raises(ValueError):
-        worker.register("t", handler, queue="b")
+        worker.register("b", "t", handler)
+    # the order of before (task name first, queue as a keyword) fails at once, not at the first task
+    with pytest.raises(TypeError, match="task name"):
+        worker.task("charge")
+    with pytest.raises(TypeError):
+        worker.task("charge", queue="payments")  # type: ignore[misc]
     with pytest.raises(ValueError):
         Worker("127.0.0.1:1", slots=0)
 

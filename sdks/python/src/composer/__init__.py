@@ -1,6 +1,6 @@
 """Composer's Python SDK: workers and clients for the Composer workflow engine.
 
-- :class:`Worker` serves task handlers (``@worker.task("name", queue="q")``)
+- :class:`Worker` serves task handlers (``@worker.task("queue", "task name")``)
   with slots, heartbeats, cancellation, lease-safe reports and graceful
   shutdown; :meth:`Worker.serve_code` makes it a Python code runner.
 - :class:`Client` (asyncio) and :class:`SyncClient` register workflows, start,
@@ -23,6 +23,7 @@ from .errors import (
     DeadlineExceededError,
     FailedPreconditionError,
     FieldViolation,
+    InvalidAddressError,
     InvalidArgumentError,
     LeaseLostError,
     NonRetryableError,
@@ -57,6 +58,7 @@ from .models import (
     ScheduleSpec,
     ServerInfo,
     ValidationProblem,
+    WorkflowSummary,
     WorkflowVersion,
 )
 from .worker import TaskCancelled, TaskContext, Worker, WorkerStats
@@ -78,6 +80,7 @@ __all__ = [
     "Failure",
     "FieldViolation",
     "HistoryEvent",
+    "InvalidAddressError",
     "InvalidArgumentError",
     "LeaseLostError",
     "NodeState",
@@ -108,6 +111,7 @@ __all__ = [
     "ValidationProblem",
     "Worker",
     "WorkerStats",
+    "WorkflowSummary",
     "WorkflowVersion",
     "__version__",
 ]

@@ -3,7 +3,7 @@
 :class:`Client` is asynchronous (``grpc.aio``); :class:`SyncClient` offers the
 same methods, blocking, for scripts and notebooks::
 
-    async with Client("127.0.0.1:7070") as client:
+    async with Client("http://127.0.0.1:7070") as client:   # or COMPOSER_ADDRESS
         await client.register_workflow(Path("order.yaml"))
         run = await client.start_run("order", {"order_id": "A-17"}, idempotency_key="A-17")
         output = await client.wait_for_result(run.run_id, timeout=60)
@@ -36,7 +36,7 @@ from composer.v1 import (
 )
 
 from . import _tracing
-from ._connection import DEFAULT_ADDRESS, Connection
+from ._connection import Connection, check_protocol_version
 from ._values import to_value
 from .backoff import Backoff
 from .errors import ComposerError, RunFailedError, from_rpc_error
@@ -53,7 +53,9 @@ from .models import (
     ScheduleFire,
     ServerInfo,
     ValidationProblem,
+    WorkflowSummary,
     WorkflowVersion,
+    run_counts_from_proto,
 )
 
 T = TypeVar("T")
@@ -121,9 +123,13 @@ def workflow_source_text(source: WorkflowSource) -> str:
 class Client:
     """An asynchronous client of a Composer server.
 
-    ``address`` is ``host:port``; ``token`` a bearer JWT (``composer token``,
-    or the admin token ``composer dev`` prints), sent with every call; ``tls``
-    True (system roots) or ``grpc.ChannelCredentials`` for a TLS endpoint;
+    ``address`` is ``host:port`` or ``http://host:port`` (plaintext) or
+    ``https://host:port`` (TLS); without one, ``COMPOSER_ADDRESS``, else
+    127.0.0.1:7070. A malformed address raises
+    :class:`~composer.InvalidAddressError` at once. ``token`` is a bearer JWT
+    (``composer token``, or the admin token ``composer dev`` prints; default
+    ``COMPOSER_TOKEN``), sent with every call; ``tls`` True (system roots) or
+    ``grpc.ChannelCredentials`` for a TLS endpoint (default: as the address says);
     ``timeout`` the deadline of each call in seconds. With ``wait_for_ready``
     (the default) a call made while the server is unreachable (restarting)
     waits for it within its deadline instead of failing UNAVAILABLE at once.
@@ -132,10 +138,10 @@ class Client:
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         *,
         token: str | None = None,
-        tls: bool | grpc.ChannelCredentials = False,
+        tls: bool | grpc.ChannelCredentials | None = None,
         timeout: float = 30.0,
         wait_for_ready: bool = True,
     ) -> None:
@@ -167,6 +173,15 @@ class Client:
         )
         return ServerInfo(info.server_version, info.protocol_version, tuple(info.features))
 
+    async def check_protocol(self) -> ServerInfo:
+        """The server's info, after checking that this SDK speaks its protocol version.
+
+        Raises :class:`~composer.errors.FailedPreconditionError` when it does not.
+        """
+        info = await self.server_info()
+        check_protocol_version(info.protocol_version, f"server {self._conn.address}")
+        return info
+
     # --- workflows --------------------------------------------------------
 
     async def register_workflow(self, source: WorkflowSource) -> WorkflowVersion:
@@ -197,6 +212,34 @@ class Client:
             self._conn.workflows.GetWorkflow, workflow_service_pb2.GetWorkflowRequest(name=name, version=version)
         )
         return WorkflowVersion.from_proto(response.workflow)
+
+    async def list_workflows(self, *, name_prefix: str = "", page_size: int = 100) -> AsyncIterator[WorkflowSummary]:
+        """Iterates over the namespace's workflows (each with its latest version) by name, fetching
+        pages as it goes; only names starting with ``name_prefix`` when given."""
+        request = workflow_service_pb2.ListWorkflowsRequest(name_prefix=name_prefix, page_size=page_size)
+        while True:
+            response: workflow_service_pb2.ListWorkflowsResponse = await self._call(
+                self._conn.workflows.ListWorkflows, request
+            )
+            for summary in response.workflows:
+                yield WorkflowSummary.from_proto(summary)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
+
+    async def list_workflow_versions(self, name: str, *, page_size: int = 100) -> AsyncIterator[WorkflowVersion]:
+        """Iterates over a workflow's versions, newest first, fetching pages as it goes (``source``
+        and ``definition`` are left empty: :meth:`get_workflow` has them); NotFoundError if absent."""
+        request = workflow_service_pb2.ListWorkflowVersionsRequest(name=name, page_size=page_size)
+        while True:
+            response: workflow_service_pb2.ListWorkflowVersionsResponse = await self._call(
+                self._conn.workflows.ListWorkflowVersions, request
+            )
+            for version in response.versions:
+                yield WorkflowVersion.from_proto(version)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
 
     # --- runs -------------------------------------------------------------
 
@@ -272,6 +315,36 @@ class Client:
             if not response.next_page_token:
                 return
             request.page_token = response.next_page_token
+
+    async def count_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        version: int = 0,
+        labels: Mapping[str, str] | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        parent_run_id: str | None = None,
+        search: str | None = None,
+    ) -> dict[RunStatus, int]:
+        """How many matching runs are in each status (every status present, 0 where none).
+
+        The filters are list_runs' (``version`` needs ``workflow``);
+        ``sum(counts.values())`` is the number of matching runs.
+        """
+        request = run_service_pb2.CountRunsRequest(
+            workflow_name=workflow or "",
+            workflow_version=version,
+            labels=dict(labels or {}),
+            parent_run_id=parent_run_id or "",
+            search=search or "",
+        )
+        if created_after is not None:
+            request.create_time_after.FromDatetime(created_after)
+        if created_before is not None:
+            request.create_time_before.FromDatetime(created_before)
+        response: run_service_pb2.CountRunsResponse = await self._call(self._conn.runs.CountRuns, request)
+        return run_counts_from_proto(response)
 
     async def cancel_run(self, run_id: str, reason: str = "") -> Run:
         """Cancels a running run (its workers see the cancellation at their next heartbeat).
@@ -358,6 +431,7 @@ class Client:
 
         Reconnects by itself when the stream breaks on UNAVAILABLE (the server
         answers a new watch with the current snapshot, so nothing is missed).
+        Stop early with ``break`` (or ``contextlib.aclosing``): the stream is closed.
         """
         backoff = Backoff(initial=0.1, maximum=2.0)
         failures = 0
@@ -793,10 +867,10 @@ class SyncClient:
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         *,
         token: str | None = None,
-        tls: bool | grpc.ChannelCredentials = False,
+        tls: bool | grpc.ChannelCredentials | None = None,
         timeout: float = 30.0,
         wait_for_ready: bool = True,
     ) -> None:
@@ -805,7 +879,12 @@ class SyncClient:
         async def make() -> Client:
             return Client(address, token=token, tls=tls, timeout=timeout, wait_for_ready=wait_for_ready)
 
-        self._client = self._loop.run(make())
+        try:
+            self._client = self._loop.run(make())
+        except BaseException:
+            # A malformed address: no thread is left behind.
+            self._loop.stop()
+            raise
 
     def __enter__(self) -> SyncClient:
         return self
@@ -825,11 +904,23 @@ class SyncClient:
             except StopAsyncIteration:
                 return False, None
 
-        while True:
-            more, item = self._loop.run(step())
-            if not more:
-                return
-            yield item  # type: ignore[misc]
+        async def close() -> None:
+            aclose = getattr(iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+        finished = False
+        try:
+            while True:
+                more, item = self._loop.run(step())
+                if not more:
+                    finished = True
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            # A caller that stops early (break, an exception) closes the stream or the paging.
+            if not finished and self._loop.loop.is_running():
+                self._loop.run(close())
 
     def _run(self, awaitable: Awaitable[T]) -> T:
         async def wrap() -> T:
@@ -840,6 +931,10 @@ class SyncClient:
     def server_info(self) -> ServerInfo:
         """See :meth:`Client.server_info`."""
         return self._run(self._client.server_info())
+
+    def check_protocol(self) -> ServerInfo:
+        """See :meth:`Client.check_protocol`."""
+        return self._run(self._client.check_protocol())
 
     def register_workflow(self, source: WorkflowSource) -> WorkflowVersion:
         """See :meth:`Client.register_workflow`."""
@@ -852,6 +947,14 @@ class SyncClient:
     def get_workflow(self, name: str, version: int = 0) -> WorkflowVersion:
         """See :meth:`Client.get_workflow`."""
         return self._run(self._client.get_workflow(name, version))
+
+    def list_workflows(self, *, name_prefix: str = "", page_size: int = 100) -> Iterator[WorkflowSummary]:
+        """See :meth:`Client.list_workflows`."""
+        return self._iterate(self._client.list_workflows(name_prefix=name_prefix, page_size=page_size))
+
+    def list_workflow_versions(self, name: str, *, page_size: int = 100) -> Iterator[WorkflowVersion]:
+        """See :meth:`Client.list_workflow_versions`."""
+        return self._iterate(self._client.list_workflow_versions(name, page_size=page_size))
 
     def start_run(
         self,
@@ -898,6 +1001,30 @@ class SyncClient:
             )
         )
 
+    def count_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        version: int = 0,
+        labels: Mapping[str, str] | None = None,
+        created_after: datetime | None = None,
+        created_before: datetime | None = None,
+        parent_run_id: str | None = None,
+        search: str | None = None,
+    ) -> dict[RunStatus, int]:
+        """See :meth:`Client.count_runs`."""
+        return self._run(
+            self._client.count_runs(
+                workflow=workflow,
+                version=version,
+                labels=labels,
+                created_after=created_after,
+                created_before=created_before,
+                parent_run_id=parent_run_id,
+                search=search,
+            )
+        )
+
     def cancel_run(self, run_id: str, reason: str = "") -> Run:
         """See :meth:`Client.cancel_run`."""
         return self._run(self._client.cancel_run(run_id, reason))
@@ -933,6 +1060,10 @@ class SyncClient:
     def get_run_history(self, run_id: str, *, page_size: int = 100) -> Iterator[HistoryEvent]:
         """See :meth:`Client.get_run_history`."""
         return self._iterate(self._client.get_run_history(run_id, page_size=page_size))
+
+    def watch_run(self, run_id: str) -> Iterator[Run]:
+        """See :meth:`Client.watch_run`: the run's snapshots until it ends; stop early with ``break``."""
+        return self._iterate(self._client.watch_run(run_id))
 
     def wait_for_run(self, run_id: str, *, timeout: float | None = None) -> Run:
         """See :meth:`Client.wait_for_run`."""

@@ -72,7 +72,7 @@ def _parse_bytes(text: str) -> int:
 def main(argv: list[str] | None = None) -> None:
     """The ``composer-code-runner`` console script: serves ``code.python`` until SIGTERM."""
     parser = argparse.ArgumentParser(prog="composer-code-runner", description="Serve Python CODE nodes of a Composer server.")
-    parser.add_argument("--address", default=os.environ.get("COMPOSER_ADDRESS", "127.0.0.1:7070"), help="server host:port (COMPOSER_ADDRESS)")
+    parser.add_argument("--address", default=None, help="server host:port, http://host:port or https://host:port (default: COMPOSER_ADDRESS, else 127.0.0.1:7070)")
     parser.add_argument("--token", default=os.environ.get("COMPOSER_TOKEN"), help="bearer token (COMPOSER_TOKEN)")
     parser.add_argument("--slots", type=int, default=4, help="snippets run at once")
     parser.add_argument("--queue", default="code.python", help="the queue to serve")

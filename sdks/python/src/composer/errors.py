@@ -207,18 +207,36 @@ def from_rpc_error(error: grpc.RpcError) -> ComposerError:
     return converted
 
 
+class InvalidAddressError(ValueError):
+    """A server address that is none of ``host:port``, ``http://host:port`` (plaintext) and
+    ``https://host:port`` (TLS), raised when a Client or Worker is made with it."""
+
+
 class RunFailedError(Exception):
     """A run ended FAILED or CANCELLED while the caller waited for its output.
 
-    ``run`` is the final run (its ``error`` says why).
+    ``run`` is the final run; ``code`` and ``message`` say why (a cancelled
+    run: ``CANCELLED`` and the reason given to ``cancel_run``).
     """
 
     def __init__(self, run: Any) -> None:
         self.run = run
         error = run.error
-        why = f"{error.code}: {error.message}" if error is not None else "no error recorded"
-        if error is not None and error.node_id:
-            why += f" (node {error.node_id})"
+        cancelled = run.status.value == "CANCELLED"
+        self.code: str = error.code if error is not None and error.code else ("CANCELLED" if cancelled else "UNKNOWN")
+        """The run's error code: ``CANCELLED`` for a cancelled run, else the failure's (TIMEOUT, the node's ...)."""
+        self.message: str = error.message if error is not None and error.message else ""
+        """The run's error message: for a cancelled run the reason given to ``cancel_run``."""
+        self.node_id: str = error.node_id if error is not None else ""
+        """The node whose failure failed the run; empty for run-level errors."""
+        if self.message:
+            why = f"{self.code}: {self.message}"
+        elif cancelled:
+            why = f"{self.code}: no reason given"
+        else:
+            why = f"{self.code}: no error recorded"
+        if self.node_id:
+            why += f" (node {self.node_id})"
         super().__init__(f"run {run.run_id} ended {run.status.value}: {why}")
 
 
@@ -253,6 +271,7 @@ __all__ = [
     "DeadlineExceededError",
     "FailedPreconditionError",
     "FieldViolation",
+    "InvalidAddressError",
     "InvalidArgumentError",
     "LeaseLostError",
     "NonRetryableError",

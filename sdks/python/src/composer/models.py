@@ -275,6 +275,42 @@ class WorkflowVersion:
 
 
 @dataclass(frozen=True)
+class WorkflowSummary:
+    """A workflow name with its latest version, as list_workflows gives it."""
+
+    name: str
+    """The workflow's name."""
+    latest_version: int
+    """Its highest registered version."""
+    namespace: str
+    """The namespace it belongs to."""
+    description: str
+    """The latest version's description."""
+    update_time: datetime | None
+    """When the latest version was registered."""
+
+    @classmethod
+    def from_proto(cls, message: common_pb2.WorkflowSummary) -> WorkflowSummary:
+        """Builds the view of a ``composer.v1.WorkflowSummary``."""
+        return cls(
+            name=message.name,
+            latest_version=message.latest_version,
+            namespace=message.namespace,
+            description=message.description,
+            update_time=_time(message, "update_time"),
+        )
+
+
+def run_counts_from_proto(message: run_service_pb2.CountRunsResponse) -> dict[RunStatus, int]:
+    """Every status a run can have (UNSPECIFIED aside) with how many runs are in it, 0 where none."""
+    counts: dict[RunStatus, int] = {status: 0 for status in RunStatus if status is not RunStatus.UNSPECIFIED}
+    for entry in message.counts:
+        status = RunStatus.from_proto(entry.status)
+        counts[status] = counts.get(status, 0) + entry.count
+    return counts
+
+
+@dataclass(frozen=True)
 class ValidationProblem:
     """One problem found in a workflow definition."""
 
@@ -802,5 +838,7 @@ __all__ = [
     "ScheduleSpec",
     "ServerInfo",
     "ValidationProblem",
+    "WorkflowSummary",
     "WorkflowVersion",
+    "run_counts_from_proto",
 ]

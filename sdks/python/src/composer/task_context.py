@@ -23,11 +23,12 @@ Handler = Callable[["TaskContext"], Any]
 in its thread pool)."""
 
 CANCEL_RUN_CANCELLED = "run cancelled"
-"""``TaskContext.cancel_reason`` when a heartbeat answered that the run was cancelled."""
+"""``TaskContext.cancel_kind`` when a heartbeat answered that the run was cancelled (also the
+``cancel_reason`` when the server gave no reason)."""
 CANCEL_LEASE_LOST = "lease lost"
-"""``TaskContext.cancel_reason`` when the server said the lease is no longer this worker's."""
+"""``TaskContext.cancel_kind`` (and ``cancel_reason``) when the server said the lease is no longer this worker's."""
 CANCEL_SHUTDOWN = "worker shutdown"
-"""``TaskContext.cancel_reason`` when the worker stopped before the task finished draining."""
+"""``TaskContext.cancel_kind`` (and ``cancel_reason``) when the worker stopped before the task finished draining."""
 
 
 class TaskCancelled(Exception):
@@ -77,8 +78,12 @@ class TaskContext:
         """The attempt must finish by this time (the node's ``timeout``), if set."""
         self.cancel_event: threading.Event = threading.Event()
         """Set when the task is cancelled; a sync handler may poll it or ``wait()`` on it."""
+        self.cancel_kind: str | None = None
+        """What stopped the task, once something did: ``run cancelled``, ``lease lost`` or ``worker shutdown``."""
         self.cancel_reason: str | None = None
-        """Why the task was cancelled: ``run cancelled``, ``lease lost`` or ``worker shutdown``."""
+        """Why the task was stopped, once it was: for a cancelled run the reason given to
+        ``cancel_run`` (or the server's own, e.g. a run timeout), ``run cancelled`` when there
+        was none; otherwise the same as :attr:`cancel_kind`."""
         self.logger: logging.LoggerAdapter[logging.Logger] = _TaskLogger(
             logger,
             {"task_id": self.task_id, "attempt": self.attempt, "run_id": self.run_id, "node_id": self.node_id},
@@ -102,11 +107,13 @@ class TaskContext:
         if self.cancelled:
             raise TaskCancelled(self.cancel_reason or "cancelled")
 
-    def _cancel(self, reason: str) -> bool:
-        """Marks the task cancelled (in the worker's loop); False if it already was."""
+    def _cancel(self, kind: str, reason: str = "") -> bool:
+        """Marks the task cancelled (in the worker's loop) by ``kind``, because of ``reason`` (default:
+        the kind); False if it already was."""
         if self.cancel_event.is_set():
             return False
-        self.cancel_reason = reason
+        self.cancel_kind = kind
+        self.cancel_reason = reason or kind
         self.cancel_event.set()
         self._async_cancel.set()
         return True

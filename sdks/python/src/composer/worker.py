@@ -4,9 +4,9 @@ A worker in ten lines::
 
     from composer import Worker, TaskContext, NonRetryableError
 
-    worker = Worker("127.0.0.1:7070", slots=8)
+    worker = Worker(slots=8)   # COMPOSER_ADDRESS, else 127.0.0.1:7070; or Worker("http://host:port")
 
-    @worker.task("reserve_stock", queue="inventory")
+    @worker.task("inventory", "reserve_stock")
     async def reserve_stock(ctx: TaskContext) -> dict[str, object]:
         if ctx.input["sku"] == "":
             raise NonRetryableError("no sku", code="BAD_SKU")
@@ -53,7 +53,7 @@ from composer.v1 import worker_service_pb2
 
 from . import _tracing
 from ._code_handler import make_handler
-from ._connection import DEFAULT_ADDRESS, Connection
+from ._connection import Connection, resolve_address, resolve_tls
 from ._values import to_value
 from .backoff import Backoff
 from .errors import ComposerError, LeaseLostError, ResourceExhaustedError, TaskError
@@ -175,6 +175,10 @@ class _Outcome:
 class Worker:
     """Serves task handlers on one or more queues of a Composer server.
 
+    ``address``: ``host:port``, ``http://host:port`` (plaintext) or
+    ``https://host:port`` (TLS); default ``COMPOSER_ADDRESS``, else
+    127.0.0.1:7070 (a malformed one raises InvalidAddressError at once).
+    ``token``: the bearer token (default ``COMPOSER_TOKEN``).
     ``queues``: queues to poll besides those named in :meth:`task`.
     ``slots``: how many tasks run at once. ``drain_timeout``: how long a
     graceful stop waits for in-flight tasks. ``poll_wait``: the long-poll
@@ -188,12 +192,12 @@ class Worker:
 
     def __init__(
         self,
-        address: str = DEFAULT_ADDRESS,
+        address: str | None = None,
         *,
         queues: Iterable[str] = (),
         slots: int = 10,
         token: str | None = None,
-        tls: bool | grpc.ChannelCredentials = False,
+        tls: bool | grpc.ChannelCredentials | None = None,
         worker_id: str | None = None,
         poll_wait: float = 20.0,
         drain_timeout: float = 30.0,
@@ -207,7 +211,10 @@ class Worker:
     ) -> None:
         if slots < 1:
             raise ValueError("slots must be at least 1")
-        self.address = address
+        self._address = resolve_address(address)
+        resolve_tls(self._address, tls)  # a contradiction fails here, not at serve()
+        self.address = self._address.target
+        """The server's ``host:port``."""
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         """This process's id, recorded by the server as the lease owner."""
         self.stats = WorkerStats()
@@ -239,18 +246,27 @@ class Worker:
 
     # --- registration -----------------------------------------------------
 
-    def task(self, name: str, *, queue: str | None = None) -> Callable[[H], H]:
-        """Decorator: registers the handler of task ``name`` (on ``queue``, which is then polled;
-        without ``queue``, for that task name on every polled queue)."""
+    def task(self, queue: str | None = None, name: str | None = None) -> Callable[[H], H]:
+        """Decorator: registers the handler of task ``name`` on ``queue``, which is then polled:
+        ``@worker.task("orders", "charge")`` (or ``queue=``, ``name=``), the order of Go's
+        ``Handle(queue, task, h)`` and TypeScript's ``task(queue, name, h)``.
+
+        ``queue=None`` (``@worker.task(name="charge")``) serves that task name on
+        every polled queue.
+        """
+        task_name = _task_name(name)
 
         def register(handler: H) -> H:
-            self.register(name, handler, queue=queue)
+            self.register(queue, task_name, handler)
             return handler
 
         return register
 
-    def register(self, name: str, handler: Handler, *, queue: str | None = None) -> None:
-        """Registers ``handler`` for task ``name`` (see :meth:`task`)."""
+    def register(self, queue: str | None, name: str, handler: Handler) -> None:
+        """Registers ``handler`` for task ``name`` on ``queue`` (see :meth:`task`)."""
+        name = _task_name(name)
+        if queue is not None and not queue:
+            raise ValueError("a queue name is not empty (None: every polled queue)")
         key = (queue, name)
         if key in self._handlers:
             raise ValueError(f"task {name!r} already has a handler" + (f" on queue {queue!r}" if queue else ""))
@@ -377,7 +393,7 @@ class Worker:
             self._stop_requested.set()
         self._slots = Slots(self._capacity)
         self._executor = concurrent.futures.ThreadPoolExecutor(self._capacity, thread_name_prefix="composer-task")
-        self._conn = Connection(self.address, token=self._token, tls=self._tls, interceptors=self._interceptors)
+        self._conn = Connection(self._address, token=self._token, tls=self._tls, interceptors=self._interceptors)
         self._tracer = _tracing.get_tracer(self._tracer_provider)
         poller: asyncio.Task[None] | None = None
         try:
@@ -525,15 +541,15 @@ class Worker:
         try:
             outcome = await self._run_handler(task, ctx, handler_box, span)
             if outcome is None:
-                span.end(ctx.cancel_reason or "cancelled")
+                span.end(ctx.cancel_kind or "cancelled")
                 return
             # The span ends before the report goes out: an exporter has it by the time the run ends.
             failure = outcome.failure
             span.end(None if failure is None else f"{failure.code}: {failure.message}", outcome.error)
             await self._report(task, ctx, outcome, span.report_metadata)
         except asyncio.CancelledError:
-            span.end(ctx.cancel_reason or "cancelled")
-            if ctx.cancel_reason == CANCEL_SHUTDOWN:
+            span.end(ctx.cancel_kind or "cancelled")
+            if ctx.cancel_kind == CANCEL_SHUTDOWN:
                 # The drain timed out: give the attempt back so it runs again soon.
                 shutdown = TaskError("the worker stopped before the task finished", code="WORKER_SHUTDOWN")
                 with contextlib.suppress(ComposerError, asyncio.TimeoutError):
@@ -573,7 +589,7 @@ class Worker:
             future.cancel()
             raise
         if ctx.cancelled:
-            if ctx.cancel_reason == CANCEL_RUN_CANCELLED:
+            if ctx.cancel_kind == CANCEL_RUN_CANCELLED:
                 self.stats.cancelled += 1
             ctx.logger.info("task stopped (%s); not reporting", ctx.cancel_reason)
             if not future.cancelled():
@@ -643,12 +659,14 @@ class Worker:
                 continue
             failures = 0
             if response.cancel_requested and not finished.is_set():
-                ctx.logger.info("run cancelled; stopping the task")
-                self._cancel_handler(ctx, CANCEL_RUN_CANCELLED, handler_box)
+                ctx.logger.info("run cancelled (%s); stopping the task", response.cancel_reason or "no reason given")
+                self._cancel_handler(ctx, CANCEL_RUN_CANCELLED, handler_box, response.cancel_reason)
                 return
 
-    def _cancel_handler(self, ctx: TaskContext, reason: str, handler_box: list[asyncio.Future[Any]]) -> None:
-        if ctx._cancel(reason):
+    def _cancel_handler(
+        self, ctx: TaskContext, kind: str, handler_box: list[asyncio.Future[Any]], reason: str = ""
+    ) -> None:
+        if ctx._cancel(kind, reason):
             for future in handler_box:
                 # An async handler is cancelled at its next await; a sync one sees ctx.cancelled.
                 if isinstance(future, asyncio.Task):
@@ -738,6 +756,13 @@ class Worker:
                 delay = self._backoff.delay(failures)
                 ctx.logger.info("report failed (%s); sending it again in %.2f s", error.code.name, delay)
                 await asyncio.sleep(delay)
+
+
+def _task_name(name: str | None) -> str:
+    """``name``, checked: registration takes the queue first, then the task name."""
+    if not name:
+        raise TypeError('a handler needs a task name: @worker.task("<queue>", "<task name>")')
+    return name
 
 
 def first_heartbeat_delay(task: worker_service_pb2.Task, interval: float, now: float) -> float:

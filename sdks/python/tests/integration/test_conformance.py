@@ -54,17 +54,17 @@ def test_c01_a_worker_completes_a_three_step_workflow_and_the_client_gets_its_ou
         worker = Worker(server.address, slots=2, backoff=FAST, poll_wait=POLL_WAIT)
         seen: list[tuple[str, int, str]] = []
 
-        @worker.task("add_one", queue=f"steps_{names}")
+        @worker.task(f"steps_{names}", "add_one")
         async def add_one(ctx: TaskContext) -> dict[str, Any]:
             seen.append((ctx.node_id, ctx.attempt, ctx.workflow_name))
             return {"x": ctx.input["x"] + 1}
 
-        @worker.task("double", queue=f"steps_{names}")
+        @worker.task(f"steps_{names}", "double")
         def double(ctx: TaskContext) -> dict[str, Any]:  # a sync handler, in the thread pool
             seen.append((ctx.node_id, ctx.attempt, ctx.workflow_name))
             return {"x": ctx.input["x"] * 2}
 
-        @worker.task("describe", queue=f"steps_{names}")
+        @worker.task(f"steps_{names}", "describe")
         async def describe(ctx: TaskContext) -> dict[str, Any]:
             seen.append((ctx.node_id, ctx.attempt, ctx.workflow_name))
             return {"value": ctx.input["x"], "run": ctx.run_id}
@@ -95,7 +95,7 @@ def test_c02_slots_bound_concurrency_and_every_task_finishes(server: ServerProce
         lock = threading.Lock()
         running = peak = 0
 
-        @worker.task("slow", queue=queue)
+        @worker.task(queue, "slow")
         async def slow(ctx: TaskContext) -> int:
             nonlocal running, peak
             with lock:
@@ -129,7 +129,7 @@ def test_c03_heartbeats_keep_a_task_alive_past_its_lease(server: ServerProcess, 
         worker = Worker(server.address, slots=1, backoff=FAST, poll_wait=POLL_WAIT)
         attempts: list[int] = []
 
-        @worker.task("long", queue=queue)
+        @worker.task(queue, "long")
         async def long(ctx: TaskContext) -> str:
             attempts.append(ctx.attempt)
             await asyncio.sleep(7.0)  # 3.5 leases of 2 s
@@ -156,13 +156,13 @@ def test_c04_a_task_whose_run_is_cancelled_sees_its_cancellation(server: ServerP
         started = asyncio.Event()
         reasons: list[str] = []
 
-        @worker.task("wait", queue=queue)
+        @worker.task(queue, "wait")
         async def wait(ctx: TaskContext) -> str:
             started.set()
             try:
                 await asyncio.sleep(120)
             except asyncio.CancelledError:  # an async handler is cancelled at its await
-                reasons.append(ctx.cancel_reason or "")
+                reasons.append(f"{ctx.cancel_kind}: {ctx.cancel_reason}")
                 raise
             return "unreachable"
 
@@ -179,10 +179,12 @@ def test_c04_a_task_whose_run_is_cancelled_sees_its_cancellation(server: ServerP
                 await client.cancel_run(begun.run_id)
             with pytest.raises(RunFailedError) as failed:
                 await client.wait_for_result(begun.run_id, timeout=10)
-        assert reasons == ["run cancelled"]
+        # the handler sees CancelRun's reason; the run's error is CANCELLED with it
+        assert reasons == ["run cancelled: conformance C4"]
         assert seen_after < 3.0  # within one heartbeat interval (a third of 3 s) plus slack
         assert ended.status is RunStatus.CANCELLED
         assert failed.value.run.status is RunStatus.CANCELLED
+        assert (failed.value.code, failed.value.message) == ("CANCELLED", "conformance C4")
         assert worker.stats.completed == 0 and worker.stats.failed == 0 and worker.stats.cancelled == 1
 
     run(main())
@@ -230,7 +232,7 @@ def test_c06_a_late_report_after_the_lease_was_lost_is_refused_and_not_retried(s
         )
         second_done = asyncio.Event()
 
-        @worker.task("late", queue=queue)
+        @worker.task(queue, "late")
         async def late(ctx: TaskContext) -> dict[str, int]:
             if ctx.attempt == 1:
                 await second_done.wait()  # report only after attempt 2 completed
@@ -272,7 +274,7 @@ def test_c07_a_server_restart_under_a_running_worker(own_server: ServerProcess, 
         worker = Worker(own_server.address, slots=2, backoff=FAST, poll_wait=POLL_WAIT)
         release = threading.Event()
 
-        @worker.task("step", queue=queue)
+        @worker.task(queue, "step")
         def step(ctx: TaskContext) -> dict[str, Any]:
             if ctx.input.get("hold"):
                 release.wait(60)
@@ -317,7 +319,7 @@ def test_c08_sigterm_drains_in_flight_tasks_and_polls_nothing_new(server: Server
                 # Another worker takes the late run as its first attempt.
                 other = Worker(server.address, backoff=FAST, poll_wait=POLL_WAIT)
 
-                @other.task("slow", queue=queue)
+                @other.task(queue, "slow")
                 async def quick(ctx: TaskContext) -> dict[str, int]:
                     return {"pid": 0, "attempt": ctx.attempt}
 
@@ -341,19 +343,19 @@ def test_c09_non_retryable_error_fails_at_once_a_plain_exception_is_retried(serv
         worker = Worker(server.address, slots=4, backoff=FAST, poll_wait=POLL_WAIT)
         calls: dict[str, list[int]] = {"final": [], "flaky": [], "broken": []}
 
-        @worker.task("final", queue=queue)
+        @worker.task(queue, "final")
         async def final_(ctx: TaskContext) -> None:
             calls["final"].append(ctx.attempt)
             raise NonRetryableError("card declined", code="DECLINED")
 
-        @worker.task("flaky", queue=queue)
+        @worker.task(queue, "flaky")
         def flaky(ctx: TaskContext) -> str:
             calls["flaky"].append(ctx.attempt)
             if ctx.attempt < 3:
                 raise ConnectionError("try again")
             return "third time lucky"
 
-        @worker.task("broken", queue=queue)
+        @worker.task(queue, "broken")
         async def broken(ctx: TaskContext) -> None:
             calls["broken"].append(ctx.attempt)
             raise ValueError("always")
@@ -471,7 +473,7 @@ def test_c12_client_runs_idempotency_listing_events_and_retry(server: ServerProc
         worker = Worker(server.address, slots=4, backoff=FAST, poll_wait=POLL_WAIT)
         fail_first = {"on": True}
 
-        @worker.task("echo", queue=queue)
+        @worker.task(queue, "echo")
         async def echo(ctx: TaskContext) -> Any:
             if ctx.input.get("fail") and fail_first["on"]:
                 raise NonRetryableError("asked to fail", code="ASKED")
@@ -533,8 +535,66 @@ def test_c13_the_sdk_checks_the_protocol_version(server: ServerProcess) -> None:
     async def main() -> None:
         async with Client(server.address) as client:
             info = await client.server_info()
+            assert await client.check_protocol() == info
         major, minor = info.protocol_version.split(".")
         assert major == "1" and int(minor) >= 0 and info.server_version
+        with SyncClient(f"http://{server.address}") as sync:
+            assert sync.check_protocol() == info
+
+    run(main())
+
+
+def test_addresses_in_every_form_and_from_composer_address(server: ServerProcess, monkeypatch: pytest.MonkeyPatch) -> None:
+    """host:port, http://host:port and COMPOSER_ADDRESS reach the same server; a worker too."""
+
+    async def main() -> None:
+        for address in (server.address, f"http://{server.address}"):
+            async with Client(address) as client:
+                assert (await client.server_info()).server_version
+        monkeypatch.setenv("COMPOSER_ADDRESS", f"http://{server.address}")
+        async with Client() as client:
+            assert (await client.server_info()).server_version
+        worker = Worker(poll_wait=POLL_WAIT)
+        assert worker.address == server.address
+
+    run(main())
+
+
+def test_workflow_listings_run_counts_and_the_sync_watch(server: ServerProcess, names: str) -> None:
+    """list_workflows, list_workflow_versions, count_runs and SyncClient.watch_run against the server."""
+
+    async def main() -> None:
+        queue = f"lists_{names}"
+        name = f"lists_{names}"
+        async with Client(server.address) as client:
+            first = await client.register_workflow(one_task(name, queue, "step"))
+            second = await client.register_workflow(one_task(name, queue, "step", extra="timeout: 30s"))
+            assert (first.version, second.version) == (1, 2)
+            await client.register_workflow(one_task(f"{name}_other", queue, "step"))
+
+            summaries = [w async for w in client.list_workflows(name_prefix=name, page_size=1)]
+            assert [(w.name, w.latest_version) for w in summaries] == [(name, 2), (f"{name}_other", 1)]
+            versions = [v.version async for v in client.list_workflow_versions(name, page_size=1)]
+            assert versions == [2, 1]
+            with pytest.raises(NotFoundError):
+                [v async for v in client.list_workflow_versions(f"{name}_missing")]
+
+            runs = [await client.start_run(name) for _ in range(3)]
+            await client.cancel_run(runs[0].run_id, "not needed")
+            counts = await client.count_runs(workflow=name)
+            assert counts[RunStatus.CANCELLED] == 1
+            assert counts[RunStatus.RUNNING] + counts[RunStatus.QUEUED] == 2
+            assert sum(counts.values()) == 3
+            assert sum((await client.count_runs(workflow=name, version=1)).values()) == 0
+
+        def script() -> list[RunStatus]:
+            with SyncClient(server.address) as sync:
+                assert [w.name for w in sync.list_workflows(name_prefix=f"{name}_")] == [f"{name}_other"]
+                assert sync.count_runs(workflow=name)[RunStatus.CANCELLED] == 1
+                # a final run: its one snapshot, then the iterator ends
+                return [r.status for r in sync.watch_run(runs[0].run_id)]
+
+        assert await asyncio.to_thread(script) == [RunStatus.CANCELLED]
 
     run(main())
 
@@ -584,7 +644,7 @@ def test_c15_a_task_running_past_the_first_short_lease_is_confirmed_and_keeps_it
         worker = Worker(short_receipt_server.address, slots=2, backoff=FAST, poll_wait=POLL_WAIT, interceptors=[recorder])
         started: list[tuple[str, int]] = []
 
-        @worker.task("long", queue=queue)
+        @worker.task(queue, "long")
         async def long(ctx: TaskContext) -> dict[str, Any]:
             started.append((ctx.run_id, ctx.attempt))
             await asyncio.sleep(7.0)  # 3.5 first leases of 2 s
@@ -723,13 +783,13 @@ def test_c18_bulk_actions_act_on_every_matching_run(server: ServerProcess, names
     def outage_worker(fixed: bool) -> Worker:
         worker = Worker(server.address, slots=4, backoff=FAST, poll_wait=POLL_WAIT)
 
-        @worker.task("charge", queue=queue)
+        @worker.task(queue, "charge")
         async def charge(ctx: TaskContext) -> str:
             if not fixed:
                 raise NonRetryableError("the payment provider is down", code="OUTAGE")
             return "charged"
 
-        @worker.task("notify", queue=queue)
+        @worker.task(queue, "notify")
         async def notify(ctx: TaskContext) -> str:
             return "notified"
 
@@ -859,7 +919,7 @@ def test_c19_queue_rate_limits_and_queued_runs(server: ServerProcess, names: str
             # no sooner than 1.5 s after the first started.
             worker = Worker(server.address, slots=8, backoff=FAST, poll_wait=POLL_WAIT)
 
-            @worker.task("work", queue=queue)
+            @worker.task(queue, "work")
             async def work(ctx: TaskContext) -> Any:
                 return ctx.input["i"]
 

@@ -48,7 +48,7 @@ def main() -> None:
     # poll answer first.
     worker = Worker(address, slots=slots, drain_timeout=drain, poll_wait=1.0, interceptors=[HeartbeatEvents()])
 
-    @worker.task("slow", queue=queue)
+    @worker.task(queue, "slow")
     async def slow(ctx: TaskContext) -> dict[str, int]:
         emit("started", task_id=ctx.task_id, attempt=ctx.attempt, run_id=ctx.run_id)
         if ctx.attempt == 1:
