@@ -21,23 +21,27 @@ import {
   overlapPolicyToWire,
   problemFromWire,
   queueRateLimitFromWire,
+  runCountsFromWire,
   runFilterToWire,
   runFromWire,
   runStatusToWire,
   scheduleFromWire,
   workflowFromWire,
+  workflowSummaryFromWire,
   type BulkOperation,
   type EventDelivery,
   type HistoryEvent,
   type OverlapPolicy,
   type QueueRateLimit,
   type Run,
+  type RunCounts,
   type RunFilter,
   type RunStatus,
   type Schedule,
   type ScheduleFire,
   type ServerInfo,
   type ValidationProblem,
+  type WorkflowSummary,
   type WorkflowVersion,
 } from "./models.js";
 import { toValue, type Json } from "./values.js";
@@ -154,12 +158,30 @@ export interface QueueRateLimitOptions {
 /** Filters of {@link ComposerClient.listRuns}. */
 export interface ListRunsOptions {
   workflow?: string;
+  /** Only runs of this version of `workflow` (which it requires); 0 or absent: any version. */
+  workflowVersion?: number;
   statuses?: readonly RunStatus[];
   labels?: Record<string, string>;
   createdAfter?: Date;
   createdBefore?: Date;
   parentRunId?: string;
+  /** Only the run whose id this is, and runs whose idempotency key starts with it. */
+  search?: string;
   /** Runs fetched per call (default 100). */
+  pageSize?: number;
+  signal?: AbortSignal;
+}
+
+/** Filters of {@link ComposerClient.countRuns}: those of listRuns but statuses (it counts per status). */
+export interface CountRunsOptions extends Omit<RunFilter, "statuses"> {
+  signal?: AbortSignal;
+}
+
+/** Options of {@link ComposerClient.listWorkflows}. */
+export interface ListWorkflowsOptions {
+  /** Only workflows whose name starts with this. */
+  namePrefix?: string;
+  /** Workflows fetched per call (default 100). */
   pageSize?: number;
   signal?: AbortSignal;
 }
@@ -222,7 +244,14 @@ function sleep(ms: number, signal?: AbortSignal): Promise<void> {
   });
 }
 
-/** Checks a `protocol_version` against what this SDK speaks; throws FAILED_PRECONDITION if it cannot. */
+/**
+ * Checks a server's `protocol_version` (GetServerInfo) against what this SDK speaks. The version is
+ * split on "."; the first part (major) and the second (minor, "0" when absent) must be ASCII
+ * digits, the major must equal {@link PROTOCOL_MAJOR} and the minor be at least
+ * {@link PROTOCOL_MINOR}; parts after the second are ignored ("1", "1.0", "1.7", "1.2.3" pass; "",
+ * "2.0", "0.9", "1.x", "v1.0" fail). Otherwise it throws a ComposerError FAILED_PRECONDITION
+ * `<where> speaks protocol "<version>"; this SDK needs 1.x with x >= 0`.
+ */
 export function checkProtocolVersion(version: string, where = "the server"): void {
   const [major, minor = "0"] = version.split(".");
   const ok = /^\d+$/.test(major ?? "") && /^\d+$/.test(minor) && Number(major) === PROTOCOL_MAJOR && Number(minor) >= PROTOCOL_MINOR;
@@ -292,7 +321,11 @@ export class ComposerClient {
     return { serverVersion: info.serverVersion, protocolVersion: info.protocolVersion, features: [...info.features] };
   }
 
-  /** Asks the server for its protocol version; throws FAILED_PRECONDITION when this SDK cannot speak it. */
+  /**
+   * Calls GetServerInfo and checks its `protocol_version` with {@link checkProtocolVersion}: returns
+   * the ServerInfo, throws FAILED_PRECONDITION when this SDK cannot speak it (and the call's own
+   * error, e.g. UNAVAILABLE or UNAUTHENTICATED, when the call fails). Features are not checked.
+   */
   async checkProtocol(options: { signal?: AbortSignal } = {}): Promise<ServerInfo> {
     const info = await this.serverInfo(options);
     checkProtocolVersion(info.protocolVersion);
@@ -320,6 +353,33 @@ export class ComposerClient {
   async getWorkflow(name: string, version = 0, options: { signal?: AbortSignal } = {}): Promise<WorkflowVersion> {
     const r = await this.#call((o) => this.raw.workflows.getWorkflow({ name, version }, o), options.signal);
     return workflowFromWire(r.workflow);
+  }
+
+  /** The namespace's workflows by name, each with its latest version, fetched a page at a time as the loop goes. */
+  async *listWorkflows(options: ListWorkflowsOptions = {}): AsyncGenerator<WorkflowSummary, void, undefined> {
+    let pageToken = "";
+    for (;;) {
+      const request = { pageSize: options.pageSize ?? 100, pageToken, namePrefix: options.namePrefix ?? "" };
+      const r = await this.#call((o) => this.raw.workflows.listWorkflows(request, o), options.signal);
+      for (const workflow of r.workflows) yield workflowSummaryFromWire(workflow);
+      if (!r.nextPageToken) return;
+      pageToken = r.nextPageToken;
+    }
+  }
+
+  /**
+   * The versions of workflow `name`, newest first, fetched a page at a time as the loop goes.
+   * Their `source` is empty and `definition` null: {@link getWorkflow} returns them.
+   */
+  async *listWorkflowVersions(name: string, options: { pageSize?: number; signal?: AbortSignal } = {}): AsyncGenerator<WorkflowVersion, void, undefined> {
+    let pageToken = "";
+    for (;;) {
+      const request = { name, pageSize: options.pageSize ?? 100, pageToken };
+      const r = await this.#call((o) => this.raw.workflows.listWorkflowVersions(request, o), options.signal);
+      for (const version of r.versions) yield workflowFromWire(version);
+      if (!r.nextPageToken) return;
+      pageToken = r.nextPageToken;
+    }
   }
 
   // --- runs ------------------------------------------------------------------------------------
@@ -354,9 +414,11 @@ export class ComposerClient {
     for (;;) {
       const request = {
         workflowName: options.workflow ?? "",
+        workflowVersion: options.workflowVersion ?? 0,
         statuses: (options.statuses ?? []).map(runStatusToWire),
         labels: { ...options.labels },
         parentRunId: options.parentRunId ?? "",
+        search: options.search ?? "",
         pageSize: options.pageSize ?? 100,
         pageToken,
         ...(options.createdAfter ? { createTimeAfter: timestampFromDate(options.createdAfter) } : {}),
@@ -369,7 +431,30 @@ export class ComposerClient {
     }
   }
 
-  /** Cancels a running run (its workers see it at their next heartbeat); FAILED_PRECONDITION if it ended. */
+  /**
+   * How many runs match the filters (those of listRuns but statuses), in all and per status,
+   * counted by the server in one call. INVALID_ARGUMENT names a bad filter field.
+   */
+  async countRuns(filter: CountRunsOptions = {}): Promise<RunCounts> {
+    const wire = runFilterToWire(filter);
+    const request = {
+      workflowName: wire.workflowName,
+      workflowVersion: wire.workflowVersion,
+      labels: wire.labels,
+      parentRunId: wire.parentRunId,
+      search: wire.search,
+      ...(wire.createTimeAfter ? { createTimeAfter: wire.createTimeAfter } : {}),
+      ...(wire.createTimeBefore ? { createTimeBefore: wire.createTimeBefore } : {}),
+    };
+    const r = await this.#call((o) => this.raw.runs.countRuns(request, o), filter.signal);
+    return runCountsFromWire(r.counts);
+  }
+
+  /**
+   * Cancels a live run with `reason` (its workers see it at their next heartbeat, as
+   * `ctx.cancelReason`; the run's error becomes CANCELLED with the reason). FAILED_PRECONDITION if
+   * it ended.
+   */
   async cancelRun(runId: string, reason = "", options: { signal?: AbortSignal } = {}): Promise<Run> {
     const r = await this.#call((o) => this.raw.runs.cancelRun({ runId, reason }, o), options.signal);
     return runFromWire(r.run);

@@ -5,8 +5,10 @@ export type {
   BulkRunsOptions,
   BulkRunsWithReasonOptions,
   ClientOptions,
+  CountRunsOptions,
   CreateScheduleOptions,
   ListRunsOptions,
+  ListWorkflowsOptions,
   QueueRateLimitOptions,
   ScheduleOptions,
   SendEventOptions,
@@ -55,6 +57,7 @@ export type {
   OverlapPolicy,
   QueueRateLimit,
   Run,
+  RunCounts,
   RunFilter,
   RunStatus,
   Schedule,
@@ -63,6 +66,7 @@ export type {
   ScheduleSpec,
   ServerInfo,
   ValidationProblem,
+  WorkflowSummary,
   WorkflowVersion,
 } from "./models.js";
 export { Backoff } from "./backoff.js";

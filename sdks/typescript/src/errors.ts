@@ -214,13 +214,25 @@ export function statusNumber(code: StatusCode): Code {
 export class RunFailedError extends Error {
   override name = "RunFailedError";
   readonly run: Run;
+  /**
+   * The run's error code: its `error.code` (a cancelled run's is `CANCELLED`, also from a server
+   * that recorded no error for it); `UNKNOWN` when a failed run carries none.
+   */
+  readonly code: string;
+  /** The run's error message: for a cancelled run the reason given to CancelRun (or the server's own). */
+  readonly reason: string;
 
   constructor(run: Run) {
     const error = run.error;
-    let why = error ? `${error.code}: ${error.message}` : "no error recorded";
+    const cancelled = run.status === "CANCELLED";
+    const code = error?.code || (cancelled ? "CANCELLED" : "UNKNOWN");
+    const reason = error?.message || (cancelled ? "run cancelled" : "no error recorded");
+    let why = `${code}: ${reason}`;
     if (error?.nodeId) why += ` (node ${error.nodeId})`;
     super(`run ${run.runId} ended ${run.status}: ${why}`);
     this.run = run;
+    this.code = code;
+    this.reason = reason;
   }
 }
 

@@ -14,7 +14,7 @@ export {
   Worker,
 } from "./worker.js";
 export { consoleLogger, failureOf, MAX_POLL_TASKS } from "./worker.js";
-export type { CancelReason, Handler, Logger, TaskContext, TracerProviderLike, WorkerOptions, WorkerStats } from "./worker.js";
+export type { CancelKind, Handler, Logger, TaskContext, TracerProviderLike, WorkerOptions, WorkerStats } from "./worker.js";
 export {
   DEFAULT_MEMORY_LIMIT_MB,
   DEFAULT_TIME_LIMIT_MS,

@@ -9,6 +9,7 @@ import {
   type HistoryEvent as WireHistoryEvent,
   type NodeState as WireNodeState,
   type Run as WireRun,
+  type WorkflowSummary as WireWorkflowSummary,
   type WorkflowVersion as WireWorkflowVersion,
 } from "./gen/composer/v1/common_pb.js";
 import type { ValidationProblem as WireProblem } from "./gen/composer/v1/workflow_service_pb.js";
@@ -17,6 +18,7 @@ import {
   BulkOperationStatus as WireBulkStatus,
   type BulkOperation as WireBulkOperation,
   type RunFilter as WireRunFilter,
+  type RunStatusCount as WireRunStatusCount,
   type SendEventResponse,
 } from "./gen/composer/v1/run_service_pb.js";
 import {
@@ -139,6 +141,26 @@ export interface WorkflowVersion {
   created?: boolean;
 }
 
+/** One workflow of {@link ComposerClient.listWorkflows}: its name and latest version. */
+export interface WorkflowSummary {
+  namespace: string;
+  name: string;
+  /** The highest registered version. */
+  latestVersion: number;
+  /** The latest version's description. */
+  description: string;
+  /** When the latest version was registered. */
+  updateTime: Date | null;
+}
+
+/** What {@link ComposerClient.countRuns} answers: the matching runs in all and per status. */
+export interface RunCounts {
+  /** Every matching run. */
+  total: number;
+  /** How many matching runs are in each status; a status with none is absent. */
+  byStatus: Partial<Record<RunStatus, number>>;
+}
+
 /** One problem ValidateWorkflow found. */
 export interface ValidationProblem {
   path: string;
@@ -234,6 +256,22 @@ export function workflowFromWire(w: WireWorkflowVersion | undefined, created?: b
     createTime: date(w.createTime),
   };
   if (created !== undefined) out.created = created;
+  return out;
+}
+
+export function workflowSummaryFromWire(w: WireWorkflowSummary): WorkflowSummary {
+  return { namespace: w.namespace, name: w.name, latestVersion: w.latestVersion, description: w.description, updateTime: date(w.updateTime) };
+}
+
+export function runCountsFromWire(counts: readonly WireRunStatusCount[]): RunCounts {
+  const out: RunCounts = { total: 0, byStatus: {} };
+  for (const each of counts) {
+    // int64 on the wire; a count of runs stays far below 2^53.
+    const count = Number(each.count);
+    const status = RUN_STATUSES[each.status] ?? "UNSPECIFIED";
+    out.byStatus[status] = (out.byStatus[status] ?? 0) + count;
+    out.total += count;
+  }
   return out;
 }
 

@@ -7,9 +7,12 @@ import { createNodeTransport, resolveAddress, resolveToken } from "./transport-n
 
 /** Options of the Node {@link Client}. */
 export interface NodeClientOptions extends BaseClientOptions {
-  /** `host:port` of the server (default `COMPOSER_ADDRESS`, else 127.0.0.1:7070), or a URL. */
+  /**
+   * The server: `host:port`, `http://host:port` or `https://host:port` (default `COMPOSER_ADDRESS`,
+   * else 127.0.0.1:7070). A malformed one throws a TypeError from the constructor.
+   */
   address?: string;
-  /** TLS to the server (https). */
+  /** TLS to a `host:port` address (as `https://host:port`). */
   tls?: boolean;
   /** connect interceptors for every call. */
   interceptors?: Interceptor[];
@@ -27,7 +30,8 @@ export class Client extends ComposerClient {
   readonly #close: () => void;
 
   constructor(options: NodeClientOptions = {}) {
-    const address = resolveAddress(options.address);
+    // A malformed address throws here, not at the first call (none is used with a transport).
+    const address = resolveAddress(options.address, options.transport ? undefined : { tls: options.tls ?? false });
     let close = (): void => {};
     let transport = options.transport;
     if (!transport) {

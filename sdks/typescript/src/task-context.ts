@@ -2,25 +2,31 @@
 // Both the Worker and the code runner's handler (code-runner.ts) build on these, so they live below
 // both.
 
-/** Why a task's `ctx.signal` fired. */
-export type CancelReason = "run cancelled" | "lease lost" | "attempt deadline" | "worker shutdown" | "attempt failed";
+/** What made a task's `ctx.signal` fire (`ctx.cancelKind`). */
+export type CancelKind = "run cancelled" | "lease lost" | "attempt deadline" | "worker shutdown" | "attempt failed";
 /** A heartbeat answered that the run was cancelled. Nothing is reported. */
-export const CANCEL_RUN_CANCELLED: CancelReason = "run cancelled";
+export const CANCEL_RUN_CANCELLED: CancelKind = "run cancelled";
 /** The server said the lease is no longer this worker's. Nothing is reported. */
-export const CANCEL_LEASE_LOST: CancelReason = "lease lost";
+export const CANCEL_LEASE_LOST: CancelKind = "lease lost";
 /** The attempt's deadline (the node's `timeout`) passed; the attempt is failed with TIMEOUT. */
-export const CANCEL_ATTEMPT_DEADLINE: CancelReason = "attempt deadline";
+export const CANCEL_ATTEMPT_DEADLINE: CancelKind = "attempt deadline";
 /** The worker stopped before the task finished draining; failed with WORKER_SHUTDOWN (retryable). */
-export const CANCEL_SHUTDOWN: CancelReason = "worker shutdown";
+export const CANCEL_SHUTDOWN: CancelKind = "worker shutdown";
 /** The attempt was already failed (an unhandled rejection inside the handler); stop the rest. */
-export const CANCEL_ATTEMPT_FAILED: CancelReason = "attempt failed";
+export const CANCEL_ATTEMPT_FAILED: CancelKind = "attempt failed";
 
-/** The `reason` of an aborted `ctx.signal`. */
+/**
+ * The `reason` of an aborted `ctx.signal`. `kind` says what fired it; `reason` is the text of
+ * `ctx.cancelReason`: for a cancelled run the reason given to CancelRun (or the server's own, e.g.
+ * a run timeout), else the kind.
+ */
 export class TaskCancelledError extends Error {
   override name = "TaskCancelledError";
-  readonly reason: CancelReason;
-  constructor(reason: CancelReason) {
-    super(`task cancelled: ${reason}`);
+  readonly kind: CancelKind;
+  readonly reason: string;
+  constructor(kind: CancelKind, reason: string = kind) {
+    super(reason === kind ? `task cancelled: ${kind}` : `task cancelled: ${kind}: ${reason}`);
+    this.kind = kind;
     this.reason = reason;
   }
 }
@@ -57,8 +63,14 @@ export interface TaskContext {
    * to `fetch`, timers and anything else that takes a signal.
    */
   readonly signal: AbortSignal;
-  /** Why the signal fired, once it did. */
-  readonly cancelReason: CancelReason | undefined;
+  /** What made the signal fire, once it did: `run cancelled`, `lease lost`, ... ({@link CancelKind}). */
+  readonly cancelKind: CancelKind | undefined;
+  /**
+   * Why the signal fired, once it did: for a cancelled run the server's reason (the one given to
+   * CancelRun, or the server's own such as a run timeout; `run cancelled` when it sent none), else
+   * the kind (`lease lost`, `attempt deadline`, `worker shutdown`, `attempt failed`).
+   */
+  readonly cancelReason: string | undefined;
   /** A logger whose lines name the task. */
   readonly logger: Logger;
   /** Throws the signal's reason if it fired: a checkpoint for long loops. */

@@ -35,7 +35,7 @@ import {
   CANCEL_RUN_CANCELLED,
   CANCEL_SHUTDOWN,
   TaskCancelledError,
-  type CancelReason,
+  type CancelKind,
   type Handler,
   type Logger,
   type TaskContext,
@@ -84,10 +84,14 @@ export interface WorkerStats {
 
 /** Options of {@link Worker}; durations in ms. */
 export interface WorkerOptions {
-  /** `host:port` (default `COMPOSER_ADDRESS`, else 127.0.0.1:7070). */
+  /**
+   * The server: `host:port`, `http://host:port` or `https://host:port` (default `COMPOSER_ADDRESS`,
+   * else 127.0.0.1:7070). A malformed one throws a TypeError from the constructor.
+   */
   address?: string;
   /** Bearer token (default `COMPOSER_TOKEN`). */
   token?: string;
+  /** TLS to a `host:port` address (as `https://host:port`). */
   tls?: boolean;
   /** How many tasks run at once (default 10). */
   slots?: number;
@@ -292,7 +296,8 @@ class Context implements TaskContext {
   readonly taskName: string;
   readonly input: any; // eslint-disable-line @typescript-eslint/no-explicit-any
   readonly deadline: Date | undefined;
-  cancelReason: CancelReason | undefined;
+  cancelKind: CancelKind | undefined;
+  cancelReason: string | undefined;
   /** Called once, when the attempt is cancelled (the worker's wake-up of the attempt). */
   onCancel: (() => void) | undefined;
   // The logger, the controller and the reason are made when first used: most attempts never
@@ -333,11 +338,12 @@ class Context implements TaskContext {
     if (this.#reason !== undefined) throw this.#reason;
   }
 
-  /** Aborts the signal; false if it already was. */
-  cancel(reason: CancelReason): boolean {
-    if (this.cancelReason !== undefined) return false;
+  /** Aborts the signal for `kind`, with `reason` (default the kind) as its text; false if it already was. */
+  cancel(kind: CancelKind, reason: string = kind): boolean {
+    if (this.cancelKind !== undefined) return false;
+    this.cancelKind = kind;
     this.cancelReason = reason;
-    this.#reason = new TaskCancelledError(reason);
+    this.#reason = new TaskCancelledError(kind, reason);
     this.#controller?.abort(this.#reason);
     this.onCancel?.();
     return true;
@@ -438,7 +444,8 @@ export class Worker {
     if (!Number.isInteger(slots) || slots < 1) throw new RangeError("slots must be an integer of at least 1");
     this.#options = options;
     this.#capacity = slots;
-    this.address = resolveAddress(options.address);
+    // A malformed address throws here, not at the first poll (none is used with a transport).
+    this.address = resolveAddress(options.address, options.transport ? undefined : { tls: options.tls ?? false });
     this.workerId = options.workerId ?? `${hostname()}-${process.pid}-${randomUUID().slice(0, 8)}`;
     this.#queues = [...new Set(options.queues ?? [])];
     this.#backoff = options.backoff ?? new Backoff({ initialMs: 200, maximumMs: 5_000 });
@@ -709,7 +716,7 @@ export class Worker {
     }
     try {
       const outcome = await this.#runHandler(task, execution);
-      if (!outcome) execution.span.end(ctx.cancelReason ?? "cancelled");
+      if (!outcome) execution.span.end(ctx.cancelKind ?? "cancelled");
       else if ("failure" in outcome) execution.span.end(`${outcome.failure.code}: ${outcome.failure.message}`, outcome.error);
       else execution.span.end();
       if (outcome && !execution.finished) await this.#report(task, execution, outcome);
@@ -757,9 +764,9 @@ export class Worker {
       ctx.cancel(CANCEL_ATTEMPT_FAILED);
       return { failure: failureOf(first.error, true), error: first.error };
     }
-    if (first.kind === "aborted" || ctx.cancelReason !== undefined) {
+    if (first.kind === "aborted" || ctx.cancelKind !== undefined) {
       const reason = ctx.cancelReason;
-      if (reason === CANCEL_ATTEMPT_DEADLINE) {
+      if (ctx.cancelKind === CANCEL_ATTEMPT_DEADLINE) {
         const at = ctx.deadline?.toISOString() ?? "its deadline";
         return { failure: new TaskError(`the attempt did not finish by its deadline (${at})`, { code: "TIMEOUT" }) };
       }
@@ -808,9 +815,11 @@ export class Worker {
       if (wait !== undefined && !(await sleep(wait, stop))) return;
       wait = interval;
       let cancelRequested: boolean;
+      let cancelReason: string;
       try {
         const response = await client.raw.workers.heartbeat(request, client.callOptions({ timeoutMs: Math.max(interval, 1_000), signal: stop }));
         cancelRequested = response.cancelRequested;
+        cancelReason = response.cancelReason;
       } catch (error) {
         if (stop.aborted) return;
         const converted = toComposerError(error);
@@ -828,8 +837,10 @@ export class Worker {
       }
       failures = 0;
       if (cancelRequested && !execution.finished) {
-        ctx.logger.info("run cancelled; stopping the task");
-        if (ctx.cancel(CANCEL_RUN_CANCELLED)) this.stats.cancelled += 1;
+        // The server's reason when it gives one (servers before cancel_reason send none).
+        const reason = cancelReason || CANCEL_RUN_CANCELLED;
+        ctx.logger.info(`run cancelled (${reason}); stopping the task`);
+        if (ctx.cancel(CANCEL_RUN_CANCELLED, reason)) this.stats.cancelled += 1;
         return;
       }
     }
@@ -951,4 +962,4 @@ export {
   CANCEL_SHUTDOWN,
   TaskCancelledError,
 };
-export type { CancelReason, Handler, Logger, TaskContext };
+export type { CancelKind, Handler, Logger, TaskContext };

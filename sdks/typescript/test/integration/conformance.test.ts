@@ -24,7 +24,7 @@ import {
   isUnauthenticated,
   toComposerError,
   type BulkOperation,
-  type CancelReason,
+  type CancelKind,
   type HistoryEvent,
   type Run,
 } from "../../src/index.js";
@@ -211,7 +211,7 @@ describe("conformance", { timeout: 600_000 }, () => {
     const queue = `c04-${s}`;
     const worker = makeWorker(server.address, { slots: 2 });
     let started = false;
-    const reasons: CancelReason[] = [];
+    const reasons: { kind: CancelKind; reason: string; ctxReason: string | undefined }[] = [];
     let cancelledAt = 0;
     let seenAfter = -1;
     worker.task(queue, "wait", async (ctx) => {
@@ -223,7 +223,7 @@ describe("conformance", { timeout: 600_000 }, () => {
           seenAfter = Date.now() - cancelledAt;
           const reason = ctx.signal.reason as TaskCancelledError;
           assert.ok(reason instanceof TaskCancelledError);
-          reasons.push(reason.reason);
+          reasons.push({ kind: reason.kind, reason: reason.reason, ctxReason: ctx.cancelReason });
           resolve();
         });
       });
@@ -242,12 +242,17 @@ describe("conformance", { timeout: 600_000 }, () => {
         const ended = await final(client, run.runId);
         assert.equal(ended.status, "CANCELLED");
         await assert.rejects(client.cancelRun(run.runId), (e) => isFailedPrecondition(e));
-        await assert.rejects(client.waitForResult(run.runId, { timeoutMs: 10_000 }), (e) => e instanceof RunFailedError && e.run.status === "CANCELLED");
+        assert.deepEqual(ended.error && { code: ended.error.code, message: ended.error.message }, { code: "CANCELLED", message: "conformance C4" });
+        await assert.rejects(
+          client.waitForResult(run.runId, { timeoutMs: 10_000 }),
+          (e) => e instanceof RunFailedError && e.run.status === "CANCELLED" && e.code === "CANCELLED" && e.reason === "conformance C4",
+        );
       });
     } finally {
       client.close();
     }
-    assert.deepEqual(reasons, ["run cancelled"]);
+    // The handler sees the reason given to CancelRun; the kind says what fired the signal.
+    assert.deepEqual(reasons, [{ kind: "run cancelled", reason: "conformance C4", ctxReason: "conformance C4" }]);
     assert.ok(seenAfter >= 0 && seenAfter < 3_000, `seen ${seenAfter} ms after the cancel`);
     assert.equal(worker.stats.completed, 0);
     assert.equal(worker.stats.failed, 0);

@@ -122,7 +122,9 @@ test("a ConnectError becomes a ComposerError with its field violations and Error
 test("the protocol check accepts 1.x and refuses other majors", () => {
   checkProtocolVersion("1.0");
   checkProtocolVersion("1.7");
-  for (const bad of ["2.0", "0.9", "", "one", "1.x"]) {
+  checkProtocolVersion("1"); // no minor: 1.0
+  checkProtocolVersion("1.2.3"); // parts after the minor are not read
+  for (const bad of ["2.0", "0.9", "", "one", "1.x", " 1.0", "v1.0", "1..0"]) {
     assert.throws(() => checkProtocolVersion(bad), (e) => isFailedPrecondition(e));
   }
 });
@@ -132,4 +134,18 @@ test("RunFailedError names the run, its status and its error", () => {
   const error = new RunFailedError(run);
   assert.equal(error.message, "run r-1 ended FAILED: DECLINED: no (node charge)");
   assert.equal(error.run, run);
+  assert.equal(error.code, "DECLINED");
+  assert.equal(error.reason, "no");
+});
+
+test("RunFailedError of a cancelled run carries CANCELLED and the cancel reason, not 'no error recorded'", () => {
+  const run = { runId: "r-2", status: "CANCELLED", error: { code: "CANCELLED", message: "customer withdrew", nodeId: "", details: null } } as Run;
+  const error = new RunFailedError(run);
+  assert.equal(error.message, "run r-2 ended CANCELLED: CANCELLED: customer withdrew");
+  assert.deepEqual([error.code, error.reason], ["CANCELLED", "customer withdrew"]);
+
+  // A server that recorded no error for a cancelled run still gives the code.
+  const bare = new RunFailedError({ runId: "r-3", status: "CANCELLED", error: null } as Run);
+  assert.equal(bare.message, "run r-3 ended CANCELLED: CANCELLED: run cancelled");
+  assert.deepEqual([bare.code, bare.reason], ["CANCELLED", "run cancelled"]);
 });

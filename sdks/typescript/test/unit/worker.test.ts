@@ -7,7 +7,7 @@ import { setTimeout as sleep } from "node:timers/promises";
 
 import { Code } from "@connectrpc/connect";
 
-import { Backoff, NonRetryableError, Slots, TaskCancelledError, TaskError, Worker, type CancelReason, type Handler } from "../../src/index.js";
+import { Backoff, NonRetryableError, Slots, TaskCancelledError, TaskError, Worker, type Handler } from "../../src/index.js";
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 
 import { firstHeartbeatDelayMs } from "../../src/worker.js";
@@ -145,7 +145,7 @@ describe("worker (local, fake server)", () => {
   test("c04 (local) cancel_requested aborts the signal with 'run cancelled' and nothing is reported", async () => {
     const fake = new FakeServer({ Heartbeat: () => ({ cancelRequested: true }) });
     fake.tasks.push(task());
-    let reason: CancelReason | undefined;
+    let reason: string | undefined;
     const worker = await serveOn(
       fake,
       async (ctx) => {
@@ -159,6 +159,31 @@ describe("worker (local, fake server)", () => {
     await sleep(30);
     assert.equal(reason, "run cancelled");
     assert.equal(fake.requests("CompleteTask").length + fake.requests("FailTask").length, 0);
+    assert.equal(worker.stats.cancelled, 1);
+  });
+
+  test("a cancelled run's reason from the heartbeat is ctx.cancelReason and the signal's reason; the kind stays 'run cancelled'", async () => {
+    const fake = new FakeServer({ Heartbeat: () => ({ cancelRequested: true, cancelReason: "customer withdrew the order" }) });
+    fake.tasks.push(task());
+    let seen: { reason: string | undefined; kind: string | undefined; error: unknown } | undefined;
+    const worker = await serveOn(
+      fake,
+      async (ctx) => {
+        await new Promise((resolve) => ctx.signal.addEventListener("abort", resolve));
+        seen = { reason: ctx.cancelReason, kind: ctx.cancelKind, error: ctx.signal.reason };
+        throw ctx.signal.reason;
+      },
+      () => seen !== undefined,
+      { heartbeatIntervalMs: 30 },
+    );
+    await sleep(30);
+    assert.equal(seen?.reason, "customer withdrew the order");
+    assert.equal(seen?.kind, "run cancelled");
+    assert.ok(seen?.error instanceof TaskCancelledError);
+    assert.equal(seen.error.kind, "run cancelled");
+    assert.equal(seen.error.reason, "customer withdrew the order");
+    assert.equal(seen.error.message, "task cancelled: run cancelled: customer withdrew the order");
+    assert.equal(fake.requests("CompleteTask").length + fake.requests("FailTask").length, 0, "a cancelled run's task reports nothing");
     assert.equal(worker.stats.cancelled, 1);
   });
 
@@ -211,7 +236,7 @@ describe("worker (local, fake server)", () => {
   test("the attempt's deadline aborts the signal and fails the attempt with TIMEOUT", async () => {
     const fake = new FakeServer();
     fake.tasks.push(task({ attemptDeadline: { seconds: BigInt(Math.floor((Date.now() + 200) / 1000)), nanos: ((Date.now() + 200) % 1000) * 1e6 } } as never));
-    let reason: CancelReason | undefined;
+    let reason: string | undefined;
     await serveOn(
       fake,
       async (ctx) => {
@@ -232,7 +257,7 @@ describe("worker (local, fake server)", () => {
     const fake = new FakeServer();
     fake.tasks.push(task());
     const worker = new Worker({ transport: fake, slots: 1, backoff: FAST, logger: QUIET, pollWaitMs: 100, drainTimeoutMs: 300, heartbeatIntervalMs: 50 });
-    let reason: CancelReason | undefined;
+    let reason: string | undefined;
     let started = false;
     worker.task("q", "t", async (ctx) => {
       started = true;
