@@ -5,8 +5,8 @@
 
 pub mod bulk;
 mod connect;
-pub mod global_flags;
 mod error;
+pub mod global_flags;
 mod output;
 pub mod queue;
 pub mod run;
