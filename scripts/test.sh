@@ -73,6 +73,7 @@ sdks_lane() {
   stage sdks go env COMPOSER_BIN="$composer" scripts/test-go-sdk.sh
   stage sdks typescript env COMPOSER_BIN="$composer" scripts/test-ts-sdk.sh
   stage sdks dashboard env COMPOSER_BIN="$composer" scripts/test-dashboard.sh
+  stage sdks sdk-parity python3 tests/sdk-parity/check.py
   stage sdks newcomer env COMPOSER_BIN="$composer" tests/newcomer/run.sh
 }
 

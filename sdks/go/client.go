@@ -641,7 +641,15 @@ func (c *Client) SendEvent(ctx context.Context, event Event) (*EventDelivery, er
 	return &EventDelivery{DeliveredRunIDs: r.GetDeliveredRunIds(), Stored: r.GetStored()}, nil
 }
 
-// History iterates over a run's history, oldest first, page after page.
+// GetRunHistory iterates over a run's history, oldest first, page after
+// page (Python's get_run_history, TypeScript's getRunHistory).
+func (c *Client) GetRunHistory(ctx context.Context, runID string) iter.Seq2[*HistoryEvent, error] {
+	return c.History(ctx, runID)
+}
+
+// History is GetRunHistory, under the name it first had.
+//
+// Deprecated: use GetRunHistory, the name the other SDKs share.
 func (c *Client) History(ctx context.Context, runID string) iter.Seq2[*HistoryEvent, error] {
 	return func(yield func(*HistoryEvent, error) bool) {
 		req := &pb.GetRunHistoryRequest{RunId: runID, PageSize: 500}

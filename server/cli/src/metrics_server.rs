@@ -59,6 +59,7 @@ pub async fn start(
         .install_recorder()
         .map_err(|e| MetricsError::Recorder(e.to_string()))?;
     composer_coordinator::observe::metrics::describe_all();
+    composer_coordinator::observe::metrics::start_at_zero();
     composer_coordinator::observe::metrics::enable();
     let listener = TcpListener::bind(addr)
         .await

@@ -448,8 +448,8 @@ fn verify(
     leeway_secs: u64,
 ) -> Result<Caller, Status> {
     // an unknown `alg` (including `none`) fails to parse here
-    let header =
-        decode_header(token).map_err(|e| Status::unauthenticated(format!("invalid token: {e}")))?;
+    let header = decode_header(token)
+        .map_err(|e| Status::unauthenticated(format!("invalid token: {}", why_refused(&e))))?;
     let candidates = keys.iter().filter(|k| {
         k.algorithm == header.alg
             && (header.kid.is_none() || k.kid.is_none() || k.kid == header.kid)
@@ -480,12 +480,35 @@ fn verify(
         validation.set_required_spec_claims(&required);
         match decode::<Claims>(token, &key.key, &validation) {
             Ok(data) => return caller_of(data.claims),
-            Err(error) => last_error = error.to_string(),
+            Err(error) => last_error = why_refused(&error),
         }
     }
     Err(Status::unauthenticated(format!(
         "invalid token: {last_error}"
     )))
+}
+
+/// Why a token was refused, in words for its holder: never the decoder's
+/// own text (which names byte offsets and base64 symbols of the token).
+fn why_refused(error: &jsonwebtoken::errors::Error) -> String {
+    use jsonwebtoken::errors::ErrorKind;
+    match error.kind() {
+        ErrorKind::ExpiredSignature => "it has expired".to_owned(),
+        ErrorKind::ImmatureSignature => "it is not valid yet (nbf)".to_owned(),
+        ErrorKind::InvalidSignature => "its signature does not match the server's keys".to_owned(),
+        ErrorKind::InvalidIssuer => "its issuer (iss) is not the one the server expects".to_owned(),
+        ErrorKind::InvalidAudience => "its audience (aud) is not this server".to_owned(),
+        ErrorKind::MissingRequiredClaim(claim) => format!("it lacks the `{claim}` claim"),
+        ErrorKind::InvalidClaimFormat(claim) => format!("its `{claim}` claim is malformed"),
+        ErrorKind::InvalidAlgorithm
+        | ErrorKind::InvalidAlgorithmName
+        | ErrorKind::UnsupportedAlgorithm
+        | ErrorKind::MissingAlgorithm => {
+            "it is signed with an algorithm the server does not accept".to_owned()
+        }
+        _ => "it is not a well-formed JWT (three base64url parts: header, claims, signature)"
+            .to_owned(),
+    }
 }
 
 fn caller_of(claims: Claims) -> Result<Caller, Status> {

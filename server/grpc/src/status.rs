@@ -23,6 +23,39 @@ pub fn invalid_field(field: &str, description: impl Into<String>) -> Status {
     )
 }
 
+/// Every field problem among `checks` in one INVALID_ARGUMENT, so a caller
+/// fixes them all at once rather than one per call; the first status of
+/// another code, if any, as it is.
+pub fn all_field_problems(
+    checks: impl IntoIterator<Item = Result<(), Status>>,
+) -> Result<(), Status> {
+    let mut problems = Vec::new();
+    for check in checks {
+        let Err(status) = check else { continue };
+        let violations = match status.code() {
+            Code::InvalidArgument => status.get_details_bad_request(),
+            _ => None,
+        };
+        let Some(bad_request) = violations else {
+            return Err(status);
+        };
+        problems.extend(
+            bad_request
+                .field_violations
+                .into_iter()
+                .map(|v| FieldProblem {
+                    field: v.field,
+                    description: v.description,
+                }),
+        );
+    }
+    match problems.as_slice() {
+        [] => Ok(()),
+        [one] => Err(invalid_field(&one.field, one.description.clone())),
+        _ => Err(bad_request(&problems)),
+    }
+}
+
 /// Longest idempotency key, correlation key, request id, page token or
 /// label value, in bytes.
 pub const MAX_KEY_BYTES: usize = 256;
@@ -51,7 +84,7 @@ pub fn check_name(field: &str, value: &str) -> Result<(), Status> {
         .map_err(|problem| invalid_field(field, problem.to_string()))
 }
 
-fn bad_request(message: &str, problems: &[FieldProblem]) -> Status {
+fn bad_request(problems: &[FieldProblem]) -> Status {
     let violations: Vec<FieldViolation> = problems
         .iter()
         .map(|p| FieldViolation::new(p.field.clone(), p.description.clone()))
@@ -70,7 +103,7 @@ fn bad_request(message: &str, problems: &[FieldProblem]) -> Status {
     };
     Status::with_error_details(
         Code::InvalidArgument,
-        format!("{message}: {summary}{suffix}"),
+        format!("{summary}{suffix}"),
         ErrorDetails::with_bad_request(violations),
     )
 }
@@ -140,10 +173,8 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
             Status::internal("internal error: a check of the request failed")
         }
         CoordinatorError::CpuPool(refusal) => cpu_pool_busy(&refusal),
-        CoordinatorError::InvalidDefinition(problems) => {
-            bad_request("invalid workflow definition", &problems)
-        }
-        CoordinatorError::InvalidArgument(problems) => bad_request("invalid argument", &problems),
+        CoordinatorError::InvalidDefinition(problems) => bad_request(&problems),
+        CoordinatorError::InvalidArgument(problems) => bad_request(&problems),
         CoordinatorError::PayloadTooLarge { ref field, .. } => {
             let message = error.to_string();
             Status::with_error_details(

@@ -9,7 +9,7 @@ use tonic_types::StatusExt;
 /// The exit codes, as `composer --help` and docs/cli.md print them. A test
 /// holds this text and [`AdminError::exit_code`] together.
 pub const EXIT_CODES_HELP: &str = "\
-Exit codes of the commands that call a server (workflow, run, schedule, server):
+Exit codes of the commands that call a server (workflow, run, operation, schedule, queue, server):
   0   ok
   1   the run ended FAILED or CANCELLED (run start --wait, run watch), or
       the bulk operation waited on did not succeed (--wait)

@@ -267,6 +267,10 @@ fn changed_line(what: &str, schedule: Option<&Schedule>) -> String {
                 "no next fire".to_owned()
             }
         });
+    if next == what {
+        // `schedule nightly paused`, not `paused: paused`
+        return format!("schedule {} {what}\n", schedule.schedule_id);
+    }
     format!("schedule {} {what}: {next}\n", schedule.schedule_id)
 }
 

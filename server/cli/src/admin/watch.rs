@@ -10,7 +10,7 @@ use tonic::{Code, Status};
 
 use super::{
     AdminError, Api, Format,
-    output::{Table, failure, node_status, print_json_line, print_text, run_status, time},
+    output::{Table, failure, node_status, print_json_line, print_text, run_status, time, value},
 };
 
 /// Times in a row the watch may be cut, with no snapshot between, before
@@ -106,6 +106,10 @@ pub fn outcome(run: &Run) -> Result<(), AdminError> {
 pub async fn watch(api: &mut Api, run_id: &str, format: Format) -> Result<(), AdminError> {
     let mut view = View::new(format);
     let run = follow(api, run_id, |snapshot| view.show(snapshot)).await?;
+    // what the run produced is what its watcher waited for
+    if matches!(format, Format::Table) && run.output.is_some() {
+        print_text(&format!("output: {}\n", value(run.output.as_ref())))?;
+    }
     outcome(&run)
 }
 

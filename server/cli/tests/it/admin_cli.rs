@@ -584,9 +584,14 @@ async fn watch_prints_each_change_until_the_run_ends_and_send_event_and_cancel_s
         "{seen:#?}"
     );
     assert_eq!(
-        seen.last(),
+        seen.iter().rev().nth(1),
         Some(&format!("run {run_id} approval v1 COMPLETED")),
         "{seen:#?}"
+    );
+    assert_eq!(
+        seen.last().map(String::as_str),
+        Some(r#"output: {"ok":true}"#),
+        "the watch ends with what the run produced: {seen:#?}"
     );
     let got = cli(&server, &["run", "get", &run_id, "-o", "json"])
         .await
@@ -941,4 +946,25 @@ async fn watch_outlives_a_server_restart_and_still_sees_the_run_end() {
         Some(&format!("run {run_id} approval v1 COMPLETED")),
         "{rest:#?}"
     );
+}
+
+/// The connection and output flags work before the command group too, as
+/// `git -C dir status` or `kubectl -n ns get pods` do.
+#[tokio::test]
+async fn connection_and_output_flags_may_come_before_the_command() {
+    let server = ServerProcess::start(&binary(), &[]).await;
+    let url = server.url();
+    for args in [
+        vec!["--address", url.as_str(), "-o", "json", "server", "info"],
+        vec!["server", "--address", url.as_str(), "--output=json", "info"],
+        vec!["server", "info", "--address", url.as_str(), "-ojson"],
+    ] {
+        let got = finish(bare(&args), None).await.ok().json();
+        assert!(
+            got["protocol_version"]
+                .as_str()
+                .is_some_and(|v| v.starts_with('1')),
+            "{args:?}: {got}"
+        );
+    }
 }

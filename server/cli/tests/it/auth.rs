@@ -228,6 +228,19 @@ async fn bad_tokens_are_unauthenticated_and_change_nothing() {
         }
         let status = workflows.register_workflow(request).await.expect_err(why);
         assert_eq!(status.code(), Code::Unauthenticated, "{why}: {status:?}");
+        let message = status.message();
+        assert!(
+            !["Base64", "symbol", "offset", "Json"]
+                .iter()
+                .any(|internal| message.contains(internal)),
+            "{why}: the decoder's own text reaches the caller: {message}"
+        );
+        if why == "garbage" {
+            assert!(
+                message.contains("not a well-formed JWT"),
+                "{why}: {message}"
+            );
+        }
     }
     // the same claims signed properly with the RSA key and the HS secret
     let good_rsa = mint(

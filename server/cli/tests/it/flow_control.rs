@@ -599,3 +599,49 @@ async fn priority_outside_one_to_five_is_refused() {
     let default = client.start("one_task", json!({})).await;
     assert_eq!(client.get(&default).await.priority, 3);
 }
+
+/// StartRun names every bad field at once, as RegisterWorkflow does, so a
+/// caller fixes them in one go.
+#[tokio::test]
+async fn start_run_reports_every_bad_field_in_one_answer() {
+    let server = ServerProcess::start(&composer_binary(), &[]).await;
+    let mut client = TestClient::connect(&server.url()).await;
+    let refused = client
+        .runs
+        .start_run(StartRunRequest {
+            workflow_name: "Not A Name!".to_owned(),
+            version: -2,
+            priority: 9,
+            idempotency_key: "k".repeat(300),
+            labels: [("Bad Key".to_owned(), "v".to_owned())].into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("five bad fields");
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    let mut fields: Vec<String> = refused
+        .get_details_bad_request()
+        .expect("google.rpc.BadRequest")
+        .field_violations
+        .into_iter()
+        .map(|v| v.field)
+        .collect();
+    fields.sort();
+    assert_eq!(
+        fields,
+        [
+            "idempotency_key",
+            "labels[\"Bad Key\"]",
+            "priority",
+            "version",
+            "workflow_name"
+        ],
+        "{}",
+        refused.message()
+    );
+    assert!(
+        !refused.message().starts_with("invalid argument"),
+        "the code says it already: {}",
+        refused.message()
+    );
+}

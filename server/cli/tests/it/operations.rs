@@ -41,6 +41,40 @@ fn sample(text: &str, metric: &str, labels: &[&str]) -> Option<f64> {
         .and_then(|value| value.parse().ok())
 }
 
+/// An idle server lists its label-free metrics at zero from the first
+/// scrape: `rate()` and alerts on an absent series need the series.
+#[tokio::test]
+async fn an_idle_server_lists_its_label_free_metrics_at_zero() {
+    let metrics = free_addr();
+    let _server = ServerProcess::start(&composer_binary(), &["--metrics-listen", &metrics]).await;
+    let text = get(&format!("http://{metrics}/metrics")).await.1;
+    for metric in [
+        "composer_leases_returned_total",
+        "composer_watched_runs",
+        "composer_outbox_rows",
+        "composer_timers_due",
+    ] {
+        assert_eq!(
+            sample(&text, metric, &[]),
+            Some(0.0),
+            "{metric} in:\n{text}"
+        );
+    }
+    assert_eq!(
+        sample(
+            &text,
+            "composer_watch_reads_total",
+            &["cause=\"announced\""]
+        ),
+        Some(0.0),
+        "{text}"
+    );
+    assert!(
+        text.contains("composer_event_transaction_seconds_count"),
+        "the histogram is listed before its first sample:\n{text}"
+    );
+}
+
 #[tokio::test]
 async fn metrics_count_runs_tasks_and_calls_and_readiness_follows_the_drain() {
     let metrics = free_addr();

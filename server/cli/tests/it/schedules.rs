@@ -945,7 +945,7 @@ async fn the_schedule_commands_work_end_to_end_with_tables_json_and_exit_codes()
     )
     .await;
     assert_eq!(code, 0);
-    assert_eq!(stdout, "schedule nightly paused: paused\n");
+    assert_eq!(stdout, "schedule nightly paused\n");
     let (code, stdout, _) = cli(&server, &["schedule", "trigger", "nightly", "-o", "json"]).await;
     assert_eq!(code, 0);
     let fire = json_of(&stdout);

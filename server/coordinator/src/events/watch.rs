@@ -759,6 +759,20 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn every_read_cause_is_a_label_the_metrics_start_at_zero() {
+        let causes = [
+            ReadCause::First,
+            ReadCause::Announced,
+            ReadCause::Resubscribed,
+            ReadCause::Fallback,
+            ReadCause::MoreHistory,
+            ReadCause::Retry,
+        ];
+        let labels: Vec<&str> = causes.iter().map(|c| c.label()).collect();
+        assert_eq!(labels, crate::observe::metrics::WATCH_READ_CAUSES);
+    }
+
     fn event(seq: i64) -> HistoryRow {
         HistoryRow {
             seq,

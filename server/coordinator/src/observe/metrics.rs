@@ -178,6 +178,39 @@ pub fn describe_all() {
     }
 }
 
+/// The `cause` labels of [`WATCH_READS`] (`events::watch` reads for these).
+pub const WATCH_READ_CAUSES: [&str; 6] = [
+    "first",
+    "announced",
+    "resubscribed",
+    "fallback",
+    "more_history",
+    "retry",
+];
+
+/// What a label-free metric starts at, and the label sets known before
+/// any traffic (the causes of a watch read): present from the first
+/// scrape, so `rate()` and alerts on an absent series work on an idle
+/// server. Metrics labelled by tenant appear with their first tenant.
+pub fn start_at_zero() {
+    counter!(LEASES_RETURNED).absolute(0);
+    for cause in WATCH_READ_CAUSES {
+        counter!(WATCH_READS, "cause" => cause).absolute(0);
+    }
+    for name in [
+        WATCHED_RUNS,
+        OUTBOX_WAITING,
+        OUTBOX_OLDEST,
+        TIMERS_DUE,
+        TIMER_LAG,
+    ] {
+        gauge!(name).set(0.0);
+    }
+    // a histogram is listed once registered, with a count of zero
+    let _ = histogram!(EVENT_TX_SECONDS);
+    let _ = histogram!(EVENT_TX_EVENTS);
+}
+
 /// Whether a namespace, workflow or queue label carries its value (the
 /// default) or [`ALL_TENANTS`] (`--metrics-tenant-labels false`).
 static TENANT_LABELS: AtomicBool = AtomicBool::new(true);

@@ -36,7 +36,8 @@ use crate::{
     caller::caller,
     convert::{from_json, from_json_opt, keyset_page, page_size, page_token, timestamp, to_json},
     status::{
-        MAX_KEY_BYTES, MAX_TEXT_BYTES, check_name, check_text, from_coordinator, invalid_field,
+        MAX_KEY_BYTES, MAX_TEXT_BYTES, all_field_problems, check_name, check_text,
+        from_coordinator, invalid_field,
     },
     watch_body::{Frames, WatchSlot, grpc_frame},
 };
@@ -214,28 +215,25 @@ impl RunService for RunApi {
         let caller = caller(&request)?;
         let traceparent = crate::caller::traceparent(&request);
         let request = request.into_inner();
-        check_name("workflow_name", &request.workflow_name)?;
-        check_label_keys(&request.labels)?;
-        check_text("idempotency_key", &request.idempotency_key, MAX_KEY_BYTES)?;
-        if request.version < 0 {
-            return Err(invalid_field(
+        let priority = start_priority(request.priority);
+        let input = to_json(request.input, "input");
+        let version = match request.version {
+            v if v < 0 => Err(invalid_field(
                 "version",
                 "must be 0 (latest) or a version number",
-            ));
-        }
-        let priority = match request.priority {
-            0 => composer_coordinator::dispatch::streams::DEFAULT_PRIORITY,
-            p if (1..=5).contains(&p) => i16::try_from(p).unwrap_or_default(),
-            p => {
-                return Err(invalid_field(
-                    "priority",
-                    format!(
-                        "{p} is not a priority: 0 (the default, 3) or 1 (lowest) to 5 (highest)"
-                    ),
-                ));
-            }
+            )),
+            _ => Ok(()),
         };
-        let input = to_json(request.input, "input")?;
+        // every bad field in one answer
+        all_field_problems([
+            check_name("workflow_name", &request.workflow_name),
+            check_label_keys(&request.labels),
+            check_text("idempotency_key", &request.idempotency_key, MAX_KEY_BYTES),
+            version,
+            priority.as_ref().map(|_| ()).map_err(Clone::clone),
+            input.as_ref().map(|_| ()).map_err(Clone::clone),
+        ])?;
+        let (priority, input) = (priority?, input?);
         let (run, created) = self
             .coordinator
             .start_run(StartRun {
@@ -796,4 +794,16 @@ fn shared_frame(snapshot: &RunSnapshot) -> Result<Bytes, Status> {
 /// A shared snapshot's run as the API's.
 fn snapshot_message(view: &RunView) -> Run {
     run_message(view.run.clone(), view.nodes.clone(), &view.node_types)
+}
+
+/// A StartRun's priority: 0 is the default.
+fn start_priority(priority: i32) -> Result<i16, Status> {
+    match priority {
+        0 => Ok(composer_coordinator::dispatch::streams::DEFAULT_PRIORITY),
+        p if (1..=5).contains(&p) => Ok(i16::try_from(p).unwrap_or_default()),
+        p => Err(invalid_field(
+            "priority",
+            format!("{p} is not a priority: 0 (the default, 3) or 1 (lowest) to 5 (highest)"),
+        )),
+    }
 }
