@@ -968,3 +968,54 @@ async fn connection_and_output_flags_may_come_before_the_command() {
         );
     }
 }
+
+/// `composer token --dev-data DIR` signs with the secret `composer dev`
+/// keeps in its data folder, so a developer mints tokens of any role for
+/// the dev server; a folder without one says so.
+#[tokio::test]
+async fn token_dev_data_mints_with_the_dev_servers_secret() {
+    let data = tempfile::tempdir().expect("temp dir");
+    std::fs::write(data.path().join("auth-secret"), SECRET).expect("secret");
+    let server = ServerProcess::start(&binary(), &["--auth-secret", SECRET]).await;
+    let folder = data.path().to_str().expect("path");
+    let minted = finish(
+        bare(&[
+            "token",
+            "--dev-data",
+            folder,
+            "--sub",
+            "me",
+            "--role",
+            "reader",
+        ]),
+        None,
+    )
+    .await
+    .ok();
+    let token = minted.stdout.trim();
+    let info = cli(&server, &["server", "info", "--token", token, "-o", "json"])
+        .await
+        .ok()
+        .json();
+    assert_eq!(info["protocol_version"], composer_proto::PROTOCOL_VERSION);
+
+    let empty = tempfile::tempdir().expect("temp dir");
+    let refused = finish(
+        bare(&[
+            "token",
+            "--dev-data",
+            empty.path().to_str().expect("path"),
+            "--sub",
+            "me",
+            "--role",
+            "reader",
+        ]),
+        None,
+    )
+    .await;
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused.stderr.contains("no `composer dev` secret here"),
+        "{refused:#?}"
+    );
+}
