@@ -18,7 +18,7 @@ use composer_coordinator::{
 };
 use composer_grpc::{GrpcConfig, ServeError, Services, dashboard::DashboardFiles};
 use composer_store::{Store, StoreConfig, StoreError};
-use tokio::{net::TcpListener, sync::watch};
+use tokio::{net::TcpListener, sync::watch, task::JoinSet};
 
 use crate::config::{BackendArgs, ServerArgs};
 
@@ -140,7 +140,7 @@ pub async fn run(
         shutdown.await;
         let _ = stop_tx.send(true);
     });
-    let (services, background) = start_background(server, backend, &backends, &stop_rx)?;
+    let (services, background, loops) = start_background(server, backend, &backends, &stop_rx)?;
     composer_coordinator::observe::metrics::set_tenant_labels(server.metrics_tenant_labels);
     if let Some(addr) = server.metrics_listen {
         let pools = vec![
@@ -163,6 +163,7 @@ pub async fn run(
         result = serving => result?,
         () = deadline => return Err(StartError::ShutdownTimeout(timeout)),
     }
+    wind_down(loops).await;
     backends.store.close().await;
     tracing::info!("stopped");
     Ok(())
@@ -189,7 +190,7 @@ fn start_background(
     backend: &BackendArgs,
     backends: &Backends,
     stop: &watch::Receiver<bool>,
-) -> Result<(Services, Store), StartError> {
+) -> Result<(Services, Store, JoinSet<()>), StartError> {
     let store = backends.store.clone();
     let (publisher, deleter) =
         Publisher::new(store.clone(), &backend.redis_url, server.stream_shards)
@@ -237,7 +238,11 @@ fn start_background(
         ..RecoveryConfig::default()
     };
     let changes = RunChanges::new();
-    tokio::spawn(streams::run_enqueuer(
+    // the loops that end when told to stop: awaited before the process
+    // closes its pools, so none of them logs a closed pool or a stopped
+    // Redis on the way out
+    let mut loops = JoinSet::new();
+    loops.spawn(streams::run_enqueuer(
         store.clone(),
         backend.redis_url.clone(),
         dispatch_config,
@@ -255,22 +260,22 @@ fn start_background(
     })
     .map_err(StartError::Database)?;
     let recovering = coordinator.on_store(background.clone());
-    tokio::spawn(
+    loops.spawn(
         recovering
             .clone()
             .run_timer_loop(recovery.clone(), stop.clone()),
     );
-    tokio::spawn(
+    loops.spawn(
         recovering
             .clone()
             .run_lease_loop(recovery.clone(), stop.clone()),
     );
-    tokio::spawn(
+    loops.spawn(
         recovering
             .clone()
             .run_scheduler_loop(SchedulerConfig::default(), stop.clone()),
     );
-    tokio::spawn(recovering.clone().run_bulk_loop(
+    loops.spawn(recovering.clone().run_bulk_loop(
         BulkConfig {
             batch_size: server.bulk_batch_size,
             batch_pause: server.bulk_batch_pause,
@@ -279,15 +284,15 @@ fn start_background(
         },
         stop.clone(),
     ));
-    tokio::spawn(recovering.run_reconcile_loop(recovery, Arc::clone(&hub), stop.clone()));
-    tokio::spawn(changes.clone().run(backend.redis_url.clone(), stop.clone()));
+    loops.spawn(recovering.run_reconcile_loop(recovery, Arc::clone(&hub), stop.clone()));
+    loops.spawn(changes.clone().run(backend.redis_url.clone(), stop.clone()));
     let executor = HttpExecutor::new(HttpExecutorConfig {
         allow_private_networks: server.http_allow_private,
         allow_loopback: server.http_allow_loopback,
         ..HttpExecutorConfig::default()
     })
     .map_err(|e| StartError::Http(e.to_string()))?;
-    tokio::spawn(run_http_worker(
+    loops.spawn(run_http_worker(
         coordinator.clone(),
         Arc::clone(&hub),
         Arc::new(executor),
@@ -304,7 +309,23 @@ fn start_background(
             changes,
         },
         background,
+        loops,
     ))
+}
+
+/// How long the loops get, once told to stop, to finish what they are
+/// doing (a batch of timers, an HTTP call) before they are cut short.
+const LOOPS_WIND_DOWN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Waits for the loops to end after the stop, at most [`LOOPS_WIND_DOWN`].
+async fn wind_down(mut loops: JoinSet<()>) {
+    let all_ended = async { while loops.join_next().await.is_some() {} };
+    if tokio::time::timeout(LOOPS_WIND_DOWN, all_ended)
+        .await
+        .is_err()
+    {
+        loops.abort_all();
+    }
 }
 
 /// Resolves at the first SIGTERM or SIGINT. A second one exits the process at

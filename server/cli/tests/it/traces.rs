@@ -137,7 +137,7 @@ tracer = trace.get_tracer("traced-worker")
 worker = Worker(os.environ["COMPOSER_ADDRESS"], slots=1)
 
 
-@worker.task("step", queue="traced")
+@worker.task("traced", "step")
 async def step(ctx: TaskContext) -> dict[str, object]:
     with tracer.start_as_current_span("user work"):
         return {"n": int(ctx.input.get("n", 0)) + 1}
