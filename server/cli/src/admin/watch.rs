@@ -107,8 +107,9 @@ pub async fn watch(api: &mut Api, run_id: &str, format: Format) -> Result<(), Ad
     let mut view = View::new(format);
     let run = follow(api, run_id, |snapshot| view.show(snapshot)).await?;
     // what the run produced is what its watcher waited for
-    if matches!(format, Format::Table) && run.output.is_some() {
-        print_text(&format!("output: {}\n", value(run.output.as_ref())))?;
+    let output = value(run.output.as_ref());
+    if matches!(format, Format::Table) && !output.is_empty() && output != "null" {
+        print_text(&format!("output: {output}\n"))?;
     }
     outcome(&run)
 }
