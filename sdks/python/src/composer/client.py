@@ -852,9 +852,27 @@ class _LoopThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
 
     def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join()
-        self.loop.close()
+        # gRPC leaves a task per finished call that resolves a moment later:
+        # let those end (cancel what is left) so closing the loop never warns
+        # "Task was destroyed but it is pending!" at the user's exit.
+        try:
+            self.run(_settle_pending_tasks())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join()
+            self.loop.close()
+
+
+async def _settle_pending_tasks() -> None:
+    """Waits briefly for the loop's other tasks, then cancels the rest."""
+    current = asyncio.current_task()
+    pending = [task for task in asyncio.all_tasks() if task is not current]
+    if not pending:
+        return
+    _, still_pending = await asyncio.wait(pending, timeout=1.0)
+    for task in still_pending:
+        task.cancel()
+    await asyncio.gather(*still_pending, return_exceptions=True)
 
 
 class SyncClient:
