@@ -24,7 +24,7 @@ def main() -> None:
         return {}
 
     for name in ("step1", "step2", "step3"):
-        worker.register(name, noop, queue=queue)
+        worker.register(queue, name, noop)
 
     def report() -> None:
         while True:
