@@ -217,26 +217,24 @@ class Client:
         """Iterates over the namespace's workflows (each with its latest version) by name, fetching
         pages as it goes; only names starting with ``name_prefix`` when given."""
         request = workflow_service_pb2.ListWorkflowsRequest(name_prefix=name_prefix, page_size=page_size)
-        while True:
-            response: workflow_service_pb2.ListWorkflowsResponse = await self._call(
-                self._conn.workflows.ListWorkflows, request
-            )
+        async for response in self._pages(self._conn.workflows.ListWorkflows, request):
             for summary in response.workflows:
                 yield WorkflowSummary.from_proto(summary)
-            if not response.next_page_token:
-                return
-            request.page_token = response.next_page_token
 
     async def list_workflow_versions(self, name: str, *, page_size: int = 100) -> AsyncIterator[WorkflowVersion]:
         """Iterates over a workflow's versions, newest first, fetching pages as it goes (``source``
         and ``definition`` are left empty: :meth:`get_workflow` has them); NotFoundError if absent."""
         request = workflow_service_pb2.ListWorkflowVersionsRequest(name=name, page_size=page_size)
-        while True:
-            response: workflow_service_pb2.ListWorkflowVersionsResponse = await self._call(
-                self._conn.workflows.ListWorkflowVersions, request
-            )
+        async for response in self._pages(self._conn.workflows.ListWorkflowVersions, request):
             for version in response.versions:
                 yield WorkflowVersion.from_proto(version)
+
+    async def _pages(self, method: Any, request: Any) -> AsyncIterator[Any]:
+        """The responses of a paged List call, one per page, until the last (``request`` is
+        reused, its ``page_token`` moved on each time)."""
+        while True:
+            response = await self._call(method, request)
+            yield response
             if not response.next_page_token:
                 return
             request.page_token = response.next_page_token
@@ -308,13 +306,9 @@ class Client:
             request.create_time_after.FromDatetime(created_after)
         if created_before is not None:
             request.create_time_before.FromDatetime(created_before)
-        while True:
-            response: run_service_pb2.ListRunsResponse = await self._call(self._conn.runs.ListRuns, request)
+        async for response in self._pages(self._conn.runs.ListRuns, request):
             for run in response.runs:
                 yield Run.from_proto(run)
-            if not response.next_page_token:
-                return
-            request.page_token = response.next_page_token
 
     async def count_runs(
         self,
@@ -418,13 +412,9 @@ class Client:
     async def get_run_history(self, run_id: str, *, page_size: int = 100) -> AsyncIterator[HistoryEvent]:
         """Iterates over a run's history, oldest first, fetching pages as it goes."""
         request = run_service_pb2.GetRunHistoryRequest(run_id=run_id, page_size=page_size)
-        while True:
-            response: run_service_pb2.GetRunHistoryResponse = await self._call(self._conn.runs.GetRunHistory, request)
+        async for response in self._pages(self._conn.runs.GetRunHistory, request):
             for event in response.events:
                 yield HistoryEvent.from_proto(event)
-            if not response.next_page_token:
-                return
-            request.page_token = response.next_page_token
 
     async def watch_run(self, run_id: str) -> AsyncGenerator[Run, None]:
         """Yields the run's snapshots (the current one first, then one per change) until it ends.
@@ -580,15 +570,9 @@ class Client:
     async def list_bulk_operations(self, *, page_size: int = 100) -> AsyncIterator[BulkOperation]:
         """Iterates over the namespace's bulk operations, newest first, fetching pages as it goes."""
         request = run_service_pb2.ListBulkOperationsRequest(page_size=page_size)
-        while True:
-            response: run_service_pb2.ListBulkOperationsResponse = await self._call(
-                self._conn.runs.ListBulkOperations, request
-            )
+        async for response in self._pages(self._conn.runs.ListBulkOperations, request):
             for operation in response.operations:
                 yield BulkOperation.from_proto(operation)
-            if not response.next_page_token:
-                return
-            request.page_token = response.next_page_token
 
     async def cancel_bulk_operation(self, operation_id: str) -> BulkOperation:
         """Stops a bulk operation after the run it is on; runs already acted on stay as they are.
@@ -694,15 +678,9 @@ class Client:
     async def list_schedules(self, *, page_size: int = 100) -> AsyncIterator[Schedule]:
         """Iterates over the namespace's schedules by id, fetching pages as it goes."""
         request = schedule_service_pb2.ListSchedulesRequest(page_size=page_size)
-        while True:
-            response: schedule_service_pb2.ListSchedulesResponse = await self._call(
-                self._conn.schedules.ListSchedules, request
-            )
+        async for response in self._pages(self._conn.schedules.ListSchedules, request):
             for schedule in response.schedules:
                 yield Schedule.from_proto(schedule)
-            if not response.next_page_token:
-                return
-            request.page_token = response.next_page_token
 
     async def update_schedule(
         self,
@@ -823,15 +801,9 @@ class Client:
     async def list_queue_rate_limits(self, *, page_size: int = 100) -> AsyncIterator[QueueRateLimit]:
         """Iterates over the namespace's rate limits by queue name, fetching pages as it goes."""
         request = queue_service_pb2.ListQueueRateLimitsRequest(page_size=page_size)
-        while True:
-            response: queue_service_pb2.ListQueueRateLimitsResponse = await self._call(
-                self._conn.queues.ListQueueRateLimits, request
-            )
+        async for response in self._pages(self._conn.queues.ListQueueRateLimits, request):
             for limit in response.limits:
                 yield QueueRateLimit.from_proto(limit)
-            if not response.next_page_token:
-                return
-            request.page_token = response.next_page_token
 
     async def delete_queue_rate_limit(self, queue: str) -> None:
         """Removes a queue's rate limit (its tasks go out unlimited within about a second); NotFoundError if absent."""
