@@ -567,12 +567,12 @@ impl TaskRates {
         }
         let amount = expected as f64;
         bucket.spend(quotas.tasks, now, amount);
-        Ok(TaskReservation {
-            rates: Some(Arc::clone(self)),
+        Ok(TaskReservation(Some(Reserved {
+            rates: Arc::clone(self),
             namespace: namespace.to_owned(),
             rate: quotas.tasks,
             amount,
-        })
+        })))
     }
 
     /// Counts `count` tasks armed for `namespace`.
@@ -608,8 +608,12 @@ impl TaskRates {
 /// back when it is dropped: by then the tasks it armed were counted.
 #[derive(Debug)]
 #[must_use = "the reservation is given back when dropped"]
-pub struct TaskReservation {
-    rates: Option<Arc<TaskRates>>,
+pub struct TaskReservation(Option<Reserved>);
+
+/// What a reservation holds (none when nothing was expected).
+#[derive(Debug)]
+struct Reserved {
+    rates: Arc<TaskRates>,
     namespace: String,
     rate: Rate,
     amount: f64,
@@ -617,19 +621,16 @@ pub struct TaskReservation {
 
 impl TaskReservation {
     fn none() -> Self {
-        Self {
-            rates: None,
-            namespace: String::new(),
-            rate: Rate::new(1.0, 1.0),
-            amount: 0.0,
-        }
+        Self(None)
     }
 }
 
 impl Drop for TaskReservation {
     fn drop(&mut self) {
-        if let Some(rates) = self.rates.take() {
-            rates.refund(&self.namespace, self.rate, self.amount);
+        if let Some(reserved) = self.0.take() {
+            reserved
+                .rates
+                .refund(&reserved.namespace, reserved.rate, reserved.amount);
         }
     }
 }
