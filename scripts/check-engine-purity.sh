@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The engine is pure: it must not depend on any I/O crate (DESIGN.md, "engine
-# depends on no I/O crate"). Fails, naming the crate, if one shows up in the
+# The engine is pure: it must not depend on any I/O crate (docs/architecture.md: the engine
+# depends on no I/O crate). Fails, naming the crate, if one shows up in the
 # normal (non-dev) dependency tree of composer-engine.
 set -euo pipefail
 cd "$(dirname "$0")/.."

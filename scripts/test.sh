@@ -61,6 +61,7 @@ rust_lane() {
   stage rust cargo-test-alone env COMPOSER_BIN="$composer" scripts/with-services.sh \
     cargo test $targets --no-fail-fast -- alone:: --test-threads=1
   stage rust engine-purity scripts/check-engine-purity.sh
+  stage rust doc-links scripts/check-doc-links.sh
 }
 
 sdks_lane() {

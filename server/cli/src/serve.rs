@@ -141,6 +141,7 @@ pub async fn run(
         let _ = stop_tx.send(true);
     });
     let (services, background, loops) = start_background(server, backend, &backends, &stop_rx)?;
+    let hub = std::sync::Arc::clone(&services.hub);
     composer_coordinator::observe::metrics::set_tenant_labels(server.metrics_tenant_labels);
     if let Some(addr) = server.metrics_listen {
         let pools = vec![
@@ -163,7 +164,7 @@ pub async fn run(
         result = serving => result?,
         () = deadline => return Err(StartError::ShutdownTimeout(timeout)),
     }
-    wind_down(loops).await;
+    wind_down(loops, &hub).await;
     backends.store.close().await;
     tracing::info!("stopped");
     Ok(())
@@ -317,9 +318,13 @@ fn start_background(
 /// doing (a batch of timers, an HTTP call) before they are cut short.
 const LOOPS_WIND_DOWN: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Waits for the loops to end after the stop, at most [`LOOPS_WIND_DOWN`].
-async fn wind_down(mut loops: JoinSet<()>) {
-    let all_ended = async { while loops.join_next().await.is_some() {} };
+/// Waits for the loops and the poll hub's reader to end after the stop, at
+/// most [`LOOPS_WIND_DOWN`].
+async fn wind_down(mut loops: JoinSet<()>, hub: &PollHub) {
+    let all_ended = async {
+        hub.stop().await;
+        while loops.join_next().await.is_some() {}
+    };
     if tokio::time::timeout(LOOPS_WIND_DOWN, all_ended)
         .await
         .is_err()

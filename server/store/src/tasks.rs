@@ -762,7 +762,7 @@ pub struct OutboxMessage {
 /// in the caller's transaction: commit after the messages are in Redis,
 /// roll back if not. (Fresh rows are the committing server's to publish;
 /// this is the path for the ones it could not.) `= ANY(ARRAY(...))` runs
-/// the locking subquery once (DESIGN.md's trap).
+/// the locking subquery once (a plain `IN (subquery)` may run it per row).
 pub async fn take_outbox(
     conn: &mut PgConnection,
     limit: i64,

@@ -28,18 +28,135 @@ fn field<'a>(line: &'a str, label: &str) -> Option<&'a str> {
         .map(|rest| rest.trim().split(' ').next().unwrap_or_default())
 }
 
+/// Every line of `reader`, gathered until it closes.
+fn gather_lines(
+    reader: impl tokio::io::AsyncRead + Unpin + Send + 'static,
+) -> tokio::task::JoinHandle<Vec<String>> {
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(reader).lines();
+        let mut all = Vec::new();
+        while let Ok(Some(line)) = lines.next_line().await {
+            all.push(line);
+        }
+        all
+    })
+}
+
+/// A call with `token` as its bearer.
+fn with_token<T>(message: T, token: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {token}").parse().expect("header"),
+    );
+    request
+}
+
+/// What a newcomer's session leaves open when they press Ctrl-C: a run
+/// waiting for its task, a worker's long poll on another queue and a
+/// WatchRun stream on the run.
+async fn leave_work_open(
+    channel: tonic::transport::Channel,
+    admin: &str,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    use composer_proto::v1::{
+        PollTasksRequest, RegisterWorkflowRequest, StartRunRequest, WatchRunRequest,
+        run_service_client::RunServiceClient, worker_service_client::WorkerServiceClient,
+        workflow_service_client::WorkflowServiceClient,
+    };
+    let source =
+        "name: left-open\nnodes:\n  - { id: step, type: TASK, queue: waiting, task: step }\n";
+    WorkflowServiceClient::new(channel.clone())
+        .register_workflow(with_token(
+            RegisterWorkflowRequest {
+                source: source.to_owned(),
+            },
+            admin,
+        ))
+        .await
+        .expect("register");
+    let mut runs = RunServiceClient::new(channel.clone());
+    let run_id = runs
+        .start_run(with_token(
+            StartRunRequest {
+                workflow_name: "left-open".to_owned(),
+                ..StartRunRequest::default()
+            },
+            admin,
+        ))
+        .await
+        .expect("start")
+        .into_inner()
+        .run
+        .expect("run")
+        .run_id;
+    let mut stream = runs
+        .watch_run(with_token(WatchRunRequest { run_id }, admin))
+        .await
+        .expect("watch")
+        .into_inner();
+    let watch = tokio::spawn(async move { while let Ok(Some(_)) = stream.message().await {} });
+    let token = admin.to_owned();
+    let poll = tokio::spawn(async move {
+        let _ = WorkerServiceClient::new(channel)
+            .poll_tasks(with_token(
+                PollTasksRequest {
+                    worker_id: "left-open".to_owned(),
+                    queues: vec!["nothing-here".to_owned()],
+                    max_tasks: 1,
+                    wait: Some(prost_types::Duration {
+                        seconds: 30,
+                        nanos: 0,
+                    }),
+                    confirm_receipt: false,
+                },
+                &token,
+            ))
+            .await;
+    });
+    vec![watch, poll]
+}
+
+/// Whether a log line (JSON or text) is the server's last: `stopped`.
+fn says_stopped(line: &str) -> bool {
+    line.contains("\"message\":\"stopped\"") || line.trim_end().ends_with(": stopped")
+}
+
+/// The lines of a log (JSON or text) after its `stopped` line that warn or
+/// err.
+fn complaints_after_stopped(log: &[String]) -> Vec<String> {
+    let after = log
+        .iter()
+        .position(|line| says_stopped(line))
+        .map_or(log.len(), |at| at + 1);
+    let complains = |line: &&String| {
+        [
+            "\"level\":\"WARN\"",
+            "\"level\":\"ERROR\"",
+            " WARN ",
+            " ERROR ",
+        ]
+        .iter()
+        .any(|level| line.contains(level))
+    };
+    log[after..].iter().filter(complains).cloned().collect()
+}
+
 #[tokio::test]
 async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
+    // a port other than the default, as `--listen` sets it
     let mut child = Command::new(composer_binary())
         .args(["dev", "--listen", "127.0.0.1:0"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .expect("spawn composer dev");
+    let logs = gather_lines(child.stderr.take().expect("stderr"));
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let (mut url, mut data, mut admin, mut dashboard) = (None, None, None, None);
+    let mut export = None;
     let started = Instant::now();
     while let Ok(Ok(Some(line))) =
         tokio::time::timeout(Duration::from_secs(120), stdout.next_line()).await
@@ -48,6 +165,10 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
         data = data.or(field(&line, "data").map(PathBuf::from));
         admin = admin.or(field(&line, "admin token").map(str::to_owned));
         dashboard = dashboard.or(field(&line, "dashboard").map(str::to_owned));
+        export = export.or(line
+            .trim()
+            .strip_prefix("address")
+            .map(|rest| rest.trim().to_owned()));
         if line.starts_with("Press Ctrl-C") {
             break;
         }
@@ -57,6 +178,11 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
         );
     }
     let url = url.expect("dev printed its address");
+    assert_eq!(
+        export.as_deref(),
+        Some(format!("export COMPOSER_ADDRESS={url}").as_str()),
+        "the address line names the port dev listens on"
+    );
     let data = data.expect("dev printed its data folder");
     assert!(
         data.join("postgres/PG_VERSION").is_file(),
@@ -80,14 +206,12 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
     // the printed admin token works; no token does not
     let admin = admin.expect("dev printed an admin token");
     let mut runs = composer_proto::v1::run_service_client::RunServiceClient::new(channel);
-    let mut request = tonic::Request::new(composer_proto::v1::ListRunsRequest::default());
-    request.metadata_mut().insert(
-        "authorization",
-        format!("Bearer {admin}").parse().expect("header"),
-    );
-    runs.list_runs(request)
-        .await
-        .expect("the admin token is accepted");
+    runs.list_runs(with_token(
+        composer_proto::v1::ListRunsRequest::default(),
+        &admin,
+    ))
+    .await
+    .expect("the admin token is accepted");
     let anonymous = runs
         .list_runs(composer_proto::v1::ListRunsRequest::default())
         .await
@@ -130,6 +254,18 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
         "{status:?} {text}"
     );
 
+    let open = leave_work_open(
+        tonic::transport::Channel::from_shared(url.clone())
+            .expect("url")
+            .connect()
+            .await
+            .expect("connect"),
+        &admin,
+    )
+    .await;
+    // the poll and the stream are held by the server before Ctrl-C comes
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).expect("pid");
     kill(Pid::from_raw(pid), Signal::SIGINT).expect("ctrl-c");
     let exit = tokio::time::timeout(Duration::from_secs(30), child.wait())
@@ -138,6 +274,23 @@ async fn dev_serves_on_private_postgres_and_redis_and_cleans_up_on_ctrl_c() {
         .expect("exit status");
     assert!(exit.success(), "{exit:?}");
     assert!(!data.exists(), "the temporary folder {data:?} was removed");
+    for task in open {
+        let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    }
+    // once the server said it stopped, taking Postgres and Redis down
+    // behind it warns about nothing
+    let log = logs.await.expect("logs");
+    assert!(
+        log.iter().any(|line| says_stopped(line)),
+        "the server logged that it stopped:\n{}",
+        log.join("\n")
+    );
+    let complaints = complaints_after_stopped(&log);
+    assert!(
+        complaints.is_empty(),
+        "after stopped:\n{}",
+        complaints.join("\n")
+    );
 }
 
 /// `make dev` as a person runs it: the script in a terminal's foreground
@@ -167,15 +320,7 @@ async fn make_dev_drains_on_one_ctrl_c_and_prints_commands_that_work_as_typed() 
     // whatever happens below, the script is told to stop everything it started
     let _stop = StopGroup(group);
     let mut stdout = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let stderr = child.stderr.take().expect("stderr");
-    let logs = tokio::spawn(async move {
-        let mut lines = BufReader::new(stderr).lines();
-        let mut all = Vec::new();
-        while let Ok(Some(line)) = lines.next_line().await {
-            all.push(line);
-        }
-        all
-    });
+    let logs = gather_lines(child.stderr.take().expect("stderr"));
     let mut printed = Vec::new();
     while let Ok(Ok(Some(line))) =
         tokio::time::timeout(Duration::from_secs(300), stdout.next_line()).await
@@ -223,8 +368,19 @@ async fn make_dev_drains_on_one_ctrl_c_and_prints_commands_that_work_as_typed() 
         .await
         .expect("make dev stopped within 60 s")
         .expect("exit status");
-    let logs = logs.await.expect("logs").join("\n");
+    let log = logs.await.expect("logs");
+    let complaints = complaints_after_stopped(&log);
+    assert!(
+        complaints.is_empty(),
+        "after stopped:\n{}",
+        complaints.join("\n")
+    );
+    let logs = log.join("\n");
     assert!(logs.contains("draining"), "the server drained:\n{logs}");
+    assert!(
+        log.iter().any(|line| says_stopped(line)),
+        "the server logged that it stopped:\n{logs}"
+    );
     assert!(
         !logs.contains("second signal: exiting now"),
         "one Ctrl-C counted twice:\n{logs}"

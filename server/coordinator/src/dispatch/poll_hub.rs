@@ -293,6 +293,11 @@ pub struct PollHub {
     reading: Mutex<HashSet<QueueKey>>,
     wake: Notify,
     reader_started: AtomicBool,
+    /// Set by [`PollHub::stop`]: the reader and the limits loop end.
+    stopped: AtomicBool,
+    stopping: Notify,
+    /// The reader's and the limits loop's tasks, awaited by `stop`.
+    loops: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     control: tokio::sync::Mutex<Option<RedisConnection>>,
     limits: LimitCache,
 }
@@ -321,6 +326,9 @@ impl PollHub {
             reading: Mutex::new(HashSet::new()),
             wake: Notify::new(),
             reader_started: AtomicBool::new(false),
+            stopped: AtomicBool::new(false),
+            stopping: Notify::new(),
+            loops: Mutex::new(Vec::new()),
             control: tokio::sync::Mutex::new(None),
             limits: LimitCache::default(),
         }))
@@ -448,9 +456,32 @@ impl PollHub {
             return;
         }
         let hub = Arc::clone(self);
-        tokio::spawn(async move { hub.read_loop().await });
+        let reader = tokio::spawn(async move { hub.read_loop().await });
         let hub = Arc::clone(self);
-        tokio::spawn(async move { hub.refresh_limits_loop().await });
+        let refresher = tokio::spawn(async move { hub.refresh_limits_loop().await });
+        lock(&self.loops).extend([reader, refresher]);
+    }
+
+    /// Ends the reader (after the read in flight) and the limits loop, and
+    /// waits for them: the server is stopping, and what is left in the
+    /// streams is claimed by the servers that stay. Nothing of this hub
+    /// touches Redis or Postgres once it returns.
+    pub async fn stop(&self) {
+        self.stopped.store(true, Ordering::Release);
+        self.stopping.notify_waiters();
+        self.wake.notify_one();
+        let loops: Vec<_> = lock(&self.loops).drain(..).collect();
+        if !loops.is_empty() {
+            // a blocked read returns at the wake message
+            self.interrupt_read().await;
+        }
+        for task in loops {
+            let _ = task.await;
+        }
+    }
+
+    fn is_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Acquire)
     }
 
     /// Reads the rate limits of the queues this server serves every
@@ -458,7 +489,13 @@ impl PollHub {
     /// Postgres down: the last limits read stay in force.
     async fn refresh_limits_loop(self: Arc<Self>) {
         loop {
-            tokio::time::sleep(rate_limit::REFRESH).await;
+            tokio::select! {
+                () = tokio::time::sleep(rate_limit::REFRESH) => {}
+                () = self.stopping.notified() => return,
+            }
+            if self.is_stopped() {
+                return;
+            }
             let queues: Vec<QueueKey> = lock(&self.queues).keys().cloned().collect();
             if let Err(error) = self.limits.refresh(&self.store, &queues).await {
                 tracing::warn!(%error, "could not refresh queue rate limits; keeping the last ones");
@@ -527,6 +564,9 @@ impl PollHub {
         let cluster = self.redis.is_cluster();
         let mut pause = CLUSTER_PAUSE_MIN;
         loop {
+            if self.is_stopped() {
+                return;
+            }
             self.forget_idle_queues().await;
             self.read_higher(&mut connection, &mut grouped).await;
             self.hand_out_all().await;
