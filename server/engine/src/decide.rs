@@ -63,6 +63,68 @@ pub fn decide(
     Ok(ctx.finish())
 }
 
+/// Decides `event` as a coordinator would: node states are read from
+/// `stored` (what [`prefetch`] names first, then whatever [`decide`] asks
+/// for) into `state`. Returns the decision and how many extra load rounds
+/// it took.
+pub fn decide_from(
+    wf: &CompiledWorkflow,
+    state: &mut RunState,
+    stored: &BTreeMap<NodeKey, NodeState>,
+    event: &Event,
+    now: Timestamp,
+) -> Result<(Decision, usize), DecideError> {
+    for key in prefetch(wf, state, event) {
+        let found = stored.get(&key).cloned();
+        state.load(key, found);
+    }
+    for round in 0..10_000 {
+        match decide(wf, state, event, now) {
+            Ok(decision) => return Ok((decision, round)),
+            Err(DecideError::NeedNodes(keys)) => {
+                let before = state.nodes.len();
+                for key in keys {
+                    let found = stored.get(&key).cloned();
+                    state.load(key, found);
+                }
+                if state.nodes.len() == before {
+                    return Err(DecideError::Inconsistent(
+                        "NeedNodes asked for loaded keys".into(),
+                    ));
+                }
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Err(DecideError::Inconsistent("too many load rounds".into()))
+}
+
+/// The input node `id` would be given if it started now, rendered against
+/// `state` (which must hold the nodes it reads). A MAP's elements and
+/// nodes that take no input answer `Ok(None)`.
+pub fn render_node_input(
+    wf: &CompiledWorkflow,
+    state: &RunState,
+    id: &str,
+) -> Result<Option<Json>, String> {
+    let Some(idx) = wf.node_index(id) else {
+        return Ok(None);
+    };
+    if wf.nodes[idx].input.is_none() {
+        return Ok(None);
+    }
+    let ctx = Ctx {
+        wf,
+        state,
+        now: Timestamp(0),
+        run: state.run.clone(),
+        touched: BTreeMap::new(),
+        actions: Vec::new(),
+        work: VecDeque::new(),
+    };
+    ctx.render_input(idx, None).map(Some)
+}
+
 /// Node keys an event will likely touch, not yet in `state`: load them
 /// before calling [`decide`] so that one call usually suffices.
 pub fn prefetch(wf: &CompiledWorkflow, state: &RunState, event: &Event) -> Vec<NodeKey> {

@@ -44,6 +44,7 @@ mod definition;
 pub mod duration;
 pub mod history;
 pub mod names;
+pub mod replay;
 pub mod schedule;
 pub mod simulate;
 mod state;
@@ -54,7 +55,7 @@ pub use compile::{
     DEFAULT_MAP_CONCURRENCY, HTTP_QUEUE, Kind, MAX_CONCURRENCY_KEY_BYTES, MAX_EDGES, MapElement,
     RetryPolicy, RunConcurrency, TaskSlot, parse_definition, splitmix64,
 };
-pub use decide::{codes, decide, prefetch};
+pub use decide::{codes, decide, decide_from, prefetch, render_node_input};
 pub use definition::{
     ConcurrencySpec, Definition, Edge, EdgeOn, HttpSpec, MAX_CONCURRENCY, MAX_DEFINITION_BYTES,
     MAX_NODES, Node, NodeConcurrency, NodeType, OnLimit, RetrySpec, TaskConcurrency,

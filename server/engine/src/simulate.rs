@@ -2,7 +2,7 @@
 //! virtual clock, no database, and returns the full history.
 //!
 //! It plays the coordinator: it loads only the node states an event touches
-//! (asking [`prefetch`] first, then answering `NeedNodes`), applies the
+//! (asking [`prefetch`](crate::prefetch) first, then answering `NeedNodes`), applies the
 //! decision, and turns actions into future events: a task's scripted report,
 //! a timer firing, a child run finishing, an external event.
 //!
@@ -36,7 +36,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value as Json;
 
 use crate::compile::{CompiledWorkflow, splitmix64};
-use crate::decide::{decide, prefetch};
+use crate::decide::decide_from;
 use crate::definition::ValidationErrors;
 use crate::duration::parse_duration;
 use crate::state::{
@@ -465,35 +465,8 @@ impl Sim<'_> {
         now: Timestamp,
         step: usize,
     ) -> Result<(crate::Decision, usize), SimulationError> {
-        for k in prefetch(self.wf, state, event) {
-            let s = self.store.get(&k).cloned();
-            state.load(k, s);
-        }
-        for round in 0..10_000 {
-            match decide(self.wf, state, event, now) {
-                Ok(d) => return Ok((d, round)),
-                Err(DecideError::NeedNodes(keys)) => {
-                    let before = state.nodes.len();
-                    for k in keys {
-                        let s = self.store.get(&k).cloned();
-                        state.load(k, s);
-                    }
-                    if state.nodes.len() == before {
-                        return Err(SimulationError::Decide {
-                            step,
-                            error: DecideError::Inconsistent(
-                                "NeedNodes asked for loaded keys".into(),
-                            ),
-                        });
-                    }
-                }
-                Err(error) => return Err(SimulationError::Decide { step, error }),
-            }
-        }
-        Err(SimulationError::Decide {
-            step,
-            error: DecideError::Inconsistent("too many load rounds".into()),
-        })
+        decide_from(self.wf, state, &self.store, event, now)
+            .map_err(|error| SimulationError::Decide { step, error })
     }
 
     fn step(

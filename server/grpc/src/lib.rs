@@ -10,6 +10,7 @@ mod deadline;
 mod health;
 mod held_body;
 pub mod quota;
+pub mod recorded;
 pub mod request_metrics;
 mod server;
 mod services;

@@ -12,9 +12,12 @@ pub const EXIT_CODES_HELP: &str = "\
 Exit codes of the commands that call a server (workflow, run, operation, schedule, queue, server):
   0   ok
   1   the run ended FAILED or CANCELLED (run start --wait, run watch), or
-      the bulk operation waited on did not succeed (--wait)
+      the bulk operation waited on did not succeed (--wait), or workflow
+      replay found the new definition incompatible with the run
   2   usage: a bad flag or flag value
   3   a local file or standard input could not be read
+  4   workflow replay: the history cannot be replayed (incomplete, or
+      not what the run's own definition decides)
   10+ the server's gRPC status code:
       11 CANCELLED            12 UNKNOWN             13 INVALID_ARGUMENT
       14 DEADLINE_EXCEEDED    15 NOT_FOUND           16 ALREADY_EXISTS
@@ -27,6 +30,10 @@ Exit codes of the commands that call a server (workflow, run, operation, schedul
 
 /// Exit code of a run that ended FAILED or CANCELLED.
 pub const EXIT_RUN_NOT_COMPLETED: u8 = 1;
+/// Exit code of a replay that found the new definition incompatible.
+pub const EXIT_INCOMPATIBLE: u8 = 1;
+/// Exit code of a history that cannot be replayed.
+pub const EXIT_UNREPLAYABLE: u8 = 4;
 /// Exit code of a usage error (clap uses the same for its own).
 pub const EXIT_USAGE: u8 = 2;
 /// Exit code of a file or standard input that could not be read.
@@ -72,6 +79,14 @@ pub enum AdminError {
         /// The run's error, `CODE message`, if any.
         reason: Option<String>,
     },
+    /// The new definition cannot continue a replayed run (the verdict was
+    /// printed).
+    #[error("{0}")]
+    Incompatible(String),
+    /// A history could not be replayed: incomplete, not recorded by this
+    /// engine, or not a history at all.
+    #[error("cannot replay: {0}")]
+    Unreplayable(String),
     /// A bulk operation the command waited on ended CANCELLED or FAILED.
     #[error("bulk operation {operation_id} ended {status}")]
     OperationNotSucceeded {
@@ -108,6 +123,8 @@ impl AdminError {
             AdminError::RunNotCompleted { .. } | AdminError::OperationNotSucceeded { .. } => {
                 EXIT_RUN_NOT_COMPLETED
             }
+            AdminError::Incompatible(_) => EXIT_INCOMPATIBLE,
+            AdminError::Unreplayable(_) => EXIT_UNREPLAYABLE,
         }
     }
 }
@@ -210,6 +227,8 @@ mod tests {
         };
         assert_eq!(failed.exit_code(), 1);
         assert_eq!(AdminError::Invalid(vec![]).exit_code(), 13);
+        assert_eq!(AdminError::Incompatible("x".into()).exit_code(), 1);
+        assert_eq!(AdminError::Unreplayable("x".into()).exit_code(), 4);
         assert_eq!(AdminError::from(Status::not_found("x")).exit_code(), 15);
         assert_eq!(
             AdminError::from(Status::unauthenticated("x")).exit_code(),

@@ -9,6 +9,7 @@ mod error;
 pub mod global_flags;
 mod output;
 pub mod queue;
+pub mod replay;
 pub mod run;
 pub mod schedule;
 pub mod server;

@@ -40,6 +40,9 @@ macro_rules! api_messages {
 }
 
 api_messages!(
+    Run,
+    HistoryEvent,
+    WorkflowVersion,
     RegisterWorkflowResponse,
     ValidateWorkflowResponse,
     GetWorkflowResponse,
@@ -97,6 +100,16 @@ pub fn to_json<M: ApiMessage>(message: &M) -> Json {
         .expect("a protobuf message serializes as JSON");
     integral_numbers(&mut json);
     json
+}
+
+/// The message `json` holds, as [`to_json`] writes it (proto or JSON field
+/// names, enums by name or number).
+pub fn from_json<M: ApiMessage + Default>(json: &Json) -> Result<M, String> {
+    let descriptor = descriptors()
+        .get_message_by_name(M::NAME)
+        .expect("every ApiMessage is in the descriptor set");
+    let dynamic = DynamicMessage::deserialize(descriptor, json).map_err(|e| e.to_string())?;
+    dynamic.transcode_to::<M>().map_err(|e| e.to_string())
 }
 
 /// `google.protobuf.Value` numbers are doubles; print `3`, not `3.0`, as

@@ -15,7 +15,8 @@ use super::{
     AdminError, Api, ClientArgs, Format,
     bulk::{self, BulkAction, BulkArgs, BulkWithReasonArgs},
     output::{
-        Table, failure, fields, labels, print_json, print_text, run_status, shorten, time, value,
+        Table, failure, fields, labels, print_json, print_text, run_status, shorten, time, to_json,
+        value,
     },
     parse_label, read_json,
     status::StatusFilter,
@@ -392,7 +393,12 @@ async fn history(args: HistoryArgs) -> Result<(), AdminError> {
         }
     }
     if args.client.output == Format::Json {
-        return print_json(&all);
+        // the run and its definition beside the history: the file replays
+        // offline (`workflow replay --history`)
+        let record = super::replay::fetch_context(&mut api, &args.run_id).await?;
+        let json = super::replay::record_json(to_json(&all), &record.0, &record.1);
+        let text = serde_json::to_string_pretty(&json).unwrap_or_default();
+        return print_text(&format!("{text}\n"));
     }
     let mut table = Table::new(&[
         "SEQ", "TIME", "EVENT", "NODE", "ATTEMPT", "ACTOR", "DETAILS",

@@ -29,6 +29,9 @@ pub enum WorkflowCommand {
     Get(GetArgs),
     /// List the versions of a workflow, newest first.
     Versions(VersionsArgs),
+    /// Replay a run's recorded history against a new definition: identical,
+    /// compatible or incompatible (exit 1), with the first divergence named.
+    Replay(super::replay::ReplayArgs),
 }
 
 /// A definition to send.
@@ -97,6 +100,7 @@ pub async fn run(command: WorkflowCommand) -> Result<(), AdminError> {
         WorkflowCommand::List(args) => list(args).await,
         WorkflowCommand::Get(args) => get(args).await,
         WorkflowCommand::Versions(args) => versions(args).await,
+        WorkflowCommand::Replay(args) => super::replay::replay_command(args).await,
     }
 }
 

@@ -6,9 +6,11 @@ use std::{path::PathBuf, process::Stdio, sync::Arc, time::Duration};
 
 use composer_grpc::auth::{NewToken, SigningKey, mint};
 use composer_testkit::ServerProcess;
+
+use crate::common::cli::{bare, binary, cli, composer, finish};
 use serde_json::{Value as Json, json};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    io::{AsyncBufReadExt, BufReader},
     process::{Child, Command},
 };
 
@@ -34,81 +36,6 @@ const IMPATIENT: &str = "name: impatient
 nodes:
   - { id: approved, type: WAIT_FOR_EVENT, event: approve, timeout: 50ms }
 ";
-
-fn binary() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_composer"))
-}
-
-/// `composer <args>` with no connection settings from the environment.
-fn bare(args: &[&str]) -> Command {
-    let mut command = Command::new(binary());
-    command
-        .args(args)
-        .env_remove("COMPOSER_ADDRESS")
-        .env_remove("COMPOSER_TOKEN")
-        .env_remove("COMPOSER_NAMESPACE")
-        .env_remove("COMPOSER_CA_CERT")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    command
-}
-
-/// `composer <args> --address <server>`, with no connection settings
-/// inherited from the environment.
-fn composer(server: &ServerProcess, args: &[&str]) -> Command {
-    let mut command = bare(args);
-    command.args(["--address", &server.url()]);
-    command
-}
-
-/// What a finished command left.
-#[derive(Debug)]
-struct Outcome {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Outcome {
-    fn json(&self) -> Json {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}):\n{}", self.stdout))
-    }
-
-    fn ok(self) -> Self {
-        assert_eq!(self.code, 0, "{self:#?}");
-        self
-    }
-}
-
-async fn finish(mut command: Command, stdin: Option<&str>) -> Outcome {
-    if stdin.is_some() {
-        command.stdin(Stdio::piped());
-    }
-    let mut child = command
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn composer");
-    if let Some(text) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin");
-        pipe.write_all(text.as_bytes()).await.expect("write stdin");
-        drop(pipe);
-    }
-    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .expect("composer finished within a minute")
-        .expect("composer ran");
-    Outcome {
-        code: output.status.code().expect("exited, not killed"),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
-
-async fn cli(server: &ServerProcess, args: &[&str]) -> Outcome {
-    finish(composer(server, args), None).await
-}
 
 async fn start(server: &ServerProcess, workflow: &str) -> String {
     let started = cli(server, &["run", "start", workflow, "-o", "json"])

@@ -16,6 +16,7 @@ mod flow_control;
 mod operations;
 mod rate_limits;
 mod redis_cluster;
+mod replay;
 mod run_filters;
 mod runs;
 mod schedules;

@@ -167,3 +167,36 @@ fn the_timeline_tells_the_run_as_it_happened() {
         Some("result: COMPLETED, output {\"shipment\":{\"tracking\":\"T1\"}}")
     );
 }
+
+/// Every example run (failures, retries, timers, events, compensations,
+/// cancels) replays as identical against its own definition: replay
+/// rebuilds each event from the history alone.
+#[test]
+fn every_example_run_replays_as_identical_against_its_own_definition() {
+    use composer_engine::replay::{NodeMapping, Verdict, replay};
+    let mut replayed = 0;
+    for entry in std::fs::read_dir(examples_dir()).expect("examples dir") {
+        let path = entry.expect("entry").path();
+        if !path.to_string_lossy().ends_with(".outcomes.yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("read");
+        let outcomes = Outcomes::parse(&text).expect("outcomes");
+        let wf = CompiledWorkflow::from_text(
+            &std::fs::read_to_string(workflow_for(&path)).expect("read"),
+        )
+        .expect("compiles");
+        let report = simulate_with(&wf, &outcomes, &SimOptions::default()).expect("simulates");
+        let recorded = crate::common::recorded_of(&report, outcomes.input.clone(), None);
+        let verdict = replay(&wf, &wf, &recorded, &NodeMapping::default())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(
+            verdict.verdict,
+            Verdict::Identical,
+            "{}: {verdict:#?}",
+            path.display()
+        );
+        replayed += 1;
+    }
+    assert!(replayed >= 5, "{replayed} example runs");
+}

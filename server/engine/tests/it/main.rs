@@ -10,4 +10,5 @@ mod history_types;
 mod invalid_definitions;
 mod properties;
 mod protocol;
+mod replay;
 mod rules;

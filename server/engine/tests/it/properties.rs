@@ -376,3 +376,50 @@ fn random_workflows_cover_the_interesting_cases() {
         );
     }
 }
+
+/// A run replayed against its own definition: identical, whether cut in
+/// flight after any event or kept whole.
+fn replays_as_identical(
+    wf: &CompiledWorkflow,
+    outcomes: &str,
+    r: &SimulationReport,
+    cut: u64,
+) -> Result<(), TestCaseError> {
+    use composer_engine::replay::{NodeMapping, Verdict, replay};
+    let input = Outcomes::parse(outcomes).expect("outcomes parse").input;
+    let whole = crate::common::recorded_of(r, input, None);
+    let mut cut_short = whole.clone();
+    let events: Vec<usize> = (0..whole.history.len())
+        .filter(|&i| i == 0 || whole.history[i].at != whole.history[i - 1].at)
+        .collect();
+    if let Some(&at) = events.get((cut % events.len().max(1) as u64) as usize)
+        && at > 0
+    {
+        cut_short.history.truncate(at);
+    }
+    for recorded in [&whole, &cut_short] {
+        let report = replay(wf, wf, recorded, &NodeMapping::default())
+            .map_err(|e| TestCaseError::fail(format!("{e}\n{outcomes}")))?;
+        prop_assert_eq!(
+            report.verdict,
+            Verdict::Identical,
+            "{:#?}\n{}",
+            report,
+            outcomes
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn a_run_replayed_against_its_own_definition_is_identical(n in 2usize..12, seed in any::<u64>(), saga in any::<bool>(), order in any::<u64>(), cut in any::<u64>()) {
+        let (yaml, outcomes, _) = random_workflow_with(n, seed, saga);
+        let wf = CompiledWorkflow::from_text(&yaml).map_err(|e| TestCaseError::fail(format!("{e}\n{yaml}")))?;
+        let r = run(&wf, &outcomes, Some(order));
+        replays_as_identical(&wf, &outcomes, &r, cut)
+            .map_err(|e| TestCaseError::fail(format!("{e}\n{yaml}")))?;
+    }
+}

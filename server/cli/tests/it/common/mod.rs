@@ -4,6 +4,8 @@
 //! part of it.
 #![allow(dead_code)]
 
+pub mod cli;
+
 use std::path::PathBuf;
 
 use composer_cli::local_services::{LocalServices, LocalServicesOptions};

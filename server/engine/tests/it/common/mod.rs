@@ -167,3 +167,71 @@ pub fn started_tasks(report: &SimulationReport) -> Vec<String> {
 pub fn node_status(report: &SimulationReport, k: &str) -> Option<NodeStatus> {
     report.nodes.get(&key(k)).map(|s| s.status)
 }
+
+/// What the server would have recorded of a simulated run with `input`: its
+/// history entries, and the outputs its nodes hold. With `until`, only the
+/// events up to the one that started that node: a run still in flight.
+pub fn recorded_of(
+    report: &SimulationReport,
+    input: Json,
+    until: Option<&str>,
+) -> composer_engine::replay::RecordedRun {
+    use composer_engine::replay::{RecordedEntry, RecordedRun};
+    let mut history = Vec::new();
+    let mut steps = 0;
+    for step in &report.history {
+        steps += 1;
+        let mut reached = false;
+        for action in &step.actions {
+            if let Action::AppendHistory {
+                kind,
+                node,
+                attempt,
+                detail,
+            } = action
+            {
+                reached |= *kind == composer_engine::history::HistoryEventType::NodeStarted
+                    && node
+                        .as_ref()
+                        .is_some_and(|k| Some(k.node.as_str()) == until);
+                history.push(RecordedEntry {
+                    sequence: history.len() as u64 + 1,
+                    kind: *kind,
+                    node: node.clone(),
+                    attempt: *attempt,
+                    details: detail.clone(),
+                    at: step.at,
+                });
+            }
+        }
+        if reached {
+            break;
+        }
+    }
+    // what reports, events and child runs handed in: the outputs a run's
+    // node rows hold
+    let mut outputs = BTreeMap::new();
+    for step in &report.history[..steps] {
+        match &step.event {
+            Event::TaskCompleted { node, output, .. } => {
+                outputs.insert(node.clone(), output.clone());
+            }
+            Event::ChildRunFinished { node, output, .. } => {
+                outputs.insert(node.clone(), output.clone());
+            }
+            Event::EventReceived {
+                node: Some(node),
+                payload,
+                ..
+            } => {
+                outputs.insert(node.clone(), payload.clone());
+            }
+            _ => {}
+        }
+    }
+    RecordedRun {
+        input,
+        outputs,
+        history,
+    }
+}

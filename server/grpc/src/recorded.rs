@@ -1,0 +1,154 @@
+//! A run as the API returns it (`Run` with its nodes, `HistoryEvent`s),
+//! turned into what the engine's replay reads.
+
+use std::collections::BTreeMap;
+
+use composer_engine::{
+    NodeKey, Timestamp,
+    history::HistoryEventType,
+    replay::{RecordedEntry, RecordedRun},
+};
+use composer_proto::v1::{HistoryEvent, Run};
+use serde_json::Value as Json;
+
+/// Why a run's record cannot be replayed as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    #[error("history entry {sequence}: unknown event type {event_type:?}")]
+    UnknownEventType { sequence: i64, event_type: String },
+    #[error("history entry {sequence}: {problem}")]
+    BadEntry { sequence: i64, problem: String },
+    #[error("node {node_id:?}: {problem}")]
+    BadNode { node_id: String, problem: String },
+    #[error("run: {0}")]
+    BadRun(String),
+}
+
+/// The engine's view of `run` and its `history` (oldest first).
+pub fn recorded_run(run: &Run, history: &[HistoryEvent]) -> Result<RecordedRun, RecordError> {
+    let input = json_of(run.input.clone()).map_err(RecordError::BadRun)?;
+    let mut outputs = BTreeMap::new();
+    for node in &run.nodes {
+        let Some(output) = node.output.clone() else {
+            continue;
+        };
+        let key = node
+            .node_id
+            .parse::<NodeKey>()
+            .map_err(|problem| RecordError::BadNode {
+                node_id: node.node_id.clone(),
+                problem,
+            })?;
+        let output = json_of(Some(output)).map_err(|problem| RecordError::BadNode {
+            node_id: node.node_id.clone(),
+            problem,
+        })?;
+        outputs.insert(key, output);
+    }
+    let history = history
+        .iter()
+        .map(entry_of)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(RecordedRun {
+        input,
+        outputs,
+        history,
+    })
+}
+
+fn entry_of(event: &HistoryEvent) -> Result<RecordedEntry, RecordError> {
+    let sequence = event.sequence;
+    let bad = |problem: String| RecordError::BadEntry { sequence, problem };
+    let kind = HistoryEventType::ALL
+        .into_iter()
+        .find(|k| k.as_str() == event.event_type)
+        .ok_or_else(|| RecordError::UnknownEventType {
+            sequence,
+            event_type: event.event_type.clone(),
+        })?;
+    let node = match event.node_id.as_str() {
+        "" => None,
+        id => Some(id.parse::<NodeKey>().map_err(bad)?),
+    };
+    let attempt = match event.attempt {
+        0 => None,
+        n => Some(u32::try_from(n).map_err(|_| bad(format!("attempt {n}")))?),
+    };
+    let at = event
+        .event_time
+        .as_ref()
+        .map_or(0, |t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000);
+    Ok(RecordedEntry {
+        sequence: u64::try_from(sequence).unwrap_or_default(),
+        kind,
+        node,
+        attempt,
+        details: json_of(event.details.clone()).map_err(bad)?,
+        at: Timestamp(at),
+    })
+}
+
+fn json_of(value: Option<prost_types::Value>) -> Result<Json, String> {
+    crate::convert::to_json(value, "value").map_err(|status| status.message().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use composer_proto::v1::NodeState;
+
+    fn event(sequence: i64, event_type: &str, node_id: &str, attempt: i32) -> HistoryEvent {
+        HistoryEvent {
+            sequence,
+            event_type: event_type.to_owned(),
+            node_id: node_id.to_owned(),
+            attempt,
+            ..HistoryEvent::default()
+        }
+    }
+
+    #[test]
+    fn nodes_outputs_and_entries_become_the_engines() {
+        let run = Run {
+            input: Some(crate::convert::from_json(&serde_json::json!({ "a": 1 }))),
+            nodes: vec![
+                NodeState {
+                    node_id: "m[2]".to_owned(),
+                    output: Some(crate::convert::from_json(&serde_json::json!("done"))),
+                    ..NodeState::default()
+                },
+                NodeState {
+                    node_id: "waiting".to_owned(),
+                    ..NodeState::default()
+                },
+            ],
+            ..Run::default()
+        };
+        let recorded = recorded_run(
+            &run,
+            &[
+                event(1, "run_started", "", 0),
+                event(2, "node_started", "m", 1),
+            ],
+        )
+        .expect("converts");
+        assert_eq!(recorded.input, serde_json::json!({ "a": 1 }));
+        assert_eq!(
+            recorded.outputs.get(&NodeKey::element("m", 2)),
+            Some(&serde_json::json!("done"))
+        );
+        assert_eq!(recorded.outputs.len(), 1);
+        assert_eq!(recorded.history[1].kind, HistoryEventType::NodeStarted);
+        assert_eq!(recorded.history[1].attempt, Some(1));
+        assert_eq!(recorded.history[0].node, None);
+    }
+
+    #[test]
+    fn an_unknown_type_or_a_bad_key_is_named() {
+        let run = Run::default();
+        let error = recorded_run(&run, &[event(4, "run_exploded", "", 0)]).expect_err("unknown");
+        assert!(error.to_string().contains("run_exploded"), "{error}");
+        let error = recorded_run(&run, &[event(5, "node_started", "a[x]", 1)]).expect_err("key");
+        assert!(error.to_string().contains("entry 5"), "{error}");
+    }
+}
