@@ -21,6 +21,7 @@ pub mod http;
 pub mod limits;
 pub mod observe;
 pub mod time;
+pub mod versions;
 pub mod workflows;
 
 use std::sync::Arc;

@@ -98,6 +98,11 @@ impl HistoryEventType {
         Self::RunResumed,
     ];
 
+    /// The type stored as `name`, if one.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
+    }
+
     /// The name stored and returned as `event_type`.
     pub fn as_str(self) -> &'static str {
         match self {

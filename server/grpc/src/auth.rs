@@ -74,6 +74,8 @@ pub const RPC_ROLES: &[(&str, &[Role])] = &[
     ("/composer.v1.WorkflowService/GetWorkflow", READ),
     ("/composer.v1.WorkflowService/ListWorkflows", READ),
     ("/composer.v1.WorkflowService/ListWorkflowVersions", READ),
+    ("/composer.v1.WorkflowService/ReplayRun", READ),
+    ("/composer.v1.WorkflowService/CheckWorkflowVersion", READ),
     (
         "/composer.v1.RunService/StartRun",
         &[Admin, Operator, Client],

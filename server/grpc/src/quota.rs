@@ -80,6 +80,8 @@ pub const RPC_CLASSES: &[(&str, CallClass)] = &[
     ("/composer.v1.WorkflowService/GetWorkflow", Read),
     ("/composer.v1.WorkflowService/ListWorkflows", Read),
     ("/composer.v1.WorkflowService/ListWorkflowVersions", Read),
+    ("/composer.v1.WorkflowService/ReplayRun", Read),
+    ("/composer.v1.WorkflowService/CheckWorkflowVersion", Read),
     ("/composer.v1.RunService/StartRun", Write),
     ("/composer.v1.RunService/GetRun", Read),
     ("/composer.v1.RunService/ListRuns", Read),

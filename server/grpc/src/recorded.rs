@@ -3,12 +3,15 @@
 
 use std::collections::BTreeMap;
 
+use composer_engine::replay::{ReplayReport, Verdict};
 use composer_engine::{
     NodeKey, Timestamp,
     history::HistoryEventType,
     replay::{RecordedEntry, RecordedRun},
 };
-use composer_proto::v1::{HistoryEvent, Run};
+use composer_proto::v1::{
+    HistoryEvent, ReplayDifference, ReplayDivergence, ReplayVerdict, Run, RunReplay,
+};
 use serde_json::Value as Json;
 
 /// Why a run's record cannot be replayed as given.
@@ -59,13 +62,12 @@ pub fn recorded_run(run: &Run, history: &[HistoryEvent]) -> Result<RecordedRun, 
 fn entry_of(event: &HistoryEvent) -> Result<RecordedEntry, RecordError> {
     let sequence = event.sequence;
     let bad = |problem: String| RecordError::BadEntry { sequence, problem };
-    let kind = HistoryEventType::ALL
-        .into_iter()
-        .find(|k| k.as_str() == event.event_type)
-        .ok_or_else(|| RecordError::UnknownEventType {
+    let kind = HistoryEventType::parse(&event.event_type).ok_or_else(|| {
+        RecordError::UnknownEventType {
             sequence,
             event_type: event.event_type.clone(),
-        })?;
+        }
+    })?;
     let node = match event.node_id.as_str() {
         "" => None,
         id => Some(id.parse::<NodeKey>().map_err(bad)?),
@@ -90,6 +92,64 @@ fn entry_of(event: &HistoryEvent) -> Result<RecordedEntry, RecordError> {
 
 fn json_of(value: Option<prost_types::Value>) -> Result<Json, String> {
     crate::convert::to_json(value, "value").map_err(|status| status.message().to_owned())
+}
+
+/// Differences listed per run.
+const MAX_DIFFERENCES: usize = 20;
+
+/// One run's verdict as the API says it (ReplayRun, CheckWorkflowVersion
+/// and `composer workflow check` alike).
+pub fn replay_message(
+    run_id: &str,
+    version: i32,
+    status: i32,
+    outcome: &Result<ReplayReport, String>,
+) -> RunReplay {
+    let mut replay = RunReplay {
+        run_id: run_id.to_owned(),
+        workflow_version: version,
+        status,
+        ..RunReplay::default()
+    };
+    let report = match outcome {
+        Ok(report) => report,
+        Err(reason) => {
+            replay.set_verdict(ReplayVerdict::Unreplayable);
+            replay.unreplayable_reason = reason.clone();
+            return replay;
+        }
+    };
+    replay.set_verdict(match report.verdict {
+        Verdict::Identical => ReplayVerdict::Identical,
+        Verdict::Compatible => ReplayVerdict::Compatible,
+        Verdict::Incompatible => ReplayVerdict::Incompatible,
+    });
+    replay.events = i32::try_from(report.events).unwrap_or(i32::MAX);
+    replay.divergence = report.divergence.as_ref().map(|d| ReplayDivergence {
+        rule: snake(&d.rule),
+        node_id: d.node.clone().unwrap_or_default(),
+        sequence: i64::try_from(d.sequence.unwrap_or(0)).unwrap_or(0),
+        message: d.message.clone(),
+    });
+    replay.differences = report
+        .differences
+        .iter()
+        .take(MAX_DIFFERENCES)
+        .map(|d| ReplayDifference {
+            kind: snake(&d.kind),
+            node_id: d.node.clone(),
+            message: d.message.clone(),
+        })
+        .collect();
+    replay
+}
+
+/// A rule's or kind's name as docs/versions.md spells it.
+fn snake(value: &impl serde::Serialize) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -13,11 +13,11 @@ Exit codes of the commands that call a server (workflow, run, operation, schedul
   0   ok
   1   the run ended FAILED or CANCELLED (run start --wait, run watch), or
       the bulk operation waited on did not succeed (--wait), or workflow
-      replay found the new definition incompatible with the run
+      replay / check found the new definition incompatible with a run
   2   usage: a bad flag or flag value
   3   a local file or standard input could not be read
-  4   workflow replay: the history cannot be replayed (incomplete, or
-      not what the run's own definition decides)
+  4   workflow replay / check: a history cannot be replayed (incomplete,
+      or not what the run's own definition decides)
   10+ the server's gRPC status code:
       11 CANCELLED            12 UNKNOWN             13 INVALID_ARGUMENT
       14 DEADLINE_EXCEEDED    15 NOT_FOUND           16 ALREADY_EXISTS

@@ -41,6 +41,7 @@ macro_rules! api_messages {
 
 api_messages!(
     Run,
+    RunReplay,
     HistoryEvent,
     WorkflowVersion,
     RegisterWorkflowResponse,

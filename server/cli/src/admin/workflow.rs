@@ -32,6 +32,10 @@ pub enum WorkflowCommand {
     /// Replay a run's recorded history against a new definition: identical,
     /// compatible or incompatible (exit 1), with the first divergence named.
     Replay(super::replay::ReplayArgs),
+    /// Replay every run in flight of a workflow (and, with --completed, the
+    /// latest completed ones) against a new definition: counts per verdict,
+    /// exit 1 if a run in flight is incompatible.
+    Check(super::replay::CheckArgs),
 }
 
 /// A definition to send.
@@ -101,6 +105,7 @@ pub async fn run(command: WorkflowCommand) -> Result<(), AdminError> {
         WorkflowCommand::Get(args) => get(args).await,
         WorkflowCommand::Versions(args) => versions(args).await,
         WorkflowCommand::Replay(args) => super::replay::replay_command(args).await,
+        WorkflowCommand::Check(args) => super::replay::check_command(args).await,
     }
 }
 

@@ -22,8 +22,9 @@ use composer_testkit::{
 use futures::StreamExt;
 use serde_json::json;
 use sqlx::{Connection, PgConnection};
-use tonic::{Code, Status, transport::Channel};
-use tonic_types::StatusExt;
+use tonic::{Code, transport::Channel};
+
+use crate::common::violated_field;
 
 const WAIT: Duration = Duration::from_secs(180);
 /// A day, in seconds: the longest a rate-limit bucket may live in Redis.
@@ -123,15 +124,6 @@ fn per_key(queue: &str, per_key_per_second: f64, per_key_burst: i32) -> QueueRat
         per_key_burst,
         ..QueueRateLimit::default()
     }
-}
-
-fn violated_field(status: &Status) -> String {
-    status
-        .get_error_details()
-        .bad_request()
-        .and_then(|b| b.field_violations.first())
-        .map(|v| v.field.clone())
-        .unwrap_or_default()
 }
 
 #[tokio::test]

@@ -17,6 +17,8 @@ use serde_json::json;
 use tonic::{Code, Request, Status, transport::Channel};
 use tonic_types::StatusExt;
 
+use crate::common::violated_field;
+
 const WAIT: Duration = Duration::from_secs(60);
 const SECRET: &str = "a-test-secret-that-is-long-enough-for-hs256-0123456789";
 
@@ -129,14 +131,6 @@ fn node_states(run: &Run) -> Vec<(String, NodeStatus)> {
         .collect();
     nodes.sort();
     nodes
-}
-
-/// The field the status's BadRequest names (first violation).
-fn violated_field(status: &Status) -> String {
-    status
-        .get_details_bad_request()
-        .and_then(|b| b.field_violations.first().map(|v| v.field.clone()))
-        .unwrap_or_default()
 }
 
 const STEP_WAIT_STEP: &str = r#"

@@ -18,6 +18,8 @@ use serde_json::json;
 use tonic::{Code, Request, Status, transport::Channel};
 use tonic_types::StatusExt;
 
+use crate::common::violated_field;
+
 const SECRET: &str = "a-test-secret-that-is-long-enough-for-hs256-0123456789";
 
 fn composer_binary() -> PathBuf {
@@ -323,13 +325,6 @@ fn authed<T>(message: T, token: &str) -> Request<T> {
         format!("Bearer {token}").parse().expect("header"),
     );
     request
-}
-
-fn violated_field(status: &Status) -> String {
-    status
-        .get_details_bad_request()
-        .and_then(|b| b.field_violations.first().map(|v| v.field.clone()))
-        .unwrap_or_default()
 }
 
 /// Bad values are refused naming the field; a reader may read but not set;

@@ -10,6 +10,8 @@ use composer_proto::v1::{
 use composer_testkit::{ServerProcess, client::TestClient};
 use serde_json::json;
 
+use crate::common::violated_field;
+
 fn composer_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_composer"))
 }
@@ -264,14 +266,6 @@ async fn count_runs_matches_a_list_runs_walk_by_status() {
         ],
         "statuses with runs only, in RunStatus order"
     );
-}
-
-/// The field a refusal names, from its BadRequest details.
-fn violated_field(status: &tonic::Status) -> String {
-    use tonic_types::StatusExt;
-    let details = status.get_error_details();
-    let bad = details.bad_request().expect("a BadRequest detail");
-    bad.field_violations[0].field.clone()
 }
 
 #[tokio::test]

@@ -20,8 +20,10 @@ use tokio::{
     io::{AsyncReadExt, AsyncWriteExt},
     net::TcpListener,
 };
-use tonic::{Code, Request, Status, transport::Channel};
+use tonic::{Code, Request, transport::Channel};
 use tonic_types::StatusExt;
+
+use crate::common::violated_field;
 
 const SECRET: &str = "a-test-secret-that-is-long-enough-for-hs256-0123456789";
 
@@ -75,14 +77,6 @@ async fn channel(server: &ServerProcess) -> Channel {
         .connect()
         .await
         .expect("connect")
-}
-
-/// The field the status's BadRequest names (first violation).
-fn violated_field(status: &Status) -> String {
-    status
-        .get_details_bad_request()
-        .and_then(|b| b.field_violations.first().map(|v| v.field.clone()))
-        .unwrap_or_default()
 }
 
 fn poll(queues: &[&str], wait_ms: i32) -> PollTasksRequest {

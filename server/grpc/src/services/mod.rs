@@ -2,6 +2,7 @@
 
 pub(crate) mod bulk;
 pub(crate) mod queue;
+pub(crate) mod replay;
 pub(crate) mod run;
 pub(crate) mod run_fields;
 pub(crate) mod schedule;

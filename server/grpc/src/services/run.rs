@@ -173,13 +173,15 @@ fn require_run_id(run_id: &str) -> Result<(), Status> {
 
 /// A run id the caller sent: INVALID_ARGUMENT when empty or too long,
 /// NOT_FOUND when it is not an id (as for an id that names no run).
-fn parse_run_id(run_id: &str) -> Result<Uuid, Status> {
+pub(crate) fn parse_run_id(run_id: &str) -> Result<Uuid, Status> {
     require_run_id(run_id)?;
     Uuid::parse_str(run_id)
         .map_err(|_| Status::not_found(format!("run {} not found", clipped(run_id))))
 }
 
-fn runs_cursor(token: &str) -> Result<Option<(chrono::DateTime<chrono::Utc>, Uuid)>, Status> {
+pub(crate) fn runs_cursor(
+    token: &str,
+) -> Result<Option<(chrono::DateTime<chrono::Utc>, Uuid)>, Status> {
     check_text("page_token", token, MAX_KEY_BYTES)?;
     page_token(token, |token| {
         let (micros, id) = token.split_once('_')?;

@@ -2,11 +2,11 @@
 
 use composer_coordinator::Coordinator;
 use composer_proto::v1::{
-    GetWorkflowRequest, GetWorkflowResponse, ListWorkflowVersionsRequest,
-    ListWorkflowVersionsResponse, ListWorkflowsRequest, ListWorkflowsResponse,
-    RegisterWorkflowRequest, RegisterWorkflowResponse, ValidateWorkflowRequest,
-    ValidateWorkflowResponse, ValidationProblem, WorkflowSummary, WorkflowVersion,
-    workflow_service_server::WorkflowService,
+    CheckWorkflowVersionRequest, CheckWorkflowVersionResponse, GetWorkflowRequest,
+    GetWorkflowResponse, ListWorkflowVersionsRequest, ListWorkflowVersionsResponse,
+    ListWorkflowsRequest, ListWorkflowsResponse, RegisterWorkflowRequest, RegisterWorkflowResponse,
+    ReplayRunRequest, ReplayRunResponse, ValidateWorkflowRequest, ValidateWorkflowResponse,
+    ValidationProblem, WorkflowSummary, WorkflowVersion, workflow_service_server::WorkflowService,
 };
 use composer_store::workflows::WorkflowRow;
 use tonic::{Request, Response, Status};
@@ -211,5 +211,27 @@ impl WorkflowService for WorkflowApi {
                 .collect(),
             next_page_token,
         }))
+    }
+
+    async fn replay_run(
+        &self,
+        request: Request<ReplayRunRequest>,
+    ) -> Result<Response<ReplayRunResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        crate::services::replay::replay_run(&self.coordinator, &caller, request)
+            .await
+            .map(Response::new)
+    }
+
+    async fn check_workflow_version(
+        &self,
+        request: Request<CheckWorkflowVersionRequest>,
+    ) -> Result<Response<CheckWorkflowVersionResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        crate::services::replay::check_workflow_version(&self.coordinator, &caller, request)
+            .await
+            .map(Response::new)
     }
 }

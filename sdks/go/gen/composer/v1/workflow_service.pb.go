@@ -21,6 +21,123 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ReplayVerdict says whether a definition could continue a run.
+type ReplayVerdict int32
+
+const (
+	// Never set.
+	ReplayVerdict_REPLAY_VERDICT_UNSPECIFIED ReplayVerdict = 0
+	// Every recorded decision the same, and nothing the run has not reached
+	// differs.
+	ReplayVerdict_REPLAY_VERDICT_IDENTICAL ReplayVerdict = 1
+	// The same nodes start in the same order with the same work; differences
+	// are listed.
+	ReplayVerdict_REPLAY_VERDICT_COMPATIBLE ReplayVerdict = 2
+	// The new definition parts from what the run did: `divergence` says where.
+	ReplayVerdict_REPLAY_VERDICT_INCOMPATIBLE ReplayVerdict = 3
+	// The history is not what the run's own definition decides (cut short,
+	// edited, or recorded by another engine): `unreplayable_reason`.
+	ReplayVerdict_REPLAY_VERDICT_UNREPLAYABLE ReplayVerdict = 4
+)
+
+// Enum value maps for ReplayVerdict.
+var (
+	ReplayVerdict_name = map[int32]string{
+		0: "REPLAY_VERDICT_UNSPECIFIED",
+		1: "REPLAY_VERDICT_IDENTICAL",
+		2: "REPLAY_VERDICT_COMPATIBLE",
+		3: "REPLAY_VERDICT_INCOMPATIBLE",
+		4: "REPLAY_VERDICT_UNREPLAYABLE",
+	}
+	ReplayVerdict_value = map[string]int32{
+		"REPLAY_VERDICT_UNSPECIFIED":  0,
+		"REPLAY_VERDICT_IDENTICAL":    1,
+		"REPLAY_VERDICT_COMPATIBLE":   2,
+		"REPLAY_VERDICT_INCOMPATIBLE": 3,
+		"REPLAY_VERDICT_UNREPLAYABLE": 4,
+	}
+)
+
+func (x ReplayVerdict) Enum() *ReplayVerdict {
+	p := new(ReplayVerdict)
+	*p = x
+	return p
+}
+
+func (x ReplayVerdict) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReplayVerdict) Descriptor() protoreflect.EnumDescriptor {
+	return file_composer_v1_workflow_service_proto_enumTypes[0].Descriptor()
+}
+
+func (ReplayVerdict) Type() protoreflect.EnumType {
+	return &file_composer_v1_workflow_service_proto_enumTypes[0]
+}
+
+func (x ReplayVerdict) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReplayVerdict.Descriptor instead.
+func (ReplayVerdict) EnumDescriptor() ([]byte, []int) {
+	return file_composer_v1_workflow_service_proto_rawDescGZIP(), []int{0}
+}
+
+// CheckScope picks the runs CheckWorkflowVersion replays.
+type CheckScope int32
+
+const (
+	// The runs in flight.
+	CheckScope_CHECK_SCOPE_UNSPECIFIED CheckScope = 0
+	// The runs in flight: RUNNING, COMPENSATING, PAUSED.
+	CheckScope_CHECK_SCOPE_IN_FLIGHT CheckScope = 1
+	// The runs that completed, newest first.
+	CheckScope_CHECK_SCOPE_COMPLETED CheckScope = 2
+)
+
+// Enum value maps for CheckScope.
+var (
+	CheckScope_name = map[int32]string{
+		0: "CHECK_SCOPE_UNSPECIFIED",
+		1: "CHECK_SCOPE_IN_FLIGHT",
+		2: "CHECK_SCOPE_COMPLETED",
+	}
+	CheckScope_value = map[string]int32{
+		"CHECK_SCOPE_UNSPECIFIED": 0,
+		"CHECK_SCOPE_IN_FLIGHT":   1,
+		"CHECK_SCOPE_COMPLETED":   2,
+	}
+)
+
+func (x CheckScope) Enum() *CheckScope {
+	p := new(CheckScope)
+	*p = x
+	return p
+}
+
+func (x CheckScope) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (CheckScope) Descriptor() protoreflect.EnumDescriptor {
+	return file_composer_v1_workflow_service_proto_enumTypes[1].Descriptor()
+}
+
+func (CheckScope) Type() protoreflect.EnumType {
+	return &file_composer_v1_workflow_service_proto_enumTypes[1]
+}
+
+func (x CheckScope) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use CheckScope.Descriptor instead.
+func (CheckScope) EnumDescriptor() ([]byte, []int) {
+	return file_composer_v1_workflow_service_proto_rawDescGZIP(), []int{1}
+}
+
 // RegisterWorkflowRequest carries a definition's text.
 type RegisterWorkflowRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -618,6 +735,680 @@ func (x *ListWorkflowVersionsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// RecordedRun is a run as recorded, what `composer run history RUN_ID -o
+// json` writes: enough to replay it with no server.
+type RecordedRun struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run, with its nodes' states and outputs.
+	Run *Run `protobuf:"bytes,1,opt,name=run,proto3" json:"run,omitempty"`
+	// The definition it runs on, with its `source`.
+	Workflow *WorkflowVersion `protobuf:"bytes,2,opt,name=workflow,proto3" json:"workflow,omitempty"`
+	// Its whole history, oldest first.
+	Events        []*HistoryEvent `protobuf:"bytes,3,rep,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecordedRun) Reset() {
+	*x = RecordedRun{}
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecordedRun) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecordedRun) ProtoMessage() {}
+
+func (x *RecordedRun) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecordedRun.ProtoReflect.Descriptor instead.
+func (*RecordedRun) Descriptor() ([]byte, []int) {
+	return file_composer_v1_workflow_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RecordedRun) GetRun() *Run {
+	if x != nil {
+		return x.Run
+	}
+	return nil
+}
+
+func (x *RecordedRun) GetWorkflow() *WorkflowVersion {
+	if x != nil {
+		return x.Workflow
+	}
+	return nil
+}
+
+func (x *RecordedRun) GetEvents() []*HistoryEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+// ReplayRunRequest names a run (or gives one) and a new definition.
+type ReplayRunRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run to replay.
+	//
+	// Types that are valid to be assigned to Recorded:
+	//
+	//	*ReplayRunRequest_RunId
+	//	*ReplayRunRequest_History
+	Recorded isReplayRunRequest_Recorded `protobuf_oneof:"recorded"`
+	// The new definition's text (YAML or JSON); or leave it empty and name
+	// `version`.
+	Source string `protobuf:"bytes,3,opt,name=source,proto3" json:"source,omitempty"`
+	// A registered version of the run's workflow, when `source` is empty.
+	Version int32 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
+	// Node ids renamed in the new definition: recorded id to new id.
+	NodeMapping   map[string]string `protobuf:"bytes,5,rep,name=node_mapping,json=nodeMapping,proto3" json:"node_mapping,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayRunRequest) Reset() {
+	*x = ReplayRunRequest{}
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayRunRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayRunRequest) ProtoMessage() {}
+
+func (x *ReplayRunRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayRunRequest.ProtoReflect.Descriptor instead.
+func (*ReplayRunRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_workflow_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ReplayRunRequest) GetRecorded() isReplayRunRequest_Recorded {
+	if x != nil {
+		return x.Recorded
+	}
+	return nil
+}
+
+func (x *ReplayRunRequest) GetRunId() string {
+	if x != nil {
+		if x, ok := x.Recorded.(*ReplayRunRequest_RunId); ok {
+			return x.RunId
+		}
+	}
+	return ""
+}
+
+func (x *ReplayRunRequest) GetHistory() *RecordedRun {
+	if x != nil {
+		if x, ok := x.Recorded.(*ReplayRunRequest_History); ok {
+			return x.History
+		}
+	}
+	return nil
+}
+
+func (x *ReplayRunRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *ReplayRunRequest) GetVersion() int32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ReplayRunRequest) GetNodeMapping() map[string]string {
+	if x != nil {
+		return x.NodeMapping
+	}
+	return nil
+}
+
+type isReplayRunRequest_Recorded interface {
+	isReplayRunRequest_Recorded()
+}
+
+type ReplayRunRequest_RunId struct {
+	// A run of the caller's namespace, read from the server.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3,oneof"`
+}
+
+type ReplayRunRequest_History struct {
+	// A run given whole; nothing is read.
+	History *RecordedRun `protobuf:"bytes,2,opt,name=history,proto3,oneof"`
+}
+
+func (*ReplayRunRequest_RunId) isReplayRunRequest_Recorded() {}
+
+func (*ReplayRunRequest_History) isReplayRunRequest_Recorded() {}
+
+// ReplayRunResponse carries the verdict.
+type ReplayRunResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// What the new definition would do with the run.
+	Replay        *RunReplay `protobuf:"bytes,1,opt,name=replay,proto3" json:"replay,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayRunResponse) Reset() {
+	*x = ReplayRunResponse{}
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayRunResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayRunResponse) ProtoMessage() {}
+
+func (x *ReplayRunResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayRunResponse.ProtoReflect.Descriptor instead.
+func (*ReplayRunResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_workflow_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReplayRunResponse) GetReplay() *RunReplay {
+	if x != nil {
+		return x.Replay
+	}
+	return nil
+}
+
+// ReplayDivergence is where a new definition first parts from a run.
+type ReplayDivergence struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rule broken, as docs/versions.md names it (`node_changed`,
+	// `branch_changed`, `waiting_node_removed`, ...).
+	Rule string `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	// The node (recorded id), if one.
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// The history entry where it shows, 0 if none.
+	Sequence int64 `protobuf:"varint,3,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// What differs, in words.
+	Message       string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayDivergence) Reset() {
+	*x = ReplayDivergence{}
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayDivergence) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayDivergence) ProtoMessage() {}
+
+func (x *ReplayDivergence) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayDivergence.ProtoReflect.Descriptor instead.
+func (*ReplayDivergence) Descriptor() ([]byte, []int) {
+	return file_composer_v1_workflow_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReplayDivergence) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *ReplayDivergence) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ReplayDivergence) GetSequence() int64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *ReplayDivergence) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// ReplayDifference is one difference that does not stop a run going on.
+type ReplayDifference struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// `node_added`, `node_changed`, `node_removed`, `input_differs` or
+	// `node_renamed`.
+	Kind string `protobuf:"bytes,1,opt,name=kind,proto3" json:"kind,omitempty"`
+	// The node.
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// What differs, in words.
+	Message       string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplayDifference) Reset() {
+	*x = ReplayDifference{}
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplayDifference) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplayDifference) ProtoMessage() {}
+
+func (x *ReplayDifference) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplayDifference.ProtoReflect.Descriptor instead.
+func (*ReplayDifference) Descriptor() ([]byte, []int) {
+	return file_composer_v1_workflow_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReplayDifference) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *ReplayDifference) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *ReplayDifference) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// RunReplay is one run's verdict.
+type RunReplay struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The run.
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// The version it runs on.
+	WorkflowVersion int32 `protobuf:"varint,2,opt,name=workflow_version,json=workflowVersion,proto3" json:"workflow_version,omitempty"`
+	// Its status.
+	Status RunStatus `protobuf:"varint,3,opt,name=status,proto3,enum=composer.v1.RunStatus" json:"status,omitempty"`
+	// The verdict.
+	Verdict ReplayVerdict `protobuf:"varint,4,opt,name=verdict,proto3,enum=composer.v1.ReplayVerdict" json:"verdict,omitempty"`
+	// Set when INCOMPATIBLE.
+	Divergence *ReplayDivergence `protobuf:"bytes,5,opt,name=divergence,proto3" json:"divergence,omitempty"`
+	// The differences of a COMPATIBLE run (at most 20).
+	Differences []*ReplayDifference `protobuf:"bytes,6,rep,name=differences,proto3" json:"differences,omitempty"`
+	// Why an UNREPLAYABLE run could not be replayed.
+	UnreplayableReason string `protobuf:"bytes,7,opt,name=unreplayable_reason,json=unreplayableReason,proto3" json:"unreplayable_reason,omitempty"`
+	// Events rebuilt from the history and replayed.
+	Events        int32 `protobuf:"varint,8,opt,name=events,proto3" json:"events,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunReplay) Reset() {
+	*x = RunReplay{}
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunReplay) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunReplay) ProtoMessage() {}
+
+func (x *RunReplay) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunReplay.ProtoReflect.Descriptor instead.
+func (*RunReplay) Descriptor() ([]byte, []int) {
+	return file_composer_v1_workflow_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *RunReplay) GetRunId() string {
+	if x != nil {
+		return x.RunId
+	}
+	return ""
+}
+
+func (x *RunReplay) GetWorkflowVersion() int32 {
+	if x != nil {
+		return x.WorkflowVersion
+	}
+	return 0
+}
+
+func (x *RunReplay) GetStatus() RunStatus {
+	if x != nil {
+		return x.Status
+	}
+	return RunStatus_RUN_STATUS_UNSPECIFIED
+}
+
+func (x *RunReplay) GetVerdict() ReplayVerdict {
+	if x != nil {
+		return x.Verdict
+	}
+	return ReplayVerdict_REPLAY_VERDICT_UNSPECIFIED
+}
+
+func (x *RunReplay) GetDivergence() *ReplayDivergence {
+	if x != nil {
+		return x.Divergence
+	}
+	return nil
+}
+
+func (x *RunReplay) GetDifferences() []*ReplayDifference {
+	if x != nil {
+		return x.Differences
+	}
+	return nil
+}
+
+func (x *RunReplay) GetUnreplayableReason() string {
+	if x != nil {
+		return x.UnreplayableReason
+	}
+	return ""
+}
+
+func (x *RunReplay) GetEvents() int32 {
+	if x != nil {
+		return x.Events
+	}
+	return 0
+}
+
+// CheckWorkflowVersionRequest names a workflow, a new definition and a page.
+type CheckWorkflowVersionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workflow.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The new definition's text; or leave it empty and name `version`.
+	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	// A registered version of the workflow, when `source` is empty.
+	Version int32 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
+	// Node ids renamed in the new definition: recorded id to new id.
+	NodeMapping map[string]string `protobuf:"bytes,4,rep,name=node_mapping,json=nodeMapping,proto3" json:"node_mapping,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Which runs: in flight (default) or completed.
+	Scope CheckScope `protobuf:"varint,5,opt,name=scope,proto3,enum=composer.v1.CheckScope" json:"scope,omitempty"`
+	// Runs replayed in this call (default 200, at most 500).
+	PageSize int32 `protobuf:"varint,6,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The `next_page_token` of the previous call; empty for the first.
+	PageToken     string `protobuf:"bytes,7,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckWorkflowVersionRequest) Reset() {
+	*x = CheckWorkflowVersionRequest{}
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckWorkflowVersionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckWorkflowVersionRequest) ProtoMessage() {}
+
+func (x *CheckWorkflowVersionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckWorkflowVersionRequest.ProtoReflect.Descriptor instead.
+func (*CheckWorkflowVersionRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_workflow_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CheckWorkflowVersionRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CheckWorkflowVersionRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *CheckWorkflowVersionRequest) GetVersion() int32 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *CheckWorkflowVersionRequest) GetNodeMapping() map[string]string {
+	if x != nil {
+		return x.NodeMapping
+	}
+	return nil
+}
+
+func (x *CheckWorkflowVersionRequest) GetScope() CheckScope {
+	if x != nil {
+		return x.Scope
+	}
+	return CheckScope_CHECK_SCOPE_UNSPECIFIED
+}
+
+func (x *CheckWorkflowVersionRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *CheckWorkflowVersionRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// CheckWorkflowVersionResponse counts one page's verdicts.
+type CheckWorkflowVersionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Runs replayed in this call.
+	Checked int32 `protobuf:"varint,1,opt,name=checked,proto3" json:"checked,omitempty"`
+	// Of them, identical.
+	Identical int32 `protobuf:"varint,2,opt,name=identical,proto3" json:"identical,omitempty"`
+	// Compatible.
+	Compatible int32 `protobuf:"varint,3,opt,name=compatible,proto3" json:"compatible,omitempty"`
+	// Incompatible.
+	Incompatible int32 `protobuf:"varint,4,opt,name=incompatible,proto3" json:"incompatible,omitempty"`
+	// Not replayable.
+	Unreplayable int32 `protobuf:"varint,5,opt,name=unreplayable,proto3" json:"unreplayable,omitempty"`
+	// Every run of the page that is not identical, with its verdict.
+	Runs []*RunReplay `protobuf:"bytes,6,rep,name=runs,proto3" json:"runs,omitempty"`
+	// Pass to the next call; empty when every run was checked.
+	NextPageToken string `protobuf:"bytes,7,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckWorkflowVersionResponse) Reset() {
+	*x = CheckWorkflowVersionResponse{}
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckWorkflowVersionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckWorkflowVersionResponse) ProtoMessage() {}
+
+func (x *CheckWorkflowVersionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_workflow_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckWorkflowVersionResponse.ProtoReflect.Descriptor instead.
+func (*CheckWorkflowVersionResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_workflow_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CheckWorkflowVersionResponse) GetChecked() int32 {
+	if x != nil {
+		return x.Checked
+	}
+	return 0
+}
+
+func (x *CheckWorkflowVersionResponse) GetIdentical() int32 {
+	if x != nil {
+		return x.Identical
+	}
+	return 0
+}
+
+func (x *CheckWorkflowVersionResponse) GetCompatible() int32 {
+	if x != nil {
+		return x.Compatible
+	}
+	return 0
+}
+
+func (x *CheckWorkflowVersionResponse) GetIncompatible() int32 {
+	if x != nil {
+		return x.Incompatible
+	}
+	return 0
+}
+
+func (x *CheckWorkflowVersionResponse) GetUnreplayable() int32 {
+	if x != nil {
+		return x.Unreplayable
+	}
+	return 0
+}
+
+func (x *CheckWorkflowVersionResponse) GetRuns() []*RunReplay {
+	if x != nil {
+		return x.Runs
+	}
+	return nil
+}
+
+func (x *CheckWorkflowVersionResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_composer_v1_workflow_service_proto protoreflect.FileDescriptor
 
 const file_composer_v1_workflow_service_proto_rawDesc = "" +
@@ -657,13 +1448,85 @@ const file_composer_v1_workflow_service_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"\x80\x01\n" +
 	"\x1cListWorkflowVersionsResponse\x128\n" +
 	"\bversions\x18\x01 \x03(\v2\x1c.composer.v1.WorkflowVersionR\bversions\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xea\x03\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x9e\x01\n" +
+	"\vRecordedRun\x12\"\n" +
+	"\x03run\x18\x01 \x01(\v2\x10.composer.v1.RunR\x03run\x128\n" +
+	"\bworkflow\x18\x02 \x01(\v2\x1c.composer.v1.WorkflowVersionR\bworkflow\x121\n" +
+	"\x06events\x18\x03 \x03(\v2\x19.composer.v1.HistoryEventR\x06events\"\xb2\x02\n" +
+	"\x10ReplayRunRequest\x12\x17\n" +
+	"\x06run_id\x18\x01 \x01(\tH\x00R\x05runId\x124\n" +
+	"\ahistory\x18\x02 \x01(\v2\x18.composer.v1.RecordedRunH\x00R\ahistory\x12\x16\n" +
+	"\x06source\x18\x03 \x01(\tR\x06source\x12\x18\n" +
+	"\aversion\x18\x04 \x01(\x05R\aversion\x12Q\n" +
+	"\fnode_mapping\x18\x05 \x03(\v2..composer.v1.ReplayRunRequest.NodeMappingEntryR\vnodeMapping\x1a>\n" +
+	"\x10NodeMappingEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\n" +
+	"\n" +
+	"\brecorded\"C\n" +
+	"\x11ReplayRunResponse\x12.\n" +
+	"\x06replay\x18\x01 \x01(\v2\x16.composer.v1.RunReplayR\x06replay\"u\n" +
+	"\x10ReplayDivergence\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1a\n" +
+	"\bsequence\x18\x03 \x01(\x03R\bsequence\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"Y\n" +
+	"\x10ReplayDifference\x12\x12\n" +
+	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\"\xfc\x02\n" +
+	"\tRunReplay\x12\x15\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12)\n" +
+	"\x10workflow_version\x18\x02 \x01(\x05R\x0fworkflowVersion\x12.\n" +
+	"\x06status\x18\x03 \x01(\x0e2\x16.composer.v1.RunStatusR\x06status\x124\n" +
+	"\averdict\x18\x04 \x01(\x0e2\x1a.composer.v1.ReplayVerdictR\averdict\x12=\n" +
+	"\n" +
+	"divergence\x18\x05 \x01(\v2\x1d.composer.v1.ReplayDivergenceR\n" +
+	"divergence\x12?\n" +
+	"\vdifferences\x18\x06 \x03(\v2\x1d.composer.v1.ReplayDifferenceR\vdifferences\x12/\n" +
+	"\x13unreplayable_reason\x18\a \x01(\tR\x12unreplayableReason\x12\x16\n" +
+	"\x06events\x18\b \x01(\x05R\x06events\"\xec\x02\n" +
+	"\x1bCheckWorkflowVersionRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06source\x18\x02 \x01(\tR\x06source\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x05R\aversion\x12\\\n" +
+	"\fnode_mapping\x18\x04 \x03(\v29.composer.v1.CheckWorkflowVersionRequest.NodeMappingEntryR\vnodeMapping\x12-\n" +
+	"\x05scope\x18\x05 \x01(\x0e2\x17.composer.v1.CheckScopeR\x05scope\x12\x1b\n" +
+	"\tpage_size\x18\x06 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\a \x01(\tR\tpageToken\x1a>\n" +
+	"\x10NodeMappingEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x92\x02\n" +
+	"\x1cCheckWorkflowVersionResponse\x12\x18\n" +
+	"\achecked\x18\x01 \x01(\x05R\achecked\x12\x1c\n" +
+	"\tidentical\x18\x02 \x01(\x05R\tidentical\x12\x1e\n" +
+	"\n" +
+	"compatible\x18\x03 \x01(\x05R\n" +
+	"compatible\x12\"\n" +
+	"\fincompatible\x18\x04 \x01(\x05R\fincompatible\x12\"\n" +
+	"\funreplayable\x18\x05 \x01(\x05R\funreplayable\x12*\n" +
+	"\x04runs\x18\x06 \x03(\v2\x16.composer.v1.RunReplayR\x04runs\x12&\n" +
+	"\x0fnext_page_token\x18\a \x01(\tR\rnextPageToken*\xae\x01\n" +
+	"\rReplayVerdict\x12\x1e\n" +
+	"\x1aREPLAY_VERDICT_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18REPLAY_VERDICT_IDENTICAL\x10\x01\x12\x1d\n" +
+	"\x19REPLAY_VERDICT_COMPATIBLE\x10\x02\x12\x1f\n" +
+	"\x1bREPLAY_VERDICT_INCOMPATIBLE\x10\x03\x12\x1f\n" +
+	"\x1bREPLAY_VERDICT_UNREPLAYABLE\x10\x04*_\n" +
+	"\n" +
+	"CheckScope\x12\x1b\n" +
+	"\x17CHECK_SCOPE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15CHECK_SCOPE_IN_FLIGHT\x10\x01\x12\x19\n" +
+	"\x15CHECK_SCOPE_COMPLETED\x10\x022\xa3\x05\n" +
 	"\x0fWorkflowService\x12_\n" +
 	"\x10RegisterWorkflow\x12$.composer.v1.RegisterWorkflowRequest\x1a%.composer.v1.RegisterWorkflowResponse\x12_\n" +
 	"\x10ValidateWorkflow\x12$.composer.v1.ValidateWorkflowRequest\x1a%.composer.v1.ValidateWorkflowResponse\x12P\n" +
 	"\vGetWorkflow\x12\x1f.composer.v1.GetWorkflowRequest\x1a .composer.v1.GetWorkflowResponse\x12V\n" +
 	"\rListWorkflows\x12!.composer.v1.ListWorkflowsRequest\x1a\".composer.v1.ListWorkflowsResponse\x12k\n" +
-	"\x14ListWorkflowVersions\x12(.composer.v1.ListWorkflowVersionsRequest\x1a).composer.v1.ListWorkflowVersionsResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3"
+	"\x14ListWorkflowVersions\x12(.composer.v1.ListWorkflowVersionsRequest\x1a).composer.v1.ListWorkflowVersionsResponse\x12J\n" +
+	"\tReplayRun\x12\x1d.composer.v1.ReplayRunRequest\x1a\x1e.composer.v1.ReplayRunResponse\x12k\n" +
+	"\x14CheckWorkflowVersion\x12(.composer.v1.CheckWorkflowVersionRequest\x1a).composer.v1.CheckWorkflowVersionResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3"
 
 var (
 	file_composer_v1_workflow_service_proto_rawDescOnce sync.Once
@@ -677,43 +1540,76 @@ func file_composer_v1_workflow_service_proto_rawDescGZIP() []byte {
 	return file_composer_v1_workflow_service_proto_rawDescData
 }
 
-var file_composer_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_composer_v1_workflow_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_composer_v1_workflow_service_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_composer_v1_workflow_service_proto_goTypes = []any{
-	(*RegisterWorkflowRequest)(nil),      // 0: composer.v1.RegisterWorkflowRequest
-	(*RegisterWorkflowResponse)(nil),     // 1: composer.v1.RegisterWorkflowResponse
-	(*ValidateWorkflowRequest)(nil),      // 2: composer.v1.ValidateWorkflowRequest
-	(*ValidationProblem)(nil),            // 3: composer.v1.ValidationProblem
-	(*ValidateWorkflowResponse)(nil),     // 4: composer.v1.ValidateWorkflowResponse
-	(*GetWorkflowRequest)(nil),           // 5: composer.v1.GetWorkflowRequest
-	(*GetWorkflowResponse)(nil),          // 6: composer.v1.GetWorkflowResponse
-	(*ListWorkflowsRequest)(nil),         // 7: composer.v1.ListWorkflowsRequest
-	(*ListWorkflowsResponse)(nil),        // 8: composer.v1.ListWorkflowsResponse
-	(*ListWorkflowVersionsRequest)(nil),  // 9: composer.v1.ListWorkflowVersionsRequest
-	(*ListWorkflowVersionsResponse)(nil), // 10: composer.v1.ListWorkflowVersionsResponse
-	(*WorkflowVersion)(nil),              // 11: composer.v1.WorkflowVersion
-	(*WorkflowSummary)(nil),              // 12: composer.v1.WorkflowSummary
+	(ReplayVerdict)(0),                   // 0: composer.v1.ReplayVerdict
+	(CheckScope)(0),                      // 1: composer.v1.CheckScope
+	(*RegisterWorkflowRequest)(nil),      // 2: composer.v1.RegisterWorkflowRequest
+	(*RegisterWorkflowResponse)(nil),     // 3: composer.v1.RegisterWorkflowResponse
+	(*ValidateWorkflowRequest)(nil),      // 4: composer.v1.ValidateWorkflowRequest
+	(*ValidationProblem)(nil),            // 5: composer.v1.ValidationProblem
+	(*ValidateWorkflowResponse)(nil),     // 6: composer.v1.ValidateWorkflowResponse
+	(*GetWorkflowRequest)(nil),           // 7: composer.v1.GetWorkflowRequest
+	(*GetWorkflowResponse)(nil),          // 8: composer.v1.GetWorkflowResponse
+	(*ListWorkflowsRequest)(nil),         // 9: composer.v1.ListWorkflowsRequest
+	(*ListWorkflowsResponse)(nil),        // 10: composer.v1.ListWorkflowsResponse
+	(*ListWorkflowVersionsRequest)(nil),  // 11: composer.v1.ListWorkflowVersionsRequest
+	(*ListWorkflowVersionsResponse)(nil), // 12: composer.v1.ListWorkflowVersionsResponse
+	(*RecordedRun)(nil),                  // 13: composer.v1.RecordedRun
+	(*ReplayRunRequest)(nil),             // 14: composer.v1.ReplayRunRequest
+	(*ReplayRunResponse)(nil),            // 15: composer.v1.ReplayRunResponse
+	(*ReplayDivergence)(nil),             // 16: composer.v1.ReplayDivergence
+	(*ReplayDifference)(nil),             // 17: composer.v1.ReplayDifference
+	(*RunReplay)(nil),                    // 18: composer.v1.RunReplay
+	(*CheckWorkflowVersionRequest)(nil),  // 19: composer.v1.CheckWorkflowVersionRequest
+	(*CheckWorkflowVersionResponse)(nil), // 20: composer.v1.CheckWorkflowVersionResponse
+	nil,                                  // 21: composer.v1.ReplayRunRequest.NodeMappingEntry
+	nil,                                  // 22: composer.v1.CheckWorkflowVersionRequest.NodeMappingEntry
+	(*WorkflowVersion)(nil),              // 23: composer.v1.WorkflowVersion
+	(*WorkflowSummary)(nil),              // 24: composer.v1.WorkflowSummary
+	(*Run)(nil),                          // 25: composer.v1.Run
+	(*HistoryEvent)(nil),                 // 26: composer.v1.HistoryEvent
+	(RunStatus)(0),                       // 27: composer.v1.RunStatus
 }
 var file_composer_v1_workflow_service_proto_depIdxs = []int32{
-	11, // 0: composer.v1.RegisterWorkflowResponse.workflow:type_name -> composer.v1.WorkflowVersion
-	3,  // 1: composer.v1.ValidateWorkflowResponse.problems:type_name -> composer.v1.ValidationProblem
-	11, // 2: composer.v1.GetWorkflowResponse.workflow:type_name -> composer.v1.WorkflowVersion
-	12, // 3: composer.v1.ListWorkflowsResponse.workflows:type_name -> composer.v1.WorkflowSummary
-	11, // 4: composer.v1.ListWorkflowVersionsResponse.versions:type_name -> composer.v1.WorkflowVersion
-	0,  // 5: composer.v1.WorkflowService.RegisterWorkflow:input_type -> composer.v1.RegisterWorkflowRequest
-	2,  // 6: composer.v1.WorkflowService.ValidateWorkflow:input_type -> composer.v1.ValidateWorkflowRequest
-	5,  // 7: composer.v1.WorkflowService.GetWorkflow:input_type -> composer.v1.GetWorkflowRequest
-	7,  // 8: composer.v1.WorkflowService.ListWorkflows:input_type -> composer.v1.ListWorkflowsRequest
-	9,  // 9: composer.v1.WorkflowService.ListWorkflowVersions:input_type -> composer.v1.ListWorkflowVersionsRequest
-	1,  // 10: composer.v1.WorkflowService.RegisterWorkflow:output_type -> composer.v1.RegisterWorkflowResponse
-	4,  // 11: composer.v1.WorkflowService.ValidateWorkflow:output_type -> composer.v1.ValidateWorkflowResponse
-	6,  // 12: composer.v1.WorkflowService.GetWorkflow:output_type -> composer.v1.GetWorkflowResponse
-	8,  // 13: composer.v1.WorkflowService.ListWorkflows:output_type -> composer.v1.ListWorkflowsResponse
-	10, // 14: composer.v1.WorkflowService.ListWorkflowVersions:output_type -> composer.v1.ListWorkflowVersionsResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	23, // 0: composer.v1.RegisterWorkflowResponse.workflow:type_name -> composer.v1.WorkflowVersion
+	5,  // 1: composer.v1.ValidateWorkflowResponse.problems:type_name -> composer.v1.ValidationProblem
+	23, // 2: composer.v1.GetWorkflowResponse.workflow:type_name -> composer.v1.WorkflowVersion
+	24, // 3: composer.v1.ListWorkflowsResponse.workflows:type_name -> composer.v1.WorkflowSummary
+	23, // 4: composer.v1.ListWorkflowVersionsResponse.versions:type_name -> composer.v1.WorkflowVersion
+	25, // 5: composer.v1.RecordedRun.run:type_name -> composer.v1.Run
+	23, // 6: composer.v1.RecordedRun.workflow:type_name -> composer.v1.WorkflowVersion
+	26, // 7: composer.v1.RecordedRun.events:type_name -> composer.v1.HistoryEvent
+	13, // 8: composer.v1.ReplayRunRequest.history:type_name -> composer.v1.RecordedRun
+	21, // 9: composer.v1.ReplayRunRequest.node_mapping:type_name -> composer.v1.ReplayRunRequest.NodeMappingEntry
+	18, // 10: composer.v1.ReplayRunResponse.replay:type_name -> composer.v1.RunReplay
+	27, // 11: composer.v1.RunReplay.status:type_name -> composer.v1.RunStatus
+	0,  // 12: composer.v1.RunReplay.verdict:type_name -> composer.v1.ReplayVerdict
+	16, // 13: composer.v1.RunReplay.divergence:type_name -> composer.v1.ReplayDivergence
+	17, // 14: composer.v1.RunReplay.differences:type_name -> composer.v1.ReplayDifference
+	22, // 15: composer.v1.CheckWorkflowVersionRequest.node_mapping:type_name -> composer.v1.CheckWorkflowVersionRequest.NodeMappingEntry
+	1,  // 16: composer.v1.CheckWorkflowVersionRequest.scope:type_name -> composer.v1.CheckScope
+	18, // 17: composer.v1.CheckWorkflowVersionResponse.runs:type_name -> composer.v1.RunReplay
+	2,  // 18: composer.v1.WorkflowService.RegisterWorkflow:input_type -> composer.v1.RegisterWorkflowRequest
+	4,  // 19: composer.v1.WorkflowService.ValidateWorkflow:input_type -> composer.v1.ValidateWorkflowRequest
+	7,  // 20: composer.v1.WorkflowService.GetWorkflow:input_type -> composer.v1.GetWorkflowRequest
+	9,  // 21: composer.v1.WorkflowService.ListWorkflows:input_type -> composer.v1.ListWorkflowsRequest
+	11, // 22: composer.v1.WorkflowService.ListWorkflowVersions:input_type -> composer.v1.ListWorkflowVersionsRequest
+	14, // 23: composer.v1.WorkflowService.ReplayRun:input_type -> composer.v1.ReplayRunRequest
+	19, // 24: composer.v1.WorkflowService.CheckWorkflowVersion:input_type -> composer.v1.CheckWorkflowVersionRequest
+	3,  // 25: composer.v1.WorkflowService.RegisterWorkflow:output_type -> composer.v1.RegisterWorkflowResponse
+	6,  // 26: composer.v1.WorkflowService.ValidateWorkflow:output_type -> composer.v1.ValidateWorkflowResponse
+	8,  // 27: composer.v1.WorkflowService.GetWorkflow:output_type -> composer.v1.GetWorkflowResponse
+	10, // 28: composer.v1.WorkflowService.ListWorkflows:output_type -> composer.v1.ListWorkflowsResponse
+	12, // 29: composer.v1.WorkflowService.ListWorkflowVersions:output_type -> composer.v1.ListWorkflowVersionsResponse
+	15, // 30: composer.v1.WorkflowService.ReplayRun:output_type -> composer.v1.ReplayRunResponse
+	20, // 31: composer.v1.WorkflowService.CheckWorkflowVersion:output_type -> composer.v1.CheckWorkflowVersionResponse
+	25, // [25:32] is the sub-list for method output_type
+	18, // [18:25] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_composer_v1_workflow_service_proto_init() }
@@ -722,18 +1618,23 @@ func file_composer_v1_workflow_service_proto_init() {
 		return
 	}
 	file_composer_v1_common_proto_init()
+	file_composer_v1_workflow_service_proto_msgTypes[12].OneofWrappers = []any{
+		(*ReplayRunRequest_RunId)(nil),
+		(*ReplayRunRequest_History)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_composer_v1_workflow_service_proto_rawDesc), len(file_composer_v1_workflow_service_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   11,
+			NumEnums:      2,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_composer_v1_workflow_service_proto_goTypes,
 		DependencyIndexes: file_composer_v1_workflow_service_proto_depIdxs,
+		EnumInfos:         file_composer_v1_workflow_service_proto_enumTypes,
 		MessageInfos:      file_composer_v1_workflow_service_proto_msgTypes,
 	}.Build()
 	File_composer_v1_workflow_service_proto = out.File

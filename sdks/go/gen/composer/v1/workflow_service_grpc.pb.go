@@ -24,6 +24,8 @@ const (
 	WorkflowService_GetWorkflow_FullMethodName          = "/composer.v1.WorkflowService/GetWorkflow"
 	WorkflowService_ListWorkflows_FullMethodName        = "/composer.v1.WorkflowService/ListWorkflows"
 	WorkflowService_ListWorkflowVersions_FullMethodName = "/composer.v1.WorkflowService/ListWorkflowVersions"
+	WorkflowService_ReplayRun_FullMethodName            = "/composer.v1.WorkflowService/ReplayRun"
+	WorkflowService_CheckWorkflowVersion_FullMethodName = "/composer.v1.WorkflowService/CheckWorkflowVersion"
 )
 
 // WorkflowServiceClient is the client API for WorkflowService service.
@@ -55,6 +57,24 @@ type WorkflowServiceClient interface {
 	// ListWorkflowVersions lists the versions of one workflow, newest first,
 	// one page at a time. NOT_FOUND when the name does not exist.
 	ListWorkflowVersions(ctx context.Context, in *ListWorkflowVersionsRequest, opts ...grpc.CallOption) (*ListWorkflowVersionsResponse, error)
+	// ReplayRun replays one run's recorded history against another definition
+	// and says whether that definition could continue the run
+	// (docs/versions.md): IDENTICAL, COMPATIBLE with its differences, or
+	// INCOMPATIBLE with the first divergence. The run is named (`run_id`, read
+	// from the server) or given whole (`history`, what `composer run history
+	// RUN_ID -o json` writes); the new definition is text (`source`) or a
+	// registered version of the run's workflow (`version`). Nothing is stored.
+	// A history its own definition does not reproduce answers UNREPLAYABLE
+	// with the reason; an invalid `source` fails with INVALID_ARGUMENT as
+	// RegisterWorkflow does.
+	ReplayRun(ctx context.Context, in *ReplayRunRequest, opts ...grpc.CallOption) (*ReplayRunResponse, error)
+	// CheckWorkflowVersion replays the runs of a workflow (of every version)
+	// against a new definition, one page of runs per call, newest first: the
+	// runs in flight (RUNNING, COMPENSATING, PAUSED) or, with `scope`
+	// COMPLETED, the completed ones. Counts are of the page; a caller adds
+	// them up over the pages (`composer workflow check` does). Every run that
+	// is not identical is listed with its verdict.
+	CheckWorkflowVersion(ctx context.Context, in *CheckWorkflowVersionRequest, opts ...grpc.CallOption) (*CheckWorkflowVersionResponse, error)
 }
 
 type workflowServiceClient struct {
@@ -115,6 +135,26 @@ func (c *workflowServiceClient) ListWorkflowVersions(ctx context.Context, in *Li
 	return out, nil
 }
 
+func (c *workflowServiceClient) ReplayRun(ctx context.Context, in *ReplayRunRequest, opts ...grpc.CallOption) (*ReplayRunResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplayRunResponse)
+	err := c.cc.Invoke(ctx, WorkflowService_ReplayRun_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workflowServiceClient) CheckWorkflowVersion(ctx context.Context, in *CheckWorkflowVersionRequest, opts ...grpc.CallOption) (*CheckWorkflowVersionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckWorkflowVersionResponse)
+	err := c.cc.Invoke(ctx, WorkflowService_CheckWorkflowVersion_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkflowServiceServer is the server API for WorkflowService service.
 // All implementations must embed UnimplementedWorkflowServiceServer
 // for forward compatibility.
@@ -144,6 +184,24 @@ type WorkflowServiceServer interface {
 	// ListWorkflowVersions lists the versions of one workflow, newest first,
 	// one page at a time. NOT_FOUND when the name does not exist.
 	ListWorkflowVersions(context.Context, *ListWorkflowVersionsRequest) (*ListWorkflowVersionsResponse, error)
+	// ReplayRun replays one run's recorded history against another definition
+	// and says whether that definition could continue the run
+	// (docs/versions.md): IDENTICAL, COMPATIBLE with its differences, or
+	// INCOMPATIBLE with the first divergence. The run is named (`run_id`, read
+	// from the server) or given whole (`history`, what `composer run history
+	// RUN_ID -o json` writes); the new definition is text (`source`) or a
+	// registered version of the run's workflow (`version`). Nothing is stored.
+	// A history its own definition does not reproduce answers UNREPLAYABLE
+	// with the reason; an invalid `source` fails with INVALID_ARGUMENT as
+	// RegisterWorkflow does.
+	ReplayRun(context.Context, *ReplayRunRequest) (*ReplayRunResponse, error)
+	// CheckWorkflowVersion replays the runs of a workflow (of every version)
+	// against a new definition, one page of runs per call, newest first: the
+	// runs in flight (RUNNING, COMPENSATING, PAUSED) or, with `scope`
+	// COMPLETED, the completed ones. Counts are of the page; a caller adds
+	// them up over the pages (`composer workflow check` does). Every run that
+	// is not identical is listed with its verdict.
+	CheckWorkflowVersion(context.Context, *CheckWorkflowVersionRequest) (*CheckWorkflowVersionResponse, error)
 	mustEmbedUnimplementedWorkflowServiceServer()
 }
 
@@ -168,6 +226,12 @@ func (UnimplementedWorkflowServiceServer) ListWorkflows(context.Context, *ListWo
 }
 func (UnimplementedWorkflowServiceServer) ListWorkflowVersions(context.Context, *ListWorkflowVersionsRequest) (*ListWorkflowVersionsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListWorkflowVersions not implemented")
+}
+func (UnimplementedWorkflowServiceServer) ReplayRun(context.Context, *ReplayRunRequest) (*ReplayRunResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplayRun not implemented")
+}
+func (UnimplementedWorkflowServiceServer) CheckWorkflowVersion(context.Context, *CheckWorkflowVersionRequest) (*CheckWorkflowVersionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckWorkflowVersion not implemented")
 }
 func (UnimplementedWorkflowServiceServer) mustEmbedUnimplementedWorkflowServiceServer() {}
 func (UnimplementedWorkflowServiceServer) testEmbeddedByValue()                         {}
@@ -280,6 +344,42 @@ func _WorkflowService_ListWorkflowVersions_Handler(srv interface{}, ctx context.
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkflowService_ReplayRun_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplayRunRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkflowServiceServer).ReplayRun(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkflowService_ReplayRun_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkflowServiceServer).ReplayRun(ctx, req.(*ReplayRunRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _WorkflowService_CheckWorkflowVersion_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckWorkflowVersionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkflowServiceServer).CheckWorkflowVersion(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkflowService_CheckWorkflowVersion_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkflowServiceServer).CheckWorkflowVersion(ctx, req.(*CheckWorkflowVersionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkflowService_ServiceDesc is the grpc.ServiceDesc for WorkflowService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -306,6 +406,14 @@ var WorkflowService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListWorkflowVersions",
 			Handler:    _WorkflowService_ListWorkflowVersions_Handler,
+		},
+		{
+			MethodName: "ReplayRun",
+			Handler:    _WorkflowService_ReplayRun_Handler,
+		},
+		{
+			MethodName: "CheckWorkflowVersion",
+			Handler:    _WorkflowService_CheckWorkflowVersion_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -62,6 +62,16 @@ class WorkflowServiceStub:
                 request_serializer=composer_dot_v1_dot_workflow__service__pb2.ListWorkflowVersionsRequest.SerializeToString,
                 response_deserializer=composer_dot_v1_dot_workflow__service__pb2.ListWorkflowVersionsResponse.FromString,
                 _registered_method=True)
+        self.ReplayRun = channel.unary_unary(
+                '/composer.v1.WorkflowService/ReplayRun',
+                request_serializer=composer_dot_v1_dot_workflow__service__pb2.ReplayRunRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_workflow__service__pb2.ReplayRunResponse.FromString,
+                _registered_method=True)
+        self.CheckWorkflowVersion = channel.unary_unary(
+                '/composer.v1.WorkflowService/CheckWorkflowVersion',
+                request_serializer=composer_dot_v1_dot_workflow__service__pb2.CheckWorkflowVersionRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_workflow__service__pb2.CheckWorkflowVersionResponse.FromString,
+                _registered_method=True)
 
 
 class WorkflowServiceServicer:
@@ -116,6 +126,34 @@ class WorkflowServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReplayRun(self, request, context):
+        """ReplayRun replays one run's recorded history against another definition
+        and says whether that definition could continue the run
+        (docs/versions.md): IDENTICAL, COMPATIBLE with its differences, or
+        INCOMPATIBLE with the first divergence. The run is named (`run_id`, read
+        from the server) or given whole (`history`, what `composer run history
+        RUN_ID -o json` writes); the new definition is text (`source`) or a
+        registered version of the run's workflow (`version`). Nothing is stored.
+        A history its own definition does not reproduce answers UNREPLAYABLE
+        with the reason; an invalid `source` fails with INVALID_ARGUMENT as
+        RegisterWorkflow does.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CheckWorkflowVersion(self, request, context):
+        """CheckWorkflowVersion replays the runs of a workflow (of every version)
+        against a new definition, one page of runs per call, newest first: the
+        runs in flight (RUNNING, COMPENSATING, PAUSED) or, with `scope`
+        COMPLETED, the completed ones. Counts are of the page; a caller adds
+        them up over the pages (`composer workflow check` does). Every run that
+        is not identical is listed with its verdict.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_WorkflowServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +181,16 @@ def add_WorkflowServiceServicer_to_server(servicer, server):
                     servicer.ListWorkflowVersions,
                     request_deserializer=composer_dot_v1_dot_workflow__service__pb2.ListWorkflowVersionsRequest.FromString,
                     response_serializer=composer_dot_v1_dot_workflow__service__pb2.ListWorkflowVersionsResponse.SerializeToString,
+            ),
+            'ReplayRun': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReplayRun,
+                    request_deserializer=composer_dot_v1_dot_workflow__service__pb2.ReplayRunRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_workflow__service__pb2.ReplayRunResponse.SerializeToString,
+            ),
+            'CheckWorkflowVersion': grpc.unary_unary_rpc_method_handler(
+                    servicer.CheckWorkflowVersion,
+                    request_deserializer=composer_dot_v1_dot_workflow__service__pb2.CheckWorkflowVersionRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_workflow__service__pb2.CheckWorkflowVersionResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -283,6 +331,60 @@ class WorkflowService:
             '/composer.v1.WorkflowService/ListWorkflowVersions',
             composer_dot_v1_dot_workflow__service__pb2.ListWorkflowVersionsRequest.SerializeToString,
             composer_dot_v1_dot_workflow__service__pb2.ListWorkflowVersionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReplayRun(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.WorkflowService/ReplayRun',
+            composer_dot_v1_dot_workflow__service__pb2.ReplayRunRequest.SerializeToString,
+            composer_dot_v1_dot_workflow__service__pb2.ReplayRunResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CheckWorkflowVersion(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.WorkflowService/CheckWorkflowVersion',
+            composer_dot_v1_dot_workflow__service__pb2.CheckWorkflowVersionRequest.SerializeToString,
+            composer_dot_v1_dot_workflow__service__pb2.CheckWorkflowVersionResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -19,7 +19,8 @@ use futures::{StreamExt, stream};
 use serde_json::json;
 use sqlx::PgPool;
 use tonic::{Code, Request, Status, transport::Channel};
-use tonic_types::StatusExt;
+
+use crate::common::violated_field;
 
 const WAIT: Duration = Duration::from_secs(120);
 const SECRET: &str = "a-test-secret-that-is-long-enough-for-hs256-0123456789";
@@ -535,13 +536,6 @@ fn authed<T>(message: T, token: &str) -> Request<T> {
         format!("Bearer {token}").parse().expect("header"),
     );
     request
-}
-
-fn violated_field(status: &Status) -> String {
-    status
-        .get_details_bad_request()
-        .and_then(|b| b.field_violations.first().map(|v| v.field.clone()))
-        .unwrap_or_default()
 }
 
 async fn bulk_cancel_as(

@@ -91,3 +91,12 @@ pub async fn register(channel: &Channel, token: &str, source: &str) {
         .await
         .expect("register");
 }
+
+/// The first field a BadRequest detail of `status` names ("" if none).
+pub fn violated_field(status: &tonic::Status) -> String {
+    use tonic_types::StatusExt;
+    status
+        .get_details_bad_request()
+        .and_then(|b| b.field_violations.first().map(|v| v.field.clone()))
+        .unwrap_or_default()
+}

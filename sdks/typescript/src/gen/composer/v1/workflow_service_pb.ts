@@ -2,9 +2,9 @@
 // @generated from file composer/v1/workflow_service.proto (package composer.v1, syntax proto3)
 /* eslint-disable */
 
-import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
-import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { WorkflowSummary, WorkflowVersion } from "./common_pb.js";
+import type { GenEnum, GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
+import { enumDesc, fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { HistoryEvent, Run, RunStatus, WorkflowSummary, WorkflowVersion } from "./common_pb.js";
 import { file_composer_v1_common } from "./common_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -12,7 +12,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file composer/v1/workflow_service.proto.
  */
 export const file_composer_v1_workflow_service: GenFile = /*@__PURE__*/
-  fileDesc("CiJjb21wb3Nlci92MS93b3JrZmxvd19zZXJ2aWNlLnByb3RvEgtjb21wb3Nlci52MSIpChdSZWdpc3RlcldvcmtmbG93UmVxdWVzdBIOCgZzb3VyY2UYASABKAkiWwoYUmVnaXN0ZXJXb3JrZmxvd1Jlc3BvbnNlEi4KCHdvcmtmbG93GAEgASgLMhwuY29tcG9zZXIudjEuV29ya2Zsb3dWZXJzaW9uEg8KB2NyZWF0ZWQYAiABKAgiKQoXVmFsaWRhdGVXb3JrZmxvd1JlcXVlc3QSDgoGc291cmNlGAEgASgJIjIKEVZhbGlkYXRpb25Qcm9ibGVtEgwKBHBhdGgYASABKAkSDwoHbWVzc2FnZRgCIAEoCSJbChhWYWxpZGF0ZVdvcmtmbG93UmVzcG9uc2USDQoFdmFsaWQYASABKAgSMAoIcHJvYmxlbXMYAiADKAsyHi5jb21wb3Nlci52MS5WYWxpZGF0aW9uUHJvYmxlbSIzChJHZXRXb3JrZmxvd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgFIkUKE0dldFdvcmtmbG93UmVzcG9uc2USLgoId29ya2Zsb3cYASABKAsyHC5jb21wb3Nlci52MS5Xb3JrZmxvd1ZlcnNpb24iUgoUTGlzdFdvcmtmbG93c1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkSEwoLbmFtZV9wcmVmaXgYAyABKAkiYQoVTGlzdFdvcmtmbG93c1Jlc3BvbnNlEi8KCXdvcmtmbG93cxgBIAMoCzIcLmNvbXBvc2VyLnYxLldvcmtmbG93U3VtbWFyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiUgobTGlzdFdvcmtmbG93VmVyc2lvbnNSZXF1ZXN0EgwKBG5hbWUYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiZwocTGlzdFdvcmtmbG93VmVyc2lvbnNSZXNwb25zZRIuCgh2ZXJzaW9ucxgBIAMoCzIcLmNvbXBvc2VyLnYxLldvcmtmbG93VmVyc2lvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAky6gMKD1dvcmtmbG93U2VydmljZRJfChBSZWdpc3RlcldvcmtmbG93EiQuY29tcG9zZXIudjEuUmVnaXN0ZXJXb3JrZmxvd1JlcXVlc3QaJS5jb21wb3Nlci52MS5SZWdpc3RlcldvcmtmbG93UmVzcG9uc2USXwoQVmFsaWRhdGVXb3JrZmxvdxIkLmNvbXBvc2VyLnYxLlZhbGlkYXRlV29ya2Zsb3dSZXF1ZXN0GiUuY29tcG9zZXIudjEuVmFsaWRhdGVXb3JrZmxvd1Jlc3BvbnNlElAKC0dldFdvcmtmbG93Eh8uY29tcG9zZXIudjEuR2V0V29ya2Zsb3dSZXF1ZXN0GiAuY29tcG9zZXIudjEuR2V0V29ya2Zsb3dSZXNwb25zZRJWCg1MaXN0V29ya2Zsb3dzEiEuY29tcG9zZXIudjEuTGlzdFdvcmtmbG93c1JlcXVlc3QaIi5jb21wb3Nlci52MS5MaXN0V29ya2Zsb3dzUmVzcG9uc2USawoUTGlzdFdvcmtmbG93VmVyc2lvbnMSKC5jb21wb3Nlci52MS5MaXN0V29ya2Zsb3dWZXJzaW9uc1JlcXVlc3QaKS5jb21wb3Nlci52MS5MaXN0V29ya2Zsb3dWZXJzaW9uc1Jlc3BvbnNlQkVaQ2dpdGh1Yi5jb20vY29tcG9zZXItZGV2L2NvbXBvc2VyL3Nka3MvZ28vZ2VuL2NvbXBvc2VyL3YxO2NvbXBvc2VydjFiBnByb3RvMw", [file_composer_v1_common]);
+  fileDesc("CiJjb21wb3Nlci92MS93b3JrZmxvd19zZXJ2aWNlLnByb3RvEgtjb21wb3Nlci52MSIpChdSZWdpc3RlcldvcmtmbG93UmVxdWVzdBIOCgZzb3VyY2UYASABKAkiWwoYUmVnaXN0ZXJXb3JrZmxvd1Jlc3BvbnNlEi4KCHdvcmtmbG93GAEgASgLMhwuY29tcG9zZXIudjEuV29ya2Zsb3dWZXJzaW9uEg8KB2NyZWF0ZWQYAiABKAgiKQoXVmFsaWRhdGVXb3JrZmxvd1JlcXVlc3QSDgoGc291cmNlGAEgASgJIjIKEVZhbGlkYXRpb25Qcm9ibGVtEgwKBHBhdGgYASABKAkSDwoHbWVzc2FnZRgCIAEoCSJbChhWYWxpZGF0ZVdvcmtmbG93UmVzcG9uc2USDQoFdmFsaWQYASABKAgSMAoIcHJvYmxlbXMYAiADKAsyHi5jb21wb3Nlci52MS5WYWxpZGF0aW9uUHJvYmxlbSIzChJHZXRXb3JrZmxvd1JlcXVlc3QSDAoEbmFtZRgBIAEoCRIPCgd2ZXJzaW9uGAIgASgFIkUKE0dldFdvcmtmbG93UmVzcG9uc2USLgoId29ya2Zsb3cYASABKAsyHC5jb21wb3Nlci52MS5Xb3JrZmxvd1ZlcnNpb24iUgoUTGlzdFdvcmtmbG93c1JlcXVlc3QSEQoJcGFnZV9zaXplGAEgASgFEhIKCnBhZ2VfdG9rZW4YAiABKAkSEwoLbmFtZV9wcmVmaXgYAyABKAkiYQoVTGlzdFdvcmtmbG93c1Jlc3BvbnNlEi8KCXdvcmtmbG93cxgBIAMoCzIcLmNvbXBvc2VyLnYxLldvcmtmbG93U3VtbWFyeRIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkiUgobTGlzdFdvcmtmbG93VmVyc2lvbnNSZXF1ZXN0EgwKBG5hbWUYASABKAkSEQoJcGFnZV9zaXplGAIgASgFEhIKCnBhZ2VfdG9rZW4YAyABKAkiZwocTGlzdFdvcmtmbG93VmVyc2lvbnNSZXNwb25zZRIuCgh2ZXJzaW9ucxgBIAMoCzIcLmNvbXBvc2VyLnYxLldvcmtmbG93VmVyc2lvbhIXCg9uZXh0X3BhZ2VfdG9rZW4YAiABKAkihwEKC1JlY29yZGVkUnVuEh0KA3J1bhgBIAEoCzIQLmNvbXBvc2VyLnYxLlJ1bhIuCgh3b3JrZmxvdxgCIAEoCzIcLmNvbXBvc2VyLnYxLldvcmtmbG93VmVyc2lvbhIpCgZldmVudHMYAyADKAsyGS5jb21wb3Nlci52MS5IaXN0b3J5RXZlbnQi+AEKEFJlcGxheVJ1blJlcXVlc3QSEAoGcnVuX2lkGAEgASgJSAASKwoHaGlzdG9yeRgCIAEoCzIYLmNvbXBvc2VyLnYxLlJlY29yZGVkUnVuSAASDgoGc291cmNlGAMgASgJEg8KB3ZlcnNpb24YBCABKAUSRAoMbm9kZV9tYXBwaW5nGAUgAygLMi4uY29tcG9zZXIudjEuUmVwbGF5UnVuUmVxdWVzdC5Ob2RlTWFwcGluZ0VudHJ5GjIKEE5vZGVNYXBwaW5nRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4AUIKCghyZWNvcmRlZCI7ChFSZXBsYXlSdW5SZXNwb25zZRImCgZyZXBsYXkYASABKAsyFi5jb21wb3Nlci52MS5SdW5SZXBsYXkiVAoQUmVwbGF5RGl2ZXJnZW5jZRIMCgRydWxlGAEgASgJEg8KB25vZGVfaWQYAiABKAkSEAoIc2VxdWVuY2UYAyABKAMSDwoHbWVzc2FnZRgEIAEoCSJCChBSZXBsYXlEaWZmZXJlbmNlEgwKBGtpbmQYASABKAkSDwoHbm9kZV9pZBgCIAEoCRIPCgdtZXNzYWdlGAMgASgJIp4CCglSdW5SZXBsYXkSDgoGcnVuX2lkGAEgASgJEhgKEHdvcmtmbG93X3ZlcnNpb24YAiABKAUSJgoGc3RhdHVzGAMgASgOMhYuY29tcG9zZXIudjEuUnVuU3RhdHVzEisKB3ZlcmRpY3QYBCABKA4yGi5jb21wb3Nlci52MS5SZXBsYXlWZXJkaWN0EjEKCmRpdmVyZ2VuY2UYBSABKAsyHS5jb21wb3Nlci52MS5SZXBsYXlEaXZlcmdlbmNlEjIKC2RpZmZlcmVuY2VzGAYgAygLMh0uY29tcG9zZXIudjEuUmVwbGF5RGlmZmVyZW5jZRIbChN1bnJlcGxheWFibGVfcmVhc29uGAcgASgJEg4KBmV2ZW50cxgIIAEoBSKgAgobQ2hlY2tXb3JrZmxvd1ZlcnNpb25SZXF1ZXN0EgwKBG5hbWUYASABKAkSDgoGc291cmNlGAIgASgJEg8KB3ZlcnNpb24YAyABKAUSTwoMbm9kZV9tYXBwaW5nGAQgAygLMjkuY29tcG9zZXIudjEuQ2hlY2tXb3JrZmxvd1ZlcnNpb25SZXF1ZXN0Lk5vZGVNYXBwaW5nRW50cnkSJgoFc2NvcGUYBSABKA4yFy5jb21wb3Nlci52MS5DaGVja1Njb3BlEhEKCXBhZ2Vfc2l6ZRgGIAEoBRISCgpwYWdlX3Rva2VuGAcgASgJGjIKEE5vZGVNYXBwaW5nRW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASLBAQocQ2hlY2tXb3JrZmxvd1ZlcnNpb25SZXNwb25zZRIPCgdjaGVja2VkGAEgASgFEhEKCWlkZW50aWNhbBgCIAEoBRISCgpjb21wYXRpYmxlGAMgASgFEhQKDGluY29tcGF0aWJsZRgEIAEoBRIUCgx1bnJlcGxheWFibGUYBSABKAUSJAoEcnVucxgGIAMoCzIWLmNvbXBvc2VyLnYxLlJ1blJlcGxheRIXCg9uZXh0X3BhZ2VfdG9rZW4YByABKAkqrgEKDVJlcGxheVZlcmRpY3QSHgoaUkVQTEFZX1ZFUkRJQ1RfVU5TUEVDSUZJRUQQABIcChhSRVBMQVlfVkVSRElDVF9JREVOVElDQUwQARIdChlSRVBMQVlfVkVSRElDVF9DT01QQVRJQkxFEAISHwobUkVQTEFZX1ZFUkRJQ1RfSU5DT01QQVRJQkxFEAMSHwobUkVQTEFZX1ZFUkRJQ1RfVU5SRVBMQVlBQkxFEAQqXwoKQ2hlY2tTY29wZRIbChdDSEVDS19TQ09QRV9VTlNQRUNJRklFRBAAEhkKFUNIRUNLX1NDT1BFX0lOX0ZMSUdIVBABEhkKFUNIRUNLX1NDT1BFX0NPTVBMRVRFRBACMqMFCg9Xb3JrZmxvd1NlcnZpY2USXwoQUmVnaXN0ZXJXb3JrZmxvdxIkLmNvbXBvc2VyLnYxLlJlZ2lzdGVyV29ya2Zsb3dSZXF1ZXN0GiUuY29tcG9zZXIudjEuUmVnaXN0ZXJXb3JrZmxvd1Jlc3BvbnNlEl8KEFZhbGlkYXRlV29ya2Zsb3cSJC5jb21wb3Nlci52MS5WYWxpZGF0ZVdvcmtmbG93UmVxdWVzdBolLmNvbXBvc2VyLnYxLlZhbGlkYXRlV29ya2Zsb3dSZXNwb25zZRJQCgtHZXRXb3JrZmxvdxIfLmNvbXBvc2VyLnYxLkdldFdvcmtmbG93UmVxdWVzdBogLmNvbXBvc2VyLnYxLkdldFdvcmtmbG93UmVzcG9uc2USVgoNTGlzdFdvcmtmbG93cxIhLmNvbXBvc2VyLnYxLkxpc3RXb3JrZmxvd3NSZXF1ZXN0GiIuY29tcG9zZXIudjEuTGlzdFdvcmtmbG93c1Jlc3BvbnNlEmsKFExpc3RXb3JrZmxvd1ZlcnNpb25zEiguY29tcG9zZXIudjEuTGlzdFdvcmtmbG93VmVyc2lvbnNSZXF1ZXN0GikuY29tcG9zZXIudjEuTGlzdFdvcmtmbG93VmVyc2lvbnNSZXNwb25zZRJKCglSZXBsYXlSdW4SHS5jb21wb3Nlci52MS5SZXBsYXlSdW5SZXF1ZXN0Gh4uY29tcG9zZXIudjEuUmVwbGF5UnVuUmVzcG9uc2USawoUQ2hlY2tXb3JrZmxvd1ZlcnNpb24SKC5jb21wb3Nlci52MS5DaGVja1dvcmtmbG93VmVyc2lvblJlcXVlc3QaKS5jb21wb3Nlci52MS5DaGVja1dvcmtmbG93VmVyc2lvblJlc3BvbnNlQkVaQ2dpdGh1Yi5jb20vY29tcG9zZXItZGV2L2NvbXBvc2VyL3Nka3MvZ28vZ2VuL2NvbXBvc2VyL3YxO2NvbXBvc2VydjFiBnByb3RvMw", [file_composer_v1_common]);
 
 /**
  * RegisterWorkflowRequest carries a definition's text.
@@ -317,6 +317,482 @@ export const ListWorkflowVersionsResponseSchema: GenMessage<ListWorkflowVersions
   messageDesc(file_composer_v1_workflow_service, 10);
 
 /**
+ * RecordedRun is a run as recorded, what `composer run history RUN_ID -o
+ * json` writes: enough to replay it with no server.
+ *
+ * @generated from message composer.v1.RecordedRun
+ */
+export type RecordedRun = Message<"composer.v1.RecordedRun"> & {
+  /**
+   * The run, with its nodes' states and outputs.
+   *
+   * @generated from field: composer.v1.Run run = 1;
+   */
+  run?: Run | undefined;
+
+  /**
+   * The definition it runs on, with its `source`.
+   *
+   * @generated from field: composer.v1.WorkflowVersion workflow = 2;
+   */
+  workflow?: WorkflowVersion | undefined;
+
+  /**
+   * Its whole history, oldest first.
+   *
+   * @generated from field: repeated composer.v1.HistoryEvent events = 3;
+   */
+  events: HistoryEvent[];
+};
+
+/**
+ * Describes the message composer.v1.RecordedRun.
+ * Use `create(RecordedRunSchema)` to create a new message.
+ */
+export const RecordedRunSchema: GenMessage<RecordedRun> = /*@__PURE__*/
+  messageDesc(file_composer_v1_workflow_service, 11);
+
+/**
+ * ReplayRunRequest names a run (or gives one) and a new definition.
+ *
+ * @generated from message composer.v1.ReplayRunRequest
+ */
+export type ReplayRunRequest = Message<"composer.v1.ReplayRunRequest"> & {
+  /**
+   * The run to replay.
+   *
+   * @generated from oneof composer.v1.ReplayRunRequest.recorded
+   */
+  recorded: {
+    /**
+     * A run of the caller's namespace, read from the server.
+     *
+     * @generated from field: string run_id = 1;
+     */
+    value: string;
+    case: "runId";
+  } | {
+    /**
+     * A run given whole; nothing is read.
+     *
+     * @generated from field: composer.v1.RecordedRun history = 2;
+     */
+    value: RecordedRun;
+    case: "history";
+  } | { case: undefined; value?: undefined };
+
+  /**
+   * The new definition's text (YAML or JSON); or leave it empty and name
+   * `version`.
+   *
+   * @generated from field: string source = 3;
+   */
+  source: string;
+
+  /**
+   * A registered version of the run's workflow, when `source` is empty.
+   *
+   * @generated from field: int32 version = 4;
+   */
+  version: number;
+
+  /**
+   * Node ids renamed in the new definition: recorded id to new id.
+   *
+   * @generated from field: map<string, string> node_mapping = 5;
+   */
+  nodeMapping: { [key: string]: string };
+};
+
+/**
+ * Describes the message composer.v1.ReplayRunRequest.
+ * Use `create(ReplayRunRequestSchema)` to create a new message.
+ */
+export const ReplayRunRequestSchema: GenMessage<ReplayRunRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_workflow_service, 12);
+
+/**
+ * ReplayRunResponse carries the verdict.
+ *
+ * @generated from message composer.v1.ReplayRunResponse
+ */
+export type ReplayRunResponse = Message<"composer.v1.ReplayRunResponse"> & {
+  /**
+   * What the new definition would do with the run.
+   *
+   * @generated from field: composer.v1.RunReplay replay = 1;
+   */
+  replay?: RunReplay | undefined;
+};
+
+/**
+ * Describes the message composer.v1.ReplayRunResponse.
+ * Use `create(ReplayRunResponseSchema)` to create a new message.
+ */
+export const ReplayRunResponseSchema: GenMessage<ReplayRunResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_workflow_service, 13);
+
+/**
+ * ReplayDivergence is where a new definition first parts from a run.
+ *
+ * @generated from message composer.v1.ReplayDivergence
+ */
+export type ReplayDivergence = Message<"composer.v1.ReplayDivergence"> & {
+  /**
+   * The rule broken, as docs/versions.md names it (`node_changed`,
+   * `branch_changed`, `waiting_node_removed`, ...).
+   *
+   * @generated from field: string rule = 1;
+   */
+  rule: string;
+
+  /**
+   * The node (recorded id), if one.
+   *
+   * @generated from field: string node_id = 2;
+   */
+  nodeId: string;
+
+  /**
+   * The history entry where it shows, 0 if none.
+   *
+   * @generated from field: int64 sequence = 3;
+   */
+  sequence: bigint;
+
+  /**
+   * What differs, in words.
+   *
+   * @generated from field: string message = 4;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message composer.v1.ReplayDivergence.
+ * Use `create(ReplayDivergenceSchema)` to create a new message.
+ */
+export const ReplayDivergenceSchema: GenMessage<ReplayDivergence> = /*@__PURE__*/
+  messageDesc(file_composer_v1_workflow_service, 14);
+
+/**
+ * ReplayDifference is one difference that does not stop a run going on.
+ *
+ * @generated from message composer.v1.ReplayDifference
+ */
+export type ReplayDifference = Message<"composer.v1.ReplayDifference"> & {
+  /**
+   * `node_added`, `node_changed`, `node_removed`, `input_differs` or
+   * `node_renamed`.
+   *
+   * @generated from field: string kind = 1;
+   */
+  kind: string;
+
+  /**
+   * The node.
+   *
+   * @generated from field: string node_id = 2;
+   */
+  nodeId: string;
+
+  /**
+   * What differs, in words.
+   *
+   * @generated from field: string message = 3;
+   */
+  message: string;
+};
+
+/**
+ * Describes the message composer.v1.ReplayDifference.
+ * Use `create(ReplayDifferenceSchema)` to create a new message.
+ */
+export const ReplayDifferenceSchema: GenMessage<ReplayDifference> = /*@__PURE__*/
+  messageDesc(file_composer_v1_workflow_service, 15);
+
+/**
+ * RunReplay is one run's verdict.
+ *
+ * @generated from message composer.v1.RunReplay
+ */
+export type RunReplay = Message<"composer.v1.RunReplay"> & {
+  /**
+   * The run.
+   *
+   * @generated from field: string run_id = 1;
+   */
+  runId: string;
+
+  /**
+   * The version it runs on.
+   *
+   * @generated from field: int32 workflow_version = 2;
+   */
+  workflowVersion: number;
+
+  /**
+   * Its status.
+   *
+   * @generated from field: composer.v1.RunStatus status = 3;
+   */
+  status: RunStatus;
+
+  /**
+   * The verdict.
+   *
+   * @generated from field: composer.v1.ReplayVerdict verdict = 4;
+   */
+  verdict: ReplayVerdict;
+
+  /**
+   * Set when INCOMPATIBLE.
+   *
+   * @generated from field: composer.v1.ReplayDivergence divergence = 5;
+   */
+  divergence?: ReplayDivergence | undefined;
+
+  /**
+   * The differences of a COMPATIBLE run (at most 20).
+   *
+   * @generated from field: repeated composer.v1.ReplayDifference differences = 6;
+   */
+  differences: ReplayDifference[];
+
+  /**
+   * Why an UNREPLAYABLE run could not be replayed.
+   *
+   * @generated from field: string unreplayable_reason = 7;
+   */
+  unreplayableReason: string;
+
+  /**
+   * Events rebuilt from the history and replayed.
+   *
+   * @generated from field: int32 events = 8;
+   */
+  events: number;
+};
+
+/**
+ * Describes the message composer.v1.RunReplay.
+ * Use `create(RunReplaySchema)` to create a new message.
+ */
+export const RunReplaySchema: GenMessage<RunReplay> = /*@__PURE__*/
+  messageDesc(file_composer_v1_workflow_service, 16);
+
+/**
+ * CheckWorkflowVersionRequest names a workflow, a new definition and a page.
+ *
+ * @generated from message composer.v1.CheckWorkflowVersionRequest
+ */
+export type CheckWorkflowVersionRequest = Message<"composer.v1.CheckWorkflowVersionRequest"> & {
+  /**
+   * The workflow.
+   *
+   * @generated from field: string name = 1;
+   */
+  name: string;
+
+  /**
+   * The new definition's text; or leave it empty and name `version`.
+   *
+   * @generated from field: string source = 2;
+   */
+  source: string;
+
+  /**
+   * A registered version of the workflow, when `source` is empty.
+   *
+   * @generated from field: int32 version = 3;
+   */
+  version: number;
+
+  /**
+   * Node ids renamed in the new definition: recorded id to new id.
+   *
+   * @generated from field: map<string, string> node_mapping = 4;
+   */
+  nodeMapping: { [key: string]: string };
+
+  /**
+   * Which runs: in flight (default) or completed.
+   *
+   * @generated from field: composer.v1.CheckScope scope = 5;
+   */
+  scope: CheckScope;
+
+  /**
+   * Runs replayed in this call (default 200, at most 500).
+   *
+   * @generated from field: int32 page_size = 6;
+   */
+  pageSize: number;
+
+  /**
+   * The `next_page_token` of the previous call; empty for the first.
+   *
+   * @generated from field: string page_token = 7;
+   */
+  pageToken: string;
+};
+
+/**
+ * Describes the message composer.v1.CheckWorkflowVersionRequest.
+ * Use `create(CheckWorkflowVersionRequestSchema)` to create a new message.
+ */
+export const CheckWorkflowVersionRequestSchema: GenMessage<CheckWorkflowVersionRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_workflow_service, 17);
+
+/**
+ * CheckWorkflowVersionResponse counts one page's verdicts.
+ *
+ * @generated from message composer.v1.CheckWorkflowVersionResponse
+ */
+export type CheckWorkflowVersionResponse = Message<"composer.v1.CheckWorkflowVersionResponse"> & {
+  /**
+   * Runs replayed in this call.
+   *
+   * @generated from field: int32 checked = 1;
+   */
+  checked: number;
+
+  /**
+   * Of them, identical.
+   *
+   * @generated from field: int32 identical = 2;
+   */
+  identical: number;
+
+  /**
+   * Compatible.
+   *
+   * @generated from field: int32 compatible = 3;
+   */
+  compatible: number;
+
+  /**
+   * Incompatible.
+   *
+   * @generated from field: int32 incompatible = 4;
+   */
+  incompatible: number;
+
+  /**
+   * Not replayable.
+   *
+   * @generated from field: int32 unreplayable = 5;
+   */
+  unreplayable: number;
+
+  /**
+   * Every run of the page that is not identical, with its verdict.
+   *
+   * @generated from field: repeated composer.v1.RunReplay runs = 6;
+   */
+  runs: RunReplay[];
+
+  /**
+   * Pass to the next call; empty when every run was checked.
+   *
+   * @generated from field: string next_page_token = 7;
+   */
+  nextPageToken: string;
+};
+
+/**
+ * Describes the message composer.v1.CheckWorkflowVersionResponse.
+ * Use `create(CheckWorkflowVersionResponseSchema)` to create a new message.
+ */
+export const CheckWorkflowVersionResponseSchema: GenMessage<CheckWorkflowVersionResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_workflow_service, 18);
+
+/**
+ * ReplayVerdict says whether a definition could continue a run.
+ *
+ * @generated from enum composer.v1.ReplayVerdict
+ */
+export enum ReplayVerdict {
+  /**
+   * Never set.
+   *
+   * @generated from enum value: REPLAY_VERDICT_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * Every recorded decision the same, and nothing the run has not reached
+   * differs.
+   *
+   * @generated from enum value: REPLAY_VERDICT_IDENTICAL = 1;
+   */
+  IDENTICAL = 1,
+
+  /**
+   * The same nodes start in the same order with the same work; differences
+   * are listed.
+   *
+   * @generated from enum value: REPLAY_VERDICT_COMPATIBLE = 2;
+   */
+  COMPATIBLE = 2,
+
+  /**
+   * The new definition parts from what the run did: `divergence` says where.
+   *
+   * @generated from enum value: REPLAY_VERDICT_INCOMPATIBLE = 3;
+   */
+  INCOMPATIBLE = 3,
+
+  /**
+   * The history is not what the run's own definition decides (cut short,
+   * edited, or recorded by another engine): `unreplayable_reason`.
+   *
+   * @generated from enum value: REPLAY_VERDICT_UNREPLAYABLE = 4;
+   */
+  UNREPLAYABLE = 4,
+}
+
+/**
+ * Describes the enum composer.v1.ReplayVerdict.
+ */
+export const ReplayVerdictSchema: GenEnum<ReplayVerdict> = /*@__PURE__*/
+  enumDesc(file_composer_v1_workflow_service, 0);
+
+/**
+ * CheckScope picks the runs CheckWorkflowVersion replays.
+ *
+ * @generated from enum composer.v1.CheckScope
+ */
+export enum CheckScope {
+  /**
+   * The runs in flight.
+   *
+   * @generated from enum value: CHECK_SCOPE_UNSPECIFIED = 0;
+   */
+  UNSPECIFIED = 0,
+
+  /**
+   * The runs in flight: RUNNING, COMPENSATING, PAUSED.
+   *
+   * @generated from enum value: CHECK_SCOPE_IN_FLIGHT = 1;
+   */
+  IN_FLIGHT = 1,
+
+  /**
+   * The runs that completed, newest first.
+   *
+   * @generated from enum value: CHECK_SCOPE_COMPLETED = 2;
+   */
+  COMPLETED = 2,
+}
+
+/**
+ * Describes the enum composer.v1.CheckScope.
+ */
+export const CheckScopeSchema: GenEnum<CheckScope> = /*@__PURE__*/
+  enumDesc(file_composer_v1_workflow_service, 1);
+
+/**
  * WorkflowService registers and reads workflow definitions. Definitions are
  * immutable once registered: registering a name again creates a new version,
  * and runs stay pinned to the version they started with.
@@ -384,6 +860,40 @@ export const WorkflowService: GenService<{
     methodKind: "unary";
     input: typeof ListWorkflowVersionsRequestSchema;
     output: typeof ListWorkflowVersionsResponseSchema;
+  },
+  /**
+   * ReplayRun replays one run's recorded history against another definition
+   * and says whether that definition could continue the run
+   * (docs/versions.md): IDENTICAL, COMPATIBLE with its differences, or
+   * INCOMPATIBLE with the first divergence. The run is named (`run_id`, read
+   * from the server) or given whole (`history`, what `composer run history
+   * RUN_ID -o json` writes); the new definition is text (`source`) or a
+   * registered version of the run's workflow (`version`). Nothing is stored.
+   * A history its own definition does not reproduce answers UNREPLAYABLE
+   * with the reason; an invalid `source` fails with INVALID_ARGUMENT as
+   * RegisterWorkflow does.
+   *
+   * @generated from rpc composer.v1.WorkflowService.ReplayRun
+   */
+  replayRun: {
+    methodKind: "unary";
+    input: typeof ReplayRunRequestSchema;
+    output: typeof ReplayRunResponseSchema;
+  },
+  /**
+   * CheckWorkflowVersion replays the runs of a workflow (of every version)
+   * against a new definition, one page of runs per call, newest first: the
+   * runs in flight (RUNNING, COMPENSATING, PAUSED) or, with `scope`
+   * COMPLETED, the completed ones. Counts are of the page; a caller adds
+   * them up over the pages (`composer workflow check` does). Every run that
+   * is not identical is listed with its verdict.
+   *
+   * @generated from rpc composer.v1.WorkflowService.CheckWorkflowVersion
+   */
+  checkWorkflowVersion: {
+    methodKind: "unary";
+    input: typeof CheckWorkflowVersionRequestSchema;
+    output: typeof CheckWorkflowVersionResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_composer_v1_workflow_service, 0);
