@@ -63,11 +63,13 @@ pub enum HistoryEventType {
     RunPaused,
     /// ResumeRun resumed the run.
     RunResumed,
+    /// MigrateRuns moved the run to another version of its workflow.
+    RunMigrated,
 }
 
 impl HistoryEventType {
     /// Every type, in the order the documentation lists them.
-    pub const ALL: [Self; 28] = [
+    pub const ALL: [Self; 29] = [
         Self::RunStarted,
         Self::NodeStarted,
         Self::TaskLeased,
@@ -96,6 +98,7 @@ impl HistoryEventType {
         Self::RunCancelled,
         Self::RunPaused,
         Self::RunResumed,
+        Self::RunMigrated,
     ];
 
     /// The type stored as `name`, if one.
@@ -134,6 +137,7 @@ impl HistoryEventType {
             Self::RunCancelled => "run_cancelled",
             Self::RunPaused => "run_paused",
             Self::RunResumed => "run_resumed",
+            Self::RunMigrated => "run_migrated",
         }
     }
 
@@ -191,6 +195,9 @@ impl HistoryEventType {
             }
             Self::RunResumed => {
                 "ResumeRun resumed the run; the actor is the caller, `details.released_tasks` how many held tasks were dispatched"
+            }
+            Self::RunMigrated => {
+                "MigrateRuns moved the run to another version of its workflow (`details.from_version`, `details.to_version`, `details.node_mapping` of renamed node ids); entries before it name the nodes by their old ids"
             }
         }
     }

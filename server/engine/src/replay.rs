@@ -84,16 +84,23 @@ impl NodeMapping {
         Ok(NodeMapping(map))
     }
 
+    /// Whether it renames nothing.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// The pairs, old id first.
     pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
         self.0.iter().map(|(a, b)| (a.as_str(), b.as_str()))
     }
 
-    fn id<'a>(&'a self, id: &'a str) -> &'a str {
+    /// `id`'s new id (itself when not renamed).
+    pub fn id<'a>(&'a self, id: &'a str) -> &'a str {
         self.0.get(id).map_or(id, String::as_str)
     }
 
-    fn key(&self, key: &NodeKey) -> NodeKey {
+    /// `key` under its new id (itself when not renamed).
+    pub fn key(&self, key: &NodeKey) -> NodeKey {
         NodeKey {
             node: self.id(&key.node).to_owned(),
             index: key.index,
@@ -218,6 +225,35 @@ pub enum ReplayError {
     RecordedDefinitionFails { sequence: u64, error: String },
 }
 
+/// `recorded` with every entry naming its nodes as they are called now: a
+/// `run_migrated` entry's `details.node_mapping` (old id to new id) renames
+/// the nodes of the entries before it.
+fn with_current_ids(recorded: &RecordedRun) -> RecordedRun {
+    let mut recorded = recorded.clone();
+    for at in 0..recorded.history.len() {
+        if recorded.history[at].kind != H::RunMigrated {
+            continue;
+        }
+        let pairs: Vec<(String, String)> = recorded.history[at]
+            .details
+            .get("node_mapping")
+            .and_then(Json::as_object)
+            .map(|map| {
+                map.iter()
+                    .filter_map(|(from, to)| Some((from.clone(), to.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mapping = NodeMapping(pairs.into_iter().collect());
+        for entry in &mut recorded.history[..at] {
+            if let Some(node) = &entry.node {
+                entry.node = Some(mapping.key(node));
+            }
+        }
+    }
+    recorded
+}
+
 /// Entries the server writes itself, beside the engine's: not decided by a
 /// definition, so not replayed.
 fn written_by_server(kind: H) -> bool {
@@ -228,6 +264,7 @@ fn written_by_server(kind: H) -> bool {
             | H::RetryRequestedBy
             | H::RunPaused
             | H::RunResumed
+            | H::RunMigrated
             | H::EventStored
     )
 }
@@ -239,6 +276,13 @@ pub fn replay(
     recorded: &RecordedRun,
     mapping: &NodeMapping,
 ) -> Result<ReplayReport, ReplayError> {
+    let migrated;
+    let recorded = if recorded.history.iter().any(|e| e.kind == H::RunMigrated) {
+        migrated = with_current_ids(recorded);
+        &migrated
+    } else {
+        recorded
+    };
     let history = &recorded.history;
     let first = history.iter().position(|e| !written_by_server(e.kind));
     if first.is_none_or(|i| history[i].kind != H::RunStarted) {

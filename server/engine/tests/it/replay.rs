@@ -294,3 +294,48 @@ fn a_mapping_is_old_equals_new() {
     }
     assert!(NodeMapping::parse(["B=X", "B=Y"]).is_err());
 }
+
+#[test]
+fn a_migrated_run_replays_against_its_new_version_under_the_new_ids() {
+    // v2 renames B to B2; the run moved to v2 with B=B2 at the end of its
+    // history: entries before the move name B, the run's own definition is v2
+    let v2 = V1
+        .replace("id: B,", "id: B2,")
+        .replace("{ from: A, to: B }", "{ from: A, to: B2 }")
+        .replace("{ from: B, to: C }", "{ from: B2, to: C }");
+    let mut recorded = waiting_in_b();
+    let last = recorded.history.last().cloned().expect("entries");
+    recorded
+        .history
+        .push(composer_engine::replay::RecordedEntry {
+            sequence: last.sequence + 1,
+            kind: composer_engine::history::HistoryEventType::RunMigrated,
+            node: None,
+            attempt: None,
+            details: json!({ "from_version": 1, "to_version": 2, "node_mapping": { "B": "B2" } }),
+            at: last.at,
+        });
+    let v2 = compile(&v2);
+    let report = replay(&v2, &v2, &recorded, &NodeMapping::default()).expect("replays");
+    assert_eq!(report.verdict, Verdict::Identical, "{report:#?}");
+}
+
+#[test]
+fn a_run_record_renames_its_nodes() {
+    let mut record = composer_engine::RunState::new("r", "w", 1, json!(null)).run;
+    record.compensable = vec!["A".into(), "B".into()];
+    record.failed = vec!["B".parse().expect("key"), "M[2]".parse().expect("key")];
+    record.error = Some(composer_engine::ErrorInfo::new("X", "y").at_node("M[2]".into()));
+    let mapping = NodeMapping::parse(["B=B2", "M=M2"]).expect("mapping");
+    record.rename_nodes(&mapping);
+    assert_eq!(record.compensable, ["A", "B2"]);
+    assert_eq!(
+        record
+            .failed
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>(),
+        ["B2", "M2[2]"]
+    );
+    assert_eq!(record.error.and_then(|e| e.node).as_deref(), Some("M2[2]"));
+}

@@ -801,7 +801,8 @@ type HistoryEvent struct {
 	// expression_error, cancel_requested_by, cancel_requested,
 	// retry_requested_by, run_retried, compensation_started,
 	// compensation_node_started, compensation_completed, compensation_failed,
-	// run_completed, run_failed, run_cancelled, run_paused, run_resumed.
+	// run_completed, run_failed, run_cancelled, run_paused, run_resumed,
+	// run_migrated.
 	EventType string `protobuf:"bytes,3,opt,name=event_type,json=eventType,proto3" json:"event_type,omitempty"`
 	// The node the event is about, if any.
 	NodeId string `protobuf:"bytes,4,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`

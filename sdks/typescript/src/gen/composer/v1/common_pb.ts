@@ -442,7 +442,8 @@ export type HistoryEvent = Message<"composer.v1.HistoryEvent"> & {
    * expression_error, cancel_requested_by, cancel_requested,
    * retry_requested_by, run_retried, compensation_started,
    * compensation_node_started, compensation_completed, compensation_failed,
-   * run_completed, run_failed, run_cancelled, run_paused, run_resumed.
+   * run_completed, run_failed, run_cancelled, run_paused, run_resumed,
+   * run_migrated.
    *
    * @generated from field: string event_type = 3;
    */
