@@ -647,9 +647,10 @@ impl Replay<'_, '_> {
         }
         candidates.into_iter().find_map(|(event, at)| {
             let decision = self.old.decide(&event, at).ok()?;
-            produced(&decision)
-                .is_empty()
-                .then_some((event, decision, at))
+            // a report that changes nothing would be tried forever; a
+            // timer is at least taken off the pending ones
+            let changes = !decision.change.is_empty() || matches!(event, Event::TimerFired { .. });
+            (produced(&decision).is_empty() && changes).then_some((event, decision, at))
         })
     }
 
