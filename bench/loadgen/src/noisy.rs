@@ -52,11 +52,11 @@ pub const AGGRESSOR: &str = "aggressor";
 pub const QUOTAS_FILE_FLAG: &str = "--quotas-file";
 /// The aggressor's writing calls per second: far below what its flood
 /// sends, so the flood runs past its quota. The victim keeps the defaults.
-pub const AGGRESSOR_WRITES_PER_SECOND: u32 = 200;
+pub const AGGRESSOR_WRITES_PER_SECOND: u32 = 100;
 /// The tasks the aggressor's runs may arm a second: ten per writing call,
 /// so the backlog fills at this pace, not at what one StartRun of a
 /// thousand-item MAP per 5 ms would arm.
-pub const AGGRESSOR_TASKS_PER_SECOND: u32 = 2_000;
+pub const AGGRESSOR_TASKS_PER_SECOND: u32 = 1_000;
 /// `--lease-receipt-timeout` of B8's server (the default is 5 s): each
 /// delivery of the poisoned task lasts this long before the server takes it
 /// back, so its runs end within the quick profile's phase. The victim's
@@ -293,6 +293,8 @@ impl Figures {
 /// B8 on its own server (tokens, the quotas file when the server takes one).
 pub async fn noisy(ctx: &Ctx) -> Result<Noisy> {
     ctx.reset().await?;
+    ctx.warm_wal(warm_wal_megabytes(ctx.profile.noisy_backlog_tasks))
+        .await?;
     let secret = fresh_secret();
     let mut extra = vec![
         "--lease-receipt-timeout".to_owned(),
@@ -319,6 +321,14 @@ pub async fn noisy(ctx: &Ctx) -> Result<Noisy> {
     let result = noisy_on(ctx, &server, &secret, quotas).await;
     stop_all(vec![server]).await;
     result
+}
+
+/// WAL written and checkpointed before B8, so that its segments are
+/// recycled as in a cluster in service (see `Ctx::warm_wal`): about twice
+/// what the backlog phase writes (some 4 KB a task), at least 64 MB.
+fn warm_wal_megabytes(backlog_tasks: usize) -> u64 {
+    let backlog = u64::try_from(backlog_tasks).unwrap_or(u64::MAX) * 4 / 1024;
+    (backlog * 2).max(64)
 }
 
 /// The aggressor's quotas; every other namespace keeps the defaults.
