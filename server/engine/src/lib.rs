@@ -43,6 +43,7 @@ mod decide;
 mod definition;
 pub mod duration;
 pub mod history;
+mod mapping;
 pub mod names;
 pub mod replay;
 pub mod schedule;

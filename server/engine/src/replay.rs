@@ -30,6 +30,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value as Json;
 
+pub use crate::mapping::NodeMapping;
+
 use crate::compile::{CompiledWorkflow, Kind, MapElement};
 use crate::decide::{decide_from, render_node_input};
 use crate::definition::NodeType;
@@ -59,60 +61,6 @@ pub struct RecordedRun {
     pub input: Json,
     pub outputs: BTreeMap<NodeKey, Json>,
     pub history: Vec<RecordedEntry>,
-}
-
-/// Node ids renamed from the recorded definition to the new one.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NodeMapping(BTreeMap<String, String>);
-
-impl NodeMapping {
-    /// Parses `OLD=NEW` pairs.
-    pub fn parse<'a>(pairs: impl IntoIterator<Item = &'a str>) -> Result<NodeMapping, String> {
-        let mut map = BTreeMap::new();
-        for pair in pairs {
-            let Some((from, to)) = pair.split_once('=') else {
-                return Err(format!("{pair:?}: a mapping is OLD=NEW"));
-            };
-            let (from, to) = (from.trim(), to.trim());
-            if from.is_empty() || to.is_empty() {
-                return Err(format!("{pair:?}: both node ids are needed"));
-            }
-            if map.insert(from.to_owned(), to.to_owned()).is_some() {
-                return Err(format!("{from:?} is mapped twice"));
-            }
-        }
-        Ok(NodeMapping(map))
-    }
-
-    /// Whether it renames nothing.
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// The pairs, old id first.
-    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.0.iter().map(|(a, b)| (a.as_str(), b.as_str()))
-    }
-
-    /// `id`'s new id (itself when not renamed).
-    pub fn id<'a>(&'a self, id: &'a str) -> &'a str {
-        self.0.get(id).map_or(id, String::as_str)
-    }
-
-    /// `key` under its new id (itself when not renamed).
-    pub fn key(&self, key: &NodeKey) -> NodeKey {
-        NodeKey {
-            node: self.id(&key.node).to_owned(),
-            index: key.index,
-        }
-    }
-
-    fn old_id<'a>(&'a self, new: &'a str) -> &'a str {
-        self.0
-            .iter()
-            .find(|(_, to)| to.as_str() == new)
-            .map_or(new, |(from, _)| from.as_str())
-    }
 }
 
 /// What the new definition would do with the run.
@@ -244,7 +192,7 @@ fn with_current_ids(recorded: &RecordedRun) -> RecordedRun {
                     .collect()
             })
             .unwrap_or_default();
-        let mapping = NodeMapping(pairs.into_iter().collect());
+        let mapping = NodeMapping::from_pairs(pairs);
         for entry in &mut recorded.history[..at] {
             if let Some(node) = &entry.node {
                 entry.node = Some(mapping.key(node));

@@ -286,34 +286,6 @@ pub struct RunRecord {
     pub compensated: bool,
 }
 
-impl RunRecord {
-    /// The record with its nodes renamed (MigrateRuns' node mapping): the
-    /// nodes to compensate, the one compensating, those that failed it,
-    /// the one its error names.
-    pub fn rename_nodes(&mut self, mapping: &crate::replay::NodeMapping) {
-        for id in &mut self.compensable {
-            *id = mapping.id(id).to_owned();
-        }
-        for key in &mut self.failed {
-            *key = mapping.key(key);
-        }
-        if let Some(compensation) = &mut self.compensation {
-            for id in &mut compensation.remaining {
-                *id = mapping.id(id).to_owned();
-            }
-            if let Some(current) = &mut compensation.current {
-                *current = mapping.id(current).to_owned();
-            }
-        }
-        if let Some(error) = &mut self.error
-            && let Some(node) = &mut error.node
-            && let Ok(key) = node.parse::<NodeKey>()
-        {
-            *node = mapping.key(&key).to_string();
-        }
-    }
-}
-
 /// What `decide` sees: the run record plus the node states that were loaded.
 /// `nodes[k] = None` means loaded and not existing yet; a key absent from the
 /// map was not loaded, and `decide` asks for it with

@@ -327,7 +327,7 @@ fn a_run_record_renames_its_nodes() {
     record.failed = vec!["B".parse().expect("key"), "M[2]".parse().expect("key")];
     record.error = Some(composer_engine::ErrorInfo::new("X", "y").at_node("M[2]".into()));
     let mapping = NodeMapping::parse(["B=B2", "M=M2"]).expect("mapping");
-    record.rename_nodes(&mapping);
+    mapping.rename_record(&mut record);
     assert_eq!(record.compensable, ["A", "B2"]);
     assert_eq!(
         record
