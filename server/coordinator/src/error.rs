@@ -95,6 +95,15 @@ pub enum CoordinatorError {
         /// What was asked.
         why: &'static str,
     },
+    /// A migration left the run on its version: the target cannot
+    /// continue it, or it cannot be moved yet.
+    #[error("run {run_id} stays on its version: {why}")]
+    RunNotMigrated {
+        /// Run.
+        run_id: String,
+        /// Why, in words (the divergence when incompatible).
+        why: String,
+    },
     /// Stored state could not be read back (a bug or a manual edit).
     #[error("corrupt stored state: {0}")]
     Corrupt(String),

@@ -11,6 +11,7 @@ use composer_engine::{
 };
 use composer_store::runs::{self, HistoryRow, NodeRow, RunFilter, RunRow};
 use futures::{StreamExt, stream};
+use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::{
@@ -57,7 +58,7 @@ pub struct Check<'a> {
 }
 
 /// A compiled target: a registered version or a checked text.
-enum Target {
+pub(crate) enum Target {
     Loaded(Arc<LoadedWorkflow>),
     Compiled(Arc<CompiledWorkflow>),
 }
@@ -224,16 +225,8 @@ impl Coordinator {
                 Some(run.workflow_version),
             )
             .await?;
-        let nodes = runs::list_nodes(self.store().pool(), run.id).await?;
-        let Some(history) = self.whole_history(run.id).await? else {
-            return Ok(RunVerdict {
-                run,
-                outcome: Err(format!(
-                    "its history has more than {MAX_REPLAYED_ENTRIES} entries"
-                )),
-            });
-        };
-        let recorded = match recorded_from_store(&run, &nodes, &history) {
+        let mut conn = self.store().pool().acquire().await?;
+        let recorded = match recorded_run(&mut conn, &run).await? {
             Ok(recorded) => recorded,
             Err(reason) => {
                 return Ok(RunVerdict {
@@ -242,34 +235,72 @@ impl Coordinator {
                 });
             }
         };
+        drop(conn);
         let outcome = self
-            .workflows()
-            .cpu_pool()
-            .run(&namespace, Admission::RefuseWhenFull, move || {
-                replay(&old.compiled, target.compiled(), &recorded, &mapping)
-                    .map_err(|e| e.to_string())
-            })
+            .replay_on_pool(
+                &namespace,
+                Admission::RefuseWhenFull,
+                old,
+                target,
+                recorded,
+                mapping,
+            )
             .await?;
         Ok(RunVerdict { run, outcome })
     }
 
-    /// Every history entry of a run, or None past [`MAX_REPLAYED_ENTRIES`].
-    async fn whole_history(
+    /// Replays `recorded` (a run of `old`) against `target` on the CPU pool.
+    pub(crate) async fn replay_on_pool(
         &self,
-        run_id: Uuid,
-    ) -> Result<Option<Vec<HistoryRow>>, CoordinatorError> {
-        let mut all = Vec::new();
-        loop {
-            let after = all.last().map_or(0, |row: &HistoryRow| row.seq);
-            let page = runs::history_page(self.store().pool(), run_id, after, 1000).await?;
-            let last_page = page.len() < 1000;
-            all.extend(page);
-            if all.len() > MAX_REPLAYED_ENTRIES {
-                return Ok(None);
-            }
-            if last_page {
-                return Ok(Some(all));
-            }
+        namespace: &str,
+        admission: Admission,
+        old: Arc<LoadedWorkflow>,
+        target: Arc<Target>,
+        recorded: RecordedRun,
+        mapping: NodeMapping,
+    ) -> Result<Result<ReplayReport, String>, CoordinatorError> {
+        Ok(self
+            .workflows()
+            .cpu_pool()
+            .run(namespace, admission, move || {
+                replay(&old.compiled, target.compiled(), &recorded, &mapping)
+                    .map_err(|e| e.to_string())
+            })
+            .await?)
+    }
+}
+
+/// A stored run as the engine replays it, read through `conn` (under the
+/// run's lock when a migration reads it); Err: why it cannot be replayed.
+pub(crate) async fn recorded_run(
+    conn: &mut PgConnection,
+    run: &RunRow,
+) -> Result<Result<RecordedRun, String>, CoordinatorError> {
+    let nodes = runs::list_nodes(&mut *conn, run.id).await?;
+    let Some(history) = whole_history(conn, run.id).await? else {
+        return Ok(Err(format!(
+            "its history has more than {MAX_REPLAYED_ENTRIES} entries"
+        )));
+    };
+    Ok(recorded_from_store(run, &nodes, &history))
+}
+
+/// Every history entry of a run, or None past [`MAX_REPLAYED_ENTRIES`].
+async fn whole_history(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+) -> Result<Option<Vec<HistoryRow>>, CoordinatorError> {
+    let mut all = Vec::new();
+    loop {
+        let after = all.last().map_or(0, |row: &HistoryRow| row.seq);
+        let page = runs::history_page(&mut *conn, run_id, after, 1000).await?;
+        let last_page = page.len() < 1000;
+        all.extend(page);
+        if all.len() > MAX_REPLAYED_ENTRIES {
+            return Ok(None);
+        }
+        if last_page {
+            return Ok(Some(all));
         }
     }
 }

@@ -107,6 +107,23 @@ pub enum DivergenceRule {
     DecisionFailed,
 }
 
+impl DivergenceRule {
+    /// The rule's name as docs/versions.md spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DivergenceRule::NodeNotStarted => "node_not_started",
+            DivergenceRule::NodeChanged => "node_changed",
+            DivergenceRule::BranchChanged => "branch_changed",
+            DivergenceRule::WaitingNodeRemoved => "waiting_node_removed",
+            DivergenceRule::UnexpectedStart => "unexpected_start",
+            DivergenceRule::RunEndDiffers => "run_end_differs",
+            DivergenceRule::OutputUnreadable => "output_unreadable",
+            DivergenceRule::HistoryDiffers => "history_differs",
+            DivergenceRule::DecisionFailed => "decision_failed",
+        }
+    }
+}
+
 /// The first place the new definition parts from the run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Divergence {

@@ -96,6 +96,7 @@ pub const RPC_ROLES: &[(&str, &[Role])] = &[
     ("/composer.v1.RunService/BulkRetryRuns", &[Admin, Operator]),
     ("/composer.v1.RunService/BulkPauseRuns", &[Admin, Operator]),
     ("/composer.v1.RunService/BulkResumeRuns", &[Admin, Operator]),
+    ("/composer.v1.RunService/MigrateRuns", &[Admin, Operator]),
     ("/composer.v1.RunService/GetBulkOperation", READ),
     ("/composer.v1.RunService/ListBulkOperations", READ),
     (

@@ -96,6 +96,7 @@ pub const RPC_CLASSES: &[(&str, CallClass)] = &[
     ("/composer.v1.RunService/BulkRetryRuns", Write),
     ("/composer.v1.RunService/BulkPauseRuns", Write),
     ("/composer.v1.RunService/BulkResumeRuns", Write),
+    ("/composer.v1.RunService/MigrateRuns", Write),
     ("/composer.v1.RunService/GetBulkOperation", Read),
     ("/composer.v1.RunService/ListBulkOperations", Read),
     ("/composer.v1.RunService/CancelBulkOperation", Write),

@@ -1,9 +1,9 @@
 //! A run as the API returns it (`Run` with its nodes, `HistoryEvent`s),
 //! turned into what the engine's replay reads.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
-use composer_engine::replay::{ReplayReport, Verdict};
+use composer_engine::replay::{NodeMapping, ReplayReport, Verdict};
 use composer_engine::{
     NodeKey, Timestamp,
     history::HistoryEventType,
@@ -13,6 +13,33 @@ use composer_proto::v1::{
     HistoryEvent, ReplayDifference, ReplayDivergence, ReplayVerdict, Run, RunReplay,
 };
 use serde_json::Value as Json;
+use tonic::Status;
+
+use crate::status::invalid_field;
+
+/// Renames one call may name.
+const MAX_MAPPED_NODES: usize = 1_000;
+
+/// The renames a request names, each checked by the name rule.
+pub(crate) fn node_mapping(pairs: &HashMap<String, String>) -> Result<NodeMapping, Status> {
+    if pairs.len() > MAX_MAPPED_NODES {
+        return Err(invalid_field(
+            "node_mapping",
+            format!(
+                "names {} nodes, over the limit of {MAX_MAPPED_NODES}",
+                pairs.len()
+            ),
+        ));
+    }
+    let mut texts = Vec::with_capacity(pairs.len());
+    for (from, to) in pairs {
+        crate::status::check_name("node_mapping", from)?;
+        crate::status::check_name("node_mapping", to)?;
+        texts.push(format!("{from}={to}"));
+    }
+    NodeMapping::parse(texts.iter().map(String::as_str))
+        .map_err(|e| invalid_field("node_mapping", e))
+}
 
 /// Why a run's record cannot be replayed as given.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -126,7 +153,7 @@ pub fn replay_message(
     });
     replay.events = i32::try_from(report.events).unwrap_or(i32::MAX);
     replay.divergence = report.divergence.as_ref().map(|d| ReplayDivergence {
-        rule: snake(&d.rule),
+        rule: d.rule.as_str().to_owned(),
         node_id: d.node.clone().unwrap_or_default(),
         sequence: i64::try_from(d.sequence.unwrap_or(0)).unwrap_or(0),
         message: d.message.clone(),

@@ -191,6 +191,11 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
             error.to_string(),
             "WRONG_RUN_STATUS",
         ),
+        CoordinatorError::RunNotMigrated { .. } => with_reason(
+            Code::FailedPrecondition,
+            error.to_string(),
+            "RUN_NOT_MIGRATED",
+        ),
         CoordinatorError::Corrupt(detail) => {
             tracing::error!(%detail, "corrupt stored state");
             Status::internal("internal error: stored state could not be read")
@@ -211,4 +216,24 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
             Status::unavailable("database unavailable, retry later")
         }
     }
+}
+
+/// Largest definition text accepted, before parsing.
+pub(crate) const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
+
+/// A definition's text: not empty, within [`MAX_SOURCE_BYTES`].
+pub(crate) fn check_source(source: &str) -> Result<(), Status> {
+    if source.trim().is_empty() {
+        return Err(invalid_field("source", "must not be empty"));
+    }
+    if source.len() > MAX_SOURCE_BYTES {
+        return Err(invalid_field(
+            "source",
+            format!(
+                "is {} bytes, over the limit of {MAX_SOURCE_BYTES}",
+                source.len()
+            ),
+        ));
+    }
+    Ok(())
 }

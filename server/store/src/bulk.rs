@@ -36,7 +36,7 @@ pub struct BulkOperationRow {
     pub namespace: String,
     /// Id.
     pub id: Uuid,
-    /// CANCEL, RETRY, PAUSE or RESUME.
+    /// CANCEL, RETRY, PAUSE, RESUME or MIGRATE.
     pub kind: String,
     /// PENDING, RUNNING, SUCCEEDED, CANCELLED or FAILED.
     pub status: String,
@@ -44,6 +44,8 @@ pub struct BulkOperationRow {
     pub filter: RunFilter,
     /// The reason given.
     pub reason: String,
+    /// The kind's own arguments (MIGRATE: target version and node mapping).
+    pub params: Json,
     /// The request id given.
     pub request_id: Option<String>,
     /// Runs matched when it was created.
@@ -95,7 +97,7 @@ fn bounded(filter: &RunFilter, created_at: DateTime<Utc>) -> RunFilter {
     }
 }
 
-const BULK_COLUMNS: &str = "namespace, id, kind, status, filter, reason, request_id, matched, \
+const BULK_COLUMNS: &str = "namespace, id, kind, status, filter, reason, params, request_id, matched, \
     succeeded, skipped, failed, failures, created_by, error, cursor_created_at, cursor_run_id, \
     cancel_requested, created_at, updated_at, ended_at";
 
@@ -111,6 +113,7 @@ fn bulk_from_row(row: &PgRow) -> Result<BulkOperationRow, StoreError> {
         filter: serde_json::from_value(filter)
             .map_err(|e| StoreError::Database(sqlx::Error::Decode(Box::new(e))))?,
         reason: row.try_get("reason")?,
+        params: row.try_get("params")?,
         request_id: row.try_get("request_id")?,
         matched: row.try_get("matched")?,
         succeeded: row.try_get("succeeded")?,
@@ -134,12 +137,14 @@ pub struct NewBulkOperation<'a> {
     pub namespace: &'a str,
     /// Id.
     pub id: Uuid,
-    /// CANCEL, RETRY, PAUSE or RESUME.
+    /// CANCEL, RETRY, PAUSE, RESUME or MIGRATE.
     pub kind: &'a str,
     /// The filter as given.
     pub filter: &'a RunFilter,
     /// The reason given.
     pub reason: &'a str,
+    /// The kind's own arguments (an empty object for most).
+    pub params: &'a Json,
     /// Optional request id.
     pub request_id: Option<&'a str>,
     /// Who asks.
@@ -162,7 +167,7 @@ pub async fn insert_bulk_operation(
     // bound the count below and the walk both apply
     let row = sqlx::query(&format!(
         "INSERT INTO bulk_operations (namespace, id, kind, status, filter, reason, request_id, \
-           created_by) VALUES ($1, $2, $3, 'PENDING', $4, $5, $6, $7) \
+           created_by, params) VALUES ($1, $2, $3, 'PENDING', $4, $5, $6, $7, $8) \
          ON CONFLICT (namespace, request_id) WHERE request_id IS NOT NULL DO NOTHING \
          RETURNING {BULK_COLUMNS}"
     ))
@@ -173,6 +178,7 @@ pub async fn insert_bulk_operation(
     .bind(new.reason)
     .bind(new.request_id)
     .bind(new.created_by)
+    .bind(new.params)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(row) = row else {

@@ -5,6 +5,7 @@ pub mod bulk;
 pub mod concurrency;
 pub mod events;
 pub mod group_write;
+pub mod migrate;
 pub mod pause;
 pub mod rate_limits;
 pub mod runs;

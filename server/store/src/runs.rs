@@ -450,7 +450,10 @@ pub struct NodeWrite {
 }
 
 /// Every node state of a run (GetRun, WatchRun), ordered by first start.
-pub async fn list_nodes(pool: &PgPool, run_id: Uuid) -> Result<Vec<NodeRow>, StoreError> {
+pub async fn list_nodes(
+    executor: impl sqlx::PgExecutor<'_>,
+    run_id: Uuid,
+) -> Result<Vec<NodeRow>, StoreError> {
     // list_nodes: all node rows of one run (primary key prefix), with the
     // task of each TASK-like node (the tasks' unique (run_id, node_key))
     let rows = sqlx::query(
@@ -460,7 +463,7 @@ pub async fn list_nodes(pool: &PgPool, run_id: Uuid) -> Result<Vec<NodeRow>, Sto
          WHERE n.run_id = $1 ORDER BY n.started_at, n.node_key",
     )
     .bind(run_id)
-    .fetch_all(pool)
+    .fetch_all(executor)
     .await?;
     rows.iter()
         .map(|row| {
@@ -593,7 +596,7 @@ pub struct HistoryRow {
 
 /// History entries of a run after `after_seq`, oldest first.
 pub async fn history_page(
-    pool: &PgPool,
+    executor: impl sqlx::PgExecutor<'_>,
     run_id: Uuid,
     after_seq: i64,
     limit: i64,
@@ -606,7 +609,7 @@ pub async fn history_page(
     .bind(run_id)
     .bind(after_seq)
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(executor)
     .await?;
     rows.iter()
         .map(|row| {

@@ -1,6 +1,6 @@
-//! `composer run bulk-cancel|bulk-retry|bulk-pause|bulk-resume` and
-//! `composer operation get|list|cancel`: bulk operations on runs, started
-//! by a `run list` filter and followed until they end.
+//! `composer run bulk-cancel|bulk-retry|bulk-pause|bulk-resume|migrate`
+//! and `composer operation get|list|cancel`: bulk operations on runs,
+//! started by a `run list` filter and followed until they end.
 
 use std::{collections::HashMap, time::Duration};
 
@@ -8,8 +8,8 @@ use clap::{Args, Subcommand};
 use composer_proto::v1::{
     BulkCancelRunsRequest, BulkOperation, BulkOperationKind, BulkOperationStatus,
     BulkPauseRunsRequest, BulkResumeRunsRequest, BulkRetryRunsRequest, CancelBulkOperationRequest,
-    GetBulkOperationRequest, ListBulkOperationsRequest, ListBulkOperationsResponse, RunFilter,
-    RunStatus,
+    GetBulkOperationRequest, ListBulkOperationsRequest, ListBulkOperationsResponse,
+    MigrateRunsRequest, RunFilter, RunStatus,
 };
 
 use super::{
@@ -67,6 +67,19 @@ pub struct BulkWithReasonArgs {
     pub bulk: BulkArgs,
 }
 
+/// `run migrate`: the runs of one workflow moved to another version.
+#[derive(Debug, Clone, Args)]
+pub struct MigrateArgs {
+    /// The version to move the runs to.
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..))]
+    pub to_version: i32,
+    /// A node renamed in the target version, `OLD=NEW` (repeat for more).
+    #[arg(long = "map", value_name = "OLD=NEW")]
+    pub map: Vec<String>,
+    #[command(flatten)]
+    pub bulk: BulkArgs,
+}
+
 /// The operation commands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum OperationCommand {
@@ -100,7 +113,7 @@ pub struct OperationListArgs {
 }
 
 /// What a `run bulk-*` command asks for.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub enum BulkAction {
     /// bulk-cancel.
     Cancel,
@@ -110,6 +123,27 @@ pub enum BulkAction {
     Pause,
     /// bulk-resume.
     Resume,
+    /// migrate: to this version, with these renames.
+    Migrate {
+        to_version: i32,
+        node_mapping: HashMap<String, String>,
+    },
+}
+
+impl BulkAction {
+    /// `run migrate`'s action; a usage error for a malformed `--map`.
+    pub fn migrate(args: &MigrateArgs) -> Result<BulkAction, AdminError> {
+        let mapping =
+            composer_engine::replay::NodeMapping::parse(args.map.iter().map(String::as_str))
+                .map_err(|e| AdminError::Usage(format!("--map {e}")))?;
+        Ok(BulkAction::Migrate {
+            to_version: args.to_version,
+            node_mapping: mapping
+                .pairs()
+                .map(|(from, to)| (from.to_owned(), to.to_owned()))
+                .collect(),
+        })
+    }
 }
 
 fn filter(args: &BulkArgs) -> RunFilter {
@@ -187,6 +221,22 @@ pub async fn start(action: BulkAction, args: BulkArgs, reason: String) -> Result
                 .bulk_resume_runs(BulkResumeRunsRequest {
                     filter,
                     all,
+                    request_id,
+                })
+                .await?
+                .into_inner();
+            (r.operation, r.created)
+        }
+        BulkAction::Migrate {
+            to_version,
+            node_mapping,
+        } => {
+            let r = api
+                .runs
+                .migrate_runs(MigrateRunsRequest {
+                    filter,
+                    target_version: to_version,
+                    node_mapping,
                     request_id,
                 })
                 .await?
@@ -310,6 +360,7 @@ fn kind_name(kind: i32) -> &'static str {
         Ok(BulkOperationKind::Retry) => "retry",
         Ok(BulkOperationKind::Pause) => "pause",
         Ok(BulkOperationKind::Resume) => "resume",
+        Ok(BulkOperationKind::Migrate) => "migrate",
         _ => "unspecified",
     }
 }
@@ -344,6 +395,27 @@ fn describe_filter(filter: Option<&RunFilter>) -> String {
     parts.join(" ")
 }
 
+/// A migration's target version and renames; empty for other kinds.
+fn describe_target(operation: &BulkOperation) -> String {
+    if operation.target_version == 0 {
+        return String::new();
+    }
+    let mut renames: Vec<String> = operation
+        .node_mapping
+        .iter()
+        .map(|(from, to)| format!("{from}={to}"))
+        .collect();
+    renames.sort();
+    if renames.is_empty() {
+        return operation.target_version.to_string();
+    }
+    format!(
+        "{} (renamed {})",
+        operation.target_version,
+        renames.join(" ")
+    )
+}
+
 fn describe(operation: &BulkOperation) -> String {
     let mut pairs = vec![
         ("operation", operation.operation_id.clone()),
@@ -351,6 +423,7 @@ fn describe(operation: &BulkOperation) -> String {
         ("status", status_name(operation.status).to_owned()),
         ("filter", describe_filter(operation.filter.as_ref())),
         ("reason", operation.reason.clone()),
+        ("to version", describe_target(operation)),
         ("matched", operation.matched.to_string()),
         ("succeeded", operation.succeeded.to_string()),
         ("skipped", operation.skipped.to_string()),

@@ -13,7 +13,7 @@ use composer_proto::v1::{
 
 use super::{
     AdminError, Api, ClientArgs, Format,
-    bulk::{self, BulkAction, BulkArgs, BulkWithReasonArgs},
+    bulk::{self, BulkAction, BulkArgs, BulkWithReasonArgs, MigrateArgs},
     output::{
         Table, failure, fields, labels, print_json, print_text, run_status, shorten, time, to_json,
         value,
@@ -55,6 +55,10 @@ pub enum RunCommand {
     BulkPause(BulkWithReasonArgs),
     /// Resume every paused run a filter matches, as a bulk operation.
     BulkResume(BulkArgs),
+    /// Move the runs in flight of a workflow to another version of it, as a
+    /// bulk operation: each run is replayed against the target first and
+    /// moved only if compatible (docs/versions.md).
+    Migrate(MigrateArgs),
 }
 
 /// Options of `run start`.
@@ -204,6 +208,10 @@ pub async fn run(command: RunCommand) -> Result<(), AdminError> {
         RunCommand::BulkRetry(args) => bulk::start(BulkAction::Retry, args, String::new()).await,
         RunCommand::BulkPause(args) => bulk::start(BulkAction::Pause, args.bulk, args.reason).await,
         RunCommand::BulkResume(args) => bulk::start(BulkAction::Resume, args, String::new()).await,
+        RunCommand::Migrate(args) => {
+            let action = BulkAction::migrate(&args)?;
+            bulk::start(action, args.bulk, String::new()).await
+        }
     }
 }
 

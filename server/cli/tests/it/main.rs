@@ -13,6 +13,7 @@ mod dashboard;
 mod dev;
 mod faults;
 mod flow_control;
+mod migrate;
 mod operations;
 mod rate_limits;
 mod redis_cluster;

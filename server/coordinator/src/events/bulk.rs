@@ -22,8 +22,8 @@ use tokio::sync::watch;
 use uuid::Uuid;
 
 use crate::{
-    Coordinator, error::CoordinatorError, events::bulk_step::BulkStep, events::pause::FlowChange,
-    observe::metrics,
+    Coordinator, error::CoordinatorError, events::bulk_step::BulkStep, events::migrate::Migration,
+    events::pause::FlowChange, observe::metrics,
 };
 
 /// What a bulk operation does to each run.
@@ -37,6 +37,8 @@ pub enum BulkKind {
     Pause,
     /// ResumeRun.
     Resume,
+    /// A move to another version (MigrateRuns).
+    Migrate,
 }
 
 impl BulkKind {
@@ -47,6 +49,7 @@ impl BulkKind {
             BulkKind::Retry => "RETRY",
             BulkKind::Pause => "PAUSE",
             BulkKind::Resume => "RESUME",
+            BulkKind::Migrate => "MIGRATE",
         }
     }
 
@@ -57,6 +60,7 @@ impl BulkKind {
             BulkKind::Retry,
             BulkKind::Pause,
             BulkKind::Resume,
+            BulkKind::Migrate,
         ]
         .into_iter()
         .find(|k| k.as_str() == text)
@@ -74,6 +78,8 @@ pub struct BulkRequest {
     pub filter: RunFilter,
     /// Why (cancel and pause).
     pub reason: String,
+    /// Where to (MIGRATE only).
+    pub migration: Option<Migration>,
     /// Optional idempotency key.
     pub request_id: Option<String>,
     /// Who asks.
@@ -124,12 +130,17 @@ impl Coordinator {
         &self,
         request: BulkRequest,
     ) -> Result<(BulkOperationRow, bool), CoordinatorError> {
+        let params = request
+            .migration
+            .as_ref()
+            .map_or_else(|| serde_json::json!({}), Migration::to_params);
         let new = NewBulkOperation {
             namespace: &request.namespace,
             id: Uuid::now_v7(),
             kind: request.kind.as_str(),
             filter: &request.filter,
             reason: &request.reason,
+            params: &params,
             request_id: request.request_id.as_deref(),
             created_by: &request.actor,
         };
@@ -329,6 +340,7 @@ impl Coordinator {
             | Err(CoordinatorError::WrongRunStatus { .. } | CoordinatorError::RunNotFound(_)) => {
                 RunOutcome::Skipped
             }
+            Err(CoordinatorError::RunNotMigrated { why, .. }) => RunOutcome::Failed(why),
             Err(CoordinatorError::BulkOperationReleased(_)) => return Ok(false),
             Err(CoordinatorError::Store(error)) if is_transient(&error) => {
                 return Err(CoordinatorError::Store(error));
@@ -382,6 +394,16 @@ impl Coordinator {
             }
             BulkKind::Resume => {
                 self.resume_run_step(namespace, run_id, actor, Some(step))
+                    .await
+            }
+            BulkKind::Migrate => {
+                let Some(migration) = Migration::from_params(&op.params) else {
+                    return Err(CoordinatorError::Corrupt(format!(
+                        "bulk operation {}: a migration without a target version",
+                        op.id
+                    )));
+                };
+                self.migrate_run_step(&op.namespace, run_id, &migration, actor, step)
                     .await
             }
         }

@@ -7,6 +7,7 @@ pub mod bulk;
 pub(crate) mod bulk_step;
 pub(crate) mod concurrency;
 pub(crate) mod group;
+pub mod migrate;
 pub mod pause;
 pub(crate) mod reports;
 pub(crate) mod runs;

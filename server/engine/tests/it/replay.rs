@@ -339,3 +339,34 @@ fn a_run_record_renames_its_nodes() {
     );
     assert_eq!(record.error.and_then(|e| e.node).as_deref(), Some("M2[2]"));
 }
+
+/// A rule's name is the one docs/versions.md and the API use, in serde's
+/// spelling too (what `workflow replay -o json` prints).
+#[test]
+fn every_rule_is_named_as_the_docs_name_it() {
+    let docs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../docs/versions.md"
+    ))
+    .expect("docs/versions.md");
+    for rule in [
+        DivergenceRule::NodeNotStarted,
+        DivergenceRule::NodeChanged,
+        DivergenceRule::BranchChanged,
+        DivergenceRule::WaitingNodeRemoved,
+        DivergenceRule::UnexpectedStart,
+        DivergenceRule::RunEndDiffers,
+        DivergenceRule::OutputUnreadable,
+        DivergenceRule::HistoryDiffers,
+        DivergenceRule::DecisionFailed,
+    ] {
+        assert_eq!(
+            serde_json::to_value(rule).expect("rule"),
+            json!(rule.as_str())
+        );
+        assert!(
+            docs.contains(&format!("`{}`", rule.as_str())),
+            "{rule:?} is not in the docs"
+        );
+    }
+}

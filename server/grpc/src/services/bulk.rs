@@ -2,12 +2,15 @@
 //! in `run.rs` call these, then the coordinator once.
 
 use composer_coordinator::{
-    Coordinator,
-    events::bulk::{BulkKind, BulkRequest},
+    Coordinator, CoordinatorError,
+    events::{
+        bulk::{BulkKind, BulkRequest},
+        migrate::Migration,
+    },
 };
 use composer_proto::v1::{
     BulkOperation, BulkOperationFailure, BulkOperationKind, BulkOperationStatus,
-    RunFilter as ApiFilter,
+    MigrateRunsRequest, RunFilter as ApiFilter,
 };
 use composer_store::{bulk::BulkOperationRow, runs::RunFilter};
 use tonic::{Code, Status};
@@ -22,12 +25,86 @@ use crate::{
 
 use super::run_fields::{FilterFields, api_status, run_filter, status_filter};
 
+/// A MigrateRuns request's target, checked against the workflow its
+/// filter names: `filter.workflow_name` is required, `target_version` must
+/// be registered, and every rename must land on a node of the target
+/// (and leave one the target does not have).
+pub(crate) async fn migration(
+    coordinator: &Coordinator,
+    namespace: &str,
+    request: &MigrateRunsRequest,
+) -> Result<Migration, Status> {
+    let name = request
+        .filter
+        .as_ref()
+        .map(|f| f.workflow_name.as_str())
+        .unwrap_or_default();
+    if name.is_empty() {
+        return Err(invalid_field(
+            "filter.workflow_name",
+            "names the workflow whose runs move; required",
+        ));
+    }
+    if request.target_version <= 0 {
+        return Err(invalid_field("target_version", "must be positive"));
+    }
+    let mapping = crate::recorded::node_mapping(&request.node_mapping)?;
+    let target = match coordinator
+        .workflows()
+        .get(
+            coordinator.store(),
+            namespace,
+            name,
+            Some(request.target_version),
+        )
+        .await
+    {
+        Ok(target) => target,
+        Err(CoordinatorError::WorkflowNotFound { .. }) => {
+            return Err(invalid_field(
+                "target_version",
+                format!(
+                    "workflow {name:?} has no version {}",
+                    request.target_version
+                ),
+            ));
+        }
+        Err(error) => return Err(from_coordinator(error)),
+    };
+    for (from, to) in mapping.pairs() {
+        if !target.compiled.contains(to) {
+            return Err(invalid_field(
+                "node_mapping",
+                format!(
+                    "{from}={to}: version {} has no node {to}",
+                    request.target_version
+                ),
+            ));
+        }
+        if target.compiled.contains(from) {
+            return Err(invalid_field(
+                "node_mapping",
+                format!(
+                    "{from}={to}: version {} still has a node {from}; a renamed node is gone",
+                    request.target_version
+                ),
+            ));
+        }
+    }
+    Ok(Migration {
+        target_version: request.target_version,
+        mapping,
+    })
+}
+
 /// What every Bulk* request carries.
 pub(crate) struct BulkFields<'a> {
     pub(crate) filter: Option<&'a ApiFilter>,
     pub(crate) all: bool,
     pub(crate) reason: &'a str,
     pub(crate) request_id: &'a str,
+    /// MIGRATE only, checked by [`migration`].
+    pub(crate) migration: Option<Migration>,
 }
 
 /// Checks a Bulk* request as ListRuns checks its filter (field paths under
@@ -53,6 +130,7 @@ pub(crate) async fn start(
             kind,
             filter,
             reason: fields.reason.to_owned(),
+            migration: fields.migration,
             request_id: Some(fields.request_id.to_owned()).filter(|r| !r.is_empty()),
             actor: caller.subject,
         })
@@ -118,6 +196,7 @@ fn kind_message(kind: &str) -> BulkOperationKind {
         Some(BulkKind::Retry) => BulkOperationKind::Retry,
         Some(BulkKind::Pause) => BulkOperationKind::Pause,
         Some(BulkKind::Resume) => BulkOperationKind::Resume,
+        Some(BulkKind::Migrate) => BulkOperationKind::Migrate,
         None => BulkOperationKind::Unspecified,
     }
 }
@@ -177,7 +256,17 @@ pub(crate) fn operation_message(op: BulkOperationRow) -> BulkOperation {
                 .collect()
         })
         .unwrap_or_default();
+    let migration = Migration::from_params(&op.params);
     BulkOperation {
+        target_version: migration.as_ref().map_or(0, |m| m.target_version),
+        node_mapping: migration
+            .map(|m| {
+                m.mapping
+                    .pairs()
+                    .map(|(from, to)| (from.to_owned(), to.to_owned()))
+                    .collect()
+            })
+            .unwrap_or_default(),
         operation_id: op.id.to_string(),
         namespace: op.namespace,
         kind: kind_message(&op.kind) as i32,

@@ -1,13 +1,10 @@
 //! ReplayRun and CheckWorkflowVersion (`WorkflowService`): the request
 //! read and bounded, the verdicts as messages.
 
-use std::collections::HashMap;
-
 use composer_coordinator::{
     Coordinator,
     versions::{Check, CheckScope, NewDefinition, RunVerdict},
 };
-use composer_engine::replay::NodeMapping;
 use composer_proto::v1::{
     CheckScope as ProtoScope, CheckWorkflowVersionRequest, CheckWorkflowVersionResponse,
     ReplayRunRequest, ReplayRunResponse, ReplayVerdict, RunReplay, replay_run_request::Recorded,
@@ -16,18 +13,16 @@ use tonic::Status;
 
 use crate::{
     caller::Caller,
-    recorded::replay_message,
+    recorded::{node_mapping, replay_message},
     services::{
         run::{parse_run_id, runs_cursor},
         run_fields::run_status,
     },
-    status::{MAX_KEY_BYTES, check_name, check_text, from_coordinator, invalid_field},
+    status::{
+        MAX_KEY_BYTES, check_name, check_source, check_text, from_coordinator, invalid_field,
+    },
 };
 
-/// Largest definition text accepted, before parsing (as RegisterWorkflow).
-const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
-/// Renames one call may name.
-const MAX_MAPPED_NODES: usize = 1_000;
 /// Runs one CheckWorkflowVersion call replays: default and ceiling.
 const DEFAULT_CHECK_PAGE: i64 = 200;
 const MAX_CHECK_PAGE: i64 = 500;
@@ -37,15 +32,7 @@ const MAX_GIVEN_ENTRIES: usize = 100_000;
 /// The new definition: `source` text or a registered `version`.
 fn new_definition(source: String, version: i32) -> Result<NewDefinition, Status> {
     if !source.trim().is_empty() {
-        if source.len() > MAX_SOURCE_BYTES {
-            return Err(invalid_field(
-                "source",
-                format!(
-                    "is {} bytes, over the limit of {MAX_SOURCE_BYTES}",
-                    source.len()
-                ),
-            ));
-        }
+        check_source(&source)?;
         return Ok(NewDefinition::Source(source));
     }
     match version {
@@ -58,26 +45,6 @@ fn new_definition(source: String, version: i32) -> Result<NewDefinition, Status>
     }
 }
 
-fn mapping(pairs: &HashMap<String, String>) -> Result<NodeMapping, Status> {
-    if pairs.len() > MAX_MAPPED_NODES {
-        return Err(invalid_field(
-            "node_mapping",
-            format!(
-                "names {} nodes, over the limit of {MAX_MAPPED_NODES}",
-                pairs.len()
-            ),
-        ));
-    }
-    let mut texts = Vec::with_capacity(pairs.len());
-    for (from, to) in pairs {
-        crate::status::check_name("node_mapping", from)?;
-        crate::status::check_name("node_mapping", to)?;
-        texts.push(format!("{from}={to}"));
-    }
-    NodeMapping::parse(texts.iter().map(String::as_str))
-        .map_err(|e| invalid_field("node_mapping", e))
-}
-
 /// ReplayRun.
 pub(crate) async fn replay_run(
     coordinator: &Coordinator,
@@ -85,7 +52,7 @@ pub(crate) async fn replay_run(
     request: ReplayRunRequest,
 ) -> Result<ReplayRunResponse, Status> {
     let new = new_definition(request.source, request.version)?;
-    let mapping = mapping(&request.node_mapping)?;
+    let mapping = node_mapping(&request.node_mapping)?;
     let replay = match request.recorded {
         Some(Recorded::RunId(run_id)) => {
             let run_id = parse_run_id(&run_id)?;
@@ -142,7 +109,7 @@ pub(crate) async fn check_workflow_version(
 ) -> Result<CheckWorkflowVersionResponse, Status> {
     check_name("name", &request.name)?;
     let new = new_definition(request.source, request.version)?;
-    let mapping = mapping(&request.node_mapping)?;
+    let mapping = node_mapping(&request.node_mapping)?;
     let scope = match ProtoScope::try_from(request.scope) {
         Ok(ProtoScope::Unspecified | ProtoScope::InFlight) => CheckScope::InFlight,
         Ok(ProtoScope::Completed) => CheckScope::Completed,

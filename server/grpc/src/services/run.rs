@@ -17,10 +17,11 @@ use composer_proto::v1::{
     CountRunsRequest, CountRunsResponse, Failure, GetBulkOperationRequest,
     GetBulkOperationResponse, GetRunHistoryRequest, GetRunHistoryResponse, GetRunRequest,
     GetRunResponse, HistoryEvent, ListBulkOperationsRequest, ListBulkOperationsResponse,
-    ListRunsRequest, ListRunsResponse, NodeState, NodeStatus, PauseRunRequest, PauseRunResponse,
-    ResumeRunRequest, ResumeRunResponse, RetryRunRequest, RetryRunResponse, Run, RunStatus,
-    RunStatusCount, SendEventRequest, SendEventResponse, StartRunRequest, StartRunResponse,
-    WatchRunRequest, WatchRunResponse, run_service_server::RunService, send_event_request::Target,
+    ListRunsRequest, ListRunsResponse, MigrateRunsRequest, MigrateRunsResponse, NodeState,
+    NodeStatus, PauseRunRequest, PauseRunResponse, ResumeRunRequest, ResumeRunResponse,
+    RetryRunRequest, RetryRunResponse, Run, RunStatus, RunStatusCount, SendEventRequest,
+    SendEventResponse, StartRunRequest, StartRunResponse, WatchRunRequest, WatchRunResponse,
+    run_service_server::RunService, send_event_request::Target,
 };
 use composer_store::runs::{HistoryRow, NodeRow, RunFilter, RunRow};
 use serde_json::{Value as Json, json};
@@ -417,6 +418,7 @@ impl RunService for RunApi {
             all: request.all,
             reason: &request.reason,
             request_id: &request.request_id,
+            migration: None,
         };
         let (operation, created) =
             bulk::start(&self.coordinator, caller, BulkKind::Cancel, fields).await?;
@@ -437,6 +439,7 @@ impl RunService for RunApi {
             all: request.all,
             reason: "",
             request_id: &request.request_id,
+            migration: None,
         };
         let (operation, created) =
             bulk::start(&self.coordinator, caller, BulkKind::Retry, fields).await?;
@@ -457,6 +460,7 @@ impl RunService for RunApi {
             all: request.all,
             reason: &request.reason,
             request_id: &request.request_id,
+            migration: None,
         };
         let (operation, created) =
             bulk::start(&self.coordinator, caller, BulkKind::Pause, fields).await?;
@@ -477,10 +481,39 @@ impl RunService for RunApi {
             all: request.all,
             reason: "",
             request_id: &request.request_id,
+            migration: None,
         };
         let (operation, created) =
             bulk::start(&self.coordinator, caller, BulkKind::Resume, fields).await?;
         Ok(Response::new(BulkResumeRunsResponse {
+            operation: Some(operation),
+            created,
+        }))
+    }
+
+    async fn migrate_runs(
+        &self,
+        request: Request<MigrateRunsRequest>,
+    ) -> Result<Response<MigrateRunsResponse>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let migration = bulk::migration(&self.coordinator, &caller.namespace, &request).await?;
+        // only runs in flight move: without statuses, the walk need not
+        // lock every ended run of the workflow to skip it
+        let mut filter = request.filter.clone().unwrap_or_default();
+        if filter.statuses.is_empty() {
+            filter.statuses = vec![RunStatus::Running as i32, RunStatus::Paused as i32];
+        }
+        let fields = BulkFields {
+            filter: Some(&filter),
+            all: false,
+            reason: "",
+            request_id: &request.request_id,
+            migration: Some(migration),
+        };
+        let (operation, created) =
+            bulk::start(&self.coordinator, caller, BulkKind::Migrate, fields).await?;
+        Ok(Response::new(MigrateRunsResponse {
             operation: Some(operation),
             created,
         }))

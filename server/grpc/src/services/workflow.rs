@@ -14,11 +14,8 @@ use tonic::{Request, Response, Status};
 use crate::{
     caller::caller,
     convert::{from_json, keyset_page, page_size, page_token, timestamp},
-    status::{MAX_KEY_BYTES, check_text, from_coordinator, invalid_field},
+    status::{MAX_KEY_BYTES, check_source, check_text, from_coordinator, invalid_field},
 };
-
-/// Largest definition text accepted, before parsing.
-const MAX_SOURCE_BYTES: usize = 4 * 1024 * 1024;
 
 /// The WorkflowService implementation.
 #[derive(Clone)]
@@ -41,22 +38,6 @@ fn version_message(row: WorkflowRow, with_source: bool) -> WorkflowVersion {
         content_hash: row.content_hash,
         create_time: Some(timestamp(row.created_at)),
     }
-}
-
-fn check_source(source: &str) -> Result<(), Status> {
-    if source.trim().is_empty() {
-        return Err(invalid_field("source", "must not be empty"));
-    }
-    if source.len() > MAX_SOURCE_BYTES {
-        return Err(invalid_field(
-            "source",
-            format!(
-                "is {} bytes, over the limit of {MAX_SOURCE_BYTES}",
-                source.len()
-            ),
-        ));
-    }
-    Ok(())
 }
 
 fn check_name(name: &str) -> Result<(), Status> {

@@ -37,6 +37,8 @@ const (
 	BulkOperationKind_BULK_OPERATION_KIND_PAUSE BulkOperationKind = 3
 	// ResumeRun on each run.
 	BulkOperationKind_BULK_OPERATION_KIND_RESUME BulkOperationKind = 4
+	// Moves each run to `target_version` (MigrateRuns).
+	BulkOperationKind_BULK_OPERATION_KIND_MIGRATE BulkOperationKind = 5
 )
 
 // Enum value maps for BulkOperationKind.
@@ -47,6 +49,7 @@ var (
 		2: "BULK_OPERATION_KIND_RETRY",
 		3: "BULK_OPERATION_KIND_PAUSE",
 		4: "BULK_OPERATION_KIND_RESUME",
+		5: "BULK_OPERATION_KIND_MIGRATE",
 	}
 	BulkOperationKind_value = map[string]int32{
 		"BULK_OPERATION_KIND_UNSPECIFIED": 0,
@@ -54,6 +57,7 @@ var (
 		"BULK_OPERATION_KIND_RETRY":       2,
 		"BULK_OPERATION_KIND_PAUSE":       3,
 		"BULK_OPERATION_KIND_RESUME":      4,
+		"BULK_OPERATION_KIND_MIGRATE":     5,
 	}
 )
 
@@ -2174,6 +2178,134 @@ func (x *BulkResumeRunsResponse) GetCreated() bool {
 	return false
 }
 
+// MigrateRunsRequest selects the runs to move and where to.
+type MigrateRunsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The runs to move; `workflow_name` is required.
+	Filter *RunFilter `protobuf:"bytes,1,opt,name=filter,proto3" json:"filter,omitempty"`
+	// The version to move them to.
+	TargetVersion int32 `protobuf:"varint,2,opt,name=target_version,json=targetVersion,proto3" json:"target_version,omitempty"`
+	// Node ids renamed in the target: recorded id to new id (at most 1000).
+	NodeMapping map[string]string `protobuf:"bytes,3,rep,name=node_mapping,json=nodeMapping,proto3" json:"node_mapping,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Optional: a repeated call with the same id returns the same operation.
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateRunsRequest) Reset() {
+	*x = MigrateRunsRequest{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateRunsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateRunsRequest) ProtoMessage() {}
+
+func (x *MigrateRunsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateRunsRequest.ProtoReflect.Descriptor instead.
+func (*MigrateRunsRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *MigrateRunsRequest) GetFilter() *RunFilter {
+	if x != nil {
+		return x.Filter
+	}
+	return nil
+}
+
+func (x *MigrateRunsRequest) GetTargetVersion() int32 {
+	if x != nil {
+		return x.TargetVersion
+	}
+	return 0
+}
+
+func (x *MigrateRunsRequest) GetNodeMapping() map[string]string {
+	if x != nil {
+		return x.NodeMapping
+	}
+	return nil
+}
+
+func (x *MigrateRunsRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// MigrateRunsResponse carries the operation started.
+type MigrateRunsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The operation, PENDING or RUNNING.
+	Operation *BulkOperation `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
+	// False when `request_id` matched an existing operation.
+	Created       bool `protobuf:"varint,2,opt,name=created,proto3" json:"created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MigrateRunsResponse) Reset() {
+	*x = MigrateRunsResponse{}
+	mi := &file_composer_v1_run_service_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MigrateRunsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MigrateRunsResponse) ProtoMessage() {}
+
+func (x *MigrateRunsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_run_service_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MigrateRunsResponse.ProtoReflect.Descriptor instead.
+func (*MigrateRunsResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *MigrateRunsResponse) GetOperation() *BulkOperation {
+	if x != nil {
+		return x.Operation
+	}
+	return nil
+}
+
+func (x *MigrateRunsResponse) GetCreated() bool {
+	if x != nil {
+		return x.Created
+	}
+	return false
+}
+
 // BulkOperation is a long-running action over the runs a filter matches.
 // Any server works on it, a batch at a time, and another takes over if that
 // server stops, so it survives restarts. Counts only grow; once it ends,
@@ -2212,14 +2344,18 @@ type BulkOperation struct {
 	// When it ended; unset while it runs.
 	EndTime *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=end_time,json=endTime,proto3" json:"end_time,omitempty"`
 	// Why it FAILED.
-	Error         string `protobuf:"bytes,16,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,16,opt,name=error,proto3" json:"error,omitempty"`
+	// MIGRATE: the version runs are moved to.
+	TargetVersion int32 `protobuf:"varint,17,opt,name=target_version,json=targetVersion,proto3" json:"target_version,omitempty"`
+	// MIGRATE: node ids renamed in the target, recorded id to new id.
+	NodeMapping   map[string]string `protobuf:"bytes,18,rep,name=node_mapping,json=nodeMapping,proto3" json:"node_mapping,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *BulkOperation) Reset() {
 	*x = BulkOperation{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[32]
+	mi := &file_composer_v1_run_service_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2367,7 @@ func (x *BulkOperation) String() string {
 func (*BulkOperation) ProtoMessage() {}
 
 func (x *BulkOperation) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[32]
+	mi := &file_composer_v1_run_service_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2380,7 @@ func (x *BulkOperation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BulkOperation.ProtoReflect.Descriptor instead.
 func (*BulkOperation) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{32}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *BulkOperation) GetOperationId() string {
@@ -2359,6 +2495,20 @@ func (x *BulkOperation) GetError() string {
 	return ""
 }
 
+func (x *BulkOperation) GetTargetVersion() int32 {
+	if x != nil {
+		return x.TargetVersion
+	}
+	return 0
+}
+
+func (x *BulkOperation) GetNodeMapping() map[string]string {
+	if x != nil {
+		return x.NodeMapping
+	}
+	return nil
+}
+
 // BulkOperationFailure is one run a bulk operation could not act on.
 type BulkOperationFailure struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2372,7 +2522,7 @@ type BulkOperationFailure struct {
 
 func (x *BulkOperationFailure) Reset() {
 	*x = BulkOperationFailure{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[33]
+	mi := &file_composer_v1_run_service_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2384,7 +2534,7 @@ func (x *BulkOperationFailure) String() string {
 func (*BulkOperationFailure) ProtoMessage() {}
 
 func (x *BulkOperationFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[33]
+	mi := &file_composer_v1_run_service_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2397,7 +2547,7 @@ func (x *BulkOperationFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BulkOperationFailure.ProtoReflect.Descriptor instead.
 func (*BulkOperationFailure) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{33}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *BulkOperationFailure) GetRunId() string {
@@ -2425,7 +2575,7 @@ type GetBulkOperationRequest struct {
 
 func (x *GetBulkOperationRequest) Reset() {
 	*x = GetBulkOperationRequest{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[34]
+	mi := &file_composer_v1_run_service_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2437,7 +2587,7 @@ func (x *GetBulkOperationRequest) String() string {
 func (*GetBulkOperationRequest) ProtoMessage() {}
 
 func (x *GetBulkOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[34]
+	mi := &file_composer_v1_run_service_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2450,7 +2600,7 @@ func (x *GetBulkOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBulkOperationRequest.ProtoReflect.Descriptor instead.
 func (*GetBulkOperationRequest) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{34}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *GetBulkOperationRequest) GetOperationId() string {
@@ -2471,7 +2621,7 @@ type GetBulkOperationResponse struct {
 
 func (x *GetBulkOperationResponse) Reset() {
 	*x = GetBulkOperationResponse{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[35]
+	mi := &file_composer_v1_run_service_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2483,7 +2633,7 @@ func (x *GetBulkOperationResponse) String() string {
 func (*GetBulkOperationResponse) ProtoMessage() {}
 
 func (x *GetBulkOperationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[35]
+	mi := &file_composer_v1_run_service_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2496,7 +2646,7 @@ func (x *GetBulkOperationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetBulkOperationResponse.ProtoReflect.Descriptor instead.
 func (*GetBulkOperationResponse) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{35}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *GetBulkOperationResponse) GetOperation() *BulkOperation {
@@ -2519,7 +2669,7 @@ type ListBulkOperationsRequest struct {
 
 func (x *ListBulkOperationsRequest) Reset() {
 	*x = ListBulkOperationsRequest{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[36]
+	mi := &file_composer_v1_run_service_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2531,7 +2681,7 @@ func (x *ListBulkOperationsRequest) String() string {
 func (*ListBulkOperationsRequest) ProtoMessage() {}
 
 func (x *ListBulkOperationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[36]
+	mi := &file_composer_v1_run_service_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2544,7 +2694,7 @@ func (x *ListBulkOperationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBulkOperationsRequest.ProtoReflect.Descriptor instead.
 func (*ListBulkOperationsRequest) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{36}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ListBulkOperationsRequest) GetPageSize() int32 {
@@ -2574,7 +2724,7 @@ type ListBulkOperationsResponse struct {
 
 func (x *ListBulkOperationsResponse) Reset() {
 	*x = ListBulkOperationsResponse{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[37]
+	mi := &file_composer_v1_run_service_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2586,7 +2736,7 @@ func (x *ListBulkOperationsResponse) String() string {
 func (*ListBulkOperationsResponse) ProtoMessage() {}
 
 func (x *ListBulkOperationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[37]
+	mi := &file_composer_v1_run_service_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2599,7 +2749,7 @@ func (x *ListBulkOperationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListBulkOperationsResponse.ProtoReflect.Descriptor instead.
 func (*ListBulkOperationsResponse) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{37}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ListBulkOperationsResponse) GetOperations() []*BulkOperation {
@@ -2627,7 +2777,7 @@ type CancelBulkOperationRequest struct {
 
 func (x *CancelBulkOperationRequest) Reset() {
 	*x = CancelBulkOperationRequest{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[38]
+	mi := &file_composer_v1_run_service_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2639,7 +2789,7 @@ func (x *CancelBulkOperationRequest) String() string {
 func (*CancelBulkOperationRequest) ProtoMessage() {}
 
 func (x *CancelBulkOperationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[38]
+	mi := &file_composer_v1_run_service_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2652,7 +2802,7 @@ func (x *CancelBulkOperationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelBulkOperationRequest.ProtoReflect.Descriptor instead.
 func (*CancelBulkOperationRequest) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{38}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *CancelBulkOperationRequest) GetOperationId() string {
@@ -2674,7 +2824,7 @@ type CancelBulkOperationResponse struct {
 
 func (x *CancelBulkOperationResponse) Reset() {
 	*x = CancelBulkOperationResponse{}
-	mi := &file_composer_v1_run_service_proto_msgTypes[39]
+	mi := &file_composer_v1_run_service_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2686,7 +2836,7 @@ func (x *CancelBulkOperationResponse) String() string {
 func (*CancelBulkOperationResponse) ProtoMessage() {}
 
 func (x *CancelBulkOperationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_composer_v1_run_service_proto_msgTypes[39]
+	mi := &file_composer_v1_run_service_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2699,7 +2849,7 @@ func (x *CancelBulkOperationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelBulkOperationResponse.ProtoReflect.Descriptor instead.
 func (*CancelBulkOperationResponse) Descriptor() ([]byte, []int) {
-	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{39}
+	return file_composer_v1_run_service_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *CancelBulkOperationResponse) GetOperation() *BulkOperation {
@@ -2856,7 +3006,19 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"request_id\x18\x03 \x01(\tR\trequestId\"l\n" +
 	"\x16BulkResumeRunsResponse\x128\n" +
 	"\toperation\x18\x01 \x01(\v2\x1a.composer.v1.BulkOperationR\toperation\x12\x18\n" +
-	"\acreated\x18\x02 \x01(\bR\acreated\"\x95\x05\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"\x9f\x02\n" +
+	"\x12MigrateRunsRequest\x12.\n" +
+	"\x06filter\x18\x01 \x01(\v2\x16.composer.v1.RunFilterR\x06filter\x12%\n" +
+	"\x0etarget_version\x18\x02 \x01(\x05R\rtargetVersion\x12S\n" +
+	"\fnode_mapping\x18\x03 \x03(\v20.composer.v1.MigrateRunsRequest.NodeMappingEntryR\vnodeMapping\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tR\trequestId\x1a>\n" +
+	"\x10NodeMappingEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"i\n" +
+	"\x13MigrateRunsResponse\x128\n" +
+	"\toperation\x18\x01 \x01(\v2\x1a.composer.v1.BulkOperationR\toperation\x12\x18\n" +
+	"\acreated\x18\x02 \x01(\bR\acreated\"\xcc\x06\n" +
 	"\rBulkOperation\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\x12\x1c\n" +
 	"\tnamespace\x18\x02 \x01(\tR\tnamespace\x122\n" +
@@ -2877,7 +3039,12 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\vupdate_time\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"updateTime\x125\n" +
 	"\bend_time\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\aendTime\x12\x14\n" +
-	"\x05error\x18\x10 \x01(\tR\x05error\"G\n" +
+	"\x05error\x18\x10 \x01(\tR\x05error\x12%\n" +
+	"\x0etarget_version\x18\x11 \x01(\x05R\rtargetVersion\x12N\n" +
+	"\fnode_mapping\x18\x12 \x03(\v2+.composer.v1.BulkOperation.NodeMappingEntryR\vnodeMapping\x1a>\n" +
+	"\x10NodeMappingEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"G\n" +
 	"\x14BulkOperationFailure\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\"<\n" +
@@ -2897,20 +3064,21 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\x1aCancelBulkOperationRequest\x12!\n" +
 	"\foperation_id\x18\x01 \x01(\tR\voperationId\"W\n" +
 	"\x1bCancelBulkOperationResponse\x128\n" +
-	"\toperation\x18\x01 \x01(\v2\x1a.composer.v1.BulkOperationR\toperation*\xb6\x01\n" +
+	"\toperation\x18\x01 \x01(\v2\x1a.composer.v1.BulkOperationR\toperation*\xd7\x01\n" +
 	"\x11BulkOperationKind\x12#\n" +
 	"\x1fBULK_OPERATION_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
 	"\x1aBULK_OPERATION_KIND_CANCEL\x10\x01\x12\x1d\n" +
 	"\x19BULK_OPERATION_KIND_RETRY\x10\x02\x12\x1d\n" +
 	"\x19BULK_OPERATION_KIND_PAUSE\x10\x03\x12\x1e\n" +
-	"\x1aBULK_OPERATION_KIND_RESUME\x10\x04*\xee\x01\n" +
+	"\x1aBULK_OPERATION_KIND_RESUME\x10\x04\x12\x1f\n" +
+	"\x1bBULK_OPERATION_KIND_MIGRATE\x10\x05*\xee\x01\n" +
 	"\x13BulkOperationStatus\x12%\n" +
 	"!BULK_OPERATION_STATUS_UNSPECIFIED\x10\x00\x12!\n" +
 	"\x1dBULK_OPERATION_STATUS_PENDING\x10\x01\x12!\n" +
 	"\x1dBULK_OPERATION_STATUS_RUNNING\x10\x02\x12#\n" +
 	"\x1fBULK_OPERATION_STATUS_SUCCEEDED\x10\x03\x12#\n" +
 	"\x1fBULK_OPERATION_STATUS_CANCELLED\x10\x04\x12 \n" +
-	"\x1cBULK_OPERATION_STATUS_FAILED\x10\x052\xde\v\n" +
+	"\x1cBULK_OPERATION_STATUS_FAILED\x10\x052\xb0\f\n" +
 	"\n" +
 	"RunService\x12G\n" +
 	"\bStartRun\x12\x1c.composer.v1.StartRunRequest\x1a\x1d.composer.v1.StartRunResponse\x12A\n" +
@@ -2927,7 +3095,8 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\x0eBulkCancelRuns\x12\".composer.v1.BulkCancelRunsRequest\x1a#.composer.v1.BulkCancelRunsResponse\x12V\n" +
 	"\rBulkRetryRuns\x12!.composer.v1.BulkRetryRunsRequest\x1a\".composer.v1.BulkRetryRunsResponse\x12V\n" +
 	"\rBulkPauseRuns\x12!.composer.v1.BulkPauseRunsRequest\x1a\".composer.v1.BulkPauseRunsResponse\x12Y\n" +
-	"\x0eBulkResumeRuns\x12\".composer.v1.BulkResumeRunsRequest\x1a#.composer.v1.BulkResumeRunsResponse\x12_\n" +
+	"\x0eBulkResumeRuns\x12\".composer.v1.BulkResumeRunsRequest\x1a#.composer.v1.BulkResumeRunsResponse\x12P\n" +
+	"\vMigrateRuns\x12\x1f.composer.v1.MigrateRunsRequest\x1a .composer.v1.MigrateRunsResponse\x12_\n" +
 	"\x10GetBulkOperation\x12$.composer.v1.GetBulkOperationRequest\x1a%.composer.v1.GetBulkOperationResponse\x12e\n" +
 	"\x12ListBulkOperations\x12&.composer.v1.ListBulkOperationsRequest\x1a'.composer.v1.ListBulkOperationsResponse\x12h\n" +
 	"\x13CancelBulkOperation\x12'.composer.v1.CancelBulkOperationRequest\x1a(.composer.v1.CancelBulkOperationResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3"
@@ -2945,7 +3114,7 @@ func file_composer_v1_run_service_proto_rawDescGZIP() []byte {
 }
 
 var file_composer_v1_run_service_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_composer_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 44)
+var file_composer_v1_run_service_proto_msgTypes = make([]protoimpl.MessageInfo, 48)
 var file_composer_v1_run_service_proto_goTypes = []any{
 	(BulkOperationKind)(0),              // 0: composer.v1.BulkOperationKind
 	(BulkOperationStatus)(0),            // 1: composer.v1.BulkOperationStatus
@@ -2981,110 +3150,120 @@ var file_composer_v1_run_service_proto_goTypes = []any{
 	(*BulkPauseRunsResponse)(nil),       // 31: composer.v1.BulkPauseRunsResponse
 	(*BulkResumeRunsRequest)(nil),       // 32: composer.v1.BulkResumeRunsRequest
 	(*BulkResumeRunsResponse)(nil),      // 33: composer.v1.BulkResumeRunsResponse
-	(*BulkOperation)(nil),               // 34: composer.v1.BulkOperation
-	(*BulkOperationFailure)(nil),        // 35: composer.v1.BulkOperationFailure
-	(*GetBulkOperationRequest)(nil),     // 36: composer.v1.GetBulkOperationRequest
-	(*GetBulkOperationResponse)(nil),    // 37: composer.v1.GetBulkOperationResponse
-	(*ListBulkOperationsRequest)(nil),   // 38: composer.v1.ListBulkOperationsRequest
-	(*ListBulkOperationsResponse)(nil),  // 39: composer.v1.ListBulkOperationsResponse
-	(*CancelBulkOperationRequest)(nil),  // 40: composer.v1.CancelBulkOperationRequest
-	(*CancelBulkOperationResponse)(nil), // 41: composer.v1.CancelBulkOperationResponse
-	nil,                                 // 42: composer.v1.StartRunRequest.LabelsEntry
-	nil,                                 // 43: composer.v1.ListRunsRequest.LabelsEntry
-	nil,                                 // 44: composer.v1.CountRunsRequest.LabelsEntry
-	nil,                                 // 45: composer.v1.RunFilter.LabelsEntry
-	(*structpb.Value)(nil),              // 46: google.protobuf.Value
-	(*Run)(nil),                         // 47: composer.v1.Run
-	(RunStatus)(0),                      // 48: composer.v1.RunStatus
-	(*timestamppb.Timestamp)(nil),       // 49: google.protobuf.Timestamp
-	(*HistoryEvent)(nil),                // 50: composer.v1.HistoryEvent
+	(*MigrateRunsRequest)(nil),          // 34: composer.v1.MigrateRunsRequest
+	(*MigrateRunsResponse)(nil),         // 35: composer.v1.MigrateRunsResponse
+	(*BulkOperation)(nil),               // 36: composer.v1.BulkOperation
+	(*BulkOperationFailure)(nil),        // 37: composer.v1.BulkOperationFailure
+	(*GetBulkOperationRequest)(nil),     // 38: composer.v1.GetBulkOperationRequest
+	(*GetBulkOperationResponse)(nil),    // 39: composer.v1.GetBulkOperationResponse
+	(*ListBulkOperationsRequest)(nil),   // 40: composer.v1.ListBulkOperationsRequest
+	(*ListBulkOperationsResponse)(nil),  // 41: composer.v1.ListBulkOperationsResponse
+	(*CancelBulkOperationRequest)(nil),  // 42: composer.v1.CancelBulkOperationRequest
+	(*CancelBulkOperationResponse)(nil), // 43: composer.v1.CancelBulkOperationResponse
+	nil,                                 // 44: composer.v1.StartRunRequest.LabelsEntry
+	nil,                                 // 45: composer.v1.ListRunsRequest.LabelsEntry
+	nil,                                 // 46: composer.v1.CountRunsRequest.LabelsEntry
+	nil,                                 // 47: composer.v1.RunFilter.LabelsEntry
+	nil,                                 // 48: composer.v1.MigrateRunsRequest.NodeMappingEntry
+	nil,                                 // 49: composer.v1.BulkOperation.NodeMappingEntry
+	(*structpb.Value)(nil),              // 50: google.protobuf.Value
+	(*Run)(nil),                         // 51: composer.v1.Run
+	(RunStatus)(0),                      // 52: composer.v1.RunStatus
+	(*timestamppb.Timestamp)(nil),       // 53: google.protobuf.Timestamp
+	(*HistoryEvent)(nil),                // 54: composer.v1.HistoryEvent
 }
 var file_composer_v1_run_service_proto_depIdxs = []int32{
-	46, // 0: composer.v1.StartRunRequest.input:type_name -> google.protobuf.Value
-	42, // 1: composer.v1.StartRunRequest.labels:type_name -> composer.v1.StartRunRequest.LabelsEntry
-	47, // 2: composer.v1.StartRunResponse.run:type_name -> composer.v1.Run
-	47, // 3: composer.v1.GetRunResponse.run:type_name -> composer.v1.Run
-	48, // 4: composer.v1.ListRunsRequest.statuses:type_name -> composer.v1.RunStatus
-	43, // 5: composer.v1.ListRunsRequest.labels:type_name -> composer.v1.ListRunsRequest.LabelsEntry
-	49, // 6: composer.v1.ListRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
-	49, // 7: composer.v1.ListRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
-	47, // 8: composer.v1.ListRunsResponse.runs:type_name -> composer.v1.Run
-	44, // 9: composer.v1.CountRunsRequest.labels:type_name -> composer.v1.CountRunsRequest.LabelsEntry
-	49, // 10: composer.v1.CountRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
-	49, // 11: composer.v1.CountRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
+	50, // 0: composer.v1.StartRunRequest.input:type_name -> google.protobuf.Value
+	44, // 1: composer.v1.StartRunRequest.labels:type_name -> composer.v1.StartRunRequest.LabelsEntry
+	51, // 2: composer.v1.StartRunResponse.run:type_name -> composer.v1.Run
+	51, // 3: composer.v1.GetRunResponse.run:type_name -> composer.v1.Run
+	52, // 4: composer.v1.ListRunsRequest.statuses:type_name -> composer.v1.RunStatus
+	45, // 5: composer.v1.ListRunsRequest.labels:type_name -> composer.v1.ListRunsRequest.LabelsEntry
+	53, // 6: composer.v1.ListRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
+	53, // 7: composer.v1.ListRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
+	51, // 8: composer.v1.ListRunsResponse.runs:type_name -> composer.v1.Run
+	46, // 9: composer.v1.CountRunsRequest.labels:type_name -> composer.v1.CountRunsRequest.LabelsEntry
+	53, // 10: composer.v1.CountRunsRequest.create_time_after:type_name -> google.protobuf.Timestamp
+	53, // 11: composer.v1.CountRunsRequest.create_time_before:type_name -> google.protobuf.Timestamp
 	10, // 12: composer.v1.CountRunsResponse.counts:type_name -> composer.v1.RunStatusCount
-	48, // 13: composer.v1.RunStatusCount.status:type_name -> composer.v1.RunStatus
-	47, // 14: composer.v1.CancelRunResponse.run:type_name -> composer.v1.Run
-	47, // 15: composer.v1.RetryRunResponse.run:type_name -> composer.v1.Run
-	46, // 16: composer.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
-	50, // 17: composer.v1.GetRunHistoryResponse.events:type_name -> composer.v1.HistoryEvent
-	47, // 18: composer.v1.WatchRunResponse.run:type_name -> composer.v1.Run
-	50, // 19: composer.v1.WatchRunResponse.events:type_name -> composer.v1.HistoryEvent
-	47, // 20: composer.v1.PauseRunResponse.run:type_name -> composer.v1.Run
-	47, // 21: composer.v1.ResumeRunResponse.run:type_name -> composer.v1.Run
-	48, // 22: composer.v1.RunFilter.statuses:type_name -> composer.v1.RunStatus
-	45, // 23: composer.v1.RunFilter.labels:type_name -> composer.v1.RunFilter.LabelsEntry
-	49, // 24: composer.v1.RunFilter.create_time_after:type_name -> google.protobuf.Timestamp
-	49, // 25: composer.v1.RunFilter.create_time_before:type_name -> google.protobuf.Timestamp
+	52, // 13: composer.v1.RunStatusCount.status:type_name -> composer.v1.RunStatus
+	51, // 14: composer.v1.CancelRunResponse.run:type_name -> composer.v1.Run
+	51, // 15: composer.v1.RetryRunResponse.run:type_name -> composer.v1.Run
+	50, // 16: composer.v1.SendEventRequest.payload:type_name -> google.protobuf.Value
+	54, // 17: composer.v1.GetRunHistoryResponse.events:type_name -> composer.v1.HistoryEvent
+	51, // 18: composer.v1.WatchRunResponse.run:type_name -> composer.v1.Run
+	54, // 19: composer.v1.WatchRunResponse.events:type_name -> composer.v1.HistoryEvent
+	51, // 20: composer.v1.PauseRunResponse.run:type_name -> composer.v1.Run
+	51, // 21: composer.v1.ResumeRunResponse.run:type_name -> composer.v1.Run
+	52, // 22: composer.v1.RunFilter.statuses:type_name -> composer.v1.RunStatus
+	47, // 23: composer.v1.RunFilter.labels:type_name -> composer.v1.RunFilter.LabelsEntry
+	53, // 24: composer.v1.RunFilter.create_time_after:type_name -> google.protobuf.Timestamp
+	53, // 25: composer.v1.RunFilter.create_time_before:type_name -> google.protobuf.Timestamp
 	25, // 26: composer.v1.BulkCancelRunsRequest.filter:type_name -> composer.v1.RunFilter
-	34, // 27: composer.v1.BulkCancelRunsResponse.operation:type_name -> composer.v1.BulkOperation
+	36, // 27: composer.v1.BulkCancelRunsResponse.operation:type_name -> composer.v1.BulkOperation
 	25, // 28: composer.v1.BulkRetryRunsRequest.filter:type_name -> composer.v1.RunFilter
-	34, // 29: composer.v1.BulkRetryRunsResponse.operation:type_name -> composer.v1.BulkOperation
+	36, // 29: composer.v1.BulkRetryRunsResponse.operation:type_name -> composer.v1.BulkOperation
 	25, // 30: composer.v1.BulkPauseRunsRequest.filter:type_name -> composer.v1.RunFilter
-	34, // 31: composer.v1.BulkPauseRunsResponse.operation:type_name -> composer.v1.BulkOperation
+	36, // 31: composer.v1.BulkPauseRunsResponse.operation:type_name -> composer.v1.BulkOperation
 	25, // 32: composer.v1.BulkResumeRunsRequest.filter:type_name -> composer.v1.RunFilter
-	34, // 33: composer.v1.BulkResumeRunsResponse.operation:type_name -> composer.v1.BulkOperation
-	0,  // 34: composer.v1.BulkOperation.kind:type_name -> composer.v1.BulkOperationKind
-	1,  // 35: composer.v1.BulkOperation.status:type_name -> composer.v1.BulkOperationStatus
-	25, // 36: composer.v1.BulkOperation.filter:type_name -> composer.v1.RunFilter
-	35, // 37: composer.v1.BulkOperation.failures:type_name -> composer.v1.BulkOperationFailure
-	49, // 38: composer.v1.BulkOperation.create_time:type_name -> google.protobuf.Timestamp
-	49, // 39: composer.v1.BulkOperation.update_time:type_name -> google.protobuf.Timestamp
-	49, // 40: composer.v1.BulkOperation.end_time:type_name -> google.protobuf.Timestamp
-	34, // 41: composer.v1.GetBulkOperationResponse.operation:type_name -> composer.v1.BulkOperation
-	34, // 42: composer.v1.ListBulkOperationsResponse.operations:type_name -> composer.v1.BulkOperation
-	34, // 43: composer.v1.CancelBulkOperationResponse.operation:type_name -> composer.v1.BulkOperation
-	2,  // 44: composer.v1.RunService.StartRun:input_type -> composer.v1.StartRunRequest
-	4,  // 45: composer.v1.RunService.GetRun:input_type -> composer.v1.GetRunRequest
-	6,  // 46: composer.v1.RunService.ListRuns:input_type -> composer.v1.ListRunsRequest
-	8,  // 47: composer.v1.RunService.CountRuns:input_type -> composer.v1.CountRunsRequest
-	11, // 48: composer.v1.RunService.CancelRun:input_type -> composer.v1.CancelRunRequest
-	13, // 49: composer.v1.RunService.RetryRun:input_type -> composer.v1.RetryRunRequest
-	15, // 50: composer.v1.RunService.SendEvent:input_type -> composer.v1.SendEventRequest
-	17, // 51: composer.v1.RunService.GetRunHistory:input_type -> composer.v1.GetRunHistoryRequest
-	19, // 52: composer.v1.RunService.WatchRun:input_type -> composer.v1.WatchRunRequest
-	21, // 53: composer.v1.RunService.PauseRun:input_type -> composer.v1.PauseRunRequest
-	23, // 54: composer.v1.RunService.ResumeRun:input_type -> composer.v1.ResumeRunRequest
-	26, // 55: composer.v1.RunService.BulkCancelRuns:input_type -> composer.v1.BulkCancelRunsRequest
-	28, // 56: composer.v1.RunService.BulkRetryRuns:input_type -> composer.v1.BulkRetryRunsRequest
-	30, // 57: composer.v1.RunService.BulkPauseRuns:input_type -> composer.v1.BulkPauseRunsRequest
-	32, // 58: composer.v1.RunService.BulkResumeRuns:input_type -> composer.v1.BulkResumeRunsRequest
-	36, // 59: composer.v1.RunService.GetBulkOperation:input_type -> composer.v1.GetBulkOperationRequest
-	38, // 60: composer.v1.RunService.ListBulkOperations:input_type -> composer.v1.ListBulkOperationsRequest
-	40, // 61: composer.v1.RunService.CancelBulkOperation:input_type -> composer.v1.CancelBulkOperationRequest
-	3,  // 62: composer.v1.RunService.StartRun:output_type -> composer.v1.StartRunResponse
-	5,  // 63: composer.v1.RunService.GetRun:output_type -> composer.v1.GetRunResponse
-	7,  // 64: composer.v1.RunService.ListRuns:output_type -> composer.v1.ListRunsResponse
-	9,  // 65: composer.v1.RunService.CountRuns:output_type -> composer.v1.CountRunsResponse
-	12, // 66: composer.v1.RunService.CancelRun:output_type -> composer.v1.CancelRunResponse
-	14, // 67: composer.v1.RunService.RetryRun:output_type -> composer.v1.RetryRunResponse
-	16, // 68: composer.v1.RunService.SendEvent:output_type -> composer.v1.SendEventResponse
-	18, // 69: composer.v1.RunService.GetRunHistory:output_type -> composer.v1.GetRunHistoryResponse
-	20, // 70: composer.v1.RunService.WatchRun:output_type -> composer.v1.WatchRunResponse
-	22, // 71: composer.v1.RunService.PauseRun:output_type -> composer.v1.PauseRunResponse
-	24, // 72: composer.v1.RunService.ResumeRun:output_type -> composer.v1.ResumeRunResponse
-	27, // 73: composer.v1.RunService.BulkCancelRuns:output_type -> composer.v1.BulkCancelRunsResponse
-	29, // 74: composer.v1.RunService.BulkRetryRuns:output_type -> composer.v1.BulkRetryRunsResponse
-	31, // 75: composer.v1.RunService.BulkPauseRuns:output_type -> composer.v1.BulkPauseRunsResponse
-	33, // 76: composer.v1.RunService.BulkResumeRuns:output_type -> composer.v1.BulkResumeRunsResponse
-	37, // 77: composer.v1.RunService.GetBulkOperation:output_type -> composer.v1.GetBulkOperationResponse
-	39, // 78: composer.v1.RunService.ListBulkOperations:output_type -> composer.v1.ListBulkOperationsResponse
-	41, // 79: composer.v1.RunService.CancelBulkOperation:output_type -> composer.v1.CancelBulkOperationResponse
-	62, // [62:80] is the sub-list for method output_type
-	44, // [44:62] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	36, // 33: composer.v1.BulkResumeRunsResponse.operation:type_name -> composer.v1.BulkOperation
+	25, // 34: composer.v1.MigrateRunsRequest.filter:type_name -> composer.v1.RunFilter
+	48, // 35: composer.v1.MigrateRunsRequest.node_mapping:type_name -> composer.v1.MigrateRunsRequest.NodeMappingEntry
+	36, // 36: composer.v1.MigrateRunsResponse.operation:type_name -> composer.v1.BulkOperation
+	0,  // 37: composer.v1.BulkOperation.kind:type_name -> composer.v1.BulkOperationKind
+	1,  // 38: composer.v1.BulkOperation.status:type_name -> composer.v1.BulkOperationStatus
+	25, // 39: composer.v1.BulkOperation.filter:type_name -> composer.v1.RunFilter
+	37, // 40: composer.v1.BulkOperation.failures:type_name -> composer.v1.BulkOperationFailure
+	53, // 41: composer.v1.BulkOperation.create_time:type_name -> google.protobuf.Timestamp
+	53, // 42: composer.v1.BulkOperation.update_time:type_name -> google.protobuf.Timestamp
+	53, // 43: composer.v1.BulkOperation.end_time:type_name -> google.protobuf.Timestamp
+	49, // 44: composer.v1.BulkOperation.node_mapping:type_name -> composer.v1.BulkOperation.NodeMappingEntry
+	36, // 45: composer.v1.GetBulkOperationResponse.operation:type_name -> composer.v1.BulkOperation
+	36, // 46: composer.v1.ListBulkOperationsResponse.operations:type_name -> composer.v1.BulkOperation
+	36, // 47: composer.v1.CancelBulkOperationResponse.operation:type_name -> composer.v1.BulkOperation
+	2,  // 48: composer.v1.RunService.StartRun:input_type -> composer.v1.StartRunRequest
+	4,  // 49: composer.v1.RunService.GetRun:input_type -> composer.v1.GetRunRequest
+	6,  // 50: composer.v1.RunService.ListRuns:input_type -> composer.v1.ListRunsRequest
+	8,  // 51: composer.v1.RunService.CountRuns:input_type -> composer.v1.CountRunsRequest
+	11, // 52: composer.v1.RunService.CancelRun:input_type -> composer.v1.CancelRunRequest
+	13, // 53: composer.v1.RunService.RetryRun:input_type -> composer.v1.RetryRunRequest
+	15, // 54: composer.v1.RunService.SendEvent:input_type -> composer.v1.SendEventRequest
+	17, // 55: composer.v1.RunService.GetRunHistory:input_type -> composer.v1.GetRunHistoryRequest
+	19, // 56: composer.v1.RunService.WatchRun:input_type -> composer.v1.WatchRunRequest
+	21, // 57: composer.v1.RunService.PauseRun:input_type -> composer.v1.PauseRunRequest
+	23, // 58: composer.v1.RunService.ResumeRun:input_type -> composer.v1.ResumeRunRequest
+	26, // 59: composer.v1.RunService.BulkCancelRuns:input_type -> composer.v1.BulkCancelRunsRequest
+	28, // 60: composer.v1.RunService.BulkRetryRuns:input_type -> composer.v1.BulkRetryRunsRequest
+	30, // 61: composer.v1.RunService.BulkPauseRuns:input_type -> composer.v1.BulkPauseRunsRequest
+	32, // 62: composer.v1.RunService.BulkResumeRuns:input_type -> composer.v1.BulkResumeRunsRequest
+	34, // 63: composer.v1.RunService.MigrateRuns:input_type -> composer.v1.MigrateRunsRequest
+	38, // 64: composer.v1.RunService.GetBulkOperation:input_type -> composer.v1.GetBulkOperationRequest
+	40, // 65: composer.v1.RunService.ListBulkOperations:input_type -> composer.v1.ListBulkOperationsRequest
+	42, // 66: composer.v1.RunService.CancelBulkOperation:input_type -> composer.v1.CancelBulkOperationRequest
+	3,  // 67: composer.v1.RunService.StartRun:output_type -> composer.v1.StartRunResponse
+	5,  // 68: composer.v1.RunService.GetRun:output_type -> composer.v1.GetRunResponse
+	7,  // 69: composer.v1.RunService.ListRuns:output_type -> composer.v1.ListRunsResponse
+	9,  // 70: composer.v1.RunService.CountRuns:output_type -> composer.v1.CountRunsResponse
+	12, // 71: composer.v1.RunService.CancelRun:output_type -> composer.v1.CancelRunResponse
+	14, // 72: composer.v1.RunService.RetryRun:output_type -> composer.v1.RetryRunResponse
+	16, // 73: composer.v1.RunService.SendEvent:output_type -> composer.v1.SendEventResponse
+	18, // 74: composer.v1.RunService.GetRunHistory:output_type -> composer.v1.GetRunHistoryResponse
+	20, // 75: composer.v1.RunService.WatchRun:output_type -> composer.v1.WatchRunResponse
+	22, // 76: composer.v1.RunService.PauseRun:output_type -> composer.v1.PauseRunResponse
+	24, // 77: composer.v1.RunService.ResumeRun:output_type -> composer.v1.ResumeRunResponse
+	27, // 78: composer.v1.RunService.BulkCancelRuns:output_type -> composer.v1.BulkCancelRunsResponse
+	29, // 79: composer.v1.RunService.BulkRetryRuns:output_type -> composer.v1.BulkRetryRunsResponse
+	31, // 80: composer.v1.RunService.BulkPauseRuns:output_type -> composer.v1.BulkPauseRunsResponse
+	33, // 81: composer.v1.RunService.BulkResumeRuns:output_type -> composer.v1.BulkResumeRunsResponse
+	35, // 82: composer.v1.RunService.MigrateRuns:output_type -> composer.v1.MigrateRunsResponse
+	39, // 83: composer.v1.RunService.GetBulkOperation:output_type -> composer.v1.GetBulkOperationResponse
+	41, // 84: composer.v1.RunService.ListBulkOperations:output_type -> composer.v1.ListBulkOperationsResponse
+	43, // 85: composer.v1.RunService.CancelBulkOperation:output_type -> composer.v1.CancelBulkOperationResponse
+	67, // [67:86] is the sub-list for method output_type
+	48, // [48:67] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_composer_v1_run_service_proto_init() }
@@ -3103,7 +3282,7 @@ func file_composer_v1_run_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_composer_v1_run_service_proto_rawDesc), len(file_composer_v1_run_service_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   44,
+			NumMessages:   48,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

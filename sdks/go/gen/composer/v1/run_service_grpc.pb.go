@@ -34,6 +34,7 @@ const (
 	RunService_BulkRetryRuns_FullMethodName       = "/composer.v1.RunService/BulkRetryRuns"
 	RunService_BulkPauseRuns_FullMethodName       = "/composer.v1.RunService/BulkPauseRuns"
 	RunService_BulkResumeRuns_FullMethodName      = "/composer.v1.RunService/BulkResumeRuns"
+	RunService_MigrateRuns_FullMethodName         = "/composer.v1.RunService/MigrateRuns"
 	RunService_GetBulkOperation_FullMethodName    = "/composer.v1.RunService/GetBulkOperation"
 	RunService_ListBulkOperations_FullMethodName  = "/composer.v1.RunService/ListBulkOperations"
 	RunService_CancelBulkOperation_FullMethodName = "/composer.v1.RunService/CancelBulkOperation"
@@ -129,6 +130,19 @@ type RunServiceClient interface {
 	// matching the filter, as ResumeRun would. Filter, `all` and
 	// `request_id` as BulkCancelRuns.
 	BulkResumeRuns(ctx context.Context, in *BulkResumeRunsRequest, opts ...grpc.CallOption) (*BulkResumeRunsResponse, error)
+	// MigrateRuns starts a bulk operation that moves every run in flight
+	// (RUNNING or PAUSED) of one workflow matching the filter to another
+	// version of it (docs/versions.md). Each run is replayed against the
+	// target inside its own event transaction and moved only if the verdict
+	// is IDENTICAL or COMPATIBLE: it records `run_migrated` in its history
+	// and goes on under the target, its leased tasks keeping their leases.
+	// An incompatible run is counted as failed with its divergence in the
+	// operation's failures and stays on its version; a run already on the
+	// target, ended, or compensating is skipped. The filter must name the
+	// workflow; `target_version` must be a registered version of it
+	// (INVALID_ARGUMENT naming the field otherwise). `request_id` as
+	// BulkCancelRuns.
+	MigrateRuns(ctx context.Context, in *MigrateRunsRequest, opts ...grpc.CallOption) (*MigrateRunsResponse, error)
 	// GetBulkOperation returns a bulk operation with its progress and counts.
 	// NOT_FOUND when it does not exist in the caller's namespace.
 	GetBulkOperation(ctx context.Context, in *GetBulkOperationRequest, opts ...grpc.CallOption) (*GetBulkOperationResponse, error)
@@ -309,6 +323,16 @@ func (c *runServiceClient) BulkResumeRuns(ctx context.Context, in *BulkResumeRun
 	return out, nil
 }
 
+func (c *runServiceClient) MigrateRuns(ctx context.Context, in *MigrateRunsRequest, opts ...grpc.CallOption) (*MigrateRunsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(MigrateRunsResponse)
+	err := c.cc.Invoke(ctx, RunService_MigrateRuns_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *runServiceClient) GetBulkOperation(ctx context.Context, in *GetBulkOperationRequest, opts ...grpc.CallOption) (*GetBulkOperationResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetBulkOperationResponse)
@@ -429,6 +453,19 @@ type RunServiceServer interface {
 	// matching the filter, as ResumeRun would. Filter, `all` and
 	// `request_id` as BulkCancelRuns.
 	BulkResumeRuns(context.Context, *BulkResumeRunsRequest) (*BulkResumeRunsResponse, error)
+	// MigrateRuns starts a bulk operation that moves every run in flight
+	// (RUNNING or PAUSED) of one workflow matching the filter to another
+	// version of it (docs/versions.md). Each run is replayed against the
+	// target inside its own event transaction and moved only if the verdict
+	// is IDENTICAL or COMPATIBLE: it records `run_migrated` in its history
+	// and goes on under the target, its leased tasks keeping their leases.
+	// An incompatible run is counted as failed with its divergence in the
+	// operation's failures and stays on its version; a run already on the
+	// target, ended, or compensating is skipped. The filter must name the
+	// workflow; `target_version` must be a registered version of it
+	// (INVALID_ARGUMENT naming the field otherwise). `request_id` as
+	// BulkCancelRuns.
+	MigrateRuns(context.Context, *MigrateRunsRequest) (*MigrateRunsResponse, error)
 	// GetBulkOperation returns a bulk operation with its progress and counts.
 	// NOT_FOUND when it does not exist in the caller's namespace.
 	GetBulkOperation(context.Context, *GetBulkOperationRequest) (*GetBulkOperationResponse, error)
@@ -494,6 +531,9 @@ func (UnimplementedRunServiceServer) BulkPauseRuns(context.Context, *BulkPauseRu
 }
 func (UnimplementedRunServiceServer) BulkResumeRuns(context.Context, *BulkResumeRunsRequest) (*BulkResumeRunsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method BulkResumeRuns not implemented")
+}
+func (UnimplementedRunServiceServer) MigrateRuns(context.Context, *MigrateRunsRequest) (*MigrateRunsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method MigrateRuns not implemented")
 }
 func (UnimplementedRunServiceServer) GetBulkOperation(context.Context, *GetBulkOperationRequest) (*GetBulkOperationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetBulkOperation not implemented")
@@ -788,6 +828,24 @@ func _RunService_BulkResumeRuns_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RunService_MigrateRuns_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(MigrateRunsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RunServiceServer).MigrateRuns(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RunService_MigrateRuns_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RunServiceServer).MigrateRuns(ctx, req.(*MigrateRunsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RunService_GetBulkOperation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetBulkOperationRequest)
 	if err := dec(in); err != nil {
@@ -904,6 +962,10 @@ var RunService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "BulkResumeRuns",
 			Handler:    _RunService_BulkResumeRuns_Handler,
+		},
+		{
+			MethodName: "MigrateRuns",
+			Handler:    _RunService_MigrateRuns_Handler,
 		},
 		{
 			MethodName: "GetBulkOperation",

@@ -19,6 +19,7 @@ class BulkOperationKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     BULK_OPERATION_KIND_RETRY: _ClassVar[BulkOperationKind]
     BULK_OPERATION_KIND_PAUSE: _ClassVar[BulkOperationKind]
     BULK_OPERATION_KIND_RESUME: _ClassVar[BulkOperationKind]
+    BULK_OPERATION_KIND_MIGRATE: _ClassVar[BulkOperationKind]
 
 class BulkOperationStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -33,6 +34,7 @@ BULK_OPERATION_KIND_CANCEL: BulkOperationKind
 BULK_OPERATION_KIND_RETRY: BulkOperationKind
 BULK_OPERATION_KIND_PAUSE: BulkOperationKind
 BULK_OPERATION_KIND_RESUME: BulkOperationKind
+BULK_OPERATION_KIND_MIGRATE: BulkOperationKind
 BULK_OPERATION_STATUS_UNSPECIFIED: BulkOperationStatus
 BULK_OPERATION_STATUS_PENDING: BulkOperationStatus
 BULK_OPERATION_STATUS_RUNNING: BulkOperationStatus
@@ -372,8 +374,42 @@ class BulkResumeRunsResponse(_message.Message):
     created: bool
     def __init__(self, operation: _Optional[_Union[BulkOperation, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
 
+class MigrateRunsRequest(_message.Message):
+    __slots__ = ("filter", "target_version", "node_mapping", "request_id")
+    class NodeMappingEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    FILTER_FIELD_NUMBER: _ClassVar[int]
+    TARGET_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODE_MAPPING_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    filter: RunFilter
+    target_version: int
+    node_mapping: _containers.ScalarMap[str, str]
+    request_id: str
+    def __init__(self, filter: _Optional[_Union[RunFilter, _Mapping]] = ..., target_version: _Optional[int] = ..., node_mapping: _Optional[_Mapping[str, str]] = ..., request_id: _Optional[str] = ...) -> None: ...
+
+class MigrateRunsResponse(_message.Message):
+    __slots__ = ("operation", "created")
+    OPERATION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    operation: BulkOperation
+    created: bool
+    def __init__(self, operation: _Optional[_Union[BulkOperation, _Mapping]] = ..., created: _Optional[bool] = ...) -> None: ...
+
 class BulkOperation(_message.Message):
-    __slots__ = ("operation_id", "namespace", "kind", "status", "filter", "reason", "matched", "succeeded", "skipped", "failed", "failures", "created_by", "create_time", "update_time", "end_time", "error")
+    __slots__ = ("operation_id", "namespace", "kind", "status", "filter", "reason", "matched", "succeeded", "skipped", "failed", "failures", "created_by", "create_time", "update_time", "end_time", "error", "target_version", "node_mapping")
+    class NodeMappingEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     OPERATION_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -390,6 +426,8 @@ class BulkOperation(_message.Message):
     UPDATE_TIME_FIELD_NUMBER: _ClassVar[int]
     END_TIME_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    TARGET_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NODE_MAPPING_FIELD_NUMBER: _ClassVar[int]
     operation_id: str
     namespace: str
     kind: BulkOperationKind
@@ -406,7 +444,9 @@ class BulkOperation(_message.Message):
     update_time: _timestamp_pb2.Timestamp
     end_time: _timestamp_pb2.Timestamp
     error: str
-    def __init__(self, operation_id: _Optional[str] = ..., namespace: _Optional[str] = ..., kind: _Optional[_Union[BulkOperationKind, str]] = ..., status: _Optional[_Union[BulkOperationStatus, str]] = ..., filter: _Optional[_Union[RunFilter, _Mapping]] = ..., reason: _Optional[str] = ..., matched: _Optional[int] = ..., succeeded: _Optional[int] = ..., skipped: _Optional[int] = ..., failed: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[BulkOperationFailure, _Mapping]]] = ..., created_by: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    target_version: int
+    node_mapping: _containers.ScalarMap[str, str]
+    def __init__(self, operation_id: _Optional[str] = ..., namespace: _Optional[str] = ..., kind: _Optional[_Union[BulkOperationKind, str]] = ..., status: _Optional[_Union[BulkOperationStatus, str]] = ..., filter: _Optional[_Union[RunFilter, _Mapping]] = ..., reason: _Optional[str] = ..., matched: _Optional[int] = ..., succeeded: _Optional[int] = ..., skipped: _Optional[int] = ..., failed: _Optional[int] = ..., failures: _Optional[_Iterable[_Union[BulkOperationFailure, _Mapping]]] = ..., created_by: _Optional[str] = ..., create_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., update_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., end_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., error: _Optional[str] = ..., target_version: _Optional[int] = ..., node_mapping: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class BulkOperationFailure(_message.Message):
     __slots__ = ("run_id", "message")

@@ -112,6 +112,11 @@ class RunServiceStub:
                 request_serializer=composer_dot_v1_dot_run__service__pb2.BulkResumeRunsRequest.SerializeToString,
                 response_deserializer=composer_dot_v1_dot_run__service__pb2.BulkResumeRunsResponse.FromString,
                 _registered_method=True)
+        self.MigrateRuns = channel.unary_unary(
+                '/composer.v1.RunService/MigrateRuns',
+                request_serializer=composer_dot_v1_dot_run__service__pb2.MigrateRunsRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_run__service__pb2.MigrateRunsResponse.FromString,
+                _registered_method=True)
         self.GetBulkOperation = channel.unary_unary(
                 '/composer.v1.RunService/GetBulkOperation',
                 request_serializer=composer_dot_v1_dot_run__service__pb2.GetBulkOperationRequest.SerializeToString,
@@ -292,6 +297,24 @@ class RunServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MigrateRuns(self, request, context):
+        """MigrateRuns starts a bulk operation that moves every run in flight
+        (RUNNING or PAUSED) of one workflow matching the filter to another
+        version of it (docs/versions.md). Each run is replayed against the
+        target inside its own event transaction and moved only if the verdict
+        is IDENTICAL or COMPATIBLE: it records `run_migrated` in its history
+        and goes on under the target, its leased tasks keeping their leases.
+        An incompatible run is counted as failed with its divergence in the
+        operation's failures and stays on its version; a run already on the
+        target, ended, or compensating is skipped. The filter must name the
+        workflow; `target_version` must be a registered version of it
+        (INVALID_ARGUMENT naming the field otherwise). `request_id` as
+        BulkCancelRuns.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetBulkOperation(self, request, context):
         """GetBulkOperation returns a bulk operation with its progress and counts.
         NOT_FOUND when it does not exist in the caller's namespace.
@@ -395,6 +418,11 @@ def add_RunServiceServicer_to_server(servicer, server):
                     servicer.BulkResumeRuns,
                     request_deserializer=composer_dot_v1_dot_run__service__pb2.BulkResumeRunsRequest.FromString,
                     response_serializer=composer_dot_v1_dot_run__service__pb2.BulkResumeRunsResponse.SerializeToString,
+            ),
+            'MigrateRuns': grpc.unary_unary_rpc_method_handler(
+                    servicer.MigrateRuns,
+                    request_deserializer=composer_dot_v1_dot_run__service__pb2.MigrateRunsRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_run__service__pb2.MigrateRunsResponse.SerializeToString,
             ),
             'GetBulkOperation': grpc.unary_unary_rpc_method_handler(
                     servicer.GetBulkOperation,
@@ -820,6 +848,33 @@ class RunService:
             '/composer.v1.RunService/BulkResumeRuns',
             composer_dot_v1_dot_run__service__pb2.BulkResumeRunsRequest.SerializeToString,
             composer_dot_v1_dot_run__service__pb2.BulkResumeRunsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MigrateRuns(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.RunService/MigrateRuns',
+            composer_dot_v1_dot_run__service__pb2.MigrateRunsRequest.SerializeToString,
+            composer_dot_v1_dot_run__service__pb2.MigrateRunsResponse.FromString,
             options,
             channel_credentials,
             insecure,
