@@ -231,4 +231,85 @@ export async function listWorkflowVersions(client: Client, name: string, signal?
   return out;
 }
 
+// --- checking a version against the runs in flight ------------------------------------------------
+
+/** What a version would do with a run (docs/versions.md), in wire order from 1. */
+export type ReplayVerdict = "IDENTICAL" | "COMPATIBLE" | "INCOMPATIBLE" | "UNREPLAYABLE";
+export const REPLAY_VERDICTS: readonly ReplayVerdict[] = ["IDENTICAL", "COMPATIBLE", "INCOMPATIBLE", "UNREPLAYABLE"];
+/** CheckScope CHECK_SCOPE_IN_FLIGHT: RUNNING, COMPENSATING and PAUSED runs. */
+const CHECK_SCOPE_IN_FLIGHT = 1;
+/** Runs a CheckWorkflowVersion call replays (the server's default page). */
+const CHECK_PAGE_SIZE = 200;
+
+type WireRunReplay = Awaited<ReturnType<Client["raw"]["workflows"]["checkWorkflowVersion"]>>["runs"][number];
+
+export interface RunReplay {
+  runId: string;
+  /** The version the run is on. */
+  workflowVersion: number;
+  status: RunStatus;
+  verdict: ReplayVerdict | "UNSPECIFIED";
+  /** INCOMPATIBLE: the first rule the version breaks. */
+  divergence: { rule: string; nodeId: string; sequence: number; message: string } | null;
+  /** COMPATIBLE: what differs without stopping the run. */
+  differences: { kind: string; nodeId: string; message: string }[];
+  /** UNREPLAYABLE: why. */
+  unreplayableReason: string;
+}
+
+export interface VersionCheck {
+  checked: number;
+  counts: Record<ReplayVerdict, number>;
+  /** Every run that is not identical. */
+  runs: RunReplay[];
+  /** False while pages remain. */
+  done: boolean;
+}
+
+function runReplayOf(r: WireRunReplay): RunReplay {
+  return {
+    runId: r.runId,
+    workflowVersion: r.workflowVersion,
+    status: RUN_STATUSES[r.status - 1] ?? "UNSPECIFIED",
+    verdict: REPLAY_VERDICTS[r.verdict - 1] ?? "UNSPECIFIED",
+    divergence: r.divergence
+      ? { rule: r.divergence.rule, nodeId: r.divergence.nodeId, sequence: Number(r.divergence.sequence), message: r.divergence.message }
+      : null,
+    differences: r.differences.map((d) => ({ kind: d.kind, nodeId: d.nodeId, message: d.message })),
+    unreplayableReason: r.unreplayableReason,
+  };
+}
+
+/**
+ * Replays every run of workflow `name` in flight (of any version) against its version `version`
+ * with CheckWorkflowVersion, a page at a time until the last; `onProgress` sees the sums so far
+ * after each page (a new object each time; its `runs` is the one list, grown in place).
+ */
+export async function checkRunsInFlight(
+  client: Client,
+  name: string,
+  version: number,
+  onProgress: (sofar: VersionCheck) => void,
+  signal?: AbortSignal,
+): Promise<VersionCheck> {
+  const result: VersionCheck = { checked: 0, counts: { IDENTICAL: 0, COMPATIBLE: 0, INCOMPATIBLE: 0, UNREPLAYABLE: 0 }, runs: [], done: false };
+  let pageToken = "";
+  do {
+    const request = { name, version, scope: CHECK_SCOPE_IN_FLIGHT, pageSize: CHECK_PAGE_SIZE, pageToken };
+    const r = await client.raw.workflows.checkWorkflowVersion(request, client.callOptions(signal ? { signal } : {}));
+    result.checked += r.checked;
+    result.counts = {
+      IDENTICAL: result.counts.IDENTICAL + r.identical,
+      COMPATIBLE: result.counts.COMPATIBLE + r.compatible,
+      INCOMPATIBLE: result.counts.INCOMPATIBLE + r.incompatible,
+      UNREPLAYABLE: result.counts.UNREPLAYABLE + r.unreplayable,
+    };
+    for (const run of r.runs) result.runs.push(runReplayOf(run));
+    pageToken = r.nextPageToken;
+    result.done = !pageToken;
+    onProgress({ ...result });
+  } while (pageToken);
+  return result;
+}
+
 export type { Json, Run, RunStatus, NodeState, NodeStatus, Failure };

@@ -26,6 +26,9 @@ const (
 	BulkKindPause BulkOperationKind = BulkOperationKind(pb.BulkOperationKind_BULK_OPERATION_KIND_PAUSE)
 	// BulkKindResume: ResumeRun on each run (BulkResumeRuns).
 	BulkKindResume BulkOperationKind = BulkOperationKind(pb.BulkOperationKind_BULK_OPERATION_KIND_RESUME)
+	// BulkKindMigrate: moves each run in flight to another version of its
+	// workflow (MigrateRuns).
+	BulkKindMigrate BulkOperationKind = BulkOperationKind(pb.BulkOperationKind_BULK_OPERATION_KIND_MIGRATE)
 )
 
 // String is the kind's name without its prefix, e.g. RETRY.
@@ -87,10 +90,12 @@ type BulkOperation struct {
 	Succeeded int64
 	// Skipped counts the runs passed over because they were no longer in a
 	// status the action applies to (a run that ended before a cancel
-	// reached it, a run that was not FAILED when a retry reached it).
+	// reached it, a run that was not FAILED when a retry reached it, a run
+	// already on a migration's target version).
 	Skipped int64
 	// Failed counts the runs the action failed on; Failures holds the first
-	// (up to 20) with why.
+	// (up to 20) with why (for a migration, an incompatible run's
+	// divergence).
 	Failed   int64
 	Failures []BulkOperationFailure
 	// CreatedBy is the subject of the token that started it.
@@ -102,6 +107,11 @@ type BulkOperation struct {
 	EndTime time.Time
 	// Error says why it FAILED.
 	Error string
+	// TargetVersion is, for a migration, the version runs are moved to.
+	TargetVersion int
+	// NodeMapping is, for a migration, the node ids renamed in the target:
+	// recorded id to new id.
+	NodeMapping map[string]string
 	// Created is set by the Bulk*Runs calls: false when WithRequestID
 	// matched an operation started before.
 	Created bool
@@ -172,12 +182,18 @@ func bulkOperationFrom(op *pb.BulkOperation, created bool) *BulkOperation {
 		Status: BulkOperationStatus(op.GetStatus()), Filter: runFilterFrom(op.GetFilter()), Reason: op.GetReason(),
 		Matched: op.GetMatched(), Succeeded: op.GetSucceeded(), Skipped: op.GetSkipped(), Failed: op.GetFailed(),
 		CreatedBy: op.GetCreatedBy(), CreateTime: toTime(op.GetCreateTime()), UpdateTime: toTime(op.GetUpdateTime()),
-		EndTime: toTime(op.GetEndTime()), Error: op.GetError(), Created: created,
+		EndTime: toTime(op.GetEndTime()), Error: op.GetError(), TargetVersion: int(op.GetTargetVersion()),
+		NodeMapping: op.GetNodeMapping(), Created: created,
 	}
 	for _, f := range op.GetFailures() {
 		out.Failures = append(out.Failures, BulkOperationFailure{RunID: f.GetRunId(), Message: f.GetMessage()})
 	}
 	return out
+}
+
+// listedBulkOperationFrom is an operation as a listing gives it.
+func listedBulkOperationFrom(op *pb.BulkOperation) *BulkOperation {
+	return bulkOperationFrom(op, false)
 }
 
 // BulkCancelRuns starts an operation that cancels every run filter matches,
@@ -247,6 +263,45 @@ func (c *Client) BulkResumeRuns(ctx context.Context, filter RunFilter, opts ...B
 	return bulkOperationFrom(r.GetOperation(), r.GetCreated()), nil
 }
 
+// MigrateRuns starts an operation that moves every run in flight (RUNNING
+// or PAUSED) of filter.Workflow matching filter to targetVersion, a
+// registered version of that workflow (docs/versions.md). Each run is
+// replayed against the target (as ReplayRun would) and moved only when it
+// is IDENTICAL or COMPATIBLE: it records run_migrated in its history and
+// goes on under the target, leased tasks keeping their leases. An
+// INCOMPATIBLE run stays where it is and counts as failed, its divergence
+// in Failures; a run already on the target, ended or compensating counts
+// as skipped. nodeMapping names the nodes renamed in the target, recorded
+// id to new id (nil: none). WithRequestID works as for BulkCancelRuns;
+// WithAllRuns does not apply (the filter names the workflow). A filter
+// without Workflow or a targetVersion below 1 is INVALID_ARGUMENT before
+// any call; the server checks the rest (an unknown version is
+// INVALID_ARGUMENT naming target_version). WaitBulkOperation waits for
+// the operation's end.
+func (c *Client) MigrateRuns(ctx context.Context, filter RunFilter, targetVersion int, nodeMapping map[string]string, opts ...BulkOption) (*BulkOperation, error) {
+	o := bulkOptionsOf(opts)
+	switch {
+	case filter.Workflow == "":
+		return nil, invalidArgument("filter.workflow_name", "name the workflow whose runs to move")
+	case targetVersion < 1:
+		return nil, invalidArgument("target_version", "must be a registered version (1 or more)")
+	case o.all:
+		return nil, invalidArgument("all", "MigrateRuns moves the runs of filter.Workflow: WithAllRuns does not apply")
+	}
+	if err := checkNodeMapping(nodeMapping); err != nil {
+		return nil, err
+	}
+	ctx, cancel := c.callContext(ctx)
+	defer cancel()
+	r, err := c.runs.MigrateRuns(ctx, &pb.MigrateRunsRequest{
+		Filter: filter.proto(), TargetVersion: int32(targetVersion), NodeMapping: nodeMapping, RequestId: o.requestID,
+	}, waitForReady)
+	if err != nil {
+		return nil, convertError(err)
+	}
+	return bulkOperationFrom(r.GetOperation(), r.GetCreated()), nil
+}
+
 // GetBulkOperation returns a bulk operation with its progress and counts.
 // NOT_FOUND when it does not exist in the caller's namespace.
 func (c *Client) GetBulkOperation(ctx context.Context, id string) (*BulkOperation, error) {
@@ -263,27 +318,10 @@ func (c *Client) GetBulkOperation(ctx context.Context, id string) (*BulkOperatio
 // first, fetching pageSize at a time (0: 100). Iteration stops at the first
 // error, which it yields.
 func (c *Client) ListBulkOperations(ctx context.Context, pageSize int) iter.Seq2[*BulkOperation, error] {
-	return func(yield func(*BulkOperation, error) bool) {
-		req := &pb.ListBulkOperationsRequest{PageSize: int32(pageSize)}
-		for {
-			callCtx, cancel := c.callContext(ctx)
-			r, err := c.runs.ListBulkOperations(callCtx, req, waitForReady)
-			cancel()
-			if err != nil {
-				yield(nil, convertError(err))
-				return
-			}
-			for _, op := range r.GetOperations() {
-				if !yield(bulkOperationFrom(op, false), nil) {
-					return
-				}
-			}
-			if r.GetNextPageToken() == "" {
-				return
-			}
-			req.PageToken = r.GetNextPageToken()
-		}
-	}
+	return paged(ctx, c, func(ctx context.Context, token string) ([]*BulkOperation, string, error) {
+		r, err := c.runs.ListBulkOperations(ctx, &pb.ListBulkOperationsRequest{PageSize: int32(pageSize), PageToken: token}, waitForReady)
+		return convertAll(r.GetOperations(), listedBulkOperationFrom), r.GetNextPageToken(), err
+	})
 }
 
 // CancelBulkOperation stops a bulk operation after the run it is on: runs

@@ -107,6 +107,15 @@ func (f *fakeBulk) BulkResumeRuns(_ context.Context, req *pb.BulkResumeRunsReque
 	return &pb.BulkResumeRunsResponse{Operation: op, Created: true}, nil
 }
 
+func (f *fakeBulk) MigrateRuns(_ context.Context, req *pb.MigrateRunsRequest) (*pb.MigrateRunsResponse, error) {
+	if err := f.record(req); err != nil {
+		return nil, err
+	}
+	op := fakeOperation(pb.BulkOperationKind_BULK_OPERATION_KIND_MIGRATE, pb.BulkOperationStatus_BULK_OPERATION_STATUS_PENDING)
+	op.Filter, op.TargetVersion, op.NodeMapping = req.GetFilter(), req.GetTargetVersion(), req.GetNodeMapping()
+	return &pb.MigrateRunsResponse{Operation: op, Created: true}, nil
+}
+
 func (f *fakeBulk) GetBulkOperation(_ context.Context, req *pb.GetBulkOperationRequest) (*pb.GetBulkOperationResponse, error) {
 	if err := f.record(req); err != nil {
 		return nil, err

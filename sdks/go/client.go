@@ -333,27 +333,12 @@ type ListWorkflowsOptions struct {
 // summary each (its latest version), fetching page after page. Iteration
 // stops at the first error, which it yields.
 func (c *Client) ListWorkflows(ctx context.Context, opts ListWorkflowsOptions) iter.Seq2[*WorkflowSummary, error] {
-	return func(yield func(*WorkflowSummary, error) bool) {
-		req := &pb.ListWorkflowsRequest{NamePrefix: opts.NamePrefix, PageSize: int32(opts.PageSize)}
-		for {
-			callCtx, cancel := c.callContext(ctx)
-			r, err := c.workflows.ListWorkflows(callCtx, req, waitForReady)
-			cancel()
-			if err != nil {
-				yield(nil, convertError(err))
-				return
-			}
-			for _, w := range r.GetWorkflows() {
-				if !yield(workflowSummaryFrom(w), nil) {
-					return
-				}
-			}
-			if r.GetNextPageToken() == "" {
-				return
-			}
-			req.PageToken = r.GetNextPageToken()
-		}
-	}
+	return paged(ctx, c, func(ctx context.Context, token string) ([]*WorkflowSummary, string, error) {
+		r, err := c.workflows.ListWorkflows(ctx, &pb.ListWorkflowsRequest{
+			NamePrefix: opts.NamePrefix, PageSize: int32(opts.PageSize), PageToken: token,
+		}, waitForReady)
+		return convertAll(r.GetWorkflows(), workflowSummaryFrom), r.GetNextPageToken(), err
+	})
 }
 
 // ListWorkflowVersions iterates over the versions of the workflow name,
@@ -361,27 +346,12 @@ func (c *Client) ListWorkflows(ctx context.Context, opts ListWorkflowsOptions) i
 // their Source (GetWorkflow has it). It yields NOT_FOUND when no workflow
 // has that name. Iteration stops at the first error, which it yields.
 func (c *Client) ListWorkflowVersions(ctx context.Context, name string, pageSize int) iter.Seq2[*WorkflowVersion, error] {
-	return func(yield func(*WorkflowVersion, error) bool) {
-		req := &pb.ListWorkflowVersionsRequest{Name: name, PageSize: int32(pageSize)}
-		for {
-			callCtx, cancel := c.callContext(ctx)
-			r, err := c.workflows.ListWorkflowVersions(callCtx, req, waitForReady)
-			cancel()
-			if err != nil {
-				yield(nil, convertError(err))
-				return
-			}
-			for _, v := range r.GetVersions() {
-				if !yield(workflowFrom(v, false), nil) {
-					return
-				}
-			}
-			if r.GetNextPageToken() == "" {
-				return
-			}
-			req.PageToken = r.GetNextPageToken()
-		}
-	}
+	return paged(ctx, c, func(ctx context.Context, token string) ([]*WorkflowVersion, string, error) {
+		r, err := c.workflows.ListWorkflowVersions(ctx, &pb.ListWorkflowVersionsRequest{
+			Name: name, PageSize: int32(pageSize), PageToken: token,
+		}, waitForReady)
+		return convertAll(r.GetVersions(), listedWorkflowFrom), r.GetNextPageToken(), err
+	})
 }
 
 // GetWorkflow returns one version of a workflow (the latest for version 0).
@@ -495,32 +465,15 @@ type RunFilter struct {
 // ListRuns iterates over the runs matching filter, newest first, fetching
 // page after page. Iteration stops at the first error, which it yields.
 func (c *Client) ListRuns(ctx context.Context, filter RunFilter) iter.Seq2[*Run, error] {
-	return func(yield func(*Run, error) bool) {
-		f := filter.proto()
-		req := &pb.ListRunsRequest{
+	f := filter.proto()
+	return paged(ctx, c, func(ctx context.Context, token string) ([]*Run, string, error) {
+		r, err := c.runs.ListRuns(ctx, &pb.ListRunsRequest{
 			WorkflowName: f.WorkflowName, WorkflowVersion: f.WorkflowVersion, Statuses: f.Statuses,
 			Labels: f.Labels, CreateTimeAfter: f.CreateTimeAfter, CreateTimeBefore: f.CreateTimeBefore,
-			ParentRunId: f.ParentRunId, Search: f.Search, PageSize: int32(filter.PageSize),
-		}
-		for {
-			callCtx, cancel := c.callContext(ctx)
-			r, err := c.runs.ListRuns(callCtx, req, waitForReady)
-			cancel()
-			if err != nil {
-				yield(nil, convertError(err))
-				return
-			}
-			for _, run := range r.GetRuns() {
-				if !yield(runFrom(run), nil) {
-					return
-				}
-			}
-			if r.GetNextPageToken() == "" {
-				return
-			}
-			req.PageToken = r.GetNextPageToken()
-		}
-	}
+			ParentRunId: f.ParentRunId, Search: f.Search, PageSize: int32(filter.PageSize), PageToken: token,
+		}, waitForReady)
+		return convertAll(r.GetRuns(), runFrom), r.GetNextPageToken(), err
+	})
 }
 
 // CountRuns counts the runs matching filter by status, in one call. The
@@ -651,27 +604,10 @@ func (c *Client) GetRunHistory(ctx context.Context, runID string) iter.Seq2[*His
 //
 // Deprecated: use GetRunHistory, the name the other SDKs share.
 func (c *Client) History(ctx context.Context, runID string) iter.Seq2[*HistoryEvent, error] {
-	return func(yield func(*HistoryEvent, error) bool) {
-		req := &pb.GetRunHistoryRequest{RunId: runID, PageSize: 500}
-		for {
-			callCtx, cancel := c.callContext(ctx)
-			r, err := c.runs.GetRunHistory(callCtx, req, waitForReady)
-			cancel()
-			if err != nil {
-				yield(nil, convertError(err))
-				return
-			}
-			for _, e := range r.GetEvents() {
-				if !yield(historyFrom(e), nil) {
-					return
-				}
-			}
-			if r.GetNextPageToken() == "" {
-				return
-			}
-			req.PageToken = r.GetNextPageToken()
-		}
-	}
+	return paged(ctx, c, func(ctx context.Context, token string) ([]*HistoryEvent, string, error) {
+		r, err := c.runs.GetRunHistory(ctx, &pb.GetRunHistoryRequest{RunId: runID, PageSize: 500, PageToken: token}, waitForReady)
+		return convertAll(r.GetEvents(), historyFrom), r.GetNextPageToken(), err
+	})
 }
 
 // WatchRun iterates over snapshots of a run: the current one first, then one

@@ -62,7 +62,19 @@
 // every run a RunFilter matches, as a long-running BulkOperation that the
 // servers work through a batch at a time; WaitBulkOperation polls it until
 // it ends, and GetBulkOperation, ListBulkOperations and CancelBulkOperation
-// read and stop it.
+// read and stop it. MigrateRuns is one too: it moves a workflow's runs in
+// flight to another version where the version is compatible with them.
+//
+// # Versions and replay
+//
+// ReplayRun replays a run's recorded history against a new definition
+// (ReplayOptions: a Source or a registered Version, and renamed nodes) and
+// answers a RunReplay: ReplayIdentical, ReplayCompatible with its
+// differences, ReplayIncompatible with the first divergence, or
+// ReplayUnreplayable. The run is RunByID(id), or a *RecordedRun that
+// ParseRecordedRun reads from what `composer run history RUN_ID -o json`
+// wrote. CheckWorkflowVersion replays every run in flight of a workflow
+// (or its completed runs) and adds the verdicts up.
 //
 // # Queue rate limits and concurrency keys
 //

@@ -164,6 +164,16 @@ func convertError(err error) error {
 	return FromStatus(st)
 }
 
+// invalidArgument is a bad argument caught before any call, shaped as the
+// server's answer to it (INVALID_ARGUMENT with one violation naming the
+// request field), so a caller handles both alike.
+func invalidArgument(field, description string) *Error {
+	return &Error{
+		Code: codes.InvalidArgument, Message: field + ": " + description,
+		FieldViolations: []FieldViolation{{Field: field, Description: description}},
+	}
+}
+
 // AsError returns the *Error in err's chain, if any.
 func AsError(err error) (*Error, bool) {
 	var e *Error

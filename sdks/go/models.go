@@ -305,6 +305,9 @@ func workflowFrom(w *pb.WorkflowVersion, created bool) *WorkflowVersion {
 	}
 }
 
+// listedWorkflowFrom is a version as a listing gives it (Created false).
+func listedWorkflowFrom(w *pb.WorkflowVersion) *WorkflowVersion { return workflowFrom(w, false) }
+
 func workflowSummaryFrom(w *pb.WorkflowSummary) *WorkflowSummary {
 	return &WorkflowSummary{
 		Namespace: w.GetNamespace(), Name: w.GetName(), LatestVersion: int(w.GetLatestVersion()),

@@ -87,27 +87,10 @@ func (c *Client) GetQueueRateLimit(ctx context.Context, queue string) (*QueueRat
 // name, fetching pageSize at a time (0: 100; at most 1,000). Iteration stops
 // at the first error, which it yields.
 func (c *Client) ListQueueRateLimits(ctx context.Context, pageSize int) iter.Seq2[*QueueRateLimit, error] {
-	return func(yield func(*QueueRateLimit, error) bool) {
-		req := &pb.ListQueueRateLimitsRequest{PageSize: int32(pageSize)}
-		for {
-			callCtx, cancel := c.callContext(ctx)
-			r, err := c.queues.ListQueueRateLimits(callCtx, req, waitForReady)
-			cancel()
-			if err != nil {
-				yield(nil, convertError(err))
-				return
-			}
-			for _, l := range r.GetLimits() {
-				if !yield(queueRateLimitFrom(l), nil) {
-					return
-				}
-			}
-			if r.GetNextPageToken() == "" {
-				return
-			}
-			req.PageToken = r.GetNextPageToken()
-		}
-	}
+	return paged(ctx, c, func(ctx context.Context, token string) ([]*QueueRateLimit, string, error) {
+		r, err := c.queues.ListQueueRateLimits(ctx, &pb.ListQueueRateLimitsRequest{PageSize: int32(pageSize), PageToken: token}, waitForReady)
+		return convertAll(r.GetLimits(), queueRateLimitFrom), r.GetNextPageToken(), err
+	})
 }
 
 // DeleteQueueRateLimit removes a queue's rate limit: its tasks are handed out

@@ -247,27 +247,10 @@ func (c *Client) GetSchedule(ctx context.Context, id string) (*Schedule, error) 
 // pageSize at a time (0: 100). Iteration stops at the first error, which it
 // yields.
 func (c *Client) ListSchedules(ctx context.Context, pageSize int) iter.Seq2[*Schedule, error] {
-	return func(yield func(*Schedule, error) bool) {
-		req := &pb.ListSchedulesRequest{PageSize: int32(pageSize)}
-		for {
-			callCtx, cancel := c.callContext(ctx)
-			r, err := c.schedules.ListSchedules(callCtx, req, waitForReady)
-			cancel()
-			if err != nil {
-				yield(nil, convertError(err))
-				return
-			}
-			for _, s := range r.GetSchedules() {
-				if !yield(scheduleFrom(s), nil) {
-					return
-				}
-			}
-			if r.GetNextPageToken() == "" {
-				return
-			}
-			req.PageToken = r.GetNextPageToken()
-		}
-	}
+	return paged(ctx, c, func(ctx context.Context, token string) ([]*Schedule, string, error) {
+		r, err := c.schedules.ListSchedules(ctx, &pb.ListSchedulesRequest{PageSize: int32(pageSize), PageToken: token}, waitForReady)
+		return convertAll(r.GetSchedules(), scheduleFrom), r.GetNextPageToken(), err
+	})
 }
 
 // UpdateSchedule replaces a schedule's spec, action, overlap policy,

@@ -8,6 +8,7 @@ import { useApp } from "../context";
 import { duration, json, shortId, time } from "../format";
 import type { GraphNode } from "../graph/definition";
 import { statusLabel, type NodeView } from "../graph/status";
+import type { RunHistoryEvent } from "../history";
 import { usePolled } from "../hooks";
 import { Link, runPath } from "../router";
 import { JsonBlock, StatusBadge } from "./common";
@@ -16,7 +17,7 @@ interface Props {
   run: Run;
   node: GraphNode;
   view: NodeView | undefined;
-  history: HistoryEvent[];
+  history: RunHistoryEvent[];
   onClose: () => void;
 }
 
@@ -29,11 +30,14 @@ interface Attempt {
   worker: string;
 }
 
-/** History events of this node grouped by attempt; reports carry the actor `worker:<token subject>`. */
-function attemptsOf(nodeId: string, history: HistoryEvent[]): Attempt[] {
+/**
+ * History events of this node (under any id it had before a move renamed it) grouped by attempt;
+ * reports carry the actor `worker:<token subject>`.
+ */
+function attemptsOf(nodeId: string, history: RunHistoryEvent[]): Attempt[] {
   const byAttempt = new Map<number, Attempt>();
   for (const e of history) {
-    if (e.nodeId !== nodeId || !e.attempt) continue;
+    if (e.currentNodeId !== nodeId || !e.attempt) continue;
     let a = byAttempt.get(e.attempt);
     if (!a) byAttempt.set(e.attempt, (a = { attempt: e.attempt, events: [], worker: "" }));
     a.events.push(e);

@@ -1,7 +1,9 @@
 // The workflow's graph in SVG: one shape per node type (FORK, JOIN, SWITCH, MAP, SUB_WORKFLOW and
-// the waits each look different), coloured by the run's node states; a node is a button.
-import { memo, type KeyboardEvent, type ReactElement } from "react";
+// the waits each look different), coloured by the run's node states, or marked by how a version
+// changed them (added, removed, changed: in words as well as in colour); a node is a button.
+import { memo, useId, type KeyboardEvent, type ReactElement } from "react";
 
+import type { NodeChange } from "../graph/diff";
 import type { GraphLayout, PlacedEdge, PlacedNode } from "../graph/layout";
 import { statusClass, statusLabel, type NodeView } from "../graph/status";
 
@@ -11,6 +13,22 @@ interface Props {
   selected?: string | null;
   onSelect?: (nodeId: string) => void;
   label: string;
+  /** How each node changed between two versions; shown instead of a run's state. */
+  marks?: ReadonlyMap<string, NodeChange>;
+}
+
+/** The word a changed node carries, with a sign that reads without colour. */
+export function changeLabel(change: NodeChange): string {
+  switch (change) {
+    case "added":
+      return "+ added";
+    case "removed":
+      return "− removed";
+    case "changed":
+      return "~ changed";
+    default:
+      return "";
+  }
 }
 
 function clip(text: string, max: number): string {
@@ -71,38 +89,50 @@ const GraphNodeShape = memo(function GraphNodeShape({
   view,
   selected,
   onSelect,
+  mark,
 }: {
   placed: PlacedNode;
   view: NodeView | undefined;
   selected: boolean;
   onSelect: ((id: string) => void) | undefined;
+  mark: NodeChange | undefined;
 }) {
   const { node } = placed;
   const status = view?.status ?? "NOT_STARTED";
   const thin = node.kind === "FORK" || node.kind === "JOIN";
   const extra = progress(view);
+  // a version's graph has no run: the line under the work says how the node changed, if it did
+  const stateText = mark ? changeLabel(mark) : [statusLabel(status), extra].filter(Boolean).join(" · ");
+  const spoken = mark ? (mark === "unchanged" ? "unchanged" : mark) : `${statusLabel(status)}${extra ? `, ${extra}` : ""}`;
   const key = (event: KeyboardEvent<SVGGElement>): void => {
     if (event.key === "Enter" || event.key === " ") {
       event.preventDefault();
       onSelect?.(node.id);
     }
   };
-  const classes = ["node", `kind-${node.kind.toLowerCase()}`, statusClass(status), selected ? "selected" : "", node.compensation ? "compensation" : ""];
+  const classes = [
+    "node",
+    `kind-${node.kind.toLowerCase()}`,
+    mark ? `change-${mark}` : statusClass(status),
+    selected ? "selected" : "",
+    node.compensation ? "compensation" : "",
+  ];
   return (
     <g
       className={classes.join(" ")}
       transform={`translate(${placed.x},${placed.y})`}
       data-node={node.id}
       data-status={status}
+      {...(mark ? { "data-change": mark } : {})}
       {...(onSelect
         ? { role: "button", tabIndex: 0, onClick: () => onSelect(node.id), onKeyDown: key, "aria-pressed": selected }
         : { role: "img" })}
-      aria-label={`${node.type} ${node.id}: ${statusLabel(status)}${extra ? `, ${extra}` : ""}`}
+      aria-label={`${node.type} ${node.id}: ${spoken}`}
     >
       {shapeOf(placed)}
       {thin ? (
         <text className="title" y={4}>
-          {clip(`${node.kind} ${node.id}`, 22)}
+          {clip(`${mark && mark !== "unchanged" ? `${changeLabel(mark).slice(0, 1)} ` : ""}${node.kind} ${node.id}`, 24)}
         </text>
       ) : (
         <>
@@ -113,7 +143,7 @@ const GraphNodeShape = memo(function GraphNodeShape({
             {clip(node.detail || node.type, 28)}
           </text>
           <text className="state" y={21}>
-            {clip([statusLabel(status), extra].filter(Boolean).join(" · "), 28)}
+            {clip(stateText, 28)}
           </text>
         </>
       )}
@@ -125,7 +155,9 @@ function edgePath(points: PlacedEdge["points"]): string {
   return points.map((p, i) => `${i === 0 ? "M" : "L"}${p.x.toFixed(1)},${p.y.toFixed(1)}`).join(" ");
 }
 
-export function WorkflowGraphView({ layout, views, selected = null, onSelect, label }: Props) {
+export function WorkflowGraphView({ layout, views, selected = null, onSelect, label, marks }: Props) {
+  // several graphs can share a page (two versions side by side): each its own arrowhead id
+  const arrow = `arrow-${useId().replace(/[^A-Za-z0-9_-]/g, "")}`;
   return (
     <div className="graph-scroll">
       <svg
@@ -137,7 +169,7 @@ export function WorkflowGraphView({ layout, views, selected = null, onSelect, la
         aria-label={label}
       >
         <defs>
-          <marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse">
+          <marker id={arrow} viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" orient="auto-start-reverse">
             <path d="M0,0 L10,5 L0,10 z" className="arrowhead" />
           </marker>
         </defs>
@@ -146,7 +178,7 @@ export function WorkflowGraphView({ layout, views, selected = null, onSelect, la
           const skipped = views?.get(edge.to)?.status === "SKIPPED";
           return (
             <g key={i} className={`edge${edge.onError ? " on-error" : ""}${skipped ? " skipped" : ""}`}>
-              <path d={edgePath(points)} markerEnd="url(#arrow)" />
+              <path d={edgePath(points)} markerEnd={`url(#${arrow})`} />
               {(edge.when || edge.onError) && mid ? (
                 <text x={mid.x + 6} y={mid.y} className="edge-label">
                   <title>{edge.when || "on error"}</title>
@@ -157,7 +189,14 @@ export function WorkflowGraphView({ layout, views, selected = null, onSelect, la
           );
         })}
         {layout.nodes.map((placed) => (
-          <GraphNodeShape key={placed.node.id} placed={placed} view={views?.get(placed.node.id)} selected={selected === placed.node.id} onSelect={onSelect} />
+          <GraphNodeShape
+            key={placed.node.id}
+            placed={placed}
+            view={views?.get(placed.node.id)}
+            selected={selected === placed.node.id}
+            onSelect={onSelect}
+            mark={marks?.get(placed.node.id)}
+          />
         ))}
       </svg>
     </div>

@@ -12,6 +12,7 @@ import { duration, time } from "../format";
 import { graphOf } from "../graph/definition";
 import { layoutGraph } from "../graph/layout";
 import { nodeViews } from "../graph/status";
+import { lastMigration, withCurrentNodeIds } from "../history";
 import { useHistory, usePolled, useWatchedRun } from "../hooks";
 import { Link, runPath, workflowPath } from "../router";
 
@@ -27,7 +28,10 @@ export function RunPage({ runId }: { runId: string }) {
   const graph = useMemo(() => (workflow.data ? graphOf(workflow.data.definition) : null), [workflow.data]);
   const layout = useMemo(() => (graph ? layoutGraph(graph) : null), [graph]);
   const views = useMemo(() => nodeViews(run?.nodes ?? []), [run]);
-  const history = useHistory(runId, `${run?.updateTime?.getTime() ?? 0}|${run?.status ?? ""}`);
+  // the version too: a move to another version (MigrateRuns) writes history
+  const history = useHistory(runId, `${run?.updateTime?.getTime() ?? 0}|${run?.status ?? ""}|${run?.workflowVersion ?? 0}`);
+  const events = useMemo(() => withCurrentNodeIds(history.data ?? []), [history.data]);
+  const moved = useMemo(() => lastMigration(events), [events]);
 
   if (!run) {
     return (
@@ -50,6 +54,7 @@ export function RunPage({ runId }: { runId: string }) {
             <Link href={workflowPath(run.workflowName, run.workflowVersion)}>
               {run.workflowName} v{run.workflowVersion}
             </Link>
+            {moved && moved.toVersion === run.workflowVersion ? <span className="sub"> (moved from v{moved.fromVersion})</span> : null}
           </dd>
           <dt>Created</dt>
           <dd>{time(run.createTime)}</dd>
@@ -122,7 +127,7 @@ export function RunPage({ runId }: { runId: string }) {
           <Legend />
         </Section>
         {selectedNode ? (
-          <NodeDetail run={run} node={selectedNode} view={views.get(selectedNode.id)} history={history.data ?? []} onClose={() => setSelected(null)} />
+          <NodeDetail run={run} node={selectedNode} view={views.get(selectedNode.id)} history={events} onClose={() => setSelected(null)} />
         ) : null}
       </div>
       <div className="two-columns">
@@ -135,7 +140,7 @@ export function RunPage({ runId }: { runId: string }) {
       </div>
       <Section title="History">
         <ErrorBanner error={history.error} />
-        <HistoryTimeline events={history.data ?? []} highlight={selected} />
+        <HistoryTimeline events={events} highlight={selected} />
       </Section>
     </div>
   );

@@ -1,16 +1,19 @@
-// One workflow: its versions, the chosen version's source and graph, its runs, and "start a run".
+// One workflow: its versions, the chosen version's source and graph, its runs, "start a run", two
+// versions side by side with what changed, and a check of the runs in flight against a version.
 import { useMemo } from "react";
 
 import { listWorkflowVersions } from "../api";
 import { ErrorBanner, Section } from "../components/common";
 import { StartRunForm } from "../components/StartRunForm";
+import { VersionCheck } from "../components/VersionCheck";
+import { VersionCompare } from "../components/VersionCompare";
 import { WorkflowGraphView } from "../components/WorkflowGraphView";
 import { useApp } from "../context";
 import { time } from "../format";
 import { graphOf } from "../graph/definition";
 import { layoutGraph } from "../graph/layout";
 import { usePolled } from "../hooks";
-import { Link, useLocation, workflowPath } from "../router";
+import { Link, navigate, useLocation, workflowPath } from "../router";
 
 export function WorkflowPage({ name }: { name: string }) {
   const { client, session } = useApp();
@@ -21,6 +24,15 @@ export function WorkflowPage({ name }: { name: string }) {
   const graph = useMemo(() => (workflow.data ? graphOf(workflow.data.definition) : null), [workflow.data]);
   const layout = useMemo(() => (graph ? layoutGraph(graph) : null), [graph]);
   const version = workflow.data?.version ?? chosen;
+  // compared: `?from=&to=`, else the newest version and the one before it
+  const compareTo = Number(query.get("to") ?? 0) || versions.data?.[0]?.version || 0;
+  const compareFrom = Number(query.get("from") ?? 0) || versions.data?.[1]?.version || 0;
+  const pickCompared = (from: number, to: number): void => {
+    const next = new URLSearchParams(query);
+    next.set("from", String(from));
+    next.set("to", String(to));
+    navigate(`${window.location.pathname}?${next.toString()}`, { replace: true });
+  };
 
   return (
     <div className="workflow-page">
@@ -59,6 +71,16 @@ export function WorkflowPage({ name }: { name: string }) {
           </pre>
         </Section>
       </div>
+      {versions.data && compareFrom && compareTo ? (
+        <Section title="Compare versions">
+          <VersionCompare name={name} versions={versions.data} from={compareFrom} to={compareTo} onPick={pickCompared} />
+        </Section>
+      ) : null}
+      {compareTo ? (
+        <Section title="Runs in flight">
+          <VersionCheck key={`${name}@${compareTo}`} name={name} version={compareTo} />
+        </Section>
+      ) : null}
     </div>
   );
 }

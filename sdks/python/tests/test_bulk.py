@@ -70,7 +70,7 @@ class FakeBulkRuns(run_service_pb2_grpc.RunServiceServicer):
                     error_details_pb2.BadRequest(field_violations=[violation]),
                 ),
             )
-        if request.filter == run_service_pb2.RunFilter() and not request.all:
+        if request.filter == run_service_pb2.RunFilter() and not getattr(request, "all", False):
             return context.abort(grpc.StatusCode.FAILED_PRECONDITION, "an empty filter needs all")
         return None
 
@@ -99,6 +99,12 @@ class FakeBulkRuns(run_service_pb2_grpc.RunServiceServicer):
     async def BulkResumeRuns(self, request: Any, context: Any) -> run_service_pb2.BulkResumeRunsResponse:
         operation = await self._started(request, context, run_service_pb2.BULK_OPERATION_KIND_RESUME)
         return run_service_pb2.BulkResumeRunsResponse(operation=operation, created=True)
+
+    async def MigrateRuns(self, request: Any, context: Any) -> run_service_pb2.MigrateRunsResponse:
+        operation = await self._started(request, context, run_service_pb2.BULK_OPERATION_KIND_MIGRATE)
+        operation.target_version = request.target_version
+        operation.node_mapping.update(request.node_mapping)
+        return run_service_pb2.MigrateRunsResponse(operation=operation, created=request.request_id != "again")
 
     async def GetBulkOperation(self, request: Any, context: Any) -> run_service_pb2.GetBulkOperationResponse:
         self.requests.append(request)
@@ -211,6 +217,44 @@ def test_bulk_calls_send_the_filter_and_return_the_typed_operation() -> None:
     serve(test)
 
 
+def test_migrate_runs_sends_the_filter_target_and_mapping_and_returns_the_operation() -> None:
+    async def test(client: Client, fake: FakeBulkRuns) -> None:
+        wanted = RunFilter(workflow_name="order", statuses=[RunStatus.RUNNING], labels={"region": "eu"})
+        migrate = await client.migrate_runs(wanted, 3, node_mapping={"B": "B2"}, request_id="m-1")
+        sent = fake.requests[-1]
+        assert isinstance(sent, run_service_pb2.MigrateRunsRequest)
+        assert (sent.target_version, dict(sent.node_mapping), sent.request_id) == (3, {"B": "B2"}, "m-1")
+        assert (sent.filter.workflow_name, dict(sent.filter.labels)) == ("order", {"region": "eu"})
+        assert list(sent.filter.statuses) == [common_pb2.RUN_STATUS_RUNNING]
+        assert migrate.kind is BulkOperationKind.MIGRATE and migrate.status is BulkOperationStatus.PENDING
+        assert (migrate.target_version, migrate.node_mapping) == (3, {"B": "B2"})
+        assert migrate.operation_id == "op-m-1" and migrate.created is True and migrate.filter == wanted
+
+        again = await client.migrate_runs(RunFilter(workflow_name="order"), target_version=3, request_id="again")
+        assert again.created is False and fake.requests[-1].node_mapping == {}
+
+        # the operation is followed as any other bulk operation
+        done = await client.wait_bulk_operation(migrate.operation_id, timeout=30)
+        assert done.status is BulkOperationStatus.SUCCEEDED
+
+        # the other kinds carry no target
+        cancel = await client.bulk_cancel_runs(RunFilter(workflow_name="order"))
+        assert (cancel.target_version, cancel.node_mapping) == (0, {})
+
+    serve(test)
+
+
+def test_migrate_runs_refuses_bad_arguments_before_any_call() -> None:
+    async def test(client: Client, fake: FakeBulkRuns) -> None:
+        with pytest.raises(ValueError, match="filter.workflow_name"):
+            await client.migrate_runs(RunFilter(statuses=[RunStatus.RUNNING]), 2)
+        with pytest.raises(ValueError, match="target_version must be positive"):
+            await client.migrate_runs(RunFilter(workflow_name="order"), 0)
+        assert fake.requests == []
+
+    serve(test)
+
+
 def test_bulk_errors_are_typed_with_their_field_violations() -> None:
     async def test(client: Client, fake: FakeBulkRuns) -> None:
         with pytest.raises(FailedPreconditionError):
@@ -281,6 +325,8 @@ def test_the_sync_facade_runs_the_bulk_calls() -> None:
                 assert client.bulk_cancel_runs(all=True, reason="r").kind is BulkOperationKind.CANCEL
                 assert client.bulk_pause_runs(all=True).kind is BulkOperationKind.PAUSE
                 assert client.bulk_resume_runs(all=True).kind is BulkOperationKind.RESUME
+                migrate = client.migrate_runs(RunFilter(workflow_name="wf"), 2, node_mapping={"B": "B2"})
+                assert migrate.kind is BulkOperationKind.MIGRATE and migrate.target_version == 2
                 assert client.wait_bulk_operation(started.operation_id, timeout=30).status is BulkOperationStatus.SUCCEEDED
                 assert client.get_bulk_operation(started.operation_id).succeeded == 5
                 assert len(list(client.list_bulk_operations(page_size=3))) == 5

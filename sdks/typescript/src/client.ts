@@ -1,5 +1,5 @@
 // The Client: one implementation over any connect Transport (gRPC in Node, grpc-web in browsers).
-import { create } from "@bufbuild/protobuf";
+import { create, fromJson, type JsonValue } from "@bufbuild/protobuf";
 import { durationFromMs, timestampFromDate } from "@bufbuild/protobuf/wkt";
 import { createClient, type CallOptions, type Client as ConnectClient, type Transport } from "@connectrpc/connect";
 
@@ -10,8 +10,15 @@ import { RunService, SendEventRequestSchema } from "./gen/composer/v1/run_servic
 import { ScheduleService } from "./gen/composer/v1/schedule_service_pb.js";
 import { ServerService } from "./gen/composer/v1/server_service_pb.js";
 import { WorkerService } from "./gen/composer/v1/worker_service_pb.js";
-import { WorkflowService } from "./gen/composer/v1/workflow_service_pb.js";
 import {
+  CheckScope as WireCheckScope,
+  RecordedRunSchema,
+  ReplayRunRequestSchema,
+  WorkflowService,
+  type RecordedRun as WireRecordedRun,
+} from "./gen/composer/v1/workflow_service_pb.js";
+import {
+  addCheckPage,
   bulkOperationFromWire,
   deliveryFromWire,
   fireFromWire,
@@ -24,11 +31,13 @@ import {
   runCountsFromWire,
   runFilterToWire,
   runFromWire,
+  runReplayFromWire,
   runStatusToWire,
   scheduleFromWire,
   workflowFromWire,
   workflowSummaryFromWire,
   type BulkOperation,
+  type CheckScope,
   type EventDelivery,
   type HistoryEvent,
   type OverlapPolicy,
@@ -36,6 +45,7 @@ import {
   type Run,
   type RunCounts,
   type RunFilter,
+  type RunReplay,
   type RunStatus,
   type Schedule,
   type ScheduleFire,
@@ -43,6 +53,7 @@ import {
   type ValidationProblem,
   type WorkflowSummary,
   type WorkflowVersion,
+  type WorkflowVersionCheck,
 } from "./models.js";
 import { toValue, type Json } from "./values.js";
 
@@ -208,6 +219,48 @@ export interface BulkRunsWithReasonOptions extends BulkRunsOptions {
   reason?: string;
 }
 
+/** Options of {@link ComposerClient.migrateRuns}. */
+export interface MigrateRunsOptions {
+  /** Node ids renamed in the target version: recorded id to new id (at most 1,000). */
+  nodeMapping?: Record<string, string>;
+  /** A repeated call with the same id returns the operation the first created (`created` false). */
+  requestId?: string;
+  signal?: AbortSignal;
+}
+
+/**
+ * The new definition runs are replayed against (docs/versions.md): its text (`source`, YAML or JSON,
+ * or an object sent as JSON) or a registered `version` of the run's workflow, exactly one.
+ */
+export type ReplayDefinition = ({ source: WorkflowSource; version?: undefined } | { version: number; source?: undefined }) & {
+  /** Node ids renamed in the new definition: recorded id to new id (at most 1,000). */
+  nodeMapping?: Record<string, string>;
+  signal?: AbortSignal;
+};
+
+/**
+ * A run as recorded, what `composer run history RUN_ID -o json` writes (an object with `run`,
+ * `workflow` and `events`, in the proto's JSON names; other keys are ignored): the parsed JSON or
+ * its text.
+ */
+export type RecordedRunJson = string | Record<string, unknown>;
+
+/**
+ * Options of {@link ComposerClient.replayRun}: the run, exactly one of `runId` (read from the
+ * server) and `history` (given whole; the server reads nothing of the run), and the new definition.
+ */
+export type ReplayRunOptions = ({ runId: string; history?: undefined } | { history: RecordedRunJson; runId?: undefined }) & ReplayDefinition;
+
+/** Options of {@link ComposerClient.checkWorkflowVersion}: the new definition and which runs. */
+export type CheckWorkflowVersionOptions = ReplayDefinition & {
+  /** The runs in flight (default: RUNNING, COMPENSATING, PAUSED) or the completed ones, newest first. */
+  scope?: CheckScope;
+  /** COMPLETED only: replay at most this many runs, the newest (default: every one). */
+  limit?: number;
+  /** Runs the server replays per call (default 200; it caps it at 500). */
+  pageSize?: number;
+};
+
 /** Options of {@link ComposerClient.waitBulkOperation}. */
 export interface WaitBulkOperationOptions extends WaitOptions {
   /** The longest pause between two polls in ms (default 1 s; the first polls come sooner). */
@@ -226,6 +279,69 @@ function text(source: WorkflowSource): string {
   if (typeof source === "string") return source;
   if (source !== null && typeof source === "object") return JSON.stringify(source);
   throw new TypeError("a workflow is YAML or JSON text, or an object");
+}
+
+/** Runs one CheckWorkflowVersion call replays unless told otherwise (the server's default). */
+const CHECK_PAGE_SIZE = 200;
+
+function isPositiveInteger(n: unknown): n is number {
+  return typeof n === "number" && Number.isInteger(n) && n > 0;
+}
+
+/** The wire `node_mapping` of `mapping`, checked: an object of node id to node id. */
+function nodeMappingOf(call: string, mapping: Record<string, string> | undefined): Record<string, string> {
+  if (mapping === undefined) return {};
+  if (mapping === null || typeof mapping !== "object" || Array.isArray(mapping)) {
+    throw new TypeError(`${call}: nodeMapping is an object of recorded node id to new node id`);
+  }
+  for (const [from, to] of Object.entries(mapping)) {
+    if (from === "" || typeof to !== "string" || to === "") {
+      throw new TypeError(`${call}: nodeMapping maps ${JSON.stringify(from)} to ${JSON.stringify(to)}; both must be node ids`);
+    }
+  }
+  return { ...mapping };
+}
+
+/** The wire `source`, `version` and `node_mapping` of a replay's new definition, checked. */
+function definitionParts(call: string, definition: ReplayDefinition): { source: string; version: number; nodeMapping: Record<string, string> } {
+  const hasSource = definition.source !== undefined;
+  const hasVersion = definition.version !== undefined;
+  if (hasSource === hasVersion) throw new TypeError(`${call} needs exactly one of source and version`);
+  if (hasVersion && !isPositiveInteger(definition.version)) {
+    throw new TypeError(`${call}: version must be a registered version (a positive integer), not ${String(definition.version)}`);
+  }
+  const source = hasSource ? text(definition.source as WorkflowSource) : "";
+  if (hasSource && source.trim() === "") throw new TypeError(`${call}: source is empty`);
+  return { source, version: definition.version ?? 0, nodeMapping: nodeMappingOf(call, definition.nodeMapping) };
+}
+
+/**
+ * The RecordedRun of what `composer run history RUN_ID -o json` wrote. Keys beside `run`, `workflow`
+ * and `events` are ignored, but a history cut short (a `next_page_token` left) is refused: its
+ * replay would judge a run that did less than the real one.
+ */
+function recordedRunOf(history: RecordedRunJson): WireRecordedRun {
+  const bad = (what: string): TypeError =>
+    new TypeError(`replayRun: the history ${what} (write it with \`composer run history RUN_ID -o json\`)`);
+  let json: unknown = history;
+  if (typeof history === "string") {
+    try {
+      json = JSON.parse(history);
+    } catch (error) {
+      throw bad(`is not JSON: ${(error as Error).message}`);
+    }
+  }
+  if (json === null || typeof json !== "object" || Array.isArray(json)) throw bad("is not a JSON object");
+  const record = json as Record<string, unknown>;
+  for (const part of ["run", "workflow", "events"]) if (record[part] === undefined) throw bad(`has no "${part}"`);
+  if (!Array.isArray(record["events"])) throw bad(`"events" is not a list`);
+  const token = record["next_page_token"] ?? record["nextPageToken"];
+  if (typeof token === "string" && token !== "") throw bad("is cut short (next_page_token is set): write it with a --limit above its length");
+  try {
+    return fromJson(RecordedRunSchema, record as JsonValue, { ignoreUnknownFields: true });
+  } catch (error) {
+    throw bad(`does not read as a recorded run: ${(error as Error).message}`);
+  }
 }
 
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {
@@ -382,6 +498,66 @@ export class ComposerClient {
     }
   }
 
+  /**
+   * Replays one run's recorded history against a new definition and says whether that definition
+   * could continue the run (docs/versions.md): IDENTICAL, COMPATIBLE with its `differences`,
+   * INCOMPATIBLE with the first `divergence`, or UNREPLAYABLE (the history is not what the run's own
+   * definition decides) with the reason. The run is named (`runId`) or given whole (`history`, what
+   * `composer run history RUN_ID -o json` writes, parsed or as text); the definition is `source` or
+   * a registered `version` of the run's workflow, with `nodeMapping` for renamed nodes. Nothing is
+   * stored. Arguments that do not name exactly one run and one definition throw a TypeError before
+   * any call; an invalid `source` is INVALID_ARGUMENT with `fieldViolations`, as registerWorkflow;
+   * an unknown run or version NOT_FOUND.
+   */
+  async replayRun(options: ReplayRunOptions): Promise<RunReplay> {
+    const hasRun = options.runId !== undefined;
+    const hasHistory = options.history !== undefined;
+    if (hasRun === hasHistory) throw new TypeError("replayRun needs exactly one of runId and history");
+    if (hasRun && (typeof options.runId !== "string" || options.runId === "")) throw new TypeError("replayRun: runId is empty");
+    const definition = definitionParts("replayRun", options);
+    const recorded = hasRun
+      ? { case: "runId" as const, value: options.runId as string }
+      : { case: "history" as const, value: recordedRunOf(options.history as RecordedRunJson) };
+    const request = create(ReplayRunRequestSchema, { recorded, ...definition });
+    const r = await this.#call((o) => this.raw.workflows.replayRun(request, o), options.signal);
+    return runReplayFromWire(r.replay);
+  }
+
+  /**
+   * Replays the runs of workflow `name` (of every version) against a new definition, as
+   * {@link replayRun} does each: the runs in flight (RUNNING, COMPENSATING, PAUSED), or with
+   * `scope` COMPLETED the completed ones, the newest first and at most `limit` of them. The server
+   * replays a page of runs per call (in the caller's namespace's share of its CPU); this pages
+   * through all of them and returns the verdicts counted over every page, with every run that is not
+   * IDENTICAL. Bad arguments (not exactly one of `source` and `version`, a `limit` with the runs in
+   * flight) throw a TypeError before any call.
+   */
+  async checkWorkflowVersion(name: string, options: CheckWorkflowVersionOptions): Promise<WorkflowVersionCheck> {
+    if (typeof name !== "string" || name === "") throw new TypeError("checkWorkflowVersion needs the workflow's name");
+    const definition = definitionParts("checkWorkflowVersion", options);
+    const scope = options.scope ?? "IN_FLIGHT";
+    if (scope !== "IN_FLIGHT" && scope !== "COMPLETED") throw new TypeError(`checkWorkflowVersion: scope is IN_FLIGHT or COMPLETED, not ${String(scope)}`);
+    const limit = options.limit;
+    if (limit !== undefined && scope !== "COMPLETED") {
+      throw new TypeError("checkWorkflowVersion: limit is for the COMPLETED scope; every run in flight is checked");
+    }
+    if (limit !== undefined && !isPositiveInteger(limit)) throw new TypeError(`checkWorkflowVersion: limit must be a positive integer, not ${String(limit)}`);
+    const pageSize = options.pageSize ?? CHECK_PAGE_SIZE;
+    if (!isPositiveInteger(pageSize)) throw new TypeError(`checkWorkflowVersion: pageSize must be a positive integer, not ${String(pageSize)}`);
+    const wireScope = scope === "COMPLETED" ? WireCheckScope.COMPLETED : WireCheckScope.IN_FLIGHT;
+    const check: WorkflowVersionCheck = { checked: 0, identical: 0, compatible: 0, incompatible: 0, unreplayable: 0, runs: [] };
+    let pageToken = "";
+    for (;;) {
+      const size = limit === undefined ? pageSize : Math.min(pageSize, limit - check.checked);
+      if (size <= 0) return check;
+      const request = { name, ...definition, scope: wireScope, pageSize: size, pageToken };
+      const r = await this.#call((o) => this.raw.workflows.checkWorkflowVersion(request, o), options.signal);
+      addCheckPage(check, r);
+      if (!r.nextPageToken) return check;
+      pageToken = r.nextPageToken;
+    }
+  }
+
   // --- runs ------------------------------------------------------------------------------------
 
   /**
@@ -520,6 +696,32 @@ export class ComposerClient {
   async bulkResumeRuns(filter: RunFilter, options: BulkRunsOptions = {}): Promise<BulkOperation> {
     const request = bulkParts(filter, options);
     const r = await this.#call((o) => this.raw.runs.bulkResumeRuns(request, o), options.signal);
+    return bulkOperationFromWire(r.operation, r.created);
+  }
+
+  /**
+   * Starts a bulk operation that moves every run in flight (RUNNING or PAUSED) of `filter.workflow`
+   * matching the filter to its version `targetVersion` (docs/versions.md), and returns it as
+   * {@link bulkCancelRuns} does; {@link waitBulkOperation} waits for its end. Each run is replayed
+   * against the target and moved only if it is IDENTICAL or COMPATIBLE: it records `run_migrated`
+   * and goes on under the target. An INCOMPATIBLE run is counted `failed`, its divergence in
+   * `failures`, and stays on its version; a run already on the target, ended or compensating is
+   * skipped. `nodeMapping` names renamed nodes. A filter without `workflow` or a `targetVersion`
+   * that is not a positive integer throws a TypeError before any call; a version that is not
+   * registered is INVALID_ARGUMENT naming `target_version`.
+   */
+  async migrateRuns(filter: RunFilter, targetVersion: number, options: MigrateRunsOptions = {}): Promise<BulkOperation> {
+    if (!filter?.workflow) throw new TypeError("migrateRuns needs filter.workflow: runs move between versions of one workflow");
+    if (!isPositiveInteger(targetVersion)) {
+      throw new TypeError(`migrateRuns: targetVersion must be a registered version (a positive integer), not ${String(targetVersion)}`);
+    }
+    const request = {
+      filter: runFilterToWire(filter),
+      targetVersion,
+      nodeMapping: nodeMappingOf("migrateRuns", options.nodeMapping),
+      requestId: options.requestId ?? "",
+    };
+    const r = await this.#call((o) => this.raw.runs.migrateRuns(request, o), options.signal);
     return bulkOperationFromWire(r.operation, r.created);
   }
 

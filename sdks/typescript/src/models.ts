@@ -12,7 +12,12 @@ import {
   type WorkflowSummary as WireWorkflowSummary,
   type WorkflowVersion as WireWorkflowVersion,
 } from "./gen/composer/v1/common_pb.js";
-import type { ValidationProblem as WireProblem } from "./gen/composer/v1/workflow_service_pb.js";
+import {
+  ReplayVerdict as WireReplayVerdict,
+  type CheckWorkflowVersionResponse as WireCheckPage,
+  type RunReplay as WireRunReplay,
+  type ValidationProblem as WireProblem,
+} from "./gen/composer/v1/workflow_service_pb.js";
 import {
   BulkOperationKind as WireBulkKind,
   BulkOperationStatus as WireBulkStatus,
@@ -442,7 +447,7 @@ export interface RunFilter {
 }
 
 /** What a bulk operation does to each run. */
-export type BulkOperationKind = "CANCEL" | "RETRY" | "PAUSE" | "RESUME" | "UNSPECIFIED";
+export type BulkOperationKind = "CANCEL" | "RETRY" | "PAUSE" | "RESUME" | "MIGRATE" | "UNSPECIFIED";
 /** Where a bulk operation is in its life; SUCCEEDED, CANCELLED and FAILED are final. */
 export type BulkOperationStatus = "PENDING" | "RUNNING" | "SUCCEEDED" | "CANCELLED" | "FAILED" | "UNSPECIFIED";
 
@@ -451,6 +456,7 @@ const BULK_KINDS: Record<number, BulkOperationKind> = {
   [WireBulkKind.RETRY]: "RETRY",
   [WireBulkKind.PAUSE]: "PAUSE",
   [WireBulkKind.RESUME]: "RESUME",
+  [WireBulkKind.MIGRATE]: "MIGRATE",
 };
 const BULK_STATUSES: Record<number, BulkOperationStatus> = {
   [WireBulkStatus.PENDING]: "PENDING",
@@ -474,7 +480,7 @@ export interface BulkOperationFailure {
 
 /**
  * A long-running action over the runs a filter matched (bulkCancelRuns, bulkRetryRuns,
- * bulkPauseRuns, bulkResumeRuns). Any server works on it a batch at a time, and another takes over
+ * bulkPauseRuns, bulkResumeRuns, migrateRuns). Any server works on it a batch at a time, and another takes over
  * if that one stops. Counts only grow; once it ends, `matched` = `succeeded` + `skipped` + `failed`
  * unless it was cancelled.
  */
@@ -506,6 +512,10 @@ export interface BulkOperation {
   endTime: Date | null;
   /** Why it FAILED; empty otherwise. */
   error: string;
+  /** MIGRATE: the version runs are moved to; 0 for the other kinds. */
+  targetVersion: number;
+  /** MIGRATE: node ids renamed in the target, recorded id to new id; empty otherwise. */
+  nodeMapping: Record<string, string>;
   /** The bulk calls only: false when `requestId` matched an existing operation. */
   created?: boolean;
 }
@@ -558,6 +568,8 @@ export function bulkOperationFromWire(o: WireBulkOperation | undefined, created?
     updateTime: date(o.updateTime),
     endTime: date(o.endTime),
     error: o.error,
+    targetVersion: o.targetVersion,
+    nodeMapping: { ...o.nodeMapping },
   };
   if (created !== undefined) operation.created = created;
   return operation;
@@ -596,4 +608,103 @@ export function queueRateLimitFromWire(l: WireQueueRateLimit | undefined): Queue
     createTime: date(l.createTime),
     updateTime: date(l.updateTime),
   };
+}
+
+/**
+ * Whether a new definition could continue a run (docs/versions.md). IDENTICAL: every recorded
+ * decision the same and nothing the run has not reached differs; COMPATIBLE: the same nodes start in
+ * the same order with the same work, the differences listed; INCOMPATIBLE: the definition parts from
+ * what the run did, `divergence` says where; UNREPLAYABLE: the history is not what the run's own
+ * definition decides (cut short, edited, or recorded by another engine), `unreplayableReason` says
+ * why.
+ */
+export type ReplayVerdict = "IDENTICAL" | "COMPATIBLE" | "INCOMPATIBLE" | "UNREPLAYABLE" | "UNSPECIFIED";
+/** Which runs {@link ComposerClient.checkWorkflowVersion} replays: those in flight (RUNNING, COMPENSATING, PAUSED) or completed. */
+export type CheckScope = "IN_FLIGHT" | "COMPLETED";
+
+const REPLAY_VERDICTS: Record<number, ReplayVerdict> = {
+  [WireReplayVerdict.IDENTICAL]: "IDENTICAL",
+  [WireReplayVerdict.COMPATIBLE]: "COMPATIBLE",
+  [WireReplayVerdict.INCOMPATIBLE]: "INCOMPATIBLE",
+  [WireReplayVerdict.UNREPLAYABLE]: "UNREPLAYABLE",
+};
+
+/** Where a new definition first parts from a run: the rule it breaks, as docs/versions.md names it. */
+export interface ReplayDivergence {
+  /** `node_not_started`, `node_changed`, `branch_changed`, `waiting_node_removed`, ... */
+  rule: string;
+  /** The node (its recorded id); empty if none. */
+  nodeId: string;
+  /**
+   * The history entry where it shows (a {@link HistoryEvent}'s `sequence`, as a number: a verdict is
+   * printed as JSON, and a run's history stays far below 2^53 entries); 0 if none.
+   */
+  sequence: number;
+  /** What differs, in words. */
+  message: string;
+}
+
+/** A difference that does not stop a run going on under the new definition. */
+export interface ReplayDifference {
+  /** `node_added`, `node_changed`, `node_removed`, `input_differs` or `node_renamed`. */
+  kind: string;
+  nodeId: string;
+  /** What differs, in words. */
+  message: string;
+}
+
+/** One run replayed against a new definition, and the verdict. */
+export interface RunReplay {
+  runId: string;
+  /** The version the run runs on. */
+  workflowVersion: number;
+  status: RunStatus;
+  verdict: ReplayVerdict;
+  /** Set when INCOMPATIBLE; null otherwise. */
+  divergence: ReplayDivergence | null;
+  /** The differences of a COMPATIBLE run (at most 20). */
+  differences: ReplayDifference[];
+  /** Why an UNREPLAYABLE run could not be replayed; empty otherwise. */
+  unreplayableReason: string;
+  /** Events rebuilt from the history and replayed. */
+  events: number;
+}
+
+/**
+ * What {@link ComposerClient.checkWorkflowVersion} found, summed over every page: how many runs it
+ * replayed, the count of each verdict, and every run that is not identical.
+ */
+export interface WorkflowVersionCheck {
+  checked: number;
+  identical: number;
+  compatible: number;
+  incompatible: number;
+  unreplayable: number;
+  /** Every run replayed that is not IDENTICAL, newest first, with its verdict. */
+  runs: RunReplay[];
+}
+
+export function runReplayFromWire(r: WireRunReplay | undefined): RunReplay {
+  if (!r) throw new TypeError("the server's answer carries no replay");
+  const d = r.divergence;
+  return {
+    runId: r.runId,
+    workflowVersion: r.workflowVersion,
+    status: RUN_STATUSES[r.status] ?? "UNSPECIFIED",
+    verdict: REPLAY_VERDICTS[r.verdict] ?? "UNSPECIFIED",
+    divergence: d ? { rule: d.rule, nodeId: d.nodeId, sequence: Number(d.sequence), message: d.message } : null,
+    differences: r.differences.map((each) => ({ kind: each.kind, nodeId: each.nodeId, message: each.message })),
+    unreplayableReason: r.unreplayableReason,
+    events: r.events,
+  };
+}
+
+/** Adds one page of CheckWorkflowVersion's counts and runs to `check`. */
+export function addCheckPage(check: WorkflowVersionCheck, page: WireCheckPage): void {
+  check.checked += page.checked;
+  check.identical += page.identical;
+  check.compatible += page.compatible;
+  check.incompatible += page.incompatible;
+  check.unreplayable += page.unreplayable;
+  for (const run of page.runs) check.runs.push(runReplayFromWire(run));
 }

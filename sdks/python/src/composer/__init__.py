@@ -6,7 +6,8 @@
 - :class:`Client` (asyncio) and :class:`SyncClient` register workflows, start,
   list, cancel, retry, pause and resume runs (one by one, or every run a
   :class:`RunFilter` matches in one bulk operation), send events, wait for
-  results, manage schedules and set queue rate limits.
+  results, replay runs against a new workflow version and migrate them to it,
+  manage schedules and set queue rate limits.
 - Failed calls raise :class:`ComposerError` subclasses carrying the gRPC code
   and the field violations; handlers raise :class:`NonRetryableError` or
   :class:`TaskError` to control retries.
@@ -41,6 +42,7 @@ from .models import (
     BulkOperationFailure,
     BulkOperationKind,
     BulkOperationStatus,
+    CheckScope,
     EventDelivery,
     Failure,
     HistoryEvent,
@@ -48,8 +50,12 @@ from .models import (
     NodeStatus,
     OverlapPolicy,
     QueueRateLimit,
+    ReplayDifference,
+    ReplayDivergence,
+    ReplayVerdict,
     Run,
     RunFilter,
+    RunReplay,
     RunStatus,
     Schedule,
     ScheduleAction,
@@ -60,6 +66,7 @@ from .models import (
     ValidationProblem,
     WorkflowSummary,
     WorkflowVersion,
+    WorkflowVersionCheck,
 )
 from .worker import TaskCancelled, TaskContext, Worker, WorkerStats
 
@@ -72,6 +79,7 @@ __all__ = [
     "BulkOperationFailure",
     "BulkOperationKind",
     "BulkOperationStatus",
+    "CheckScope",
     "Client",
     "ComposerError",
     "DeadlineExceededError",
@@ -90,10 +98,14 @@ __all__ = [
     "OverlapPolicy",
     "PermissionDeniedError",
     "QueueRateLimit",
+    "ReplayDifference",
+    "ReplayDivergence",
+    "ReplayVerdict",
     "ResourceExhaustedError",
     "Run",
     "RunFailedError",
     "RunFilter",
+    "RunReplay",
     "RunStatus",
     "Schedule",
     "ScheduleAction",
@@ -113,5 +125,6 @@ __all__ = [
     "WorkerStats",
     "WorkflowSummary",
     "WorkflowVersion",
+    "WorkflowVersionCheck",
     "__version__",
 ]

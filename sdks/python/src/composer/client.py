@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, json_format
 
 from composer.v1 import (
     queue_service_pb2,
@@ -42,12 +42,14 @@ from .backoff import Backoff
 from .errors import ComposerError, RunFailedError, from_rpc_error
 from .models import (
     BulkOperation,
+    CheckScope,
     EventDelivery,
     HistoryEvent,
     OverlapPolicy,
     QueueRateLimit,
     Run,
     RunFilter,
+    RunReplay,
     RunStatus,
     Schedule,
     ScheduleFire,
@@ -55,6 +57,7 @@ from .models import (
     ValidationProblem,
     WorkflowSummary,
     WorkflowVersion,
+    WorkflowVersionCheck,
     run_counts_from_proto,
 )
 
@@ -118,6 +121,85 @@ def workflow_source_text(source: WorkflowSource) -> str:
     if isinstance(source, Mapping):
         return json.dumps(source)
     raise TypeError(f"a workflow is YAML text, a pathlib.Path or a dict, not {type(source).__name__}")
+
+
+RecordedHistory = str | os.PathLike[str] | Mapping[str, Any]
+"""A recorded run, what ``composer run history RUN_ID -o json`` writes: that JSON as text (``str``), the
+file it was written to (``pathlib.Path``), or the parsed dict."""
+
+_WRITE_HISTORY = "write it with `composer run history RUN_ID -o json`"
+
+
+def _recorded_run(history: RecordedHistory) -> workflow_service_pb2.RecordedRun:
+    """The RecordedRun message of a recorded history; ValueError when it is not one.
+
+    Keys the message does not have (``next_page_token``) are passed over, but a
+    set ``next_page_token`` means the history was cut short, and a replay of a
+    part would judge the wrong run.
+    """
+    where = "the history"
+    if isinstance(history, str):
+        parsed = _json_object(history, where, hint="; a str is the JSON itself: pass a pathlib.Path to read a file")
+    elif isinstance(history, os.PathLike):
+        where = os.fspath(history)
+        parsed = _json_object(Path(history).read_text(encoding="utf-8"), where)
+    elif isinstance(history, Mapping):
+        parsed = history
+    else:
+        raise TypeError(f"a recorded history is JSON text, a pathlib.Path or a dict, not {type(history).__name__}")
+    missing = [key for key in ("run", "workflow", "events") if key not in parsed]
+    if missing:
+        raise ValueError(f"{where} has no {', '.join(repr(k) for k in missing)} ({_WRITE_HISTORY})")
+    if parsed.get("next_page_token"):
+        raise ValueError(
+            f"{where} is cut short (next_page_token is set): write it with a --limit above its length"
+        )
+    try:
+        return json_format.ParseDict(dict(parsed), workflow_service_pb2.RecordedRun(), ignore_unknown_fields=True)
+    except json_format.ParseError as error:
+        raise ValueError(f"{where} is not a recorded run: {error} ({_WRITE_HISTORY})") from None
+
+
+def _json_object(text: str, where: str, *, hint: str = "") -> Mapping[str, Any]:
+    try:
+        parsed = json.loads(text)
+    except ValueError as error:
+        raise ValueError(f"{where} is not JSON: {error}{hint}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{where} is not a JSON object ({_WRITE_HISTORY})")
+    return parsed
+
+
+def _new_definition(call: str, source: WorkflowSource | None, version: int | None) -> tuple[str, int]:
+    """The ``source`` and ``version`` fields naming the new definition of a replay: exactly one is given."""
+    if source is not None and version is not None:
+        raise ValueError(f"{call} takes source or version, not both")
+    if source is None:
+        if version is None:
+            raise ValueError(f"{call} needs the new definition: source (its text) or version (a registered one)")
+        if version < 1:
+            raise ValueError(f"{call}: version must be positive, not {version}")
+        return "", version
+    text = workflow_source_text(source)
+    if not text.strip():
+        raise ValueError(f"{call}: source is empty")
+    return text, 0
+
+
+def _summed_check(pages: list[workflow_service_pb2.CheckWorkflowVersionResponse]) -> WorkflowVersionCheck:
+    """The pages of a CheckWorkflowVersion (each counting its own runs alone) added up."""
+    return WorkflowVersionCheck(
+        checked=sum(page.checked for page in pages),
+        identical=sum(page.identical for page in pages),
+        compatible=sum(page.compatible for page in pages),
+        incompatible=sum(page.incompatible for page in pages),
+        unreplayable=sum(page.unreplayable for page in pages),
+        runs=tuple(RunReplay.from_proto(run) for page in pages for run in page.runs),
+    )
+
+
+_CHECK_PAGE = 200
+"""Runs one CheckWorkflowVersion call replays, by default (the server's own default; at most 500)."""
 
 
 class Client:
@@ -238,6 +320,108 @@ class Client:
             if not response.next_page_token:
                 return
             request.page_token = response.next_page_token
+
+    # --- versions and replay ----------------------------------------------
+
+    async def replay_run(
+        self,
+        run_id: str | None = None,
+        *,
+        history: RecordedHistory | None = None,
+        source: WorkflowSource | None = None,
+        version: int | None = None,
+        node_mapping: Mapping[str, str] | None = None,
+    ) -> RunReplay:
+        """Replays one run's recorded history against a new definition and says whether it could
+        continue the run (docs/versions.md); nothing is stored.
+
+        The run is named by ``run_id`` (read from the server) or given whole as
+        ``history``: what ``composer run history RUN_ID -o json`` writes, as
+        JSON text, a ``pathlib.Path`` or a dict (nothing is read then). The new
+        definition is ``source`` (as :meth:`register_workflow` takes it) or a
+        registered ``version`` of the run's workflow; ``node_mapping`` maps
+        node ids renamed in it, recorded id to new id.
+
+        The verdict is IDENTICAL, COMPATIBLE (``differences``), INCOMPATIBLE
+        (``divergence``) or UNREPLAYABLE (``unreplayable_reason``: the history
+        is not what its own definition decides). Raises ``ValueError`` before
+        any call unless exactly one of ``run_id`` and ``history`` and exactly
+        one of ``source`` and ``version`` are given, or when ``history`` is not
+        a recorded run (or is cut short); InvalidArgumentError for an invalid
+        ``source``, NotFoundError for an unknown run or version.
+        """
+        if (not run_id) == (history is None):
+            raise ValueError("replay_run needs exactly one of run_id and history")
+        text, number = _new_definition("replay_run", source, version)
+        request = workflow_service_pb2.ReplayRunRequest(
+            source=text, version=number, node_mapping=dict(node_mapping or {})
+        )
+        if history is not None:
+            request.history.CopyFrom(_recorded_run(history))
+        elif run_id:
+            request.run_id = run_id
+        response: workflow_service_pb2.ReplayRunResponse = await self._call(
+            self._conn.workflows.ReplayRun, request
+        )
+        return RunReplay.from_proto(response.replay)
+
+    async def check_workflow_version(
+        self,
+        name: str,
+        *,
+        source: WorkflowSource | None = None,
+        version: int | None = None,
+        node_mapping: Mapping[str, str] | None = None,
+        scope: CheckScope = CheckScope.IN_FLIGHT,
+        limit: int | None = None,
+        page_size: int = _CHECK_PAGE,
+    ) -> WorkflowVersionCheck:
+        """Replays the runs of workflow ``name`` (of every version) against a new definition, as
+        :meth:`replay_run` does each, and returns the verdicts summed.
+
+        ``scope`` picks the runs: those in flight (RUNNING, COMPENSATING,
+        PAUSED; the default) or the COMPLETED ones, newest first; with
+        COMPLETED, ``limit`` stops after that many runs (the most recent), as
+        ``composer workflow check --completed N`` does (a check of runs in
+        flight covers every one of them, so a limit there is refused, as in
+        the Go and TypeScript SDKs). The server replays
+        ``page_size`` runs a call (at most 500) and this method fetches every
+        page, each a call under the client's ``timeout``. The result counts
+        each verdict and lists every run that is not identical. Definition
+        arguments and their errors as :meth:`replay_run`; ``ValueError`` also
+        for an empty ``name`` or a ``limit`` or ``page_size`` below 1.
+        """
+        if not name:
+            raise ValueError("check_workflow_version needs the workflow's name")
+        text, number = _new_definition("check_workflow_version", source, version)
+        if limit is not None and scope != CheckScope.COMPLETED:
+            raise ValueError("check_workflow_version: limit applies to CheckScope.COMPLETED only")
+        if limit is not None and limit < 1:
+            raise ValueError(f"check_workflow_version: limit must be at least 1, not {limit}")
+        if page_size < 1:
+            raise ValueError(f"check_workflow_version: page_size must be at least 1, not {page_size}")
+        request = workflow_service_pb2.CheckWorkflowVersionRequest(
+            name=name,
+            source=text,
+            version=number,
+            node_mapping=dict(node_mapping or {}),
+            scope=scope.to_proto(),  # type: ignore[arg-type]
+            page_size=page_size,
+        )
+        pages: list[workflow_service_pb2.CheckWorkflowVersionResponse] = []
+        checked = 0
+        while limit is None or checked < limit:
+            if limit is not None:
+                request.page_size = min(page_size, limit - checked)
+            page: workflow_service_pb2.CheckWorkflowVersionResponse = await self._call(
+                self._conn.workflows.CheckWorkflowVersion, request
+            )
+            pages.append(page)
+            checked += page.checked
+            if not page.next_page_token:
+                break
+            request.page_token = page.next_page_token
+        return _summed_check(pages)
 
     # --- runs -------------------------------------------------------------
 
@@ -558,6 +742,46 @@ class Client:
         """
         request = run_service_pb2.BulkResumeRunsRequest(filter=_run_filter(filter), all=all, request_id=request_id or "")
         response: run_service_pb2.BulkResumeRunsResponse = await self._call(self._conn.runs.BulkResumeRuns, request)
+        return BulkOperation.from_proto(response.operation, created=response.created)
+
+    async def migrate_runs(
+        self,
+        filter: RunFilter,
+        target_version: int,
+        *,
+        node_mapping: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+    ) -> BulkOperation:
+        """Starts a bulk operation that moves every run in flight (RUNNING or PAUSED) of one workflow
+        that ``filter`` matches to its version ``target_version`` (docs/versions.md).
+
+        Each run is replayed against the target (as :meth:`replay_run`) and
+        moved only if the verdict is IDENTICAL or COMPATIBLE: it records
+        ``run_migrated`` in its history and goes on under the target, its
+        leased tasks keeping their leases. An incompatible run stays on its
+        version and counts as ``failed``, its divergence in ``failures``; a run
+        already on the target, ended, or compensating counts as ``skipped``.
+        ``node_mapping`` maps node ids renamed in the target, recorded id to new
+        id. Follow the operation with :meth:`wait_bulk_operation`; its
+        ``kind`` is MIGRATE and it carries ``target_version`` and
+        ``node_mapping``. ``request_id`` as :meth:`bulk_cancel_runs`.
+
+        Raises ``ValueError`` before any call when the filter names no
+        ``workflow_name`` or ``target_version`` is below 1;
+        InvalidArgumentError naming the field when the target is not a
+        registered version of the workflow or a filter field is bad.
+        """
+        if not filter.workflow_name:
+            raise ValueError("migrate_runs needs filter.workflow_name: it moves the runs of one workflow")
+        if target_version < 1:
+            raise ValueError(f"migrate_runs: target_version must be positive, not {target_version}")
+        request = run_service_pb2.MigrateRunsRequest(
+            filter=filter.to_proto(),
+            target_version=target_version,
+            node_mapping=dict(node_mapping or {}),
+            request_id=request_id or "",
+        )
+        response: run_service_pb2.MigrateRunsResponse = await self._call(self._conn.runs.MigrateRuns, request)
         return BulkOperation.from_proto(response.operation, created=response.created)
 
     async def get_bulk_operation(self, operation_id: str) -> BulkOperation:
@@ -946,6 +1170,46 @@ class SyncClient:
         """See :meth:`Client.list_workflow_versions`."""
         return self._iterate(self._client.list_workflow_versions(name, page_size=page_size))
 
+    def replay_run(
+        self,
+        run_id: str | None = None,
+        *,
+        history: RecordedHistory | None = None,
+        source: WorkflowSource | None = None,
+        version: int | None = None,
+        node_mapping: Mapping[str, str] | None = None,
+    ) -> RunReplay:
+        """See :meth:`Client.replay_run`."""
+        return self._run(
+            self._client.replay_run(
+                run_id, history=history, source=source, version=version, node_mapping=node_mapping
+            )
+        )
+
+    def check_workflow_version(
+        self,
+        name: str,
+        *,
+        source: WorkflowSource | None = None,
+        version: int | None = None,
+        node_mapping: Mapping[str, str] | None = None,
+        scope: CheckScope = CheckScope.IN_FLIGHT,
+        limit: int | None = None,
+        page_size: int = _CHECK_PAGE,
+    ) -> WorkflowVersionCheck:
+        """See :meth:`Client.check_workflow_version`."""
+        return self._run(
+            self._client.check_workflow_version(
+                name,
+                source=source,
+                version=version,
+                node_mapping=node_mapping,
+                scope=scope,
+                limit=limit,
+                page_size=page_size,
+            )
+        )
+
     def start_run(
         self,
         workflow: str,
@@ -1105,6 +1369,19 @@ class SyncClient:
         """See :meth:`Client.bulk_resume_runs`."""
         return self._run(self._client.bulk_resume_runs(filter, all=all, request_id=request_id))
 
+    def migrate_runs(
+        self,
+        filter: RunFilter,
+        target_version: int,
+        *,
+        node_mapping: Mapping[str, str] | None = None,
+        request_id: str | None = None,
+    ) -> BulkOperation:
+        """See :meth:`Client.migrate_runs`."""
+        return self._run(
+            self._client.migrate_runs(filter, target_version, node_mapping=node_mapping, request_id=request_id)
+        )
+
     def get_bulk_operation(self, operation_id: str) -> BulkOperation:
         """See :meth:`Client.get_bulk_operation`."""
         return self._run(self._client.get_bulk_operation(operation_id))
@@ -1242,4 +1519,4 @@ class SyncClient:
         self._run(self._client.delete_queue_rate_limit(queue))
 
 
-__all__ = ["Client", "SyncClient", "WorkflowSource", "workflow_source_text"]
+__all__ = ["Client", "RecordedHistory", "SyncClient", "WorkflowSource", "workflow_source_text"]

@@ -629,6 +629,8 @@ class BulkOperationKind(enum.Enum):
     """pause_run on each run."""
     RESUME = "RESUME"
     """resume_run on each run."""
+    MIGRATE = "MIGRATE"
+    """Moves each run in flight to ``target_version`` when replay finds it compatible (migrate_runs)."""
     UNSPECIFIED = "UNSPECIFIED"
     """Never sent by the server."""
 
@@ -688,7 +690,7 @@ class BulkOperationFailure:
 
 @dataclass(frozen=True)
 class BulkOperation:
-    """A long-running action (cancel, retry, pause, resume) over the runs a filter matches.
+    """A long-running action (cancel, retry, pause, resume, migrate) over the runs a filter matches.
 
     Any server works on it, a batch at a time, and another takes over if that
     server stops. Counts only grow; once it ends, ``matched`` = ``succeeded``
@@ -712,9 +714,11 @@ class BulkOperation:
     succeeded: int
     """Runs acted on."""
     skipped: int
-    """Runs passed over because they were no longer in a status the action applies to."""
+    """Runs passed over because they were no longer in a status the action applies to
+    (for a migration also runs already on the target version, or compensating)."""
     failed: int
-    """Runs the action failed on; the first of them are in ``failures``."""
+    """Runs the action failed on (for a migration: incompatible with the target); the first of them are in
+    ``failures``."""
     failures: tuple[BulkOperationFailure, ...]
     """Up to 20 of the runs the action failed on, with why."""
     created_by: str
@@ -727,8 +731,13 @@ class BulkOperation:
     """When it ended; None while it runs."""
     error: str
     """Why it FAILED."""
+    target_version: int = 0
+    """MIGRATE: the version runs are moved to (0 for the other kinds)."""
+    node_mapping: dict[str, str] = field(default_factory=dict)
+    """MIGRATE: node ids renamed in the target, recorded id to new id."""
     created: bool | None = None
-    """From the bulk_* calls only: False when the ``request_id`` matched an existing operation."""
+    """From the bulk_* calls and migrate_runs only: False when the ``request_id`` matched an existing
+    operation."""
     raw: run_service_pb2.BulkOperation = field(
         default_factory=run_service_pb2.BulkOperation, repr=False, compare=False
     )
@@ -754,9 +763,154 @@ class BulkOperation:
             update_time=_time(message, "update_time"),
             end_time=_time(message, "end_time"),
             error=message.error,
+            target_version=message.target_version,
+            node_mapping=dict(message.node_mapping),
             created=created,
             raw=message,
         )
+
+
+class ReplayVerdict(enum.Enum):
+    """Whether a new definition could continue a run (docs/versions.md)."""
+
+    IDENTICAL = "IDENTICAL"
+    """Every recorded decision the same, and nothing the run has not reached differs."""
+    COMPATIBLE = "COMPATIBLE"
+    """The same nodes start in the same order with the same work; ``differences`` lists the rest."""
+    INCOMPATIBLE = "INCOMPATIBLE"
+    """The new definition parts from what the run did: ``divergence`` says where."""
+    UNREPLAYABLE = "UNREPLAYABLE"
+    """The history is not what the run's own definition decides (cut short, edited, or recorded by
+    another engine): ``unreplayable_reason`` says why."""
+    UNSPECIFIED = "UNSPECIFIED"
+    """Never sent by the server."""
+
+    @classmethod
+    def from_proto(cls, number: int) -> ReplayVerdict:
+        """The verdict for a ``composer.v1.ReplayVerdict`` number (UNSPECIFIED for unknown ones)."""
+        try:
+            return cls(workflow_service_pb2.ReplayVerdict.Name(number).removeprefix("REPLAY_VERDICT_"))
+        except ValueError:
+            return cls.UNSPECIFIED
+
+
+@dataclass(frozen=True)
+class ReplayDivergence:
+    """Where a new definition first parts from a run (an INCOMPATIBLE verdict)."""
+
+    rule: str
+    """The rule broken, as docs/versions.md names it: ``node_changed``, ``branch_changed``,
+    ``waiting_node_removed``, ..."""
+    node_id: str
+    """The node (its recorded id); empty if none."""
+    sequence: int
+    """The history entry where it shows; 0 if none."""
+    message: str
+    """What differs, in words."""
+
+    @classmethod
+    def from_proto(cls, message: workflow_service_pb2.ReplayDivergence) -> ReplayDivergence:
+        """Builds the view of a ``composer.v1.ReplayDivergence``."""
+        return cls(message.rule, message.node_id, message.sequence, message.message)
+
+
+@dataclass(frozen=True)
+class ReplayDifference:
+    """One difference that does not stop a run going on (a COMPATIBLE verdict)."""
+
+    kind: str
+    """``node_added``, ``node_changed``, ``node_removed``, ``input_differs`` or ``node_renamed``."""
+    node_id: str
+    """The node."""
+    message: str
+    """What differs, in words."""
+
+    @classmethod
+    def from_proto(cls, message: workflow_service_pb2.ReplayDifference) -> ReplayDifference:
+        """Builds the view of a ``composer.v1.ReplayDifference``."""
+        return cls(message.kind, message.node_id, message.message)
+
+
+@dataclass(frozen=True)
+class RunReplay:
+    """One run's verdict: what a new definition would do with it (replay_run, check_workflow_version)."""
+
+    run_id: str
+    """The run."""
+    workflow_version: int
+    """The version it runs on."""
+    status: RunStatus
+    """Its status."""
+    verdict: ReplayVerdict
+    """The verdict."""
+    divergence: ReplayDivergence | None
+    """Where the new definition parts from the run; set when INCOMPATIBLE."""
+    differences: tuple[ReplayDifference, ...]
+    """The differences of a COMPATIBLE run (at most 20)."""
+    unreplayable_reason: str
+    """Why an UNREPLAYABLE run could not be replayed."""
+    events: int
+    """Events rebuilt from the history and replayed."""
+    raw: workflow_service_pb2.RunReplay = field(
+        default_factory=workflow_service_pb2.RunReplay, repr=False, compare=False
+    )
+    """The message this view was built from."""
+
+    @classmethod
+    def from_proto(cls, message: workflow_service_pb2.RunReplay) -> RunReplay:
+        """Builds the view of a ``composer.v1.RunReplay``."""
+        return cls(
+            run_id=message.run_id,
+            workflow_version=message.workflow_version,
+            status=RunStatus.from_proto(message.status),
+            verdict=ReplayVerdict.from_proto(message.verdict),
+            divergence=ReplayDivergence.from_proto(message.divergence) if message.HasField("divergence") else None,
+            differences=tuple(ReplayDifference.from_proto(d) for d in message.differences),
+            unreplayable_reason=message.unreplayable_reason,
+            events=message.events,
+            raw=message,
+        )
+
+
+class CheckScope(enum.Enum):
+    """Which runs check_workflow_version replays."""
+
+    IN_FLIGHT = "IN_FLIGHT"
+    """The runs in flight: RUNNING, COMPENSATING, PAUSED (of every version)."""
+    COMPLETED = "COMPLETED"
+    """The runs that completed, newest first."""
+
+    def to_proto(self) -> int:
+        """The ``composer.v1.CheckScope`` number of this scope."""
+        return int(workflow_service_pb2.CheckScope.Value(f"CHECK_SCOPE_{self.value}"))
+
+
+@dataclass(frozen=True)
+class WorkflowVersionCheck:
+    """The verdicts of every run check_workflow_version replayed, summed over the pages it fetched."""
+
+    checked: int = 0
+    """Runs replayed."""
+    identical: int = 0
+    """Of them, identical."""
+    compatible: int = 0
+    """Compatible."""
+    incompatible: int = 0
+    """Incompatible."""
+    unreplayable: int = 0
+    """Not replayable."""
+    runs: tuple[RunReplay, ...] = ()
+    """Every run that is not identical, with its verdict, newest first."""
+
+    @property
+    def counts(self) -> dict[ReplayVerdict, int]:
+        """How many runs got each verdict (every verdict present, 0 where none)."""
+        return {
+            ReplayVerdict.IDENTICAL: self.identical,
+            ReplayVerdict.COMPATIBLE: self.compatible,
+            ReplayVerdict.INCOMPATIBLE: self.incompatible,
+            ReplayVerdict.UNREPLAYABLE: self.unreplayable,
+        }
 
 
 @dataclass(frozen=True)
@@ -821,6 +975,7 @@ __all__ = [
     "BulkOperationFailure",
     "BulkOperationKind",
     "BulkOperationStatus",
+    "CheckScope",
     "EventDelivery",
     "Failure",
     "HistoryEvent",
@@ -828,8 +983,12 @@ __all__ = [
     "NodeStatus",
     "OverlapPolicy",
     "QueueRateLimit",
+    "ReplayDifference",
+    "ReplayDivergence",
+    "ReplayVerdict",
     "Run",
     "RunFilter",
+    "RunReplay",
     "RunStatus",
     "Schedule",
     "ScheduleAction",
@@ -840,5 +999,6 @@ __all__ = [
     "ValidationProblem",
     "WorkflowSummary",
     "WorkflowVersion",
+    "WorkflowVersionCheck",
     "run_counts_from_proto",
 ]

@@ -2,6 +2,7 @@
 // `composer serve` on a free loopback port with --auth-secret, tokens minted by `composer token`.
 // Needs COMPOSER_TEST_DATABASE_URL and COMPOSER_TEST_REDIS_URL (scripts/with-services.sh) and the
 // binary COMPOSER_BIN (default <repo>/target/debug/composer).
+import assert from "node:assert/strict";
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdtempSync, appendFileSync, readFileSync } from "node:fs";
@@ -313,4 +314,69 @@ export class WorkerProcess {
   kill(): void {
     if (this.process.exitCode === null && this.process.signalCode === null) this.process.kill("SIGKILL");
   }
+}
+
+// --- versions: an order workflow whose runs wait in B (docs/versions.md) ---
+
+/** The queues of one workflow: A's, and the rest's (no worker serves it while runs wait in B). */
+export interface Queues {
+  a: string;
+  rest: string;
+}
+
+/** The order workflow: A -> B -> C, with D after C (`withD`) and B's task named `bTask`. */
+export function orderSource(name: string, queues: Queues, options: { withD?: boolean; bTask?: string } = {}): string {
+  const d = options.withD ? `  - { id: D, type: TASK, queue: ${queues.rest}, task: d }\n` : "";
+  const toD = options.withD ? "  - { from: C, to: D }\n" : "";
+  return `name: ${name}
+nodes:
+  - { id: A, type: TASK, queue: ${queues.a}, task: a }
+  - { id: B, type: TASK, queue: ${queues.rest}, task: ${options.bTask ?? "b"}, input: { amount: "\${nodes.A.output.amount}" } }
+  - { id: C, type: TASK, queue: ${queues.rest}, task: c }
+${d}edges:
+  - { from: A, to: B }
+  - { from: B, to: C }
+${toD}`;
+}
+
+/** A workflow registered as v1 (A -> B -> C), v2 (D appended) and v3 (B's task renamed). */
+export async function registerVersions(client: Client, prefix: string): Promise<{ name: string; queues: Queues; v1: string; v2: string; v3: string }> {
+  const s = hex();
+  const name = `${prefix}-${s}`;
+  const queues = { a: `${prefix}-a-${s}`, rest: `${prefix}-rest-${s}` };
+  const v1 = orderSource(name, queues);
+  const v2 = orderSource(name, queues, { withD: true });
+  const v3 = orderSource(name, queues, { bTask: "b_renamed" });
+  assert.deepEqual(
+    [(await client.registerWorkflow(v1)).version, (await client.registerWorkflow(v2)).version, (await client.registerWorkflow(v3)).version],
+    [1, 2, 3],
+  );
+  return { name, queues, v1, v2, v3 };
+}
+
+/** Polls the run until node `nodeId` has started. */
+export async function waitingIn(client: Client, runId: string, nodeId: string, timeoutMs = 60_000): Promise<Run> {
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    const run = await client.getRun(runId);
+    if (run.nodes.some((n) => n.nodeId === nodeId)) return run;
+    if (Date.now() > deadline) throw new Error(`run ${runId} did not reach ${nodeId} within ${timeoutMs} ms: ${JSON.stringify(run.nodes)}`);
+    await sleep(50);
+  }
+}
+
+/** Starts `count` runs of v1 and lets a worker of A alone finish A: each run then waits in B. */
+export async function runsWaitingInB(address: string, client: Client, name: string, queues: Queues, count: number): Promise<string[]> {
+  const onlyA = worker(address, { slots: 2 });
+  onlyA.task(queues.a, "a", () => ({ amount: 30 }));
+  return serving(onlyA, async () => {
+    const ids: string[] = [];
+    for (let i = 0; i < count; i++) ids.push((await client.startRun(name, { customer: `c-${i}` }, { version: 1 })).runId);
+    for (const id of ids) {
+      const run = await waitingIn(client, id, "B");
+      assert.equal(run.status, "RUNNING");
+      assert.equal(run.nodes.find((n) => n.nodeId === "A")?.status, "COMPLETED");
+    }
+    return ids;
+  });
 }
