@@ -39,7 +39,7 @@ case $build in
     # the selection `make test` builds (scripts/test.sh): nothing compiles
     # again
     cargo build --quiet --workspace --lib --bins --tests
-    set -- --server-cores 0 --only floor,b1,sdk,b2,b3,b4,b7,b6,obs,bulk,b8,b5 "$@"
+    set -- --server-cores 0 --only floor,b1,sdk,b2,b3,b4,b7,b6,obs,bulk,migrate,b8,b5 "$@"
     ;;
   *) echo "bench: BENCH_BUILD is release or debug, not $build" >&2; exit 2 ;;
 esac

@@ -52,7 +52,7 @@ struct Args {
     #[arg(long, default_value = "composer-loadgen")]
     command: String,
     /// Only these sections (comma-separated:
-    /// floor,b1,sdk,payload,b2,b3,b4,b7,b5,b6,obs,bulk,b8).
+    /// floor,b1,sdk,payload,b2,b3,b4,b7,b5,b6,obs,bulk,migrate,b8).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Sample the machine with perf for this many seconds during B1 (the
@@ -101,6 +101,7 @@ struct Results {
     listing: Option<listing::Listing>,
     observability: Option<observability::Observability>,
     bulk: Option<bulk::BulkCost>,
+    migrate: Option<bulk::BulkCost>,
     payload: Option<Vec<payload::PayloadRow>>,
     chain: Option<chain::Chain>,
     noisy: Option<noisy::Noisy>,
@@ -376,7 +377,16 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
         );
     }
     if want("bulk") {
-        results.bulk = section!("a bulk retry against live dispatch", bulk::bulk_cost(ctx));
+        results.bulk = section!(
+            "a bulk retry against live dispatch",
+            bulk::bulk_cost(ctx, bulk::BulkBench::Retry)
+        );
+    }
+    if want("migrate") {
+        results.migrate = section!(
+            "MigrateRuns against live dispatch",
+            bulk::bulk_cost(ctx, bulk::BulkBench::Migrate)
+        );
     }
     if want("b8") {
         results.noisy = section!("B8 noisy neighbours", noisy::noisy(ctx));
@@ -660,7 +670,7 @@ fn render(r: &Results, statements: bool) -> String {
     if let Some(observed) = &r.observability {
         observability_rows(&mut t, observed);
     }
-    if let Some(cost) = &r.bulk {
+    for cost in [&r.bulk, &r.migrate].into_iter().flatten() {
         bulk_rows(&mut t, cost);
     }
     if let Some(noisy) = &r.noisy {
@@ -738,40 +748,59 @@ fn chain_rows(t: &mut String, c: &chain::Chain) {
 
 fn bulk_rows(t: &mut String, cost: &bulk::BulkCost) {
     let op = &cost.operation;
+    let (name, what, done) = match cost.bench {
+        bulk::BulkBench::Retry => ("bulk retry", "failed runs", "all retried once"),
+        bulk::BulkBench::Migrate => ("migrate", "runs waiting in a task", "all moved once"),
+    };
+    let rpc = match cost.bench {
+        bulk::BulkBench::Retry => "BulkRetryRuns",
+        bulk::BulkBench::Migrate => "MigrateRuns",
+    };
     let _ = writeln!(
         t,
-        "| bulk retry | {} failed runs created by StartRun | {:.1} s | | |",
+        "| {name} | {} {what} created by StartRun | {:.1} s | | |",
         cost.runs, cost.create_secs
     );
     let _ = writeln!(
         t,
-        "| bulk retry | BulkRetryRuns: matched / succeeded / skipped / failed | {} / {} / {} / {} | all retried once | {} |",
+        "| {name} | {rpc}: matched / succeeded / skipped / failed | {} / {} / {} / {} | {done} | {} |",
         op.matched,
         op.succeeded,
         op.skipped,
         op.failed,
         verdict(op.succeeded == cost.runs as i64 && op.failed == 0)
     );
+    if let Some(moved) = cost.moved {
+        let runs = cost.runs as i64;
+        let _ = writeln!(
+            t,
+            "| {name} | run_migrated entries / runs with one / runs on v2 (Postgres) | {} / {} / {} | {runs} each | {} |",
+            moved.entries,
+            moved.runs,
+            moved.on_target,
+            verdict(moved.entries == runs && moved.runs == runs && moved.on_target == runs)
+        );
+    }
     let _ = writeln!(
         t,
-        "| bulk retry | operation start → end, s (runs/s) | {:.1} ({:.0}) | | |",
+        "| {name} | operation start → end, s (runs/s) | {:.1} ({:.0}) | | |",
         cost.op_secs,
         cost.runs as f64 / cost.op_secs.max(0.001)
     );
     let _ = writeln!(
         t,
-        "| bulk retry | B2 report → next task leased, idle, ms p50 / p99 / max | {} | | |",
+        "| {name} | B2 report → next task leased, idle, ms p50 / p99 / max | {} | | |",
         d3(&cost.idle)
     );
     let _ = writeln!(
         t,
-        "| bulk retry | the same during the operation | {} | | |",
+        "| {name} | the same during the operation | {} | | |",
         d3(&cost.during)
     );
     let ratio = cost.p99_ratio();
     let _ = writeln!(
         t,
-        "| bulk retry | p99 during / p99 idle | {ratio:.2} | ≤ 2 | {} |",
+        "| {name} | p99 during / p99 idle | {ratio:.2} | ≤ 2 | {} |",
         verdict(ratio <= 2.0)
     );
 }

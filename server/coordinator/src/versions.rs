@@ -5,8 +5,7 @@
 use std::{collections::BTreeMap, sync::Arc};
 
 use composer_engine::{
-    CompiledWorkflow, NodeKey, NodeState, Timestamp,
-    history::HistoryEventType,
+    CompiledWorkflow, NodeKey, NodeState,
     replay::{NodeMapping, RecordedEntry, RecordedRun, ReplayReport, replay},
 };
 use composer_store::runs::{self, HistoryRow, NodeRow, RunFilter, RunRow};
@@ -326,26 +325,15 @@ pub fn recorded_from_store(
     let history = history
         .iter()
         .map(|row| {
-            let kind = HistoryEventType::parse(&row.event_type).ok_or_else(|| {
-                format!(
-                    "history entry {}: unknown event type {:?}",
-                    row.seq, row.event_type
-                )
-            })?;
-            let node = row
-                .node_key
-                .as_deref()
-                .map(str::parse::<NodeKey>)
-                .transpose()
-                .map_err(|e| format!("history entry {}: {e}", row.seq))?;
-            Ok(RecordedEntry {
-                sequence: u64::try_from(row.seq).unwrap_or_default(),
-                kind,
-                node,
-                attempt: row.attempt.and_then(|a| u32::try_from(a).ok()),
-                details: row.details.clone(),
-                at: Timestamp(row.created_at.timestamp_millis()),
-            })
+            RecordedEntry::parse(
+                row.seq,
+                &row.event_type,
+                row.node_key.as_deref(),
+                row.attempt,
+                row.details.clone(),
+                row.created_at.timestamp_millis(),
+            )
+            .map_err(|e| e.to_string())
         })
         .collect::<Result<Vec<_>, String>>()?;
     Ok(RecordedRun {

@@ -197,7 +197,7 @@ impl HistoryEventType {
                 "ResumeRun resumed the run; the actor is the caller, `details.released_tasks` how many held tasks were dispatched"
             }
             Self::RunMigrated => {
-                "MigrateRuns moved the run to another version of its workflow (`details.from_version`, `details.to_version`, `details.node_mapping` of renamed node ids); entries before it name the nodes by their old ids"
+                "MigrateRuns moved the run to another version of its workflow (`details.from_version`, `details.to_version`, `details.node_mapping` of renamed node ids, `details.verdict` of the replay that allowed it, `details.operation_id`); entries before it name the nodes by their old ids"
             }
         }
     }

@@ -53,6 +53,51 @@ pub struct RecordedEntry {
     pub at: Timestamp,
 }
 
+/// Why a stored or given history entry is not one replay can read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EntryError {
+    #[error("history entry {sequence}: unknown event type {event_type:?}")]
+    UnknownEventType { sequence: i64, event_type: String },
+    #[error("history entry {sequence}: {problem}")]
+    Malformed { sequence: i64, problem: String },
+}
+
+impl RecordedEntry {
+    /// An entry from its stored fields: the event type's name, the node key
+    /// as text (None or empty: none), the attempt (None or 0: none), and
+    /// its time in milliseconds since the epoch.
+    pub fn parse(
+        sequence: i64,
+        event_type: &str,
+        node: Option<&str>,
+        attempt: Option<i32>,
+        details: Json,
+        at_millis: i64,
+    ) -> Result<RecordedEntry, EntryError> {
+        let malformed = |problem: String| EntryError::Malformed { sequence, problem };
+        let kind = H::parse(event_type).ok_or_else(|| EntryError::UnknownEventType {
+            sequence,
+            event_type: event_type.to_owned(),
+        })?;
+        let node = match node {
+            None | Some("") => None,
+            Some(key) => Some(key.parse::<NodeKey>().map_err(malformed)?),
+        };
+        let attempt = match attempt {
+            None | Some(0) => None,
+            Some(n) => Some(u32::try_from(n).map_err(|_| malformed(format!("attempt {n}")))?),
+        };
+        Ok(RecordedEntry {
+            sequence: u64::try_from(sequence).unwrap_or_default(),
+            kind,
+            node,
+            attempt,
+            details,
+            at: Timestamp(at_millis),
+        })
+    }
+}
+
 /// What replay reads of a run: its input, the outputs its nodes recorded
 /// (reports, events and child runs hand them in; history does not repeat
 /// them), and its history, oldest first.

@@ -5,9 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use composer_engine::replay::{NodeMapping, ReplayReport, Verdict};
 use composer_engine::{
-    NodeKey, Timestamp,
-    history::HistoryEventType,
-    replay::{RecordedEntry, RecordedRun},
+    NodeKey,
+    replay::{EntryError, RecordedEntry, RecordedRun},
 };
 use composer_proto::v1::{
     HistoryEvent, ReplayDifference, ReplayDivergence, ReplayVerdict, Run, RunReplay,
@@ -88,32 +87,29 @@ pub fn recorded_run(run: &Run, history: &[HistoryEvent]) -> Result<RecordedRun, 
 
 fn entry_of(event: &HistoryEvent) -> Result<RecordedEntry, RecordError> {
     let sequence = event.sequence;
-    let bad = |problem: String| RecordError::BadEntry { sequence, problem };
-    let kind = HistoryEventType::parse(&event.event_type).ok_or_else(|| {
-        RecordError::UnknownEventType {
-            sequence,
-            event_type: event.event_type.clone(),
-        }
-    })?;
-    let node = match event.node_id.as_str() {
-        "" => None,
-        id => Some(id.parse::<NodeKey>().map_err(bad)?),
-    };
-    let attempt = match event.attempt {
-        0 => None,
-        n => Some(u32::try_from(n).map_err(|_| bad(format!("attempt {n}")))?),
-    };
+    let details = json_of(event.details.clone())
+        .map_err(|problem| RecordError::BadEntry { sequence, problem })?;
     let at = event
         .event_time
         .as_ref()
         .map_or(0, |t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000);
-    Ok(RecordedEntry {
-        sequence: u64::try_from(sequence).unwrap_or_default(),
-        kind,
-        node,
-        attempt,
-        details: json_of(event.details.clone()).map_err(bad)?,
-        at: Timestamp(at),
+    RecordedEntry::parse(
+        sequence,
+        &event.event_type,
+        Some(&event.node_id),
+        Some(event.attempt),
+        details,
+        at,
+    )
+    .map_err(|error| match error {
+        EntryError::UnknownEventType {
+            sequence,
+            event_type,
+        } => RecordError::UnknownEventType {
+            sequence,
+            event_type,
+        },
+        EntryError::Malformed { sequence, problem } => RecordError::BadEntry { sequence, problem },
     })
 }
 
@@ -182,6 +178,7 @@ fn snake(value: &impl serde::Serialize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use composer_engine::history::HistoryEventType;
     use composer_proto::v1::NodeState;
 
     fn event(sequence: i64, event_type: &str, node_id: &str, attempt: i32) -> HistoryEvent {

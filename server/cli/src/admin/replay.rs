@@ -2,7 +2,10 @@
 //! definition by the engine in this binary, online (the run fetched from a
 //! server) or offline (a file `composer run history RUN_ID -o json` wrote).
 
-use std::path::{Path, PathBuf};
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+};
 
 use clap::Args;
 use composer_engine::{
@@ -67,7 +70,7 @@ pub async fn replay_command(args: ReplayArgs) -> Result<(), AdminError> {
         (Some(path), _) => read_record(path)?,
         (None, Some(run_id)) => {
             let connected = api.insert(Api::connect(&args.client.connect).await?);
-            fetch_record(connected, run_id).await?
+            fetch_record(connected, run_id, &mut Definitions::default()).await?
         }
         (None, None) => return Err(AdminError::Usage("name a run or --history".into())),
     };
@@ -123,10 +126,33 @@ pub fn replay_record(
     })
 }
 
+/// Definitions already fetched, by name and version: a check of many runs
+/// fetches each version once.
+#[derive(Debug, Default)]
+pub struct Definitions(HashMap<(String, i32), WorkflowVersion>);
+
+impl Definitions {
+    async fn get(
+        &mut self,
+        api: &mut Api,
+        name: &str,
+        version: i32,
+    ) -> Result<WorkflowVersion, AdminError> {
+        let key = (name.to_owned(), version);
+        if let Some(known) = self.0.get(&key) {
+            return Ok(known.clone());
+        }
+        let fetched = fetch_workflow(api, name, version).await?;
+        self.0.insert(key, fetched.clone());
+        Ok(fetched)
+    }
+}
+
 /// The run and the definition it runs on, from the server.
 pub async fn fetch_context(
     api: &mut Api,
     run_id: &str,
+    definitions: &mut Definitions,
 ) -> Result<(Run, WorkflowVersion), AdminError> {
     let run = api
         .runs
@@ -138,13 +164,19 @@ pub async fn fetch_context(
         .into_inner()
         .run
         .unwrap_or_default();
-    let workflow = fetch_workflow(api, &run.workflow_name, run.workflow_version).await?;
+    let workflow = definitions
+        .get(api, &run.workflow_name, run.workflow_version)
+        .await?;
     Ok((run, workflow))
 }
 
 /// The run, its whole history and its definition, from the server.
-pub async fn fetch_record(api: &mut Api, run_id: &str) -> Result<RunRecord, AdminError> {
-    let (run, workflow) = fetch_context(api, run_id).await?;
+pub async fn fetch_record(
+    api: &mut Api,
+    run_id: &str,
+    definitions: &mut Definitions,
+) -> Result<RunRecord, AdminError> {
+    let (run, workflow) = fetch_context(api, run_id, definitions).await?;
     let mut events = Vec::new();
     let mut page_token = String::new();
     loop {
@@ -533,6 +565,7 @@ async fn check_here(
         _ => in_flight_statuses().iter().map(|s| *s as i32).collect(),
     };
     let mut tally = Tally::default();
+    let mut definitions = Definitions::default();
     let mut page_token = String::new();
     loop {
         let page = api
@@ -550,7 +583,7 @@ async fn check_here(
             if most.is_some_and(|m| tally.checked >= m) {
                 return Ok(tally);
             }
-            let record = fetch_record(api, &run.run_id).await?;
+            let record = fetch_record(api, &run.run_id, &mut definitions).await?;
             let outcome = match replay_record(&record, &source, target.mapping) {
                 Ok(report) => Ok(report),
                 Err(AdminError::Unreplayable(reason)) => Err(reason),

@@ -403,7 +403,12 @@ async fn history(args: HistoryArgs) -> Result<(), AdminError> {
     if args.client.output == Format::Json {
         // the run and its definition beside the history: the file replays
         // offline (`workflow replay --history`)
-        let record = super::replay::fetch_context(&mut api, &args.run_id).await?;
+        let record = super::replay::fetch_context(
+            &mut api,
+            &args.run_id,
+            &mut super::replay::Definitions::default(),
+        )
+        .await?;
         let json = super::replay::record_json(to_json(&all), &record.0, &record.1);
         let text = serde_json::to_string_pretty(&json).unwrap_or_default();
         return print_text(&format!("{text}\n"));
