@@ -196,6 +196,18 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_QUOTAS_FILE")]
     pub quotas_file: Option<std::path::PathBuf>,
 
+    /// A file holding a key-encryption key of the secret store (64
+    /// hexadecimal digits; `composer secret new-key` makes one). Repeat (or
+    /// separate with commas) to give several: the first wraps new data keys
+    /// and `rewrap` moves every namespace to it, all of them unwrap. Unset:
+    /// the server serves everything but secrets (docs/secrets.md).
+    #[arg(
+        long = "secrets-key-file",
+        env = "COMPOSER_SECRETS_KEY_FILE",
+        value_delimiter = ','
+    )]
+    pub secrets_key_files: Vec<std::path::PathBuf>,
+
     #[command(flatten)]
     pub auth: AuthArgs,
 

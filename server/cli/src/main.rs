@@ -12,7 +12,7 @@ use clap_complete::Shell;
 use composer_cli::{
     admin::{
         self, EXIT_CODES_HELP, bulk::OperationCommand, queue::QueueCommand, run::RunCommand,
-        schedule::ScheduleCommand, server::ServerCommand,
+        schedule::ScheduleCommand, secret::SecretCommand, server::ServerCommand,
         workflow::WorkflowCommand as RemoteWorkflowCommand,
     },
     auth::{self, TokenArgs},
@@ -62,6 +62,9 @@ enum Command {
     /// Set and read queue settings: rate limits.
     #[command(subcommand)]
     Queue(QueueCommand),
+    /// Set, list and delete the namespace's secrets (values are never shown).
+    #[command(subcommand)]
+    Secret(SecretCommand),
     /// Ask a server about itself.
     #[command(subcommand)]
     Server(ServerCommand),
@@ -109,6 +112,7 @@ fn main() -> ExitCode {
         Command::Operation(command) => admin::execute(admin::bulk::run(command)),
         Command::Schedule(command) => admin::execute(admin::schedule::run(command)),
         Command::Queue(command) => admin::execute(admin::queue::run(command)),
+        Command::Secret(command) => admin::execute(admin::secret::run(command)),
         Command::Server(command) => admin::execute(admin::server::run(command)),
         Command::Completions { shell } => {
             clap_complete::generate(
@@ -174,6 +178,7 @@ fn serve_or_migrate(command: Command) -> ExitCode {
             | Command::Operation(_)
             | Command::Schedule(_)
             | Command::Queue(_)
+            | Command::Secret(_)
             | Command::Server(_)
             | Command::Completions { .. } => {}
             Command::Migrate { backend, server } => {

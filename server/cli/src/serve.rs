@@ -2,6 +2,7 @@
 
 use std::{future::Future, net::SocketAddr, sync::Arc};
 
+use composer_coordinator::secrets::KeyRing;
 use composer_coordinator::{
     Backends, Broker, BrokerError, Coordinator, CoordinatorConfig,
     dispatch::redis_conn::RedisTarget,
@@ -67,6 +68,9 @@ pub enum StartError {
     /// The quotas file could not be read or is invalid.
     #[error("COMPOSER_QUOTAS_FILE (--quotas-file) {0}")]
     Quotas(String),
+    /// A secrets key file could not be read or is not a key.
+    #[error("COMPOSER_SECRETS_KEY_FILE (--secrets-key-file) {0}")]
+    SecretsKey(#[from] composer_coordinator::secrets::KeyError),
 }
 
 /// Connects to Postgres and applies the migrations.
@@ -229,7 +233,8 @@ fn start_background(
         },
     )
     .with_publisher(publisher)
-    .with_changes(feed);
+    .with_changes(feed)
+    .with_secret_keys(KeyRing::from_files(&server.secrets_key_files)?);
     if server.hand_off {
         coordinator = coordinator.with_hand_off(Arc::clone(&hub));
     }

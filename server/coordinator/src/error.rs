@@ -104,6 +104,27 @@ pub enum CoordinatorError {
         /// Why, in words (the divergence when incompatible).
         why: String,
     },
+    /// No secret of that name in the namespace.
+    #[error("secret {0:?} not found")]
+    SecretNotFound(String),
+    /// The namespace holds as many secrets as it may.
+    #[error("the namespace holds {limit} secrets, its most; delete one first")]
+    SecretQuota {
+        /// The limit.
+        limit: i64,
+    },
+    /// A secret used in a request's text is not UTF-8.
+    #[error("secret {name:?} is not UTF-8 text, so it cannot go into a request")]
+    SecretNotText {
+        /// The secret.
+        name: String,
+    },
+    /// The namespace has no secrets at all yet.
+    #[error("the namespace has no secrets yet")]
+    NoDataKey,
+    /// A key of the secret store cannot be used.
+    #[error(transparent)]
+    SecretKey(#[from] crate::secrets::KeyError),
     /// Stored state could not be read back (a bug or a manual edit).
     #[error("corrupt stored state: {0}")]
     Corrupt(String),

@@ -20,6 +20,7 @@ pub mod events;
 pub mod http;
 pub mod limits;
 pub mod observe;
+pub mod secrets;
 pub mod time;
 pub mod versions;
 pub mod workflows;
@@ -126,6 +127,8 @@ pub struct Coordinator {
     /// The polls waiting in this server, which tasks armed here may go to
     /// directly (decision 0034); None: every task goes through Redis.
     polls: Option<Arc<dispatch::poll_hub::PollHub>>,
+    /// The secret store's keys (none given: secrets refused).
+    secret_keys: Arc<secrets::SecretKeys>,
 }
 
 impl Coordinator {
@@ -151,7 +154,18 @@ impl Coordinator {
             task_rates: Arc::default(),
             bulk_wake: Arc::default(),
             polls: None,
+            secret_keys: Arc::default(),
         }
+    }
+
+    /// Seals and opens secrets with `ring`'s keys (decision 0044).
+    pub fn with_secret_keys(mut self, ring: secrets::KeyRing) -> Self {
+        self.secret_keys = secrets::SecretKeys::new(ring);
+        self
+    }
+
+    pub(crate) fn secret_keys(&self) -> &secrets::SecretKeys {
+        &self.secret_keys
     }
 
     /// The same coordinator (caches, publisher, queues) over another pool:

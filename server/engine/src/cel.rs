@@ -843,6 +843,9 @@ impl Checker<'_, '_> {
             "nodes" => {
                 Err("'nodes' must be followed by .<id>.output, .<id>.error or .<id>.status".into())
             }
+            // a template piece `${secrets.NAME}` never reaches CEL: the
+            // HTTP node's url, headers and body keep it for the executor
+            "secrets" => Err(SECRETS_ONLY_THERE.into()),
             _ => Err(format!(
                 "undeclared reference to '{name}' (in scope: input, nodes, run{})",
                 if self.scope.map_element {
@@ -1081,6 +1084,11 @@ pub struct Program {
 
 /// Compiles `src` in `scope`: parse, resolve, type-check. The message is
 /// ready for a validation error.
+/// Where `secrets.NAME` may be written, said wherever else it is.
+pub const SECRETS_ONLY_THERE: &str = "secrets may be used only as `${secrets.NAME}` on its own \
+     in an HTTP node's url, header values and body strings, or named in a CODE node's `secrets`; \
+     never in expressions, conditions, outputs or a TASK's input (docs/secrets.md)";
+
 pub fn compile(src: &str, scope: &Scope<'_>) -> Result<Program, String> {
     if src.len() > MAX_EXPRESSION_LEN {
         return Err(format!(

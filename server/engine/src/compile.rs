@@ -796,7 +796,7 @@ pub(crate) fn build(
             }
             NodeType::Http => {
                 required(node.http.is_some(), "http", &mut errors);
-                let mut request = serde_json::Map::new();
+                let mut request = Vec::new();
                 if let Some(http) = &node.http {
                     const METHODS: [&str; 7] =
                         ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"];
@@ -815,30 +815,46 @@ pub(crate) fn build(
                     }
                     let timeout =
                         duration_field(&http.timeout, format!("{path}.http.timeout"), &mut errors);
-                    request.insert("method".into(), http.method.to_ascii_uppercase().into());
-                    request.insert("url".into(), http.url.clone().into());
-                    request.insert(
-                        "headers".into(),
+                    // url, header values and body may hold `${secrets.NAME}`;
+                    // the names go beside them for the executor
+                    let mut secrets = Vec::new();
+                    let mut bearing = |field: &str, value: serde_json::Value| {
+                        let template = template::compile_secret_bearing(
+                            &value,
+                            &format!("{path}.http.{field}"),
+                            &plain,
+                            &mut expr_errors,
+                            &mut secrets,
+                        );
+                        (field.to_owned(), template)
+                    };
+                    request.push(bearing("url", http.url.clone().into()));
+                    request.push(bearing(
+                        "headers",
                         http.headers
                             .clone()
                             .unwrap_or_else(|| serde_json::json!({})),
-                    );
-                    request.insert(
-                        "body".into(),
+                    ));
+                    request.push(bearing(
+                        "body",
                         http.body.clone().unwrap_or(serde_json::Value::Null),
-                    );
-                    request.insert(
-                        "timeout_ms".into(),
-                        timeout.map_or(serde_json::Value::Null, Into::into),
-                    );
+                    ));
+                    request.push((
+                        "method".to_owned(),
+                        Template::Literal(http.method.to_ascii_uppercase().into()),
+                    ));
+                    request.push((
+                        "timeout_ms".to_owned(),
+                        Template::Literal(timeout.map_or(serde_json::Value::Null, Into::into)),
+                    ));
+                    if !secrets.is_empty() {
+                        secrets.sort();
+                        request.push(("secrets".to_owned(), Template::Literal(secrets.into())));
+                    }
                 }
-                let request = template::compile(
-                    &serde_json::Value::Object(request),
-                    &format!("{path}.http"),
-                    &plain,
-                    &mut expr_errors,
-                );
-                Kind::Http { request }
+                Kind::Http {
+                    request: Template::Object(request),
+                }
             }
             NodeType::Code => {
                 required(node.code.is_some(), "code", &mut errors);

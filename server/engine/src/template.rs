@@ -4,6 +4,13 @@
 //! kept; a string with `${...}` pieces among other text is interpolation
 //! (each piece rendered as text: strings as-is, other values as JSON);
 //! everything else is literal.
+//!
+//! In an HTTP node's url, header values and body, a piece that is exactly
+//! `${secrets.NAME}` is kept as that text for the executor to fill in at
+//! execution time (the value is never rendered into a run); a string that
+//! a rendered value brings there and that holds `${secrets.` is written
+//! with `$${secrets.` instead, which the executor reads back as literal
+//! text, so data never names a secret.
 
 use serde_json::Value as Json;
 
@@ -19,12 +26,32 @@ pub enum Template {
     Interpolated(Vec<Piece>),
     List(Vec<Template>),
     Object(Vec<(String, Template)>),
+    /// A part where `${secrets.NAME}` pieces may stand: rendered values
+    /// in it are escaped (see the module's doc).
+    SecretBearing(Box<Template>),
 }
 
 #[derive(Debug, Clone)]
 pub enum Piece {
     Text(String),
     Expr(Program),
+    /// `${secrets.NAME}`, kept as text.
+    Secret(String),
+}
+
+/// What a secret reference is written as in a rendered input.
+pub fn secret_reference(name: &str) -> String {
+    format!("${{secrets.{name}}}")
+}
+
+/// How text that a rendered value brings into a secret-bearing part is
+/// kept from naming a secret.
+pub const ESCAPED_SECRET_PREFIX: &str = "$${secrets.";
+
+/// The secret named by a piece's source, if it is exactly `secrets.NAME`.
+fn secret_name(src: &str) -> Option<&str> {
+    let name = src.trim().strip_prefix("secrets.")?;
+    crate::names::check_name(name).ok().map(|()| name)
 }
 
 /// Splits a string into text and `${...}` pieces. The closing brace is found
@@ -89,6 +116,34 @@ pub fn compile(
     scope: &Scope<'_>,
     errors: &mut Vec<(String, String)>,
 ) -> Template {
+    compile_in(value, path, scope, errors, None)
+}
+
+/// Compiles a part where `${secrets.NAME}` pieces may stand, adding each
+/// name to `secrets`.
+pub fn compile_secret_bearing(
+    value: &Json,
+    path: &str,
+    scope: &Scope<'_>,
+    errors: &mut Vec<(String, String)>,
+    secrets: &mut Vec<String>,
+) -> Template {
+    Template::SecretBearing(Box::new(compile_in(
+        value,
+        path,
+        scope,
+        errors,
+        Some(secrets),
+    )))
+}
+
+fn compile_in(
+    value: &Json,
+    path: &str,
+    scope: &Scope<'_>,
+    errors: &mut Vec<(String, String)>,
+    mut secrets: Option<&mut Vec<String>>,
+) -> Template {
     match value {
         Json::String(s) if s.contains("${") => match split(s) {
             Err(e) => {
@@ -107,19 +162,28 @@ pub fn compile(
                             None
                         }
                     };
-                if let [(true, src)] = parts.as_slice() {
-                    return compile_piece(src, errors)
-                        .map_or(Template::Literal(Json::Null), Template::Whole);
-                }
                 let mut pieces = Vec::new();
-                for (is_expr, part) in parts {
-                    if is_expr {
-                        if let Some(p) = compile_piece(&part, errors) {
-                            pieces.push(Piece::Expr(p));
-                        }
-                    } else {
-                        pieces.push(Piece::Text(part));
+                for (is_expr, part) in &parts {
+                    if !is_expr {
+                        pieces.push(Piece::Text(part.clone()));
+                        continue;
                     }
+                    if let (Some(names), Some(name)) = (secrets.as_deref_mut(), secret_name(part)) {
+                        if !names.iter().any(|n| n == name) {
+                            names.push(name.to_owned());
+                        }
+                        pieces.push(Piece::Secret(name.to_owned()));
+                        continue;
+                    }
+                    if let Some(p) = compile_piece(part, errors) {
+                        if parts.len() == 1 {
+                            return Template::Whole(p);
+                        }
+                        pieces.push(Piece::Expr(p));
+                    }
+                }
+                if parts.len() == 1 && pieces.is_empty() {
+                    return Template::Literal(Json::Null);
                 }
                 Template::Interpolated(pieces)
             }
@@ -128,12 +192,19 @@ pub fn compile(
             items
                 .iter()
                 .enumerate()
-                .map(|(i, v)| compile(v, &format!("{path}[{i}]"), scope, errors))
+                .map(|(i, v)| {
+                    let at = format!("{path}[{i}]");
+                    compile_in(v, &at, scope, errors, secrets.as_deref_mut())
+                })
                 .collect(),
         ),
         Json::Object(map) => Template::Object(
             map.iter()
-                .map(|(k, v)| (k.clone(), compile(v, &format!("{path}.{k}"), scope, errors)))
+                .map(|(k, v)| {
+                    let at = format!("{path}.{k}");
+                    let t = compile_in(v, &at, scope, errors, secrets.as_deref_mut());
+                    (k.clone(), t)
+                })
                 .collect(),
         ),
         other => Template::Literal(other.clone()),
@@ -152,20 +223,56 @@ pub fn compile_expression(src: &str, scope: &Scope<'_>) -> Result<Program, Strin
     cel::compile(inner, scope)
 }
 
+/// `value` with every `${secrets.` in its strings written `$${secrets.`.
+fn escape_secret_refs(value: Json) -> Json {
+    match value {
+        Json::String(text) if text.contains("${secrets.") => {
+            Json::String(text.replace("${secrets.", ESCAPED_SECRET_PREFIX))
+        }
+        Json::Array(items) => Json::Array(items.into_iter().map(escape_secret_refs).collect()),
+        Json::Object(map) => Json::Object(
+            map.into_iter()
+                .map(|(k, v)| (k, escape_secret_refs(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 impl Template {
     pub fn render(&self, env: &dyn Env) -> Result<Json, EvalError> {
+        self.render_in(env, false)
+    }
+
+    /// Renders; with `escape`, values that expressions bring in have their
+    /// `${secrets.` escaped.
+    fn render_in(&self, env: &dyn Env, escape: bool) -> Result<Json, EvalError> {
+        let brought = |value: Json| {
+            if escape {
+                escape_secret_refs(value)
+            } else {
+                value
+            }
+        };
         Ok(match self {
             Template::Literal(v) => v.clone(),
-            Template::Whole(p) => p.eval(env)?.to_json(),
+            Template::Whole(p) => brought(p.eval(env)?.to_json()),
             Template::Interpolated(pieces) => {
                 let mut s = String::new();
                 for piece in pieces {
                     match piece {
                         Piece::Text(t) => s.push_str(t),
-                        Piece::Expr(p) => match p.eval(env)? {
-                            Val::Str(text) => s.push_str(&text),
-                            other => s.push_str(&other.to_json().to_string()),
-                        },
+                        Piece::Secret(name) => s.push_str(&secret_reference(name)),
+                        Piece::Expr(p) => {
+                            let text = match p.eval(env)? {
+                                Val::Str(text) => text,
+                                other => other.to_json().to_string(),
+                            };
+                            match brought(Json::String(text)) {
+                                Json::String(text) => s.push_str(&text),
+                                other => s.push_str(&other.to_string()),
+                            }
+                        }
                     }
                 }
                 Json::String(s)
@@ -173,16 +280,17 @@ impl Template {
             Template::List(items) => Json::Array(
                 items
                     .iter()
-                    .map(|t| t.render(env))
+                    .map(|t| t.render_in(env, escape))
                     .collect::<Result<_, _>>()?,
             ),
             Template::Object(entries) => {
                 let mut map = serde_json::Map::new();
                 for (k, t) in entries {
-                    map.insert(k.clone(), t.render(env)?);
+                    map.insert(k.clone(), t.render_in(env, escape)?);
                 }
                 Json::Object(map)
             }
+            Template::SecretBearing(inner) => inner.render_in(env, true)?,
         })
     }
 
@@ -207,6 +315,7 @@ impl Template {
             }
             Template::List(items) => items.iter().for_each(|t| t.node_refs(out)),
             Template::Object(entries) => entries.iter().for_each(|(_, t)| t.node_refs(out)),
+            Template::SecretBearing(inner) => inner.node_refs(out),
         }
     }
 }

@@ -97,6 +97,13 @@ pub const RPC_ROLES: &[(&str, &[Role])] = &[
     ("/composer.v1.RunService/BulkPauseRuns", &[Admin, Operator]),
     ("/composer.v1.RunService/BulkResumeRuns", &[Admin, Operator]),
     ("/composer.v1.RunService/MigrateRuns", &[Admin, Operator]),
+    ("/composer.v1.SecretService/SetSecret", &[Admin, Operator]),
+    ("/composer.v1.SecretService/ListSecrets", &[Admin, Operator]),
+    (
+        "/composer.v1.SecretService/DeleteSecret",
+        &[Admin, Operator],
+    ),
+    ("/composer.v1.SecretService/RewrapSecretKeys", &[Admin]),
     ("/composer.v1.RunService/GetBulkOperation", READ),
     ("/composer.v1.RunService/ListBulkOperations", READ),
     (

@@ -9,8 +9,9 @@ use composer_coordinator::{
 };
 use composer_proto::v1::{
     queue_service_server::QueueServiceServer, run_service_server::RunServiceServer,
-    schedule_service_server::ScheduleServiceServer, server_service_server::ServerServiceServer,
-    worker_service_server::WorkerServiceServer, workflow_service_server::WorkflowServiceServer,
+    schedule_service_server::ScheduleServiceServer, secret_service_server::SecretServiceServer,
+    server_service_server::ServerServiceServer, worker_service_server::WorkerServiceServer,
+    workflow_service_server::WorkflowServiceServer,
 };
 use http::{HeaderName, HeaderValue, Method};
 use tokio::{net::TcpListener, sync::watch};
@@ -22,8 +23,8 @@ use crate::{
     dashboard::{DashboardFiles, DashboardLayer},
     health::HealthMonitor,
     services::{
-        queue::QueueApi, run::RunApi, schedule::ScheduleApi, server_info::ServerInfoService,
-        worker::WorkerApi, workflow::WorkflowApi,
+        queue::QueueApi, run::RunApi, schedule::ScheduleApi, secret::SecretApi,
+        server_info::ServerInfoService, worker::WorkerApi, workflow::WorkflowApi,
     },
 };
 
@@ -179,6 +180,12 @@ pub async fn serve(
         )
         .add_service(
             QueueServiceServer::new(QueueApi {
+                coordinator: services.coordinator.clone(),
+            })
+            .max_decoding_message_size(max_message),
+        )
+        .add_service(
+            SecretServiceServer::new(SecretApi {
                 coordinator: services.coordinator.clone(),
             })
             .max_decoding_message_size(max_message),

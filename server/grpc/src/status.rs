@@ -196,6 +196,16 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
             error.to_string(),
             "RUN_NOT_MIGRATED",
         ),
+        CoordinatorError::SecretNotFound(_) => Status::not_found(error.to_string()),
+        CoordinatorError::SecretQuota { .. } => Status::with_error_details(
+            Code::ResourceExhausted,
+            error.to_string(),
+            ErrorDetails::with_quota_failure_violation("secrets", error.to_string()),
+        ),
+        CoordinatorError::SecretNotText { .. } | CoordinatorError::NoDataKey => {
+            with_reason(Code::FailedPrecondition, error.to_string(), "SECRETS")
+        }
+        CoordinatorError::SecretKey(key_error) => secret_key_status(&key_error),
         CoordinatorError::Corrupt(detail) => {
             tracing::error!(%detail, "corrupt stored state");
             Status::internal("internal error: stored state could not be read")
@@ -236,4 +246,22 @@ pub(crate) fn check_source(source: &str) -> Result<(), Status> {
         ));
     }
     Ok(())
+}
+
+/// A secret-store key problem: the server's setup (no key, a key it was
+/// not given) is FAILED_PRECONDITION with what to do; a value that does
+/// not open is INTERNAL (it was altered in the database).
+fn secret_key_status(error: &composer_coordinator::secrets::KeyError) -> Status {
+    use composer_coordinator::secrets::KeyError;
+    match error {
+        KeyError::NoKeys | KeyError::UnknownKek(_) | KeyError::BadKeyFile { .. } => with_reason(
+            Code::FailedPrecondition,
+            error.to_string(),
+            "SECRETS_UNAVAILABLE",
+        ),
+        KeyError::DoesNotOpen(_) | KeyError::NoRandom => {
+            tracing::error!(%error, "secret store");
+            Status::internal(error.to_string())
+        }
+    }
 }

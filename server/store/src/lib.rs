@@ -10,6 +10,7 @@ pub mod pause;
 pub mod rate_limits;
 pub mod runs;
 pub mod schedules;
+pub mod secrets;
 pub mod tasks;
 pub mod timers;
 pub mod workflows;

@@ -7,8 +7,8 @@ use clap::Args;
 use composer_grpc::auth::NAMESPACE_HEADER;
 use composer_proto::v1::{
     queue_service_client::QueueServiceClient, run_service_client::RunServiceClient,
-    schedule_service_client::ScheduleServiceClient, server_service_client::ServerServiceClient,
-    workflow_service_client::WorkflowServiceClient,
+    schedule_service_client::ScheduleServiceClient, secret_service_client::SecretServiceClient,
+    server_service_client::ServerServiceClient, workflow_service_client::WorkflowServiceClient,
 };
 use tonic::{
     Request, Status,
@@ -82,6 +82,8 @@ pub struct Api {
     pub schedules: ScheduleServiceClient<Transport>,
     /// QueueService.
     pub queues: QueueServiceClient<Transport>,
+    /// SecretService.
+    pub secrets: SecretServiceClient<Transport>,
     /// ServerService.
     pub server: ServerServiceClient<Transport>,
 }
@@ -115,6 +117,8 @@ impl Api {
             schedules: ScheduleServiceClient::new(transport.clone())
                 .max_decoding_message_size(MAX_ANSWER_BYTES),
             queues: QueueServiceClient::new(transport.clone())
+                .max_decoding_message_size(MAX_ANSWER_BYTES),
+            secrets: SecretServiceClient::new(transport.clone())
                 .max_decoding_message_size(MAX_ANSWER_BYTES),
             server: ServerServiceClient::new(transport).max_decoding_message_size(MAX_ANSWER_BYTES),
         })

@@ -12,6 +12,7 @@ pub mod queue;
 pub mod replay;
 pub mod run;
 pub mod schedule;
+pub mod secret;
 pub mod server;
 pub mod status;
 mod watch;

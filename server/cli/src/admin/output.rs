@@ -74,6 +74,10 @@ api_messages!(
     TriggerScheduleResponse,
     BulkOperation,
     ListBulkOperationsResponse,
+    SetSecretResponse,
+    ListSecretsResponse,
+    DeleteSecretResponse,
+    RewrapSecretKeysResponse,
 );
 
 fn descriptors() -> &'static DescriptorPool {

@@ -21,6 +21,7 @@ mod replay;
 mod run_filters;
 mod runs;
 mod schedules;
+mod secrets;
 mod security;
 mod serve;
 mod traces;

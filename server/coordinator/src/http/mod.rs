@@ -34,6 +34,8 @@ pub use request::{BadRequest, IDEMPOTENCY_KEY};
 
 use request::HttpRequest;
 
+use crate::secrets::SecretValues;
+
 /// The reserved queue HTTP nodes are dispatched on.
 pub const HTTP_QUEUE: &str = "_http";
 
@@ -65,6 +67,24 @@ pub mod codes {
     pub const HTTP_BAD_REQUEST: &str = "HTTP_BAD_REQUEST";
     /// The target address is refused by the SSRF guard: not retryable.
     pub const SSRF_BLOCKED: &str = "SSRF_BLOCKED";
+    /// A secret the node uses cannot be read (not set, or the server has no
+    /// key for it): retryable, as setting it or giving the key mends it.
+    pub const SECRET_UNAVAILABLE: &str = "SECRET_UNAVAILABLE";
+}
+
+/// The request input with its secrets filled in the url, header values
+/// and body (nowhere else: the method and timeout never hold one).
+fn fill_request(input: &Value, secrets: &SecretValues) -> Value {
+    let mut filled = input.clone();
+    if let Some(map) = filled.as_object_mut() {
+        for field in ["url", "headers", "body"] {
+            if let Some(value) = map.get_mut(field) {
+                *value = secrets.fill(value);
+            }
+        }
+        map.remove("secrets");
+    }
+    filled
 }
 
 /// How the executor may reach out.
@@ -139,6 +159,26 @@ impl HttpOutcome {
     fn blocked(blocked: &Blocked) -> Self {
         Self::failed(codes::SSRF_BLOCKED, blocked.to_string(), false)
     }
+
+    /// The outcome with every secret value written `[secret NAME]`: what
+    /// an endpoint echoed is never stored.
+    fn redacted(self, secrets: &SecretValues) -> Self {
+        if secrets.is_empty() {
+            return self;
+        }
+        match self {
+            Self::Completed(output) => Self::Completed(secrets.redact(&output)),
+            Self::Failed {
+                code,
+                message,
+                retryable,
+            } => Self::Failed {
+                code,
+                message: secrets.redact_text(&message),
+                retryable,
+            },
+        }
+    }
 }
 
 /// Runs HTTP node attempts. Holds one client, so connections are reused;
@@ -180,9 +220,33 @@ impl HttpExecutor {
         &self.config
     }
 
-    /// Runs one attempt of an HTTP node. `idempotency_key` is the task id.
-    /// Never panics, whatever the input; every failure is an outcome.
+    /// Runs one attempt of an HTTP node that uses no secret. `idempotency_key`
+    /// is the task id. Never panics, whatever the input; every failure is an
+    /// outcome.
     pub async fn execute(&self, input: &Value, idempotency_key: &str) -> HttpOutcome {
+        self.execute_with_secrets(input, idempotency_key, &SecretValues::default())
+            .await
+    }
+
+    /// [`HttpExecutor::execute`] with `secrets` filling the `${secrets.NAME}`
+    /// of the url, header values and body; their values are redacted from
+    /// the outcome before it leaves.
+    pub async fn execute_with_secrets(
+        &self,
+        input: &Value,
+        idempotency_key: &str,
+        secrets: &SecretValues,
+    ) -> HttpOutcome {
+        let outcome = if secrets.is_empty() {
+            self.execute_filled(input, idempotency_key).await
+        } else {
+            let filled = fill_request(input, secrets);
+            self.execute_filled(&filled, idempotency_key).await
+        };
+        outcome.redacted(secrets)
+    }
+
+    async fn execute_filled(&self, input: &Value, idempotency_key: &str) -> HttpOutcome {
         let request =
             match HttpRequest::from_input(input, idempotency_key, self.config.max_request_bytes) {
                 Ok(request) => request,
@@ -196,7 +260,6 @@ impl HttpExecutor {
         }
         let timeout = request.timeout.unwrap_or(self.config.default_timeout);
         let method = request.method.clone();
-        let host = request.url.host_str().unwrap_or_default().to_owned();
         let outcome = match tokio::time::timeout(timeout, self.send(request)).await {
             Ok(outcome) => outcome,
             Err(_) => HttpOutcome::failed(
@@ -205,14 +268,15 @@ impl HttpExecutor {
                 true,
             ),
         };
+        // no host in the log: a url may carry a secret
         match &outcome {
             HttpOutcome::Completed(output) => {
-                debug!(%method, %host, status = %output["status"], "http node completed");
+                debug!(%method, status = %output["status"], "http node completed");
             }
             HttpOutcome::Failed {
                 code, retryable, ..
             } => {
-                debug!(%method, %host, %code, retryable, "http node failed");
+                debug!(%method, %code, retryable, "http node failed");
             }
         }
         outcome

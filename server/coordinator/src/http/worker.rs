@@ -10,7 +10,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::{
     Coordinator, Reporter, TaskReport,
     dispatch::poll_hub::{PollHub, PollRequest},
-    http::{HTTP_QUEUE, HttpExecutor, HttpOutcome},
+    http::{HTTP_QUEUE, HttpExecutor, HttpOutcome, codes},
 };
 
 /// Settings of the HTTP worker.
@@ -106,7 +106,22 @@ async fn execute(coordinator: &Coordinator, executor: &HttpExecutor, task: Lease
     };
     let task_id = task.id.to_string();
     let token = task.lease_token.to_string();
-    let request = executor.execute(&task.input, &task_id);
+    let names = crate::secrets::values::declared_names(&task.input);
+    let secrets = match coordinator.secret_values(&task.namespace, &names).await {
+        Ok(secrets) => secrets,
+        Err(error) => {
+            let report = TaskReport::Failed {
+                code: codes::SECRET_UNAVAILABLE.to_owned(),
+                message: error.to_string(),
+                // a secret set or a key given later lets a retry succeed
+                retryable: true,
+                details: None,
+            };
+            report_outcome(coordinator, &scope, &task, &token, report).await;
+            return;
+        }
+    };
+    let request = executor.execute_with_secrets(&task.input, &task_id, &secrets);
     tokio::pin!(request);
     let period = Duration::from_millis(
         u64::try_from(task.heartbeat_timeout_ms / 3)
@@ -139,12 +154,23 @@ async fn execute(coordinator: &Coordinator, executor: &HttpExecutor, task: Lease
             details: None,
         },
     };
+    report_outcome(coordinator, &scope, &task, &token, report).await;
+}
+
+async fn report_outcome(
+    coordinator: &Coordinator,
+    scope: &TaskScope,
+    task: &LeasedTask,
+    token: &str,
+    report: TaskReport,
+) {
+    let task_id = task.id.to_string();
     let reported = coordinator
         .report(
-            &scope,
+            scope,
             &task_id,
             task.attempt,
-            &token,
+            token,
             report,
             Reporter {
                 actor: "worker:composer-http",
