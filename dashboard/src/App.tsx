@@ -9,6 +9,7 @@ import { FailedRunsPage } from "./pages/FailedRunsPage";
 import { RunPage } from "./pages/RunPage";
 import { WorkflowsPage } from "./pages/WorkflowsPage";
 import { WorkflowPage } from "./pages/WorkflowPage";
+import { SecretsPage } from "./pages/SecretsPage";
 import { NamespaceSwitch } from "./components/NamespaceSwitch";
 import { Link, match, useLocation } from "./router";
 import { clearSession, loadSession, saveSession, type Session } from "./session";
@@ -47,6 +48,7 @@ function Shell({ session, onSwitch, onLogOut }: { session: Session; onSwitch: (s
     { href: "/runs", label: "Runs", active: path === "/" || path.startsWith("/runs") },
     { href: "/failed", label: "Failed", active: path.startsWith("/failed") },
     { href: "/workflows", label: "Workflows", active: path.startsWith("/workflows") },
+    { href: "/secrets", label: "Secrets", active: path.startsWith("/secrets") },
   ];
   return (
     <>
@@ -88,6 +90,7 @@ function Page({ path }: { path: string }) {
   if (path === "/" || path === "/runs") return <RunsPage />;
   if (path === "/failed") return <FailedRunsPage />;
   if (path === "/workflows") return <WorkflowsPage />;
+  if (path === "/secrets") return <SecretsPage />;
   const run = match("/runs/:id", path);
   if (run?.["id"]) return <RunPage key={run["id"]} runId={run["id"]} />;
   const workflow = match("/workflows/:name", path);

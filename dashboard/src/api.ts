@@ -16,6 +16,10 @@ import {
   type WebClientOptions,
 } from "@composer-dev/composer/web";
 
+// The SDK's client wraps no SecretService call and its package exports none of its generated code:
+// the service's descriptor comes from the generated source itself (never edited here), and its
+// calls go through the client's own transport, so the namespace header and the expiry hook apply.
+import { SecretService } from "../../sdks/typescript/src/gen/composer/v1/secret_service_pb";
 import type { Session } from "./session";
 
 type Interceptor = NonNullable<WebClientOptions["interceptors"]>[number];
@@ -310,6 +314,58 @@ export async function checkRunsInFlight(
     onProgress({ ...result });
   } while (pageToken);
   return result;
+}
+
+// --- secrets --------------------------------------------------------------------------------------
+
+/** A stored secret as ListSecrets and SetSecret describe it: never its value. */
+export interface SecretSummary {
+  name: string;
+  version: number;
+  createTime: Date | null;
+  updateTime: Date | null;
+  updatedBy: string;
+}
+
+export interface SecretPage {
+  secrets: SecretSummary[];
+  nextPageToken: string;
+}
+
+function secretOf(s: { name: string; version: number; createTime?: WireTimestamp; updateTime?: WireTimestamp; updatedBy: string }): SecretSummary {
+  return { name: s.name, version: s.version, createTime: dateOf(s.createTime), updateTime: dateOf(s.updateTime), updatedBy: s.updatedBy };
+}
+
+/** One page of the namespace's secrets, by name. */
+export async function listSecretsPage(client: Client, pageSize: number, pageToken: string, signal?: AbortSignal): Promise<SecretPage> {
+  const o = client.callOptions(signal ? { signal } : {});
+  const r = await client.transport.unary(SecretService.method.listSecrets, o.signal, o.timeoutMs, o.headers, { pageSize, pageToken });
+  return { secrets: r.message.secrets.map(secretOf), nextPageToken: r.message.nextPageToken };
+}
+
+/** Stores a new version of secret `name` (UTF-8 of `value`); the secret as it now is. */
+export async function setSecret(client: Client, name: string, value: string): Promise<SecretSummary> {
+  const o = client.callOptions();
+  const input = { name, value: new TextEncoder().encode(value) };
+  const r = await client.transport.unary(SecretService.method.setSecret, o.signal, o.timeoutMs, o.headers, input);
+  if (!r.message.secret) throw new Error("the server answered SetSecret without describing the secret");
+  return secretOf(r.message.secret);
+}
+
+/** Removes secret `name` and all its versions. */
+export async function deleteSecret(client: Client, name: string): Promise<void> {
+  const o = client.callOptions();
+  await client.transport.unary(SecretService.method.deleteSecret, o.signal, o.timeoutMs, o.headers, { name });
+}
+
+/** The gRPC status code of a failed call, by name. */
+export function errorCode(error: unknown): ComposerError["code"] {
+  return toComposerError(error).code;
+}
+
+/** The field violations (google.rpc.BadRequest) of a failed call. */
+export function fieldViolations(error: unknown): ComposerError["fieldViolations"] {
+  return toComposerError(error).fieldViolations;
 }
 
 export type { Json, Run, RunStatus, NodeState, NodeStatus, Failure };

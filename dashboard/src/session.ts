@@ -21,6 +21,8 @@ export interface Permissions {
   sendEvent: boolean;
   cancelRun: boolean;
   retryRun: boolean;
+  /** SetSecret, ListSecrets, DeleteSecret. */
+  manageSecrets: boolean;
   switchNamespace: boolean;
 }
 
@@ -69,6 +71,7 @@ export function permissionsOf(roles: readonly Role[]): Permissions {
     sendEvent: any("admin", "operator", "client"),
     cancelRun: any("admin", "operator"),
     retryRun: any("admin", "operator"),
+    manageSecrets: any("admin", "operator"),
     switchNamespace: any("admin"),
   };
 }

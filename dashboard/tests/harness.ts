@@ -4,7 +4,7 @@
 // COMPOSER_TEST_REDIS_URL (scripts/with-services.sh) and COMPOSER_BIN (default target/debug/composer).
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { appendFileSync, existsSync, mkdtempSync, readFileSync } from "node:fs";
+import { appendFileSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -47,6 +47,12 @@ export interface TokenOptions {
   ttl?: string;
 }
 
+/** How a Stack's server is set up beyond its command-line arguments. */
+export interface StackOptions {
+  /** Give the server a fresh key-encryption key (`composer secret new-key`), so secrets can be kept. */
+  secretsKey?: boolean;
+}
+
 /** One `composer serve` with its own database. */
 export class Stack {
   /** `http://127.0.0.1:<port>`: the dashboard and grpc-web. */
@@ -59,7 +65,10 @@ export class Stack {
   private readonly clients: Client[] = [];
   private readonly workers: { worker: Worker; served: Promise<void> }[] = [];
 
-  constructor(private readonly extraArgs: string[] = []) {}
+  constructor(
+    private readonly extraArgs: string[] = [],
+    private readonly options: StackOptions = {},
+  ) {}
 
   async start(): Promise<void> {
     const admin = process.env["COMPOSER_TEST_DATABASE_URL"];
@@ -91,6 +100,7 @@ export class Stack {
         join(DASHBOARD, "dist"),
         "--log-format",
         "json",
+        ...(this.options.secretsKey ? ["--secrets-key-file", this.writeSecretsKey()] : []),
         ...this.extraArgs,
       ],
       { stdio: ["ignore", "ignore", "pipe"] },
@@ -112,6 +122,14 @@ export class Stack {
     });
   }
 
+  /** A new key-encryption key in a file only this user reads, next to the server's log. */
+  private writeSecretsKey(): string {
+    const key = execFileSync(BINARY, ["secret", "new-key"], { encoding: "utf8" }).trim();
+    const path = join(dirname(this.logPath), "secrets.key");
+    writeFileSync(path, `${key}\n`, { mode: 0o600 });
+    return path;
+  }
+
   tail(): string {
     try {
       return readFileSync(this.logPath, "utf8").slice(-4000);
@@ -127,6 +145,12 @@ export class Stack {
       ["token", "--sub", options.subject ?? `dashboard-${roles}`, "--ns", options.namespace ?? "default", "--role", roles, "--ttl", options.ttl ?? "2h"],
       { env: { ...process.env, COMPOSER_AUTH_SECRET: AUTH_SECRET }, encoding: "utf8" },
     ).trim();
+  }
+
+  /** Runs the `composer` admin CLI against this server with `token`, `input` on its stdin; its stdout. */
+  cli(args: string[], token: string, input = ""): string {
+    const env = { ...process.env, COMPOSER_ADDRESS: `http://${this.address}`, COMPOSER_TOKEN: token };
+    return execFileSync(BINARY, args, { env, input, encoding: "utf8" });
   }
 
   /** A Node SDK client over gRPC, as an admin of `default` unless given a token. */
@@ -176,8 +200,8 @@ export class Stack {
 }
 
 /** Starts a Stack before this file's tests and stops it after them. */
-export function useStack(extraArgs: string[] = []): Stack {
-  const stack = new Stack(extraArgs);
+export function useStack(extraArgs: string[] = [], options: StackOptions = {}): Stack {
+  const stack = new Stack(extraArgs, options);
   test.beforeAll(async () => {
     test.setTimeout(120_000);
     await stack.start();

@@ -49,6 +49,7 @@ type Client struct {
 	runs      pb.RunServiceClient
 	schedules pb.ScheduleServiceClient
 	queues    pb.QueueServiceClient
+	secrets   pb.SecretServiceClient
 	workers   pb.WorkerServiceClient
 	server    pb.ServerServiceClient
 }
@@ -166,6 +167,7 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Client, error) 
 		workflows: pb.NewWorkflowServiceClient(conn), runs: pb.NewRunServiceClient(conn),
 		workers: pb.NewWorkerServiceClient(conn), server: pb.NewServerServiceClient(conn),
 		schedules: pb.NewScheduleServiceClient(conn), queues: pb.NewQueueServiceClient(conn),
+		secrets: pb.NewSecretServiceClient(conn),
 	}, nil
 }
 

@@ -84,6 +84,12 @@
 // run of a workflow whose concurrency key is at its limit is RunQueued
 // until a run of its key ends; Run.ConcurrencyKey shows its key.
 //
+// # Secrets
+//
+// SetSecret, ListSecrets and DeleteSecret keep the namespace's secrets,
+// the credentials HTTP and CODE nodes use as ${secrets.NAME}. A Secret
+// carries a name, a version and times, never a value: no call returns one.
+//
 // # Errors of calls
 //
 // Every failed call returns an *Error (use errors.As) with the gRPC code,

@@ -45,6 +45,9 @@ var (
 		server   *serverProcess
 		token    string
 		tmp      string
+		// secretsKey is the --secrets-key-file of every server of the
+		// session: they share a database, whose data keys it wraps.
+		secretsKey string
 	}
 )
 
@@ -109,6 +112,11 @@ func startSession(admin, redis string) error {
 	}
 	session.tmp = tmp
 	session.adminURL, session.redisURL = admin, redis
+	session.secretsKey = filepath.Join(tmp, "secrets-kek.hex")
+	// A fresh key-encryption key, as `composer secret new-key` prints one: 64 hex digits.
+	if err := os.WriteFile(session.secretsKey, []byte(randomHex(32)+"\n"), 0o600); err != nil {
+		return err
+	}
 	name := "composer_sdk_go_" + randomHex(6)
 	if out, err := exec.Command("psql", admin, "-v", "ON_ERROR_STOP=1", "-q", "-c", fmt.Sprintf(`CREATE DATABASE "%s"`, name)).CombinedOutput(); err != nil {
 		return fmt.Errorf("create database: %v: %s", err, out)
@@ -150,14 +158,16 @@ func mustToken(t *testing.T, subject string, roles ...string) string {
 }
 
 // serverProcess is one `composer serve`, restartable on its port;
-// extraArgs are added to `serve`.
+// extraArgs are added to `serve`. It is given the session's secrets key
+// unless noSecretsKey.
 type serverProcess struct {
-	logPath   string
-	extraArgs []string
-	mu        sync.Mutex
-	cmd       *exec.Cmd
-	addr      string
-	exited    chan struct{}
+	logPath      string
+	extraArgs    []string
+	noSecretsKey bool
+	mu           sync.Mutex
+	cmd          *exec.Cmd
+	addr         string
+	exited       chan struct{}
 }
 
 func (s *serverProcess) address() string {
@@ -169,6 +179,9 @@ func (s *serverProcess) address() string {
 func (s *serverProcess) start(port int) error {
 	args := []string{"serve", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json",
 		"--database-url", session.dbURL, "--redis-url", session.redisURL, "--auth-secret", authSecret}
+	if !s.noSecretsKey {
+		args = append(args, "--secrets-key-file", session.secretsKey)
+	}
 	cmd := exec.Command(composerBin(), append(args, s.extraArgs...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -284,6 +297,19 @@ func ownServer(t *testing.T, extraArgs ...string) *serverProcess {
 	t.Helper()
 	services(t)
 	s := &serverProcess{logPath: filepath.Join(t.TempDir(), "own-server.log"), extraArgs: extraArgs}
+	if err := s.start(0); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.stop)
+	return s
+}
+
+// keylessServer is a server of the test's own (same database) given no
+// secrets key.
+func keylessServer(t *testing.T) *serverProcess {
+	t.Helper()
+	services(t)
+	s := &serverProcess{logPath: filepath.Join(t.TempDir(), "keyless-server.log"), noSecretsKey: true}
 	if err := s.start(0); err != nil {
 		t.Fatal(err)
 	}

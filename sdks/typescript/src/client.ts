@@ -8,6 +8,7 @@ import { ComposerError, RunFailedError, TimeoutError, toComposerError } from "./
 import { QueueService } from "./gen/composer/v1/queue_service_pb.js";
 import { RunService, SendEventRequestSchema } from "./gen/composer/v1/run_service_pb.js";
 import { ScheduleService } from "./gen/composer/v1/schedule_service_pb.js";
+import { SecretService } from "./gen/composer/v1/secret_service_pb.js";
 import { ServerService } from "./gen/composer/v1/server_service_pb.js";
 import { WorkerService } from "./gen/composer/v1/worker_service_pb.js";
 import {
@@ -34,6 +35,7 @@ import {
   runReplayFromWire,
   runStatusToWire,
   scheduleFromWire,
+  secretFromWire,
   workflowFromWire,
   workflowSummaryFromWire,
   type BulkOperation,
@@ -49,6 +51,7 @@ import {
   type RunStatus,
   type Schedule,
   type ScheduleFire,
+  type Secret,
   type ServerInfo,
   type ValidationProblem,
   type WorkflowSummary,
@@ -151,6 +154,22 @@ function scheduleParts(scheduleId: string, workflow: string, input: unknown, opt
 
 function bulkParts(filter: RunFilter, options: BulkRunsOptions) {
   return { filter: runFilterToWire(filter), all: options.all ?? false, requestId: options.requestId ?? "" };
+}
+
+/** A secret's value for {@link ComposerClient.setSecret}: bytes as they are, or text, sent as UTF-8. */
+export type SecretValue = string | Uint8Array;
+
+/** The bytes of a secret's value; a TypeError names the type or a position, never the value. */
+function secretBytes(value: SecretValue): Uint8Array {
+  if (value instanceof Uint8Array) return value;
+  if (typeof value === "string") {
+    // TextEncoder would turn a lone surrogate into U+FFFD: a different secret, set silently.
+    const lone = /[\uD800-\uDFFF]/u.exec(value);
+    if (lone) throw new TypeError(`a secret's value is not UTF-8 text: the character at index ${lone.index} cannot be encoded`);
+    return new TextEncoder().encode(value);
+  }
+  const kind = value === null ? "null" : typeof value === "object" ? ((value as object).constructor?.name ?? "object") : typeof value;
+  throw new TypeError(`a secret's value is a string or a Uint8Array, not ${kind}`);
 }
 
 /** The limit of {@link ComposerClient.setQueueRateLimit} (docs/rate-limits.md); set at least one rate. */
@@ -390,6 +409,7 @@ export class ComposerClient {
     runs: ConnectClient<typeof RunService>;
     schedules: ConnectClient<typeof ScheduleService>;
     queues: ConnectClient<typeof QueueService>;
+    secrets: ConnectClient<typeof SecretService>;
     workers: ConnectClient<typeof WorkerService>;
     server: ConnectClient<typeof ServerService>;
   };
@@ -408,6 +428,7 @@ export class ComposerClient {
       runs: createClient(RunService, this.transport),
       schedules: createClient(ScheduleService, this.transport),
       queues: createClient(QueueService, this.transport),
+      secrets: createClient(SecretService, this.transport),
       workers: createClient(WorkerService, this.transport),
       server: createClient(ServerService, this.transport),
     };
@@ -906,6 +927,47 @@ export class ComposerClient {
   /** Removes a queue's rate limit (its tasks go out unlimited within about a second); NOT_FOUND when it has none. */
   async deleteQueueRateLimit(queue: string, options: { signal?: AbortSignal } = {}): Promise<void> {
     await this.#call((o) => this.raw.queues.deleteQueueRateLimit({ queue }, o), options.signal);
+  }
+
+  // --- secrets ---------------------------------------------------------------------------------
+
+  /**
+   * Stores a new version of the secret `name` and returns it, without its value (docs/secrets.md):
+   * version 1 at first, one more at each set; a run's node uses the version current when it
+   * executes, as `${secrets.NAME}`. `value` is 1 byte to 64 KiB; a string goes as UTF-8. No call
+   * returns it, the client neither logs it nor puts it in an error, and keeps nothing of it after
+   * the call (the UTF-8 bytes it made of a string are zeroed). INVALID_ARGUMENT names the field
+   * (`name` breaking the name rule, `value` empty or too long); RESOURCE_EXHAUSTED when the
+   * namespace holds 1,000 secrets and `name` is new; FAILED_PRECONDITION when the server was given
+   * no secrets key (`--secrets-key-file`); PERMISSION_DENIED unless the token is an operator's or
+   * an admin's.
+   */
+  async setSecret(name: string, value: SecretValue, options: { signal?: AbortSignal } = {}): Promise<Secret> {
+    const bytes = secretBytes(value);
+    try {
+      const r = await this.#call((o) => this.raw.secrets.setSecret({ name, value: bytes }, o), options.signal);
+      return secretFromWire(r.secret);
+    } finally {
+      // The caller's own bytes are theirs to keep or clear; the copy made of a string is ours.
+      if (bytes !== value) bytes.fill(0);
+    }
+  }
+
+  /** The namespace's secrets by name (names, versions and times, never values), fetched a page at a time as the loop goes. */
+  async *listSecrets(options: { pageSize?: number; signal?: AbortSignal } = {}): AsyncGenerator<Secret, void, undefined> {
+    let pageToken = "";
+    for (;;) {
+      const request = { pageSize: options.pageSize ?? 100, pageToken };
+      const r = await this.#call((o) => this.raw.secrets.listSecrets(request, o), options.signal);
+      for (const secret of r.secrets) yield secretFromWire(secret);
+      if (!r.nextPageToken) return;
+      pageToken = r.nextPageToken;
+    }
+  }
+
+  /** Removes a secret and every version of it (a node naming it afterwards fails with SECRET_NOT_FOUND); NOT_FOUND when there is none. */
+  async deleteSecret(name: string, options: { signal?: AbortSignal } = {}): Promise<void> {
+    await this.#call((o) => this.raw.secrets.deleteSecret({ name }, o), options.signal);
   }
 
   /**

@@ -33,6 +33,7 @@ import {
   type ScheduleFire as WireScheduleFire,
 } from "./gen/composer/v1/schedule_service_pb.js";
 import type { QueueRateLimit as WireQueueRateLimit } from "./gen/composer/v1/queue_service_pb.js";
+import type { Secret as WireSecret } from "./gen/composer/v1/secret_service_pb.js";
 import { fromValue, type Json } from "./values.js";
 
 /**
@@ -608,6 +609,28 @@ export function queueRateLimitFromWire(l: WireQueueRateLimit | undefined): Queue
     createTime: date(l.createTime),
     updateTime: date(l.updateTime),
   };
+}
+
+/**
+ * One of the namespace's secrets, the credentials HTTP and CODE nodes use as `${secrets.NAME}`
+ * (docs/secrets.md). It never holds the value: no call returns one.
+ */
+export interface Secret {
+  /** The name, as `${secrets.NAME}` refers to it. */
+  name: string;
+  /** The current version: 1 for the first value, one more for each `setSecret` since. */
+  version: number;
+  /** When the first version was set. */
+  createTime: Date | null;
+  /** When the current version was set. */
+  updateTime: Date | null;
+  /** The subject of the token that set the current version. */
+  updatedBy: string;
+}
+
+export function secretFromWire(s: WireSecret | undefined): Secret {
+  if (!s) throw new TypeError("the server's answer carries no secret");
+  return { name: s.name, version: s.version, createTime: date(s.createTime), updateTime: date(s.updateTime), updatedBy: s.updatedBy };
 }
 
 /**

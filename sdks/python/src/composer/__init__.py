@@ -7,7 +7,7 @@
   list, cancel, retry, pause and resume runs (one by one, or every run a
   :class:`RunFilter` matches in one bulk operation), send events, wait for
   results, replay runs against a new workflow version and migrate them to it,
-  manage schedules and set queue rate limits.
+  manage schedules, set queue rate limits and keep the namespace's secrets.
 - Failed calls raise :class:`ComposerError` subclasses carrying the gRPC code
   and the field violations; handlers raise :class:`NonRetryableError` or
   :class:`TaskError` to control retries.
@@ -17,7 +17,7 @@ public interface.
 """
 
 from .backoff import Backoff
-from .client import Client, SyncClient
+from .client import Client, SecretValue, SyncClient
 from .errors import (
     AlreadyExistsError,
     ComposerError,
@@ -62,6 +62,7 @@ from .models import (
     ScheduleFire,
     ScheduleFireOutcome,
     ScheduleSpec,
+    Secret,
     ServerInfo,
     ValidationProblem,
     WorkflowSummary,
@@ -112,6 +113,8 @@ __all__ = [
     "ScheduleFire",
     "ScheduleFireOutcome",
     "ScheduleSpec",
+    "Secret",
+    "SecretValue",
     "ServerInfo",
     "SyncClient",
     "TaskCancelled",

@@ -14,6 +14,7 @@ from composer.v1 import (
     queue_service_pb2_grpc,
     run_service_pb2_grpc,
     schedule_service_pb2_grpc,
+    secret_service_pb2_grpc,
     server_service_pb2,
     server_service_pb2_grpc,
     worker_service_pb2_grpc,
@@ -170,6 +171,7 @@ class Connection:
         self.runs = run_service_pb2_grpc.RunServiceStub(self.channel)
         self.schedules = schedule_service_pb2_grpc.ScheduleServiceStub(self.channel)
         self.queues = queue_service_pb2_grpc.QueueServiceStub(self.channel)
+        self.secrets = secret_service_pb2_grpc.SecretServiceStub(self.channel)
         self.workers = worker_service_pb2_grpc.WorkerServiceStub(self.channel)
         self.server = server_service_pb2_grpc.ServerServiceStub(self.channel)
 

@@ -31,6 +31,7 @@ from composer.v1 import (
     queue_service_pb2,
     run_service_pb2,
     schedule_service_pb2,
+    secret_service_pb2,
     server_service_pb2,
     workflow_service_pb2,
 )
@@ -53,6 +54,7 @@ from .models import (
     RunStatus,
     Schedule,
     ScheduleFire,
+    Secret,
     ServerInfo,
     ValidationProblem,
     WorkflowSummary,
@@ -102,6 +104,34 @@ _BULK_POLL = Backoff(initial=0.1, maximum=2.0)
 def _run_filter(value: RunFilter | None) -> run_service_pb2.RunFilter:
     """The filter message of a bulk call; None is the empty filter (which needs ``all``)."""
     return (value or RunFilter()).to_proto()
+
+
+SecretValue = str | bytes
+"""A secret's value: ``bytes`` as they are, or text (``str``), sent as UTF-8."""
+
+
+def _secret_bytes(value: SecretValue) -> bytes:
+    """The bytes of a secret's value; an error names the type or a position, never the value."""
+    if isinstance(value, bytes):
+        return value
+    if not isinstance(value, str):
+        raise TypeError(f"a secret's value is str or bytes, not {type(value).__name__}")
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(f"a secret's value is not UTF-8 text: the character at index {error.start} cannot be encoded") from None
+
+
+_SET_SECRET_ERRORS = (ComposerError, TypeError, ValueError)
+"""What set_secret raises, each without the frames that held the value (_without_frames)."""
+
+
+def _without_frames(error: BaseException) -> BaseException:
+    """``error`` without its traceback and context: their frames hold a secret's value (the
+    request, the argument), which an error reporter that shows local variables, or a caller that
+    keeps the error, would otherwise see."""
+    error.__context__ = None
+    return error.with_traceback(None)
 
 
 WorkflowSource = str | os.PathLike[str] | Mapping[str, Any]
@@ -1035,6 +1065,46 @@ class Client:
             self._conn.queues.DeleteQueueRateLimit, queue_service_pb2.DeleteQueueRateLimitRequest(queue=queue)
         )
 
+    # --- secrets ----------------------------------------------------------
+
+    async def set_secret(self, name: str, value: SecretValue) -> Secret:
+        """Stores a new version of the secret ``name`` and returns it, without its value
+        (docs/secrets.md): version 1 at first, one more at each set; a run's node uses the version
+        current when it executes, as ``${secrets.NAME}``.
+
+        ``value`` is 1 byte to 64 KiB; a ``str`` goes as UTF-8. No call returns it, the client
+        neither logs it nor puts it in an error, and keeps nothing of it after the call.
+        InvalidArgumentError names the field (``name`` breaking the name rule, ``value`` empty or
+        too long); ResourceExhaustedError when the namespace holds 1,000 secrets and ``name`` is
+        new; FailedPreconditionError when the server was given no secrets key
+        (``--secrets-key-file``); PermissionDeniedError unless the token is an operator's or an
+        admin's.
+        """
+        request = secret_service_pb2.SetSecretRequest(name=name)
+        try:
+            request.value = _secret_bytes(value)
+            response: secret_service_pb2.SetSecretResponse = await self._call(self._conn.secrets.SetSecret, request)
+        except _SET_SECRET_ERRORS as error:
+            raise _without_frames(error) from None
+        finally:
+            # This frame outlives the call in an error's traceback: it keeps neither.
+            request.Clear()
+            value = b""
+        return Secret.from_proto(response.secret)
+
+    async def list_secrets(self, *, page_size: int = 100) -> AsyncIterator[Secret]:
+        """Iterates over the namespace's secrets by name (names, versions and times, never values),
+        fetching pages as it goes."""
+        request = secret_service_pb2.ListSecretsRequest(page_size=page_size)
+        async for response in self._pages(self._conn.secrets.ListSecrets, request):
+            for secret in response.secrets:
+                yield Secret.from_proto(secret)
+
+    async def delete_secret(self, name: str) -> None:
+        """Removes a secret and every version of it: a node that names it afterwards fails with
+        SECRET_NOT_FOUND. NotFoundError when there is none."""
+        await self._call(self._conn.secrets.DeleteSecret, secret_service_pb2.DeleteSecretRequest(name=name))
+
 
 class _LoopThread:
     """A private event loop in a daemon thread, which the sync facade submits coroutines to."""
@@ -1518,5 +1588,22 @@ class SyncClient:
         """See :meth:`Client.delete_queue_rate_limit`."""
         self._run(self._client.delete_queue_rate_limit(queue))
 
+    def set_secret(self, name: str, value: SecretValue) -> Secret:
+        """See :meth:`Client.set_secret`."""
+        try:
+            return self._run(self._client.set_secret(name, value))
+        except _SET_SECRET_ERRORS as error:
+            raise _without_frames(error) from None
+        finally:
+            value = b""  # this frame outlives the call in an error's traceback
 
-__all__ = ["Client", "RecordedHistory", "SyncClient", "WorkflowSource", "workflow_source_text"]
+    def list_secrets(self, *, page_size: int = 100) -> Iterator[Secret]:
+        """See :meth:`Client.list_secrets`."""
+        return self._iterate(self._client.list_secrets(page_size=page_size))
+
+    def delete_secret(self, name: str) -> None:
+        """See :meth:`Client.delete_secret`."""
+        self._run(self._client.delete_secret(name))
+
+
+__all__ = ["Client", "RecordedHistory", "SecretValue", "SyncClient", "WorkflowSource", "workflow_source_text"]

@@ -16,7 +16,14 @@ from typing import Any
 
 from google.protobuf import duration_pb2, timestamp_pb2
 
-from composer.v1 import common_pb2, queue_service_pb2, run_service_pb2, schedule_service_pb2, workflow_service_pb2
+from composer.v1 import (
+    common_pb2,
+    queue_service_pb2,
+    run_service_pb2,
+    schedule_service_pb2,
+    secret_service_pb2,
+    workflow_service_pb2,
+)
 
 from ._values import from_optional_field
 
@@ -959,6 +966,39 @@ class QueueRateLimit:
 
 
 @dataclass(frozen=True)
+class Secret:
+    """A secret of the namespace, as ``${secrets.NAME}`` refers to it (docs/secrets.md).
+
+    It describes the secret and never holds its value: no call returns one.
+    """
+
+    name: str
+    """The name."""
+    version: int
+    """The current version: 1 for the first value, one more for each set since."""
+    create_time: datetime | None = None
+    """When the first version was set."""
+    update_time: datetime | None = None
+    """When the current version was set."""
+    updated_by: str = ""
+    """The subject of the token that set the current version."""
+    raw: secret_service_pb2.Secret = field(default_factory=secret_service_pb2.Secret, repr=False, compare=False)
+    """The message this view was built from."""
+
+    @classmethod
+    def from_proto(cls, message: secret_service_pb2.Secret) -> Secret:
+        """Builds the view of a ``composer.v1.Secret``."""
+        return cls(
+            name=message.name,
+            version=message.version,
+            create_time=_time(message, "create_time"),
+            update_time=_time(message, "update_time"),
+            updated_by=message.updated_by,
+            raw=message,
+        )
+
+
+@dataclass(frozen=True)
 class ServerInfo:
     """What the server is and speaks."""
 
@@ -995,6 +1035,7 @@ __all__ = [
     "ScheduleFire",
     "ScheduleFireOutcome",
     "ScheduleSpec",
+    "Secret",
     "ServerInfo",
     "ValidationProblem",
     "WorkflowSummary",

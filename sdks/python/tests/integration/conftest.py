@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -82,14 +83,33 @@ def session_token() -> Iterator[str]:
             os.environ["COMPOSER_TOKEN"] = previous
 
 
-class ServerProcess:
-    """One `composer serve` process; restartable on the same port. ``extra_args`` are added to `serve`."""
+def write_secrets_key(path: Path) -> Path:
+    """Writes a fresh key-encryption key for `composer serve --secrets-key-file` (64 hex digits,
+    as `composer secret new-key` prints), readable by its owner only."""
+    path.write_text(secrets.token_hex(32) + "\n")
+    path.chmod(0o600)
+    return path
 
-    def __init__(self, database_url: str, redis_url: str, log_path: Path, extra_args: Sequence[str] = ()) -> None:
+
+class ServerProcess:
+    """One `composer serve` process; restartable on the same port. ``extra_args`` are added to `serve`;
+    ``secrets_key_file`` is its `--secrets-key-file` (None: a server with no secrets key)."""
+
+    def __init__(
+        self,
+        database_url: str,
+        redis_url: str,
+        log_path: Path,
+        extra_args: Sequence[str] = (),
+        *,
+        secrets_key_file: Path | None = None,
+    ) -> None:
         self.database_url = database_url
         self.redis_url = redis_url
         self.log_path = log_path
         self.extra_args = list(extra_args)
+        if secrets_key_file is not None:
+            self.extra_args += ["--secrets-key-file", str(secrets_key_file)]
         self.address = ""
         self.process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -208,10 +228,21 @@ def backing_services() -> Iterator[tuple[str, str]]:
 
 
 @pytest.fixture(scope="session")
-def server(backing_services: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def secrets_key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's secrets key: every server of the session's database is given the same one, as
+    the data keys it stores are wrapped under it."""
+    return write_secrets_key(tmp_path_factory.mktemp("secrets") / "kek.hex")
+
+
+@pytest.fixture(scope="session")
+def server(
+    backing_services: tuple[str, str], secrets_key_file: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
     """The server shared by the session's tests (each test uses its own workflow and queue names)."""
     database_url, redis_url = backing_services
-    process = ServerProcess(database_url, redis_url, tmp_path_factory.mktemp("server") / "server.log")
+    process = ServerProcess(
+        database_url, redis_url, tmp_path_factory.mktemp("server") / "server.log", secrets_key_file=secrets_key_file
+    )
     process.start()
     try:
         yield process
@@ -220,10 +251,10 @@ def server(backing_services: tuple[str, str], tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture()
-def own_server(backing_services: tuple[str, str], tmp_path: Path) -> Iterator[ServerProcess]:
+def own_server(backing_services: tuple[str, str], secrets_key_file: Path, tmp_path: Path) -> Iterator[ServerProcess]:
     """A server of the test's own, for tests that stop or restart it (same database as the session's)."""
     database_url, redis_url = backing_services
-    process = ServerProcess(database_url, redis_url, tmp_path / "own-server.log")
+    process = ServerProcess(database_url, redis_url, tmp_path / "own-server.log", secrets_key_file=secrets_key_file)
     process.start()
     try:
         yield process
@@ -232,10 +263,30 @@ def own_server(backing_services: tuple[str, str], tmp_path: Path) -> Iterator[Se
 
 
 @pytest.fixture()
-def short_receipt_server(backing_services: tuple[str, str], tmp_path: Path) -> Iterator[ServerProcess]:
+def short_receipt_server(
+    backing_services: tuple[str, str], secrets_key_file: Path, tmp_path: Path
+) -> Iterator[ServerProcess]:
     """A server of the test's own whose unconfirmed leases last 2 s (``--lease-receipt-timeout 2s``)."""
     database_url, redis_url = backing_services
-    process = ServerProcess(database_url, redis_url, tmp_path / "receipt-server.log", ["--lease-receipt-timeout", "2s"])
+    process = ServerProcess(
+        database_url,
+        redis_url,
+        tmp_path / "receipt-server.log",
+        ["--lease-receipt-timeout", "2s"],
+        secrets_key_file=secrets_key_file,
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture()
+def keyless_server(backing_services: tuple[str, str], tmp_path: Path) -> Iterator[ServerProcess]:
+    """A server of the test's own given no secrets key (same database as the session's)."""
+    database_url, redis_url = backing_services
+    process = ServerProcess(database_url, redis_url, tmp_path / "keyless-server.log")
     process.start()
     try:
         yield process

@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { existsSync, mkdtempSync, appendFileSync, readFileSync } from "node:fs";
+import { existsSync, mkdtempSync, appendFileSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
@@ -68,16 +68,34 @@ export function backingServices(): { databaseUrl: string; redisUrl: string; drop
   };
 }
 
+let secretsKey: string | undefined;
+
+/**
+ * This test process's key-encryption key file for `--secrets-key-file` (64 hex digits, as `composer
+ * secret new-key` prints one), made once and removed at exit. Every server of the process gets the
+ * same one: servers sharing a database must, as its data keys are wrapped under it.
+ */
+export function secretsKeyFile(): string {
+  if (secretsKey) return secretsKey;
+  const dir = mkdtempSync(join(tmpdir(), "composer-ts-secrets-"));
+  process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
+  secretsKey = join(dir, "kek.hex");
+  writeFileSync(secretsKey, randomBytes(32).toString("hex") + "\n", { mode: 0o600 });
+  return secretsKey;
+}
+
 /** One `composer serve` process; restartable on the same port. */
 export class ServerProcess {
   address = "";
   process: ChildProcess | undefined;
   readonly logPath: string;
 
+  /** `options.secretsKey` false: a server given no secrets key (by default it gets {@link secretsKeyFile}). */
   constructor(
     readonly databaseUrl: string,
     readonly redisUrl: string,
     readonly extraArgs: string[] = [],
+    readonly options: { secretsKey?: boolean } = {},
   ) {
     this.logPath = join(mkdtempSync(join(tmpdir(), "composer-ts-server-")), "server.log");
   }
@@ -101,6 +119,7 @@ export class ServerProcess {
         this.redisUrl,
         "--auth-secret",
         AUTH_SECRET,
+        ...(this.options.secretsKey === false ? [] : ["--secrets-key-file", secretsKeyFile()]),
         ...this.extraArgs,
       ],
       { stdio: ["ignore", "ignore", "pipe"] },

@@ -161,6 +161,27 @@ output: {{ echoed: "${{nodes.call.output.body.auth}}", got: "${{nodes.call.outpu
     )
 }
 
+/// Every OTLP export request's bytes (a span's strings are their UTF-8 in
+/// the protobuf, so a value in any attribute shows as a substring).
+type Exports = Arc<Mutex<Vec<u8>>>;
+
+/// An OTLP/HTTP receiver on loopback: its base URL and what it got.
+async fn trace_receiver() -> (String, Exports) {
+    use axum::{Router, body::Bytes, extract::State, routing::post};
+    async fn receive(State(exports): State<Exports>, body: Bytes) -> Vec<u8> {
+        exports.lock().expect("exports").extend_from_slice(&body);
+        Vec::new()
+    }
+    let exports: Exports = Arc::default();
+    let app = Router::new()
+        .route("/v1/traces", post(receive))
+        .with_state(Arc::clone(&exports));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, exports)
+}
+
 /// Every row of every table of the database, as text.
 async fn database_text(database: &str) -> String {
     let pool = sqlx::PgPool::connect(database).await.expect("database");
@@ -224,7 +245,8 @@ async fn an_http_node_sends_the_secret_and_nothing_keeps_it() {
     let dir = tempfile::tempdir().expect("dir");
     let key = key_file(dir.path(), "kek", 0x11);
     let (database, redis) = (fresh_database().await, fresh_redis_url());
-    let server = start(&database, &redis, &[&key], &[]).await;
+    let (collector, exports) = trace_receiver().await;
+    let server = start(&database, &redis, &[&key], &["--otlp-endpoint", &collector]).await;
     let value = format!("pk_live_{}", uuid::Uuid::new_v4().simple());
     set_secret(&server, "partner_key", &value).await;
     let (endpoint, seen) = echo_endpoint().await;
@@ -314,6 +336,18 @@ async fn an_http_node_sends_the_secret_and_nothing_keeps_it() {
     assert!(
         !redis_text(&redis).await.contains(&value),
         "Redis holds the value"
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while exports.lock().expect("exports").is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "no trace exported");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // the runs' spans went out: give the last batch its export interval
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let exported = exports.lock().expect("exports").clone();
+    assert!(
+        !exported.windows(value.len()).any(|w| w == value.as_bytes()),
+        "an exported trace holds the value"
     );
     let log = server.stderr_lines().join("\n");
     assert!(
