@@ -128,21 +128,27 @@ fn has_ended(op: &BulkOperation) -> bool {
     )
 }
 
-/// Polls the operation until `until` holds, or panics after [`WAIT`].
+/// Polls the operation until `until` holds; panics when it went [`WAIT`]
+/// without acting on one more run (a stall, not a slow machine: a loaded
+/// CI machine walks 10,000 runs at half the pace of an idle one).
 async fn wait_operation(
     runs: &mut RunServiceClient<Channel>,
     id: &str,
     until: impl Fn(&BulkOperation) -> bool,
 ) -> BulkOperation {
-    let deadline = tokio::time::Instant::now() + WAIT;
+    let done = |op: &BulkOperation| op.succeeded + op.skipped + op.failed;
+    let mut progress = (None, tokio::time::Instant::now());
     loop {
         let op = get_operation(runs, id).await;
         if until(&op) {
             return op;
         }
+        if progress.0 != Some(done(&op)) {
+            progress = (Some(done(&op)), tokio::time::Instant::now());
+        }
         assert!(
-            tokio::time::Instant::now() < deadline,
-            "operation not there within {WAIT:?}: {op:?}"
+            progress.1.elapsed() < WAIT,
+            "operation made no progress for {WAIT:?}: {op:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
