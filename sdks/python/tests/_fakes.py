@@ -78,6 +78,7 @@ class FakeServer:
         attempt: int = 1,
         task_id: str | None = None,
         trace_context: Mapping[str, str] | None = None,
+        secrets: Mapping[str, str] | None = None,
     ) -> str:
         task = worker_service_pb2.Task(
             task_id=task_id or uuid.uuid4().hex,
@@ -90,6 +91,7 @@ class FakeServer:
             task_name=task_name,
             namespace="default",
             trace_context=trace_context or {},
+            secrets=secrets or {},
         )
         if input is not None:
             task.input.CopyFrom(to_value(input))

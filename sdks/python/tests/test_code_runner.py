@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
+import tempfile
 import time
 import uuid
 from typing import Any
@@ -223,3 +225,134 @@ def test_without_namespaces_the_runner_refuses_unless_allowed(monkeypatch: pytes
     assert "COMPOSER_TOKEN" not in environment
     assert os.path.basename(folder).startswith("composer-snippet-")
     assert not os.path.exists(folder), "its folder is removed afterwards"
+
+
+# Secrets a CODE node declares (docs/secrets.md): in the snippet's input, nowhere else, and
+# redacted from everything the runner reports.
+
+_READ_OWN_PROCESS = """
+import os, sys
+def read(path):
+    try:
+        with open(path, "rb") as file:
+            return file.read().decode(errors="replace")
+    except OSError as error:
+        return "unreadable: " + type(error).__name__
+"""
+
+
+def _secret() -> str:
+    return f"sk_test_{uuid.uuid4().hex}"
+
+
+def test_declared_secrets_are_in_the_snippets_input_and_redacted_from_its_output() -> None:
+    value, other = _secret(), _secret()
+    code = (
+        "key = input['secrets']['signing_key']\n"
+        "result = {'names': sorted(input['secrets']), 'payload': input['payload'], 'length': len(key),\n"
+        "          'echo': key, key: ['prefix ' + key + ' suffix', {'deep': [input['secrets']['other']]}]}"
+    )
+    outcome = run(code, {"payload": "p"}, secrets={"signing_key": value, "other": other})
+    assert outcome.ok, outcome
+    assert outcome.output == {
+        "names": ["other", "signing_key"],
+        "payload": "p",
+        "length": len(value),
+        "echo": "[secret signing_key]",
+        "[secret signing_key]": ["prefix [secret signing_key] suffix", {"deep": ["[secret other]"]}],
+    }
+    absent = run("input", None, secrets={"k": value})
+    assert absent.ok and absent.output == {"secrets": {"k": "[secret k]"}}, "a node without input gets {} plus secrets"
+    empty = run("input", {}, secrets={})
+    assert empty.ok and empty.output == {"secrets": {}}
+
+
+def test_a_node_that_declares_secrets_needs_an_object_input() -> None:
+    value = _secret()
+    for input, kind in (([1, 2], "a list"), ("text", "a string"), (7, "a number"), (True, "a boolean")):
+        outcome = run("input", input, secrets={"k": value})
+        assert not outcome.ok and outcome.code == "SECRETS_NEED_OBJECT_INPUT" and not outcome.retryable, outcome
+        assert f"must be an object (or absent), not {kind}" in outcome.message, outcome.message
+        assert value not in repr(outcome)
+
+
+def test_a_snippet_that_declares_no_secrets_gets_no_secrets_key() -> None:
+    outcome = run("['secrets' in input, input]", {"n": 1})
+    assert outcome.ok and outcome.output == [False, {"n": 1}]
+    listed = run("input", [1, 2])
+    assert listed.ok and listed.output == [1, 2], "without secrets any input goes as it is"
+
+
+def test_secrets_are_redacted_from_a_failure_its_traceback_and_its_output_tail() -> None:
+    value = _secret()
+    code = (
+        "import sys\n"
+        "key = input['secrets']['k']\n"
+        "print('printed', key)\n"
+        # The value across the cut of the stderr tail: redacting after the cut would leave its end.
+        f"sys.stderr.write(key + 'y' * {_code_handler._STDERR_TAIL - 10})\n"
+        "def check(k):\n"
+        "    raise ValueError('bad key ' + k)\n"
+        "check(key)"
+    )
+    outcome = run(code, {}, secrets={"k": value})
+    assert not outcome.ok and outcome.code == "CODE_ERROR", outcome
+    assert outcome.message == "ValueError: bad key [secret k]"
+    assert outcome.details["message"] == outcome.message
+    assert "ValueError: bad key [secret k]" in outcome.details["traceback"]
+    assert "printed [secret k]" in outcome.stderr
+    assert value not in repr(outcome)
+    assert value[-10:] not in outcome.details["stderr"], "no piece of the value survives the tail's cut"
+    # As Python quotes it: a KeyError's message is the repr of its key.
+    quoted = "it's a \"secret\"\nwith\ttabs " + uuid.uuid4().hex
+    escaped = run("raise KeyError(input['secrets']['q'])", {}, secrets={"q": quoted})
+    assert escaped.message == "KeyError: '[secret q]'", escaped.message
+    assert repr(quoted)[1:-1] not in repr(escaped) and quoted not in repr(escaped)
+    # An output that is not JSON says why without the value.
+    invalid = run("result = {input['secrets']['k']}", {}, secrets={"k": value})
+    assert invalid.code == "INVALID_OUTPUT" and value not in repr(invalid)
+
+
+def test_redaction_replaces_the_longest_value_first_and_never_rewrites_a_replacement() -> None:
+    short = uuid.uuid4().hex
+    redactor = _code_handler.Redactor({"short": short, "long": short + "-and-more", "word": "secret"})
+    assert redactor.text(f"{short}-and-more {short} a secret") == "[secret long] [secret short] a [secret word]"
+    assert redactor.value({short: [short, 1, None, {"x": "secret"}]}) == {
+        "[secret short]": ["[secret short]", 1, None, {"x": "[secret word]"}]
+    }
+    assert short not in repr(redactor) and repr(redactor) == "Redactor(['long', 'short', 'word'])"
+    nothing = _code_handler.Redactor({})
+    assert nothing.text("as it is") == "as it is" and nothing.value({"a": ["b"]}) == {"a": ["b"]}
+
+
+def test_secret_values_never_reach_the_snippets_environment_argv_or_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    value = _secret()
+    spawned: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    spawn = asyncio.create_subprocess_exec
+
+    async def recording(*args: Any, **kwargs: Any) -> asyncio.subprocess.Process:
+        spawned.append((args, kwargs))
+        return await spawn(*args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "create_subprocess_exec", recording)
+    before = set(os.listdir(tempfile.gettempdir()))
+    code = _READ_OWN_PROCESS + (
+        "result = {'environ': dict(os.environ), 'proc_environ': read('/proc/self/environ'),\n"
+        "          'argv': sys.argv, 'cmdline': read('/proc/self/cmdline'),\n"
+        "          'pid1_environ': read('/proc/1/environ'), 'pid1_cmdline': read('/proc/1/cmdline'),\n"
+        "          'tmp': os.listdir('/tmp'), 'cwd': os.listdir('.')}"
+    )
+    outcome = run(code, {}, secrets={"k": value})
+    assert outcome.ok, outcome
+    shown = json.dumps(outcome.output)
+    # Were the value anywhere there, redaction would show [secret k]: neither may appear.
+    assert value not in shown and "[secret" not in shown, outcome.output
+    [(argv, options)] = spawned
+    assert not any(value in str(arg) for arg in argv), "the value is not on the child's command line"
+    assert options["env"] == {}, "the child's environment is empty"
+    assert value not in json.dumps(dict(os.environ))
+    for entry in set(os.listdir(tempfile.gettempdir())) - before:
+        path = os.path.join(tempfile.gettempdir(), entry)
+        if os.path.isfile(path):
+            with open(path, "rb") as file:
+                assert value.encode() not in file.read(), f"{path} holds the value"

@@ -7,8 +7,10 @@ the real server."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -16,7 +18,7 @@ import grpc
 import pytest
 from _fakes import FakeServer, start_fake
 
-from composer import Backoff, NonRetryableError, TaskContext, TaskError, Worker
+from composer import Backoff, NonRetryableError, TaskContext, TaskError, TaskSecrets, Worker
 from composer._values import from_value
 from composer.v1 import worker_service_pb2
 from composer.worker import CANCEL_LEASE_LOST, CANCEL_RUN_CANCELLED, first_heartbeat_delay
@@ -496,5 +498,111 @@ def test_serve_code_runs_snippets_and_reports_a_timeout_as_final() -> None:
         assert (error.error_code, error.retryable, error.message) == ("CODE_ERROR", True, "ZeroDivisionError: division by zero")
         assert "ZeroDivisionError" in from_value(error.details)["traceback"]
         assert (state.failed[bad].error_code, state.failed[bad].retryable) == ("BAD_CODE_INPUT", False)
+
+    run(test)
+
+
+def test_serve_code_hands_a_snippet_only_its_declared_secrets_and_reports_them_redacted(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """docs/secrets.md: the values the server hands with a CODE task reach the snippet's input
+    under ``secrets``, only for the names the task declares, and no report or log shows one."""
+    caplog.set_level(logging.DEBUG)
+    value = f"whsec_{uuid.uuid4().hex}"
+    handed = {"k": value}
+
+    async def test(state: FakeServer, address: str) -> None:
+        worker = Worker(address, backoff=FAST, poll_wait=0.3)
+        worker.serve_code(time_limit=10.0)
+
+        def code_task(code: str, input: Any, *declared: str) -> str:
+            task_input: dict[str, Any] = {"code": code, "input": input}
+            if declared:
+                task_input["secrets"] = list(declared)
+            return state.add_task("code", task_input, queue="code.python", secrets=handed)
+
+        echo = code_task(
+            "print('using', input['secrets']['k'])\n"
+            "{'echo': input['secrets']['k'], 'length': len(input['secrets']['k']), 'n': input['n']}",
+            {"n": 1},
+            "k",
+        )
+        absent = code_task("input", None, "k")
+        # A server hands values only with a task that declares them; were it to hand them to
+        # one that does not, the snippet still gets no secrets key.
+        undeclared = code_task("['secrets' in input, input]", {"n": 2})
+        raising = code_task("raise RuntimeError('rejected ' + input['secrets']['k'])", {}, "k")
+        listed = code_task("input", [1, 2], "k")
+        missing = code_task("1", {}, "k", "other")
+
+        async def body() -> None:
+            await until(lambda: len(state.completed) == 3 and len(state.failed) == 3)
+
+        await serving(worker, body)
+        assert from_value(state.completed[echo].output) == {"echo": "[secret k]", "length": len(value), "n": 1}
+        assert from_value(state.completed[absent].output) == {"secrets": {"k": "[secret k]"}}
+        assert from_value(state.completed[undeclared].output) == [False, {"n": 2}]
+        error = state.failed[raising]
+        assert (error.error_code, error.retryable, error.message) == ("CODE_ERROR", True, "RuntimeError: rejected [secret k]")
+        assert "RuntimeError: rejected [secret k]" in from_value(error.details)["traceback"]
+        refused = state.failed[listed]
+        assert (refused.error_code, refused.retryable) == ("SECRETS_NEED_OBJECT_INPUT", False)
+        unavailable = state.failed[missing]
+        assert (unavailable.error_code, unavailable.retryable) == ("SECRET_UNAVAILABLE", True)
+        assert "other" in unavailable.message
+        for method, request in state.calls:
+            if method in ("CompleteTask", "FailTask"):
+                assert value.encode() not in request.SerializeToString(), (method, request)
+
+    run(test)
+    assert "using [secret k]" in caplog.text, "the snippet's output is logged, redacted"
+    assert value not in caplog.text
+
+
+def test_a_task_context_names_its_secrets_but_never_shows_their_values() -> None:
+    value = f"sk_live_{uuid.uuid4().hex}"
+    task = worker_service_pb2.Task(task_id="t1", attempt=2, queue="code.python", secrets={"k": value, "j": "other"})
+    plain = worker_service_pb2.Task(task_id="t2", attempt=1, queue="q")
+
+    async def build(of: worker_service_pb2.Task) -> TaskContext:
+        return TaskContext(of, logging.getLogger("test"), asyncio.get_running_loop())
+
+    ctx = asyncio.run(build(task))
+    assert ctx.secrets["k"] == value and dict(ctx.secrets) == {"j": "other", "k": value}
+    assert isinstance(ctx.secrets, TaskSecrets) and len(ctx.secrets) == 2
+    assert repr(ctx.secrets) == str(ctx.secrets) == "TaskSecrets(['j', 'k'])"
+    for shown in (repr(ctx), str(ctx), repr(vars(ctx)), f"{ctx.secrets}"):
+        assert value not in shown, shown
+    assert "secrets=['j', 'k']" in repr(ctx)
+    with pytest.raises(KeyError, match="missing"):
+        ctx.secrets["missing"]
+    assert len(asyncio.run(build(plain)).secrets) == 0, "a task handed no secrets has none"
+
+
+def test_the_worker_keeps_a_tasks_secrets_in_its_context_alone() -> None:
+    """Once leased, the Task message the worker keeps for its reports holds no value."""
+    value = f"sk_live_{uuid.uuid4().hex}"
+
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address)
+        received: list[str] = []
+        kept: list[worker_service_pb2.Task] = []
+        execute = worker._execute
+
+        async def recording(task: worker_service_pb2.Task, ctx: TaskContext, interval: float, first_beat: float) -> None:
+            kept.append(task)
+            await execute(task, ctx, interval, first_beat)
+
+        worker._execute = recording  # type: ignore[method-assign]
+
+        @worker.task("q", "look")
+        async def look(ctx: TaskContext) -> None:
+            received.append(ctx.secrets["k"])
+
+        state.add_task("look", {}, secrets={"k": value})
+        await serving(worker, lambda: until(lambda: len(state.completed) == 1))
+        assert received == [value]
+        [task] = kept
+        assert len(task.secrets) == 0 and value not in str(task)
 
     run(test)

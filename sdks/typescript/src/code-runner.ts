@@ -272,7 +272,10 @@ export function defaultSandbox(): Sandbox {
 export interface SnippetResult {
   ok: boolean;
   output: Json;
-  /** On failure: CODE_ERROR, TIMEOUT, MEMORY_LIMIT, INVALID_OUTPUT or CODE_CRASHED. */
+  /**
+   * On failure: CODE_ERROR, TIMEOUT, MEMORY_LIMIT, INVALID_OUTPUT or CODE_CRASHED; with secrets,
+   * also SECRETS_NEED_OBJECT_INPUT (see {@link runSnippet}).
+   */
   code: string;
   message: string;
   /** On failure: type, message, stack, stderr (tail). */
@@ -294,18 +297,105 @@ function sandboxFor(options: CodeRunnerOptions): Sandbox {
   return options.nodePath ? { ...sandbox, node: options.nodePath } : sandbox;
 }
 
+/** What {@link runSnippet} takes besides the runner's options. */
+export interface SnippetOptions extends CodeRunnerOptions {
+  /** Aborting it kills the snippet's process (and everything it started): CANCELLED. */
+  signal?: AbortSignal;
+  /**
+   * Secret values by name, for a snippet whose node declares secrets: they are put in its input
+   * under `secrets` (sent to the child the way the input is, on its stdin: never in its environment,
+   * command line or a file) and replaced by `[secret NAME]` in everything the result holds.
+   */
+  secrets?: Readonly<Record<string, string>>;
+}
+
 /**
  * Runs `code` in a sandboxed child process with `input` in scope. The output is the variable
  * `result` if the snippet assigns it, else the script's completion value (the value of its last
  * expression statement; a promise is awaited), else null. Aborting `signal` kills the child (and
  * everything it started). Without `options.sandbox`, the sandbox is detected on first use
  * ({@link defaultSandbox}; throws {@link SandboxUnavailable} where there are no namespaces).
+ *
+ * With `options.secrets` the snippet's input gets the key `secrets` (name to value): the input must
+ * then be an object (null or undefined count as `{}`; a `secrets` key of its own is replaced), else
+ * the result is the non-retryable failure SECRETS_NEED_OBJECT_INPUT and nothing runs. Every value
+ * is redacted from the output (strings and object keys, at any depth), the message, the
+ * details (stack included) and the logged lines.
  */
-export async function runSnippet(
-  code: string,
+export async function runSnippet(code: string, input: unknown, options: SnippetOptions = {}): Promise<SnippetResult> {
+  const { secrets, ...rest } = options;
+  if (secrets === undefined) return runChild(code, input, rest);
+  const given = inputWithSecrets(input, secrets);
+  if ("refused" in given) return refused(given.refused.code, given.refused.message);
+  return redactResult(await runChild(code, given.input, rest), secretRedactor(secrets));
+}
+
+/** `input` with `secrets` under the key `secrets` (replacing one it had), or why it cannot take them. */
+function inputWithSecrets(
   input: unknown,
-  options: CodeRunnerOptions & { signal?: AbortSignal } = {},
-): Promise<SnippetResult> {
+  secrets: Readonly<Record<string, string>>,
+): { input: Record<string, unknown> } | { refused: { code: string; message: string } } {
+  // copied through entries: the values object given may be anything record-like
+  const values = Object.fromEntries(Object.entries(secrets));
+  if (input === null || input === undefined) return { input: { secrets: values } };
+  if (typeof input !== "object" || Array.isArray(input)) {
+    const kind = Array.isArray(input) ? "an array" : `a ${typeof input}`;
+    return {
+      refused: {
+        code: "SECRETS_NEED_OBJECT_INPUT",
+        message: `the node declares secrets, which the snippet receives in its input under "secrets", but its input is ${kind}, not an object`,
+      },
+    };
+  }
+  return { input: { ...(input as Record<string, unknown>), secrets: values } };
+}
+
+/** A non-retryable failure found before any snippet ran. */
+function refused(code: string, message: string): SnippetResult {
+  return { ok: false, output: null, code, message, details: { type: "", message, stack: "", stderr: "" }, stderr: "", retryable: false, ms: 0 };
+}
+
+/**
+ * A function replacing every value of `secrets` in a text by `[secret NAME]`: longest value first
+ * (at each place the longest that matches), in one pass (a placeholder is never searched again), and
+ * each value also in its JSON-escaped form, as `JSON.stringify` and `console.log` of an object
+ * write it.
+ */
+export function secretRedactor(secrets: Readonly<Record<string, string>>): (text: string) => string {
+  const nameOf = new Map<string, string>();
+  for (const [name, value] of Object.entries(secrets)) {
+    if (!value) continue;
+    for (const form of [value, JSON.stringify(value).slice(1, -1)]) if (!nameOf.has(form)) nameOf.set(form, name);
+  }
+  if (nameOf.size === 0) return (text) => text;
+  const forms = [...nameOf.keys()].sort((a, b) => b.length - a.length);
+  // literal alternatives, matched code unit by code unit (no "u": any value, lone surrogates too)
+  const pattern = new RegExp(forms.map((f) => f.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&")).join("|"), "g");
+  return (text) => text.replace(pattern, (found) => `[secret ${nameOf.get(found) ?? "?"}]`);
+}
+
+/** `value` with `redact` applied to every string and object key, at any depth. */
+export function redactJson<T>(value: T, redact: (text: string) => string): T {
+  if (typeof value === "string") return redact(value) as T;
+  if (Array.isArray(value)) return value.map((item: unknown) => redactJson(item, redact)) as T;
+  if (value !== null && typeof value === "object") {
+    return Object.fromEntries(Object.entries(value).map(([k, v]) => [redact(k), redactJson(v, redact)])) as T;
+  }
+  return value;
+}
+
+function redactResult(result: SnippetResult, redact: (text: string) => string): SnippetResult {
+  return {
+    ...result,
+    output: redactJson(result.output, redact),
+    message: redact(result.message),
+    details: redactJson(result.details, redact),
+    stderr: redact(result.stderr),
+  };
+}
+
+/** Runs the snippet's child process: {@link runSnippet} without the secrets. */
+async function runChild(code: string, input: unknown, options: CodeRunnerOptions & { signal?: AbortSignal }): Promise<SnippetResult> {
   const timeLimitMs = Math.max(1, options.timeLimitMs ?? DEFAULT_TIME_LIMIT_MS);
   const memoryMb = Math.max(16, Math.floor(options.memoryLimitMb ?? DEFAULT_MEMORY_LIMIT_MB));
   const sandbox = sandboxFor(options);
@@ -395,21 +485,83 @@ export async function runSnippet(
 }
 
 /**
+ * The names a CODE task's input declares in `secrets` (empty when it has none), or undefined when
+ * the field is not a list of strings.
+ */
+function declaredSecrets(task: { secrets?: unknown }): string[] | undefined {
+  const names = task.secrets;
+  if (names === undefined || names === null) return [];
+  if (!Array.isArray(names) || !names.every((n) => typeof n === "string")) return undefined;
+  return names as string[];
+}
+
+/**
+ * The values of the declared `names` among those the server handed with the task; only these
+ * reach the snippet. Throws SECRET_UNAVAILABLE (retryable, as the server's own) for a name without
+ * a value: the snippet never runs without what it declared.
+ */
+function declaredValues(names: string[], handed: TaskContext["secrets"]): Record<string, string> {
+  const values = new Map<string, string>();
+  for (const name of names) {
+    const value = handed.get(name);
+    if (value === undefined) {
+      throw new TaskError(`the node declares secret ${JSON.stringify(name)}, but the server handed no value for it`, {
+        code: "SECRET_UNAVAILABLE",
+        retryable: true,
+      });
+    }
+    values.set(name, value);
+  }
+  return Object.fromEntries(values);
+}
+
+/** `error` with every secret value taken out of its message and stack (and a TaskError's details). */
+function redactedError(error: unknown, redact: (text: string) => string): unknown {
+  if (error instanceof TaskError) {
+    return new TaskError(redact(error.message), { code: error.code, retryable: error.retryable, details: redactJson(error.details, redact) });
+  }
+  if (error instanceof Error) {
+    error.message = redact(error.message);
+    if (error.stack !== undefined) error.stack = redact(error.stack);
+  }
+  return error;
+}
+
+/**
  * The handler of the code runner (what `worker.serveCode()` registers). Detects the sandbox at
  * once, so a runner that cannot isolate snippets fails here ({@link SandboxUnavailable}), before
- * it polls.
+ * it polls. A task whose node declares secrets (its input's `secrets`, names) gets their values
+ * from `ctx.secrets` into the snippet's input (see {@link runSnippet}); what it reports and logs
+ * holds none of them.
  */
 export function makeCodeHandler(options: CodeRunnerOptions = {}): Handler {
   const limit = options.timeLimitMs ?? DEFAULT_TIME_LIMIT_MS;
   const sandbox = sandboxFor(options);
   return async (ctx: TaskContext) => {
-    const task = ctx.input as { code?: unknown; input?: unknown } | null;
+    const task = ctx.input as { code?: unknown; input?: unknown; secrets?: unknown } | null;
     if (!task || typeof task !== "object" || typeof task.code !== "string") {
       throw new NonRetryableError('a CODE task needs the input {"code": "<snippet>", "input": ...}', { code: "BAD_CODE_INPUT" });
     }
+    const names = declaredSecrets(task);
+    if (names === undefined) {
+      throw new NonRetryableError("a CODE task's \"secrets\" must be a list of secret names", { code: "BAD_CODE_INPUT" });
+    }
+    const secrets = names.length > 0 ? declaredValues(names, ctx.secrets) : undefined;
+    const redact = secretRedactor(secrets ?? {});
     let ms = limit;
     if (ctx.deadline) ms = Math.min(ms, Math.max(1, ctx.deadline.getTime() - Date.now()));
-    const result = await runSnippet(task.code, task.input, { ...options, sandbox, timeLimitMs: ms, signal: ctx.signal });
+    let result: SnippetResult;
+    try {
+      result = await runSnippet(task.code, task.input, {
+        ...options,
+        sandbox,
+        timeLimitMs: ms,
+        signal: ctx.signal,
+        ...(secrets ? { secrets } : {}),
+      });
+    } catch (error) {
+      throw redactedError(error, redact);
+    }
     if (result.stderr) ctx.logger.info(`snippet output:\n${result.stderr.slice(-STDERR_TAIL)}`);
     if (result.ok) return result.output;
     throw new TaskError(result.message, { code: result.code, retryable: result.retryable, details: result.details });

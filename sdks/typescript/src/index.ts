@@ -11,6 +11,7 @@ export {
   CANCEL_SHUTDOWN,
   Slots,
   TaskCancelledError,
+  TaskSecrets,
   Worker,
 } from "./worker.js";
 export { consoleLogger, failureOf, MAX_POLL_TASKS } from "./worker.js";
@@ -24,4 +25,4 @@ export {
   makeCodeHandler,
   runSnippet,
 } from "./code-runner.js";
-export type { CodeRunnerOptions, Sandbox, SnippetResult } from "./code-runner.js";
+export type { CodeRunnerOptions, Sandbox, SnippetOptions, SnippetResult } from "./code-runner.js";

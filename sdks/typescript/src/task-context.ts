@@ -1,6 +1,7 @@
 // What a task handler gets and is: the TaskContext, the Handler type, and why a task's signal fired.
 // Both the Worker and the code runner's handler (code-runner.ts) build on these, so they live below
 // both.
+import { inspect } from "node:util";
 
 /** What made a task's `ctx.signal` fire (`ctx.cancelKind`). */
 export type CancelKind = "run cancelled" | "lease lost" | "attempt deadline" | "worker shutdown" | "attempt failed";
@@ -39,6 +40,50 @@ export interface Logger {
   error(message: string, ...args: unknown[]): void;
 }
 
+/**
+ * The secret values the server handed with a task: those a CODE node declares (`secrets: [NAME]`),
+ * for the code runner; empty for every other task. Printing it in any way (`util.inspect`,
+ * `console.log`, `String()`, `JSON.stringify`) shows the names only, never a value.
+ */
+export class TaskSecrets {
+  // A private field: util.inspect and JSON.stringify never see it.
+  readonly #values: ReadonlyMap<string, string>;
+
+  constructor(values: Readonly<Record<string, string>> = {}) {
+    this.#values = new Map(Object.entries(values));
+  }
+
+  /** The names held, sorted. */
+  get names(): string[] {
+    return [...this.#values.keys()].sort();
+  }
+
+  get size(): number {
+    return this.#values.size;
+  }
+
+  has(name: string): boolean {
+    return this.#values.has(name);
+  }
+
+  /** The value of secret `name`, if the server handed one. */
+  get(name: string): string | undefined {
+    return this.#values.get(name);
+  }
+
+  toJSON(): { names: string[] } {
+    return { names: this.names };
+  }
+
+  toString(): string {
+    return `TaskSecrets(${this.names.join(", ")})`;
+  }
+
+  [inspect.custom](): string {
+    return this.toString();
+  }
+}
+
 /** What a handler gets: the task's identity, its input, a cancellation signal and a logger. */
 export interface TaskContext {
   /** The task's id, the same for every attempt: the idempotency key of the step's side effects. */
@@ -55,6 +100,11 @@ export interface TaskContext {
   readonly taskName: string;
   /** The node's rendered input, as JSON. */
   readonly input: any; // eslint-disable-line @typescript-eslint/no-explicit-any -- JSON of the workflow's making
+  /**
+   * The values of the secrets the task's CODE node declares, as the server handed them with this
+   * attempt (empty for any other task). They show only their names when printed.
+   */
+  readonly secrets: TaskSecrets;
   /** The attempt must finish by this time (the node's `timeout`), if set. */
   readonly deadline: Date | undefined;
   /**

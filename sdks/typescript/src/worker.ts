@@ -35,6 +35,7 @@ import {
   CANCEL_RUN_CANCELLED,
   CANCEL_SHUTDOWN,
   TaskCancelledError,
+  TaskSecrets,
   type CancelKind,
   type Handler,
   type Logger,
@@ -295,6 +296,7 @@ class Context implements TaskContext {
   readonly queue: string;
   readonly taskName: string;
   readonly input: any; // eslint-disable-line @typescript-eslint/no-explicit-any
+  readonly secrets: TaskSecrets;
   readonly deadline: Date | undefined;
   cancelKind: CancelKind | undefined;
   cancelReason: string | undefined;
@@ -318,6 +320,7 @@ class Context implements TaskContext {
     this.queue = task.queue;
     this.taskName = task.taskName;
     this.input = fromValue(task.input);
+    this.secrets = new TaskSecrets(task.secrets);
     this.deadline = tsDate(task.attemptDeadline);
     this.#baseLogger = logger;
   }
@@ -693,6 +696,8 @@ export class Worker {
 
   async #execute(task: Task): Promise<void> {
     const ctx = new Context(task, this.#log);
+    // The values live on in ctx.secrets alone, not in the task the worker keeps for its reports.
+    task.secrets = {};
     const execution: Execution = {
       ctx,
       task,
@@ -961,5 +966,6 @@ export {
   CANCEL_RUN_CANCELLED,
   CANCEL_SHUTDOWN,
   TaskCancelledError,
+  TaskSecrets,
 };
 export type { CancelKind, Handler, Logger, TaskContext };

@@ -107,6 +107,8 @@ pub enum Kind {
     Code {
         language: String,
         code: String,
+        /// Secrets the snippet receives, sorted; never rendered here.
+        secrets: Vec<String>,
     },
     Switch,
     Fork,
@@ -477,8 +479,9 @@ fn add_refs(r: Vec<(String, NodeField)>, index: &HashMap<String, usize>, out: &m
 fn check_fields(node: &Node, path: &str, errors: &mut ValidationErrors) {
     use NodeType::*;
     let t = node.node_type;
-    let fields: [(&str, bool, &[NodeType]); 12] = [
+    let fields: [(&str, bool, &[NodeType]); 13] = [
         ("queue", node.queue.is_some(), &[Task, Map]),
+        ("secrets", node.secrets.is_some(), &[Code]),
         ("task", node.task.is_some(), &[Task, Map]),
         ("http", node.http.is_some(), &[Http]),
         ("language", node.language.is_some(), &[Code]),
@@ -868,9 +871,18 @@ pub(crate) fn build(
                         format!("must be python or javascript, not '{lang}'"),
                     );
                 }
+                let mut secrets = node.secrets.clone().unwrap_or_default();
+                for (i, name) in secrets.iter().enumerate() {
+                    if let Err(problem) = crate::names::check_name(name) {
+                        errors.push(format!("{path}.secrets[{i}]"), problem.to_string());
+                    }
+                }
+                secrets.sort();
+                secrets.dedup();
                 Kind::Code {
                     language: node.language.clone().unwrap_or_default(),
                     code: node.code.clone().unwrap_or_default(),
+                    secrets,
                 }
             }
             NodeType::Switch => Kind::Switch,

@@ -1083,6 +1083,9 @@ impl<'a> Ctx<'a> {
         };
         let rendered = match &node.kind {
             Kind::Http { request } => request.render(&env).map_err(|e| format!("http: {e}"))?,
+            Kind::Code { code, secrets, .. } if !secrets.is_empty() => {
+                json!({ "code": code, "input": input, "secrets": secrets })
+            }
             Kind::Code { code, .. } => json!({ "code": code, "input": input }),
             _ => input,
         };

@@ -188,6 +188,10 @@ pub struct Node {
     /// CODE: the snippet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub code: Option<String>,
+    /// CODE: secrets the snippet receives in its input under `secrets`
+    /// (docs/secrets.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets: Option<Vec<String>>,
     /// WAIT: how long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duration: Option<String>,
@@ -245,6 +249,7 @@ impl Node {
             http: None,
             language: None,
             code: None,
+            secrets: None,
             duration: None,
             until: None,
             event: None,

@@ -69,6 +69,7 @@ from .models import (
     WorkflowVersion,
     WorkflowVersionCheck,
 )
+from .task_context import TaskSecrets
 from .worker import TaskCancelled, TaskContext, Worker, WorkerStats
 
 __version__ = "0.1.0"
@@ -120,6 +121,7 @@ __all__ = [
     "TaskCancelled",
     "TaskContext",
     "TaskError",
+    "TaskSecrets",
     "UnauthenticatedError",
     "UnavailableError",
     "UnimplementedError",

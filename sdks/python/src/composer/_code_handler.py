@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import stat
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -225,6 +227,62 @@ _main()
 """
 
 
+class Redactor:
+    """Replaces secret values by ``[secret NAME]`` in text and in JSON values (object keys too).
+
+    A value is also caught as Python's ``repr`` and JSON escape it (a
+    traceback's ``KeyError: 'a\\nb'``). One pass, longest form first: a
+    value containing another is replaced whole, and a replacement is never
+    itself rewritten. A value the snippet transforms (reversed, encoded) is
+    not recognised.
+    """
+
+    def __init__(self, secrets: Mapping[str, str]) -> None:
+        names: dict[str, str] = {}
+        for name in sorted(secrets):
+            value = secrets[name]
+            for form in (value, repr(value)[1:-1], json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]):
+                if form:  # an empty form would match everywhere
+                    names.setdefault(form, name)
+        self._names = names
+        longest_first = sorted(names, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, longest_first))) if names else None
+
+    def __repr__(self) -> str:
+        return f"Redactor({sorted(set(self._names.values()))!r})"
+
+    def text(self, text: str) -> str:
+        """``text`` with every value replaced."""
+        if self._pattern is None:
+            return text
+        return self._pattern.sub(lambda found: f"[secret {self._names[found.group(0)]}]", text)
+
+    def value(self, value: Any) -> Any:
+        """A JSON value with every value replaced in its strings and object keys, at any depth."""
+        if self._pattern is None:
+            return value
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            return [self.value(item) for item in value]
+        if isinstance(value, dict):
+            return {self.text(str(key)): self.value(item) for key, item in value.items()}
+        return value
+
+
+def _json_kind(value: Any) -> str:
+    """How a JSON value is named in a message: ``a list``, ``a string``, ..."""
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return "a string"
+    return type(value).__name__
+
+
 @dataclass
 class SnippetResult:
     """What running a snippet gave: its output, or a failure code with message and details."""
@@ -234,7 +292,8 @@ class SnippetResult:
     output: Any = None
     """The snippet's result (see the module's convention)."""
     code: str = ""
-    """On failure: CODE_ERROR, TIMEOUT, MEMORY_LIMIT, INVALID_OUTPUT or CODE_CRASHED."""
+    """On failure: CODE_ERROR, TIMEOUT, MEMORY_LIMIT, INVALID_OUTPUT, CODE_CRASHED or
+    SECRETS_NEED_OBJECT_INPUT."""
     message: str = ""
     """On failure: what happened."""
     details: dict[str, Any] = field(default_factory=dict)
@@ -254,27 +313,62 @@ async def run_snippet(
     code: str,
     input: Any = None,
     *,
+    secrets: Mapping[str, str] | None = None,
     time_limit: float = DEFAULT_TIME_LIMIT,
     memory_limit: int | None = DEFAULT_MEMORY_LIMIT,
     sandbox: Sandbox | None = None,
 ) -> SnippetResult:
     """Runs ``code`` in a sandboxed subprocess with ``input`` in scope, within the time and memory limits.
 
+    ``secrets`` (values by name, docs/secrets.md) go in the snippet's input
+    under ``secrets``: the input must then be an object (None counts as
+    ``{}``), else the result is the non-retryable failure
+    ``SECRETS_NEED_OBJECT_INPUT`` and nothing runs. They travel to the child
+    with the input, on its standard input, never in its argv, environment or
+    a file; and each value is replaced by ``[secret NAME]`` in everything
+    the result carries (output, message, details, stderr). Without
+    ``secrets`` the input goes as it is.
+
     Cancelling the call kills the subprocess (and everything it started).
     """
+    redactor = Redactor(secrets or {})
+    if secrets is not None:
+        if input is None:
+            input = {}
+        if not isinstance(input, dict):
+            return _needs_object_input(input)
+        input = {**input, "secrets": dict(secrets)}
     sandbox = sandbox or default_sandbox()
     request = json.dumps({"code": code, "input": input}).encode()
     # without namespaces, the snippet's folder is one made for it here
     workdir = tempfile.mkdtemp(prefix="composer-snippet-") if sandbox.mode == "none" else None
     try:
-        return await _run_in(sandbox, request, workdir, time_limit, memory_limit)
+        return await _run_in(sandbox, request, workdir, time_limit, memory_limit, redactor)
     finally:
         if workdir is not None:
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _needs_object_input(input: Any) -> SnippetResult:
+    message = (
+        f"the node declares secrets, which its snippet gets in its input under \"secrets\", "
+        f"so the input must be an object (or absent), not {_json_kind(input)}"
+    )
+    return SnippetResult(
+        ok=False,
+        code="SECRETS_NEED_OBJECT_INPUT",
+        message=message,
+        details={"type": "", "message": message, "traceback": "", "stderr": ""},
+    )
+
+
 async def _run_in(
-    sandbox: Sandbox, request: bytes, workdir: str | None, time_limit: float, memory_limit: int | None
+    sandbox: Sandbox,
+    request: bytes,
+    workdir: str | None,
+    time_limit: float,
+    memory_limit: int | None,
+    redactor: Redactor,
 ) -> SnippetResult:
     started = time.monotonic()
     process = await asyncio.create_subprocess_exec(
@@ -299,7 +393,7 @@ async def _run_in(
         _kill(process)
         await process.wait()
         _, stderr_bytes = await _collect(readers)
-        stderr = stderr_bytes.decode(errors="replace")
+        stderr = redactor.text(stderr_bytes.decode(errors="replace"))
         message = f"the snippet did not finish within its time limit of {time_limit:g} s"
         return SnippetResult(
             ok=False,
@@ -318,7 +412,9 @@ async def _run_in(
         raise
     stdout, stderr_bytes = await _collect(readers)
     seconds = time.monotonic() - started
-    stderr = stderr_bytes.decode(errors="replace")
+    raw_stderr = stderr_bytes.decode(errors="replace")
+    # Redacted whole, before any tail is cut: a cut must not leave part of a value.
+    stderr = redactor.text(raw_stderr)
     try:
         answer = json.loads(stdout.decode()) if stdout else None
     except ValueError:
@@ -326,7 +422,7 @@ async def _run_in(
     if not isinstance(answer, dict):
         why = _how_it_ended(process.returncode, sandbox)
         code_ = "CODE_CRASHED"
-        if "MemoryError" in stderr:
+        if "MemoryError" in raw_stderr:
             code_ = "MEMORY_LIMIT"
         message = f"the snippet's process ended without a result ({why})"
         return SnippetResult(
@@ -338,15 +434,16 @@ async def _run_in(
             seconds=seconds,
         )
     if answer.get("ok"):
-        return SnippetResult(ok=True, output=answer.get("output"), stderr=stderr, seconds=seconds)
+        return SnippetResult(ok=True, output=redactor.value(answer.get("output")), stderr=stderr, seconds=seconds)
+    message = redactor.text(str(answer.get("message", "")))
     return SnippetResult(
         ok=False,
         code=str(answer.get("code", "CODE_ERROR")),
-        message=str(answer.get("message", "")),
+        message=message,
         details={
-            "type": answer.get("type", ""),
-            "message": answer.get("message", ""),
-            "traceback": answer.get("traceback", ""),
+            "type": redactor.value(answer.get("type", "")),
+            "message": message,
+            "traceback": redactor.value(answer.get("traceback", "")),
             "stderr": stderr[-_STDERR_TAIL:],
         },
         stderr=stderr,
@@ -378,6 +475,30 @@ def _kill(process: asyncio.subprocess.Process) -> None:
         process.kill()
 
 
+def _declared_secrets(task_input: dict[str, Any], held: Mapping[str, str]) -> dict[str, str] | None:
+    """The values of the secrets a CODE task's node declares (its input's ``secrets``, names
+    only), from those the server handed with the task; None when it declares none, so the
+    snippet gets no ``secrets`` key at all.
+
+    Only the declared names are taken, whatever else was handed. A name the server sent no
+    value for fails the attempt with SECRET_UNAVAILABLE (retryable), as the server itself
+    does when it cannot read one: a snippet never runs without what it declared.
+    """
+    names = task_input.get("secrets")
+    if names is None or names == []:
+        return None
+    if not isinstance(names, list) or not all(isinstance(name, str) for name in names):
+        raise NonRetryableError('a CODE task\'s "secrets" must be a list of secret names', code="BAD_CODE_INPUT")
+    missing = sorted({name for name in names if name not in held})
+    if missing:
+        raise TaskError(
+            f"the server handed no value for the secret(s) {', '.join(missing)} this node declares",
+            code="SECRET_UNAVAILABLE",
+            retryable=True,
+        )
+    return {name: held[name] for name in names}
+
+
 def make_handler(
     *, time_limit: float | None = None, memory_limit: int | None = None, allow_network: bool = False
 ) -> Handler:
@@ -394,11 +515,17 @@ def make_handler(
         task_input = ctx.input
         if not isinstance(task_input, dict) or not isinstance(task_input.get("code"), str):
             raise NonRetryableError('a CODE task needs the input {"code": "<snippet>", "input": ...}', code="BAD_CODE_INPUT")
+        secrets = _declared_secrets(task_input, ctx.secrets)
         seconds = limit_seconds
         if ctx.deadline is not None:
             seconds = min(seconds, max(0.0, (ctx.deadline - datetime.now(timezone.utc)).total_seconds()))
         result = await run_snippet(
-            task_input["code"], task_input.get("input"), time_limit=seconds, memory_limit=limit_bytes, sandbox=sandbox
+            task_input["code"],
+            task_input.get("input"),
+            secrets=secrets,
+            time_limit=seconds,
+            memory_limit=limit_bytes,
+            sandbox=sandbox,
         )
         if result.stderr:
             ctx.logger.info("snippet output:\n%s", result.stderr[-_STDERR_TAIL:])
@@ -412,6 +539,7 @@ def make_handler(
 __all__ = [
     "DEFAULT_MEMORY_LIMIT",
     "DEFAULT_TIME_LIMIT",
+    "Redactor",
     "Sandbox",
     "SandboxUnavailable",
     "SnippetResult",

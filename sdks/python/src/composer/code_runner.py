@@ -1,9 +1,14 @@
 """The Python code runner: serves CODE nodes (queue ``code.python``).
 
-Each task's input is ``{"code": "<snippet>", "input": <json>}``. The snippet
-runs in a fresh ``python -I`` subprocess with
+Each task's input is ``{"code": "<snippet>", "input": <json>}``, plus
+``"secrets": ["NAME", ...]`` when the node declares secrets (names only;
+the server hands their values with the task). The snippet runs in a fresh
+``python -I`` subprocess with
 
 - ``input`` in scope (the node's input, as JSON: dict, list, str, ...);
+  a node that declares secrets finds their values in it under
+  ``input["secrets"]["NAME"]`` (its input must then be an object or absent,
+  else the task fails with ``SECRETS_NEED_OBJECT_INPUT``, non-retryable);
 - a time limit (default 30 s, and never past the attempt's deadline): past it
   the process group is killed and the task fails with code ``TIMEOUT``,
   **non-retryable** (a snippet that ran out of time once will run out again;
@@ -26,6 +31,15 @@ details ``{"type", "message", "traceback", "stderr"}``. What the snippet
 prints goes to its stderr, which is logged and returned (its tail) in the
 failure details. A child that dies otherwise (a signal, a crash) fails with
 ``CODE_CRASHED``, retryable.
+
+**Secrets** (docs/secrets.md) reach the snippet with its input, on the
+child's standard input: never in its argv, environment or a file. Before
+the runner reports, every value is replaced by ``[secret NAME]`` in the
+output (strings and object keys, at any depth), the failure message and
+details (traceback, stderr) and the snippet's logged output; a value the
+snippet transforms (encodes, reverses) is not recognised. A node that
+declares none gets no ``secrets`` key. A declared secret the server sent no
+value for fails the attempt with ``SECRET_UNAVAILABLE``, retryable.
 
 **The sandbox** (see ``sdks/python/README.md``, "What a snippet can reach"):
 each snippet's process starts with an empty environment (no token, no

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -44,6 +44,35 @@ class _TaskLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
         return f"[{extra['node_id']}#{extra['attempt']} run {extra['run_id']}] {msg}", kwargs
 
 
+class TaskSecrets(Mapping[str, str]):
+    """The values of the secrets a CODE node declares, by name (docs/secrets.md).
+
+    The server fills them only for a code runner's queue (``code.python``,
+    ``code.javascript``) and only with the names the node lists: every other
+    task's mapping is empty. Its ``repr`` and ``str`` name the secrets and
+    never show a value, so logging a context, or this mapping, shows none.
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, str] | None = None) -> None:
+        self._values: dict[str, str] = dict(values or {})
+
+    def __getitem__(self, name: str) -> str:
+        return self._values[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"TaskSecrets({sorted(self._values)!r})"
+
+    __str__ = __repr__
+
+
 class TaskContext:
     """What a handler gets: the task's identity, its input, a cancellation signal and a logger.
 
@@ -72,6 +101,8 @@ class TaskContext:
         """The task name (the node's ``task``)."""
         self.input: Any = from_optional_field(task, "input")
         """The node's rendered input, as JSON."""
+        self.secrets: TaskSecrets = TaskSecrets(task.secrets)
+        """A CODE task's secret values by name, for the code runner (empty for every other task)."""
         self.deadline: datetime | None = (
             task.attempt_deadline.ToDatetime(tzinfo=timezone.utc) if task.HasField("attempt_deadline") else None
         )
@@ -91,6 +122,13 @@ class TaskContext:
         """A logger whose records carry the task's ids."""
         self._async_cancel = asyncio.Event()
         self._loop = loop
+
+    def __repr__(self) -> str:
+        # Names the task, and its secrets by name only.
+        return (
+            f"TaskContext(task_id={self.task_id!r}, attempt={self.attempt}, run_id={self.run_id!r}, "
+            f"node_id={self.node_id!r}, queue={self.queue!r}, secrets={sorted(self.secrets)!r})"
+        )
 
     @property
     def cancelled(self) -> bool:
@@ -126,4 +164,5 @@ __all__ = [
     "Handler",
     "TaskCancelled",
     "TaskContext",
+    "TaskSecrets",
 ]

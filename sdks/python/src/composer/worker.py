@@ -518,6 +518,9 @@ class Worker:
     def _start(self, task: worker_service_pb2.Task) -> None:
         assert self._loop is not None
         ctx = TaskContext(task, self._log, self._loop)
+        # The values now live in ctx.secrets alone (whose repr names them only): the Task
+        # message, kept for the reports, must not show them when printed or logged.
+        task.ClearField("secrets")
         interval = self._heartbeat_interval_of(task)
         first_beat = first_heartbeat_delay(task, interval, time.time())
         runner = asyncio.create_task(

@@ -541,3 +541,118 @@ async fn what_may_not_touch_a_secret_is_refused() {
         "{refused:#?}"
     );
 }
+
+/// A CODE node's declared secrets reach its code runner with the lease
+/// (and nothing else does): the task's stored input names them only, a
+/// node that declares none is handed none, a TASK node may not declare
+/// any, and an unset one fails the attempt instead of running without it.
+#[tokio::test]
+async fn a_code_runner_gets_exactly_the_secrets_its_node_declares() {
+    use composer_proto::v1::{PollTasksRequest, worker_service_client::WorkerServiceClient};
+    let dir = tempfile::tempdir().expect("dir");
+    let key = key_file(dir.path(), "kek", 0x66);
+    let (database, redis) = (fresh_database().await, fresh_redis_url());
+    let server = start(&database, &redis, &[&key], &[]).await;
+    set_secret(&server, "signing_key", "code-secret-value").await;
+    let mut client = TestClient::connect(&server.url()).await;
+    client
+        .register(
+            "name: signer\nnodes:\n  - { id: sign, type: CODE, language: python, secrets: [signing_key], code: \"result = 1\" }\n  - { id: plain, type: CODE, language: python, code: \"result = 2\" }\nedges:\n  - { from: sign, to: plain }\n",
+        )
+        .await;
+    let run = client.start("signer", json!({ "p": 1 })).await;
+    let mut workers = WorkerServiceClient::connect(server.url())
+        .await
+        .expect("connect");
+    let poll = PollTasksRequest {
+        worker_id: "runner".to_owned(),
+        queues: vec!["code.python".to_owned()],
+        max_tasks: 1,
+        wait: Some(prost_types::Duration {
+            seconds: 10,
+            nanos: 0,
+        }),
+        confirm_receipt: false,
+    };
+    let task = workers
+        .poll_tasks(poll.clone())
+        .await
+        .expect("poll")
+        .into_inner()
+        .tasks
+        .pop()
+        .expect("the sign task");
+    assert_eq!(task.node_id, "sign");
+    assert_eq!(
+        task.secrets.get("signing_key").map(String::as_str),
+        Some("code-secret-value")
+    );
+    let input = composer_grpc::convert::to_json(task.input.clone(), "input").expect("input");
+    assert_eq!(input["secrets"], json!(["signing_key"]), "{input}");
+    workers
+        .complete_task(composer_proto::v1::CompleteTaskRequest {
+            task_id: task.task_id.clone(),
+            attempt: task.attempt,
+            lease_token: task.lease_token.clone(),
+            output: Some(composer_grpc::convert::from_json(
+                &json!({ "signed": true }),
+            )),
+        })
+        .await
+        .expect("complete");
+    let plain = workers
+        .poll_tasks(poll.clone())
+        .await
+        .expect("poll")
+        .into_inner()
+        .tasks
+        .pop()
+        .expect("the plain task");
+    assert_eq!(plain.node_id, "plain");
+    assert!(plain.secrets.is_empty(), "{plain:?}");
+    let plain_input = composer_grpc::convert::to_json(plain.input.clone(), "input").expect("input");
+    assert!(plain_input.get("secrets").is_none(), "{plain_input}");
+    assert!(!database_text(&database).await.contains("code-secret-value"));
+    drop(run);
+
+    let refused = WorkflowServiceClient::connect(server.url())
+        .await
+        .expect("connect")
+        .register_workflow(RegisterWorkflowRequest {
+            source: "name: t\nnodes:\n  - { id: t, type: TASK, queue: q, task: t, secrets: [signing_key] }\n".to_owned(),
+        })
+        .await
+        .expect_err("refused");
+    assert_eq!(violated_field(&refused), "nodes[0].secrets");
+
+    client
+        .register(
+            "name: unset\nnodes:\n  - { id: sign, type: CODE, language: python, secrets: [never_set], code: \"result = 1\" }\n",
+        )
+        .await;
+    let unset = client.start("unset", json!({})).await;
+    let handed = workers
+        .poll_tasks(PollTasksRequest {
+            wait: Some(prost_types::Duration {
+                seconds: 2,
+                nanos: 0,
+            }),
+            ..poll
+        })
+        .await
+        .expect("poll")
+        .into_inner()
+        .tasks;
+    assert!(
+        handed.is_empty(),
+        "a task whose secret is unset is not handed out: {handed:?}"
+    );
+    let history = client.history(&unset).await;
+    let failed = history
+        .iter()
+        .find(|e| e.event_type == "attempt_failed")
+        .expect("the attempt failed");
+    let details =
+        composer_grpc::convert::to_json(failed.details.clone(), "details").expect("details");
+    assert_eq!(details["code"], "SECRET_UNAVAILABLE", "{details}");
+}

@@ -26,6 +26,11 @@ impl SecretValues {
         self.values.push((name.to_owned(), value));
     }
 
+    /// The values by name, to hand to a code runner.
+    pub fn into_map(self) -> std::collections::HashMap<String, String> {
+        self.values.into_iter().collect()
+    }
+
     /// Whether none is held.
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()

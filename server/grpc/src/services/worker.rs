@@ -2,12 +2,13 @@
 //! `(task_id, attempt, lease_token)`; a stale one is FAILED_PRECONDITION
 //! with ErrorInfo reason LEASE_LOST and changes nothing.
 
-use std::{sync::Arc, time::Duration};
+use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use composer_coordinator::{
     Coordinator, Reporter, TaskReport,
     dispatch::answer_sent,
     dispatch::poll_hub::{PollHub, PollRequest},
+    http::codes::SECRET_UNAVAILABLE,
 };
 use composer_proto::v1::{
     CompleteTaskRequest, CompleteTaskResponse, FailTaskRequest, FailTaskResponse, HeartbeatRequest,
@@ -44,8 +45,15 @@ pub(crate) struct WorkerApi {
     pub(crate) draining: watch::Receiver<bool>,
 }
 
-fn task_message(task: LeasedTask) -> Task {
+/// Whether a task's queue is a code runner's (`code.<language>`): only
+/// those are handed the secrets their node declares.
+fn is_code_queue(queue: &str) -> bool {
+    queue.starts_with("code.")
+}
+
+fn task_message(task: LeasedTask, secrets: HashMap<String, String>) -> Task {
     Task {
+        secrets,
         task_id: task.id.to_string(),
         attempt: task.attempt,
         lease_token: task.lease_token.to_string(),
@@ -116,6 +124,57 @@ fn wait_of(wait: Option<prost_types::Duration>) -> Result<Duration, Status> {
     Ok(wait.min(MAX_WAIT))
 }
 
+impl WorkerApi {
+    /// The secrets a CODE task hands its snippet (none for other tasks);
+    /// None when they cannot be read: the attempt is failed with
+    /// SECRET_UNAVAILABLE (retryable) and not handed out, so no snippet
+    /// runs without what it declared.
+    async fn secrets_of(
+        &self,
+        caller: &Caller,
+        task: &LeasedTask,
+    ) -> Option<HashMap<String, String>> {
+        let names = composer_coordinator::secrets::values::declared_names(&task.input);
+        if names.is_empty() || !is_code_queue(&task.queue) {
+            return Some(HashMap::new());
+        }
+        match self
+            .coordinator
+            .secret_values(&task.namespace, &names)
+            .await
+        {
+            Ok(values) => Some(values.into_map()),
+            Err(error) => {
+                let report = TaskReport::Failed {
+                    code: SECRET_UNAVAILABLE.to_owned(),
+                    message: error.to_string(),
+                    retryable: true,
+                    details: None,
+                };
+                let failed = self
+                    .coordinator
+                    .report(
+                        &scope_of(caller),
+                        &task.id.to_string(),
+                        task.attempt,
+                        &task.lease_token.to_string(),
+                        report,
+                        Reporter {
+                            actor: "server",
+                            traceparent: None,
+                            answer_sent: None,
+                        },
+                    )
+                    .await;
+                if let Err(error) = failed {
+                    tracing::warn!(task_id = %task.id, %error, "a code task's secrets were unavailable; its failure was not applied");
+                }
+                None
+            }
+        }
+    }
+}
+
 #[tonic::async_trait]
 impl WorkerService for WorkerApi {
     async fn poll_tasks(
@@ -173,9 +232,13 @@ impl WorkerService for WorkerApi {
             _ = draining.wait_for(|d| *d) => Vec::new(),
         };
         self.coordinator.remember_leases(&tasks);
-        Ok(Response::new(PollTasksResponse {
-            tasks: tasks.into_iter().map(task_message).collect(),
-        }))
+        let mut handed = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            if let Some(secrets) = self.secrets_of(&caller, &task).await {
+                handed.push(task_message(task, secrets));
+            }
+        }
+        Ok(Response::new(PollTasksResponse { tasks: handed }))
     }
 
     async fn heartbeat(

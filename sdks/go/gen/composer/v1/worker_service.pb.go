@@ -156,7 +156,14 @@ type Task struct {
 	// trace has one, `tracestate`), empty unless the server exports traces.
 	// A worker opens the handler's span as its child, so one trace shows the
 	// run on the server and on its workers (docs/operations.md, "Traces").
-	TraceContext  map[string]string `protobuf:"bytes,15,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	TraceContext map[string]string `protobuf:"bytes,15,rep,name=trace_context,json=traceContext,proto3" json:"trace_context,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// CODE tasks only (queues `code.python`, `code.javascript`): the current
+	// values of the secrets the node declares (`secrets: [NAME]`), by name,
+	// for the code runner to put in the snippet's input under `secrets`
+	// (docs/secrets.md). Read from the secret store for this hand-out only:
+	// never stored with the task, never sent for another queue. A runner
+	// must keep them out of logs and redact them from what it reports.
+	Secrets       map[string]string `protobuf:"bytes,16,rep,name=secrets,proto3" json:"secrets,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -292,6 +299,13 @@ func (x *Task) GetNamespace() string {
 func (x *Task) GetTraceContext() map[string]string {
 	if x != nil {
 		return x.TraceContext
+	}
+	return nil
+}
+
+func (x *Task) GetSecrets() map[string]string {
+	if x != nil {
+		return x.Secrets
 	}
 	return nil
 }
@@ -729,7 +743,7 @@ const file_composer_v1_worker_service_proto_rawDesc = "" +
 	"\x06queues\x18\x02 \x03(\tR\x06queues\x12\x1b\n" +
 	"\tmax_tasks\x18\x03 \x01(\x05R\bmaxTasks\x12-\n" +
 	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12'\n" +
-	"\x0fconfirm_receipt\x18\x05 \x01(\bR\x0econfirmReceipt\"\xb5\x05\n" +
+	"\x0fconfirm_receipt\x18\x05 \x01(\bR\x0econfirmReceipt\"\xab\x06\n" +
 	"\x04Task\x12\x17\n" +
 	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
 	"\aattempt\x18\x02 \x01(\x05R\aattempt\x12\x1f\n" +
@@ -747,8 +761,12 @@ const file_composer_v1_worker_service_proto_rawDesc = "" +
 	"\x05input\x18\f \x01(\v2\x16.google.protobuf.ValueR\x05input\x12E\n" +
 	"\x10attempt_deadline\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\x0fattemptDeadline\x12\x1c\n" +
 	"\tnamespace\x18\x0e \x01(\tR\tnamespace\x12H\n" +
-	"\rtrace_context\x18\x0f \x03(\v2#.composer.v1.Task.TraceContextEntryR\ftraceContext\x1a?\n" +
+	"\rtrace_context\x18\x0f \x03(\v2#.composer.v1.Task.TraceContextEntryR\ftraceContext\x128\n" +
+	"\asecrets\x18\x10 \x03(\v2\x1e.composer.v1.Task.SecretsEntryR\asecrets\x1a?\n" +
 	"\x11TraceContextEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a:\n" +
+	"\fSecretsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"<\n" +
 	"\x11PollTasksResponse\x12'\n" +
@@ -798,7 +816,7 @@ func file_composer_v1_worker_service_proto_rawDescGZIP() []byte {
 	return file_composer_v1_worker_service_proto_rawDescData
 }
 
-var file_composer_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_composer_v1_worker_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_composer_v1_worker_service_proto_goTypes = []any{
 	(*PollTasksRequest)(nil),      // 0: composer.v1.PollTasksRequest
 	(*Task)(nil),                  // 1: composer.v1.Task
@@ -810,34 +828,36 @@ var file_composer_v1_worker_service_proto_goTypes = []any{
 	(*FailTaskRequest)(nil),       // 7: composer.v1.FailTaskRequest
 	(*FailTaskResponse)(nil),      // 8: composer.v1.FailTaskResponse
 	nil,                           // 9: composer.v1.Task.TraceContextEntry
-	(*durationpb.Duration)(nil),   // 10: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
-	(*structpb.Value)(nil),        // 12: google.protobuf.Value
+	nil,                           // 10: composer.v1.Task.SecretsEntry
+	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
+	(*structpb.Value)(nil),        // 13: google.protobuf.Value
 }
 var file_composer_v1_worker_service_proto_depIdxs = []int32{
-	10, // 0: composer.v1.PollTasksRequest.wait:type_name -> google.protobuf.Duration
-	11, // 1: composer.v1.Task.lease_expire_time:type_name -> google.protobuf.Timestamp
-	10, // 2: composer.v1.Task.lease_duration:type_name -> google.protobuf.Duration
-	12, // 3: composer.v1.Task.input:type_name -> google.protobuf.Value
-	11, // 4: composer.v1.Task.attempt_deadline:type_name -> google.protobuf.Timestamp
+	11, // 0: composer.v1.PollTasksRequest.wait:type_name -> google.protobuf.Duration
+	12, // 1: composer.v1.Task.lease_expire_time:type_name -> google.protobuf.Timestamp
+	11, // 2: composer.v1.Task.lease_duration:type_name -> google.protobuf.Duration
+	13, // 3: composer.v1.Task.input:type_name -> google.protobuf.Value
+	12, // 4: composer.v1.Task.attempt_deadline:type_name -> google.protobuf.Timestamp
 	9,  // 5: composer.v1.Task.trace_context:type_name -> composer.v1.Task.TraceContextEntry
-	1,  // 6: composer.v1.PollTasksResponse.tasks:type_name -> composer.v1.Task
-	11, // 7: composer.v1.HeartbeatResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
-	12, // 8: composer.v1.CompleteTaskRequest.output:type_name -> google.protobuf.Value
-	12, // 9: composer.v1.FailTaskRequest.details:type_name -> google.protobuf.Value
-	0,  // 10: composer.v1.WorkerService.PollTasks:input_type -> composer.v1.PollTasksRequest
-	3,  // 11: composer.v1.WorkerService.Heartbeat:input_type -> composer.v1.HeartbeatRequest
-	5,  // 12: composer.v1.WorkerService.CompleteTask:input_type -> composer.v1.CompleteTaskRequest
-	7,  // 13: composer.v1.WorkerService.FailTask:input_type -> composer.v1.FailTaskRequest
-	2,  // 14: composer.v1.WorkerService.PollTasks:output_type -> composer.v1.PollTasksResponse
-	4,  // 15: composer.v1.WorkerService.Heartbeat:output_type -> composer.v1.HeartbeatResponse
-	6,  // 16: composer.v1.WorkerService.CompleteTask:output_type -> composer.v1.CompleteTaskResponse
-	8,  // 17: composer.v1.WorkerService.FailTask:output_type -> composer.v1.FailTaskResponse
-	14, // [14:18] is the sub-list for method output_type
-	10, // [10:14] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	10, // 6: composer.v1.Task.secrets:type_name -> composer.v1.Task.SecretsEntry
+	1,  // 7: composer.v1.PollTasksResponse.tasks:type_name -> composer.v1.Task
+	12, // 8: composer.v1.HeartbeatResponse.lease_expire_time:type_name -> google.protobuf.Timestamp
+	13, // 9: composer.v1.CompleteTaskRequest.output:type_name -> google.protobuf.Value
+	13, // 10: composer.v1.FailTaskRequest.details:type_name -> google.protobuf.Value
+	0,  // 11: composer.v1.WorkerService.PollTasks:input_type -> composer.v1.PollTasksRequest
+	3,  // 12: composer.v1.WorkerService.Heartbeat:input_type -> composer.v1.HeartbeatRequest
+	5,  // 13: composer.v1.WorkerService.CompleteTask:input_type -> composer.v1.CompleteTaskRequest
+	7,  // 14: composer.v1.WorkerService.FailTask:input_type -> composer.v1.FailTaskRequest
+	2,  // 15: composer.v1.WorkerService.PollTasks:output_type -> composer.v1.PollTasksResponse
+	4,  // 16: composer.v1.WorkerService.Heartbeat:output_type -> composer.v1.HeartbeatResponse
+	6,  // 17: composer.v1.WorkerService.CompleteTask:output_type -> composer.v1.CompleteTaskResponse
+	8,  // 18: composer.v1.WorkerService.FailTask:output_type -> composer.v1.FailTaskResponse
+	15, // [15:19] is the sub-list for method output_type
+	11, // [11:15] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_composer_v1_worker_service_proto_init() }
@@ -851,7 +871,7 @@ func file_composer_v1_worker_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_composer_v1_worker_service_proto_rawDesc), len(file_composer_v1_worker_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,7 +27,7 @@ from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n composer/v1/worker_service.proto\x12\x0b\x63omposer.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x01\n\x10PollTasksRequest\x12\x1b\n\tworker_id\x18\x01 \x01(\tR\x08workerId\x12\x16\n\x06queues\x18\x02 \x03(\tR\x06queues\x12\x1b\n\tmax_tasks\x18\x03 \x01(\x05R\x08maxTasks\x12-\n\x04wait\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationR\x04wait\x12\'\n\x0f\x63onfirm_receipt\x18\x05 \x01(\x08R\x0e\x63onfirmReceipt\"\xb5\x05\n\x04Task\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n\x07\x61ttempt\x18\x02 \x01(\x05R\x07\x61ttempt\x12\x1f\n\x0blease_token\x18\x03 \x01(\tR\nleaseToken\x12\x46\n\x11lease_expire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12@\n\x0elease_duration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationR\rleaseDuration\x12\x15\n\x06run_id\x18\x06 \x01(\tR\x05runId\x12\x17\n\x07node_id\x18\x07 \x01(\tR\x06nodeId\x12#\n\rworkflow_name\x18\x08 \x01(\tR\x0cworkflowName\x12)\n\x10workflow_version\x18\t \x01(\x05R\x0fworkflowVersion\x12\x14\n\x05queue\x18\n \x01(\tR\x05queue\x12\x1b\n\ttask_name\x18\x0b \x01(\tR\x08taskName\x12,\n\x05input\x18\x0c \x01(\x0b\x32\x16.google.protobuf.ValueR\x05input\x12\x45\n\x10\x61ttempt_deadline\x18\r \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0f\x61ttemptDeadline\x12\x1c\n\tnamespace\x18\x0e \x01(\tR\tnamespace\x12H\n\rtrace_context\x18\x0f \x03(\x0b\x32#.composer.v1.Task.TraceContextEntryR\x0ctraceContext\x1a?\n\x11TraceContextEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"<\n\x11PollTasksResponse\x12\'\n\x05tasks\x18\x01 \x03(\x0b\x32\x11.composer.v1.TaskR\x05tasks\"f\n\x10HeartbeatRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n\x07\x61ttempt\x18\x02 \x01(\x05R\x07\x61ttempt\x12\x1f\n\x0blease_token\x18\x03 \x01(\tR\nleaseToken\"\xab\x01\n\x11HeartbeatResponse\x12\x46\n\x11lease_expire_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12)\n\x10\x63\x61ncel_requested\x18\x02 \x01(\x08R\x0f\x63\x61ncelRequested\x12#\n\rcancel_reason\x18\x03 \x01(\tR\x0c\x63\x61ncelReason\"\x99\x01\n\x13\x43ompleteTaskRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n\x07\x61ttempt\x18\x02 \x01(\x05R\x07\x61ttempt\x12\x1f\n\x0blease_token\x18\x03 \x01(\tR\nleaseToken\x12.\n\x06output\x18\x04 \x01(\x0b\x32\x16.google.protobuf.ValueR\x06output\"\x16\n\x14\x43ompleteTaskResponse\"\xee\x01\n\x0f\x46\x61ilTaskRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n\x07\x61ttempt\x18\x02 \x01(\x05R\x07\x61ttempt\x12\x1f\n\x0blease_token\x18\x03 \x01(\tR\nleaseToken\x12\x1d\n\nerror_code\x18\x04 \x01(\tR\terrorCode\x12\x18\n\x07message\x18\x05 \x01(\tR\x07message\x12\x1c\n\tretryable\x18\x06 \x01(\x08R\tretryable\x12\x30\n\x07\x64\x65tails\x18\x07 \x01(\x0b\x32\x16.google.protobuf.ValueR\x07\x64\x65tails\"\x12\n\x10\x46\x61ilTaskResponse2\xc5\x02\n\rWorkerService\x12J\n\tPollTasks\x12\x1d.composer.v1.PollTasksRequest\x1a\x1e.composer.v1.PollTasksResponse\x12J\n\tHeartbeat\x12\x1d.composer.v1.HeartbeatRequest\x1a\x1e.composer.v1.HeartbeatResponse\x12S\n\x0c\x43ompleteTask\x12 .composer.v1.CompleteTaskRequest\x1a!.composer.v1.CompleteTaskResponse\x12G\n\x08\x46\x61ilTask\x12\x1c.composer.v1.FailTaskRequest\x1a\x1d.composer.v1.FailTaskResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n composer/v1/worker_service.proto\x12\x0b\x63omposer.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbc\x01\n\x10PollTasksRequest\x12\x1b\n\tworker_id\x18\x01 \x01(\tR\x08workerId\x12\x16\n\x06queues\x18\x02 \x03(\tR\x06queues\x12\x1b\n\tmax_tasks\x18\x03 \x01(\x05R\x08maxTasks\x12-\n\x04wait\x18\x04 \x01(\x0b\x32\x19.google.protobuf.DurationR\x04wait\x12\'\n\x0f\x63onfirm_receipt\x18\x05 \x01(\x08R\x0e\x63onfirmReceipt\"\xab\x06\n\x04Task\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n\x07\x61ttempt\x18\x02 \x01(\x05R\x07\x61ttempt\x12\x1f\n\x0blease_token\x18\x03 \x01(\tR\nleaseToken\x12\x46\n\x11lease_expire_time\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12@\n\x0elease_duration\x18\x05 \x01(\x0b\x32\x19.google.protobuf.DurationR\rleaseDuration\x12\x15\n\x06run_id\x18\x06 \x01(\tR\x05runId\x12\x17\n\x07node_id\x18\x07 \x01(\tR\x06nodeId\x12#\n\rworkflow_name\x18\x08 \x01(\tR\x0cworkflowName\x12)\n\x10workflow_version\x18\t \x01(\x05R\x0fworkflowVersion\x12\x14\n\x05queue\x18\n \x01(\tR\x05queue\x12\x1b\n\ttask_name\x18\x0b \x01(\tR\x08taskName\x12,\n\x05input\x18\x0c \x01(\x0b\x32\x16.google.protobuf.ValueR\x05input\x12\x45\n\x10\x61ttempt_deadline\x18\r \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0f\x61ttemptDeadline\x12\x1c\n\tnamespace\x18\x0e \x01(\tR\tnamespace\x12H\n\rtrace_context\x18\x0f \x03(\x0b\x32#.composer.v1.Task.TraceContextEntryR\x0ctraceContext\x12\x38\n\x07secrets\x18\x10 \x03(\x0b\x32\x1e.composer.v1.Task.SecretsEntryR\x07secrets\x1a?\n\x11TraceContextEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\x1a:\n\x0cSecretsEntry\x12\x10\n\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n\x05value\x18\x02 \x01(\tR\x05value:\x02\x38\x01\"<\n\x11PollTasksResponse\x12\'\n\x05tasks\x18\x01 \x03(\x0b\x32\x11.composer.v1.TaskR\x05tasks\"f\n\x10HeartbeatRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n\x07\x61ttempt\x18\x02 \x01(\x05R\x07\x61ttempt\x12\x1f\n\x0blease_token\x18\x03 \x01(\tR\nleaseToken\"\xab\x01\n\x11HeartbeatResponse\x12\x46\n\x11lease_expire_time\x18\x01 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\x0fleaseExpireTime\x12)\n\x10\x63\x61ncel_requested\x18\x02 \x01(\x08R\x0f\x63\x61ncelRequested\x12#\n\rcancel_reason\x18\x03 \x01(\tR\x0c\x63\x61ncelReason\"\x99\x01\n\x13\x43ompleteTaskRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n\x07\x61ttempt\x18\x02 \x01(\x05R\x07\x61ttempt\x12\x1f\n\x0blease_token\x18\x03 \x01(\tR\nleaseToken\x12.\n\x06output\x18\x04 \x01(\x0b\x32\x16.google.protobuf.ValueR\x06output\"\x16\n\x14\x43ompleteTaskResponse\"\xee\x01\n\x0f\x46\x61ilTaskRequest\x12\x17\n\x07task_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n\x07\x61ttempt\x18\x02 \x01(\x05R\x07\x61ttempt\x12\x1f\n\x0blease_token\x18\x03 \x01(\tR\nleaseToken\x12\x1d\n\nerror_code\x18\x04 \x01(\tR\terrorCode\x12\x18\n\x07message\x18\x05 \x01(\tR\x07message\x12\x1c\n\tretryable\x18\x06 \x01(\x08R\tretryable\x12\x30\n\x07\x64\x65tails\x18\x07 \x01(\x0b\x32\x16.google.protobuf.ValueR\x07\x64\x65tails\"\x12\n\x10\x46\x61ilTaskResponse2\xc5\x02\n\rWorkerService\x12J\n\tPollTasks\x12\x1d.composer.v1.PollTasksRequest\x1a\x1e.composer.v1.PollTasksResponse\x12J\n\tHeartbeat\x12\x1d.composer.v1.HeartbeatRequest\x1a\x1e.composer.v1.HeartbeatResponse\x12S\n\x0c\x43ompleteTask\x12 .composer.v1.CompleteTaskRequest\x1a!.composer.v1.CompleteTaskResponse\x12G\n\x08\x46\x61ilTask\x12\x1c.composer.v1.FailTaskRequest\x1a\x1d.composer.v1.FailTaskResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,26 +37,30 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'ZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1'
   _globals['_TASK_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_TASK_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_TASK_SECRETSENTRY']._loaded_options = None
+  _globals['_TASK_SECRETSENTRY']._serialized_options = b'8\001'
   _globals['_POLLTASKSREQUEST']._serialized_start=145
   _globals['_POLLTASKSREQUEST']._serialized_end=333
   _globals['_TASK']._serialized_start=336
-  _globals['_TASK']._serialized_end=1029
-  _globals['_TASK_TRACECONTEXTENTRY']._serialized_start=966
-  _globals['_TASK_TRACECONTEXTENTRY']._serialized_end=1029
-  _globals['_POLLTASKSRESPONSE']._serialized_start=1031
-  _globals['_POLLTASKSRESPONSE']._serialized_end=1091
-  _globals['_HEARTBEATREQUEST']._serialized_start=1093
-  _globals['_HEARTBEATREQUEST']._serialized_end=1195
-  _globals['_HEARTBEATRESPONSE']._serialized_start=1198
-  _globals['_HEARTBEATRESPONSE']._serialized_end=1369
-  _globals['_COMPLETETASKREQUEST']._serialized_start=1372
-  _globals['_COMPLETETASKREQUEST']._serialized_end=1525
-  _globals['_COMPLETETASKRESPONSE']._serialized_start=1527
-  _globals['_COMPLETETASKRESPONSE']._serialized_end=1549
-  _globals['_FAILTASKREQUEST']._serialized_start=1552
-  _globals['_FAILTASKREQUEST']._serialized_end=1790
-  _globals['_FAILTASKRESPONSE']._serialized_start=1792
-  _globals['_FAILTASKRESPONSE']._serialized_end=1810
-  _globals['_WORKERSERVICE']._serialized_start=1813
-  _globals['_WORKERSERVICE']._serialized_end=2138
+  _globals['_TASK']._serialized_end=1147
+  _globals['_TASK_TRACECONTEXTENTRY']._serialized_start=1024
+  _globals['_TASK_TRACECONTEXTENTRY']._serialized_end=1087
+  _globals['_TASK_SECRETSENTRY']._serialized_start=1089
+  _globals['_TASK_SECRETSENTRY']._serialized_end=1147
+  _globals['_POLLTASKSRESPONSE']._serialized_start=1149
+  _globals['_POLLTASKSRESPONSE']._serialized_end=1209
+  _globals['_HEARTBEATREQUEST']._serialized_start=1211
+  _globals['_HEARTBEATREQUEST']._serialized_end=1313
+  _globals['_HEARTBEATRESPONSE']._serialized_start=1316
+  _globals['_HEARTBEATRESPONSE']._serialized_end=1487
+  _globals['_COMPLETETASKREQUEST']._serialized_start=1490
+  _globals['_COMPLETETASKREQUEST']._serialized_end=1643
+  _globals['_COMPLETETASKRESPONSE']._serialized_start=1645
+  _globals['_COMPLETETASKRESPONSE']._serialized_end=1667
+  _globals['_FAILTASKREQUEST']._serialized_start=1670
+  _globals['_FAILTASKREQUEST']._serialized_end=1908
+  _globals['_FAILTASKRESPONSE']._serialized_start=1910
+  _globals['_FAILTASKRESPONSE']._serialized_end=1928
+  _globals['_WORKERSERVICE']._serialized_start=1931
+  _globals['_WORKERSERVICE']._serialized_end=2256
 # @@protoc_insertion_point(module_scope)

@@ -26,8 +26,15 @@ class PollTasksRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., queues: _Optional[_Iterable[str]] = ..., max_tasks: _Optional[int] = ..., wait: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., confirm_receipt: _Optional[bool] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "attempt", "lease_token", "lease_expire_time", "lease_duration", "run_id", "node_id", "workflow_name", "workflow_version", "queue", "task_name", "input", "attempt_deadline", "namespace", "trace_context")
+    __slots__ = ("task_id", "attempt", "lease_token", "lease_expire_time", "lease_duration", "run_id", "node_id", "workflow_name", "workflow_version", "queue", "task_name", "input", "attempt_deadline", "namespace", "trace_context", "secrets")
     class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class SecretsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -49,6 +56,7 @@ class Task(_message.Message):
     ATTEMPT_DEADLINE_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    SECRETS_FIELD_NUMBER: _ClassVar[int]
     task_id: str
     attempt: int
     lease_token: str
@@ -64,7 +72,8 @@ class Task(_message.Message):
     attempt_deadline: _timestamp_pb2.Timestamp
     namespace: str
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, task_id: _Optional[str] = ..., attempt: _Optional[int] = ..., lease_token: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., workflow_version: _Optional[int] = ..., queue: _Optional[str] = ..., task_name: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., attempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., namespace: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    secrets: _containers.ScalarMap[str, str]
+    def __init__(self, task_id: _Optional[str] = ..., attempt: _Optional[int] = ..., lease_token: _Optional[str] = ..., lease_expire_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., lease_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., workflow_name: _Optional[str] = ..., workflow_version: _Optional[int] = ..., queue: _Optional[str] = ..., task_name: _Optional[str] = ..., input: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ..., attempt_deadline: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., namespace: _Optional[str] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., secrets: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class PollTasksResponse(_message.Message):
     __slots__ = ("tasks",)
