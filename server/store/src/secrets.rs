@@ -74,19 +74,6 @@ pub async fn insert_data_key(pool: &PgPool, key: &WrappedKey) -> Result<WrappedK
         .ok_or(StoreError::Database(sqlx::Error::RowNotFound))
 }
 
-/// Every data key of a namespace wrapped by another key than `kek_id`.
-pub async fn keys_not_wrapped_by(
-    pool: &PgPool,
-    namespace: &str,
-    kek_id: &str,
-) -> Result<Vec<WrappedKey>, StoreError> {
-    Ok(data_key(pool, namespace)
-        .await?
-        .filter(|key| key.kek_id != kek_id)
-        .into_iter()
-        .collect())
-}
-
 /// Replaces a data key's wrapping; false when it changed meanwhile.
 pub async fn rewrap(
     pool: &PgPool,
@@ -197,6 +184,22 @@ pub async fn newest(
         .transpose()?)
 }
 
+/// A listed secret: one row per name, its newest version and times.
+const LISTED: &str = "SELECT name, max(version) AS version, min(created_at) AS created_at, \
+       max(created_at) AS updated_at, \
+       (array_agg(created_by ORDER BY version DESC))[1] AS updated_by \
+     FROM secrets";
+
+fn listed(row: &sqlx::postgres::PgRow) -> Result<SecretRow, sqlx::Error> {
+    Ok(SecretRow {
+        name: row.try_get("name")?,
+        version: row.try_get("version")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        updated_by: row.try_get("updated_by")?,
+    })
+}
+
 /// One page of the namespace's secrets by name, after `after`.
 pub async fn list(
     pool: &PgPool,
@@ -205,30 +208,36 @@ pub async fn list(
     limit: i64,
 ) -> Result<Vec<SecretRow>, StoreError> {
     // list_secrets: primary key order; one row per name
-    let rows = sqlx::query(
-        "SELECT name, max(version) AS version, min(created_at) AS created_at, \
-           max(created_at) AS updated_at, \
-           (array_agg(created_by ORDER BY version DESC))[1] AS updated_by \
-         FROM secrets WHERE namespace = $1 AND ($2::text IS NULL OR name > $2) \
-         GROUP BY name ORDER BY name LIMIT $3",
-    )
+    let rows = sqlx::query(&format!(
+        "{LISTED} WHERE namespace = $1 AND ($2::text IS NULL OR name > $2) \
+         GROUP BY name ORDER BY name LIMIT $3"
+    ))
     .bind(namespace)
     .bind(after)
     .bind(limit)
     .fetch_all(pool)
     .await?;
     rows.iter()
-        .map(|row| {
-            Ok(SecretRow {
-                name: row.try_get("name")?,
-                version: row.try_get("version")?,
-                created_at: row.try_get("created_at")?,
-                updated_at: row.try_get("updated_at")?,
-                updated_by: row.try_get("updated_by")?,
-            })
-        })
+        .map(listed)
         .collect::<Result<_, sqlx::Error>>()
         .map_err(StoreError::from)
+}
+
+/// One secret as [`list`] shows it, if it exists.
+pub async fn listed_one(
+    conn: &mut PgConnection,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<SecretRow>, StoreError> {
+    // listed_secret: primary key prefix
+    let row = sqlx::query(&format!(
+        "{LISTED} WHERE namespace = $1 AND name = $2 GROUP BY name"
+    ))
+    .bind(namespace)
+    .bind(name)
+    .fetch_optional(conn)
+    .await?;
+    Ok(row.as_ref().map(listed).transpose()?)
 }
 
 /// Deletes every version of a secret; false when it had none.

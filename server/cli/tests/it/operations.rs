@@ -11,16 +11,13 @@ use composer_testkit::{
 };
 use serde_json::json;
 
+use crate::common::free_addr;
+
 fn composer_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_composer"))
 }
 
 const WAIT: Duration = Duration::from_secs(120);
-
-fn free_addr() -> String {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    probe.local_addr().expect("addr").to_string()
-}
 
 async fn get(url: &str) -> (u16, String) {
     let response = reqwest::get(url).await.expect("http");

@@ -28,7 +28,7 @@ use tonic::{Code, transport::Channel};
 use crate::common::{
     TOKEN_ARGS, authed,
     cli::{binary, composer, finish},
-    violated_field,
+    free_addr, violated_field,
 };
 
 /// A token of `namespace` with `roles`.
@@ -182,26 +182,71 @@ async fn trace_receiver() -> (String, Exports) {
     (url, exports)
 }
 
-/// Every row of every table of the database, as text.
-async fn database_text(database: &str) -> String {
-    let pool = sqlx::PgPool::connect(database).await.expect("database");
-    let tables: Vec<String> = sqlx::query_scalar(
-        "SELECT format('%I.%I', schemaname, tablename) FROM pg_tables \
-         WHERE schemaname NOT IN ('pg_catalog', 'information_schema')",
-    )
-    .fetch_all(&pool)
-    .await
-    .expect("tables");
-    let mut all = String::new();
-    for table in tables {
-        let rows: Option<String> =
-            sqlx::query_scalar(&format!("SELECT string_agg(t::text, '\n') FROM {table} t"))
-                .fetch_one(&pool)
-                .await
-                .expect("rows");
-        all.push_str(&rows.unwrap_or_default());
+/// `pg_dump`, from PATH or Debian's versioned folder (which is not on PATH).
+fn pg_dump_binary() -> PathBuf {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("pg_dump"))
+        .find(|candidate| candidate.is_file());
+    let debian = || {
+        let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path().join("bin/pg_dump"))
+            .filter(|candidate| candidate.is_file())
+            .collect();
+        found.sort();
+        found.pop()
+    };
+    on_path
+        .or_else(debian)
+        .expect("pg_dump (postgresql-client) is needed")
+}
+
+/// A plain-text `pg_dump` of the whole database: schema and every row.
+async fn database_dump(database: &str) -> String {
+    let output = tokio::process::Command::new(pg_dump_binary())
+        .args(["--no-owner", "--dbname", database])
+        .output()
+        .await
+        .expect("pg_dump runs");
+    assert!(
+        output.status.success(),
+        "pg_dump: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).expect("a UTF-8 dump")
+}
+
+/// Whether `text` holds `value` as written or as a `bytea` column's hex.
+fn holds(text: &str, value: &str) -> bool {
+    let hex: String = value.bytes().map(|b| format!("{b:02x}")).collect();
+    text.contains(value) || text.contains(&hex)
+}
+
+/// A reply's bytes as text (lossy where they are not UTF-8), whatever its shape.
+fn flatten(value: &redis::Value, into: &mut String) {
+    match value {
+        redis::Value::BulkString(bytes) => into.push_str(&String::from_utf8_lossy(bytes)),
+        redis::Value::SimpleString(text) => into.push_str(text),
+        redis::Value::Array(items) | redis::Value::Set(items) => {
+            for item in items {
+                flatten(item, into);
+                into.push(' ');
+            }
+        }
+        redis::Value::Map(pairs) => {
+            for (key, item) in pairs {
+                flatten(key, into);
+                into.push(' ');
+                flatten(item, into);
+                into.push(' ');
+            }
+        }
+        other => into.push_str(&format!("{other:?}")),
     }
-    all
 }
 
 /// Every key of the Redis database with its contents, as text.
@@ -233,7 +278,9 @@ async fn redis_text(redis_url: &str) -> String {
             _ => continue,
         };
         let value: redis::Value = command.query_async(&mut redis).await.expect("value");
-        all.push_str(&format!("{key} {value:?}\n"));
+        all.push_str(&format!("{key} "));
+        flatten(&value, &mut all);
+        all.push('\n');
     }
     all
 }
@@ -246,7 +293,14 @@ async fn an_http_node_sends_the_secret_and_nothing_keeps_it() {
     let key = key_file(dir.path(), "kek", 0x11);
     let (database, redis) = (fresh_database().await, fresh_redis_url());
     let (collector, exports) = trace_receiver().await;
-    let server = start(&database, &redis, &[&key], &["--otlp-endpoint", &collector]).await;
+    let metrics = free_addr();
+    let server = start(
+        &database,
+        &redis,
+        &[&key],
+        &["--otlp-endpoint", &collector, "--metrics-listen", &metrics],
+    )
+    .await;
     let value = format!("pk_live_{}", uuid::Uuid::new_v4().simple());
     set_secret(&server, "partner_key", &value).await;
     let (endpoint, seen) = echo_endpoint().await;
@@ -329,14 +383,26 @@ async fn an_http_node_sends_the_secret_and_nothing_keeps_it() {
     );
     assert!(!answers.contains(&value), "an API answer holds the value");
 
+    let dump = database_dump(&database).await;
     assert!(
-        !database_text(&database).await.contains(&value),
-        "Postgres holds the value"
+        dump.contains("partner_key") && dump.contains("[secret partner_key]"),
+        "the dump holds the secret's name and the redacted echo"
     );
+    assert!(!holds(&dump, &value), "Postgres holds the value");
+    let stored = redis_text(&redis).await;
+    assert!(stored.contains("composer"), "Redis was read: {stored:.200}");
+    assert!(!holds(&stored, &value), "Redis holds the value");
+    let metrics = reqwest::get(format!("http://{metrics}/metrics"))
+        .await
+        .expect("scrape")
+        .text()
+        .await
+        .expect("metrics");
     assert!(
-        !redis_text(&redis).await.contains(&value),
-        "Redis holds the value"
+        metrics.contains("workflow=\"partner\""),
+        "the runs are counted: {metrics:.300}"
     );
+    assert!(!holds(&metrics, &value), "the metrics hold the value");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while exports.lock().expect("exports").is_empty() {
         assert!(tokio::time::Instant::now() < deadline, "no trace exported");
@@ -612,7 +678,7 @@ async fn a_code_runner_gets_exactly_the_secrets_its_node_declares() {
     assert!(plain.secrets.is_empty(), "{plain:?}");
     let plain_input = composer_grpc::convert::to_json(plain.input.clone(), "input").expect("input");
     assert!(plain_input.get("secrets").is_none(), "{plain_input}");
-    assert!(!database_text(&database).await.contains("code-secret-value"));
+    assert!(!holds(&database_dump(&database).await, "code-secret-value"));
     drop(run);
 
     let refused = WorkflowServiceClient::connect(server.url())

@@ -41,12 +41,17 @@ pub struct Migration {
 impl Migration {
     /// As a bulk operation's `params`.
     pub fn to_params(&self) -> Json {
+        json!({"target_version": self.target_version, "node_mapping": self.mapping_json()})
+    }
+
+    /// The node mapping as a JSON object, old id to new id.
+    fn mapping_json(&self) -> Json {
         let mapping: serde_json::Map<String, Json> = self
             .mapping
             .pairs()
             .map(|(from, to)| (from.to_owned(), Json::from(to)))
             .collect();
-        json!({"target_version": self.target_version, "node_mapping": mapping})
+        Json::Object(mapping)
     }
 
     /// From a bulk operation's `params`; None when they name no version.
@@ -147,7 +152,7 @@ impl Coordinator {
             details: json!({
                 "from_version": run.workflow_version,
                 "to_version": migration.target_version,
-                "node_mapping": migration.to_params()["node_mapping"],
+                "node_mapping": migration.mapping_json(),
                 "verdict": report.verdict.as_str(),
                 "operation_id": step.operation_id.to_string(),
             }),

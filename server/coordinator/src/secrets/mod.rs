@@ -81,11 +81,8 @@ impl Coordinator {
         };
         let sealed = keys::seal_value(&data_key, &place, value)?;
         secrets::insert_version(&mut tx, namespace, name, version, &sealed, actor).await?;
+        let listed = secrets::listed_one(&mut tx, namespace, name).await?;
         tx.commit().await?;
-        let listed = secrets::list(self.store().pool(), namespace, None, i64::MAX)
-            .await?
-            .into_iter()
-            .find(|row| row.name == name);
         listed.ok_or_else(|| CoordinatorError::SecretNotFound(name.to_owned()))
     }
 
@@ -118,15 +115,16 @@ impl Coordinator {
     ) -> Result<(usize, String), CoordinatorError> {
         let ring = &self.secret_keys().ring;
         let wrapping = ring.wrapping_id()?.to_owned();
-        let mut rewrapped = 0;
-        for old in secrets::keys_not_wrapped_by(self.store().pool(), namespace, &wrapping).await? {
-            let data_key = ring.unwrap(&old.namespace, &old.kek_id, &old.wrapped)?;
-            let (id, wrapped) = ring.wrap(&old.namespace, &data_key)?;
-            if secrets::rewrap(self.store().pool(), &old, &id, &wrapped).await? {
-                rewrapped += 1;
-            }
+        let Some(old) = secrets::data_key(self.store().pool(), namespace).await? else {
+            return Ok((0, wrapping));
+        };
+        if old.kek_id == wrapping {
+            return Ok((0, wrapping));
         }
-        Ok((rewrapped, wrapping))
+        let data_key = ring.unwrap(&old.namespace, &old.kek_id, &old.wrapped)?;
+        let (id, wrapped) = ring.wrap(&old.namespace, &data_key)?;
+        let rewrapped = secrets::rewrap(self.store().pool(), &old, &id, &wrapped).await?;
+        Ok((usize::from(rewrapped), wrapping))
     }
 
     /// The current values of `names` in `namespace`, for one execution.

@@ -8,6 +8,8 @@ use serde_json::Value as Json;
 /// execution; never serialised.
 #[derive(Default, Clone)]
 pub struct SecretValues {
+    /// Longest value first, so redaction replaces a value containing
+    /// another whole.
     values: Vec<(String, String)>,
 }
 
@@ -23,7 +25,10 @@ impl std::fmt::Debug for SecretValues {
 impl SecretValues {
     /// Adds a secret's value.
     pub fn insert(&mut self, name: &str, value: String) {
-        self.values.push((name.to_owned(), value));
+        let at = self
+            .values
+            .partition_point(|(_, held)| held.len() >= value.len());
+        self.values.insert(at, (name.to_owned(), value));
     }
 
     /// The values by name, to hand to a code runner.
@@ -90,10 +95,7 @@ impl SecretValues {
     /// endpoint echoed back never reaches a run, a log or a trace.
     pub fn redact_text(&self, text: &str) -> String {
         let mut out = text.to_owned();
-        // longest first, so a value containing another is replaced whole
-        let mut by_length: Vec<&(String, String)> = self.values.iter().collect();
-        by_length.sort_by_key(|(_, value)| std::cmp::Reverse(value.len()));
-        for (name, value) in by_length {
+        for (name, value) in &self.values {
             if !value.is_empty() && out.contains(value.as_str()) {
                 out = out.replace(value.as_str(), &format!("[secret {name}]"));
             }
@@ -192,5 +194,17 @@ mod tests {
         );
         assert!(format!("{values:?}").contains("key"));
         assert!(!format!("{values:?}").contains("s3cr3t"));
+    }
+
+    #[test]
+    fn a_value_containing_another_is_replaced_whole_whatever_the_order_set() {
+        let mut values = SecretValues::default();
+        values.insert("inner", "cr3t".to_owned());
+        values.insert("outer", "s3cr3t-value".to_owned());
+        values.insert("middle", "s3cr3t".to_owned());
+        assert_eq!(
+            values.redact_text("s3cr3t-value, s3cr3t and cr3t"),
+            "[secret outer], [secret middle] and [secret inner]"
+        );
     }
 }

@@ -35,11 +35,6 @@ const WAIT: Duration = Duration::from_secs(120);
 /// A run that waits until told: it stays open for as long as a test needs.
 const WAITING: &str = "name: waiting\nnodes:\n  - { id: go, type: WAIT_FOR_EVENT, event: go }\n";
 
-fn free_addr() -> String {
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    probe.local_addr().expect("addr").to_string()
-}
-
 /// A quotas file holding `yaml`, kept while the returned directory lives.
 fn quotas_file(yaml: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("dir");
@@ -66,7 +61,7 @@ async fn server_with_tokens(path: &Path, extra: &[&str]) -> ServerProcess {
 /// A server without tokens, with the quotas file `path`, and the address
 /// of its metrics.
 async fn server_with_metrics(path: &Path) -> (ServerProcess, String) {
-    let metrics = free_addr();
+    let metrics = common::free_addr();
     let path = path.to_str().expect("utf-8 path");
     let args = ["--quotas-file", path, "--metrics-listen", &metrics];
     (
@@ -187,7 +182,7 @@ async fn a_namespace_flooding_start_run_is_throttled_while_another_keeps_startin
     let (_dir, path) = quotas_file(&format!(
         "namespaces:\n  flood:\n    writes_per_second: {RATE}\n"
     ));
-    let metrics = free_addr();
+    let metrics = common::free_addr();
     let server = server_with_tokens(&path, &["--metrics-listen", &metrics]).await;
     let channel = channel(&server).await;
     let flood = token("flood", "ci", &["operator"]);

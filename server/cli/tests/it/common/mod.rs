@@ -20,6 +20,12 @@ pub const SECRET: &str = "a-test-secret-that-is-long-enough-for-hs256-0123456789
 /// Server flags that make it check tokens signed by [`token`].
 pub const TOKEN_ARGS: [&str; 4] = ["--auth-secret", SECRET, "--auth-audience", "composer"];
 
+/// A loopback address nothing listens on yet (for a server's second port).
+pub fn free_addr() -> String {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    probe.local_addr().expect("addr").to_string()
+}
+
 pub fn composer_binary() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_composer"))
 }
