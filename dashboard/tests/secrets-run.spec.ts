@@ -55,6 +55,11 @@ function captureResponses(page: Page): () => Promise<{ url: string; body: Buffer
   return () => Promise.all(responses);
 }
 
+/** Resolves once a WatchRun answer the page receives from now on has come to its end. */
+function watchEnded(page: Page): Promise<unknown> {
+  return page.waitForEvent("requestfinished", { predicate: (r) => r.url().endsWith("/composer.v1.RunService/WatchRun"), timeout: 30_000 });
+}
+
 async function html(page: Page): Promise<string> {
   return page.evaluate(() => document.documentElement.outerHTML);
 }
@@ -86,6 +91,9 @@ test("a run whose HTTP node used a secret shows the reference and the redaction,
     seenPages.push(await html(page));
 
     // the completed run: its output holds the echo, redacted; the node's input the reference
+    // each run page is left once its WatchRun stream ended (after a finished run's snapshot),
+    // so that answer too is read whole
+    let watched = watchEnded(page);
     await page.goto(`${stack.url}/runs/${ok.runId}`);
     await expect(page.locator("#run-title .badge")).toHaveText("completed");
     await expect(page.getByLabel("Run output")).toContainText('"echoed": "Bearer [secret partner_key]"');
@@ -95,13 +103,16 @@ test("a run whose HTTP node used a secret shows the reference and the redaction,
     await expect(detail.getByLabel("Node input as the worker got it")).toContainText("${secrets.partner_key}");
     await expect(page.locator(".timeline li[data-event='run_completed']")).toHaveCount(1);
     seenPages.push(await html(page));
+    await watched;
 
     // the failed run: its error holds the echo, redacted, on its page and in the failed view
+    watched = watchEnded(page);
     await page.goto(`${stack.url}/runs/${refused.runId}`);
     await expect(page.locator("#run-title .badge")).toHaveText("failed");
     await graphNode(page, "call").click();
     await expect(page.getByRole("group", { name: "Error" })).toContainText("refused: Bearer [secret partner_key]");
     seenPages.push(await html(page));
+    await watched;
     await page.getByRole("link", { name: "Failed", exact: true }).click();
     await expect(page.locator(`tr[data-run="${refused.runId}"]`)).toContainText("[secret partner_key]");
     seenPages.push(await html(page));
@@ -125,9 +136,14 @@ test("a run whose HTTP node used a secret shows the reference and the redaction,
     const bytes = Buffer.from(value, "utf8");
     const carrying = answers.filter((r) => r.body && (r.body.includes(bytes) || r.body.toString("utf8").includes(value))).map((r) => r.url);
     expect(carrying, "answers carrying the value").toEqual([]);
-    // the answers were read whole (a cut stream would have proved nothing): a finished run's
-    // WatchRun ends after its snapshot, so those streams were read to their end too
-    expect(answers.filter((r) => r.body === null && r.url.includes("/composer.v1.")).map((r) => r.url)).toEqual([]);
+    // every answer was read whole, and the search reads the wire format: the redaction, which
+    // travels as text, is found in what was read
+    const api = answers.filter((r) => r.url.includes("/composer.v1."));
+    expect(api.filter((r) => r.body === null).map((r) => r.url)).toEqual([]);
+    const redaction = Buffer.from("[secret partner_key]", "utf8");
+    for (const rpc of ["/GetRunHistory", "/WatchRun"]) {
+      expect(api.some((r) => r.url.endsWith(rpc) && r.body?.includes(redaction)), rpc).toBe(true);
+    }
   } finally {
     endpoint.server.close();
   }
