@@ -254,6 +254,13 @@ impl Prefetch<'_> {
     }
 }
 
+/// The most elements of a MAP one transaction arms: a wider MAP arms the
+/// rest in slices of this many, each in a transaction of its own (a
+/// [`TimerKind::MapArm`] due at once), so starting a MAP of ten thousand
+/// never writes ten thousand tasks in one commit that every other commit
+/// then waits behind.
+pub const MAP_ARM_SLICE: u32 = 250;
+
 /// Node types whose attempts are worker tasks (MAP: its task elements).
 const TASK_TYPES: [NodeType; 4] = [
     NodeType::Task,
@@ -808,8 +815,73 @@ impl<'a> Ctx<'a> {
                     _ => self.ignore(Some(key), None, "the node is not waiting"),
                 }
             }
+            TimerKind::MapArm => self.arm_map_slice(key, timer.attempt.unwrap_or(0))?,
             TimerKind::RunTimeout => {}
         }
+        Ok(())
+    }
+
+    /// Schedules the MAP `key`'s slice number `slice`, due at once.
+    fn arm_next_slice_soon(&mut self, key: &NodeKey, slice: u32) {
+        self.actions.push(Action::ScheduleTimer {
+            timer: TimerId::node(TimerKind::MapArm, key.clone(), Some(slice)),
+            fire_at: self.now,
+        });
+    }
+
+    /// Arms the MAP `key`'s slice number `slice`: its next elements, at
+    /// most [`MAP_ARM_SLICE`] and up to its concurrency, and schedules the
+    /// slice after if one is due. A slice armed already, or a MAP no longer
+    /// running (failed, cancelled), arms nothing: the timer only continued
+    /// the MAP's start.
+    fn arm_map_slice(&mut self, key: &NodeKey, slice: u32) -> R {
+        let Some(idx) = self.wf.node_index(&key.node) else {
+            return Ok(());
+        };
+        let Kind::Map { concurrency, .. } = &self.wf.nodes[idx].kind else {
+            return Ok(());
+        };
+        let concurrency = *concurrency;
+        if self.run.status != RunStatus::Running {
+            return Ok(());
+        }
+        let Some(mut st) = self.load(key)? else {
+            return Ok(());
+        };
+        let Some(mut progress) = st.map.clone() else {
+            return Ok(());
+        };
+        if st.status != NodeStatus::Running || progress.slices + 1 != slice {
+            return Ok(());
+        }
+        let due = (progress.total - progress.next)
+            .min(concurrency.saturating_sub(progress.in_flight))
+            .min(MAP_ARM_SLICE);
+        let elements: Vec<NodeKey> = (progress.next..progress.next + due)
+            .map(|i| NodeKey::element(key.node.clone(), i))
+            .collect();
+        let missing: Vec<NodeKey> = elements
+            .iter()
+            .filter(|k| !self.is_loaded(k))
+            .cloned()
+            .collect();
+        if !missing.is_empty() {
+            return Err(DecideError::NeedNodes(missing));
+        }
+        for ek in &elements {
+            let mut el = self.load(ek)?.unwrap_or_else(NodeState::pending);
+            el.first_attempt = el.attempt + 1;
+            let next_attempt = el.attempt + 1;
+            self.dispatch(ek, idx, el, next_attempt)?;
+        }
+        progress.next += due;
+        progress.in_flight += due;
+        progress.slices = slice;
+        if progress.next < progress.total && progress.in_flight < concurrency {
+            self.arm_next_slice_soon(key, slice + 1);
+        }
+        st.map = Some(progress);
+        self.put(key.clone(), st);
         Ok(())
     }
 
@@ -1025,13 +1097,19 @@ impl<'a> Ctx<'a> {
                 st.status = NodeStatus::Running;
                 st.attempt += 1;
                 st.first_attempt = st.attempt;
-                let first = total.min(*concurrency);
+                // a wide MAP arms a slice now and the rest in transactions
+                // of their own, so no one transaction writes thousands of tasks
+                let first = total.min(*concurrency).min(MAP_ARM_SLICE);
                 st.map = Some(MapProgress {
                     total,
                     next: first,
                     in_flight: first,
                     done: 0,
+                    slices: 0,
                 });
+                if total.min(*concurrency) > first {
+                    self.arm_next_slice_soon(&key, 1);
+                }
                 for (i, input) in inputs.into_iter().enumerate() {
                     let mut el = NodeState::pending();
                     el.input = Some(input);

@@ -56,7 +56,7 @@ pub use compile::{
     DEFAULT_MAP_CONCURRENCY, HTTP_QUEUE, Kind, MAX_CONCURRENCY_KEY_BYTES, MAX_EDGES, MapElement,
     RetryPolicy, RunConcurrency, TaskSlot, parse_definition, splitmix64,
 };
-pub use decide::{codes, decide, decide_from, prefetch, render_node_input};
+pub use decide::{MAP_ARM_SLICE, codes, decide, decide_from, prefetch, render_node_input};
 pub use definition::{
     ConcurrencySpec, Definition, Edge, EdgeOn, HttpSpec, MAX_CONCURRENCY, MAX_DEFINITION_BYTES,
     MAX_NODES, Node, NodeConcurrency, NodeType, OnLimit, RetrySpec, TaskConcurrency,

@@ -194,6 +194,14 @@ pub struct MapProgress {
     pub next: u32,
     pub in_flight: u32,
     pub done: u32,
+    /// Slices armed after the first ([`TimerKind::MapArm`] fired): a
+    /// slice's timer names its number, so firing one twice arms it once.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub slices: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The state of one node key (a row of `run_nodes`).
@@ -374,6 +382,10 @@ pub enum TimerKind {
     AttemptTimeout,
     /// The whole run's `timeout`.
     RunTimeout,
+    /// A wide MAP's next elements to arm: one transaction arms at most
+    /// [`crate::decide::MAP_ARM_SLICE`] of them, and this timer, due at
+    /// once, arms the next slice in a transaction of its own.
+    MapArm,
 }
 
 /// A timer of a run; unique per run, so the store can key timer rows by it.

@@ -57,6 +57,10 @@ pub struct Applied {
     pub concurrency_key: Option<String>,
     /// Tasks the events armed (those handed to a waiting poll included).
     pub(crate) armed: usize,
+    /// Timers written due at once to continue the work in a transaction of
+    /// its own (a wide MAP's next slice): fired by the committing server
+    /// right after the commit, by the timer loop if it dies first.
+    pub(crate) continued: Vec<timers::DueTimer>,
     /// What the metrics count once the transaction committed.
     pub(crate) counted: Counted,
     /// The transaction's span (traces on only), the parent of its
@@ -186,7 +190,29 @@ impl Coordinator {
         }
         self.after_commit(std::mem::take(&mut applied.inbox_runs))
             .await;
+        self.continue_soon(std::mem::take(&mut applied.continued));
     }
+
+    /// Fires the continuation timers a commit wrote, in a task of its own:
+    /// a wide MAP's slices follow one another as fast as they commit. A
+    /// timer taken meanwhile (its run locked, another server) stays for
+    /// the timer loop.
+    fn continue_soon(&self, due: Vec<timers::DueTimer>) {
+        if due.is_empty() {
+            return;
+        }
+        let coordinator = self.clone();
+        tokio::spawn(async move {
+            if let Err(error) = coordinator.fire_timers(&due).await {
+                tracing::debug!(%error, "continuation left to the timer loop");
+            }
+        });
+    }
+}
+
+/// Whether a timer continues its transaction's work rather than waits.
+fn is_continuation(timer: &TimerWrite) -> bool {
+    timer.timer.get("kind").and_then(Json::as_str) == Some("MAP_ARM")
 }
 
 /// Applies events to one locked run.
@@ -1044,6 +1070,20 @@ impl<'a> RunTxn<'a> {
 
         let record = &self.state.run;
         let held = self.held();
+        if !held {
+            let run_id = self.run.id;
+            self.applied
+                .continued
+                .extend(
+                    timers
+                        .iter()
+                        .filter(|t| is_continuation(t))
+                        .map(|t| timers::DueTimer {
+                            run_id,
+                            key: t.key.clone(),
+                        }),
+                );
+        }
         // a paused run shows PAUSED until it resumes or ends; the engine's
         // status stays in its record
         let status = if held {

@@ -15,3 +15,4 @@ mod retention;
 mod task_outbox;
 mod timer_batches;
 mod watch_feed;
+mod wide_map;

@@ -370,3 +370,34 @@ fn every_rule_is_named_as_the_docs_name_it() {
         );
     }
 }
+
+#[test]
+fn a_wide_map_armed_in_slices_replays_identically() {
+    let wide = r#"
+name: wide
+nodes:
+  - { id: m, type: MAP, items: input.xs, concurrency: 600, queue: q, task: t }
+  - { id: after, type: TASK, queue: q, task: after }
+edges:
+  - { from: m, to: after }
+output: "${nodes.m.output}"
+"#;
+    let xs: Vec<u32> = (0..700).collect();
+    let input = json!({ "xs": xs });
+    let report = simulate(wide, &format!("input: {input}"));
+    let output = report.output.clone().expect("the run completed");
+    assert_eq!(
+        output.as_array().map(Vec::len),
+        Some(700),
+        "every element ran"
+    );
+    let recorded = recorded_of(&report, input, None);
+    let report = replay(
+        &compile(wide),
+        &compile(wide),
+        &recorded,
+        &NodeMapping::default(),
+    )
+    .expect("replays");
+    assert_eq!(report.verdict, Verdict::Identical, "{report:#?}");
+}

@@ -4,8 +4,8 @@ use crate::common;
 
 use common::*;
 use composer_engine::{
-    Action, ChildStatus, ErrorInfo, Event, NodeStatus, RetryPolicy, RunStatus, TimerId, TimerKind,
-    Timestamp, codes,
+    Action, ChildStatus, ErrorInfo, Event, MAP_ARM_SLICE, NodeStatus, RetryPolicy, RunStatus,
+    TimerId, TimerKind, Timestamp, codes,
 };
 use serde_json::json;
 
@@ -696,6 +696,94 @@ output: '${nodes.m.output}'
         "children: { 'm[0]': [ { complete: a } ], 'm[1]': [ { complete: b } ] }",
     );
     assert_eq!(r.output, Some(json!(["a", "b"])));
+}
+
+/// The MAP_ARM timer among `actions`, if one was scheduled, and when.
+fn next_slice(actions: &[Action]) -> Option<(TimerId, Timestamp)> {
+    actions.iter().find_map(|a| match a {
+        Action::ScheduleTimer { timer, fire_at } if timer.kind == TimerKind::MapArm => {
+            Some((timer.clone(), *fire_at))
+        }
+        _ => None,
+    })
+}
+
+fn fired(timer: TimerId) -> Event {
+    Event::TimerFired { timer, seed: 1 }
+}
+
+const WIDE_MAP: &str = "name: wide
+nodes:
+  - id: m
+    type: MAP
+    items: input.xs
+    concurrency: 600
+    queue: q
+    task: t
+    input: { x: '${item}' }
+";
+
+#[test]
+fn a_wide_map_arms_its_elements_a_slice_per_event_up_to_its_concurrency() {
+    let slice = MAP_ARM_SLICE as usize;
+    let xs: Vec<u32> = (0..1_000).collect();
+    let mut d = Driver::new(WIDE_MAP, json!({ "xs": xs }));
+    let acts = d.send(Event::RunStarted);
+    let first: Vec<String> = created(&acts).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(first.len(), slice, "the start arms one slice");
+    assert_eq!(first[0], "m[0]");
+    assert_eq!(
+        d.status("m[999]"),
+        Some(NodeStatus::Pending),
+        "every element row is written"
+    );
+    let (timer, at) = next_slice(&acts).expect("the next slice is scheduled");
+    assert_eq!(at, d.now, "due at once");
+
+    let acts = d.send(fired(timer));
+    let second: Vec<String> = created(&acts).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(second.len(), slice);
+    assert_eq!(
+        second[0],
+        format!("m[{slice}]"),
+        "in order, after the first"
+    );
+    let (timer, _) = next_slice(&acts).expect("and the one after");
+    let acts = d.send(fired(timer.clone()));
+    assert_eq!(
+        created(&acts).len(),
+        600 - 2 * slice,
+        "up to the MAP's concurrency, no further"
+    );
+    assert!(next_slice(&acts).is_none(), "the window is full");
+
+    // a completion frees one place, which the next element takes at once
+    let acts = d.send(completed("m[0]", 1, json!(0)));
+    assert_eq!(created(&acts), vec![("m[600]".to_string(), 1)]);
+    // a continuation that comes again arms nothing and records nothing
+    let acts = d.send(fired(timer));
+    assert!(acts.is_empty(), "{acts:?}");
+}
+
+#[test]
+fn a_map_that_failed_before_its_next_slice_arms_no_more() {
+    let xs: Vec<u32> = (0..1_000).collect();
+    let mut d = Driver::new(WIDE_MAP, json!({ "xs": xs }));
+    let acts = d.send(Event::RunStarted);
+    let (timer, _) = next_slice(&acts).expect("the next slice is scheduled");
+    d.send(failed("m[3]", 1, "BROKEN", false));
+    assert_eq!(d.state.run.status, RunStatus::Failed);
+    let acts = d.send(fired(timer));
+    assert!(created(&acts).is_empty(), "{acts:?}");
+}
+
+#[test]
+fn a_map_within_one_slice_arms_every_element_in_its_start() {
+    let xs: Vec<u32> = (0..MAP_ARM_SLICE).collect();
+    let mut d = Driver::new(WIDE_MAP, json!({ "xs": xs }));
+    let acts = d.send(Event::RunStarted);
+    assert_eq!(created(&acts).len(), MAP_ARM_SLICE as usize);
+    assert!(next_slice(&acts).is_none());
 }
 
 #[test]
