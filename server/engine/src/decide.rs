@@ -854,6 +854,25 @@ impl<'a> Ctx<'a> {
         if st.status != NodeStatus::Running || progress.slices + 1 != slice {
             return Ok(());
         }
+        self.arm_elements(key, idx, &mut progress, concurrency)?;
+        progress.slices = slice;
+        if progress.next < progress.total && progress.in_flight < concurrency {
+            self.arm_next_slice_soon(key, slice + 1);
+        }
+        st.map = Some(progress);
+        self.put(key.clone(), st);
+        Ok(())
+    }
+
+    /// Starts the MAP `key`'s next elements in order: as many as its
+    /// `concurrency` leaves room for, at most [`MAP_ARM_SLICE`].
+    fn arm_elements(
+        &mut self,
+        key: &NodeKey,
+        idx: usize,
+        progress: &mut MapProgress,
+        concurrency: u32,
+    ) -> R {
         let due = (progress.total - progress.next)
             .min(concurrency.saturating_sub(progress.in_flight))
             .min(MAP_ARM_SLICE);
@@ -871,17 +890,11 @@ impl<'a> Ctx<'a> {
         for ek in &elements {
             let mut el = self.load(ek)?.unwrap_or_else(NodeState::pending);
             el.first_attempt = el.attempt + 1;
-            let next_attempt = el.attempt + 1;
-            self.dispatch(ek, idx, el, next_attempt)?;
+            let attempt = el.attempt + 1;
+            self.dispatch(ek, idx, el, attempt)?;
         }
         progress.next += due;
         progress.in_flight += due;
-        progress.slices = slice;
-        if progress.next < progress.total && progress.in_flight < concurrency {
-            self.arm_next_slice_soon(key, slice + 1);
-        }
-        st.map = Some(progress);
-        self.put(key.clone(), st);
         Ok(())
     }
 
@@ -1406,15 +1419,14 @@ impl<'a> Ctx<'a> {
         };
         progress.done += 1;
         progress.in_flight = progress.in_flight.saturating_sub(1);
-        if progress.next < progress.total {
-            let ek = NodeKey::element(parent_key.node.clone(), progress.next);
-            let mut el = self.load(&ek)?.unwrap_or_else(NodeState::pending);
-            el.first_attempt = el.attempt + 1;
-            let attempt = el.attempt + 1;
-            self.dispatch(&ek, idx, el, attempt)?;
-            progress.next += 1;
-            progress.in_flight += 1;
-        }
+        // the freed place, and while a wide MAP is still arming its slices,
+        // up to a slice more: completions arm it alongside the continuation
+        let Kind::Map { concurrency, .. } = &self.wf.nodes[idx].kind else {
+            return Err(DecideError::Inconsistent(format!(
+                "element {key} of a node that is not a MAP"
+            )));
+        };
+        self.arm_elements(&parent_key, idx, &mut progress, *concurrency)?;
         let finished = progress.done == progress.total;
         parent.map = Some(progress);
         if finished {

@@ -232,9 +232,17 @@ pub struct TakenTimer {
     pub timer: Json,
 }
 
-/// Takes due timers for firing, in one statement: locks the runs not held
-/// by another transaction (in id order, skipping the others: a background
-/// pass moves on and comes back), then deletes those runs' timers among
+/// How [`lock_runs_taking_timers`] meets a run another transaction holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunLocking {
+    /// Skip it: a background pass moves on and comes back.
+    SkipBusy,
+    /// Wait for it: a continuation of work that was just committed.
+    Wait,
+}
+
+/// Takes due timers for firing, in one statement: locks the runs (in id
+/// order; a busy one skipped or waited for, as `locking` says), then deletes those runs' timers among
 /// `due` that are still there and due. The deletes re-check the newest
 /// version of each timer row, so a change committed just before the lock is
 /// seen. Returns each taken timer with its run (a run with two timers comes
@@ -242,7 +250,12 @@ pub struct TakenTimer {
 pub async fn lock_runs_taking_timers(
     conn: &mut PgConnection,
     due: &[(Uuid, String)],
+    locking: RunLocking,
 ) -> Result<Vec<TakenTimer>, StoreError> {
+    let skip = match locking {
+        RunLocking::SkipBusy => "SKIP LOCKED",
+        RunLocking::Wait => "",
+    };
     let run_ids: Vec<Uuid> = due.iter().map(|d| d.0).collect();
     let keys: Vec<&str> = due.iter().map(|d| d.1.as_str()).collect();
     // lock_runs_taking_timers: the run locks first (the delete reads `locked`)
@@ -250,7 +263,7 @@ pub async fn lock_runs_taking_timers(
         "WITH wanted AS (SELECT * FROM UNNEST($1::uuid[], $2::text[]) AS w(run_id, timer_key)), \
          locked AS ( \
            SELECT {RUN_COLUMNS} FROM runs WHERE id IN (SELECT run_id FROM wanted) \
-           ORDER BY id FOR UPDATE SKIP LOCKED), \
+           ORDER BY id FOR UPDATE {skip}), \
          taken AS ( \
            DELETE FROM timers t USING wanted w \
            WHERE t.run_id = w.run_id AND t.timer_key = w.timer_key AND t.fire_at <= now() \

@@ -179,6 +179,9 @@ impl Coordinator {
     /// the runs it reached. Takes the outbox and inbox out of `applied`.
     pub(crate) async fn announce(&self, applied: &mut Applied) {
         applied.counted.record(&applied.status);
+        // the next slice's transaction goes ahead while this one's tasks
+        // are published
+        self.continue_soon(std::mem::take(&mut applied.continued));
         self.run_changed(applied.run_id);
         let outbox = std::mem::take(&mut applied.outbox);
         match applied.span.take() {
@@ -190,20 +193,19 @@ impl Coordinator {
         }
         self.after_commit(std::mem::take(&mut applied.inbox_runs))
             .await;
-        self.continue_soon(std::mem::take(&mut applied.continued));
     }
 
     /// Fires the continuation timers a commit wrote, in a task of its own:
-    /// a wide MAP's slices follow one another as fast as they commit. A
-    /// timer taken meanwhile (its run locked, another server) stays for
-    /// the timer loop.
+    /// a wide MAP's slices follow one another as fast as they commit. One
+    /// that fails stays for the timer loop; one the timer loop took first
+    /// is simply not there.
     fn continue_soon(&self, due: Vec<timers::DueTimer>) {
         if due.is_empty() {
             return;
         }
         let coordinator = self.clone();
         tokio::spawn(async move {
-            if let Err(error) = coordinator.fire_timers(&due).await {
+            if let Err(error) = coordinator.fire_continuations(&due).await {
                 tracing::debug!(%error, "continuation left to the timer loop");
             }
         });

@@ -62,10 +62,29 @@ impl Coordinator {
     /// one transaction per timer, so one bad run cannot hold
     /// back the others.
     pub async fn fire_timers(&self, due: &[timers::DueTimer]) -> Result<usize, CoordinatorError> {
+        self.fire_timers_locking(due, runs::RunLocking::SkipBusy)
+            .await
+    }
+
+    /// Fires the continuation timers a commit just wrote (a wide MAP's next
+    /// slice), waiting for a run another transaction holds rather than
+    /// leaving the timer to the timer loop's next pass.
+    pub(crate) async fn fire_continuations(
+        &self,
+        due: &[timers::DueTimer],
+    ) -> Result<usize, CoordinatorError> {
+        self.fire_timers_locking(due, runs::RunLocking::Wait).await
+    }
+
+    async fn fire_timers_locking(
+        &self,
+        due: &[timers::DueTimer],
+        locking: runs::RunLocking,
+    ) -> Result<usize, CoordinatorError> {
         let pairs: Vec<(uuid::Uuid, String)> =
             due.iter().map(|d| (d.run_id, d.key.clone())).collect();
         let mut tx = self.store.begin().await?;
-        let taken = runs::lock_runs_taking_timers(&mut tx, &pairs).await?;
+        let taken = runs::lock_runs_taking_timers(&mut tx, &pairs, locking).await?;
         let fired = taken.len();
         // one RunTxn per run, its timers in order
         let mut by_run: Vec<(runs::RunRow, Vec<TimerId>)> = Vec::new();

@@ -766,6 +766,23 @@ fn a_wide_map_arms_its_elements_a_slice_per_event_up_to_its_concurrency() {
 }
 
 #[test]
+fn a_completion_while_a_wide_map_arms_starts_a_slice_more_and_the_continuation_the_rest() {
+    let slice = MAP_ARM_SLICE as usize;
+    let xs: Vec<u32> = (0..1_000).collect();
+    let mut d = Driver::new(WIDE_MAP, json!({ "xs": xs }));
+    let acts = d.send(Event::RunStarted);
+    let (timer, _) = next_slice(&acts).expect("the next slice is scheduled");
+    let acts = d.send(completed("m[0]", 1, json!(0)));
+    let armed = created(&acts);
+    assert_eq!(armed.len(), slice, "the completion arms a slice");
+    assert_eq!(armed[0].0, format!("m[{slice}]"));
+    // 2 × slice - 1 in flight: the continuation fills the window to 600
+    let acts = d.send(fired(timer));
+    assert_eq!(created(&acts).len(), 600 - (2 * slice - 1));
+    assert!(next_slice(&acts).is_none(), "the window is full");
+}
+
+#[test]
 fn a_map_that_failed_before_its_next_slice_arms_no_more() {
     let xs: Vec<u32> = (0..1_000).collect();
     let mut d = Driver::new(WIDE_MAP, json!({ "xs": xs }));
