@@ -45,19 +45,59 @@ output: { echoed: "\${nodes.call.output.body.auth}" }
 `;
 }
 
-/** Every response body the page receives from now on (null when one could not be read). */
-function captureResponses(page: Page): () => Promise<{ url: string; body: Buffer | null }[]> {
-  const responses: Promise<{ url: string; body: Buffer | null }>[] = [];
-  page.on("response", (response) => {
-    const url = response.url();
-    responses.push(response.body().then((body) => ({ url, body }), () => ({ url, body: null })));
-  });
-  return () => Promise.all(responses);
+/** What the page received from one API call, as the browser's network events saw it. */
+interface Answer {
+  url: string;
+  bytes: Buffer[];
+  /** finished: the whole body arrived; failed: the page cancelled it (leaving a page). */
+  end: "open" | "finished" | "failed";
 }
 
-/** Resolves once a WatchRun answer the page receives from now on has come to its end. */
-function watchEnded(page: Page): Promise<unknown> {
-  return page.waitForEvent("requestfinished", { predicate: (r) => r.url().endsWith("/composer.v1.RunService/WatchRun"), timeout: 30_000 });
+/**
+ * Every API answer the page receives from now on, read by the browser's own network events:
+ * a stream's bytes as they arrive (so one the page leaves before its end still counts), a
+ * finished answer's whole body.
+ */
+async function captureApi(page: Page): Promise<() => Promise<Answer[]>> {
+  const cdp = await page.context().newCDPSession(page);
+  const answers = new Map<string, Answer>();
+  const pending: Promise<unknown>[] = [];
+  cdp.on("Network.responseReceived", (event) => {
+    if (!event.response.url.includes("/composer.v1.")) return;
+    const answer: Answer = { url: event.response.url, bytes: [], end: "open" };
+    answers.set(event.requestId, answer);
+    if (event.response.url.endsWith("/WatchRun")) {
+      pending.push(
+        cdp.send("Network.streamResourceContent", { requestId: event.requestId }).then(
+          (streamed) => answer.bytes.push(Buffer.from(streamed.bufferedData, "base64")),
+          () => {},
+        ),
+      );
+    }
+  });
+  cdp.on("Network.dataReceived", (event) => {
+    if (event.data) answers.get(event.requestId)?.bytes.push(Buffer.from(event.data, "base64"));
+  });
+  cdp.on("Network.loadingFinished", (event) => {
+    const answer = answers.get(event.requestId);
+    if (!answer) return;
+    answer.end = "finished";
+    pending.push(
+      cdp.send("Network.getResponseBody", { requestId: event.requestId }).then(
+        (got) => answer.bytes.push(Buffer.from(got.body, got.base64Encoded ? "base64" : "utf8")),
+        () => {},
+      ),
+    );
+  });
+  cdp.on("Network.loadingFailed", (event) => {
+    const answer = answers.get(event.requestId);
+    if (answer) answer.end = "failed";
+  });
+  await cdp.send("Network.enable");
+  return async () => {
+    await Promise.all(pending);
+    return [...answers.values()];
+  };
 }
 
 async function html(page: Page): Promise<string> {
@@ -66,7 +106,7 @@ async function html(page: Page): Promise<string> {
 
 test("a run whose HTTP node used a secret shows the reference and the redaction, never the value, on every page and in every answer", async ({ page }) => {
   const check = guardPage(page);
-  const responses = captureResponses(page);
+  const api = await captureApi(page);
   const s = hex();
   const namespace = `secret-runs-${s}`;
   const value = `pk_live_${hex(24)}`;
@@ -91,9 +131,6 @@ test("a run whose HTTP node used a secret shows the reference and the redaction,
     seenPages.push(await html(page));
 
     // the completed run: its output holds the echo, redacted; the node's input the reference
-    // each run page is left once its WatchRun stream ended (after a finished run's snapshot),
-    // so that answer too is read whole
-    let watched = watchEnded(page);
     await page.goto(`${stack.url}/runs/${ok.runId}`);
     await expect(page.locator("#run-title .badge")).toHaveText("completed");
     await expect(page.getByLabel("Run output")).toContainText('"echoed": "Bearer [secret partner_key]"');
@@ -103,16 +140,13 @@ test("a run whose HTTP node used a secret shows the reference and the redaction,
     await expect(detail.getByLabel("Node input as the worker got it")).toContainText("${secrets.partner_key}");
     await expect(page.locator(".timeline li[data-event='run_completed']")).toHaveCount(1);
     seenPages.push(await html(page));
-    await watched;
 
     // the failed run: its error holds the echo, redacted, on its page and in the failed view
-    watched = watchEnded(page);
     await page.goto(`${stack.url}/runs/${refused.runId}`);
     await expect(page.locator("#run-title .badge")).toHaveText("failed");
     await graphNode(page, "call").click();
     await expect(page.getByRole("group", { name: "Error" })).toContainText("refused: Bearer [secret partner_key]");
     seenPages.push(await html(page));
-    await watched;
     await page.getByRole("link", { name: "Failed", exact: true }).click();
     await expect(page.locator(`tr[data-run="${refused.runId}"]`)).toContainText("[secret partner_key]");
     seenPages.push(await html(page));
@@ -128,21 +162,21 @@ test("a run whose HTTP node used a secret shows the reference and the redaction,
     seenPages.push(await html(page));
 
     for (const [i, shown] of seenPages.entries()) expect(shown.includes(value), `page ${i} shows the value`).toBe(false);
-    const answers = await responses();
+    const answers = await api();
     const paths = answers.map((r) => new URL(r.url).pathname);
     for (const rpc of ["RunService/ListRuns", "RunService/WatchRun", "RunService/GetRunHistory", "WorkflowService/GetWorkflow", "SecretService/ListSecrets"]) {
       expect(paths).toContain(`/composer.v1.${rpc}`);
     }
     const bytes = Buffer.from(value, "utf8");
-    const carrying = answers.filter((r) => r.body && (r.body.includes(bytes) || r.body.toString("utf8").includes(value))).map((r) => r.url);
+    const carrying = answers.filter((r) => r.bytes.some((b) => b.includes(bytes) || b.toString("utf8").includes(value))).map((r) => r.url);
     expect(carrying, "answers carrying the value").toEqual([]);
-    // every answer was read whole, and the search reads the wire format: the redaction, which
-    // travels as text, is found in what was read
-    const api = answers.filter((r) => r.url.includes("/composer.v1."));
-    expect(api.filter((r) => r.body === null).map((r) => r.url)).toEqual([]);
+    // an answer is read whole or cancelled by the page; a stream is read as it arrives. The
+    // search reads the wire format: the redaction, which travels as text, is found in the
+    // history and in the watch streams
+    expect(answers.filter((r) => r.end === "open" && !r.url.endsWith("/WatchRun")).map((r) => r.url)).toEqual([]);
     const redaction = Buffer.from("[secret partner_key]", "utf8");
     for (const rpc of ["/GetRunHistory", "/WatchRun"]) {
-      expect(api.some((r) => r.url.endsWith(rpc) && r.body?.includes(redaction)), rpc).toBe(true);
+      expect(answers.some((r) => r.url.endsWith(rpc) && r.bytes.some((b) => b.includes(redaction))), rpc).toBe(true);
     }
   } finally {
     endpoint.server.close();
