@@ -8,11 +8,14 @@
 #   rustfmt, clippy            rustup components
 #   buf, codegen plugins       scripts/install-codegen-tools.sh (into .tools/)
 #   grpcurl                    go install (into .tools/bin)
+#   moto                       pip, into .tools/moto: the S3 API the blob store's
+#                              tests run against (decision 0046)
 #   SDK packages               installed by scripts/smoke-sdks.sh on first use
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 GRPCURL_VERSION=v1.9.4
+MOTO_VERSION=5.2.6
 
 log() { printf 'setup: %s\n' "$*" >&2; }
 
@@ -54,5 +57,10 @@ scripts/install-codegen-tools.sh
 if [[ ! -x .tools/bin/grpcurl ]]; then
   log "go install grpcurl@$GRPCURL_VERSION"
   GOBIN="$ROOT/.tools/bin" go install "github.com/fullstorydev/grpcurl/cmd/grpcurl@$GRPCURL_VERSION"
+fi
+if [[ ! -x .tools/moto/bin/moto_server ]]; then
+  log "pip install moto[server]==$MOTO_VERSION (into .tools/moto)"
+  python3 -m venv .tools/moto >&2
+  .tools/moto/bin/pip install --quiet --disable-pip-version-check "moto[server]==$MOTO_VERSION" >&2
 fi
 log "ok"

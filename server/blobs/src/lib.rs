@@ -1,0 +1,375 @@
+//! The blob store (issue 39, decision 0046): large payloads kept out of
+//! Postgres, behind one interface over the `object_store` crate, a folder
+//! on the local disk by default and S3-compatible storage (GCS, Azure) in
+//! production.
+//!
+//! A blob is content-addressed within its namespace: its key is
+//! `<namespace>/sha256/<digest>`, so the same bytes written twice in one
+//! namespace are stored once, and two namespaces never share a blob. An
+//! upload streams to `<namespace>/uploads/<uuid>` while its digest is
+//! computed, and is copied to its key only once whole: a reader never sees
+//! half a blob, and an upload cut short leaves only an upload that
+//! [`BlobStore::stale_uploads`] lists for deletion.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{Stream, StreamExt, TryStreamExt, stream::BoxStream};
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart, path::Path};
+
+/// Parts a multipart upload sends at once: memory per upload is bounded by
+/// this many parts (5 MiB each) plus the chunk being written.
+const UPLOAD_PARTS_IN_FLIGHT: usize = 2;
+
+/// Below this many bytes a blob is written with one request.
+const SINGLE_PUT_BYTES: usize = 5 * 1024 * 1024;
+
+/// Why a blob could not be written or read.
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    #[error("blob store: {0}")]
+    Store(#[from] object_store::Error),
+    #[error("blob store location {location:?}: {reason}")]
+    Location { location: String, reason: String },
+    #[error("the blob is larger than {limit} bytes")]
+    TooLarge { limit: u64 },
+    #[error("no blob {0}")]
+    NotFound(String),
+    #[error("blob {key} is not a blob of namespace {namespace}")]
+    OtherNamespace { key: String, namespace: String },
+    #[error("the upload failed: {0}")]
+    Upload(String),
+}
+
+/// A stored blob: its key, size and SHA-256 digest (hex).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobRef {
+    pub key: String,
+    pub size: u64,
+    pub digest: String,
+}
+
+/// A namespace's stored blob (or upload), as listed for the collector.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedBlob {
+    pub key: String,
+    pub size: u64,
+    pub last_modified: chrono::DateTime<chrono::Utc>,
+}
+
+/// Where blobs live, shared by every task of a server.
+#[derive(Clone)]
+pub struct BlobStore {
+    store: Arc<dyn ObjectStore>,
+    /// The folder (or bucket prefix) the location named.
+    root: Path,
+    location: String,
+}
+
+impl std::fmt::Debug for BlobStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlobStore")
+            .field("location", &self.location)
+            .finish()
+    }
+}
+
+impl BlobStore {
+    /// Opens `location`: a folder (a path, or `file:///...`; made if
+    /// missing) or a URL `object_store` knows (`s3://bucket/prefix`,
+    /// `gs://`, `az://`), configured by `options` (`aws_endpoint`,
+    /// `aws_access_key_id`, ...) and, for what they leave out, the
+    /// provider's usual environment variables.
+    pub fn open(location: &str, options: &[(String, String)]) -> Result<BlobStore, BlobError> {
+        let url = location_url(location)?;
+        let mut settings: Vec<(String, String)> = provider_environment();
+        settings.extend(options.iter().cloned());
+        let (store, root) =
+            object_store::parse_url_opts(&url, settings).map_err(|e| BlobError::Location {
+                location: location.to_owned(),
+                reason: e.to_string(),
+            })?;
+        Ok(BlobStore {
+            store: Arc::from(store),
+            root,
+            location: location.to_owned(),
+        })
+    }
+
+    /// The location it was opened with.
+    pub fn location(&self) -> &str {
+        &self.location
+    }
+
+    /// Streams `chunks` into a blob of `namespace`, refusing past `limit`
+    /// bytes (nothing is left at the blob's key then, and the upload is
+    /// aborted). Memory stays bounded whatever the size.
+    pub async fn put<S, E>(
+        &self,
+        namespace: &str,
+        chunks: S,
+        limit: u64,
+    ) -> Result<BlobRef, BlobError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
+        check_namespace(namespace)?;
+        let upload = self.path(&format!("{namespace}/uploads/{}", uuid::Uuid::now_v7()));
+        let written = self.write(&upload, chunks, limit).await;
+        let (size, digest) = match written {
+            Ok(done) => done,
+            Err(error) => {
+                // a small upload may have no object yet; a multipart one was aborted
+                let _ = self.store.delete(&upload).await;
+                return Err(error);
+            }
+        };
+        let key = format!("{namespace}/sha256/{digest}");
+        let target = self.path(&key);
+        // content-addressed: a blob already there holds these same bytes
+        let moved = match self.store.head(&target).await {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::NotFound { .. }) => self.store.copy(&upload, &target).await,
+            Err(error) => Err(error),
+        };
+        let _ = self.store.delete(&upload).await;
+        moved?;
+        Ok(BlobRef { key, size, digest })
+    }
+
+    /// Writes the stream to `path`: one PUT when it is small, else a
+    /// multipart upload with a bounded number of parts in flight.
+    async fn write<S, E>(
+        &self,
+        path: &Path,
+        chunks: S,
+        limit: u64,
+    ) -> Result<(u64, String), BlobError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
+        let mut chunks = std::pin::pin!(chunks);
+        let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut size: u64 = 0;
+        let mut head: Vec<Bytes> = Vec::new();
+        let mut head_bytes = 0usize;
+        // small blobs: gather, then one request
+        while head_bytes <= SINGLE_PUT_BYTES {
+            let Some(chunk) = chunks.next().await else {
+                self.store.put(path, PutPayload::from_iter(head)).await?;
+                return Ok((size, hex(digest.finish().as_ref())));
+            };
+            let chunk = chunk.map_err(|e| BlobError::Upload(e.to_string()))?;
+            size += chunk.len() as u64;
+            if size > limit {
+                return Err(BlobError::TooLarge { limit });
+            }
+            digest.update(&chunk);
+            head_bytes += chunk.len();
+            head.push(chunk);
+        }
+        let mut upload = WriteMultipart::new(self.store.put_multipart(path).await?);
+        for chunk in head {
+            upload.write(&chunk);
+        }
+        let outcome: Result<(), BlobError> = async {
+            while let Some(chunk) = chunks.next().await {
+                let chunk = chunk.map_err(|e| BlobError::Upload(e.to_string()))?;
+                size += chunk.len() as u64;
+                if size > limit {
+                    return Err(BlobError::TooLarge { limit });
+                }
+                digest.update(&chunk);
+                upload.wait_for_capacity(UPLOAD_PARTS_IN_FLIGHT).await?;
+                upload.write(&chunk);
+            }
+            Ok(())
+        }
+        .await;
+        match outcome {
+            Ok(()) => {
+                upload.finish().await?;
+                Ok((size, hex(digest.finish().as_ref())))
+            }
+            Err(error) => {
+                let _ = upload.abort().await;
+                Err(error)
+            }
+        }
+    }
+
+    /// The bytes of `key`, which must be a blob of `namespace`, as a stream
+    /// of chunks (never whole in memory).
+    pub async fn get(
+        &self,
+        namespace: &str,
+        key: &str,
+    ) -> Result<BoxStream<'static, Result<Bytes, BlobError>>, BlobError> {
+        self.own(namespace, key)?;
+        let got = match self.store.get(&self.path(key)).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(BlobError::NotFound(key.to_owned()));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        Ok(got.into_stream().map_err(BlobError::from).boxed())
+    }
+
+    /// Whether `key`, a blob of `namespace`, is stored, and its size.
+    pub async fn size(&self, namespace: &str, key: &str) -> Result<Option<u64>, BlobError> {
+        self.own(namespace, key)?;
+        match self.store.head(&self.path(key)).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Deletes `key`, a blob of `namespace`; deleting one that is not
+    /// there is no error.
+    pub async fn delete(&self, namespace: &str, key: &str) -> Result<(), BlobError> {
+        self.own(namespace, key)?;
+        match self.store.delete(&self.path(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// The namespace's blobs, for the collector to compare with what runs
+    /// reference.
+    pub async fn list(&self, namespace: &str) -> Result<Vec<ListedBlob>, BlobError> {
+        self.list_under(namespace, "sha256").await
+    }
+
+    /// Uploads of `namespace` older than `before` (their writer gone).
+    pub async fn stale_uploads(
+        &self,
+        namespace: &str,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<ListedBlob>, BlobError> {
+        let mut uploads = self.list_under(namespace, "uploads").await?;
+        uploads.retain(|upload| upload.last_modified < before);
+        Ok(uploads)
+    }
+
+    /// Every object in the namespace's `folder`.
+    async fn list_under(
+        &self,
+        namespace: &str,
+        folder: &str,
+    ) -> Result<Vec<ListedBlob>, BlobError> {
+        check_namespace(namespace)?;
+        let prefix = self.path(&format!("{namespace}/{folder}"));
+        let listed: Vec<object_store::ObjectMeta> =
+            self.store.list(Some(&prefix)).try_collect().await?;
+        Ok(listed
+            .into_iter()
+            .filter_map(|meta| {
+                Some(ListedBlob {
+                    key: self.key_of(&meta.location)?,
+                    size: meta.size,
+                    last_modified: meta.last_modified,
+                })
+            })
+            .collect())
+    }
+
+    /// Deletes an upload [`BlobStore::stale_uploads`] listed.
+    pub async fn delete_upload(&self, namespace: &str, key: &str) -> Result<(), BlobError> {
+        if !key.starts_with(&format!("{namespace}/uploads/")) {
+            return Err(BlobError::OtherNamespace {
+                key: key.to_owned(),
+                namespace: namespace.to_owned(),
+            });
+        }
+        match self.store.delete(&self.path(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    fn own(&self, namespace: &str, key: &str) -> Result<(), BlobError> {
+        check_namespace(namespace)?;
+        let digest = key.strip_prefix(&format!("{namespace}/sha256/"));
+        match digest {
+            Some(d) if d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()) => Ok(()),
+            _ => Err(BlobError::OtherNamespace {
+                key: key.to_owned(),
+                namespace: namespace.to_owned(),
+            }),
+        }
+    }
+
+    fn path(&self, key: &str) -> Path {
+        key.split('/')
+            .fold(self.root.clone(), |path, part| path.join(part))
+    }
+
+    fn key_of(&self, path: &Path) -> Option<String> {
+        let parts: Vec<String> = path
+            .prefix_match(&self.root)?
+            .map(|part| part.as_ref().to_owned())
+            .collect();
+        Some(parts.join("/"))
+    }
+}
+
+/// A namespace as a path segment: what the name rule allows, never a
+/// separator or a dot segment.
+fn check_namespace(namespace: &str) -> Result<(), BlobError> {
+    let valid = !namespace.is_empty()
+        && namespace.len() <= 64
+        && namespace != "."
+        && namespace != ".."
+        && namespace
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if valid {
+        Ok(())
+    } else {
+        Err(BlobError::OtherNamespace {
+            key: String::new(),
+            namespace: namespace.to_owned(),
+        })
+    }
+}
+
+/// `location` as a URL: a URL as it is; a path as a `file://` URL of its
+/// absolute form, the folder made if missing.
+fn location_url(location: &str) -> Result<url::Url, BlobError> {
+    let fail = |reason: String| BlobError::Location {
+        location: location.to_owned(),
+        reason,
+    };
+    if location.contains("://") {
+        let url = url::Url::parse(location).map_err(|e| fail(e.to_string()))?;
+        if url.scheme() == "file" {
+            let folder = url
+                .to_file_path()
+                .map_err(|()| fail("not a local path".to_owned()))?;
+            std::fs::create_dir_all(&folder).map_err(|e| fail(e.to_string()))?;
+        }
+        return Ok(url);
+    }
+    std::fs::create_dir_all(location).map_err(|e| fail(e.to_string()))?;
+    let absolute = std::fs::canonicalize(location).map_err(|e| fail(e.to_string()))?;
+    url::Url::from_directory_path(&absolute).map_err(|()| fail("not an absolute path".to_owned()))
+}
+
+/// The cloud providers' environment variables, as `object_store` options
+/// (what their builders' `from_env` read).
+fn provider_environment() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(name, _)| {
+            name.starts_with("AWS_") || name.starts_with("GOOGLE_") || name.starts_with("AZURE_")
+        })
+        .map(|(name, value)| (name.to_ascii_lowercase(), value))
+        .collect()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
