@@ -6,27 +6,15 @@
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { format } from "node:util";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
 import type { Interceptor } from "@connectrpc/connect";
 
 import { Client, type Logger } from "../../src/index.js";
 import type { PollTasksResponse } from "../../src/gen/composer/v1/worker_service_pb.js";
-import { ServerProcess, backingServices, final, hex, mintToken, serving, worker as makeWorker } from "./harness.js";
+import { useServer, final, hex, mintToken, serving, worker as makeWorker } from "./harness.js";
 
-let services: ReturnType<typeof backingServices>;
-let server: ServerProcess;
-
-before(async () => {
-  services = backingServices();
-  server = new ServerProcess(services.databaseUrl, services.redisUrl);
-  await server.start();
-});
-
-after(async () => {
-  await server?.stop();
-  services?.drop();
-});
+const stack = useServer();
 
 /** What the runner was handed with each task, by node: the names in Task.secrets (values kept aside). */
 class HandOuts {
@@ -55,10 +43,10 @@ describe("CODE node secrets (JavaScript code runner)", { timeout: 180_000 }, () 
   test("a declared secret reaches the snippet and comes back redacted; an undeclared one never reaches it", async () => {
     const s = hex();
     const token = mintToken(["admin"], { namespace: `code-secrets-${s}` });
-    const client = new Client({ address: server.address, token });
+    const client = new Client({ address: stack.server.address, token });
     const handOuts = new HandOuts();
     const log = keptLines();
-    const runner = makeWorker(server.address, { token, slots: 2, interceptors: [handOuts.interceptor], logger: log.logger });
+    const runner = makeWorker(stack.server.address, { token, slots: 2, interceptors: [handOuts.interceptor], logger: log.logger });
     runner.serveCode({ timeLimitMs: 10_000 });
     const value = `sk_live_${hex(16)}`;
     const workflow = `
@@ -111,7 +99,7 @@ output: { signed: "\${nodes.sign.output}", blind: "\${nodes.blind.output}" }
         assert.ok(history.length > 0 && !JSON.stringify(history).includes(value), "the history holds the value");
         assert.ok(log.lines.some((l) => l.includes("signing with [secret k]")), `the snippet's log line, redacted:\n${log.lines.join("\n")}`);
         assert.ok(!log.lines.some((l) => l.includes(value)), `the runner logged the value:\n${log.lines.join("\n")}`);
-        assert.ok(!readFileSync(server.logPath, "utf8").includes(value), "the server logged the value");
+        assert.ok(!readFileSync(stack.server.logPath, "utf8").includes(value), "the server logged the value");
       });
     } finally {
       client.close();
@@ -121,9 +109,9 @@ output: { signed: "\${nodes.sign.output}", blind: "\${nodes.blind.output}" }
   test("a declared secret that is not set fails the attempt with SECRET_UNAVAILABLE", async () => {
     const s = hex();
     const token = mintToken(["admin"], { namespace: `code-secrets-unset-${s}` });
-    const client = new Client({ address: server.address, token });
+    const client = new Client({ address: stack.server.address, token });
     const handOuts = new HandOuts();
-    const runner = makeWorker(server.address, { token, slots: 2, interceptors: [handOuts.interceptor], logger: keptLines().logger });
+    const runner = makeWorker(stack.server.address, { token, slots: 2, interceptors: [handOuts.interceptor], logger: keptLines().logger });
     runner.serveCode({ timeLimitMs: 10_000 });
     const workflow = `
 name: code-secrets-unset-${s}

@@ -9,6 +9,7 @@ import { existsSync, mkdtempSync, appendFileSync, readFileSync, rmSync, writeFil
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
+import { after, before } from "node:test";
 import { fileURLToPath } from "node:url";
 
 import { Backoff, Client, Worker, type Run, type WorkerOptions } from "../../src/index.js";
@@ -75,6 +76,30 @@ let secretsKey: string | undefined;
  * secret new-key` prints one), made once and removed at exit. Every server of the process gets the
  * same one: servers sharing a database must, as its data keys are wrapped under it.
  */
+/**
+ * A server on fresh backing services for the calling test file: started before its tests,
+ * stopped after them with its database dropped. Read `.server` inside the tests.
+ */
+export function useServer(): { readonly server: ServerProcess } {
+  let services: ReturnType<typeof backingServices> | undefined;
+  let server: ServerProcess | undefined;
+  before(async () => {
+    services = backingServices();
+    server = new ServerProcess(services.databaseUrl, services.redisUrl);
+    await server.start();
+  });
+  after(async () => {
+    await server?.stop();
+    services?.drop();
+  });
+  return {
+    get server(): ServerProcess {
+      if (!server) throw new Error("useServer: the server starts in before()");
+      return server;
+    },
+  };
+}
+
 export function secretsKeyFile(): string {
   if (secretsKey) return secretsKey;
   const dir = mkdtempSync(join(tmpdir(), "composer-ts-secrets-"));

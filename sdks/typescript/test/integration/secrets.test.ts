@@ -3,27 +3,15 @@
 // token minted for it), so the namespace's list holds only what the test set.
 import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
-import { after, before, describe, test } from "node:test";
+import { describe, test } from "node:test";
 
 import { toBinary } from "@bufbuild/protobuf";
 
 import { Client, isFailedPrecondition, isInvalidArgument, isNotFound, isPermissionDenied, type Secret } from "../../src/index.js";
 import { ListSecretsResponseSchema } from "../../src/gen/composer/v1/secret_service_pb.js";
-import { ServerProcess, backingServices, hex, mintToken } from "./harness.js";
+import { ServerProcess, useServer, hex, mintToken } from "./harness.js";
 
-let services: ReturnType<typeof backingServices>;
-let server: ServerProcess;
-
-before(async () => {
-  services = backingServices();
-  server = new ServerProcess(services.databaseUrl, services.redisUrl);
-  await server.start();
-});
-
-after(async () => {
-  await server?.stop();
-  services?.drop();
-});
+const stack = useServer();
 
 async function listed(client: Client, pageSize?: number): Promise<Secret[]> {
   const out: Secret[] = [];
@@ -39,7 +27,7 @@ describe("secrets", { timeout: 120_000 }, () => {
   test("a secret is set twice, listed without its value, deleted, and then NOT_FOUND", async () => {
     const suffix = hex();
     const subject = `ops-${suffix}`;
-    const client = new Client({ address: server.address, token: mintToken(["operator"], { namespace: `secrets-${suffix}`, subject }) });
+    const client = new Client({ address: stack.server.address, token: mintToken(["operator"], { namespace: `secrets-${suffix}`, subject }) });
     try {
       const name = `stripe-key-${suffix}`;
       const value = `sk_live_${hex(16)}`;
@@ -74,7 +62,7 @@ describe("secrets", { timeout: 120_000 }, () => {
       assert.ok(isInvalidArgument(empty), String(empty));
       assert.ok(empty.fieldViolations.some((v) => v.field === "value"), String(empty));
 
-      assert.ok(!readFileSync(server.logPath, "utf8").includes(value), "the server logged the value");
+      assert.ok(!readFileSync(stack.server.logPath, "utf8").includes(value), "the server logged the value");
     } finally {
       client.close();
     }
@@ -84,9 +72,9 @@ describe("secrets", { timeout: 120_000 }, () => {
     const suffix = hex();
     const namespace = `secrets-${suffix}`;
     const name = `db-password-${suffix}`;
-    const operator = new Client({ address: server.address, token: mintToken(["operator"], { namespace }) });
-    const reader = new Client({ address: server.address, token: mintToken(["reader"], { namespace }) });
-    const elsewhere = new Client({ address: server.address, token: mintToken(["operator"], { namespace: `other-${suffix}` }) });
+    const operator = new Client({ address: stack.server.address, token: mintToken(["operator"], { namespace }) });
+    const reader = new Client({ address: stack.server.address, token: mintToken(["reader"], { namespace }) });
+    const elsewhere = new Client({ address: stack.server.address, token: mintToken(["operator"], { namespace: `other-${suffix}` }) });
     try {
       await operator.setSecret(name, "hunter2");
       const set = await reader.setSecret(name, "overwritten").catch((e: unknown) => e);
@@ -108,7 +96,7 @@ describe("secrets", { timeout: 120_000 }, () => {
   });
 
   test("a server given no secrets key answers FAILED_PRECONDITION", async () => {
-    const keyless = new ServerProcess(services.databaseUrl, services.redisUrl, [], { secretsKey: false });
+    const keyless = new ServerProcess(stack.server.databaseUrl, stack.server.redisUrl, [], { secretsKey: false });
     await keyless.start();
     const suffix = hex();
     const client = new Client({ address: keyless.address, token: mintToken(["operator"], { namespace: `keyless-${suffix}` }) });

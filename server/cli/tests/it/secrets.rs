@@ -640,14 +640,19 @@ async fn a_code_runner_gets_exactly_the_secrets_its_node_declares() {
         }),
         confirm_receipt: false,
     };
-    let task = workers
-        .poll_tasks(poll.clone())
-        .await
-        .expect("poll")
-        .into_inner()
-        .tasks
-        .pop()
-        .expect("the sign task");
+    async fn next_task(
+        workers: &mut WorkerServiceClient<Channel>,
+        poll: &PollTasksRequest,
+    ) -> composer_proto::v1::Task {
+        let mut tasks = workers
+            .poll_tasks(poll.clone())
+            .await
+            .expect("poll")
+            .into_inner()
+            .tasks;
+        tasks.pop().expect("a task")
+    }
+    let task = next_task(&mut workers, &poll).await;
     assert_eq!(task.node_id, "sign");
     assert_eq!(
         task.secrets.get("signing_key").map(String::as_str),
@@ -666,14 +671,7 @@ async fn a_code_runner_gets_exactly_the_secrets_its_node_declares() {
         })
         .await
         .expect("complete");
-    let plain = workers
-        .poll_tasks(poll.clone())
-        .await
-        .expect("poll")
-        .into_inner()
-        .tasks
-        .pop()
-        .expect("the plain task");
+    let plain = next_task(&mut workers, &poll).await;
     assert_eq!(plain.node_id, "plain");
     assert!(plain.secrets.is_empty(), "{plain:?}");
     let plain_input = composer_grpc::convert::to_json(plain.input.clone(), "input").expect("input");

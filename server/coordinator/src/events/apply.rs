@@ -214,7 +214,8 @@ impl Coordinator {
 
 /// Whether a timer continues its transaction's work rather than waits.
 fn is_continuation(timer: &TimerWrite) -> bool {
-    timer.timer.get("kind").and_then(Json::as_str) == Some("MAP_ARM")
+    // the kind as the timer's JSON spells it, as `timer_key` reads it too
+    serde_json::to_value(TimerKind::MapArm).is_ok_and(|kind| timer.timer.get("kind") == Some(&kind))
 }
 
 /// Applies events to one locked run.
