@@ -68,9 +68,18 @@ type GetServerInfoResponse struct {
 	ProtocolVersion string `protobuf:"bytes,2,opt,name=protocol_version,json=protocolVersion,proto3" json:"protocol_version,omitempty"`
 	// Optional features this server has, e.g. `grpc-web`, `reflection`,
 	// `auth`, `http-nodes`, `schedules`.
-	Features      []string `protobuf:"bytes,3,rep,name=features,proto3" json:"features,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Features []string `protobuf:"bytes,3,rep,name=features,proto3" json:"features,omitempty"`
+	// A value whose compact JSON text is longer than this many bytes is kept
+	// in the blob store and carried as a reference (BlobService); 0 when the
+	// server offloads nothing. An SDK uploads a larger output or input first.
+	PayloadOffloadBytes int64 `protobuf:"varint,4,opt,name=payload_offload_bytes,json=payloadOffloadBytes,proto3" json:"payload_offload_bytes,omitempty"`
+	// The largest payload the server accepts, inline or as a blob.
+	MaxPayloadBytes int64 `protobuf:"varint,5,opt,name=max_payload_bytes,json=maxPayloadBytes,proto3" json:"max_payload_bytes,omitempty"`
+	// The largest request message the server decodes: a larger payload must
+	// go through BlobService.
+	MaxMessageBytes int64 `protobuf:"varint,6,opt,name=max_message_bytes,json=maxMessageBytes,proto3" json:"max_message_bytes,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GetServerInfoResponse) Reset() {
@@ -124,16 +133,40 @@ func (x *GetServerInfoResponse) GetFeatures() []string {
 	return nil
 }
 
+func (x *GetServerInfoResponse) GetPayloadOffloadBytes() int64 {
+	if x != nil {
+		return x.PayloadOffloadBytes
+	}
+	return 0
+}
+
+func (x *GetServerInfoResponse) GetMaxPayloadBytes() int64 {
+	if x != nil {
+		return x.MaxPayloadBytes
+	}
+	return 0
+}
+
+func (x *GetServerInfoResponse) GetMaxMessageBytes() int64 {
+	if x != nil {
+		return x.MaxMessageBytes
+	}
+	return 0
+}
+
 var File_composer_v1_server_service_proto protoreflect.FileDescriptor
 
 const file_composer_v1_server_service_proto_rawDesc = "" +
 	"\n" +
 	" composer/v1/server_service.proto\x12\vcomposer.v1\"\x16\n" +
-	"\x14GetServerInfoRequest\"\x85\x01\n" +
+	"\x14GetServerInfoRequest\"\x91\x02\n" +
 	"\x15GetServerInfoResponse\x12%\n" +
 	"\x0eserver_version\x18\x01 \x01(\tR\rserverVersion\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\tR\x0fprotocolVersion\x12\x1a\n" +
-	"\bfeatures\x18\x03 \x03(\tR\bfeatures2g\n" +
+	"\bfeatures\x18\x03 \x03(\tR\bfeatures\x122\n" +
+	"\x15payload_offload_bytes\x18\x04 \x01(\x03R\x13payloadOffloadBytes\x12*\n" +
+	"\x11max_payload_bytes\x18\x05 \x01(\x03R\x0fmaxPayloadBytes\x12*\n" +
+	"\x11max_message_bytes\x18\x06 \x01(\x03R\x0fmaxMessageBytes2g\n" +
 	"\rServerService\x12V\n" +
 	"\rGetServerInfo\x12!.composer.v1.GetServerInfoRequest\x1a\".composer.v1.GetServerInfoResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3"
 

@@ -11,11 +11,17 @@ class GetServerInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetServerInfoResponse(_message.Message):
-    __slots__ = ("server_version", "protocol_version", "features")
+    __slots__ = ("server_version", "protocol_version", "features", "payload_offload_bytes", "max_payload_bytes", "max_message_bytes")
     SERVER_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     FEATURES_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_OFFLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PAYLOAD_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     server_version: str
     protocol_version: str
     features: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, server_version: _Optional[str] = ..., protocol_version: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ...) -> None: ...
+    payload_offload_bytes: int
+    max_payload_bytes: int
+    max_message_bytes: int
+    def __init__(self, server_version: _Optional[str] = ..., protocol_version: _Optional[str] = ..., features: _Optional[_Iterable[str]] = ..., payload_offload_bytes: _Optional[int] = ..., max_payload_bytes: _Optional[int] = ..., max_message_bytes: _Optional[int] = ...) -> None: ...
