@@ -43,6 +43,7 @@ impl Run {
         let mut state = RunState {
             run: self.run.run.clone(),
             nodes: BTreeMap::new(),
+            blobs: Default::default(),
         };
         for k in prefetch(&self.wf, &state, event) {
             let s = self.store.get(&k).cloned();

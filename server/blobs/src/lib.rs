@@ -49,6 +49,19 @@ pub struct BlobRef {
     pub digest: String,
 }
 
+/// An upload written whole and not yet visible at its key.
+#[derive(Debug)]
+pub struct Staged {
+    upload: Path,
+    /// The blob it becomes.
+    pub blob: BlobRef,
+    /// Its first bytes (at most [`HEAD_BYTES`]).
+    pub head: Bytes,
+}
+
+/// How many of a blob's first bytes [`Staged::head`] keeps.
+pub const HEAD_BYTES: usize = 256;
+
 /// A namespace's stored blob (or upload), as listed for the collector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListedBlob {
@@ -64,6 +77,9 @@ pub struct BlobStore {
     /// The folder (or bucket prefix) the location named.
     root: Path,
     location: String,
+    /// The folder, when the store is the local disk (its multipart uploads
+    /// write staging files that listings do not show).
+    local_folder: Option<std::path::PathBuf>,
 }
 
 impl std::fmt::Debug for BlobStore {
@@ -89,10 +105,14 @@ impl BlobStore {
                 location: location.to_owned(),
                 reason: e.to_string(),
             })?;
+        let local_folder = (url.scheme() == "file")
+            .then(|| url.to_file_path().ok())
+            .flatten();
         Ok(BlobStore {
             store: Arc::from(store),
             root,
             location: location.to_owned(),
+            local_folder,
         })
     }
 
@@ -114,28 +134,63 @@ impl BlobStore {
         S: Stream<Item = Result<Bytes, E>> + Send,
         E: std::fmt::Display,
     {
+        let staged = self.stage(namespace, chunks, limit).await?;
+        self.publish(staged).await
+    }
+
+    /// The first half of [`put`](BlobStore::put): streams `chunks` to an
+    /// upload of `namespace` and learns their digest, without making a
+    /// blob visible. The caller records the blob (the server touches its
+    /// row, so the collector leaves it) and then publishes it.
+    pub async fn stage<S, E>(
+        &self,
+        namespace: &str,
+        chunks: S,
+        limit: u64,
+    ) -> Result<Staged, BlobError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
         check_namespace(namespace)?;
         let upload = self.path(&format!("{namespace}/uploads/{}", uuid::Uuid::now_v7()));
-        let written = self.write(&upload, chunks, limit).await;
-        let (size, digest) = match written {
-            Ok(done) => done,
+        match self.write(&upload, chunks, limit).await {
+            Ok((size, digest, head)) => Ok(Staged {
+                upload,
+                blob: BlobRef {
+                    key: blob_key(namespace, &digest),
+                    size,
+                    digest,
+                },
+                head,
+            }),
             Err(error) => {
                 // a small upload may have no object yet; a multipart one was aborted
                 let _ = self.store.delete(&upload).await;
-                return Err(error);
+                Err(error)
             }
-        };
-        let key = format!("{namespace}/sha256/{digest}");
-        let target = self.path(&key);
-        // content-addressed: a blob already there holds these same bytes
+        }
+    }
+
+    /// Makes a staged upload the blob at its key (content-addressed: a
+    /// blob already there holds these same bytes) and removes the upload.
+    pub async fn publish(&self, staged: Staged) -> Result<BlobRef, BlobError> {
+        let target = self.path(&staged.blob.key);
         let moved = match self.store.head(&target).await {
             Ok(_) => Ok(()),
-            Err(object_store::Error::NotFound { .. }) => self.store.copy(&upload, &target).await,
+            Err(object_store::Error::NotFound { .. }) => {
+                self.store.copy(&staged.upload, &target).await
+            }
             Err(error) => Err(error),
         };
-        let _ = self.store.delete(&upload).await;
+        let _ = self.store.delete(&staged.upload).await;
         moved?;
-        Ok(BlobRef { key, size, digest })
+        Ok(staged.blob)
+    }
+
+    /// Drops a staged upload that will not be published.
+    pub async fn discard(&self, staged: Staged) {
+        let _ = self.store.delete(&staged.upload).await;
     }
 
     /// Writes the stream to `path`: one PUT when it is small, else a
@@ -145,7 +200,7 @@ impl BlobStore {
         path: &Path,
         chunks: S,
         limit: u64,
-    ) -> Result<(u64, String), BlobError>
+    ) -> Result<(u64, String, Bytes), BlobError>
     where
         S: Stream<Item = Result<Bytes, E>> + Send,
         E: std::fmt::Display,
@@ -158,8 +213,9 @@ impl BlobStore {
         // small blobs: gather, then one request
         while head_bytes <= SINGLE_PUT_BYTES {
             let Some(chunk) = chunks.next().await else {
+                let first = first_bytes(&head);
                 self.store.put(path, PutPayload::from_iter(head)).await?;
-                return Ok((size, hex(digest.finish().as_ref())));
+                return Ok((size, hex(digest.finish().as_ref()), first));
             };
             let chunk = chunk.map_err(|e| BlobError::Upload(e.to_string()))?;
             size += chunk.len() as u64;
@@ -170,6 +226,7 @@ impl BlobStore {
             head_bytes += chunk.len();
             head.push(chunk);
         }
+        let first = first_bytes(&head);
         let mut upload = WriteMultipart::new(self.store.put_multipart(path).await?);
         for chunk in head {
             upload.write(&chunk);
@@ -191,7 +248,7 @@ impl BlobStore {
         match outcome {
             Ok(()) => {
                 upload.finish().await?;
-                Ok((size, hex(digest.finish().as_ref())))
+                Ok((size, hex(digest.finish().as_ref()), first))
             }
             Err(error) => {
                 let _ = upload.abort().await;
@@ -216,6 +273,58 @@ impl BlobStore {
             Err(error) => return Err(error.into()),
         };
         Ok(got.into_stream().map_err(BlobError::from).boxed())
+    }
+
+    /// The bytes of `key` from `offset` on, as a stream, with the blob's
+    /// whole size (NotFound past its end is no error: an empty stream).
+    pub async fn get_from(
+        &self,
+        namespace: &str,
+        key: &str,
+        offset: u64,
+    ) -> Result<(u64, BoxStream<'static, Result<Bytes, BlobError>>), BlobError> {
+        self.own(namespace, key)?;
+        let path = self.path(key);
+        let size = match self.store.head(&path).await {
+            Ok(meta) => meta.size,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(BlobError::NotFound(key.to_owned()));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if offset >= size {
+            return Ok((size, futures::stream::empty().boxed()));
+        }
+        let options = object_store::GetOptions {
+            range: Some((offset..size).into()),
+            ..Default::default()
+        };
+        let got = match self.store.get_opts(&path, options).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(BlobError::NotFound(key.to_owned()));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        Ok((size, got.into_stream().map_err(BlobError::from).boxed()))
+    }
+
+    /// The whole of `key`, refused (TooLarge) when it is over `limit` bytes:
+    /// for the server's own reads of small blobs (expressions).
+    pub async fn read(&self, namespace: &str, key: &str, limit: u64) -> Result<Bytes, BlobError> {
+        self.own(namespace, key)?;
+        let path = self.path(key);
+        let got = match self.store.get(&path).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(BlobError::NotFound(key.to_owned()));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if got.meta.size > limit {
+            return Err(BlobError::TooLarge { limit });
+        }
+        Ok(got.bytes().await?)
     }
 
     /// Whether `key`, a blob of `namespace`, is stored, and its size.
@@ -277,6 +386,54 @@ impl BlobStore {
             .collect())
     }
 
+    /// Deletes every upload of every namespace last written before
+    /// `before` (their writers gone), and on the local disk the staging
+    /// files of multipart uploads cut short. Returns how many went.
+    pub async fn sweep_stale_uploads(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> Result<usize, BlobError> {
+        let listed = self.store.list_with_delimiter(Some(&self.root)).await?;
+        let mut swept = 0;
+        for prefix in listed.common_prefixes {
+            let Some(namespace) = prefix.filename().map(str::to_owned) else {
+                continue;
+            };
+            if check_namespace(&namespace).is_err() {
+                continue;
+            }
+            for upload in self.stale_uploads(&namespace, before).await? {
+                self.delete_upload(&namespace, &upload.key).await?;
+                swept += 1;
+            }
+            swept += self.sweep_staging_files(&namespace, before);
+        }
+        Ok(swept)
+    }
+
+    /// On the local disk: removes the `#`-suffixed staging files of the
+    /// namespace's uploads older than `before`.
+    fn sweep_staging_files(&self, namespace: &str, before: chrono::DateTime<chrono::Utc>) -> usize {
+        let Some(folder) = &self.local_folder else {
+            return 0;
+        };
+        let Ok(entries) = std::fs::read_dir(folder.join(namespace).join("uploads")) else {
+            return 0;
+        };
+        let before = std::time::SystemTime::from(before);
+        entries
+            .filter_map(Result::ok)
+            .filter(|entry| entry.file_name().to_string_lossy().contains('#'))
+            .filter(|entry| {
+                entry
+                    .metadata()
+                    .and_then(|meta| meta.modified())
+                    .is_ok_and(|modified| modified < before)
+            })
+            .filter(|entry| std::fs::remove_file(entry.path()).is_ok())
+            .count()
+    }
+
     /// Deletes an upload [`BlobStore::stale_uploads`] listed.
     pub async fn delete_upload(&self, namespace: &str, key: &str) -> Result<(), BlobError> {
         if !key.starts_with(&format!("{namespace}/uploads/")) {
@@ -315,6 +472,11 @@ impl BlobStore {
             .collect();
         Some(parts.join("/"))
     }
+}
+
+/// The key of the blob of `namespace` whose SHA-256 is `sha256` (hex).
+pub fn blob_key(namespace: &str, sha256: &str) -> String {
+    format!("{namespace}/sha256/{sha256}")
 }
 
 /// A namespace as a path segment: what the name rule allows, never a
@@ -368,6 +530,19 @@ fn provider_environment() -> Vec<(String, String)> {
         })
         .map(|(name, value)| (name.to_ascii_lowercase(), value))
         .collect()
+}
+
+/// The first [`HEAD_BYTES`] of the gathered chunks.
+fn first_bytes(chunks: &[Bytes]) -> Bytes {
+    let mut first = Vec::with_capacity(HEAD_BYTES);
+    for chunk in chunks {
+        let room = HEAD_BYTES - first.len();
+        first.extend_from_slice(&chunk[..room.min(chunk.len())]);
+        if first.len() == HEAD_BYTES {
+            break;
+        }
+    }
+    Bytes::from(first)
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -69,9 +69,39 @@ pub struct ServerArgs {
     #[arg(long, env = "COMPOSER_HEALTH_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub health_interval: Duration,
 
-    /// Largest input, output or event payload, in bytes of JSON.
-    #[arg(long, env = "COMPOSER_MAX_PAYLOAD_BYTES", default_value_t = 2 * 1024 * 1024)]
+    /// Largest input, output or event payload, in bytes of JSON, inline or
+    /// in the blob store.
+    #[arg(long, env = "COMPOSER_MAX_PAYLOAD_BYTES", default_value_t = 1024 * 1024 * 1024)]
     pub max_payload_bytes: usize,
+
+    /// Largest request message decoded: a larger payload must come through
+    /// BlobService (the SDKs do so by themselves).
+    #[arg(long, env = "COMPOSER_MAX_MESSAGE_BYTES", default_value_t = 4 * 1024 * 1024,
+          value_parser = parse_message_bytes)]
+    pub max_message_bytes: usize,
+
+    /// Where large payloads are kept (docs/payloads.md): a folder, or an
+    /// `s3://bucket/prefix` (`gs://`, `az://`) URL configured by the
+    /// provider's environment variables and `--blob-store-option`. Unset: a
+    /// folder per database under `$XDG_DATA_HOME/composer/blobs` (or
+    /// `~/.local/share/composer/blobs`).
+    #[arg(long, env = "COMPOSER_BLOB_STORE")]
+    pub blob_store: Option<String>,
+
+    /// A setting of the blob store, `key=value` (object_store's names:
+    /// `aws_endpoint`, `aws_region`, `aws_allow_http`, ...); repeat for more.
+    #[arg(long = "blob-store-option", env = "COMPOSER_BLOB_STORE_OPTIONS", value_delimiter = ',',
+          value_parser = parse_key_value)]
+    pub blob_store_options: Vec<(String, String)>,
+
+    /// A value whose JSON is longer than this many bytes goes to the blob
+    /// store and runs carry a reference to it; 0: every value stays inline.
+    #[arg(long, env = "COMPOSER_PAYLOAD_OFFLOAD_BYTES", default_value_t = 64 * 1024)]
+    pub payload_offload_bytes: usize,
+
+    /// The most of a blob an expression reads (a larger one reads as null).
+    #[arg(long, env = "COMPOSER_MAX_EXPRESSION_BLOB_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_expression_blob_bytes: u64,
 
     /// Most runs one root run's tree may hold (sub-workflows and MAPs of
     /// workflows, at every level); past it the node starting a child fails.
@@ -323,6 +353,25 @@ pub struct AuthArgs {
     /// Clock leeway for `exp` and `nbf`, e.g. `30s`.
     #[arg(long, env = "COMPOSER_AUTH_LEEWAY", default_value = "30s", value_parser = parse_duration)]
     pub auth_leeway: Duration,
+}
+
+/// `--max-message-bytes`: at least 64 KiB, so every other request fits.
+fn parse_message_bytes(text: &str) -> Result<usize, String> {
+    let bytes: usize = text.parse().map_err(|e| format!("{text:?}: {e}"))?;
+    if bytes < 65_536 {
+        return Err(format!("{bytes} is under 65536"));
+    }
+    Ok(bytes)
+}
+
+/// `key=value`, as `--blob-store-option` takes it.
+fn parse_key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_ascii_lowercase(), value.to_owned()))
+        }
+        _ => Err(format!("{text:?} is not key=value")),
+    }
 }
 
 fn parse_ratio(text: &str) -> Result<f64, String> {

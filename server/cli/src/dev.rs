@@ -95,6 +95,11 @@ async fn run_with(args: &DevArgs, services: &LocalServices) -> Result<(), DevErr
     };
     let mut server = args.server.clone();
     let tokens = dev_tokens(&mut server.auth, services.root())?;
+    // large payloads next to the data, gone with it unless kept
+    if server.blob_store.is_none() {
+        let blobs = services.root().join("blobs");
+        server.blob_store = Some(blobs.to_string_lossy().into_owned());
+    }
     // metrics on in development, on a free loopback port unless one is set
     if server.metrics_listen.is_none() {
         server.metrics_listen = std::net::TcpListener::bind("127.0.0.1:0")

@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod blob_store;
 pub mod config;
 pub mod dev;
 pub mod local_services;

@@ -68,6 +68,9 @@ pub enum StartError {
     /// The quotas file could not be read or is invalid.
     #[error("COMPOSER_QUOTAS_FILE (--quotas-file) {0}")]
     Quotas(String),
+    /// The blob store could not be opened.
+    #[error("COMPOSER_BLOB_STORE (--blob-store) {0}")]
+    BlobStore(String),
     /// A secrets key file could not be read or is not a key.
     #[error("COMPOSER_SECRETS_KEY_FILE (--secrets-key-file) {0}")]
     SecretsKey(#[from] composer_coordinator::secrets::KeyError),
@@ -130,7 +133,7 @@ pub async fn run(
         drain_delay: server.drain_delay,
         health_check_interval: server.health_interval,
         auth,
-        max_payload_bytes: server.max_payload_bytes,
+        max_message_bytes: server.max_message_bytes,
         call_timeout: server.db_timeout,
         readiness: composer_grpc::Readiness::default(),
         dashboard: match &server.dashboard_dir {
@@ -223,6 +226,8 @@ fn start_background(
         store.clone(),
         CoordinatorConfig {
             max_payload_bytes: server.max_payload_bytes,
+            payload_offload_bytes: server.payload_offload_bytes,
+            max_expression_blob_bytes: server.max_expression_blob_bytes,
             max_runs_per_tree: server.max_runs_per_tree,
             group_commit_window: server.group_commit_window,
             group_commit_max: usize::from(server.group_commit_max),
@@ -234,7 +239,8 @@ fn start_background(
     )
     .with_publisher(publisher)
     .with_changes(feed)
-    .with_secret_keys(KeyRing::from_files(&server.secrets_key_files)?);
+    .with_secret_keys(KeyRing::from_files(&server.secrets_key_files)?)
+    .with_payloads(crate::blob_store::open(server, &backend.database_url)?);
     if server.hand_off {
         coordinator = coordinator.with_hand_off(Arc::clone(&hub));
     }

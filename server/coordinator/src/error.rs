@@ -125,6 +125,23 @@ pub enum CoordinatorError {
     /// A key of the secret store cannot be used.
     #[error(transparent)]
     SecretKey(#[from] crate::secrets::KeyError),
+    /// A reference names no blob of the namespace.
+    #[error("{field} refers to blob {sha256}, which the namespace does not have")]
+    BlobNotFound {
+        /// The field holding the reference.
+        field: String,
+        /// Its digest.
+        sha256: String,
+    },
+    /// BlobService was asked for a blob the namespace does not have.
+    #[error("the namespace has no blob {0}")]
+    NoSuchBlob(String),
+    /// The server keeps no blob store.
+    #[error("this server keeps no blob store (--blob-store)")]
+    NoBlobStore,
+    /// The blob store failed.
+    #[error("blob store: {0}")]
+    BlobStore(String),
     /// Stored state could not be read back (a bug or a manual edit).
     #[error("corrupt stored state: {0}")]
     Corrupt(String),

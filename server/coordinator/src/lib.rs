@@ -20,6 +20,7 @@ pub mod events;
 pub mod http;
 pub mod limits;
 pub mod observe;
+pub mod payloads;
 pub mod secrets;
 pub mod time;
 pub mod versions;
@@ -72,8 +73,13 @@ impl Backends {
 /// Limits and tunables of the coordinator.
 #[derive(Debug, Clone)]
 pub struct CoordinatorConfig {
-    /// Largest input, output or event payload, in bytes of JSON.
+    /// Largest input, output or event payload, in bytes of JSON, inline or
+    /// in the blob store.
     pub max_payload_bytes: usize,
+    /// A value whose JSON is longer goes to the blob store (0: none does).
+    pub payload_offload_bytes: usize,
+    /// The most of a blob an expression reads.
+    pub max_expression_blob_bytes: u64,
     /// How long an event sent to a correlation key waits for a run.
     pub correlation_retention_secs: f64,
     /// Most runs one root run's tree may hold (the root included).
@@ -98,6 +104,8 @@ impl Default for CoordinatorConfig {
     fn default() -> Self {
         Self {
             max_payload_bytes: 2 * 1024 * 1024,
+            payload_offload_bytes: 64 * 1024,
+            max_expression_blob_bytes: 16 * 1024 * 1024,
             correlation_retention_secs: 24.0 * 3600.0,
             max_runs_per_tree: 100_000,
             group_commit_window: std::time::Duration::from_millis(1),
@@ -129,6 +137,8 @@ pub struct Coordinator {
     polls: Option<Arc<dispatch::poll_hub::PollHub>>,
     /// The secret store's keys (none given: secrets refused).
     secret_keys: Arc<secrets::SecretKeys>,
+    /// Where large payloads go (none: they stay inline).
+    payloads: Option<Arc<payloads::Payloads>>,
 }
 
 impl Coordinator {
@@ -155,6 +165,7 @@ impl Coordinator {
             bulk_wake: Arc::default(),
             polls: None,
             secret_keys: Arc::default(),
+            payloads: None,
         }
     }
 

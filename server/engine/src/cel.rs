@@ -1145,6 +1145,15 @@ impl Program {
     }
 
     /// Evaluates with a cost limit: a runaway expression is an error.
+    /// The value the expression is, when it only names one whole.
+    pub fn whole(&self) -> Option<Whole<'_>> {
+        match &self.expr {
+            Expr::Var(Var::Input) => Some(Whole::Input),
+            Expr::Var(Var::Node(id, NodeField::Output)) => Some(Whole::NodeOutput(id)),
+            _ => None,
+        }
+    }
+
     pub fn eval(&self, env: &dyn Env) -> Result<Val, EvalError> {
         let mut ev = Evaluator {
             env,
@@ -1199,8 +1208,23 @@ fn only_input(e: &Expr) -> bool {
 }
 
 /// The variables an evaluation reads.
+/// A value an expression names whole, which a template that only passes
+/// it along may take as stored (references to blobs unread).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whole<'p> {
+    /// `input`.
+    Input,
+    /// `nodes.<id>.output`.
+    NodeOutput(&'p str),
+}
+
 pub trait Env {
     fn input(&self) -> Val;
+    /// The value `whole` names as stored, when it holds references to
+    /// blobs (None: evaluate it as usual).
+    fn stored(&self, _whole: Whole<'_>) -> Option<Json> {
+        None
+    }
     /// The run input as JSON, if the environment has it: `input.a.b` then
     /// converts only the selected value, not the whole input.
     fn input_json(&self) -> Option<&Json> {

@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 
 use serde_json::{Value as Json, json};
 
-use crate::cel::{Env, NodeField, Val};
+use crate::blob;
+use crate::cel::{Env, NodeField, Val, Whole};
 use crate::compile::{CompiledWorkflow, HTTP_QUEUE, Kind, MAX_CONCURRENCY_KEY_BYTES, MapElement};
 use crate::definition::NodeType;
 use crate::duration::{format_duration, parse_timestamp};
@@ -58,9 +59,19 @@ pub fn decide(
         touched: BTreeMap::new(),
         actions: Vec::new(),
         work: VecDeque::new(),
+        missing_blobs: Default::default(),
+        input_holds_blobs: Default::default(),
     };
-    ctx.handle(event)?;
-    Ok(ctx.finish())
+    let handled = ctx.handle(event);
+    let missing = ctx.missing_blobs.take();
+    match handled {
+        Err(DecideError::NeedNodes(keys)) => Err(DecideError::NeedNodes(keys)),
+        // what was decided read a null in a blob's stead: decide again
+        // with the blob
+        _ if !missing.is_empty() => Err(DecideError::NeedBlobs(missing)),
+        Err(error) => Err(error),
+        Ok(()) => Ok(ctx.finish()),
+    }
 }
 
 /// Decides `event` as a coordinator would: node states are read from
@@ -121,6 +132,8 @@ pub fn render_node_input(
         touched: BTreeMap::new(),
         actions: Vec::new(),
         work: VecDeque::new(),
+        missing_blobs: Default::default(),
+        input_holds_blobs: Default::default(),
     };
     ctx.render_input(idx, None).map(Some)
 }
@@ -282,6 +295,10 @@ struct Ctx<'a> {
     touched: BTreeMap<NodeKey, NodeState>,
     actions: Vec<Action>,
     work: VecDeque<Work>,
+    /// Blobs an expression looked inside and `state.blobs` lacks.
+    missing_blobs: std::cell::RefCell<Vec<String>>,
+    /// Whether the run's input holds references (learnt once).
+    input_holds_blobs: std::cell::OnceCell<bool>,
 }
 
 type R<T = ()> = Result<T, DecideError>;
@@ -294,11 +311,30 @@ struct EvalEnv<'c, 'a> {
 
 impl Env for EvalEnv<'_, '_> {
     fn input(&self) -> Val {
-        Val::from_json(&self.ctx.run.input)
+        Val::from_json(&self.ctx.resolved(&self.ctx.run.input))
     }
 
     fn input_json(&self) -> Option<&Json> {
-        Some(&self.ctx.run.input)
+        // with references in it, selections go through `input()`
+        let holds = *self
+            .ctx
+            .input_holds_blobs
+            .get_or_init(|| blob::holds_references(&self.ctx.run.input));
+        (!holds).then_some(&*self.ctx.run.input)
+    }
+
+    fn stored(&self, whole: Whole<'_>) -> Option<Json> {
+        let value = match whole {
+            Whole::Input => Json::clone(&self.ctx.run.input),
+            Whole::NodeOutput(id) => {
+                let st = self.ctx.peek(&NodeKey::node(id))?;
+                if st.status != NodeStatus::Completed {
+                    return None;
+                }
+                self.ctx.output_of(id, st)
+            }
+        };
+        blob::holds_references(&value).then_some(value)
     }
 
     fn run(&self) -> Val {
@@ -314,7 +350,8 @@ impl Env for EvalEnv<'_, '_> {
     }
 
     fn item(&self) -> Val {
-        self.item.map_or(Val::Null, Val::from_json)
+        self.item
+            .map_or(Val::Null, |item| Val::from_json(&self.ctx.resolved(item)))
     }
 
     fn index(&self) -> Val {
@@ -331,7 +368,7 @@ impl Env for EvalEnv<'_, '_> {
             }),
             NodeField::Output => match st {
                 Some(s) if s.status == NodeStatus::Completed => {
-                    Val::from_json(&self.ctx.output_of(id, s))
+                    Val::from_json(&self.ctx.resolved(&self.ctx.output_of(id, s)))
                 }
                 _ => Val::Null,
             },
@@ -345,6 +382,16 @@ fn ignored(reason: &str) -> Json {
 
 impl<'a> Ctx<'a> {
     // ------------------------------------------------------------ state access
+
+    /// `value` as an expression reads it: references replaced by the
+    /// blobs' values (those not loaded are noted, and read as null).
+    fn resolved<'v>(&self, value: &'v Json) -> std::borrow::Cow<'v, Json> {
+        if !blob::holds_references(value) {
+            return std::borrow::Cow::Borrowed(value);
+        }
+        let mut missing = self.missing_blobs.borrow_mut();
+        std::borrow::Cow::Owned(blob::substitute(value, &self.state.blobs, &mut missing))
+    }
 
     /// A loaded state (touched first), `None` if not loaded or not existing.
     fn peek(&self, key: &NodeKey) -> Option<&NodeState> {

@@ -37,6 +37,7 @@
 //! delay carry a `seed` (any number the coordinator picks, e.g. from the
 //! event's row id) from which jitter is drawn, so decisions stay reproducible.
 
+pub mod blob;
 pub mod cel;
 mod compile;
 mod decide;

@@ -350,6 +350,7 @@ impl<'w> Track<'w> {
         let mut state = RunState {
             run: self.run.clone(),
             nodes: BTreeMap::new(),
+            blobs: Default::default(),
         };
         decide_from(self.wf, &mut state, &self.store, event, now).map(|(d, _)| d)
     }
@@ -430,6 +431,7 @@ impl<'w> Track<'w> {
                 .iter()
                 .map(|(k, s)| (k.clone(), Some(s.clone())))
                 .collect(),
+            blobs: Default::default(),
         }
     }
 }

@@ -479,6 +479,7 @@ impl Sim<'_> {
         let mut state = RunState {
             run: self.run.run.clone(),
             nodes: BTreeMap::new(),
+            blobs: Default::default(),
         };
         let (decision, extra_rounds) = self.decide_loaded(&mut state, &event, now, step)?;
         let loaded = state.nodes.len();
@@ -491,6 +492,7 @@ impl Sim<'_> {
             let mut again = RunState {
                 run: self.run.run.clone(),
                 nodes: BTreeMap::new(),
+                blobs: Default::default(),
             };
             let (second, _) = self.decide_loaded(&mut again, &event, now, step)?;
             let effects: Vec<&Action> = second

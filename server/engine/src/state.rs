@@ -302,6 +302,10 @@ pub struct RunRecord {
 pub struct RunState {
     pub run: RunRecord,
     pub nodes: BTreeMap<NodeKey, Option<NodeState>>,
+    /// The values of the blobs loaded for expressions to read (never
+    /// stored: asked for with [`DecideError::NeedBlobs`]).
+    #[serde(skip)]
+    pub blobs: crate::blob::BlobValues,
 }
 
 impl RunState {
@@ -329,6 +333,7 @@ impl RunState {
                 compensated: false,
             },
             nodes: BTreeMap::new(),
+            blobs: crate::blob::BlobValues::new(),
         }
     }
 
@@ -636,6 +641,10 @@ pub enum DecideError {
     /// again with the same event.
     #[error("node states not loaded: {0:?}")]
     NeedNodes(Vec<NodeKey>),
+    /// An expression looks inside these blobs (SHA-256, hex): put their
+    /// values in [`RunState::blobs`] and call again with the same event.
+    #[error("blobs not loaded: {0:?}")]
+    NeedBlobs(Vec<String>),
     /// The state contradicts the definition (e.g. a run record from another
     /// version).
     #[error("inconsistent run state: {0}")]

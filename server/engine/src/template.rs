@@ -256,7 +256,11 @@ impl Template {
         };
         Ok(match self {
             Template::Literal(v) => v.clone(),
-            Template::Whole(p) => brought(p.eval(env)?.to_json()),
+            Template::Whole(p) => match p.whole().and_then(|whole| env.stored(whole)) {
+                // passed along as stored: a reference stays one, unread
+                Some(stored) => brought(stored),
+                None => brought(p.eval(env)?.to_json()),
+            },
             Template::Interpolated(pieces) => {
                 let mut s = String::new();
                 for piece in pieces {

@@ -97,6 +97,11 @@ pub const RPC_ROLES: &[(&str, &[Role])] = &[
     ("/composer.v1.RunService/BulkPauseRuns", &[Admin, Operator]),
     ("/composer.v1.RunService/BulkResumeRuns", &[Admin, Operator]),
     ("/composer.v1.RunService/MigrateRuns", &[Admin, Operator]),
+    (
+        "/composer.v1.BlobService/UploadBlob",
+        &[Admin, Operator, Client, Worker],
+    ),
+    ("/composer.v1.BlobService/DownloadBlob", ANY),
     ("/composer.v1.SecretService/SetSecret", &[Admin, Operator]),
     ("/composer.v1.SecretService/ListSecrets", &[Admin, Operator]),
     (

@@ -8,10 +8,10 @@ use composer_coordinator::{
     Backends, Coordinator, dispatch::poll_hub::PollHub, events::watch::RunChanges,
 };
 use composer_proto::v1::{
-    queue_service_server::QueueServiceServer, run_service_server::RunServiceServer,
-    schedule_service_server::ScheduleServiceServer, secret_service_server::SecretServiceServer,
-    server_service_server::ServerServiceServer, worker_service_server::WorkerServiceServer,
-    workflow_service_server::WorkflowServiceServer,
+    blob_service_server::BlobServiceServer, queue_service_server::QueueServiceServer,
+    run_service_server::RunServiceServer, schedule_service_server::ScheduleServiceServer,
+    secret_service_server::SecretServiceServer, server_service_server::ServerServiceServer,
+    worker_service_server::WorkerServiceServer, workflow_service_server::WorkflowServiceServer,
 };
 use http::{HeaderName, HeaderValue, Method};
 use tokio::{net::TcpListener, sync::watch};
@@ -23,8 +23,9 @@ use crate::{
     dashboard::{DashboardFiles, DashboardLayer},
     health::HealthMonitor,
     services::{
-        queue::QueueApi, run::RunApi, schedule::ScheduleApi, secret::SecretApi,
-        server_info::ServerInfoService, worker::WorkerApi, workflow::WorkflowApi,
+        blob::BlobApi, queue::QueueApi, run::RunApi, schedule::ScheduleApi, secret::SecretApi,
+        server_info::PayloadLimits, server_info::ServerInfoService, worker::WorkerApi,
+        workflow::WorkflowApi,
     },
 };
 
@@ -40,9 +41,9 @@ pub struct GrpcConfig {
     pub health_check_interval: Duration,
     /// How callers are authenticated.
     pub auth: AuthMode,
-    /// The largest payload a request may carry (`--max-payload-bytes`); a
-    /// request message may be 1 MiB larger, for its other fields.
-    pub max_payload_bytes: usize,
+    /// The largest request message the server decodes
+    /// (`--max-message-bytes`): a larger payload goes through BlobService.
+    pub max_message_bytes: usize,
     /// How long a call (the long poll aside) may take before it is
     /// UNAVAILABLE (`--db-timeout`).
     pub call_timeout: Duration,
@@ -120,7 +121,22 @@ pub async fn serve(
     if matches!(config.auth, AuthMode::Tokens { .. }) {
         features.push("auth".to_owned());
     }
-    let max_message = config.max_payload_bytes.saturating_add(1 << 20);
+    let max_message = config.max_message_bytes;
+    let payload_limits = {
+        let coordinator = services.coordinator.config();
+        PayloadLimits {
+            offload_bytes: if services.coordinator.keeps_blobs() {
+                coordinator.payload_offload_bytes
+            } else {
+                0
+            },
+            max_payload_bytes: coordinator.max_payload_bytes,
+            max_message_bytes: max_message,
+        }
+    };
+    if services.coordinator.keeps_blobs() {
+        features.push("blobs".to_owned());
+    }
     // no Nagle: a small reply must not wait for the peer's delayed ACK (40 ms)
     let incoming = TcpIncoming::from(listener)
         .with_nodelay(Some(true))
@@ -157,7 +173,13 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
-        .add_service(ServerServiceServer::new(ServerInfoService { features }))
+        .add_service(ServerServiceServer::new(ServerInfoService {
+            features,
+            payload_limits,
+        }))
+        .add_service(BlobServiceServer::new(BlobApi {
+            coordinator: services.coordinator.clone(),
+        }))
         .add_service(
             WorkflowServiceServer::new(WorkflowApi {
                 coordinator: services.coordinator.clone(),

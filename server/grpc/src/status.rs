@@ -196,7 +196,24 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
             error.to_string(),
             "RUN_NOT_MIGRATED",
         ),
-        CoordinatorError::SecretNotFound(_) => Status::not_found(error.to_string()),
+        CoordinatorError::SecretNotFound(_) | CoordinatorError::NoSuchBlob(_) => {
+            Status::not_found(error.to_string())
+        }
+        CoordinatorError::BlobNotFound { ref field, .. } => {
+            let message = error.to_string();
+            Status::with_error_details(
+                Code::InvalidArgument,
+                message.clone(),
+                ErrorDetails::with_bad_request_violation(field.clone(), message),
+            )
+        }
+        CoordinatorError::NoBlobStore => {
+            with_reason(Code::FailedPrecondition, error.to_string(), "NO_BLOB_STORE")
+        }
+        CoordinatorError::BlobStore(ref detail) => {
+            tracing::error!(%detail, "blob store error");
+            Status::unavailable("the blob store is unavailable, retry later")
+        }
         CoordinatorError::SecretQuota { .. } => Status::with_error_details(
             Code::ResourceExhausted,
             error.to_string(),

@@ -86,8 +86,8 @@ fn rewrite(headers: &mut http::HeaderMap) {
         ),
         ("11", m) if m.contains("message length too large") => (
             "8".to_owned(),
-            "the request is larger than this server accepts (the --max-payload-bytes \
-             limit, plus 1 MiB for the rest of the message)"
+            "the request is larger than this server accepts (--max-message-bytes): \
+             send a large payload through BlobService (the SDKs do so by themselves)"
                 .to_owned(),
         ),
         (_, m) if m.len() > MAX_MESSAGE_BYTES => (code, m),
@@ -150,7 +150,7 @@ mod tests {
             "Error, decoded message length too large: found 5242880 bytes, the limit is: 4194304 bytes",
         );
         assert_eq!(headers["grpc-status"], "8");
-        assert!(message(&headers).contains("--max-payload-bytes"));
+        assert!(message(&headers).contains("--max-message-bytes"));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The Postgres repository: the one place where SQL lives. Postgres is the
 //! truth of every run; everything else (Redis, caches) can be rebuilt from it.
 
+pub mod blobs;
 pub mod bulk;
 pub mod concurrency;
 pub mod events;
@@ -55,6 +56,12 @@ impl StoreError {
             Self::Database(sqlx::Error::Database(db)) => db.code().as_deref() == Some("57014"),
             _ => false,
         }
+    }
+
+    /// Whether a foreign key refused the statement (a row it needs is
+    /// gone, or one it deletes is still referred to).
+    pub fn is_foreign_key_violation(&self) -> bool {
+        matches!(self, Self::Database(sqlx::Error::Database(db)) if db.code().as_deref() == Some("23503"))
     }
 }
 

@@ -74,6 +74,21 @@ fn replace_path(url: &str, path: &str) -> String {
     format!("{}/{path}", &without_query[..authority_end])
 }
 
+/// A temporary folder for the blobs of the database `database_url` names:
+/// servers restarted on one database find their blobs again.
+pub fn blob_folder(database_url: &str) -> String {
+    let database = database_url
+        .split('?')
+        .next()
+        .and_then(|url| url.rsplit('/').next())
+        .unwrap_or("default");
+    std::env::temp_dir()
+        .join("composer-test-blobs")
+        .join(database)
+        .to_string_lossy()
+        .into_owned()
+}
+
 /// The real `composer serve` as a child process on an ephemeral port.
 pub struct ServerProcess {
     child: Child,
@@ -112,11 +127,19 @@ impl ServerProcess {
     ) -> Self {
         // tests run without tokens unless they configure a key themselves
         let insecure = !extra_args.iter().any(|a| a.starts_with("--auth-"));
+        // blobs in a temporary folder of the database's, unless the test names one
+        let blob_store = (!extra_args.iter().any(|a| a.starts_with("--blob-store")))
+            .then(|| blob_folder(database_url));
         let mut child = Command::new(binary)
             .arg("serve")
             .args(["--listen", listen, "--log-format", "json"])
             .args(["--database-url", database_url, "--redis-url", redis_url])
             .args(insecure.then_some("--insecure"))
+            .args(
+                blob_store
+                    .iter()
+                    .flat_map(|folder| ["--blob-store", folder.as_str()]),
+            )
             .args(extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())

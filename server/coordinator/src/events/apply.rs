@@ -254,6 +254,9 @@ pub(crate) struct RunTxn<'a> {
     /// arms and the children it starts); none unless traces are on.
     span: tracing::Span,
     traceparent: Option<String>,
+    /// Blobs the values entering the run refer to: the run refers to them
+    /// in this transaction (decision 0047).
+    blob_digests: Vec<String>,
 }
 
 /// A run's values for its final write, computed once its events applied.
@@ -382,6 +385,7 @@ impl<'a> RunTxn<'a> {
             state: RunState {
                 run: record,
                 nodes: BTreeMap::new(),
+                blobs: Default::default(),
             },
             was_terminal,
             queued_as,
@@ -397,6 +401,7 @@ impl<'a> RunTxn<'a> {
             insert: None,
             applied: Applied::default(),
             staged: None,
+            blob_digests: Vec::new(),
         })
     }
 
@@ -575,11 +580,65 @@ impl<'a> RunTxn<'a> {
             if let Some(worker_id) = lease_holder {
                 self.note_lease(&event, &worker_id, &actor);
             }
+            self.note_blobs(&event);
             self.apply_one(conn, &event, &actor).await?;
             self.applied.counted.events += 1;
             self.applied.counted.run_started |= matches!(event, Event::RunStarted);
         }
+        if !self.blob_digests.is_empty() {
+            let digests = std::mem::take(&mut self.blob_digests);
+            self.coordinator
+                .refer_run_to_blobs(conn, self.run.id, &self.run.namespace, &digests)
+                .await?;
+        }
         self.stage_write(conn).await
+    }
+
+    /// Notes the blobs the value `event` brings into the run refers to.
+    fn note_blobs(&mut self, event: &Event) {
+        let value = match event {
+            Event::RunStarted => &*self.state.run.input,
+            Event::TaskCompleted { output, .. } | Event::ChildRunFinished { output, .. } => output,
+            Event::EventReceived { payload, .. } => payload,
+            _ => return,
+        };
+        if !composer_engine::blob::holds_references(value) {
+            return;
+        }
+        for digest in crate::payloads::referenced_digests(value) {
+            if !self.blob_digests.contains(&digest) {
+                self.blob_digests.push(digest);
+            }
+        }
+    }
+
+    /// A task's rendered input as its row holds it: offloaded when large.
+    async fn task_input(&mut self, input: Json) -> Result<Json, CoordinatorError> {
+        if !self
+            .coordinator
+            .offloads(crate::events::runs::json_len(&input))
+        {
+            return Ok(input);
+        }
+        let reference = self
+            .coordinator
+            .offload(&self.run.namespace, "input", &input)
+            .await?;
+        self.blob_digests
+            .extend(crate::payloads::referenced_digests(&reference));
+        Ok(reference)
+    }
+
+    /// Puts the values of the blobs `digests` in the state, for the
+    /// expressions that read them.
+    async fn load_blobs(&mut self, digests: Vec<String>) {
+        for digest in digests {
+            let value = self
+                .coordinator
+                .blob_value(&self.run.namespace, &digest)
+                .await;
+            self.state.blobs.insert(digest, value);
+        }
     }
 
     /// What the final write returned, taken into the answer.
@@ -656,6 +715,10 @@ impl<'a> RunTxn<'a> {
                     rounds += 1;
                     self.load(conn, keys).await?;
                 }
+                Err(DecideError::NeedBlobs(digests)) if rounds < MAX_LOAD_ROUNDS => {
+                    rounds += 1;
+                    self.load_blobs(digests).await;
+                }
                 Err(error) => return Err(CoordinatorError::Corrupt(error.to_string())),
             }
         };
@@ -704,6 +767,7 @@ impl<'a> RunTxn<'a> {
                 rate_limit_key,
                 concurrency,
             } => {
+                let input = self.task_input(input).await?;
                 self.arms.push(PendingArm {
                     new_id: Uuid::new_v4(),
                     node_key: node.to_string(),
@@ -1295,6 +1359,7 @@ pub(crate) fn start_writes_rows_only(workflow: &LoadedWorkflow, record: &RunReco
     let mut state = RunState {
         run: record.clone(),
         nodes: BTreeMap::new(),
+        blobs: Default::default(),
     };
     let event = Event::RunStarted;
     for key in prefetch(&workflow.compiled, &state, &event) {

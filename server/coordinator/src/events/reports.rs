@@ -134,9 +134,14 @@ impl Coordinator {
         reporter: Reporter<'_>,
     ) -> Result<(), CoordinatorError> {
         let (task, token) = parse_ids(task_id, lease_token, attempt)?;
-        if let TaskReport::Completed { output } = &report {
-            self.check_payload("output", output)?;
-        }
+        let report = match report {
+            TaskReport::Completed { output } => TaskReport::Completed {
+                output: self
+                    .accept_payload(&scope.namespace, "output", output)
+                    .await?,
+            },
+            failed => failed,
+        };
         let (outcome, span_name) = match report {
             TaskReport::Completed { .. } => (tasks::status::COMPLETED, "CompleteTask"),
             TaskReport::Failed { .. } => (tasks::status::FAILED, "FailTask"),

@@ -94,7 +94,7 @@ fn input_problems(workflow: &crate::workflows::LoadedWorkflow, input: &Json) -> 
 }
 
 /// The length of `value` as compact JSON, counted without writing it.
-fn json_len(value: &Json) -> usize {
+pub(crate) fn json_len(value: &Json) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -137,7 +137,7 @@ impl Coordinator {
     /// [`start_run`](Coordinator::start_run), whose spans hang under `run_trace`.
     async fn start_run_traced(
         &self,
-        request: StartRun,
+        mut request: StartRun,
         run_trace: Option<String>,
     ) -> Result<(RunRow, bool), CoordinatorError> {
         let quotas = self.config.quotas.of(&request.namespace);
@@ -155,7 +155,13 @@ impl Coordinator {
             crate::limits::cpu_pool::Admission::RefuseWhenFull,
         )
         .await?;
-        self.check_payload("input", &request.input)?;
+        request.input = self
+            .accept_payload(
+                &request.namespace,
+                "input",
+                std::mem::take(&mut request.input),
+            )
+            .await?;
         for _ in 0..3 {
             if let Some(started) = self
                 .try_start_run(&request, &workflow, run_trace.clone())
@@ -243,10 +249,18 @@ impl Coordinator {
         if workflow.input_schema.is_none() {
             return Ok(());
         }
+        // a schema checks values: references are read for it
+        let resolved = if composer_engine::blob::holds_references(&request.input) {
+            Some(self.resolved(&request.namespace, &request.input).await)
+        } else {
+            None
+        };
+        let input = resolved.as_ref().unwrap_or(&request.input);
         let costly = workflow.input_check_is_costly
-            || json_len(&request.input) > crate::workflows::INLINE_INPUT_CHECK_BYTES;
+            || resolved.is_some()
+            || json_len(input) > crate::workflows::INLINE_INPUT_CHECK_BYTES;
         let problems = if costly {
-            let (workflow, input) = (std::sync::Arc::clone(workflow), request.input.clone());
+            let (workflow, input) = (std::sync::Arc::clone(workflow), input.clone());
             self.workflows
                 .cpu_pool()
                 .run(&request.namespace, admission, move || {
@@ -254,7 +268,7 @@ impl Coordinator {
                 })
                 .await?
         } else {
-            input_problems(workflow, &request.input)
+            input_problems(workflow, input)
         };
         if problems.is_empty() {
             Ok(())
@@ -317,7 +331,12 @@ impl Coordinator {
         let workflow = self
             .workflow_to_start_as(request, true, crate::limits::cpu_pool::Admission::Wait)
             .await?;
-        self.check_payload("input", &request.input)?;
+        let request = &StartRun {
+            input: self
+                .accept_payload(&request.namespace, "input", request.input.clone())
+                .await?,
+            ..request.clone()
+        };
         // a fire has no caller's trace: a new one, when traces are on
         let span =
             crate::observe::traces::start_run(None, &request.namespace, &request.workflow_name);
@@ -822,7 +841,7 @@ impl Coordinator {
         request_id: Option<&str>,
         actor: &str,
     ) -> Result<SendEventResult, CoordinatorError> {
-        self.check_payload("payload", &payload)?;
+        let payload = self.accept_payload(namespace, "payload", payload).await?;
         // what a request id stands for: a repeat must name the same event
         // and target, or it would answer for a send it never made
         let sent_to = json!({"event": name, "target": target.describe()});
@@ -963,9 +982,9 @@ impl Coordinator {
             result.delivered.push(run_id);
         }
         if result.delivered.is_empty() {
-            let mut conn = self.store.pool().acquire().await?;
+            let mut tx = self.store.begin().await?;
             events::store_pending(
-                &mut conn,
+                &mut tx,
                 namespace,
                 None,
                 Some(key),
@@ -974,6 +993,9 @@ impl Coordinator {
                 Some(self.config.correlation_retention_secs),
             )
             .await?;
+            self.keep_blobs_of_stored_event(&mut tx, namespace, &payload)
+                .await?;
+            tx.commit().await?;
             result.stored = true;
         }
         Ok(result)

@@ -36,6 +36,8 @@ pub struct RecoveryConfig {
     pub batch: i64,
     /// Finished runs and history older than this are deleted.
     pub retention: Duration,
+    /// How often the blob collector runs (decision 0047).
+    pub blob_collect_interval: Duration,
 }
 
 impl Default for RecoveryConfig {
@@ -49,6 +51,7 @@ impl Default for RecoveryConfig {
             reconcile_interval: Duration::from_secs(2),
             batch: 200,
             retention: Duration::from_secs(30 * 24 * 3600),
+            blob_collect_interval: Duration::from_secs(600),
         }
     }
 }
@@ -190,6 +193,26 @@ impl Coordinator {
         Ok(true)
     }
 
+    /// One pass of the blob collector, its outcome logged.
+    async fn collect_blobs_logged(&self) {
+        match self
+            .collect_blobs(chrono::Utc::now(), crate::payloads::BLOB_GRACE)
+            .await
+        {
+            Ok(pass) if pass == crate::payloads::CollectorPass::default() => {}
+            Ok(pass) => {
+                crate::observe::metrics::recovery("reconcile", "blobs", pass.blobs_deleted as u64);
+                tracing::info!(
+                    refs_dropped = pass.refs_dropped,
+                    blobs_deleted = pass.blobs_deleted,
+                    uploads_deleted = pass.uploads_deleted,
+                    "blob collector"
+                );
+            }
+            Err(error) => tracing::warn!(%error, "blob collector pass"),
+        }
+    }
+
     /// Deletes finished runs older than `retention` (in batches) and drops
     /// history partitions older than that. Returns (runs, partitions).
     pub async fn apply_retention(
@@ -307,7 +330,12 @@ impl Coordinator {
     ) {
         let grace_ms = i64::try_from(config.lost_dispatch_grace.as_millis()).unwrap_or(i64::MAX);
         let mut last_partition_check: Option<tokio::time::Instant> = None;
+        let mut last_blob_collect: Option<tokio::time::Instant> = None;
         while !*shutdown.borrow() {
+            if last_blob_collect.is_none_or(|at| at.elapsed() > config.blob_collect_interval) {
+                last_blob_collect = Some(tokio::time::Instant::now());
+                self.collect_blobs_logged().await;
+            }
             let queues = served.served_queues();
             match tasks::republish_lost_dispatches(
                 self.store.pool(),

@@ -230,7 +230,7 @@ mod decide_fuzz {
             let run_started = std::iter::once((0u8, 0u8, 1u8, 0u8));
             for (step, (kind, pick, index, attempt)) in run_started.chain(events).enumerate() {
                 let ev = event(&wf, kind, pick, index, attempt);
-                let mut loaded = RunState { run: state.run.clone(), nodes: BTreeMap::new() };
+                let mut loaded = RunState { run: state.run.clone(), nodes: BTreeMap::new(), blobs: Default::default() };
                 let decision = loop {
                     match decide(&wf, &loaded, &ev, Timestamp(step as i64 * 1000)) {
                         Ok(d) => break d,

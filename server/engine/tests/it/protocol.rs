@@ -21,6 +21,7 @@ fn decide_asks_for_unloaded_node_states_and_prefetch_names_them() {
     let empty = RunState {
         run: d.state.run.clone(),
         nodes: BTreeMap::new(),
+        blobs: Default::default(),
     };
     match decide(&d.wf, &empty, &event, d.now) {
         Err(DecideError::NeedNodes(keys)) => assert!(keys.contains(&key("a")), "{keys:?}"),
@@ -36,6 +37,46 @@ fn decide_asks_for_unloaded_node_states_and_prefetch_names_them() {
     let decision = decide(&d.wf, &loaded, &event, d.now).expect("one round trip is enough");
     assert_eq!(created(&decision.actions), vec![("b".to_string(), 1)]);
     assert_eq!(decision.change.nodes.len(), 2, "only a and b are written");
+}
+
+fn task_input(actions: &[Action], node: &str) -> serde_json::Value {
+    actions
+        .iter()
+        .find_map(|action| match action {
+            Action::CreateTask { node: n, input, .. } if n.node == node => Some(input.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no task for {node} in {actions:?}"))
+}
+
+#[test]
+fn a_template_passes_a_blob_reference_along_unread_and_an_expression_looking_inside_asks_for_it() {
+    let digest = "ab".repeat(32);
+    let reference = composer_engine::blob::reference(&digest, 200_000, "{\"doc\"");
+    let yaml = "name: p\nnodes:\n  - { id: a, type: TASK, queue: q, task: t }\n  - { id: b, type: TASK, queue: q, task: t, input: { whole: '${nodes.a.output}', n: '${input.n}' } }\n  - { id: c, type: TASK, queue: q, task: t, input: { size: '${size(nodes.a.output.doc)}' } }\nedges:\n  - { from: a, to: b }\n  - { from: a, to: c }\n";
+    let mut d = Driver::new(yaml, json!({"n": 7}));
+    d.send(Event::RunStarted);
+    let event = completed("a", 1, reference.clone());
+    let mut state = d.state.clone();
+    for k in prefetch(&d.wf, &state, &event) {
+        let s = d.store.get(&k).cloned();
+        state.load(k, s);
+    }
+    match decide(&d.wf, &state, &event, d.now) {
+        Err(DecideError::NeedBlobs(digests)) => assert_eq!(digests, vec![digest.clone()]),
+        other => panic!("expected NeedBlobs for c's size(), got {other:?}"),
+    }
+    state.blobs.insert(
+        digest.clone(),
+        std::sync::Arc::new(json!({"doc": "x".repeat(20)})),
+    );
+    let decision = decide(&d.wf, &state, &event, d.now).expect("decides with the blob");
+    assert_eq!(
+        task_input(&decision.actions, "b"),
+        json!({"whole": reference, "n": 7}),
+        "passed along as the reference, not the value"
+    );
+    assert_eq!(task_input(&decision.actions, "c"), json!({"size": 20}));
 }
 
 #[test]

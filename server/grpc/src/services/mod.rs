@@ -1,5 +1,6 @@
 //! One module per `composer.v1` service.
 
+pub(crate) mod blob;
 pub(crate) mod bulk;
 pub(crate) mod queue;
 pub(crate) mod replay;

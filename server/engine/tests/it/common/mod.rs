@@ -65,6 +65,7 @@ impl Driver {
         let mut state = RunState {
             run: self.state.run.clone(),
             nodes: BTreeMap::new(),
+            blobs: Default::default(),
         };
         loop {
             match decide(&self.wf, &state, event, self.now) {

@@ -1,0 +1,426 @@
+//! Large payloads (decision 0047): values over the offload threshold go to
+//! the blob store, and runs carry references to them.
+//!
+//! - [`Coordinator::accept_payload`]: a value a request brings (a run's
+//!   input, a task's output, an event's payload) is offloaded when large,
+//!   and the references it holds are checked against the namespace's
+//!   blobs, touched (so the collector leaves them for an hour) and written
+//!   out canonically (size and head as stored, never as sent).
+//! - [`Coordinator::upload_blob`]: BlobService's upload, streamed.
+//! - [`Coordinator::blob_value`]: a blob's value for an expression,
+//!   bounded and cached.
+//! - The collector: [`Coordinator::collect_blobs`].
+
+mod cache;
+mod collect;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use composer_blobs::{BlobError, BlobStore, HEAD_BYTES};
+use composer_engine::blob;
+use composer_store::blobs::{self, BlobRow};
+use futures::Stream;
+use serde_json::Value as Json;
+
+use crate::{
+    Coordinator,
+    error::{CoordinatorError, FieldProblem},
+};
+
+pub use collect::CollectorPass;
+
+/// How long an untouched blob that nothing refers to is kept, and how old
+/// an upload must be before it is taken for abandoned.
+pub const BLOB_GRACE: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// The blob store with what the server keeps beside it.
+pub struct Payloads {
+    store: BlobStore,
+    cache: cache::BlobCache,
+}
+
+impl std::fmt::Debug for Payloads {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Payloads")
+            .field("store", &self.store)
+            .finish()
+    }
+}
+
+impl Payloads {
+    /// Payloads kept in `store`, with `cache_bytes` of blob values cached
+    /// for expressions.
+    pub fn new(store: BlobStore, cache_bytes: usize) -> Self {
+        Self {
+            store,
+            cache: cache::BlobCache::new(cache_bytes),
+        }
+    }
+}
+
+/// What an upload stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredBlob {
+    /// SHA-256, hex.
+    pub sha256: String,
+    /// Bytes.
+    pub size: u64,
+    /// Its first bytes, as text.
+    pub head: String,
+}
+
+/// The first bytes of a blob as text: cut at a character boundary.
+fn head_text(head: &[u8]) -> String {
+    let end = head.len().min(HEAD_BYTES);
+    match std::str::from_utf8(&head[..end]) {
+        Ok(text) => text.to_owned(),
+        Err(error) => String::from_utf8_lossy(&head[..error.valid_up_to()]).into_owned(),
+    }
+}
+
+fn is_digest(text: &str) -> bool {
+    text.len() == 64
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn blob_error(error: BlobError, field: &str) -> CoordinatorError {
+    match error {
+        BlobError::TooLarge { limit } => CoordinatorError::PayloadTooLarge {
+            field: field.to_owned(),
+            size: usize::try_from(limit)
+                .unwrap_or(usize::MAX)
+                .saturating_add(1),
+            limit: usize::try_from(limit).unwrap_or(usize::MAX),
+        },
+        BlobError::Upload(reason) => CoordinatorError::InvalidArgument(vec![FieldProblem {
+            field: field.to_owned(),
+            description: format!("the upload broke off: {reason}"),
+        }]),
+        other => CoordinatorError::BlobStore(other.to_string()),
+    }
+}
+
+impl Coordinator {
+    /// Keeps payloads over the threshold in `payloads` (none: values stay
+    /// inline, and references are refused).
+    pub fn with_payloads(mut self, payloads: Payloads) -> Self {
+        self.payloads = Some(Arc::new(payloads));
+        self
+    }
+
+    /// Whether large payloads go to a blob store here.
+    pub fn keeps_blobs(&self) -> bool {
+        self.payloads.is_some()
+    }
+
+    fn payloads(&self) -> Result<&Payloads, CoordinatorError> {
+        self.payloads
+            .as_deref()
+            .ok_or(CoordinatorError::NoBlobStore)
+    }
+
+    /// Whether a value of `size` bytes of JSON is offloaded.
+    pub(crate) fn offloads(&self, size: usize) -> bool {
+        let threshold = self.config.payload_offload_bytes;
+        self.payloads.is_some() && threshold > 0 && size > threshold
+    }
+
+    /// Streams `chunks` into a blob of `namespace` (BlobService's upload).
+    /// The bytes must be one JSON value: a blob stands for a value.
+    pub async fn upload_blob<S, E>(
+        &self,
+        namespace: &str,
+        chunks: S,
+    ) -> Result<StoredBlob, CoordinatorError>
+    where
+        S: Stream<Item = Result<Bytes, E>> + Send,
+        E: std::fmt::Display,
+    {
+        let payloads = self.payloads()?;
+        let limit = self.config.max_payload_bytes as u64;
+        let staged = payloads
+            .store
+            .stage(namespace, chunks, limit)
+            .await
+            .map_err(|e| blob_error(e, "data"))?;
+        let row = BlobRow {
+            sha256: staged.blob.digest.clone(),
+            size: i64::try_from(staged.blob.size).unwrap_or(i64::MAX),
+            head: head_text(&staged.head),
+        };
+        // the row first: the collector cannot take a blob being published
+        if let Err(error) = blobs::touch(self.store.pool(), namespace, &row).await {
+            payloads.store.discard(staged).await;
+            return Err(error.into());
+        }
+        let stored = payloads
+            .store
+            .publish(staged)
+            .await
+            .map_err(|e| blob_error(e, "data"))?;
+        Ok(StoredBlob {
+            sha256: stored.digest,
+            size: stored.size,
+            head: row.head,
+        })
+    }
+
+    /// The bytes of a blob of `namespace` from `offset`, streamed, with its
+    /// whole size (BlobService's download).
+    pub async fn download_blob(
+        &self,
+        namespace: &str,
+        sha256: &str,
+        offset: u64,
+    ) -> Result<
+        (
+            u64,
+            futures::stream::BoxStream<'static, Result<Bytes, BlobError>>,
+        ),
+        CoordinatorError,
+    > {
+        let payloads = self.payloads()?;
+        if !is_digest(sha256) {
+            return Err(CoordinatorError::InvalidArgument(vec![FieldProblem {
+                field: "sha256".to_owned(),
+                description: "must be 64 lowercase hex digits".to_owned(),
+            }]));
+        }
+        let key = composer_blobs::blob_key(namespace, sha256);
+        match payloads.store.get_from(namespace, &key, offset).await {
+            Ok(found) => Ok(found),
+            Err(BlobError::NotFound(_) | BlobError::OtherNamespace { .. }) => {
+                Err(CoordinatorError::NoSuchBlob(sha256.to_owned()))
+            }
+            Err(error) => Err(blob_error(error, "sha256")),
+        }
+    }
+
+    /// A value a request brings, as the run will hold it: offloaded when
+    /// over the threshold, its references checked, touched and canonical.
+    pub(crate) async fn accept_payload(
+        &self,
+        namespace: &str,
+        field: &str,
+        value: Json,
+    ) -> Result<Json, CoordinatorError> {
+        let size = crate::events::runs::json_len(&value);
+        if self.offloads(size) {
+            return self.offload(namespace, field, &value).await;
+        }
+        if !blob::holds_references(&value) {
+            self.check_payload(field, &value)?;
+            return Ok(value);
+        }
+        self.checked_references(namespace, field, value).await
+    }
+
+    /// Writes `value` to the blob store and returns its reference.
+    pub(crate) async fn offload(
+        &self,
+        namespace: &str,
+        field: &str,
+        value: &Json,
+    ) -> Result<Json, CoordinatorError> {
+        let bytes = Bytes::from(serde_json::to_vec(value)?);
+        if bytes.len() > self.config.max_payload_bytes {
+            return Err(CoordinatorError::PayloadTooLarge {
+                field: field.to_owned(),
+                size: bytes.len(),
+                limit: self.config.max_payload_bytes,
+            });
+        }
+        let chunks = futures::stream::iter([Ok::<_, std::convert::Infallible>(bytes)]);
+        let stored = self.upload_blob(namespace, chunks).await?;
+        Ok(blob::reference(&stored.sha256, stored.size, &stored.head))
+    }
+
+    /// `value` with each reference checked against the namespace's blobs
+    /// and rewritten as stored; a reference to no blob is refused naming
+    /// `field`.
+    async fn checked_references(
+        &self,
+        namespace: &str,
+        field: &str,
+        mut value: Json,
+    ) -> Result<Json, CoordinatorError> {
+        self.payloads()?;
+        let mut digests: Vec<String> = Vec::new();
+        for reference in blob::references(&value) {
+            let digest = blob::reference_digest(reference).filter(|d| is_digest(d));
+            let Some(digest) = digest else {
+                return Err(CoordinatorError::InvalidArgument(vec![FieldProblem {
+                    field: field.to_owned(),
+                    description: format!(
+                        "holds a `{}` object that is not a reference: \
+                         {{\"$blob\": {{\"sha256\": <64 lowercase hex digits>}}}}",
+                        blob::BLOB_KEY
+                    ),
+                }]));
+            };
+            if !digests.iter().any(|d| d == digest) {
+                digests.push(digest.to_owned());
+            }
+        }
+        let found = blobs::touch_existing(self.store.pool(), namespace, &digests).await?;
+        if let Some(missing) = digests
+            .iter()
+            .find(|d| !found.iter().any(|row| &row.sha256 == *d))
+        {
+            return Err(CoordinatorError::BlobNotFound {
+                field: field.to_owned(),
+                sha256: missing.clone(),
+            });
+        }
+        canonical_references(&mut value, &found);
+        self.check_payload(field, &value)?;
+        Ok(value)
+    }
+
+    /// The value of a blob of `namespace`, for an expression: read whole
+    /// (at most `max_expression_blob_bytes`) and cached. A blob that cannot
+    /// be read is null to the expression, and the reason is logged.
+    pub(crate) async fn blob_value(&self, namespace: &str, sha256: &str) -> Arc<Json> {
+        let Ok(payloads) = self.payloads() else {
+            return Arc::new(Json::Null);
+        };
+        if let Some(cached) = payloads.cache.get(namespace, sha256) {
+            return cached;
+        }
+        let key = composer_blobs::blob_key(namespace, sha256);
+        let limit = self.config.max_expression_blob_bytes;
+        let read = payloads.store.read(namespace, &key, limit).await;
+        let value = match read.map(|bytes| (bytes.len(), serde_json::from_slice::<Json>(&bytes))) {
+            Ok((size, Ok(value))) => {
+                let value = Arc::new(value);
+                payloads
+                    .cache
+                    .put(namespace, sha256, Arc::clone(&value), size);
+                return value;
+            }
+            Ok((_, Err(error))) => format!("not JSON: {error}"),
+            Err(error) => error.to_string(),
+        };
+        tracing::warn!(%namespace, %sha256, reason = %value, "an expression read a blob it cannot have");
+        Arc::new(Json::Null)
+    }
+}
+
+impl Coordinator {
+    /// `value` with its references replaced by the blobs' values (read as
+    /// for an expression): what a schema checks.
+    pub(crate) async fn resolved(&self, namespace: &str, value: &Json) -> Json {
+        let mut values = blob::BlobValues::new();
+        for digest in referenced_digests(value) {
+            let found = self.blob_value(namespace, &digest).await;
+            values.insert(digest, found);
+        }
+        blob::substitute(value, &values, &mut Vec::new())
+    }
+
+    /// Keeps the blobs an event stored for a correlation key refers to as
+    /// long as the event is kept.
+    pub(crate) async fn keep_blobs_of_stored_event(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        namespace: &str,
+        payload: &Json,
+    ) -> Result<(), CoordinatorError> {
+        let digests = referenced_digests(payload);
+        if digests.is_empty() {
+            return Ok(());
+        }
+        let retention = chrono::Duration::milliseconds(
+            (self.config.correlation_retention_secs * 1000.0) as i64,
+        );
+        let keep_until = chrono::Utc::now() + retention;
+        let owner = uuid::Uuid::now_v7();
+        blobs::refer(conn, owner, namespace, &digests, Some(keep_until)).await?;
+        Ok(())
+    }
+
+    /// Makes run `run_id` refer to `digests`, in its transaction; a blob the
+    /// collector took since the request was checked fails the transaction
+    /// (the caller uploads again), so a run never holds a dangling reference.
+    pub(crate) async fn refer_run_to_blobs(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        run_id: uuid::Uuid,
+        namespace: &str,
+        digests: &[String],
+    ) -> Result<(), CoordinatorError> {
+        let found = blobs::refer(conn, run_id, namespace, digests, None).await?;
+        match digests.iter().find(|d| !found.contains(d)) {
+            Some(missing) => Err(CoordinatorError::BlobNotFound {
+                field: "payload".to_owned(),
+                sha256: missing.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Rewrites every reference in `value` with the size and head `found` has
+/// for its digest.
+fn canonical_references(value: &mut Json, found: &[BlobRow]) {
+    if let Some(digest) = blob::reference_digest(value) {
+        if let Some(row) = found.iter().find(|row| row.sha256 == digest) {
+            *value = blob::reference(&row.sha256, row.size.max(0) as u64, &row.head);
+        }
+        return;
+    }
+    match value {
+        Json::Object(map) => map
+            .values_mut()
+            .for_each(|v| canonical_references(v, found)),
+        Json::Array(items) => items
+            .iter_mut()
+            .for_each(|v| canonical_references(v, found)),
+        _ => {}
+    }
+}
+
+/// The distinct digests of the references `value` holds.
+pub(crate) fn referenced_digests(value: &Json) -> Vec<String> {
+    let mut digests: Vec<String> = Vec::new();
+    for reference in blob::references(value) {
+        if let Some(digest) = blob::reference_digest(reference)
+            && !digests.iter().any(|d| d == digest)
+        {
+            digests.push(digest.to_owned());
+        }
+    }
+    digests
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_is_cut_at_a_character_boundary() {
+        let text = "é".repeat(200);
+        let head = head_text(&text.as_bytes()[..HEAD_BYTES]);
+        assert_eq!(head.chars().count(), HEAD_BYTES / 2);
+        let odd = &"aé".as_bytes()[..2];
+        assert_eq!(head_text(odd), "a");
+    }
+
+    #[test]
+    fn references_are_rewritten_as_stored() {
+        let digest = "ab".repeat(32);
+        let mut value =
+            serde_json::json!({"x": {"$blob": {"sha256": digest, "size": 1, "head": "forged"}}});
+        let found = vec![BlobRow {
+            sha256: digest.clone(),
+            size: 10,
+            head: "{\"a\"".to_owned(),
+        }];
+        canonical_references(&mut value, &found);
+        assert_eq!(value["x"], blob::reference(&digest, 10, "{\"a\""));
+        assert_eq!(referenced_digests(&value), vec![digest]);
+    }
+}

@@ -1,0 +1,150 @@
+//! `BlobService`: large payloads in and out of the blob store, streamed
+//! (decision 0047). The caller's namespace is the only one it reaches.
+
+use std::pin::Pin;
+
+use bytes::{Bytes, BytesMut};
+use composer_coordinator::Coordinator;
+use composer_proto::v1::{
+    BlobRef, DownloadBlobRequest, DownloadBlobResponse, UploadBlobRequest, UploadBlobResponse,
+    blob_service_server::BlobService,
+};
+use futures::{Stream, StreamExt};
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::{
+    caller::caller,
+    status::{from_coordinator, invalid_field},
+};
+
+/// The largest chunk either way.
+pub(crate) const MAX_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// The BlobService implementation.
+#[derive(Clone)]
+pub(crate) struct BlobApi {
+    pub(crate) coordinator: Coordinator,
+}
+
+type DownloadStream = Pin<Box<dyn Stream<Item = Result<DownloadBlobResponse, Status>> + Send>>;
+
+/// Why an upload's stream broke off (the store aborts the upload then).
+#[derive(Debug)]
+struct Broken(String);
+
+impl std::fmt::Display for Broken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[tonic::async_trait]
+impl BlobService for BlobApi {
+    async fn upload_blob(
+        &self,
+        request: Request<Streaming<UploadBlobRequest>>,
+    ) -> Result<Response<UploadBlobResponse>, Status> {
+        let caller = caller(&request)?;
+        let oversized = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let seen = std::sync::Arc::clone(&oversized);
+        let chunks = request.into_inner().map(move |chunk| match chunk {
+            Ok(chunk) if chunk.data.len() > MAX_CHUNK_BYTES => {
+                seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                Err(Broken(format!("a chunk of {} bytes", chunk.data.len())))
+            }
+            Ok(chunk) => Ok(Bytes::from(chunk.data)),
+            Err(status) => Err(Broken(status.message().to_owned())),
+        });
+        let stored = self
+            .coordinator
+            .upload_blob(&caller.namespace, chunks)
+            .await;
+        if oversized.load(std::sync::atomic::Ordering::Relaxed) {
+            return Err(invalid_field(
+                "data",
+                format!("a chunk is over the limit of {MAX_CHUNK_BYTES} bytes"),
+            ));
+        }
+        let stored = stored.map_err(from_coordinator)?;
+        Ok(Response::new(UploadBlobResponse {
+            blob: Some(BlobRef {
+                sha256: stored.sha256,
+                size: i64::try_from(stored.size).unwrap_or(i64::MAX),
+                head: stored.head,
+            }),
+        }))
+    }
+
+    async fn download_blob(
+        &self,
+        request: Request<DownloadBlobRequest>,
+    ) -> Result<Response<DownloadStream>, Status> {
+        let caller = caller(&request)?;
+        let request = request.into_inner();
+        let offset = u64::try_from(request.offset)
+            .map_err(|_| invalid_field("offset", "must not be negative"))?;
+        let (size, bytes) = self
+            .coordinator
+            .download_blob(&caller.namespace, &request.sha256, offset)
+            .await
+            .map_err(from_coordinator)?;
+        let size = i64::try_from(size).unwrap_or(i64::MAX);
+        let chunks = rechunked(bytes.map(|chunk| {
+            chunk.map_err(|error| {
+                tracing::error!(%error, "blob store read failed");
+                Status::unavailable(
+                    "the blob store failed while reading, retry from the offset reached",
+                )
+            })
+        }));
+        let mut first = true;
+        let messages = chunks.map(move |chunk| {
+            let size = if std::mem::take(&mut first) { size } else { 0 };
+            chunk.map(|data| DownloadBlobResponse {
+                data: data.to_vec(),
+                size,
+            })
+        });
+        // an empty blob still tells its size
+        let messages: DownloadStream = if size == 0 {
+            Box::pin(futures::stream::once(async {
+                Ok(DownloadBlobResponse {
+                    data: Vec::new(),
+                    size: 0,
+                })
+            }))
+        } else {
+            Box::pin(messages)
+        };
+        Ok(Response::new(messages))
+    }
+}
+
+/// The store's chunks (as small as 8 KiB from a local disk) gathered into
+/// messages of up to [`MAX_CHUNK_BYTES`].
+fn rechunked<S>(inner: S) -> impl Stream<Item = Result<Bytes, Status>> + Send
+where
+    S: Stream<Item = Result<Bytes, Status>> + Send + 'static,
+{
+    futures::stream::unfold(
+        (Box::pin(inner), BytesMut::new(), false),
+        |(mut inner, mut buffer, mut ended)| async move {
+            while !ended && buffer.len() < MAX_CHUNK_BYTES {
+                match inner.next().await {
+                    Some(Ok(chunk)) => buffer.extend_from_slice(&chunk),
+                    Some(Err(status)) => {
+                        buffer.clear();
+                        return Some((Err(status), (inner, buffer, true)));
+                    }
+                    None => ended = true,
+                }
+            }
+            if buffer.is_empty() {
+                return None;
+            }
+            let take = buffer.len().min(MAX_CHUNK_BYTES);
+            let chunk = buffer.split_to(take).freeze();
+            Some((Ok(chunk), (inner, buffer, ended)))
+        },
+    )
+}

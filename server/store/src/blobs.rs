@@ -1,0 +1,162 @@
+//! Which payload blobs exist and who refers to them (decision 0047). The
+//! bytes are in the blob store; these rows let the collector delete a blob
+//! only when nothing refers to it and no request is about to.
+
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use crate::StoreError;
+
+/// A stored blob, as a reference describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlobRow {
+    /// SHA-256 of its bytes, hex.
+    pub sha256: String,
+    /// Its length in bytes.
+    pub size: i64,
+    /// Its first bytes, as text.
+    pub head: String,
+}
+
+/// A blob the collector took: its namespace and digest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CollectedBlob {
+    /// The namespace.
+    pub namespace: String,
+    /// SHA-256, hex.
+    pub sha256: String,
+}
+
+/// Records a blob about to become visible, or touches the row of one
+/// already stored: committed before the blob is published, so the
+/// collector cannot take it while it is being written.
+pub async fn touch(pool: &PgPool, namespace: &str, blob: &BlobRow) -> Result<(), StoreError> {
+    // touch: blobs' primary key
+    sqlx::query(
+        "INSERT INTO blobs (namespace, sha256, size, head) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (namespace, sha256) DO UPDATE SET touched_at = now()",
+    )
+    .bind(namespace)
+    .bind(&blob.sha256)
+    .bind(blob.size)
+    .bind(&blob.head)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Touches the namespace's blobs among `digests` and returns those that
+/// exist: a reference a request carries is good for an hour after this.
+pub async fn touch_existing(
+    pool: &PgPool,
+    namespace: &str,
+    digests: &[String],
+) -> Result<Vec<BlobRow>, StoreError> {
+    // touch_existing: blobs' primary key
+    let rows = sqlx::query(
+        "UPDATE blobs SET touched_at = now() \
+         WHERE namespace = $1 AND sha256 = ANY($2) RETURNING sha256, size, head",
+    )
+    .bind(namespace)
+    .bind(digests)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|row| BlobRow {
+            sha256: row.get(0),
+            size: row.get(1),
+            head: row.get(2),
+        })
+        .collect())
+}
+
+/// Makes `owner` (a run; or a stored event, kept until `keep_until`) refer
+/// to the namespace's blobs among `digests`, and returns those that exist.
+/// The rows are locked (FOR KEY SHARE) until the caller commits: the
+/// collector skips them meanwhile, and one it already took is not returned.
+pub async fn refer(
+    conn: &mut PgConnection,
+    owner: Uuid,
+    namespace: &str,
+    digests: &[String],
+    keep_until: Option<DateTime<Utc>>,
+) -> Result<Vec<String>, StoreError> {
+    // refer: blobs' primary key, then blob_refs' on insert
+    let found = sqlx::query_scalar(
+        "WITH found AS ( \
+           SELECT sha256 FROM blobs WHERE namespace = $2 AND sha256 = ANY($3) FOR KEY SHARE), \
+         added AS ( \
+           INSERT INTO blob_refs (owner, namespace, sha256, keep_until) \
+           SELECT $1, $2, sha256, $4 FROM found ON CONFLICT DO NOTHING) \
+         SELECT sha256 FROM found",
+    )
+    .bind(owner)
+    .bind(namespace)
+    .bind(digests)
+    .bind(keep_until)
+    .fetch_all(conn)
+    .await?;
+    Ok(found)
+}
+
+/// In the caller's transaction, deletes the rows of up to `limit` blobs
+/// untouched since `cutoff` that nothing refers to, and returns them: the
+/// caller deletes their bytes before it commits, so a request touching one
+/// meanwhile waits for the row and then writes it anew.
+pub async fn take_unreferenced(
+    conn: &mut PgConnection,
+    cutoff: DateTime<Utc>,
+    limit: i64,
+) -> Result<Vec<CollectedBlob>, StoreError> {
+    // take_unreferenced: blobs_untouched, then blob_refs_by_blob per blob
+    let rows = sqlx::query(
+        "DELETE FROM blobs b USING ( \
+           SELECT namespace, sha256 FROM blobs x WHERE touched_at < $1 \
+             AND NOT EXISTS (SELECT 1 FROM blob_refs r \
+                             WHERE r.namespace = x.namespace AND r.sha256 = x.sha256) \
+           ORDER BY touched_at LIMIT $2 FOR UPDATE SKIP LOCKED) old \
+         WHERE b.namespace = old.namespace AND b.sha256 = old.sha256 \
+         RETURNING b.namespace, b.sha256",
+    )
+    .bind(cutoff)
+    .bind(limit)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|row| CollectedBlob {
+            namespace: row.get(0),
+            sha256: row.get(1),
+        })
+        .collect())
+}
+
+/// Drops up to `limit` references whose owner is gone: a stored event's
+/// past its `keep_until`, and a run's whose run no longer exists (made
+/// before `cutoff`: a run's references are written just before the run).
+pub async fn drop_orphan_refs(
+    pool: &PgPool,
+    now: DateTime<Utc>,
+    cutoff: DateTime<Utc>,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    // drop_orphan_refs: a scan of blob_refs, each run by its primary key
+    let dropped = sqlx::query(
+        "DELETE FROM blob_refs r USING ( \
+           SELECT owner, namespace, sha256 FROM blob_refs x \
+           WHERE (x.keep_until IS NOT NULL AND x.keep_until < $1) \
+              OR (x.keep_until IS NULL AND x.created_at < $2 \
+                  AND NOT EXISTS (SELECT 1 FROM runs WHERE id = x.owner)) \
+           LIMIT $3) gone \
+         WHERE r.owner = gone.owner AND r.namespace = gone.namespace AND r.sha256 = gone.sha256",
+    )
+    .bind(now)
+    .bind(cutoff)
+    .bind(limit)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(dropped)
+}
