@@ -41,9 +41,11 @@ const (
 // blobs, and no call reads another namespace's.
 type BlobServiceClient interface {
 	// UploadBlob stores the bytes of the stream (chunks of at most 1 MiB) as
-	// one blob and returns its reference. The bytes must be the JSON text of
-	// one value (INVALID_ARGUMENT naming `data` otherwise);
-	// RESOURCE_EXHAUSTED when they pass `--max-payload-bytes`. Nothing is
+	// one blob and returns its reference. The bytes are the compact JSON text
+	// of one value, as the SDKs send it: the server reads them as JSON only
+	// when an expression looks inside (a blob that is not JSON reads as
+	// null). RESOURCE_EXHAUSTED when they pass `--max-payload-bytes`;
+	// INVALID_ARGUMENT naming `data` for a chunk over 1 MiB. Nothing is
 	// visible until the stream ends whole: a broken stream leaves no blob.
 	// Uploading bytes already stored returns the same reference.
 	UploadBlob(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[UploadBlobRequest, UploadBlobResponse], error)
@@ -111,9 +113,11 @@ type BlobService_DownloadBlobClient = grpc.ServerStreamingClient[DownloadBlobRes
 // blobs, and no call reads another namespace's.
 type BlobServiceServer interface {
 	// UploadBlob stores the bytes of the stream (chunks of at most 1 MiB) as
-	// one blob and returns its reference. The bytes must be the JSON text of
-	// one value (INVALID_ARGUMENT naming `data` otherwise);
-	// RESOURCE_EXHAUSTED when they pass `--max-payload-bytes`. Nothing is
+	// one blob and returns its reference. The bytes are the compact JSON text
+	// of one value, as the SDKs send it: the server reads them as JSON only
+	// when an expression looks inside (a blob that is not JSON reads as
+	// null). RESOURCE_EXHAUSTED when they pass `--max-payload-bytes`;
+	// INVALID_ARGUMENT naming `data` for a chunk over 1 MiB. Nothing is
 	// visible until the stream ends whole: a broken stream leaves no blob.
 	// Uploading bytes already stored returns the same reference.
 	UploadBlob(grpc.ClientStreamingServer[UploadBlobRequest, UploadBlobResponse]) error

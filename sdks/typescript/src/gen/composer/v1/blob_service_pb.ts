@@ -165,9 +165,11 @@ export const DownloadBlobResponseSchema: GenMessage<DownloadBlobResponse> = /*@_
 export const BlobService: GenService<{
   /**
    * UploadBlob stores the bytes of the stream (chunks of at most 1 MiB) as
-   * one blob and returns its reference. The bytes must be the JSON text of
-   * one value (INVALID_ARGUMENT naming `data` otherwise);
-   * RESOURCE_EXHAUSTED when they pass `--max-payload-bytes`. Nothing is
+   * one blob and returns its reference. The bytes are the compact JSON text
+   * of one value, as the SDKs send it: the server reads them as JSON only
+   * when an expression looks inside (a blob that is not JSON reads as
+   * null). RESOURCE_EXHAUSTED when they pass `--max-payload-bytes`;
+   * INVALID_ARGUMENT naming `data` for a chunk over 1 MiB. Nothing is
    * visible until the stream ends whole: a broken stream leaves no blob.
    * Uploading bytes already stored returns the same reference.
    *
