@@ -13,8 +13,12 @@ use std::{
 use http::{Request, Response};
 use tower::{Layer, Service};
 
-/// Calls that wait on purpose and bound their own waiting.
-const EXEMPT_PATHS: [&str; 1] = ["/composer.v1.WorkerService/PollTasks"];
+/// Calls that wait on purpose and bound their own waiting (an upload
+/// answers once its last chunk is in, and bounds the wait for each chunk).
+const EXEMPT_PATHS: [&str; 2] = [
+    "/composer.v1.WorkerService/PollTasks",
+    "/composer.v1.BlobService/UploadBlob",
+];
 
 /// The layer; see the module's documentation.
 #[derive(Clone, Copy, Debug)]

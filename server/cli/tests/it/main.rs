@@ -15,6 +15,7 @@ mod faults;
 mod flow_control;
 mod migrate;
 mod operations;
+mod payloads;
 mod rate_limits;
 mod redis_cluster;
 mod replay;

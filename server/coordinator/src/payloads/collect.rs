@@ -30,8 +30,9 @@ pub struct CollectorPass {
 }
 
 impl Coordinator {
-    /// One pass of the collector, as of `now`, sparing what was touched
-    /// within `grace`. Nothing to do without a blob store.
+    /// One pass of the collector, as of `now`, sparing blobs touched within
+    /// `grace` of it (and uploads written within `grace` of the wall
+    /// clock). Nothing to do without a blob store.
     pub async fn collect_blobs(
         &self,
         now: DateTime<Utc>,
@@ -69,9 +70,12 @@ impl Coordinator {
                 break;
             }
         }
+        // uploads by the wall clock: their age is the store's file time
+        let abandoned =
+            Utc::now() - chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::zero());
         pass.uploads_deleted = payloads
             .store
-            .sweep_stale_uploads(cutoff)
+            .sweep_stale_uploads(abandoned)
             .await
             .map_err(|e| CoordinatorError::BlobStore(e.to_string()))?;
         Ok(pass)

@@ -5,6 +5,7 @@
 #[allow(dead_code)]
 mod common;
 
+mod blobs;
 mod group_commit;
 mod hand_off;
 mod http_executor;

@@ -20,6 +20,10 @@ use crate::{
 /// The largest chunk either way.
 pub(crate) const MAX_CHUNK_BYTES: usize = 1024 * 1024;
 
+/// How long an upload may wait for its next chunk before it is given up
+/// (the call itself has no deadline: a gibibyte takes its time).
+const UPLOAD_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The BlobService implementation.
 #[derive(Clone)]
 pub(crate) struct BlobApi {
@@ -47,14 +51,15 @@ impl BlobService for BlobApi {
         let caller = caller(&request)?;
         let oversized = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let seen = std::sync::Arc::clone(&oversized);
-        let chunks = request.into_inner().map(move |chunk| match chunk {
-            Ok(chunk) if chunk.data.len() > MAX_CHUNK_BYTES => {
-                seen.store(true, std::sync::atomic::Ordering::Relaxed);
-                Err(Broken(format!("a chunk of {} bytes", chunk.data.len())))
-            }
-            Ok(chunk) => Ok(Bytes::from(chunk.data)),
-            Err(status) => Err(Broken(status.message().to_owned())),
-        });
+        let chunks =
+            idle_bounded(request.into_inner(), UPLOAD_IDLE).map(move |chunk| match chunk {
+                Ok(chunk) if chunk.data.len() > MAX_CHUNK_BYTES => {
+                    seen.store(true, std::sync::atomic::Ordering::Relaxed);
+                    Err(Broken(format!("a chunk of {} bytes", chunk.data.len())))
+                }
+                Ok(chunk) => Ok(Bytes::from(chunk.data)),
+                Err(status) => Err(Broken(status.message().to_owned())),
+            });
         let stored = self
             .coordinator
             .upload_blob(&caller.namespace, chunks)
@@ -118,6 +123,30 @@ impl BlobService for BlobApi {
         };
         Ok(Response::new(messages))
     }
+}
+
+/// `inner`, ended with an error when its next item takes longer than `idle`.
+fn idle_bounded<S>(
+    inner: S,
+    idle: std::time::Duration,
+) -> impl Stream<Item = Result<UploadBlobRequest, Status>> + Send
+where
+    S: Stream<Item = Result<UploadBlobRequest, Status>> + Send + 'static,
+{
+    futures::stream::unfold(Some(Box::pin(inner)), move |inner| async move {
+        let mut inner = inner?;
+        match tokio::time::timeout(idle, inner.next()).await {
+            Ok(Some(item)) => Some((item, Some(inner))),
+            Ok(None) => None,
+            Err(_) => Some((
+                Err(Status::deadline_exceeded(format!(
+                    "no chunk for {}s: the upload is given up",
+                    idle.as_secs()
+                ))),
+                None,
+            )),
+        }
+    })
 }
 
 /// The store's chunks (as small as 8 KiB from a local disk) gathered into

@@ -1,0 +1,288 @@
+//! The lifetime of payload blobs (decision 0047), against Postgres and a
+//! blob store in a folder: retention takes a run's references, the
+//! collector deletes a blob once nothing refers to it, and, whatever the
+//! interleaving of uploads, runs started on references, run deletions and
+//! collector passes, no run ever holds a reference to a deleted blob.
+
+use crate::common;
+
+use std::time::Duration;
+
+use composer_blobs::{BlobStore, blob_key};
+use composer_coordinator::{
+    Coordinator, CoordinatorConfig, CoordinatorError, payloads::Payloads,
+    time::recovery::RecoveryConfig,
+};
+use proptest::prelude::*;
+use serde_json::{Value as Json, json};
+use uuid::Uuid;
+
+/// One TASK: a run stays RUNNING until cancelled.
+const WAITS: &str =
+    "name: waits\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, input: '${input}' }\n";
+
+struct Setup {
+    coordinator: Coordinator,
+    store: BlobStore,
+    _folder: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    let folder = tempfile::tempdir().expect("folder");
+    let store = BlobStore::open(&folder.path().to_string_lossy(), &[]).expect("blob store");
+    let coordinator = Coordinator::new(
+        common::fresh_store(16).await,
+        CoordinatorConfig {
+            payload_offload_bytes: 1_000,
+            ..CoordinatorConfig::default()
+        },
+    )
+    .with_payloads(Payloads::new(store.clone(), 1 << 20));
+    coordinator
+        .workflows()
+        .register(coordinator.store(), "default", WAITS)
+        .await
+        .expect("register");
+    Setup {
+        coordinator,
+        store,
+        _folder: folder,
+    }
+}
+
+fn digest_of(reference: &Json) -> String {
+    reference["$blob"]["sha256"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not a reference: {reference}"))
+        .to_owned()
+}
+
+async fn stored(store: &BlobStore, sha256: &str) -> bool {
+    store
+        .size("default", &blob_key("default", sha256))
+        .await
+        .expect("size")
+        .is_some()
+}
+
+/// Ends `run_id` and makes it look two days old, so retention takes it.
+async fn end_long_ago(coordinator: &Coordinator, run_id: Uuid) {
+    coordinator
+        .cancel_run(Some("default"), &run_id.to_string(), "done", "test")
+        .await
+        .expect("cancel");
+    sqlx::query("UPDATE runs SET ended_at = now() - interval '2 days' WHERE id = $1")
+        .bind(run_id)
+        .execute(coordinator.store().pool())
+        .await
+        .expect("age");
+}
+
+#[tokio::test]
+async fn retention_takes_a_runs_references_and_the_collector_then_its_blob() {
+    let Setup {
+        coordinator, store, ..
+    } = setup().await;
+    let input = json!({"doc": "d".repeat(5_000)});
+    let (first, _) = coordinator
+        .start_run(common::start_request("waits", input.clone()))
+        .await
+        .expect("start");
+    let (second, _) = coordinator
+        .start_run(common::start_request("waits", input))
+        .await
+        .expect("start again");
+    let digest = digest_of(&first.input);
+    assert_eq!(
+        digest,
+        digest_of(&second.input),
+        "the same bytes are one blob"
+    );
+    let later = chrono::Utc::now() + chrono::Duration::hours(2);
+    let grace = Duration::from_secs(3600);
+
+    // the first run goes; the second still refers to the blob
+    end_long_ago(&coordinator, first.id).await;
+    let retention = RecoveryConfig::default();
+    coordinator
+        .apply_retention(Duration::from_secs(24 * 3600), retention.batch)
+        .await
+        .expect("retention");
+    let pass = coordinator
+        .collect_blobs(later, grace)
+        .await
+        .expect("collect");
+    assert_eq!(pass.blobs_deleted, 0, "{pass:?}");
+    assert!(stored(&store, &digest).await);
+
+    // within the grace nothing goes, even unreferenced
+    end_long_ago(&coordinator, second.id).await;
+    coordinator
+        .apply_retention(Duration::from_secs(24 * 3600), retention.batch)
+        .await
+        .expect("retention");
+    let pass = coordinator
+        .collect_blobs(chrono::Utc::now(), grace)
+        .await
+        .expect("collect");
+    assert_eq!(pass.blobs_deleted, 0, "touched within the grace: {pass:?}");
+
+    // past it, the blob and its row go
+    let pass = coordinator
+        .collect_blobs(later, grace)
+        .await
+        .expect("collect");
+    assert_eq!(pass.blobs_deleted, 1, "{pass:?}");
+    assert!(!stored(&store, &digest).await);
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM blobs")
+        .fetch_one(coordinator.store().pool())
+        .await
+        .expect("blobs");
+    assert_eq!(rows, 0);
+}
+
+/// One step of an actor.
+#[derive(Debug, Clone)]
+enum Step {
+    /// Upload content `n` (the same bytes as other uploads of `n`).
+    Upload(u8),
+    /// Start a run whose input refers to content `n`'s blob.
+    Start(u8),
+    /// Delete a run started earlier (as retention does), picked by index.
+    Delete(u8),
+    /// A collector pass that spares nothing for its age.
+    Collect,
+}
+
+fn content(n: u8) -> Vec<u8> {
+    serde_json::to_vec(&json!({"content": n, "pad": "p".repeat(2_000)})).expect("json")
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    digest.as_ref().iter().fold(String::new(), |mut hex, b| {
+        let _ = write!(hex, "{b:02x}");
+        hex
+    })
+}
+
+async fn perform(setup: &Setup, step: Step, started: &tokio::sync::Mutex<Vec<Uuid>>) {
+    let coordinator = &setup.coordinator;
+    match step {
+        Step::Upload(n) => {
+            let chunks = futures::stream::iter([Ok::<_, std::convert::Infallible>(
+                bytes::Bytes::from(content(n)),
+            )]);
+            coordinator
+                .upload_blob("default", chunks)
+                .await
+                .expect("upload");
+        }
+        Step::Start(n) => {
+            let reference = json!({"$blob": {"sha256": sha256(&content(n))}});
+            match coordinator
+                .start_run(common::start_request("waits", reference))
+                .await
+            {
+                Ok((run, _)) => started.lock().await.push(run.id),
+                // never uploaded, or collected before the run committed
+                Err(CoordinatorError::BlobNotFound { .. }) => {}
+                Err(error) => panic!("start: {error}"),
+            }
+        }
+        Step::Delete(pick) => {
+            let run_id = {
+                let mut started = started.lock().await;
+                if started.is_empty() {
+                    return;
+                }
+                let index = usize::from(pick) % started.len();
+                started.swap_remove(index)
+            };
+            let pool = coordinator.store().pool();
+            // what retention's statement does for one run
+            sqlx::query("DELETE FROM blob_refs WHERE owner = $1")
+                .bind(run_id)
+                .execute(pool)
+                .await
+                .expect("refs");
+            sqlx::query("DELETE FROM runs WHERE id = $1")
+                .bind(run_id)
+                .execute(pool)
+                .await
+                .expect("run");
+        }
+        Step::Collect => {
+            let far = chrono::Utc::now() + chrono::Duration::days(1);
+            coordinator
+                .collect_blobs(far, Duration::from_secs(3600))
+                .await
+                .expect("collect");
+        }
+    }
+}
+
+/// Every run that exists has its input's blob, row and bytes.
+async fn every_reference_holds(setup: &Setup) -> Result<(), String> {
+    let inputs: Vec<Json> = sqlx::query_scalar("SELECT input FROM runs")
+        .fetch_all(setup.coordinator.store().pool())
+        .await
+        .expect("runs");
+    for input in inputs {
+        let digest = digest_of(&input);
+        if !stored(&setup.store, &digest).await {
+            return Err(format!("a run refers to deleted blob {digest}"));
+        }
+        let row: i64 = sqlx::query_scalar("SELECT count(*) FROM blobs WHERE sha256 = $1")
+            .bind(&digest)
+            .fetch_one(setup.coordinator.store().pool())
+            .await
+            .expect("blobs");
+        if row != 1 {
+            return Err(format!("a run refers to blob {digest}, which has no row"));
+        }
+    }
+    Ok(())
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => (0u8..3).prop_map(Step::Upload),
+        4 => (0u8..3).prop_map(Step::Start),
+        2 => any::<u8>().prop_map(Step::Delete),
+        2 => Just(Step::Collect),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
+
+    /// Steps run in waves of up to `width` at once, so every kind of step
+    /// meets every other mid-way; after each wave, no run that exists
+    /// refers to a blob that is gone.
+    #[test]
+    fn the_collector_never_deletes_a_blob_a_run_refers_to(
+        steps in prop::collection::vec(step(), 10..40),
+        width in 2usize..6,
+    ) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let outcome: Result<(), String> = runtime.block_on(async {
+            let setup = setup().await;
+            let started = tokio::sync::Mutex::new(Vec::new());
+            for wave in steps.chunks(width) {
+                futures::future::join_all(
+                    wave.iter().cloned().map(|step| perform(&setup, step, &started)),
+                )
+                .await;
+                every_reference_holds(&setup).await?;
+            }
+            Ok(())
+        });
+        prop_assert!(outcome.is_ok(), "{:?}", outcome);
+    }
+}
