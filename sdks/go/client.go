@@ -52,6 +52,9 @@ type Client struct {
 	secrets   pb.SecretServiceClient
 	workers   pb.WorkerServiceClient
 	server    pb.ServerServiceClient
+	blobs     pb.BlobServiceClient
+	// serverInfoCache holds the last ServerInfo (the offload threshold).
+	serverInfoCache
 }
 
 type options struct {
@@ -167,7 +170,7 @@ func Dial(ctx context.Context, address string, opts ...Option) (*Client, error) 
 		workflows: pb.NewWorkflowServiceClient(conn), runs: pb.NewRunServiceClient(conn),
 		workers: pb.NewWorkerServiceClient(conn), server: pb.NewServerServiceClient(conn),
 		schedules: pb.NewScheduleServiceClient(conn), queues: pb.NewQueueServiceClient(conn),
-		secrets: pb.NewSecretServiceClient(conn),
+		secrets: pb.NewSecretServiceClient(conn), blobs: pb.NewBlobServiceClient(conn),
 	}, nil
 }
 
@@ -204,8 +207,10 @@ func (c *Client) callContext(ctx context.Context) (context.Context, context.Canc
 // it (within the call's deadline) rather than fail UNAVAILABLE at once.
 var waitForReady = grpc.WaitForReady(true)
 
-// ServerInfo asks the server for its version, protocol version and
-// features. CheckProtocol also checks that this SDK can speak the protocol.
+// ServerInfo asks the server for its version, protocol version, features
+// and payload limits. CheckProtocol also checks that this SDK can speak the
+// protocol. The Client keeps the answer's PayloadOffloadBytes for the
+// calls that offload large payloads (asking once, when first needed).
 func (c *Client) ServerInfo(ctx context.Context) (*ServerInfo, error) {
 	ctx, cancel := c.callContext(ctx)
 	defer cancel()
@@ -213,7 +218,9 @@ func (c *Client) ServerInfo(ctx context.Context) (*ServerInfo, error) {
 	if err != nil {
 		return nil, convertError(err)
 	}
-	return &ServerInfo{ServerVersion: r.GetServerVersion(), ProtocolVersion: r.GetProtocolVersion(), Features: r.GetFeatures()}, nil
+	info := serverInfoFrom(r)
+	c.remember(info)
+	return info, nil
 }
 
 // CheckProtocol asks the server for its protocol version (ServerInfo) and
@@ -396,7 +403,9 @@ func WithVersion(version int) StartOption { return func(o *startOptions) { o.ver
 func WithPriority(priority int) StartOption { return func(o *startOptions) { o.priority = priority } }
 
 // StartRun starts a run of workflow with input (any JSON-encodable value;
-// nil is null). NOT_FOUND when the workflow does not exist. When ctx holds
+// nil is null). An input whose compact JSON is longer than the server's
+// PayloadOffloadBytes is uploaded first (UploadBlob) and the run gets its
+// reference. NOT_FOUND when the workflow does not exist. When ctx holds
 // an OpenTelemetry span, the call carries its W3C trace context
 // (traceparent), so the run's trace continues the caller's.
 func (c *Client) StartRun(ctx context.Context, workflow string, input any, opts ...StartOption) (*Run, error) {
@@ -407,6 +416,9 @@ func (c *Client) StartRun(ctx context.Context, workflow string, input any, opts 
 	value, err := toValue(input)
 	if err != nil {
 		return nil, fmt.Errorf("composer: encode run input: %w", err)
+	}
+	if value, err = c.offloadArgument(ctx, value, "the run input"); err != nil {
+		return nil, err
 	}
 	ctx, cancel := c.callContext(withTraceMetadata(ctx, traceMetadata(ctx)))
 	defer cancel()
@@ -423,6 +435,8 @@ func (c *Client) StartRun(ctx context.Context, workflow string, input any, opts 
 }
 
 // GetRun returns a run with its node states. NOT_FOUND for an unknown id.
+// Inputs and outputs show blob references as stored (ResolvePayload reads
+// them).
 func (c *Client) GetRun(ctx context.Context, runID string) (*Run, error) {
 	return c.getRun(ctx, runID, false)
 }
@@ -572,7 +586,9 @@ type Event struct {
 }
 
 // SendEvent delivers an event. Exactly one of RunID and CorrelationKey must
-// be set. Like StartRun, it carries the trace context of ctx's span.
+// be set. Like StartRun, it uploads a payload larger than the server's
+// PayloadOffloadBytes and sends its reference, and carries the trace
+// context of ctx's span.
 func (c *Client) SendEvent(ctx context.Context, event Event) (*EventDelivery, error) {
 	if (event.RunID == "") == (event.CorrelationKey == "") {
 		return nil, errors.New("composer: an Event needs exactly one of RunID and CorrelationKey")
@@ -580,6 +596,9 @@ func (c *Client) SendEvent(ctx context.Context, event Event) (*EventDelivery, er
 	payload, err := toValue(event.Payload)
 	if err != nil {
 		return nil, fmt.Errorf("composer: encode event payload: %w", err)
+	}
+	if payload, err = c.offloadArgument(ctx, payload, "the event payload"); err != nil {
+		return nil, err
 	}
 	req := &pb.SendEventRequest{EventName: event.Name, Payload: payload, RequestId: event.RequestID}
 	if event.RunID != "" {
@@ -656,8 +675,10 @@ func (c *Client) WatchRun(ctx context.Context, runID string) iter.Seq2[*Run, err
 }
 
 // WaitForRun waits (over WatchRun) until the run ends and returns it,
-// whatever its final status. When ctx ends first the error wraps ctx's
-// (errors.Is(err, context.DeadlineExceeded) for a timeout).
+// whatever its final status, its values as stored (blob references
+// included: WaitForResult resolves the output). When ctx ends first the
+// error wraps ctx's (errors.Is(err, context.DeadlineExceeded) for a
+// timeout).
 func (c *Client) WaitForRun(ctx context.Context, runID string) (*Run, error) {
 	for run, err := range c.WatchRun(ctx, runID) {
 		if err != nil {
@@ -674,22 +695,29 @@ func (c *Client) WaitForRun(ctx context.Context, runID string) (*Run, error) {
 }
 
 // WaitForResult waits until the run ends and decodes its output into out (a
-// pointer, as for json.Unmarshal; nil skips decoding). A run that ended
-// FAILED or CANCELLED returns a *RunFailedError carrying it.
+// pointer, as for json.Unmarshal; nil skips decoding), every blob reference
+// in it resolved (ResolvePayload). A run that ended FAILED or CANCELLED
+// returns a *RunFailedError carrying it.
 func (c *Client) WaitForResult(ctx context.Context, runID string, out any) error {
 	run, err := c.WaitForRun(ctx, runID)
 	if err != nil {
 		return err
+	}
+	if out != nil {
+		if run, err = c.resolveOutput(ctx, run); err != nil {
+			return err
+		}
 	}
 	return resultOf(run, out)
 }
 
 // RunWorkflow starts a run of workflow with input and waits for its result
 // (StartRun, then WaitForResult): it decodes the output into out (a
-// pointer; nil skips decoding) and returns the final run. A run that ended
-// FAILED or CANCELLED returns it with a *RunFailedError; when ctx ends
-// first the error wraps ctx's (errors.Is(err, context.DeadlineExceeded)
-// for a timeout), and the run, once started, goes on.
+// pointer; nil skips decoding) and returns the final run, whose Output has
+// its blob references resolved as out's. A run that ended FAILED or
+// CANCELLED returns it with a *RunFailedError; when ctx ends first the
+// error wraps ctx's (errors.Is(err, context.DeadlineExceeded) for a
+// timeout), and the run, once started, goes on.
 func (c *Client) RunWorkflow(ctx context.Context, workflow string, input, out any, opts ...StartOption) (*Run, error) {
 	started, err := c.StartRun(ctx, workflow, input, opts...)
 	if err != nil {
@@ -697,6 +725,9 @@ func (c *Client) RunWorkflow(ctx context.Context, workflow string, input, out an
 	}
 	run, err := c.WaitForRun(ctx, started.ID)
 	if err != nil {
+		return nil, err
+	}
+	if run, err = c.resolveOutput(ctx, run); err != nil {
 		return nil, err
 	}
 	return run, resultOf(run, out)

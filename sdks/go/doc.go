@@ -90,6 +90,18 @@
 // the credentials HTTP and CODE nodes use as ${secrets.NAME}. A Secret
 // carries a name, a version and times, never a value: no call returns one.
 //
+// # Large payloads
+//
+// A value whose compact JSON is longer than the server's offload threshold
+// (ServerInfo.PayloadOffloadBytes) lives in the namespace's blob store and
+// travels as a reference, {"$blob": {"sha256", "size", "head"}}. StartRun
+// and SendEvent upload such an input or payload and send its reference; a
+// Worker resolves every reference in a task's input before its handler
+// runs and uploads a large output; WaitForResult and RunWorkflow resolve
+// the output they return. GetRun and the history show references as
+// stored: ResolvePayload, DownloadBlob and UploadBlob work with them
+// directly (BlobRef, ParseBlobRef).
+//
 // # Errors of calls
 //
 // Every failed call returns an *Error (use errors.As) with the gRPC code,

@@ -20,7 +20,9 @@ import (
 )
 
 // fakeServer is a WorkerService (and ServerService) on a loopback port that
-// hands out scripted tasks and records every call, for the worker's unit tests.
+// hands out scripted tasks and records every call, for the worker's unit
+// tests. Its port also serves blobs, a BlobService, and runs, a RunService
+// (blob_test.go).
 type fakeServer struct {
 	pb.UnimplementedWorkerServiceServer
 	pb.UnimplementedServerServiceServer
@@ -44,6 +46,12 @@ type fakeServer struct {
 	// receipt, when set, is the first lease of the tasks of a poll that
 	// asks to confirm receipt (the server's --lease-receipt-timeout).
 	receipt time.Duration
+	// offload is the payload_offload_bytes GetServerInfo answers; infos
+	// counts the GetServerInfo calls.
+	offload int64
+	infos   int
+	blobs   *fakeBlobs
+	runs    *fakeBlobRuns
 }
 
 type pollRecord struct {
@@ -60,7 +68,7 @@ type beatRecord struct {
 
 func startFake(t *testing.T) (*fakeServer, *Client) {
 	t.Helper()
-	f := &fakeServer{changed: make(chan struct{}), outstanding: map[string]bool{}, protocol: "1.0"}
+	f := &fakeServer{changed: make(chan struct{}), outstanding: map[string]bool{}, protocol: "1.0", blobs: newFakeBlobs(), runs: &fakeBlobRuns{}}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -68,6 +76,8 @@ func startFake(t *testing.T) (*fakeServer, *Client) {
 	srv := grpc.NewServer()
 	pb.RegisterWorkerServiceServer(srv, f)
 	pb.RegisterServerServiceServer(srv, f)
+	pb.RegisterBlobServiceServer(srv, f.blobs)
+	pb.RegisterRunServiceServer(srv, f.runs)
 	go func() { _ = srv.Serve(lis) }()
 	client, err := Dial(context.Background(), lis.Addr().String(), WithToken(""))
 	if err != nil {
@@ -95,7 +105,8 @@ func (f *fakeServer) add(tasks ...*pb.Task) {
 func (f *fakeServer) GetServerInfo(context.Context, *pb.GetServerInfoRequest) (*pb.GetServerInfoResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return &pb.GetServerInfoResponse{ServerVersion: "fake", ProtocolVersion: f.protocol}, nil
+	f.infos++
+	return &pb.GetServerInfoResponse{ServerVersion: "fake", ProtocolVersion: f.protocol, PayloadOffloadBytes: f.offload}, nil
 }
 
 func (f *fakeServer) PollTasks(ctx context.Context, req *pb.PollTasksRequest) (*pb.PollTasksResponse, error) {

@@ -48,6 +48,9 @@ var (
 		// secretsKey is the --secrets-key-file of every server of the
 		// session: they share a database, whose data keys it wraps.
 		secretsKey string
+		// blobStore is the --blob-store folder of every server of the
+		// session (in tmp): the blobs their shared database refers to.
+		blobStore string
 	}
 )
 
@@ -117,6 +120,10 @@ func startSession(admin, redis string) error {
 	if err := os.WriteFile(session.secretsKey, []byte(randomHex(32)+"\n"), 0o600); err != nil {
 		return err
 	}
+	session.blobStore = filepath.Join(tmp, "blobs")
+	if err := os.Mkdir(session.blobStore, 0o700); err != nil {
+		return err
+	}
 	name := "composer_sdk_go_" + randomHex(6)
 	if out, err := exec.Command("psql", admin, "-v", "ON_ERROR_STOP=1", "-q", "-c", fmt.Sprintf(`CREATE DATABASE "%s"`, name)).CombinedOutput(); err != nil {
 		return fmt.Errorf("create database: %v: %s", err, out)
@@ -158,8 +165,8 @@ func mustToken(t *testing.T, subject string, roles ...string) string {
 }
 
 // serverProcess is one `composer serve`, restartable on its port;
-// extraArgs are added to `serve`. It is given the session's secrets key
-// unless noSecretsKey.
+// extraArgs are added to `serve`. It is given the session's blob store, and
+// the session's secrets key unless noSecretsKey.
 type serverProcess struct {
 	logPath      string
 	extraArgs    []string
@@ -178,7 +185,8 @@ func (s *serverProcess) address() string {
 
 func (s *serverProcess) start(port int) error {
 	args := []string{"serve", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json",
-		"--database-url", session.dbURL, "--redis-url", session.redisURL, "--auth-secret", authSecret}
+		"--database-url", session.dbURL, "--redis-url", session.redisURL, "--auth-secret", authSecret,
+		"--blob-store", session.blobStore}
 	if !s.noSecretsKey {
 		args = append(args, "--secrets-key-file", session.secretsKey)
 	}

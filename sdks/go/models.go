@@ -204,6 +204,23 @@ type ServerInfo struct {
 	ServerVersion   string
 	ProtocolVersion string
 	Features        []string
+	// PayloadOffloadBytes: a value whose compact JSON is longer is kept in
+	// the blob store and carried as a reference (0: never; docs/payloads.md).
+	PayloadOffloadBytes int64
+	// MaxPayloadBytes is the largest payload the server accepts, inline or
+	// as a blob.
+	MaxPayloadBytes int64
+	// MaxMessageBytes is the largest request message the server decodes: a
+	// larger payload must go through the blob store.
+	MaxMessageBytes int64
+}
+
+func serverInfoFrom(r *pb.GetServerInfoResponse) *ServerInfo {
+	return &ServerInfo{
+		ServerVersion: r.GetServerVersion(), ProtocolVersion: r.GetProtocolVersion(), Features: r.GetFeatures(),
+		PayloadOffloadBytes: r.GetPayloadOffloadBytes(), MaxPayloadBytes: r.GetMaxPayloadBytes(),
+		MaxMessageBytes: r.GetMaxMessageBytes(),
+	}
 }
 
 // EventDelivery says where a SendEvent went.

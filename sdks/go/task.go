@@ -28,7 +28,8 @@ type Task struct {
 	Queue           string
 	// Name is the task name (the node's task) the handler was chosen by.
 	Name string
-	// Input is the node's rendered input, as JSON ("null" when it has none).
+	// Input is the node's rendered input, as JSON ("null" when it has
+	// none), every blob reference in it replaced by the value it names.
 	Input json.RawMessage
 	// Deadline is when the attempt must finish (the node's timeout), zero
 	// if none; the handler's context carries it too.
@@ -73,7 +74,9 @@ func taskFrom(p *pb.Task, logger *slog.Logger) *Task {
 // the reason: CancelReason(ctx)), the lease lost (ErrLeaseLost), the
 // attempt's deadline passed (ErrAttemptTimeout) or the worker stopped past
 // its drain (ErrWorkerShutdown). It returns the node's output (any
-// JSON-encodable value; a json.RawMessage is taken as it is) or an error:
+// JSON-encodable value; a json.RawMessage is taken as it is; one larger
+// than the server's offload threshold is uploaded and reported as its
+// blob reference) or an error:
 // a *TaskError chooses the code and retryability, NonRetryable(err) makes
 // any error final, and any other error is a retryable failure.
 type Handler func(ctx context.Context, t *Task) (any, error)

@@ -323,6 +323,7 @@ func (w *Worker) waitForServer(ctx context.Context) error {
 			if perr := CheckProtocolVersion(r.GetProtocolVersion()); perr != nil {
 				return fmt.Errorf("composer: server %s: %w", w.client.address, perr)
 			}
+			w.client.remember(serverInfoFrom(r)) // the offload threshold
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -508,6 +509,12 @@ func (a *attempt) stopBeats() {
 
 func (w *Worker) execute(a *attempt) {
 	out, err := w.invoke(a)
+	var value *structpb.Value
+	if err == nil {
+		// Still under the lease's watch: a lost lease or a cancelled run
+		// stops an upload as it stops a handler.
+		value, err = w.outputValue(a, out)
+	}
 	a.handlerDone.Store(true)
 	if !a.claimed.CompareAndSwap(false, true) {
 		return // the drain timed out and failed the attempt
@@ -525,13 +532,9 @@ func (w *Worker) execute(a *attempt) {
 		return
 	}
 	if err == nil {
-		value, verr := toValue(out)
-		if verr == nil {
-			endHandlerSpan(a.span, "", nil)
-			w.complete(a, value)
-			return
-		}
-		err = &TaskError{Code: "INVALID_OUTPUT", Message: "the handler's output is not JSON: " + verr.Error(), Err: verr}
+		endHandlerSpan(a.span, "", nil)
+		w.complete(a, value)
+		return
 	}
 	failure := w.failureOf(a, err)
 	endHandlerSpan(a.span, failure.Error(), err)
@@ -545,6 +548,9 @@ func (w *Worker) invoke(a *attempt) (out any, err error) {
 	if handler == nil {
 		t.Logger.Error("composer worker has no handler for this task", "queue", t.Queue)
 		return nil, &TaskError{Code: "UNKNOWN_TASK", Message: fmt.Sprintf("this worker has no handler for task %q on queue %q", t.Name, t.Queue), Retryable: true}
+	}
+	if err := w.resolveInput(a); err != nil {
+		return nil, err
 	}
 	defer func() {
 		if r := recover(); r != nil {

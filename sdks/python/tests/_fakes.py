@@ -1,4 +1,4 @@
-"""An in-process fake of the server's WorkerService and ServerService, for the worker's unit tests.
+"""An in-process fake of the server's WorkerService, ServerService and BlobService, for the unit tests.
 
 It keeps the lease protocol of worker_service.proto in memory (fencing by
 (task_id, attempt, lease_token), LEASE_LOST in a google.rpc.ErrorInfo,
@@ -10,6 +10,8 @@ same behaviours against the real one.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 import uuid
 from collections import defaultdict
@@ -24,6 +26,8 @@ from google.protobuf import any_pb2
 
 from composer._values import to_value
 from composer.v1 import (
+    blob_service_pb2,
+    blob_service_pb2_grpc,
     server_service_pb2,
     server_service_pb2_grpc,
     worker_service_pb2,
@@ -68,6 +72,29 @@ class FakeServer:
     """The gRPC metadata of each CompleteTask and FailTask, by (method, task_id)."""
     on_report: Callable[[str, str], None] | None = None
     """Called with (method, task_id) as each CompleteTask and FailTask arrives."""
+    payload_offload_bytes: int = 0
+    """What GetServerInfo answers as the offload threshold (0: never offload)."""
+    server_info_calls: int = 0
+    """How many GetServerInfo calls arrived."""
+    blobs: dict[str, bytes] = field(default_factory=dict)
+    """The blob store, by sha256."""
+    upload_chunks: list[list[int]] = field(default_factory=list)
+    """The chunk sizes of each UploadBlob stream."""
+    downloads: list[tuple[str, int]] = field(default_factory=list)
+    """Each DownloadBlob call, as (sha256, offset)."""
+    break_downloads: int = 0
+    """How many of the next DownloadBlob streams break with UNAVAILABLE after their first chunk."""
+    download_chunk_bytes: int = 1 << 20
+    """The chunk size of DownloadBlob streams."""
+    max_blob_bytes: int = 0
+    """A larger upload is refused with RESOURCE_EXHAUSTED (0: no limit)."""
+
+    def put_blob(self, value: Any) -> dict[str, Any]:
+        """Stores ``value``'s compact JSON as a blob; returns its reference object."""
+        data = json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+        sha256 = hashlib.sha256(data).hexdigest()
+        self.blobs[sha256] = data
+        return {"$blob": {"sha256": sha256, "size": len(data), "head": blob_head(data)}}
 
     def add_task(
         self,
@@ -193,15 +220,80 @@ class _Worker(worker_service_pb2_grpc.WorkerServiceServicer):
 
 
 class _ServerInfo(server_service_pb2_grpc.ServerServiceServicer):
+    def __init__(self, state: FakeServer) -> None:
+        self.state = state
+
     async def GetServerInfo(self, request: Any, context: Any) -> server_service_pb2.GetServerInfoResponse:
-        return server_service_pb2.GetServerInfoResponse(server_version="fake", protocol_version="1.0")
+        self.state.server_info_calls += 1
+        return server_service_pb2.GetServerInfoResponse(
+            server_version="fake",
+            protocol_version="1.0",
+            payload_offload_bytes=self.state.payload_offload_bytes,
+            max_payload_bytes=1 << 30,
+            max_message_bytes=4 << 20,
+        )
 
 
-async def start_fake(state: FakeServer) -> tuple[grpc.aio.Server, str]:
-    """Starts the fake on a free loopback port; returns the server and its address."""
+BLOB_CHUNK = 1 << 20
+"""BlobService's largest chunk."""
+
+
+def blob_head(data: bytes) -> str:
+    """A blob's head: its first 256 bytes at most, cut at a character boundary."""
+    return data[:256].decode("utf-8", errors="ignore") if len(data) > 256 else data.decode()
+
+
+class _Blobs(blob_service_pb2_grpc.BlobServiceServicer):
+    """BlobService as blob_service.proto says: chunks of at most 1 MiB (INVALID_ARGUMENT naming
+    ``data`` otherwise), RESOURCE_EXHAUSTED past the limit, NOT_FOUND for an unknown digest, the
+    size in the first chunk of a download."""
+
+    def __init__(self, state: FakeServer) -> None:
+        self.state = state
+
+    async def UploadBlob(self, request_iterator: Any, context: Any) -> blob_service_pb2.UploadBlobResponse:
+        sizes: list[int] = []
+        data = bytearray()
+        async for chunk in request_iterator:
+            if len(chunk.data) > BLOB_CHUNK:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"data: a chunk of {len(chunk.data)} bytes")
+            sizes.append(len(chunk.data))
+            data += chunk.data
+        self.state.upload_chunks.append(sizes)
+        if 0 < self.state.max_blob_bytes < len(data):
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"data: {len(data)} bytes pass the payload limit")
+        sha256 = hashlib.sha256(data).hexdigest()
+        self.state.blobs[sha256] = bytes(data)
+        blob = blob_service_pb2.BlobRef(sha256=sha256, size=len(data), head=blob_head(bytes(data)))
+        return blob_service_pb2.UploadBlobResponse(blob=blob)
+
+    async def DownloadBlob(self, request: Any, context: Any) -> Any:
+        self.state.downloads.append((request.sha256, request.offset))
+        data = self.state.blobs.get(request.sha256)
+        if data is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no blob {request.sha256}")
+        assert data is not None
+        breaking = self.state.break_downloads > 0
+        if breaking:
+            self.state.break_downloads -= 1
+        step = self.state.download_chunk_bytes
+        for index, start in enumerate(range(request.offset, len(data), step)):
+            if breaking and index == 1:
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "injected break")
+            yield blob_service_pb2.DownloadBlobResponse(data=data[start : start + step], size=len(data) if index == 0 else 0)
+
+
+async def start_fake(
+    state: FakeServer, *, also: Callable[[grpc.aio.Server], None] | None = None
+) -> tuple[grpc.aio.Server, str]:
+    """Starts the fake on a free loopback port; returns the server and its address. ``also`` adds
+    more servicers (a test's fake RunService)."""
     server = grpc.aio.server()
+    if also is not None:
+        also(server)
     worker_service_pb2_grpc.add_WorkerServiceServicer_to_server(_Worker(state), server)
-    server_service_pb2_grpc.add_ServerServiceServicer_to_server(_ServerInfo(), server)
+    server_service_pb2_grpc.add_ServerServiceServicer_to_server(_ServerInfo(state), server)
+    blob_service_pb2_grpc.add_BlobServiceServicer_to_server(_Blobs(state), server)
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     return server, f"127.0.0.1:{port}"

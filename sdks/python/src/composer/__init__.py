@@ -8,6 +8,10 @@
   :class:`RunFilter` matches in one bulk operation), send events, wait for
   results, replay runs against a new workflow version and migrate them to it,
   manage schedules, set queue rate limits and keep the namespace's secrets.
+- Large payloads go through the server's blob store on their own: the client
+  and the worker upload values over the server's threshold and send a
+  :class:`BlobRef`'s reference, and handlers see plain values
+  (``Client.upload_blob``, ``download_blob``, ``resolve_payload``).
 - Failed calls raise :class:`ComposerError` subclasses carrying the gRPC code
   and the field violations; handlers raise :class:`NonRetryableError` or
   :class:`TaskError` to control retries.
@@ -38,6 +42,7 @@ from .errors import (
     UnimplementedError,
 )
 from .models import (
+    BlobRef,
     BulkOperation,
     BulkOperationFailure,
     BulkOperationKind,
@@ -77,6 +82,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AlreadyExistsError",
     "Backoff",
+    "BlobRef",
     "BulkOperation",
     "BulkOperationFailure",
     "BulkOperationKind",

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from composer.v1 import (
+    blob_service_pb2_grpc,
     queue_service_pb2_grpc,
     run_service_pb2_grpc,
     schedule_service_pb2_grpc,
@@ -172,6 +173,7 @@ class Connection:
         self.schedules = schedule_service_pb2_grpc.ScheduleServiceStub(self.channel)
         self.queues = queue_service_pb2_grpc.QueueServiceStub(self.channel)
         self.secrets = secret_service_pb2_grpc.SecretServiceStub(self.channel)
+        self.blobs = blob_service_pb2_grpc.BlobServiceStub(self.channel)
         self.workers = worker_service_pb2_grpc.WorkerServiceStub(self.channel)
         self.server = server_service_pb2_grpc.ServerServiceStub(self.channel)
 

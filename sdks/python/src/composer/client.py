@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from google.protobuf import duration_pb2, json_format
+from google.protobuf import duration_pb2, json_format, struct_pb2
 
 from composer.v1 import (
     queue_service_pb2,
@@ -36,12 +36,13 @@ from composer.v1 import (
     workflow_service_pb2,
 )
 
-from . import _tracing
+from . import _payloads, _tracing
 from ._connection import Connection, check_protocol_version
 from ._values import to_value
 from .backoff import Backoff
-from .errors import ComposerError, RunFailedError, from_rpc_error
+from .errors import ComposerError, RunFailedError, UnimplementedError, from_rpc_error
 from .models import (
+    BlobRef,
     BulkOperation,
     CheckScope,
     EventDelivery,
@@ -260,6 +261,8 @@ class Client:
         self._conn = Connection(address, token=token, tls=tls)
         self._timeout = timeout
         self._wait_for_ready = wait_for_ready
+        self._offload_bytes: int | None = None
+        """The server's payload_offload_bytes, once asked (see :meth:`_offload_threshold`)."""
 
     async def __aenter__(self) -> Client:
         return self
@@ -279,11 +282,19 @@ class Client:
     # --- server -----------------------------------------------------------
 
     async def server_info(self) -> ServerInfo:
-        """The server's version, protocol version and features."""
+        """The server's version, protocol version, features and payload limits."""
         info: server_service_pb2.GetServerInfoResponse = await self._call(
             self._conn.server.GetServerInfo, server_service_pb2.GetServerInfoRequest()
         )
-        return ServerInfo(info.server_version, info.protocol_version, tuple(info.features))
+        self._offload_bytes = max(info.payload_offload_bytes, 0)
+        return ServerInfo(
+            info.server_version,
+            info.protocol_version,
+            tuple(info.features),
+            payload_offload_bytes=info.payload_offload_bytes,
+            max_payload_bytes=info.max_payload_bytes,
+            max_message_bytes=info.max_message_bytes,
+        )
 
     async def check_protocol(self) -> ServerInfo:
         """The server's info, after checking that this SDK speaks its protocol version.
@@ -467,6 +478,10 @@ class Client:
     ) -> Run:
         """Starts a run of ``workflow`` (its latest version unless ``version``) with a JSON ``input``.
 
+        An input whose compact JSON is longer than the server's
+        ``payload_offload_bytes`` is uploaded first (:meth:`upload_blob`) and
+        the run is started with its reference (docs/payloads.md).
+
         With an ``idempotency_key``, a repeated call returns the run the first
         call created, with ``created`` False, and starts nothing. ``priority``
         is 1 (lowest) to 5 (highest), 0 for the default 3: a waiting task of
@@ -483,7 +498,7 @@ class Client:
             priority=priority,
         )
         if input is not None:
-            request.input.CopyFrom(to_value(input))
+            request.input.CopyFrom(await self._payload(input))
         response: run_service_pb2.StartRunResponse = await self._call(
             self._conn.runs.StartRun, request, _tracing.caller_metadata()
         )
@@ -607,7 +622,9 @@ class Client:
         """Sends a named event to one run (``run_id``) or to every run waiting on ``correlation_key``.
 
         The payload becomes the WAIT_FOR_EVENT node's output. With a
-        ``request_id``, a repeated call delivers nothing new.
+        ``request_id``, a repeated call delivers nothing new. A payload larger
+        than the server's ``payload_offload_bytes`` is uploaded first and sent
+        as its reference, as :meth:`start_run` does with an input.
         """
         if (run_id is None) == (correlation_key is None):
             raise ValueError("send_event needs exactly one of run_id and correlation_key")
@@ -617,7 +634,7 @@ class Client:
         else:
             request.correlation_key = correlation_key or ""
         if payload is not None:
-            request.payload.CopyFrom(to_value(payload))
+            request.payload.CopyFrom(await self._payload(payload))
         response: run_service_pb2.SendEventResponse = await self._call(
             self._conn.runs.SendEvent, request, _tracing.caller_metadata()
         )
@@ -681,7 +698,8 @@ class Client:
             raise TimeoutError(f"run {run_id} did not end within {timeout} s") from None
 
     async def wait_for_result(self, run_id: str, *, timeout: float | None = None) -> Any:
-        """Waits until the run ends and returns its output.
+        """Waits until the run ends and returns its output, every blob reference in it resolved
+        (:meth:`resolve_payload`; :meth:`get_run` shows the references as stored).
 
         Raises :class:`~composer.errors.RunFailedError` (carrying the final
         run) when it ends FAILED or CANCELLED, ``TimeoutError`` after
@@ -690,7 +708,7 @@ class Client:
         run = await self.wait_for_run(run_id, timeout=timeout)
         if run.status is not RunStatus.COMPLETED:
             raise RunFailedError(run)
-        return run.output
+        return await self.resolve_payload(run.output)
 
     async def run_workflow(
         self,
@@ -705,6 +723,63 @@ class Client:
         run = await self.start_run(workflow, input, idempotency_key=idempotency_key)
         left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
         return await self.wait_for_result(run.run_id, timeout=left)
+
+    # --- large payloads ---------------------------------------------------
+
+    async def upload_blob(self, data: bytes) -> BlobRef:
+        """Stores ``data`` (the JSON text of one value, as UTF-8) in the namespace's blob store and
+        returns its :class:`~composer.BlobRef`; ``ref.reference()`` is the object to put in a
+        value in its stead (docs/payloads.md).
+
+        The bytes go in chunks of at most 1 MiB; uploading bytes already stored
+        returns the same reference. The client's ``timeout`` bounds the whole
+        upload. The server keeps the bytes as they are (an expression that
+        looks into a blob that is not JSON reads null); ResourceExhaustedError
+        past its ``max_payload_bytes``.
+        """
+        return await _payloads.upload(self._conn, data, timeout=self._timeout, wait_for_ready=self._wait_for_ready)
+
+    async def download_blob(self, sha256: str) -> bytes:
+        """The bytes of the namespace's blob ``sha256`` (a reference's ``sha256``).
+
+        A download broken by UNAVAILABLE goes on from where it stopped; the bytes
+        are checked against the digest. ValueError for a malformed ``sha256``;
+        NotFoundError when the namespace has no such blob (another namespace's
+        blobs are never readable).
+        """
+        return await _payloads.download(self._conn, sha256, timeout=self._timeout, wait_for_ready=self._wait_for_ready)
+
+    async def resolve_payload(self, value: Any) -> Any:
+        """A copy of ``value`` with every blob reference at any depth (an object whose only key is
+        ``$blob``) replaced by the JSON value it names, as :meth:`get_run` or the history show them.
+
+        Each distinct blob is downloaded once. ValueError (naming the path) when
+        a ``$blob`` object names no sha256 or a blob is not JSON; NotFoundError
+        as :meth:`download_blob`.
+        """
+        return await _payloads.resolve(value, self.download_blob)
+
+    async def _payload(self, value: Any) -> struct_pb2.Value:
+        """The wire form of a run's input or an event's payload: the value itself, or the reference
+        of its upload when its compact JSON is longer than the server's threshold."""
+        threshold = await self._offload_threshold()
+        text = _payloads.oversized_json(value, threshold)
+        if text is None:
+            return to_value(value)
+        blob = await self.upload_blob(text)
+        log.debug("payload of %d bytes sent as blob %s", blob.size, blob.sha256)
+        return to_value(blob.reference())
+
+    async def _offload_threshold(self) -> int:
+        """The server's ``payload_offload_bytes``, asked once (GetServerInfo) and kept; 0 (never
+        offload) for a server without GetServerInfo."""
+        if self._offload_bytes is None:
+            try:
+                await self.server_info()
+            except UnimplementedError:
+                self._offload_bytes = 0
+        assert self._offload_bytes is not None
+        return self._offload_bytes
 
     # --- bulk operations --------------------------------------------------
 
@@ -1604,6 +1679,18 @@ class SyncClient:
     def delete_secret(self, name: str) -> None:
         """See :meth:`Client.delete_secret`."""
         self._run(self._client.delete_secret(name))
+
+    def upload_blob(self, data: bytes) -> BlobRef:
+        """See :meth:`Client.upload_blob`."""
+        return self._run(self._client.upload_blob(data))
+
+    def download_blob(self, sha256: str) -> bytes:
+        """See :meth:`Client.download_blob`."""
+        return self._run(self._client.download_blob(sha256))
+
+    def resolve_payload(self, value: Any) -> Any:
+        """See :meth:`Client.resolve_payload`."""
+        return self._run(self._client.resolve_payload(value))
 
 
 __all__ = ["Client", "RecordedHistory", "SecretValue", "SyncClient", "WorkflowSource", "workflow_source_text"]

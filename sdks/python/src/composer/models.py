@@ -17,6 +17,7 @@ from typing import Any
 from google.protobuf import duration_pb2, timestamp_pb2
 
 from composer.v1 import (
+    blob_service_pb2,
     common_pb2,
     queue_service_pb2,
     run_service_pb2,
@@ -1008,9 +1009,61 @@ class ServerInfo:
     """The protocol version, ``<major>.<minor>``."""
     features: tuple[str, ...]
     """Optional features, e.g. ``grpc-web``."""
+    payload_offload_bytes: int = 0
+    """A value whose compact JSON is longer than this many bytes is kept in the blob store and
+    carried as a reference (docs/payloads.md); 0 when the server offloads nothing."""
+    max_payload_bytes: int = 0
+    """The largest payload the server accepts, inline or as a blob (0: not said)."""
+    max_message_bytes: int = 0
+    """The largest request message the server decodes (0: not said)."""
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    """A blob of the namespace's blob store, as a reference names it (docs/payloads.md).
+
+    A value larger than the server's ``payload_offload_bytes`` is stored as
+    its compact JSON text and carried as the reference
+    ``{"$blob": {"sha256": ..., "size": ..., "head": ...}}``
+    (:meth:`reference`); ``Client.download_blob(ref.sha256)`` gives its bytes.
+    """
+
+    sha256: str
+    """The SHA-256 of the blob's bytes, 64 lowercase hex digits."""
+    size: int
+    """Its length in bytes."""
+    head: str = ""
+    """Its first bytes (at most 256, cut at a character boundary), for a preview."""
+    raw: blob_service_pb2.BlobRef = field(default_factory=blob_service_pb2.BlobRef, repr=False, compare=False)
+    """The message this view was built from."""
+
+    def reference(self) -> dict[str, Any]:
+        """The reference object to put in a value in the blob's stead: ``{"$blob": {...}}``."""
+        return {"$blob": {"sha256": self.sha256, "size": self.size, "head": self.head}}
+
+    @classmethod
+    def from_reference(cls, value: Mapping[str, Any]) -> BlobRef:
+        """The BlobRef of a reference object (``{"$blob": {...}}``, as ``get_run`` shows one);
+        ValueError when ``value`` is not a reference."""
+        inner = value.get("$blob") if isinstance(value, Mapping) and len(value) == 1 else None
+        if not isinstance(inner, Mapping) or not isinstance(inner.get("sha256"), str):
+            raise ValueError(f'not a reference (an object whose only key is "$blob", naming a sha256): {value!r:.200}')
+        size = inner.get("size", 0)
+        head = inner.get("head", "")
+        return cls(
+            sha256=inner["sha256"],
+            size=int(size) if isinstance(size, (int, float)) else 0,
+            head=head if isinstance(head, str) else "",
+        )
+
+    @classmethod
+    def from_proto(cls, message: blob_service_pb2.BlobRef) -> BlobRef:
+        """Builds the view of a ``composer.v1.BlobRef``."""
+        return cls(sha256=message.sha256, size=message.size, head=message.head, raw=message)
 
 
 __all__ = [
+    "BlobRef",
     "BulkOperation",
     "BulkOperationFailure",
     "BulkOperationKind",

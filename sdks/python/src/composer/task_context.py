@@ -100,7 +100,8 @@ class TaskContext:
         self.task_name: str = task.task_name
         """The task name (the node's ``task``)."""
         self.input: Any = from_optional_field(task, "input")
-        """The node's rendered input, as JSON."""
+        """The node's rendered input, as JSON; the worker replaces the blob references it holds with
+        their values before the handler runs (docs/payloads.md)."""
         self.secrets: TaskSecrets = TaskSecrets(task.secrets)
         """A CODE task's secret values by name, for the code runner (empty for every other task)."""
         self.deadline: datetime | None = (

@@ -25,6 +25,11 @@ UNAVAILABLE or DEADLINE_EXCEEDED with the same token, and treats a LEASE_LOST
 answer as final.
 On shutdown it stops polling, drains in-flight tasks within ``drain_timeout``,
 and only then stops heartbeating.
+
+Handlers never see blob references (docs/payloads.md): the worker replaces
+every reference in a task's input with the value it names before the handler
+runs, and uploads an output whose compact JSON is longer than the server's
+``payload_offload_bytes``, reporting its reference.
 """
 
 from __future__ import annotations
@@ -49,14 +54,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import grpc
 from google.protobuf import duration_pb2, struct_pb2
 
-from composer.v1 import worker_service_pb2
+from composer.v1 import server_service_pb2, worker_service_pb2
 
-from . import _tracing
+from . import _payloads, _tracing
 from ._code_handler import make_handler
 from ._connection import Connection, resolve_address, resolve_tls
 from ._values import to_value
 from .backoff import Backoff
-from .errors import ComposerError, LeaseLostError, ResourceExhaustedError, TaskError
+from .errors import ComposerError, LeaseLostError, ResourceExhaustedError, TaskError, UnimplementedError
+from .models import BlobRef
 from .task_context import (
     CANCEL_LEASE_LOST,
     CANCEL_RUN_CANCELLED,
@@ -243,6 +249,8 @@ class Worker:
         self._conn: Connection | None = None
         self._serving = False
         self._pending_stop = False
+        self._offload_bytes: int | None = None
+        """The server's payload_offload_bytes, from the protocol check (or asked when an output is ready)."""
 
     # --- registration -----------------------------------------------------
 
@@ -439,7 +447,8 @@ class Worker:
         failures = 0
         while not self._stop_requested.is_set():
             try:
-                await self._conn.check_protocol()
+                info = await self._conn.check_protocol()
+                self._offload_bytes = max(info.payload_offload_bytes, 0)
                 return
             except ComposerError as error:
                 if not error.retryable:
@@ -579,6 +588,12 @@ class Worker:
         if handler is None:
             ctx.logger.error("no handler for task %r on queue %r", task.task_name, task.queue)
             return _Outcome(failure=TaskError(f"this worker has no handler for task {task.task_name!r}", code="UNKNOWN_TASK"))
+        unresolved = await self._resolve_input(ctx, handler_box)
+        if ctx.cancelled:
+            self._stopped(ctx)
+            return None
+        if unresolved is not None:
+            return unresolved
         with span.current():  # the handler's task or thread copies the context, span included
             if _is_async(handler):
                 future: asyncio.Future[Any] = asyncio.ensure_future(handler(ctx))
@@ -592,11 +607,9 @@ class Worker:
             future.cancel()
             raise
         if ctx.cancelled:
-            if ctx.cancel_kind == CANCEL_RUN_CANCELLED:
-                self.stats.cancelled += 1
-            ctx.logger.info("task stopped (%s); not reporting", ctx.cancel_reason)
             if not future.cancelled():
                 future.exception()  # mark retrieved
+            self._stopped(ctx)
             return None
         if future.cancelled():
             return _Outcome(failure=TaskError("the handler was cancelled", code="CANCELLED"))
@@ -606,11 +619,7 @@ class Worker:
             if inspect.isawaitable(result):  # a sync function that returned a coroutine
                 with span.current():
                     result = await result
-            try:
-                return _Outcome(output=to_value(result))
-            except (TypeError, ValueError) as not_json:
-                failure = TaskError(f"the handler's output is not JSON: {not_json}", code="INVALID_OUTPUT", retryable=False)
-                return _Outcome(failure=failure, error=not_json)
+            return await self._output(ctx, result)
         if isinstance(error, TaskError):
             return _Outcome(failure=error, error=error)
         tb = "".join(traceback.format_exception(error))
@@ -621,6 +630,115 @@ class Worker:
             details={"type": type(error).__name__, "traceback": tb[-_MAX_TRACEBACK:]},
         )
         return _Outcome(failure=failure, error=error)
+
+    def _stopped(self, ctx: TaskContext) -> None:
+        """Counts and logs a task stopped by a cancellation (nothing is reported for it)."""
+        if ctx.cancel_kind == CANCEL_RUN_CANCELLED:
+            self.stats.cancelled += 1
+        ctx.logger.info("task stopped (%s); not reporting", ctx.cancel_reason)
+
+    async def _resolve_input(self, ctx: TaskContext, handler_box: list[asyncio.Future[Any]]) -> _Outcome | None:
+        """Replaces every blob reference in ``ctx.input`` with the value it names (downloaded).
+
+        None when the input is ready (or the task was stopped meanwhile: the
+        downloads are cancelled with it); else the failure to report: a
+        retryable ``INPUT_UNAVAILABLE`` when the server could not be reached,
+        a non-retryable one when a blob is missing or the input holds a bad
+        reference.
+        """
+        assert self._conn is not None
+        try:
+            if not _payloads.has_references(ctx.input):
+                return None
+        except ValueError as bad:
+            return _input_failure(bad, retryable=False)
+        conn = self._conn
+
+        async def fetch(sha256: str) -> bytes:
+            return await _payloads.download(conn, sha256, timeout=self._report_timeout)
+
+        resolving = asyncio.ensure_future(_payloads.resolve(ctx.input, fetch))
+        handler_box.append(resolving)  # a lost lease or a cancelled run stops the downloads too
+        try:
+            await asyncio.wait({resolving})
+        except asyncio.CancelledError:
+            resolving.cancel()
+            raise
+        if resolving.cancelled():
+            return None if ctx.cancelled else _Outcome(failure=TaskError("the input's download was cancelled", code="CANCELLED"))
+        error = resolving.exception()
+        if error is None:
+            ctx.input = resolving.result()
+            return None
+        if ctx.cancelled:
+            return None
+        if isinstance(error, ComposerError):
+            ctx.logger.warning("could not download the input's blobs: %s", error)
+            return _input_failure(error, retryable=error.retryable)
+        if isinstance(error, ValueError):
+            return _input_failure(error, retryable=False)
+        raise error
+
+    async def _output(self, ctx: TaskContext, result: Any) -> _Outcome:
+        """The outcome of a handler's ``result``: the output inline, or the reference of its upload when
+        its compact JSON is longer than the server's threshold; INVALID_OUTPUT when it is not JSON,
+        OUTPUT_TOO_LARGE when the server refuses the blob for its size, OUTPUT_UPLOAD_FAILED (retryable
+        when the server could not be reached) when the upload fails otherwise."""
+        try:
+            text = _payloads.oversized_json(result, await self._offload_threshold(ctx))
+            output = to_value(result) if text is None else None
+        except (TypeError, ValueError) as not_json:
+            failure = TaskError(f"the handler's output is not JSON: {not_json}", code="INVALID_OUTPUT", retryable=False)
+            return _Outcome(failure=failure, error=not_json)
+        if output is not None:
+            return _Outcome(output=output)
+        assert text is not None
+        try:
+            blob = await self._upload_with_retries(ctx, text)
+        except ResourceExhaustedError as error:
+            failure = TaskError(f"output too large: {error.message}", code="OUTPUT_TOO_LARGE", retryable=False)
+            return _Outcome(failure=failure, error=error)
+        except ComposerError as error:
+            failure = TaskError(
+                f"could not upload the output: {error}", code="OUTPUT_UPLOAD_FAILED", retryable=error.retryable
+            )
+            return _Outcome(failure=failure, error=error)
+        ctx.logger.debug("output of %d bytes reported as blob %s", blob.size, blob.sha256)
+        return _Outcome(output=to_value(blob.reference()))
+
+    async def _upload_with_retries(self, ctx: TaskContext, data: bytes) -> BlobRef:
+        """Uploads an output, again after UNAVAILABLE or DEADLINE_EXCEEDED until the report deadline
+        (content addressing makes a repeated upload harmless)."""
+        assert self._conn is not None
+        failures = 0
+        deadline = time.monotonic() + self._report_timeout
+        while True:
+            try:
+                return await _payloads.upload(self._conn, data, timeout=self._report_timeout)
+            except ComposerError as error:
+                if not error.retryable or time.monotonic() >= deadline:
+                    raise
+                failures += 1
+                delay = self._backoff.delay(failures)
+                ctx.logger.info("output upload failed (%s); again in %.2f s", error.code.name, delay)
+                await asyncio.sleep(delay)
+
+    async def _offload_threshold(self, ctx: TaskContext) -> int:
+        """The server's ``payload_offload_bytes``: from the protocol check, else asked once now. A
+        server that cannot be asked gets the output inline (it offloads one itself if it must)."""
+        assert self._conn is not None
+        if self._offload_bytes is None:
+            try:
+                info: server_service_pb2.GetServerInfoResponse = await self._conn.unary(
+                    self._conn.server.GetServerInfo, server_service_pb2.GetServerInfoRequest(), timeout=10.0
+                )
+                self._offload_bytes = max(info.payload_offload_bytes, 0)
+            except UnimplementedError:
+                self._offload_bytes = 0
+            except ComposerError as error:
+                ctx.logger.warning("could not ask the server for its offload threshold (%s); output sent inline", error)
+                return 0
+        return self._offload_bytes
 
     async def _heartbeat_loop(
         self,
@@ -759,6 +877,12 @@ class Worker:
                 delay = self._backoff.delay(failures)
                 ctx.logger.info("report failed (%s); sending it again in %.2f s", error.code.name, delay)
                 await asyncio.sleep(delay)
+
+
+def _input_failure(error: BaseException, *, retryable: bool) -> _Outcome:
+    """The failure of a task whose input's blobs could not be read."""
+    failure = TaskError(f"could not read the task's input: {error}", code="INPUT_UNAVAILABLE", retryable=retryable)
+    return _Outcome(failure=failure, error=error)
 
 
 def _task_name(name: str | None) -> str:

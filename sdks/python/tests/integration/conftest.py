@@ -93,7 +93,8 @@ def write_secrets_key(path: Path) -> Path:
 
 class ServerProcess:
     """One `composer serve` process; restartable on the same port. ``extra_args`` are added to `serve`;
-    ``secrets_key_file`` is its `--secrets-key-file` (None: a server with no secrets key)."""
+    ``secrets_key_file`` is its `--secrets-key-file` (None: a server with no secrets key);
+    ``blob_store`` its `--blob-store`, a folder (the session's: the tests write nowhere else)."""
 
     def __init__(
         self,
@@ -102,12 +103,14 @@ class ServerProcess:
         log_path: Path,
         extra_args: Sequence[str] = (),
         *,
+        blob_store: Path,
         secrets_key_file: Path | None = None,
     ) -> None:
         self.database_url = database_url
         self.redis_url = redis_url
         self.log_path = log_path
-        self.extra_args = list(extra_args)
+        self.blob_store = blob_store
+        self.extra_args = ["--blob-store", str(blob_store), *extra_args]
         if secrets_key_file is not None:
             self.extra_args += ["--secrets-key-file", str(secrets_key_file)]
         self.address = ""
@@ -235,44 +238,26 @@ def secrets_key_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def blob_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's blob store, a temporary folder: every server of the session's database is given
+    it (`--blob-store`), as the references that database holds name blobs kept there."""
+    return tmp_path_factory.mktemp("blobs")
+
+
+@pytest.fixture(scope="session")
 def server(
-    backing_services: tuple[str, str], secrets_key_file: Path, tmp_path_factory: pytest.TempPathFactory
+    backing_services: tuple[str, str],
+    secrets_key_file: Path,
+    blob_store: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[ServerProcess]:
     """The server shared by the session's tests (each test uses its own workflow and queue names)."""
     database_url, redis_url = backing_services
     process = ServerProcess(
-        database_url, redis_url, tmp_path_factory.mktemp("server") / "server.log", secrets_key_file=secrets_key_file
-    )
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
-@pytest.fixture()
-def own_server(backing_services: tuple[str, str], secrets_key_file: Path, tmp_path: Path) -> Iterator[ServerProcess]:
-    """A server of the test's own, for tests that stop or restart it (same database as the session's)."""
-    database_url, redis_url = backing_services
-    process = ServerProcess(database_url, redis_url, tmp_path / "own-server.log", secrets_key_file=secrets_key_file)
-    process.start()
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
-@pytest.fixture()
-def short_receipt_server(
-    backing_services: tuple[str, str], secrets_key_file: Path, tmp_path: Path
-) -> Iterator[ServerProcess]:
-    """A server of the test's own whose unconfirmed leases last 2 s (``--lease-receipt-timeout 2s``)."""
-    database_url, redis_url = backing_services
-    process = ServerProcess(
         database_url,
         redis_url,
-        tmp_path / "receipt-server.log",
-        ["--lease-receipt-timeout", "2s"],
+        tmp_path_factory.mktemp("server") / "server.log",
+        blob_store=blob_store,
         secrets_key_file=secrets_key_file,
     )
     process.start()
@@ -283,10 +268,47 @@ def short_receipt_server(
 
 
 @pytest.fixture()
-def keyless_server(backing_services: tuple[str, str], tmp_path: Path) -> Iterator[ServerProcess]:
+def own_server(
+    backing_services: tuple[str, str], secrets_key_file: Path, blob_store: Path, tmp_path: Path
+) -> Iterator[ServerProcess]:
+    """A server of the test's own, for tests that stop or restart it (same database as the session's)."""
+    database_url, redis_url = backing_services
+    process = ServerProcess(
+        database_url, redis_url, tmp_path / "own-server.log", blob_store=blob_store, secrets_key_file=secrets_key_file
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture()
+def short_receipt_server(
+    backing_services: tuple[str, str], secrets_key_file: Path, blob_store: Path, tmp_path: Path
+) -> Iterator[ServerProcess]:
+    """A server of the test's own whose unconfirmed leases last 2 s (``--lease-receipt-timeout 2s``)."""
+    database_url, redis_url = backing_services
+    process = ServerProcess(
+        database_url,
+        redis_url,
+        tmp_path / "receipt-server.log",
+        ["--lease-receipt-timeout", "2s"],
+        blob_store=blob_store,
+        secrets_key_file=secrets_key_file,
+    )
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture()
+def keyless_server(backing_services: tuple[str, str], blob_store: Path, tmp_path: Path) -> Iterator[ServerProcess]:
     """A server of the test's own given no secrets key (same database as the session's)."""
     database_url, redis_url = backing_services
-    process = ServerProcess(database_url, redis_url, tmp_path / "keyless-server.log")
+    process = ServerProcess(database_url, redis_url, tmp_path / "keyless-server.log", blob_store=blob_store)
     process.start()
     try:
         yield process
