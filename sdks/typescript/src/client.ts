@@ -1,10 +1,11 @@
 // The Client: one implementation over any connect Transport (gRPC in Node, grpc-web in browsers).
 import { create, fromJson, type JsonValue } from "@bufbuild/protobuf";
-import { durationFromMs, timestampFromDate } from "@bufbuild/protobuf/wkt";
+import { durationFromMs, timestampFromDate, type Value } from "@bufbuild/protobuf/wkt";
 import { createClient, type CallOptions, type Client as ConnectClient, type Transport } from "@connectrpc/connect";
 
 import { Backoff } from "./backoff.js";
 import { ComposerError, RunFailedError, TimeoutError, toComposerError } from "./errors.js";
+import { BlobService } from "./gen/composer/v1/blob_service_pb.js";
 import { QueueService } from "./gen/composer/v1/queue_service_pb.js";
 import { RunService, SendEventRequestSchema } from "./gen/composer/v1/run_service_pb.js";
 import { ScheduleService } from "./gen/composer/v1/schedule_service_pb.js";
@@ -36,8 +37,10 @@ import {
   runStatusToWire,
   scheduleFromWire,
   secretFromWire,
+  serverInfoFromWire,
   workflowFromWire,
   workflowSummaryFromWire,
+  type BlobRef,
   type BulkOperation,
   type CheckScope,
   type EventDelivery,
@@ -58,7 +61,8 @@ import {
   type WorkflowVersion,
   type WorkflowVersionCheck,
 } from "./models.js";
-import { toValue, type Json } from "./values.js";
+import { blobReference, bytesOverLimit, downloadBytes, resolveBlobReferences, uploadBytes } from "./payloads.js";
+import { toJsonValue, toValue, valueOfJson, type Json } from "./values.js";
 
 /** The protocol major version this SDK speaks (GetServerInfo's `protocol_version`). */
 export const PROTOCOL_MAJOR = 1;
@@ -82,6 +86,12 @@ export interface ClientOptions extends BaseClientOptions {
    * SendEvent; the Node Client gives the active OpenTelemetry span's.
    */
   traceHeaders?: () => Promise<Record<string, string>>;
+  /**
+   * Whether the transport can stream a request (default true; gRPC can, grpc-web in a browser
+   * cannot). Without it {@link ComposerClient.uploadBlob} fails with UNIMPLEMENTED and startRun /
+   * sendEvent send a large input or payload inline, for the server to offload.
+   */
+  clientStreaming?: boolean;
 }
 
 /** A workflow definition: YAML or JSON text, or an object sent as JSON. */
@@ -412,17 +422,22 @@ export class ComposerClient {
     secrets: ConnectClient<typeof SecretService>;
     workers: ConnectClient<typeof WorkerService>;
     server: ConnectClient<typeof ServerService>;
+    blobs: ConnectClient<typeof BlobService>;
   };
   readonly transport: Transport;
   readonly #headers: Record<string, string>;
   readonly #timeoutMs: number;
   readonly #traceHeaders: () => Promise<Record<string, string>>;
+  readonly #clientStreaming: boolean;
+  /** The server's info, fetched once (GetServerInfo) for its offload threshold. */
+  #serverInfo: Promise<ServerInfo> | undefined;
 
   constructor(options: ClientOptions) {
     this.transport = options.transport;
     this.#traceHeaders = options.traceHeaders ?? (() => Promise.resolve({}));
     this.#headers = options.token ? { authorization: `Bearer ${options.token}` } : {};
     this.#timeoutMs = options.timeoutMs ?? 30_000;
+    this.#clientStreaming = options.clientStreaming ?? true;
     this.raw = {
       workflows: createClient(WorkflowService, this.transport),
       runs: createClient(RunService, this.transport),
@@ -431,6 +446,7 @@ export class ComposerClient {
       secrets: createClient(SecretService, this.transport),
       workers: createClient(WorkerService, this.transport),
       server: createClient(ServerService, this.transport),
+      blobs: createClient(BlobService, this.transport),
     };
   }
 
@@ -452,10 +468,85 @@ export class ComposerClient {
 
   // --- server ----------------------------------------------------------------------------------
 
-  /** The server's version, protocol version and features. */
+  /**
+   * The server's version, protocol version, features and payload limits. The client keeps the
+   * answer for its offload threshold (startRun and sendEvent ask once, if nothing asked before).
+   */
   async serverInfo(options: { signal?: AbortSignal } = {}): Promise<ServerInfo> {
-    const info = await this.#call((o) => this.raw.server.getServerInfo({}, o), options.signal);
-    return { serverVersion: info.serverVersion, protocolVersion: info.protocolVersion, features: [...info.features] };
+    const info = serverInfoFromWire(await this.#call((o) => this.raw.server.getServerInfo({}, o), options.signal));
+    this.#serverInfo = Promise.resolve(info);
+    return info;
+  }
+
+  /** The server's `payloadOffloadBytes`, asked once per client (a failed ask is asked again next time). */
+  async #offloadBytes(signal?: AbortSignal): Promise<number> {
+    if (!this.#serverInfo) {
+      const asked = this.serverInfo(signal ? { signal } : {});
+      this.#serverInfo = asked;
+      asked.catch(() => {
+        if (this.#serverInfo === asked) this.#serverInfo = undefined;
+      });
+    }
+    return (await this.#serverInfo).payloadOffloadBytes;
+  }
+
+  /**
+   * The wire value of an input or payload: its reference, uploaded first, when its compact JSON is
+   * longer than the server's offload threshold; else the value itself. A client that cannot stream
+   * a request (the browser's) sends it inline: the server offloads it, if the request fits.
+   */
+  async #payload(value: unknown, signal: AbortSignal | undefined): Promise<Value> {
+    const json = toJsonValue(value);
+    // A number, a boolean or null is never long enough to offload.
+    if (!this.#clientStreaming || json === null || typeof json === "number" || typeof json === "boolean") return valueOfJson(json);
+    const limit = await this.#offloadBytes(signal);
+    const bytes = limit > 0 ? bytesOverLimit(JSON.stringify(json), limit) : undefined;
+    if (!bytes) return valueOfJson(json);
+    const ref = await this.uploadBlob(bytes, signal ? { signal } : {});
+    return valueOfJson(blobReference(ref) as unknown as Json);
+  }
+
+  // --- blobs -----------------------------------------------------------------------------------
+
+  /**
+   * Stores `data`, the UTF-8 bytes of one JSON value, in the blob store of the caller's namespace
+   * (BlobService, streamed in chunks of 1 MiB) and returns the blob's reference; the same bytes
+   * again return the same reference. Put `{"$blob": ref}` in a value in their stead
+   * (`blobReference(ref)`). INVALID_ARGUMENT naming `data` when the bytes are not JSON;
+   * RESOURCE_EXHAUSTED above the server's `maxPayloadBytes`. Over grpc-web (the browser Client),
+   * which cannot stream a request, it throws UNIMPLEMENTED. The call has no deadline: pass a signal.
+   */
+  async uploadBlob(data: Uint8Array, options: { signal?: AbortSignal } = {}): Promise<BlobRef> {
+    if (!this.#clientStreaming) {
+      throw new ComposerError(
+        "UNIMPLEMENTED",
+        "uploadBlob streams its request, which grpc-web in a browser cannot do: send the value inline (the server offloads it) or upload from Node",
+      );
+    }
+    return uploadBytes(this.raw.blobs, data, this.#streamOptions(options.signal));
+  }
+
+  /**
+   * The bytes of the blob `sha256` of the caller's namespace (BlobService, streamed; a stream
+   * broken by a transient error is taken up again where it stopped), checked against its size and
+   * digest. NOT_FOUND when the namespace has no such blob. No deadline: pass a signal.
+   */
+  async downloadBlob(sha256: string, options: { signal?: AbortSignal } = {}): Promise<Uint8Array> {
+    return downloadBytes(this.raw.blobs, sha256, this.#streamOptions(options.signal));
+  }
+
+  /**
+   * A copy of `value` with every reference (an object whose only key is `$blob`), at any depth,
+   * replaced by the value of the blob it names: what getRun, the history or a run's output show
+   * of an offloaded value. Each distinct blob is downloaded once.
+   */
+  async resolvePayload(value: unknown, options: { signal?: AbortSignal } = {}): Promise<Json> {
+    return resolveBlobReferences(toJsonValue(value), (sha256) => this.downloadBlob(sha256, options));
+  }
+
+  /** The options of a blob stream: the token, no deadline (a blob's size has no bound here). */
+  #streamOptions(signal: AbortSignal | undefined): CallOptions {
+    return { headers: { ...this.#headers }, ...(signal ? { signal } : {}) };
   }
 
   /**
@@ -593,7 +684,7 @@ export class ComposerClient {
       idempotencyKey: options.idempotencyKey ?? "",
       labels: { ...options.labels },
       priority: options.priority ?? 0,
-      ...(input === undefined ? {} : { input: toValue(input) }),
+      ...(input === undefined ? {} : { input: await this.#payload(input, options.signal) }),
     };
     const r = await this.#call((o) => this.raw.runs.startRun(request, o), options.signal, await this.#traceHeaders());
     return runFromWire(r.run, r.created);
@@ -982,7 +1073,7 @@ export class ComposerClient {
         eventName,
         requestId: target.requestId ?? "",
         target: hasRun ? { case: "runId", value: target.runId as string } : { case: "correlationKey", value: target.correlationKey as string },
-      ...(payload === undefined ? {} : { payload: toValue(payload) }),
+      ...(payload === undefined ? {} : { payload: await this.#payload(payload, target.signal) }),
     });
     const r = await this.#call((o) => this.raw.runs.sendEvent(request, o), target.signal, await this.#traceHeaders());
     return deliveryFromWire(r);
@@ -1063,13 +1154,14 @@ export class ComposerClient {
   }
 
   /**
-   * Waits until the run ends and returns its output. Throws {@link RunFailedError} (with the final
-   * run) when it ends FAILED or CANCELLED, {@link TimeoutError} after `timeoutMs`.
+   * Waits until the run ends and returns its output, every reference in it replaced by the value
+   * it names ({@link resolvePayload}). Throws {@link RunFailedError} (with the final run, as
+   * stored) when it ends FAILED or CANCELLED, {@link TimeoutError} after `timeoutMs`.
    */
   async waitForResult(runId: string, options: WaitOptions = {}): Promise<Json> {
     const run = await this.waitForRun(runId, options);
     if (run.status !== "COMPLETED") throw new RunFailedError(run);
-    return run.output;
+    return this.resolvePayload(run.output, options.signal ? { signal: options.signal } : {});
   }
 
   /** Starts a run and waits for its output (startRun + waitForResult). */

@@ -50,6 +50,7 @@ export {
 export type { ComposerErrorInit, FieldViolation, StatusCode, TaskErrorOptions } from "./errors.js";
 export { isBulkOperationDone, isFinalStatus } from "./models.js";
 export type {
+  BlobRef,
   BulkOperation,
   BulkOperationFailure,
   BulkOperationKind,
@@ -85,4 +86,6 @@ export type {
 export { Backoff } from "./backoff.js";
 export type { BackoffOptions } from "./backoff.js";
 export { NotJsonError, fromValue, toJsonValue, toValue } from "./values.js";
+export { BLOB_KEY, blobReference, isBlobReference } from "./payloads.js";
+export type { BlobReference } from "./payloads.js";
 export type { Json } from "./values.js";

@@ -34,6 +34,8 @@ import {
 } from "./gen/composer/v1/schedule_service_pb.js";
 import type { QueueRateLimit as WireQueueRateLimit } from "./gen/composer/v1/queue_service_pb.js";
 import type { Secret as WireSecret } from "./gen/composer/v1/secret_service_pb.js";
+import type { BlobRef as WireBlobRef } from "./gen/composer/v1/blob_service_pb.js";
+import type { GetServerInfoResponse as WireServerInfo } from "./gen/composer/v1/server_service_pb.js";
 import { fromValue, type Json } from "./values.js";
 
 /**
@@ -191,11 +193,48 @@ export interface EventDelivery {
   stored: boolean;
 }
 
-/** The server's version, protocol version and features. */
+/** The server's version, protocol version, features and payload limits. */
 export interface ServerInfo {
   serverVersion: string;
   protocolVersion: string;
   features: string[];
+  /**
+   * A value whose compact JSON is longer than this many bytes is kept in the blob store and
+   * carried as a reference (docs/payloads.md); 0: the server offloads nothing.
+   */
+  payloadOffloadBytes: number;
+  /** The largest payload the server accepts, inline or as a blob (0 from a server that does not say). */
+  maxPayloadBytes: number;
+  /** The largest request the server decodes: a larger payload must go through the blob store (0: not said). */
+  maxMessageBytes: number;
+}
+
+export function serverInfoFromWire(info: WireServerInfo): ServerInfo {
+  return {
+    serverVersion: info.serverVersion,
+    protocolVersion: info.protocolVersion,
+    features: [...info.features],
+    payloadOffloadBytes: Number(info.payloadOffloadBytes),
+    maxPayloadBytes: Number(info.maxPayloadBytes),
+    maxMessageBytes: Number(info.maxMessageBytes),
+  };
+}
+
+/**
+ * A blob in the server's blob store, as a reference names it: a value that stands in the blob
+ * store is carried as `{"$blob": {"sha256", "size", "head"}}` (docs/payloads.md).
+ */
+export interface BlobRef {
+  /** The SHA-256 of the blob's bytes, 64 lowercase hex digits. */
+  sha256: string;
+  /** Its length in bytes. */
+  size: number;
+  /** Its first bytes (at most 256, cut at a character boundary), for a preview. */
+  head: string;
+}
+
+export function blobRefFromWire(ref: WireBlobRef | undefined): BlobRef {
+  return { sha256: ref?.sha256 ?? "", size: Number(ref?.size ?? 0n), head: ref?.head ?? "" };
 }
 
 function date(ts: Timestamp | undefined): Date | null {

@@ -132,7 +132,11 @@ function setOwn<T>(obj: { [key: string]: T }, key: string, value: T): void {
 
 /** A JSON value as a `google.protobuf.Value` (throws {@link NotJsonError}). */
 export function toValue(value: unknown): Value {
-  const json = toJsonValue(value);
+  return valueOfJson(toJsonValue(value));
+}
+
+/** The `google.protobuf.Value` of a value already checked to be JSON ({@link toJsonValue}'s result). */
+export function valueOfJson(json: Json): Value {
   if (json === null) return create(ValueSchema, { kind: { case: "nullValue", value: 0 } });
   try {
     return valueOf(json, 0);

@@ -15,7 +15,12 @@ export interface WebClientOptions extends BaseClientOptions {
   transport?: Transport;
 }
 
-/** A client of a Composer server from a browser, over grpc-web. Pass the token explicitly. */
+/**
+ * A client of a Composer server from a browser, over grpc-web. Pass the token explicitly.
+ * grpc-web cannot stream a request: `uploadBlob` throws UNIMPLEMENTED, and `startRun` /
+ * `sendEvent` send a large input or payload inline for the server to offload (it must fit the
+ * server's `maxMessageBytes`). `downloadBlob`, `resolvePayload` and `waitForResult` work.
+ */
 export class Client extends ComposerClient {
   constructor(options: WebClientOptions) {
     const transport =
@@ -24,7 +29,9 @@ export class Client extends ComposerClient {
         baseUrl: (options.baseUrl ?? "").replace(/\/+$/, ""),
         interceptors: options.interceptors ?? [],
       });
-    super({ transport, token: options.token, ...(options.timeoutMs ? { timeoutMs: options.timeoutMs } : {}) });
+    // grpc-web over fetch cannot stream a request: no uploadBlob; large values go inline and the
+    // server offloads them (downloadBlob, a response stream, works).
+    super({ transport, token: options.token, clientStreaming: false, ...(options.timeoutMs ? { timeoutMs: options.timeoutMs } : {}) });
   }
 }
 

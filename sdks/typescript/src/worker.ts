@@ -12,7 +12,9 @@
 // (so a poll answer lost on the way costs no attempt), heartbeats each running task at a third of
 // its lease, aborts the handler's `ctx.signal` when the run is cancelled, the lease lost or the
 // attempt's deadline passed, reports the outcome with the lease token, sends a report again with
-// the same token after UNAVAILABLE / DEADLINE_EXCEEDED, and treats LEASE_LOST as final. On stop
+// the same token after UNAVAILABLE / DEADLINE_EXCEEDED, and treats LEASE_LOST as final. Handlers
+// never see blob references: the worker downloads the values a task's input refers to before the
+// handler runs, and uploads an output over the server's offload threshold (docs/payloads.md). On stop
 // it stops polling, drains in-flight tasks within `drainTimeoutMs`, and only then stops
 // heartbeating.
 import { AsyncLocalStorage } from "node:async_hooks";
@@ -43,7 +45,8 @@ import {
 } from "./task-context.js";
 import { HandlerSpan, workerTracing, type Tracing } from "./tracing.js";
 import { createNodeTransport, resolveAddress, resolveToken } from "./transport-node.js";
-import { NotJsonError, fromValue, toValue, type Json } from "./values.js";
+import { blobReference, bytesOverLimit, hasBlobReference } from "./payloads.js";
+import { NotJsonError, fromValue, toJsonValue, toValue, valueOfJson, type Json } from "./values.js";
 
 const LEVELS = ["debug", "info", "warn", "error", "silent"] as const;
 
@@ -295,7 +298,8 @@ class Context implements TaskContext {
   readonly namespace: string;
   readonly queue: string;
   readonly taskName: string;
-  readonly input: any; // eslint-disable-line @typescript-eslint/no-explicit-any
+  /** The task's input; the worker replaces its blob references with their values before the handler runs. */
+  input: any; // eslint-disable-line @typescript-eslint/no-explicit-any
   readonly secrets: TaskSecrets;
   readonly deadline: Date | undefined;
   cancelKind: CancelKind | undefined;
@@ -404,6 +408,19 @@ function describe(value: unknown): string {
   }
 }
 
+/**
+ * What a cancelled attempt reports: TIMEOUT when its deadline passed, else nothing (the run was
+ * cancelled, the lease lost, the worker stopped).
+ */
+function cancelledOutcome(ctx: Context): Outcome | undefined {
+  if (ctx.cancelKind === CANCEL_ATTEMPT_DEADLINE) {
+    const at = ctx.deadline?.toISOString() ?? "its deadline";
+    return { failure: new TaskError(`the attempt did not finish by its deadline (${at})`, { code: "TIMEOUT" }) };
+  }
+  ctx.logger.info(`task stopped (${ctx.cancelReason}); not reporting`);
+  return undefined;
+}
+
 /** The failure an error thrown by a handler (or a rejection it left unhandled) reports. */
 export function failureOf(error: unknown, unhandled = false): TaskError {
   if (error instanceof TaskError) return error;
@@ -441,6 +458,9 @@ export class Worker {
   #force = new AbortController();
   #serving = false;
   #tracing: Tracing | undefined;
+  /** The server's `payloadOffloadBytes` (GetServerInfo at the protocol check, else asked at the first output). */
+  #offloadBytes: number | undefined;
+  #offloadAsked: Promise<number> | undefined;
 
   constructor(options: WorkerOptions = {}) {
     const slots = options.slots ?? 10;
@@ -552,6 +572,8 @@ export class Worker {
       close = made.close;
     }
     this.#client = new ComposerClient({ transport, token: resolveToken(this.#options.token) });
+    this.#offloadBytes = undefined;
+    this.#offloadAsked = undefined;
     this.#tracing = await workerTracing(this.#options.tracerProvider);
     installGuard();
     let poller: Promise<void> | undefined;
@@ -598,7 +620,8 @@ export class Worker {
     let failures = 0;
     while (!this.#stop.signal.aborted) {
       try {
-        await client.checkProtocol({ signal: this.#stop.signal });
+        const info = await client.checkProtocol({ signal: this.#stop.signal });
+        this.#offloadBytes = info.payloadOffloadBytes;
         return;
       } catch (error) {
         const converted = toComposerError(error);
@@ -748,6 +771,20 @@ export class Worker {
       ctx.logger.error(`no handler for task ${JSON.stringify(task.taskName)} on queue ${JSON.stringify(task.queue)}`);
       return { failure: new TaskError(`this worker has no handler for task ${JSON.stringify(task.taskName)}`, { code: "UNKNOWN_TASK" }) };
     }
+    // The handler sees values, never blob references: each blob is downloaded first.
+    if (hasBlobReference(ctx.input as Json)) {
+      try {
+        ctx.input = await (this.#client as ComposerClient).resolvePayload(ctx.input, { signal: ctx.signal });
+      } catch (error) {
+        if (ctx.cancelKind !== undefined) return cancelledOutcome(ctx);
+        const converted = toComposerError(error);
+        ctx.logger.warn(`could not read the input's blobs: ${converted.message}`);
+        return {
+          failure: new TaskError(`could not read the task's input: ${converted.message}`, { code: "INPUT_UNAVAILABLE", retryable: converted.retryable }),
+          error,
+        };
+      }
+    }
     // The handler runs with its span active, so the spans it starts are the span's children.
     const result = currentExecution.run(execution, () =>
       execution.span.run(() => {
@@ -769,27 +806,72 @@ export class Worker {
       ctx.cancel(CANCEL_ATTEMPT_FAILED);
       return { failure: failureOf(first.error, true), error: first.error };
     }
-    if (first.kind === "aborted" || ctx.cancelKind !== undefined) {
-      const reason = ctx.cancelReason;
-      if (ctx.cancelKind === CANCEL_ATTEMPT_DEADLINE) {
-        const at = ctx.deadline?.toISOString() ?? "its deadline";
-        return { failure: new TaskError(`the attempt did not finish by its deadline (${at})`, { code: "TIMEOUT" }) };
-      }
-      ctx.logger.info(`task stopped (${reason}); not reporting`);
-      return undefined;
-    }
+    if (first.kind === "aborted" || ctx.cancelKind !== undefined) return cancelledOutcome(ctx);
     if (first.kind === "ok") {
+      let json: Json;
       try {
-        return { output: toValue(first.output) };
+        json = toJsonValue(first.output);
       } catch (error) {
         const why = error instanceof NotJsonError ? error.message : String(error);
         return { failure: new TaskError(`the handler's output is not JSON: ${why}`, { code: "INVALID_OUTPUT", retryable: false }), error };
       }
+      return this.#outputOutcome(ctx, json);
     }
     if (!(first.error instanceof TaskError)) {
       ctx.logger.warn(`handler threw ${first.error instanceof Error ? errorCode(first.error) : typeof first.error}: ${first.error instanceof Error ? first.error.message : describe(first.error)}`);
     }
     return { failure: failureOf(first.error), error: first.error };
+  }
+
+  /**
+   * The outcome of an output: itself, or, when its compact JSON is longer than the server's
+   * offload threshold, the reference of the blob it was uploaded to. An upload that meets
+   * UNAVAILABLE or DEADLINE_EXCEEDED is made again (within `reportTimeoutMs`); one over the
+   * server's payload limit fails the attempt with OUTPUT_TOO_LARGE, as a report would.
+   */
+  async #outputOutcome(ctx: Context, json: Json): Promise<Outcome | undefined> {
+    // Numbers, booleans and null are never long enough to offload.
+    if (json === null || typeof json === "number" || typeof json === "boolean") return { output: valueOfJson(json) };
+    const client = this.#client as ComposerClient;
+    let limit = this.#offloadBytes;
+    if (limit === undefined) {
+      // No protocol check (checkServer false): asked once, by the first output.
+      this.#offloadAsked ??= client.serverInfo().then(
+        (info) => (this.#offloadBytes = info.payloadOffloadBytes),
+        (error: unknown) => {
+          this.#offloadAsked = undefined;
+          ctx.logger.warn(`GetServerInfo failed (${String(error)}); this output goes inline`);
+          return 0;
+        },
+      );
+      limit = await this.#offloadAsked;
+    }
+    const bytes = limit > 0 ? bytesOverLimit(JSON.stringify(json), limit) : undefined;
+    if (!bytes) return { output: valueOfJson(json) };
+    const deadline = Date.now() + (this.#options.reportTimeoutMs ?? 300_000);
+    for (let failures = 0; ; ) {
+      try {
+        const ref = await client.uploadBlob(bytes, { signal: ctx.signal });
+        ctx.logger.debug(`output of ${bytes.length} bytes uploaded as blob ${ref.sha256}`);
+        return { output: valueOfJson(blobReference(ref) as unknown as Json) };
+      } catch (error) {
+        if (ctx.cancelKind !== undefined) return cancelledOutcome(ctx);
+        const converted = toComposerError(error);
+        if (converted.code === "RESOURCE_EXHAUSTED") {
+          return { failure: new TaskError(`output too large: ${converted.rawMessage}`, { code: "OUTPUT_TOO_LARGE", retryable: false }), error };
+        }
+        if (!converted.retryable || Date.now() >= deadline) {
+          return {
+            failure: new TaskError(`could not upload the output: ${converted.message}`, { code: "OUTPUT_UPLOAD_FAILED", retryable: converted.retryable }),
+            error,
+          };
+        }
+        failures += 1;
+        const delay = this.#backoff.delay(failures);
+        ctx.logger.info(`output upload failed (${converted.code}); again in ${Math.round(delay)} ms`);
+        await sleep(delay, ctx.signal);
+      }
+    }
   }
 
   /**

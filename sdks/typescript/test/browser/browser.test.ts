@@ -11,7 +11,7 @@ import { after, before, test } from "node:test";
 import { build } from "esbuild";
 import { chromium, type Browser } from "playwright-core";
 
-import { Client } from "../../src/index.js";
+import { Client, isBlobReference } from "../../src/index.js";
 import { PACKAGE, ServerProcess, backingServices, hex, mintToken, oneTask, serving, worker as makeWorker } from "../integration/harness.js";
 
 const CHROMIUM = process.env["CHROMIUM_PATH"] ?? "/usr/bin/chromium";
@@ -123,4 +123,35 @@ test("browser: the same page from an origin not on the allow-list is refused", {
   const refused = await load(origin(other), { server: `http://${server.address}`, token: process.env["COMPOSER_TOKEN"] ?? "", mode: "info" });
   assert.equal(refused["ok"], false, JSON.stringify(refused));
   assert.match(String(refused["error"]), /fetch|network|cors/i);
+});
+
+test("browser: downloadBlob and resolvePayload stream over grpc-web; uploadBlob cannot, and a large input goes inline", { timeout: 60_000 }, async () => {
+  const s = hex();
+  const client = new Client({ address: server.address });
+  try {
+    const value = { doc: "b".repeat(70_000), n: s };
+    const ref = await client.uploadBlob(new TextEncoder().encode(JSON.stringify(value)));
+    const name = `web-blob-${s}`;
+    // No worker serves this queue: the run waits, its input as stored.
+    await client.registerWorkflow(oneTask(name, name, "never"));
+    const result = await load(origin(allowed), {
+      server: `http://${server.address}`,
+      token: process.env["COMPOSER_TOKEN"] ?? "",
+      mode: "blob",
+      sha256: ref.sha256,
+      workflow: name,
+    });
+    assert.equal(result["ok"], true, JSON.stringify(result).slice(0, 500));
+    assert.equal(result["size"], ref.size);
+    assert.deepEqual(JSON.parse(String(result["text"])), value);
+    assert.deepEqual(result["resolved"], { wrapped: value });
+    assert.equal(result["upload"], "UNIMPLEMENTED");
+    // The browser sent the 100 KB input inline; the server offloaded it.
+    const big = await client.getRun(String(result["bigRunId"]));
+    assert.ok(isBlobReference(big.input), JSON.stringify(big.input).slice(0, 300));
+    assert.deepEqual(await client.resolvePayload(big.input), { doc: "w".repeat(100_000) });
+    await client.cancelRun(big.runId, "test over");
+  } finally {
+    client.close();
+  }
 });

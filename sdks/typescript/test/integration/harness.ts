@@ -1,5 +1,6 @@
 // The real server for the integration tests: a fresh database per test process (dropped after),
-// `composer serve` on a free loopback port with --auth-secret, tokens minted by `composer token`.
+// `composer serve` on a free loopback port with --auth-secret (and a temporary --secrets-key-file
+// and --blob-store), tokens minted by `composer token`.
 // Needs COMPOSER_TEST_DATABASE_URL and COMPOSER_TEST_REDIS_URL (scripts/with-services.sh) and the
 // binary COMPOSER_BIN (default <repo>/target/debug/composer).
 import assert from "node:assert/strict";
@@ -109,6 +110,21 @@ export function secretsKeyFile(): string {
   return secretsKey;
 }
 
+let blobStore: string | undefined;
+
+/**
+ * This test process's blob store for `--blob-store` (docs/payloads.md): a temporary folder made
+ * once and removed at exit, so no test writes outside temporary folders. Every server of the
+ * process gets the same one: servers sharing a database must share its blobs.
+ */
+export function blobStoreDir(): string {
+  if (blobStore) return blobStore;
+  const dir = mkdtempSync(join(tmpdir(), "composer-ts-blobs-"));
+  process.once("exit", () => rmSync(dir, { recursive: true, force: true }));
+  blobStore = dir;
+  return blobStore;
+}
+
 /** One `composer serve` process; restartable on the same port. */
 export class ServerProcess {
   address = "";
@@ -145,6 +161,8 @@ export class ServerProcess {
         "--auth-secret",
         AUTH_SECRET,
         ...(this.options.secretsKey === false ? [] : ["--secrets-key-file", secretsKeyFile()]),
+        "--blob-store",
+        blobStoreDir(),
         ...this.extraArgs,
       ],
       { stdio: ["ignore", "ignore", "pipe"] },

@@ -1,9 +1,12 @@
 // A fake WorkerService + ServerService transport for the worker's local behaviours (L1-L5): it
 // answers each call from a script of the test's own and records every request.
-import { create, type DescMessage, type DescMethodUnary, type MessageInitShape } from "@bufbuild/protobuf";
-import { BinaryWriter } from "@bufbuild/protobuf/wire";
-import { Code, ConnectError, type Transport, type UnaryResponse } from "@connectrpc/connect";
+import { createHash } from "node:crypto";
 
+import { create, type DescMessage, type DescMethodStreaming, type DescMethodUnary, type MessageInitShape } from "@bufbuild/protobuf";
+import { BinaryWriter } from "@bufbuild/protobuf/wire";
+import { Code, ConnectError, createRouterTransport, type StreamResponse, type Transport, type UnaryResponse } from "@connectrpc/connect";
+
+import { BlobService } from "../../src/gen/composer/v1/blob_service_pb.js";
 import type { Task } from "../../src/gen/composer/v1/worker_service_pb.js";
 
 export type Answer = (request: any, signal: AbortSignal | undefined) => unknown; // eslint-disable-line @typescript-eslint/no-explicit-any
@@ -116,7 +119,66 @@ export class FakeServer implements Transport {
     return { tasks: [] };
   }
 
-  stream(): never {
-    throw new ConnectError("streams are not faked", Code.Unimplemented);
+  /** The fake's blob store: sha256 to bytes (BlobService's streams, answered in memory). */
+  readonly blobs = new Map<string, Uint8Array>();
+  /** The most bytes one DownloadBlob message carries (the server's is 1 MiB). */
+  downloadChunkBytes = 1 << 20;
+  /** When set, the next DownloadBlob breaks (UNAVAILABLE) after this many chunks, once. */
+  breakDownloadAfterChunks: number | undefined;
+  #blobService: Transport | undefined;
+
+  /**
+   * BlobService over an in-memory router. UploadBlob is recorded with `message` the list of chunk
+   * sizes and `data` the bytes; `answers["UploadBlob"]` (given `{ chunks, data }`) and
+   * `answers["DownloadBlob"]` (given the request) may throw to refuse the call.
+   */
+  stream<I extends DescMessage, O extends DescMessage>(
+    method: DescMethodStreaming<I, O>,
+    signal: AbortSignal | undefined,
+    timeoutMs: number | undefined,
+    header: HeadersInit | undefined,
+    input: AsyncIterable<MessageInitShape<I>>,
+  ): Promise<StreamResponse<I, O>> {
+    if (method.parent.typeName !== BlobService.typeName) throw new ConnectError("streams are not faked", Code.Unimplemented);
+    const fake = this; // eslint-disable-line @typescript-eslint/no-this-alias
+    this.#blobService ??= createRouterTransport(({ service }) => {
+      service(BlobService, {
+        uploadBlob: async (requests, context) => {
+          const chunks: Uint8Array[] = [];
+          for await (const request of requests) chunks.push(request.data);
+          const data = Buffer.concat(chunks);
+          fake.calls.push({ method: "UploadBlob", message: { chunks: chunks.map((c) => c.length), data }, at: Date.now(), headers: context.requestHeader });
+          await fake.answers["UploadBlob"]?.({ chunks, data }, context.signal);
+          const sha256 = createHash("sha256").update(data).digest("hex");
+          fake.blobs.set(sha256, data);
+          return { blob: { sha256, size: BigInt(data.length), head: headOf(data) } };
+        },
+        downloadBlob: async function* (this: void, request, context) {
+          fake.calls.push({ method: "DownloadBlob", message: request, at: Date.now(), headers: context.requestHeader });
+          await fake.answers["DownloadBlob"]?.(request, context.signal);
+          const data = fake.blobs.get(request.sha256);
+          if (!data) throw new ConnectError(`no blob ${request.sha256}`, Code.NotFound);
+          let first = true;
+          let sent = 0;
+          for (let at = Number(request.offset); at < data.length || first; at += fake.downloadChunkBytes) {
+            if (fake.breakDownloadAfterChunks !== undefined && sent === fake.breakDownloadAfterChunks) {
+              fake.breakDownloadAfterChunks = undefined;
+              throw new ConnectError("connection reset", Code.Unavailable);
+            }
+            yield { data: data.subarray(at, at + fake.downloadChunkBytes), size: first ? BigInt(data.length) : 0n };
+            first = false;
+            sent += 1;
+          }
+        },
+      });
+    });
+    return this.#blobService.stream(method, signal, timeoutMs, header, input);
   }
+}
+
+/** A blob's head as the server makes it: its first bytes, at most 256, cut at a character boundary. */
+export function headOf(data: Uint8Array): string {
+  let end = Math.min(256, data.length);
+  while (end > 0 && end < data.length && ((data[end] as number) & 0xc0) === 0x80) end--;
+  return new TextDecoder().decode(data.subarray(0, end));
 }
