@@ -174,18 +174,61 @@ impl BlobStore {
 
     /// Makes a staged upload the blob at its key (content-addressed: a
     /// blob already there holds these same bytes) and removes the upload.
+    /// On the local disk the blob is synced before it is visible: a
+    /// reference committed to Postgres never outlives its bytes in a crash.
     pub async fn publish(&self, staged: Staged) -> Result<BlobRef, BlobError> {
         let target = self.path(&staged.blob.key);
-        let moved = match self.store.head(&target).await {
-            Ok(_) => Ok(()),
-            Err(object_store::Error::NotFound { .. }) => {
-                self.store.copy(&staged.upload, &target).await
+        match self.store.head(&target).await {
+            Ok(_) => {
+                let _ = self.store.delete(&staged.upload).await;
+                return Ok(staged.blob);
             }
-            Err(error) => Err(error),
-        };
-        let _ = self.store.delete(&staged.upload).await;
-        moved?;
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(error) => {
+                let _ = self.store.delete(&staged.upload).await;
+                return Err(error.into());
+            }
+        }
+        self.sync_local(&staged.upload).await?;
+        // a rename on the local disk; a copy and a delete elsewhere
+        if let Err(error) = self.store.rename(&staged.upload, &target).await {
+            let _ = self.store.delete(&staged.upload).await;
+            return Err(error.into());
+        }
+        self.sync_local_folder(&target).await?;
         Ok(staged.blob)
+    }
+
+    /// On the local disk: flushes the file at `path` to the disk.
+    async fn sync_local(&self, path: &Path) -> Result<(), BlobError> {
+        let Some(file) = self.local_file(path) else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || std::fs::File::open(file)?.sync_all())
+            .await
+            .map_err(|e| BlobError::Upload(e.to_string()))?
+            .map_err(|e| BlobError::Upload(format!("sync: {e}")))
+    }
+
+    /// On the local disk: flushes the folder holding `path` (its entry).
+    async fn sync_local_folder(&self, path: &Path) -> Result<(), BlobError> {
+        let Some(folder) = self
+            .local_file(path)
+            .and_then(|file| file.parent().map(std::path::Path::to_path_buf))
+        else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || std::fs::File::open(folder)?.sync_all())
+            .await
+            .map_err(|e| BlobError::Upload(e.to_string()))?
+            .map_err(|e| BlobError::Upload(format!("sync: {e}")))
+    }
+
+    /// The file of `path` when the store is the local disk.
+    fn local_file(&self, path: &Path) -> Option<std::path::PathBuf> {
+        let folder = self.local_folder.as_ref()?;
+        let relative = path.prefix_match(&self.root)?;
+        Some(relative.fold(folder.clone(), |file, part| file.join(part.as_ref())))
     }
 
     /// Drops a staged upload that will not be published.

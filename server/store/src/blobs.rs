@@ -8,6 +8,11 @@ use uuid::Uuid;
 
 use crate::StoreError;
 
+/// A blob touched this recently is not touched again: the collector spares
+/// a blob for an hour after its last touch, and most blobs are referred to
+/// within seconds of their upload, so their rows are written once.
+const FRESH_SECS: f64 = 300.0;
+
 /// A stored blob, as a reference describes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlobRow {
@@ -35,19 +40,22 @@ pub async fn touch(pool: &PgPool, namespace: &str, blob: &BlobRow) -> Result<(),
     // touch: blobs' primary key
     sqlx::query(
         "INSERT INTO blobs (namespace, sha256, size, head) VALUES ($1, $2, $3, $4) \
-         ON CONFLICT (namespace, sha256) DO UPDATE SET touched_at = now()",
+         ON CONFLICT (namespace, sha256) DO UPDATE SET touched_at = now() \
+         WHERE blobs.touched_at < now() - make_interval(secs => $5)",
     )
     .bind(namespace)
     .bind(&blob.sha256)
     .bind(blob.size)
     .bind(&blob.head)
+    .bind(FRESH_SECS)
     .execute(pool)
     .await?;
     Ok(())
 }
 
-/// Touches the namespace's blobs among `digests` and returns those that
-/// exist: a reference a request carries is good for an hour after this.
+/// Touches the namespace's blobs among `digests` (unless touched within
+/// five minutes) and returns those that exist: a reference a request
+/// carries is good for the collector's grace, less five minutes, after this.
 pub async fn touch_existing(
     pool: &PgPool,
     namespace: &str,
@@ -55,11 +63,15 @@ pub async fn touch_existing(
 ) -> Result<Vec<BlobRow>, StoreError> {
     // touch_existing: blobs' primary key
     let rows = sqlx::query(
-        "UPDATE blobs SET touched_at = now() \
-         WHERE namespace = $1 AND sha256 = ANY($2) RETURNING sha256, size, head",
+        "WITH touched AS ( \
+           UPDATE blobs SET touched_at = now() \
+           WHERE namespace = $1 AND sha256 = ANY($2) \
+             AND touched_at < now() - make_interval(secs => $3)) \
+         SELECT sha256, size, head FROM blobs WHERE namespace = $1 AND sha256 = ANY($2)",
     )
     .bind(namespace)
     .bind(digests)
+    .bind(FRESH_SECS)
     .fetch_all(pool)
     .await?;
     Ok(rows

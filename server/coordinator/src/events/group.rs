@@ -706,10 +706,19 @@ impl Coordinator {
         Ok(txn)
     }
 
-    /// A StartRun's one statement, autocommitted, then announced.
+    /// A StartRun's one statement, autocommitted, then announced. An input
+    /// that refers to blobs takes a transaction: the run's references and
+    /// the run are committed together (decision 0047).
     pub(crate) async fn start_alone(&self, start: &NewStart) -> Result<Applied, CoordinatorError> {
-        let mut conn = self.store.pool().acquire().await?;
-        let mut applied = self.insert_start(&mut conn, start).await?;
+        let mut applied = if composer_engine::blob::holds_references(&start.run.input) {
+            let mut tx = self.store.begin().await?;
+            let applied = self.insert_start(&mut tx, start).await?;
+            tx.commit().await?;
+            applied
+        } else {
+            let mut conn = self.store.pool().acquire().await?;
+            self.insert_start(&mut conn, start).await?
+        };
         if applied.created_at.is_some() {
             self.announce(&mut applied).await;
         }

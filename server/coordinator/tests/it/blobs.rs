@@ -225,6 +225,15 @@ async fn perform(setup: &Setup, step: Step, started: &tokio::sync::Mutex<Vec<Uui
 
 /// Every run that exists has its input's blob, row and bytes.
 async fn every_reference_holds(setup: &Setup) -> Result<(), String> {
+    let unowned: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM runs r WHERE NOT EXISTS (SELECT 1 FROM blob_refs b WHERE b.owner = r.id)",
+    )
+    .fetch_all(setup.coordinator.store().pool())
+    .await
+    .expect("runs");
+    if !unowned.is_empty() {
+        return Err(format!("runs refer to no blob: {unowned:?}"));
+    }
     let inputs: Vec<Json> = sqlx::query_scalar("SELECT input FROM runs")
         .fetch_all(setup.coordinator.store().pool())
         .await
