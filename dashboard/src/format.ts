@@ -24,3 +24,16 @@ export function duration(start: Date | null, end: Date | null, now = new Date())
 export function shortId(id: string): string {
   return id.length > 13 ? `…${id.slice(-12)}` : id;
 }
+
+/** A byte count in binary units: `512 B`, `146.5 KiB`, `3.2 MiB`. */
+export function bytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  const units = ["KiB", "MiB", "GiB", "TiB"];
+  let value = n / 1024;
+  let unit = 0;
+  while (value >= 1024 && unit < units.length - 1) {
+    value /= 1024;
+    unit++;
+  }
+  return `${value.toFixed(1)} ${units[unit]}`;
+}

@@ -1,7 +1,8 @@
 // The run's history, oldest first: what happened, to which node, by whom. A move to another version
 // (`run_migrated`) reads as a sentence; an entry written under a node's old id says its id now.
-import { json, time } from "../format";
+import { time } from "../format";
 import { migrationOf, migrationText, type RunHistoryEvent } from "../history";
+import { JsonLine } from "./common";
 
 export function HistoryTimeline({ events, highlight }: { events: RunHistoryEvent[]; highlight: string | null }) {
   return (
@@ -21,7 +22,9 @@ export function HistoryTimeline({ events, highlight }: { events: RunHistoryEvent
             {migration ? (
               <span className="migration">{migrationText(migration)}</span>
             ) : hasDetails ? (
-              <code className="details">{json(e.details).replace(/\s+/g, " ")}</code>
+              <code className="details">
+                <JsonLine value={e.details} />
+              </code>
             ) : null}
           </li>
         );

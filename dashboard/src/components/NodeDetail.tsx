@@ -5,13 +5,13 @@ import type { HistoryEvent, NodeState, Run } from "@composer-dev/composer/web";
 
 import { childRuns } from "../api";
 import { useApp } from "../context";
-import { duration, json, shortId, time } from "../format";
+import { duration, shortId, time } from "../format";
 import type { GraphNode } from "../graph/definition";
 import { statusLabel, type NodeView } from "../graph/status";
 import type { RunHistoryEvent } from "../history";
 import { usePolled } from "../hooks";
 import { Link, runPath } from "../router";
-import { JsonBlock, StatusBadge } from "./common";
+import { JsonBlock, JsonLine, StatusBadge } from "./common";
 
 interface Props {
   run: Run;
@@ -150,7 +150,9 @@ export function NodeDetail({ run, node, view, history, onClose }: Props) {
                     {a.events.map((e) => (
                       <div key={String(e.sequence)}>
                         <time dateTime={e.eventTime?.toISOString()}>{time(e.eventTime)}</time> {e.eventType}{" "}
-                        {e.details !== null && Object.keys(e.details as object).length > 0 ? <code>{json(e.details).replace(/\s+/g, " ")}</code> : null}
+                        {e.details !== null && Object.keys(e.details as object).length > 0 ? <code>
+                            <JsonLine value={e.details} />
+                          </code> : null}
                       </div>
                     ))}
                   </td>
@@ -185,7 +187,7 @@ function MapItems({ elements }: { elements: NodeState[] }) {
               <td>
                 <StatusBadge status={e.status} />
               </td>
-              <td className="mono clip">{e.error ? `${e.error.code}: ${e.error.message}` : json(e.output).replace(/\s+/g, " ")}</td>
+              <td className="mono clip">{e.error ? `${e.error.code}: ${e.error.message}` : <JsonLine value={e.output} />}</td>
             </tr>
           ))}
         </tbody>
