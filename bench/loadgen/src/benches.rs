@@ -332,6 +332,15 @@ impl Ctx {
             .execute(&self.db)
             .await?;
         }
+        let blobs: bool = sqlx::query_scalar("SELECT to_regclass('blobs') IS NOT NULL")
+            .fetch_one(&self.db)
+            .await?;
+        if blobs {
+            sqlx::query("TRUNCATE blob_refs, blobs")
+                .execute(&self.db)
+                .await?;
+        }
+        let _ = std::fs::remove_dir_all(procs::blob_folder());
         Ok(())
     }
 }
@@ -677,6 +686,7 @@ pub async fn throughput(
         measure_secs,
         perf_secs,
         payload_bytes: 0,
+        offload_bytes: 0,
         in_flight: ctx.profile.in_flight,
         server_cores: None,
     };
@@ -691,10 +701,17 @@ pub struct Load {
     pub measure_secs: u64,
     pub perf_secs: u64,
     pub payload_bytes: usize,
+    /// Over this many bytes of JSON the worker uploads its output and
+    /// reports a reference, and it downloads the references in its input,
+    /// as the SDKs do (0: it reports inline and never downloads).
+    pub offload_bytes: usize,
     pub in_flight: usize,
     /// Each server's CPU budget in cores (B5); None: unbounded.
     pub server_cores: Option<f64>,
 }
+
+/// Numbers each run's payload apart from every other's in this process.
+static RUN_SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
 /// [`throughput`] of any [`Load`].
 pub async fn throughput_of(
@@ -730,6 +747,7 @@ async fn throughput_on(
         measure_secs,
         perf_secs,
         payload_bytes,
+        offload_bytes: load_offload_bytes,
         in_flight,
         server_cores: _,
     } = load;
@@ -787,6 +805,7 @@ async fn throughput_on(
                     // a poll's answer carries every task's input
                     max_per_poll: ((2 << 20) / payload_bytes.max(1)).clamp(1, 100),
                     output_bytes: payload_bytes,
+                    offload_bytes: load_offload_bytes,
                 },
                 Some(hook),
             )
@@ -833,7 +852,7 @@ async fn throughput_on(
     let started = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let mut starters = Vec::new();
-    for (i, url) in urls.iter().cycle().take(4 * urls.len()).enumerate() {
+    for url in urls.iter().cycle().take(4 * urls.len()) {
         let client = RunServiceClient::new(channel(url).await?);
         let permits = Arc::clone(&in_flight);
         let started = Arc::clone(&started);
@@ -841,7 +860,6 @@ async fn throughput_on(
         let mut stop = stop_rx.clone();
         let workflow = workflow.to_owned();
         let input = input.clone();
-        let _ = i;
         starters.push(tokio::spawn(async move {
             loop {
                 let permit = tokio::select! {
@@ -850,7 +868,12 @@ async fn throughput_on(
                 };
                 permit.forget();
                 let mut client = client.clone();
-                let request = start_request(&workflow, input.clone());
+                let mut input = input.clone();
+                if payload_bytes > 0 {
+                    // each run's bytes its own: no blob is shared by content
+                    input["run"] = serde_json::json!(RUN_SEQUENCE.fetch_add(1, Ordering::Relaxed));
+                }
+                let request = start_request(&workflow, input);
                 let started = Arc::clone(&started);
                 let errors = Arc::clone(&errors);
                 let permits = Arc::clone(&permits);
@@ -1245,6 +1268,7 @@ impl OpenLoop {
                 slots: 64,
                 max_per_poll: 8,
                 output_bytes: 0,
+                offload_bytes: 0,
             },
             Some(hook),
             bearer,
@@ -1429,6 +1453,7 @@ async fn fan_out_on(ctx: &Ctx, server: &Server) -> Result<Vec<FanOut>> {
             slots: 1000,
             max_per_poll: 100,
             output_bytes: 0,
+            offload_bytes: 0,
         },
         None,
     )

@@ -94,6 +94,7 @@ async fn chain_on(ctx: &Ctx, server: &Server) -> Result<Chain> {
             slots: 4,
             max_per_poll: 1,
             output_bytes: 0,
+            offload_bytes: 0,
         },
         Some(hook),
     )

@@ -428,6 +428,7 @@ async fn scale_out(ctx: &Ctx, results: &mut Results, cores: Option<f64>) {
                 measure_secs: secs,
                 perf_secs: ctx.profile.scale_perf_secs,
                 payload_bytes: 0,
+                offload_bytes: 0,
                 in_flight: ctx.profile.scale_in_flight,
                 server_cores: cores,
             };
@@ -686,6 +687,28 @@ fn render(r: &Results, statements: bool) -> String {
     t
 }
 
+/// Issue 39's targets with offload on: 100 KB ≥ 1,500 tasks/s, 1 MB ≥ 200;
+/// WAL ≤ 0.05 bytes per payload byte; server RSS ≤ 200 MiB.
+fn payload_targets(t: &mut String, p: &payload::PayloadRow) {
+    if !p.offload || p.bytes < 100_000 {
+        return;
+    }
+    let l = &p.row.label;
+    let floor = if p.bytes >= 1_000_000 { 200.0 } else { 1_500.0 };
+    let _ = writeln!(
+        t,
+        "| {l} | targets: tasks/s; WAL per payload byte; peak server RSS | {:.0}; {:.3}; {:.0} MiB | ≥ {floor:.0}; ≤ 0.05; ≤ 200 MiB | {} |",
+        p.row.tasks_per_s,
+        p.wal_per_payload_byte(),
+        p.row.peak_rss_mib,
+        verdict(
+            p.row.tasks_per_s >= floor
+                && p.wal_per_payload_byte() <= 0.05
+                && p.row.peak_rss_mib <= 200.0
+        )
+    );
+}
+
 fn payload_rows(t: &mut String, rows: &[payload::PayloadRow], b1: Option<&benches::Throughput>) {
     for p in rows {
         let l = &p.row.label;
@@ -708,10 +731,12 @@ fn payload_rows(t: &mut String, rows: &[payload::PayloadRow], b1: Option<&benche
         );
         let _ = writeln!(
             t,
-            "| {l} | WAL bytes per task (in payload sizes) | {:.0} ({:.1} ×) | | |",
+            "| {l} | WAL bytes per task (in payload sizes); per byte of payload moved | {:.0} ({:.1} ×); {:.3} | | |",
             p.row.wal_bytes_per_task,
-            p.row.wal_bytes_per_task / p.bytes as f64
+            p.row.wal_bytes_per_task / p.bytes as f64,
+            p.wal_per_payload_byte()
         );
+        payload_targets(t, p);
         if p.row.errors > 0 {
             let _ = writeln!(
                 t,

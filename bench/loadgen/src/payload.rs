@@ -6,11 +6,17 @@ use anyhow::Result;
 
 use crate::benches::{Ctx, Load, Throughput, WorkerKind, throughput_of};
 
-/// One size's row.
+/// The offload threshold of the rows with offload on: the server's default.
+const OFFLOAD_BYTES: usize = 64 * 1024;
+
+/// One size's row, with offload on or off.
 #[derive(Debug, Clone)]
 pub struct PayloadRow {
     /// Bytes of the run's input, and of each task's output.
     pub bytes: usize,
+    /// Values over 64 KiB went to the blob store, the worker moving them
+    /// through BlobService (false: every value inline, in Postgres).
+    pub offload: bool,
     /// The B1 measures at that size.
     pub row: Throughput,
 }
@@ -21,23 +27,46 @@ impl PayloadRow {
     pub fn megabytes_per_s(&self) -> f64 {
         self.row.tasks_per_s * 2.0 * self.bytes as f64 / 1e6
     }
+
+    /// WAL bytes per byte of payload a task moves (its input and output).
+    pub fn wal_per_payload_byte(&self) -> f64 {
+        self.row.wal_bytes_per_task / (2.0 * self.bytes.max(1) as f64)
+    }
 }
 
-/// B1 (Rust worker, one server) at each of the profile's payload sizes.
+/// B1 (Rust worker, one server) at each of the profile's payload sizes,
+/// with offload on (the server's default) and off (`--payload-offload-bytes
+/// 0`: every value inline, as before the blob store).
 pub async fn payload(ctx: &Ctx) -> Result<Vec<PayloadRow>> {
     let mut rows = Vec::new();
     for &bytes in &ctx.profile.payload_sizes {
-        let label = format!("B1 payload {}", size_label(bytes));
-        let load = Load {
-            kind: WorkerKind::Rust,
-            measure_secs: ctx.profile.payload_secs,
-            perf_secs: 0,
-            payload_bytes: bytes,
-            in_flight: ctx.profile.in_flight,
-            server_cores: None,
-        };
-        let row = throughput_of(ctx, &label, 1, load, &[]).await?;
-        rows.push(PayloadRow { bytes, row });
+        for offload in [true, false] {
+            let label = format!(
+                "B1 payload {}, offload {}",
+                size_label(bytes),
+                if offload { "on" } else { "off" }
+            );
+            let load = Load {
+                kind: WorkerKind::Rust,
+                measure_secs: ctx.profile.payload_secs,
+                perf_secs: 0,
+                payload_bytes: bytes,
+                offload_bytes: if offload { OFFLOAD_BYTES } else { 0 },
+                in_flight: ctx.profile.in_flight,
+                server_cores: None,
+            };
+            let extra = if offload {
+                Vec::new()
+            } else {
+                vec!["--payload-offload-bytes".to_owned(), "0".to_owned()]
+            };
+            let row = throughput_of(ctx, &label, 1, load, &extra).await?;
+            rows.push(PayloadRow {
+                bytes,
+                offload,
+                row,
+            });
+        }
     }
     Ok(rows)
 }

@@ -228,6 +228,8 @@ impl Server {
         auth: &ServerAuth,
     ) -> Result<Self> {
         let mut command = Command::new(composer);
+        // blobs in this run's own folder (older servers ignore the variable)
+        command.env("COMPOSER_BLOB_STORE", blob_folder());
         match auth {
             // servers before auth ignore the variable
             ServerAuth::Insecure => command.env("COMPOSER_INSECURE", "true"),
@@ -471,4 +473,9 @@ pub fn machine() -> String {
         .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
         .unwrap_or_default();
     format!("nproc {cpus}, {mem_gib:.0} GiB memory, {model}")
+}
+
+/// Where the servers of this benchmark keep their blobs.
+pub fn blob_folder() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("composer-bench-blobs-{}", std::process::id()))
 }

@@ -12,7 +12,8 @@ use std::{
 
 use anyhow::Result;
 use composer_proto::v1::{
-    CompleteTaskRequest, PollTasksRequest, Task, worker_service_client::WorkerServiceClient,
+    CompleteTaskRequest, DownloadBlobRequest, PollTasksRequest, Task, UploadBlobRequest,
+    blob_service_client::BlobServiceClient, worker_service_client::WorkerServiceClient,
 };
 use prost_types::{Struct, Value, value::Kind};
 use tokio::{
@@ -116,6 +117,10 @@ pub struct WorkerConfig {
     /// The size of the output each task reports, as `{"blob": "…"}`
     /// (0: an empty object).
     pub output_bytes: usize,
+    /// Over this many bytes of JSON, an output is uploaded and reported as
+    /// a reference, and the references in a task's input are downloaded,
+    /// as the SDKs do (0: outputs go inline).
+    pub offload_bytes: usize,
 }
 
 /// The output a worker reports: an empty object, or one string of `bytes`.
@@ -170,9 +175,12 @@ impl FastWorker {
         let mut handles = Vec::new();
         for (s, url) in urls.iter().enumerate() {
             let mut clients = Vec::new();
+            let mut channels = Vec::new();
             for _ in 0..config.connections_per_server.max(1) {
+                let connected = channel(url).await?;
+                channels.push(connected.clone());
                 clients.push(
-                    WorkerServiceClient::with_interceptor(channel(url).await?, bearer.clone())
+                    WorkerServiceClient::with_interceptor(connected, bearer.clone())
                         .max_decoding_message_size(64 << 20)
                         .max_encoding_message_size(64 << 20),
                 );
@@ -187,6 +195,14 @@ impl FastWorker {
                     stats: Arc::clone(&stats),
                     hook: hook.clone(),
                     output: Arc::clone(&output),
+                    blobs: (config.offload_bytes > 0).then(|| BlobIo {
+                        client: BlobServiceClient::with_interceptor(
+                            channels[p % channels.len()].clone(),
+                            bearer.clone(),
+                        )
+                        .max_decoding_message_size(64 << 20),
+                        offload_bytes: config.offload_bytes,
+                    }),
                 };
                 handles.push(tokio::spawn(poller.run(stop_rx.clone())));
             }
@@ -217,6 +233,129 @@ struct Poller {
     stats: Arc<WorkerStats>,
     hook: Option<Hook>,
     output: Arc<Value>,
+    /// Set: the worker moves payloads through BlobService.
+    blobs: Option<BlobIo>,
+}
+
+/// What an SDK does with large payloads: download the references in a
+/// task's input, upload a large output and report its reference.
+#[derive(Clone)]
+struct BlobIo {
+    client: BlobServiceClient<Authed>,
+    offload_bytes: usize,
+}
+
+impl BlobIo {
+    /// Downloads every blob `input` refers to (the bytes are dropped: a
+    /// handler would read them).
+    async fn fetch_input(&mut self, input: &Value) -> Result<()> {
+        let mut digests = Vec::new();
+        references(input, &mut digests);
+        for sha256 in digests {
+            let mut stream = self
+                .client
+                .download_blob(DownloadBlobRequest { sha256, offset: 0 })
+                .await?
+                .into_inner();
+            while let Some(chunk) = stream.message().await? {
+                std::hint::black_box(chunk.data.len());
+            }
+        }
+        Ok(())
+    }
+
+    /// The output to report: `output` with the task's id in it (so no two
+    /// outputs are the same bytes), uploaded when large.
+    async fn output(&mut self, output: &Value, task_id: &str) -> Result<Value> {
+        let mut fields = match &output.kind {
+            Some(Kind::StructValue(s)) => s.fields.clone(),
+            _ => Default::default(),
+        };
+        fields.insert("task".to_owned(), string_value(task_id));
+        let output = Value {
+            kind: Some(Kind::StructValue(Struct { fields })),
+        };
+        let text = json_text(&output);
+        if text.len() <= self.offload_bytes {
+            return Ok(output);
+        }
+        let chunks: Vec<UploadBlobRequest> = text
+            .as_bytes()
+            .chunks(1 << 20)
+            .map(|chunk| UploadBlobRequest {
+                data: chunk.to_vec(),
+            })
+            .collect();
+        let blob = self
+            .client
+            .upload_blob(futures::stream::iter(chunks))
+            .await?
+            .into_inner()
+            .blob
+            .ok_or_else(|| anyhow::anyhow!("the upload returned no reference"))?;
+        let mut inner = std::collections::BTreeMap::new();
+        inner.insert("sha256".to_owned(), string_value(&blob.sha256));
+        let mut reference = std::collections::BTreeMap::new();
+        reference.insert(
+            "$blob".to_owned(),
+            Value {
+                kind: Some(Kind::StructValue(Struct { fields: inner })),
+            },
+        );
+        Ok(Value {
+            kind: Some(Kind::StructValue(Struct { fields: reference })),
+        })
+    }
+}
+
+fn string_value(text: &str) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(text.to_owned())),
+    }
+}
+
+/// The digests of the `{"$blob": {"sha256": ...}}` objects in `value`.
+fn references(value: &Value, out: &mut Vec<String>) {
+    match &value.kind {
+        Some(Kind::StructValue(s)) => {
+            if s.fields.len() == 1
+                && let Some(Value {
+                    kind: Some(Kind::StructValue(inner)),
+                }) = s.fields.get("$blob")
+            {
+                if let Some(Value {
+                    kind: Some(Kind::StringValue(sha256)),
+                }) = inner.fields.get("sha256")
+                {
+                    out.push(sha256.clone());
+                }
+                return;
+            }
+            s.fields.values().for_each(|v| references(v, out));
+        }
+        Some(Kind::ListValue(l)) => l.values.iter().for_each(|v| references(v, out)),
+        _ => {}
+    }
+}
+
+/// A protobuf Value as compact JSON text (strings escaped as JSON does).
+fn json_text(value: &Value) -> String {
+    fn to_json(value: &Value) -> serde_json::Value {
+        match &value.kind {
+            None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
+            Some(Kind::BoolValue(b)) => serde_json::Value::Bool(*b),
+            Some(Kind::NumberValue(n)) => serde_json::json!(n),
+            Some(Kind::StringValue(s)) => serde_json::Value::String(s.clone()),
+            Some(Kind::ListValue(l)) => l.values.iter().map(to_json).collect(),
+            Some(Kind::StructValue(s)) => s
+                .fields
+                .iter()
+                .map(|(k, v)| (k.clone(), to_json(v)))
+                .collect::<serde_json::Map<_, _>>()
+                .into(),
+        }
+    }
+    to_json(value).to_string()
 }
 
 impl Poller {
@@ -273,13 +412,33 @@ impl Poller {
                 let stats = Arc::clone(&self.stats);
                 let hook = self.hook.clone();
                 let output = Value::clone(&self.output);
+                let blobs = self.blobs.clone();
                 tokio::spawn(async move {
+                    let output = match blobs {
+                        Some(blobs) => match moved(blobs, &task, &output).await {
+                            Ok(output) => output,
+                            Err(_) => {
+                                stats.report_errors.fetch_add(1, Ordering::Relaxed);
+                                drop(permit);
+                                return;
+                            }
+                        },
+                        None => output,
+                    };
                     complete(&mut client, task, output, &stats, hook.as_ref()).await;
                     drop(permit);
                 });
             }
         }
     }
+}
+
+/// The input fetched and the output made ready, as an SDK would.
+async fn moved(mut blobs: BlobIo, task: &Task, output: &Value) -> Result<Value> {
+    if let Some(input) = &task.input {
+        blobs.fetch_input(input).await?;
+    }
+    blobs.output(output, &task.task_id).await
 }
 
 async fn complete(
