@@ -1038,6 +1038,10 @@ async fn analyze_run_tables(ctx: &Ctx) -> Result<()> {
         .execute(&ctx.db)
         .await
         .context("analyze the run tables after the warm-up")?;
+    // the blob tables, where this server has them
+    let _ = sqlx::query("ANALYZE blobs, blob_refs")
+        .execute(&ctx.db)
+        .await;
     Ok(())
 }
 

@@ -1123,6 +1123,18 @@ fn render_details(r: &Results) -> String {
     for row in r.b1.iter().chain(b5_ends.iter().copied()) {
         statements_table(&mut t, row);
     }
+    // where the offloaded rows' Postgres time goes
+    for p in r
+        .payload
+        .iter()
+        .flatten()
+        .filter(|p| p.offload && p.bytes >= 100_000)
+    {
+        statements_table(&mut t, &p.row);
+        if let Some(perf) = &p.row.perf {
+            let _ = writeln!(t, "perf during {}:\n\n```\n{}```\n", p.row.label, perf);
+        }
+    }
     for row in r.b1.iter().chain(b5_ends.iter().copied()) {
         if let Some(perf) = &row.perf {
             let _ = writeln!(t, "perf during {}:\n\n```\n{}```\n", row.label, perf);

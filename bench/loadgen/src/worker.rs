@@ -279,11 +279,11 @@ impl BlobIo {
         if text.len() <= self.offload_bytes {
             return Ok(output);
         }
-        let chunks: Vec<UploadBlobRequest> = text
-            .as_bytes()
-            .chunks(1 << 20)
-            .map(|chunk| UploadBlobRequest {
-                data: chunk.to_vec(),
+        let bytes = tonic::codegen::Bytes::from(text.into_bytes());
+        let chunks: Vec<UploadBlobRequest> = (0..bytes.len())
+            .step_by(1 << 20)
+            .map(|start| UploadBlobRequest {
+                data: bytes.slice(start..bytes.len().min(start + (1 << 20))),
             })
             .collect();
         let blob = self

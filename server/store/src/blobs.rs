@@ -61,13 +61,19 @@ pub async fn touch_existing(
     namespace: &str,
     digests: &[String],
 ) -> Result<Vec<BlobRow>, StoreError> {
-    // touch_existing: blobs' primary key
+    // touch_existing: one primary-key probe per digest, whatever the plan
+    // cached when the table was small (decision 0032); the touch by ctid
     let rows = sqlx::query(
-        "WITH touched AS ( \
-           UPDATE blobs SET touched_at = now() \
-           WHERE namespace = $1 AND sha256 = ANY($2) \
-             AND touched_at < now() - make_interval(secs => $3)) \
-         SELECT sha256, size, head FROM blobs WHERE namespace = $1 AND sha256 = ANY($2)",
+        "WITH found AS ( \
+           SELECT b.ctid AS at, b.sha256, b.size, b.head, b.touched_at \
+           FROM UNNEST($2::text[]) AS d(sha256) \
+           CROSS JOIN LATERAL ( \
+             SELECT ctid, sha256, size, head, touched_at FROM blobs \
+             WHERE namespace = $1 AND sha256 = d.sha256 LIMIT 1) b), \
+         touched AS ( \
+           UPDATE blobs SET touched_at = now() WHERE ctid = ANY(ARRAY( \
+             SELECT at FROM found WHERE touched_at < now() - make_interval(secs => $3)))) \
+         SELECT sha256, size, head FROM found",
     )
     .bind(namespace)
     .bind(digests)
@@ -95,10 +101,13 @@ pub async fn refer(
     digests: &[String],
     keep_until: Option<DateTime<Utc>>,
 ) -> Result<Vec<String>, StoreError> {
-    // refer: blobs' primary key, then blob_refs' on insert
+    // refer: a primary-key probe of blobs per digest (decision 0032)
     let found = sqlx::query_scalar(
         "WITH found AS ( \
-           SELECT sha256 FROM blobs WHERE namespace = $2 AND sha256 = ANY($3) FOR KEY SHARE), \
+           SELECT b.sha256 FROM UNNEST($3::text[]) AS d(sha256) \
+           CROSS JOIN LATERAL ( \
+             SELECT sha256 FROM blobs WHERE namespace = $2 AND sha256 = d.sha256 \
+             FOR KEY SHARE) b), \
          added AS ( \
            INSERT INTO blob_refs (owner, namespace, sha256, keep_until) \
            SELECT $1, $2, sha256, $4 FROM found ON CONFLICT DO NOTHING) \

@@ -914,7 +914,7 @@ pub async fn delete_finished_runs(
         "WITH old AS ( \
            SELECT id FROM runs WHERE ended_at < $1 ORDER BY ended_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
          history AS (DELETE FROM run_events e USING old WHERE e.run_id = old.id), \
-         blobs AS (DELETE FROM blob_refs b USING old WHERE b.owner = old.id) \
+         blobs AS (DELETE FROM blob_refs WHERE owner = ANY(ARRAY(SELECT id FROM old))) \
          DELETE FROM runs r USING old WHERE r.id = old.id",
     )
     .bind(cutoff)

@@ -179,7 +179,7 @@ async fn a_namespace_reads_and_refers_to_its_own_blobs_only() {
     let chunks = bytes
         .chunks(300)
         .map(|chunk| UploadBlobRequest {
-            data: chunk.to_vec(),
+            data: chunk.to_vec().into(),
         })
         .collect::<Vec<_>>();
     let uploaded = BlobServiceClient::new(channel.clone())
@@ -266,7 +266,7 @@ fn json_string_chunks(size: usize, chunk: usize) -> impl futures::Stream<Item = 
         if start + len == size {
             data[len - 1] = b'"';
         }
-        UploadBlobRequest { data }
+        UploadBlobRequest { data: data.into() }
     }))
 }
 

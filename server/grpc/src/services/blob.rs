@@ -57,7 +57,7 @@ impl BlobService for BlobApi {
                     seen.store(true, std::sync::atomic::Ordering::Relaxed);
                     Err(Broken(format!("a chunk of {} bytes", chunk.data.len())))
                 }
-                Ok(chunk) => Ok(Bytes::from(chunk.data)),
+                Ok(chunk) => Ok(chunk.data),
                 Err(status) => Err(Broken(status.message().to_owned())),
             });
         let stored = self
@@ -105,16 +105,13 @@ impl BlobService for BlobApi {
         let mut first = true;
         let messages = chunks.map(move |chunk| {
             let size = if std::mem::take(&mut first) { size } else { 0 };
-            chunk.map(|data| DownloadBlobResponse {
-                data: data.to_vec(),
-                size,
-            })
+            chunk.map(|data| DownloadBlobResponse { data, size })
         });
         // an empty blob still tells its size
         let messages: DownloadStream = if size == 0 {
             Box::pin(futures::stream::once(async {
                 Ok(DownloadBlobResponse {
-                    data: Vec::new(),
+                    data: Bytes::new(),
                     size: 0,
                 })
             }))
