@@ -2,86 +2,13 @@
 //! server on loopback, installed by scripts/setup.sh; decision 0046): the
 //! same rules on both.
 
-use std::{
-    path::PathBuf,
-    process::{Child, Command, Stdio},
-    time::Duration,
-};
-
 use bytes::Bytes;
 use composer_blobs::{BlobError, BlobStore};
+use composer_testkit::moto::Moto;
 use futures::{StreamExt, TryStreamExt, stream};
 
-/// A moto S3 server on a free loopback port, with one bucket; stopped when
-/// dropped.
-struct Moto {
-    child: Child,
-    endpoint: String,
-}
-
-impl Drop for Moto {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn moto_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("COMPOSER_TEST_MOTO_SERVER") {
-        return PathBuf::from(path);
-    }
-    let repo = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let path = repo.join(".tools/moto/bin/moto_server");
-    assert!(
-        path.is_file(),
-        "{} is missing: run scripts/setup.sh (it installs moto, the S3 API these tests use)",
-        path.display()
-    );
-    path
-}
-
-async fn moto(bucket: &str) -> Moto {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port();
-    let child = Command::new(moto_binary())
-        .args(["-H", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("moto_server starts");
-    let endpoint = format!("http://127.0.0.1:{port}");
-    let moto = Moto { child, endpoint };
-    let client = reqwest::Client::new();
-    for _ in 0..300 {
-        if let Ok(answer) = client
-            .put(format!("{}/{bucket}", moto.endpoint))
-            .send()
-            .await
-            && answer.status().is_success()
-        {
-            return moto;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("moto did not answer within 30 s");
-}
-
-fn s3(moto: &Moto, bucket: &str) -> BlobStore {
-    let options: Vec<(String, String)> = [
-        ("aws_endpoint", moto.endpoint.as_str()),
-        ("aws_allow_http", "true"),
-        ("aws_access_key_id", "test"),
-        ("aws_secret_access_key", "test"),
-        ("aws_region", "us-east-1"),
-        ("aws_virtual_hosted_style_request", "false"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
-    BlobStore::open(&format!("s3://{bucket}/composer"), &options).expect("open s3")
+fn s3(moto: &Moto) -> BlobStore {
+    BlobStore::open(&moto.location(), &moto.options()).expect("open s3")
 }
 
 /// `size` bytes that differ from any other call's (a counter and a seed).
@@ -252,8 +179,8 @@ async fn a_local_folder_follows_the_rules() {
 
 #[tokio::test]
 async fn an_s3_bucket_follows_the_rules() {
-    let moto = moto("composer-blobs").await;
-    follows_the_rules(&s3(&moto, "composer-blobs")).await;
+    let moto = Moto::start("composer-blobs").await;
+    follows_the_rules(&s3(&moto)).await;
 }
 
 #[tokio::test]

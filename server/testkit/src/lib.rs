@@ -4,6 +4,7 @@
 //! `COMPOSER_TEST_REDIS_URL`; every test gets a database of its own.
 
 pub mod client;
+pub mod moto;
 pub mod redis_cluster;
 pub mod worker;
 

@@ -1,5 +1,5 @@
 //! The lifetime of payload blobs (decision 0047), against Postgres and a
-//! blob store in a folder: retention takes a run's references, the
+//! blob store in a folder or a real S3 API (moto): retention takes a run's references, the
 //! collector deletes a blob once nothing refers to it, and, whatever the
 //! interleaving of uploads, runs started on references, run deletions and
 //! collector passes, no run ever holds a reference to a deleted blob.
@@ -21,15 +21,33 @@ use uuid::Uuid;
 const WAITS: &str =
     "name: waits\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, input: '${input}' }\n";
 
+/// Where the blobs of a test go: a local folder, or a real S3 API (held
+/// only to be removed, or stopped, when the test ends).
+#[allow(dead_code)]
+enum Kept {
+    Folder(tempfile::TempDir),
+    S3(composer_testkit::moto::Moto),
+}
+
 struct Setup {
     coordinator: Coordinator,
     store: BlobStore,
-    _folder: tempfile::TempDir,
+    _kept: Kept,
 }
 
 async fn setup() -> Setup {
     let folder = tempfile::tempdir().expect("folder");
     let store = BlobStore::open(&folder.path().to_string_lossy(), &[]).expect("blob store");
+    setup_on(store, Kept::Folder(folder)).await
+}
+
+async fn setup_on_s3() -> Setup {
+    let moto = composer_testkit::moto::Moto::start("composer-lifetime").await;
+    let store = BlobStore::open(&moto.location(), &moto.options()).expect("s3 store");
+    setup_on(store, Kept::S3(moto)).await
+}
+
+async fn setup_on(store: BlobStore, kept: Kept) -> Setup {
     let coordinator = Coordinator::new(
         common::fresh_store(16).await,
         CoordinatorConfig {
@@ -46,7 +64,7 @@ async fn setup() -> Setup {
     Setup {
         coordinator,
         store,
-        _folder: folder,
+        _kept: kept,
     }
 }
 
@@ -80,9 +98,18 @@ async fn end_long_ago(coordinator: &Coordinator, run_id: Uuid) {
 
 #[tokio::test]
 async fn retention_takes_a_runs_references_and_the_collector_then_its_blob() {
+    retention_then_collector(setup().await).await;
+}
+
+#[tokio::test]
+async fn on_s3_retention_takes_a_runs_references_and_the_collector_then_its_blob() {
+    retention_then_collector(setup_on_s3().await).await;
+}
+
+async fn retention_then_collector(setup: Setup) {
     let Setup {
         coordinator, store, ..
-    } = setup().await;
+    } = setup;
     let input = json!({"doc": "d".repeat(5_000)});
     let (first, _) = coordinator
         .start_run(common::start_request("waits", input.clone()))
@@ -274,6 +301,7 @@ proptest! {
     fn the_collector_never_deletes_a_blob_a_run_refers_to(
         steps in prop::collection::vec(step(), 10..40),
         width in 2usize..6,
+        on_s3 in prop::bool::weighted(0.25),
     ) {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(4)
@@ -281,7 +309,7 @@ proptest! {
             .build()
             .expect("runtime");
         let outcome: Result<(), String> = runtime.block_on(async {
-            let setup = setup().await;
+            let setup = if on_s3 { setup_on_s3().await } else { setup().await };
             let started = tokio::sync::Mutex::new(Vec::new());
             for wave in steps.chunks(width) {
                 futures::future::join_all(
