@@ -3,20 +3,20 @@
 use composer_blobs::BlobStore;
 use composer_coordinator::payloads::Payloads;
 
-use crate::{config::ServerArgs, serve::StartError};
+use crate::config::ServerArgs;
 
 /// Bytes of blob values kept for expressions to read again.
 const BLOB_CACHE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Opens the blob store the settings name, or the default folder of the
-/// database `database_url` names.
-pub fn open(server: &ServerArgs, database_url: &str) -> Result<Payloads, StartError> {
+/// database `database_url` names; the error says why, for the start's.
+pub fn open(server: &ServerArgs, database_url: &str) -> Result<Payloads, String> {
     let location = match &server.blob_store {
         Some(location) => location.clone(),
         None => default_location(database_url),
     };
-    let store = BlobStore::open(&location, &server.blob_store_options)
-        .map_err(|e| StartError::BlobStore(e.to_string()))?;
+    let store =
+        BlobStore::open(&location, &server.blob_store_options).map_err(|e| e.to_string())?;
     tracing::info!(%location, "blob store");
     Ok(Payloads::new(store, BLOB_CACHE_BYTES))
 }

@@ -240,7 +240,9 @@ fn start_background(
     .with_publisher(publisher)
     .with_changes(feed)
     .with_secret_keys(KeyRing::from_files(&server.secrets_key_files)?)
-    .with_payloads(crate::blob_store::open(server, &backend.database_url)?);
+    .with_payloads(
+        crate::blob_store::open(server, &backend.database_url).map_err(StartError::BlobStore)?,
+    );
     if server.hand_off {
         coordinator = coordinator.with_hand_off(Arc::clone(&hub));
     }

@@ -14,6 +14,7 @@ use crate::{
     error::{CoordinatorError, FieldProblem},
     events::apply::{RunTxn, run_status_text, seed},
     events::bulk_step::BulkStep,
+    payloads::json_len,
 };
 
 /// A StartRun request.
@@ -91,25 +92,6 @@ fn input_problems(workflow: &crate::workflows::LoadedWorkflow, input: &Json) -> 
             description: e.to_string(),
         })
         .collect()
-}
-
-/// The length of `value` as compact JSON, counted without writing it.
-pub(crate) fn json_len(value: &Json) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 += bytes.len();
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    match serde_json::to_writer(&mut count, value) {
-        Ok(()) => count.0,
-        Err(_) => usize::MAX,
-    }
 }
 
 fn parse_run_id(text: &str) -> Result<Uuid, CoordinatorError> {

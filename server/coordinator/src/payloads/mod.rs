@@ -207,7 +207,7 @@ impl Coordinator {
         field: &str,
         value: Json,
     ) -> Result<Json, CoordinatorError> {
-        let size = crate::events::runs::json_len(&value);
+        let size = json_len(&value);
         if self.offloads(size) {
             return self.offload(namespace, field, &value).await;
         }
@@ -380,6 +380,25 @@ fn canonical_references(value: &mut Json, found: &[BlobRow]) {
             .iter_mut()
             .for_each(|v| canonical_references(v, found)),
         _ => {}
+    }
+}
+
+/// The length of `value` as compact JSON, counted without writing it.
+pub(crate) fn json_len(value: &Json) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
     }
 }
 
