@@ -49,14 +49,23 @@ pub struct BlobRef {
     pub digest: String,
 }
 
-/// An upload written whole and not yet visible at its key.
+/// An upload received whole and not yet visible at its key.
 #[derive(Debug)]
 pub struct Staged {
-    upload: Path,
+    pending: Pending,
     /// The blob it becomes.
     pub blob: BlobRef,
     /// Its first bytes (at most [`HEAD_BYTES`]).
     pub head: Bytes,
+}
+
+/// Where a staged upload's bytes wait for their publication.
+#[derive(Debug)]
+enum Pending {
+    /// A small blob, held in memory: published by one write.
+    Held(Vec<Bytes>),
+    /// A large one, written to an upload object (multipart).
+    Uploaded(Path),
 }
 
 /// How many of a blob's first bytes [`Staged::head`] keeps.
@@ -138,10 +147,11 @@ impl BlobStore {
         self.publish(staged).await
     }
 
-    /// The first half of [`put`](BlobStore::put): streams `chunks` to an
-    /// upload of `namespace` and learns their digest, without making a
-    /// blob visible. The caller records the blob (the server touches its
-    /// row, so the collector leaves it) and then publishes it.
+    /// The first half of [`put`](BlobStore::put): receives `chunks` and
+    /// learns their digest, without making a blob visible: a small blob is
+    /// held in memory, a large one streams to an upload object. The caller
+    /// records the blob (the server touches its row, so the collector
+    /// leaves it) and then publishes it.
     pub async fn stage<S, E>(
         &self,
         namespace: &str,
@@ -155,8 +165,11 @@ impl BlobStore {
         check_namespace(namespace)?;
         let upload = self.path(&format!("{namespace}/uploads/{}", uuid::Uuid::now_v7()));
         match self.write(&upload, chunks, limit).await {
-            Ok((size, digest, head)) => Ok(Staged {
-                upload,
+            Ok((size, digest, head, held)) => Ok(Staged {
+                pending: match held {
+                    Some(chunks) => Pending::Held(chunks),
+                    None => Pending::Uploaded(upload),
+                },
                 blob: BlobRef {
                     key: blob_key(namespace, &digest),
                     size,
@@ -165,7 +178,7 @@ impl BlobStore {
                 head,
             }),
             Err(error) => {
-                // a small upload may have no object yet; a multipart one was aborted
+                // a multipart upload was aborted; its object, if any, goes
                 let _ = self.store.delete(&upload).await;
                 Err(error)
             }
@@ -173,30 +186,79 @@ impl BlobStore {
     }
 
     /// Makes a staged upload the blob at its key (content-addressed: a
-    /// blob already there holds these same bytes) and removes the upload.
-    /// On the local disk the blob is synced before it is visible: a
-    /// reference committed to Postgres never outlives its bytes in a crash.
+    /// blob already there holds these same bytes). On the local disk the
+    /// blob is synced before it is visible: a reference committed to
+    /// Postgres never outlives its bytes in a crash.
     pub async fn publish(&self, staged: Staged) -> Result<BlobRef, BlobError> {
         let target = self.path(&staged.blob.key);
-        match self.store.head(&target).await {
+        match staged.pending {
+            Pending::Held(chunks) => self.publish_held(&target, chunks).await?,
+            Pending::Uploaded(upload) => self.publish_uploaded(&upload, &target).await?,
+        }
+        Ok(staged.blob)
+    }
+
+    /// A held blob: on the local disk one blocking call writes, syncs and
+    /// renames it into place; elsewhere one PUT (all or nothing).
+    async fn publish_held(&self, target: &Path, chunks: Vec<Bytes>) -> Result<(), BlobError> {
+        let (Some(file), Some(staging)) = (self.local_file(target), self.local_uploads(target))
+        else {
+            return match self.store.head(target).await {
+                Ok(_) => Ok(()),
+                Err(object_store::Error::NotFound { .. }) => {
+                    self.store
+                        .put(target, PutPayload::from_iter(chunks))
+                        .await?;
+                    Ok(())
+                }
+                Err(error) => Err(error.into()),
+            };
+        };
+        tokio::task::spawn_blocking(move || write_synced(&file, &staging, &chunks))
+            .await
+            .map_err(|e| BlobError::Upload(e.to_string()))?
+            .map_err(|e| BlobError::Upload(format!("write: {e}")))
+    }
+
+    /// A large blob already in its upload object: synced, renamed into
+    /// place (a copy and a delete off the local disk).
+    async fn publish_uploaded(&self, upload: &Path, target: &Path) -> Result<(), BlobError> {
+        match self.store.head(target).await {
             Ok(_) => {
-                let _ = self.store.delete(&staged.upload).await;
-                return Ok(staged.blob);
+                let _ = self.store.delete(upload).await;
+                return Ok(());
             }
             Err(object_store::Error::NotFound { .. }) => {}
             Err(error) => {
-                let _ = self.store.delete(&staged.upload).await;
+                let _ = self.store.delete(upload).await;
                 return Err(error.into());
             }
         }
-        self.sync_local(&staged.upload).await?;
-        // a rename on the local disk; a copy and a delete elsewhere
-        if let Err(error) = self.store.rename(&staged.upload, &target).await {
-            let _ = self.store.delete(&staged.upload).await;
+        self.sync_local(upload).await?;
+        if let Err(error) = self.store.rename(upload, target).await {
+            let _ = self.store.delete(upload).await;
             return Err(error.into());
         }
-        self.sync_local_folder(&target).await?;
-        Ok(staged.blob)
+        self.sync_local_folder(target).await
+    }
+
+    /// Drops a staged upload that will not be published.
+    pub async fn discard(&self, staged: Staged) {
+        if let Pending::Uploaded(upload) = staged.pending {
+            let _ = self.store.delete(&upload).await;
+        }
+    }
+
+    /// On the local disk: the uploads folder of the namespace `target`
+    /// (a blob's path) is in.
+    fn local_uploads(&self, target: &Path) -> Option<std::path::PathBuf> {
+        let namespace = target.prefix_match(&self.root)?.next()?;
+        Some(
+            self.local_folder
+                .as_ref()?
+                .join(namespace.as_ref())
+                .join("uploads"),
+        )
     }
 
     /// On the local disk: flushes the file at `path` to the disk.
@@ -231,19 +293,15 @@ impl BlobStore {
         Some(relative.fold(folder.clone(), |file, part| file.join(part.as_ref())))
     }
 
-    /// Drops a staged upload that will not be published.
-    pub async fn discard(&self, staged: Staged) {
-        let _ = self.store.delete(&staged.upload).await;
-    }
-
-    /// Writes the stream to `path`: one PUT when it is small, else a
-    /// multipart upload with a bounded number of parts in flight.
+    /// Receives the stream: a small one is returned, held, for one write at
+    /// publication; a large one goes to `path` as a multipart upload with a
+    /// bounded number of parts in flight.
     async fn write<S, E>(
         &self,
         path: &Path,
         chunks: S,
         limit: u64,
-    ) -> Result<(u64, String, Bytes), BlobError>
+    ) -> Result<(u64, String, Bytes, Option<Vec<Bytes>>), BlobError>
     where
         S: Stream<Item = Result<Bytes, E>> + Send,
         E: std::fmt::Display,
@@ -257,8 +315,7 @@ impl BlobStore {
         while head_bytes <= SINGLE_PUT_BYTES {
             let Some(chunk) = chunks.next().await else {
                 let first = first_bytes(&head);
-                self.store.put(path, PutPayload::from_iter(head)).await?;
-                return Ok((size, hex(digest.finish().as_ref()), first));
+                return Ok((size, hex(digest.finish().as_ref()), first, Some(head)));
             };
             let chunk = chunk.map_err(|e| BlobError::Upload(e.to_string()))?;
             size += chunk.len() as u64;
@@ -291,7 +348,7 @@ impl BlobStore {
         match outcome {
             Ok(()) => {
                 upload.finish().await?;
-                Ok((size, hex(digest.finish().as_ref()), first))
+                Ok((size, hex(digest.finish().as_ref()), first, None))
             }
             Err(error) => {
                 let _ = upload.abort().await;
@@ -328,6 +385,11 @@ impl BlobStore {
     ) -> Result<(u64, BoxStream<'static, Result<Bytes, BlobError>>), BlobError> {
         self.own(namespace, key)?;
         let path = self.path(key);
+        if let Some(file) = self.local_file(&path)
+            && let Some(whole) = read_local(file, offset, key).await?
+        {
+            return Ok(whole);
+        }
         let size = match self.store.head(&path).await {
             Ok(meta) => meta.size,
             Err(object_store::Error::NotFound { .. }) => {
@@ -515,6 +577,84 @@ impl BlobStore {
             .collect();
         Some(parts.join("/"))
     }
+}
+
+/// A local blob's bytes from `offset`, read in one blocking call when they
+/// are at most this many (more: streamed by the store).
+const LOCAL_WHOLE_READ_BYTES: u64 = 4 * 1024 * 1024;
+
+type Chunks = BoxStream<'static, Result<Bytes, BlobError>>;
+
+/// `file` from `offset` with its size, in one read, unless it has more
+/// than [`LOCAL_WHOLE_READ_BYTES`] left (None).
+async fn read_local(
+    file: std::path::PathBuf,
+    offset: u64,
+    key: &str,
+) -> Result<Option<(u64, Chunks)>, BlobError> {
+    use std::io::{Read, Seek};
+    let key = key.to_owned();
+    let read = tokio::task::spawn_blocking(move || -> std::io::Result<Option<(u64, Bytes)>> {
+        let mut opened = std::fs::File::open(&file)?;
+        let size = opened.metadata()?.len();
+        if size.saturating_sub(offset) > LOCAL_WHOLE_READ_BYTES {
+            return Ok(None);
+        }
+        let mut bytes =
+            Vec::with_capacity(usize::try_from(size.saturating_sub(offset)).unwrap_or(0));
+        opened.seek(std::io::SeekFrom::Start(offset.min(size)))?;
+        opened.read_to_end(&mut bytes)?;
+        Ok(Some((size, Bytes::from(bytes))))
+    })
+    .await
+    .map_err(|e| BlobError::Upload(e.to_string()))?;
+    match read {
+        Ok(Some((size, bytes))) => {
+            let chunks: Chunks = if bytes.is_empty() {
+                futures::stream::empty().boxed()
+            } else {
+                futures::stream::once(async move { Ok(bytes) }).boxed()
+            };
+            Ok(Some((size, chunks)))
+        }
+        Ok(None) => Ok(None),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(BlobError::NotFound(key)),
+        Err(error) => Err(BlobError::Upload(format!("read: {error}"))),
+    }
+}
+
+/// Writes `chunks` to a file in `staging`, syncs it, renames it to `file`
+/// and syncs `file`'s folder; a file already at `file` holds these bytes.
+/// A crash leaves at most the `#`-suffixed staging file, which the
+/// collector sweeps.
+fn write_synced(
+    file: &std::path::Path,
+    staging: &std::path::Path,
+    chunks: &[Bytes],
+) -> std::io::Result<()> {
+    use std::io::Write;
+    if file.exists() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(staging)?;
+    let temporary = staging.join(format!("{}#held", uuid::Uuid::now_v7()));
+    let written = (|| {
+        let mut out = std::fs::File::create(&temporary)?;
+        for chunk in chunks {
+            out.write_all(chunk)?;
+        }
+        out.sync_all()?;
+        let folder = file
+            .parent()
+            .ok_or_else(|| std::io::Error::other("a blob's path has a folder"))?;
+        std::fs::create_dir_all(folder)?;
+        std::fs::rename(&temporary, file)?;
+        std::fs::File::open(folder)?.sync_all()
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    written
 }
 
 /// The key of the blob of `namespace` whose SHA-256 is `sha256` (hex).

@@ -117,6 +117,8 @@ pub const RPC_CLASSES: &[(&str, CallClass)] = &[
     ("/composer.v1.QueueService/GetQueueRateLimit", Read),
     ("/composer.v1.QueueService/ListQueueRateLimits", Read),
     ("/composer.v1.QueueService/DeleteQueueRateLimit", Write),
+    ("/composer.v1.BlobService/UploadBlob", Write),
+    ("/composer.v1.BlobService/DownloadBlob", Read),
     ("/composer.v1.WorkerService/PollTasks", Worker),
     ("/composer.v1.WorkerService/Heartbeat", Worker),
     ("/composer.v1.WorkerService/CompleteTask", Worker),
@@ -137,6 +139,7 @@ pub fn class_of(path: &str) -> CallClass {
 enum Held {
     WatchStream,
     LongPoll,
+    BlobTransfer,
 }
 
 impl Held {
@@ -144,6 +147,9 @@ impl Held {
         match path {
             "/composer.v1.RunService/WatchRun" => Some(Held::WatchStream),
             "/composer.v1.WorkerService/PollTasks" => Some(Held::LongPoll),
+            "/composer.v1.BlobService/UploadBlob" | "/composer.v1.BlobService/DownloadBlob" => {
+                Some(Held::BlobTransfer)
+            }
             _ => None,
         }
     }
@@ -158,6 +164,13 @@ impl Held {
             Held::LongPoll => [
                 (Quota::LongPolls, quotas.long_polls),
                 (Quota::LongPollsPerToken, quotas.long_polls_per_token),
+            ],
+            Held::BlobTransfer => [
+                (Quota::BlobTransfers, quotas.blob_transfers),
+                (
+                    Quota::BlobTransfersPerToken,
+                    quotas.blob_transfers_per_token,
+                ),
             ],
         }
     }
@@ -202,6 +215,7 @@ impl NamespaceUse {
 struct Open {
     watch_streams: u32,
     long_polls: u32,
+    blob_transfers: u32,
 }
 
 impl Open {
@@ -209,6 +223,7 @@ impl Open {
         match held {
             Held::WatchStream => &mut self.watch_streams,
             Held::LongPoll => &mut self.long_polls,
+            Held::BlobTransfer => &mut self.blob_transfers,
         }
     }
 
@@ -216,11 +231,12 @@ impl Open {
         match held {
             Held::WatchStream => self.watch_streams,
             Held::LongPoll => self.long_polls,
+            Held::BlobTransfer => self.blob_transfers,
         }
     }
 
     fn is_empty(&self) -> bool {
-        self.watch_streams == 0 && self.long_polls == 0
+        self.watch_streams == 0 && self.long_polls == 0 && self.blob_transfers == 0
     }
 }
 

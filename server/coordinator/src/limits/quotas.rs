@@ -39,6 +39,11 @@ pub enum Quota {
     LongPolls,
     /// PollTasks calls one token has waiting at once, per server.
     LongPollsPerToken,
+    /// Blob uploads and downloads open at once, per server (each holds up
+    /// to a few MiB of the server's memory while it lasts).
+    BlobTransfers,
+    /// Blob uploads and downloads one token has open at once, per server.
+    BlobTransfersPerToken,
     /// Schedules the namespace holds.
     Schedules,
     /// Queue rate limits the namespace holds.
@@ -54,7 +59,7 @@ pub enum Quota {
 
 impl Quota {
     /// Every quota.
-    pub const ALL: [Quota; 12] = [
+    pub const ALL: [Quota; 14] = [
         Quota::Reads,
         Quota::Writes,
         Quota::WorkerCalls,
@@ -62,6 +67,8 @@ impl Quota {
         Quota::WatchStreamsPerToken,
         Quota::LongPolls,
         Quota::LongPollsPerToken,
+        Quota::BlobTransfers,
+        Quota::BlobTransfersPerToken,
         Quota::Schedules,
         Quota::QueueRateLimits,
         Quota::ConcurrencyKeys,
@@ -79,6 +86,8 @@ impl Quota {
             Quota::WatchStreamsPerToken => "watch_streams_per_token",
             Quota::LongPolls => "long_polls",
             Quota::LongPollsPerToken => "long_polls_per_token",
+            Quota::BlobTransfers => "blob_transfers",
+            Quota::BlobTransfersPerToken => "blob_transfers_per_token",
             Quota::Schedules => "schedules",
             Quota::QueueRateLimits => "queue_rate_limits",
             Quota::ConcurrencyKeys => "concurrency_keys",
@@ -127,6 +136,10 @@ pub struct Quotas {
     pub long_polls: u32,
     /// Waiting PollTasks calls of one token, per server.
     pub long_polls_per_token: u32,
+    /// Open blob uploads and downloads, per server.
+    pub blob_transfers: u32,
+    /// Open blob uploads and downloads of one token, per server.
+    pub blob_transfers_per_token: u32,
     /// Schedules held.
     pub schedules: u32,
     /// Queue rate limits held.
@@ -151,6 +164,9 @@ impl Default for Quotas {
             watch_streams_per_token: 2_500,
             long_polls: 10_000,
             long_polls_per_token: 5_000,
+            // a transfer holds up to 15 MiB: 64 are about 1 GiB at most
+            blob_transfers: 64,
+            blob_transfers_per_token: 32,
             schedules: 10_000,
             queue_rate_limits: 1_000,
             concurrency_keys: 10_000,
@@ -188,6 +204,14 @@ impl Quotas {
             Quota::LongPollsPerToken => format!(
                 "at most {} waiting PollTasks calls per token on each server",
                 self.long_polls_per_token
+            ),
+            Quota::BlobTransfers => format!(
+                "at most {} blob uploads and downloads open on each server",
+                self.blob_transfers
+            ),
+            Quota::BlobTransfersPerToken => format!(
+                "at most {} blob uploads and downloads open per token on each server",
+                self.blob_transfers_per_token
             ),
             Quota::Schedules => format!("at most {} schedules", self.schedules),
             Quota::QueueRateLimits => {
@@ -358,6 +382,8 @@ struct Overrides {
     watch_streams_per_token: Option<u32>,
     long_polls: Option<u32>,
     long_polls_per_token: Option<u32>,
+    blob_transfers: Option<u32>,
+    blob_transfers_per_token: Option<u32>,
     schedules: Option<u32>,
     queue_rate_limits: Option<u32>,
     concurrency_keys: Option<u32>,
@@ -404,6 +430,11 @@ impl Overrides {
             ),
             (self.long_polls, &mut quotas.long_polls),
             (self.long_polls_per_token, &mut quotas.long_polls_per_token),
+            (self.blob_transfers, &mut quotas.blob_transfers),
+            (
+                self.blob_transfers_per_token,
+                &mut quotas.blob_transfers_per_token,
+            ),
             (self.schedules, &mut quotas.schedules),
             (self.queue_rate_limits, &mut quotas.queue_rate_limits),
             (self.concurrency_keys, &mut quotas.concurrency_keys),

@@ -20,7 +20,9 @@ use uuid::Uuid;
 use crate::{
     caller::Caller,
     convert::timestamp,
-    status::{MAX_KEY_BYTES, MAX_TEXT_BYTES, check_text, from_coordinator, invalid_field},
+    status::{
+        MAX_KEY_BYTES, MAX_TEXT_BYTES, check_name, check_text, from_coordinator, invalid_field,
+    },
 };
 
 use super::run_fields::{FilterFields, api_status, run_filter, status_filter};
@@ -45,6 +47,7 @@ pub(crate) async fn migration(
             "names the workflow whose runs move; required",
         ));
     }
+    check_name("filter.workflow_name", name)?;
     if request.target_version <= 0 {
         return Err(invalid_field("target_version", "must be positive"));
     }
@@ -64,7 +67,7 @@ pub(crate) async fn migration(
             return Err(invalid_field(
                 "target_version",
                 format!(
-                    "workflow {name:?} has no version {}",
+                    "the filter's workflow has no version {}",
                     request.target_version
                 ),
             ));

@@ -27,6 +27,7 @@ use composer_testkit::{
     client::TestClient,
     worker::{Outcome, TestWorker, value_of},
 };
+use futures::StreamExt;
 use serde_json::json;
 use tonic::{Code, Status, Streaming, transport::Channel};
 use tonic_types::StatusExt;
@@ -758,4 +759,100 @@ async fn a_queue_uses_at_most_its_quota_of_rate_limit_keys_and_the_rest_wait() {
     )
     .await;
     assert!(held >= 1.0, "tasks held back by the key quota are counted");
+}
+
+/// An upload that sends one chunk and then waits forever: it holds its
+/// place until the task is aborted.
+fn stalled_upload(channel: &Channel, token: &str) -> tokio::task::JoinHandle<Result<(), Status>> {
+    let channel = channel.clone();
+    let request = authed(
+        futures::stream::iter([composer_proto::v1::UploadBlobRequest {
+            data: b"\"partial".to_vec().into(),
+        }])
+        .chain(futures::stream::pending()),
+        token,
+    );
+    tokio::spawn(async move {
+        composer_proto::v1::blob_service_client::BlobServiceClient::new(channel)
+            .upload_blob(request)
+            .await
+            .map(|_| ())
+    })
+}
+
+async fn upload(channel: &Channel, token: &str, text: &str) -> Result<String, Status> {
+    let chunk = composer_proto::v1::UploadBlobRequest {
+        data: text.as_bytes().to_vec().into(),
+    };
+    let answer = composer_proto::v1::blob_service_client::BlobServiceClient::new(channel.clone())
+        .upload_blob(authed(futures::stream::iter([chunk]), token))
+        .await?;
+    Ok(answer.into_inner().blob.expect("reference").sha256)
+}
+
+#[tokio::test]
+async fn blob_transfers_past_their_limits_are_refused_while_another_namespace_uploads() {
+    let (_dir, path) = quotas_file(
+        "namespaces:\n  tight:\n    blob_transfers: 3\n    blob_transfers_per_token: 2\n",
+    );
+    let server = server_with_tokens(&path, &[]).await;
+    let channel = channel(&server).await;
+    let alice = token("tight", "alice", &["client"]);
+    let bob = token("tight", "bob", &["client"]);
+    let other = token("other", "carol", &["client"]);
+
+    // alice holds two uploads open: her token's two
+    let mut held: Vec<_> = (0..2).map(|_| stalled_upload(&channel, &alice)).collect();
+    // both admitted before a third tries (a third first would take a place)
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        held.iter().all(|u| !u.is_finished()),
+        "a stalled upload ended"
+    );
+    let refused = eventually("alice's third upload refused", || async {
+        upload(&channel, &alice, "\"a\"").await.err()
+    })
+    .await;
+    let refused = refusal(&refused);
+    assert_eq!(refused.quota, "blob_transfers_per_token");
+    assert_eq!(refused.subject, "token:tight/alice");
+    // bob holds one more: the namespace's three
+    held.push(stalled_upload(&channel, &bob));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        held.iter().all(|u| !u.is_finished()),
+        "a stalled upload ended"
+    );
+    let refused = eventually("bob's second upload refused", || async {
+        upload(&channel, &bob, "\"b\"").await.err()
+    })
+    .await;
+    let refused = refusal(&refused);
+    assert_eq!(refused.quota, "blob_transfers");
+    assert_eq!(refused.subject, "namespace:tight");
+
+    // another namespace uploads meanwhile, and its uploads take their time
+    let mut took = Vec::new();
+    for n in 0..20 {
+        let began = Instant::now();
+        upload(&channel, &other, &format!("\"other {n}\""))
+            .await
+            .expect("another namespace uploads");
+        took.push(began.elapsed());
+    }
+    took.sort();
+    eprintln!(
+        "another namespace's uploads while tight is full: p50 {:?}, max {:?}",
+        percentile(&took, 0.5),
+        took[took.len() - 1]
+    );
+
+    // a place given back is taken again
+    for upload in held {
+        upload.abort();
+    }
+    eventually("tight uploads again", || async {
+        upload(&channel, &alice, "\"again\"").await.ok()
+    })
+    .await;
 }

@@ -281,7 +281,11 @@ async fn send_event(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_idle_watch_streams_cost_no_cpu_and_a_change_reaches_them_all() {
-    let server = ServerProcess::start(&composer_binary(), &TOKEN_ARGS).await;
+    // the 100 KB payload inline (not a blob's reference): every frame
+    // carries it, which is what the fan-out must not copy per stream
+    let mut args = TOKEN_ARGS.to_vec();
+    args.extend(["--payload-offload-bytes", "0"]);
+    let server = ServerProcess::start(&composer_binary(), &args).await;
     let channel = channel(&server).await;
     let operator_a = token("a", "a-operator", &["operator"]);
     let reader_a = token("a", "a-reader", &["reader"]);
