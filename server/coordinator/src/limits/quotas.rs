@@ -164,9 +164,10 @@ impl Default for Quotas {
             watch_streams_per_token: 2_500,
             long_polls: 10_000,
             long_polls_per_token: 5_000,
-            // a transfer holds up to 15 MiB: 64 are about 1 GiB at most
-            blob_transfers: 64,
-            blob_transfers_per_token: 32,
+            // a transfer of a blob under 5 MiB holds its size, a larger one
+            // up to 15 MiB: enough for one namespace's B1 at 100 KB
+            blob_transfers: 256,
+            blob_transfers_per_token: 256,
             schedules: 10_000,
             queue_rate_limits: 1_000,
             concurrency_keys: 10_000,
