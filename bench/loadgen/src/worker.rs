@@ -249,14 +249,16 @@ impl BlobIo {
     /// Downloads every blob `input` refers to (the bytes are dropped: a
     /// handler would read them).
     async fn fetch_input(&mut self, input: &Value) -> Result<()> {
-        let mut digests = Vec::new();
-        references(input, &mut digests);
+        let input = composer_grpc::convert::to_json(Some(input.clone()), "input")?;
+        let digests = composer_engine::blob::references(&input)
+            .into_iter()
+            .filter_map(composer_engine::blob::reference_digest);
         for sha256 in digests {
-            let mut stream = self
-                .client
-                .download_blob(DownloadBlobRequest { sha256, offset: 0 })
-                .await?
-                .into_inner();
+            let request = DownloadBlobRequest {
+                sha256: sha256.to_owned(),
+                offset: 0,
+            };
+            let mut stream = self.client.download_blob(request).await?.into_inner();
             while let Some(chunk) = stream.message().await? {
                 std::hint::black_box(chunk.data.len());
             }
@@ -267,23 +269,16 @@ impl BlobIo {
     /// The output to report: `output` with the task's id in it (so no two
     /// outputs are the same bytes), uploaded when large.
     async fn output(&mut self, output: &Value, task_id: &str) -> Result<Value> {
-        let mut fields = match &output.kind {
-            Some(Kind::StructValue(s)) => s.fields.clone(),
-            _ => Default::default(),
-        };
-        fields.insert("task".to_owned(), string_value(task_id));
-        let output = Value {
-            kind: Some(Kind::StructValue(Struct { fields })),
-        };
-        let text = json_text(&output);
+        let mut output = composer_grpc::convert::to_json(Some(output.clone()), "output")?;
+        output["task"] = serde_json::json!(task_id);
+        let text = tonic::codegen::Bytes::from(serde_json::to_vec(&output)?);
         if text.len() <= self.offload_bytes {
-            return Ok(output);
+            return Ok(composer_grpc::convert::from_json(&output));
         }
-        let bytes = tonic::codegen::Bytes::from(text.into_bytes());
-        let chunks: Vec<UploadBlobRequest> = (0..bytes.len())
+        let chunks: Vec<UploadBlobRequest> = (0..text.len())
             .step_by(1 << 20)
             .map(|start| UploadBlobRequest {
-                data: bytes.slice(start..bytes.len().min(start + (1 << 20))),
+                data: text.slice(start..text.len().min(start + (1 << 20))),
             })
             .collect();
         let blob = self
@@ -293,69 +288,10 @@ impl BlobIo {
             .into_inner()
             .blob
             .ok_or_else(|| anyhow::anyhow!("the upload returned no reference"))?;
-        let mut inner = std::collections::BTreeMap::new();
-        inner.insert("sha256".to_owned(), string_value(&blob.sha256));
-        let mut reference = std::collections::BTreeMap::new();
-        reference.insert(
-            "$blob".to_owned(),
-            Value {
-                kind: Some(Kind::StructValue(Struct { fields: inner })),
-            },
-        );
-        Ok(Value {
-            kind: Some(Kind::StructValue(Struct { fields: reference })),
-        })
+        let size = u64::try_from(blob.size).unwrap_or_default();
+        let reference = composer_engine::blob::reference(&blob.sha256, size, &blob.head);
+        Ok(composer_grpc::convert::from_json(&reference))
     }
-}
-
-fn string_value(text: &str) -> Value {
-    Value {
-        kind: Some(Kind::StringValue(text.to_owned())),
-    }
-}
-
-/// The digests of the `{"$blob": {"sha256": ...}}` objects in `value`.
-fn references(value: &Value, out: &mut Vec<String>) {
-    match &value.kind {
-        Some(Kind::StructValue(s)) => {
-            if s.fields.len() == 1
-                && let Some(Value {
-                    kind: Some(Kind::StructValue(inner)),
-                }) = s.fields.get("$blob")
-            {
-                if let Some(Value {
-                    kind: Some(Kind::StringValue(sha256)),
-                }) = inner.fields.get("sha256")
-                {
-                    out.push(sha256.clone());
-                }
-                return;
-            }
-            s.fields.values().for_each(|v| references(v, out));
-        }
-        Some(Kind::ListValue(l)) => l.values.iter().for_each(|v| references(v, out)),
-        _ => {}
-    }
-}
-
-/// A protobuf Value as compact JSON text (strings escaped as JSON does).
-fn json_text(value: &Value) -> String {
-    fn to_json(value: &Value) -> serde_json::Value {
-        match &value.kind {
-            None | Some(Kind::NullValue(_)) => serde_json::Value::Null,
-            Some(Kind::BoolValue(b)) => serde_json::Value::Bool(*b),
-            Some(Kind::NumberValue(n)) => serde_json::json!(n),
-            Some(Kind::StringValue(s)) => serde_json::Value::String(s.clone()),
-            Some(Kind::ListValue(l)) => l.values.iter().map(to_json).collect(),
-            Some(Kind::StructValue(s)) => s
-                .fields
-                .iter()
-                .map(|(k, v)| (k.clone(), to_json(v)))
-                .collect::<serde_json::Map<_, _>>()
-                .into(),
-        }
-    }
-    to_json(value).to_string()
 }
 
 impl Poller {

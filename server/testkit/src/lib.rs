@@ -3,6 +3,7 @@
 //! used by `make test`) starts and names in `COMPOSER_TEST_DATABASE_URL` and
 //! `COMPOSER_TEST_REDIS_URL`; every test gets a database of its own.
 
+pub mod blob_place;
 pub mod client;
 pub mod moto;
 pub mod redis_cluster;

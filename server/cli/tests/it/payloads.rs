@@ -13,6 +13,7 @@ use composer_proto::v1::{
 };
 use composer_testkit::{
     ServerProcess,
+    blob_place::BlobPlace,
     client::{TestClient, output_of},
     fresh_database, fresh_redis_url,
     worker::{Outcome, TestWorker, json_of, value_of},
@@ -73,49 +74,14 @@ async fn channel(server: &ServerProcess) -> Channel {
     crate::common::channel(server).await
 }
 
-/// Where a test's server keeps its blobs: a folder, or a bucket of a real
-/// S3 API (moto), given on the command line as a user would.
-struct BlobPlace {
-    args: Vec<String>,
-    view: composer_blobs::BlobStore,
-    _folder: Option<tempfile::TempDir>,
-    _moto: Option<composer_testkit::moto::Moto>,
+/// Flags as the server starter takes them.
+fn flags(args: &[String]) -> Vec<&str> {
+    args.iter().map(String::as_str).collect()
 }
 
-impl BlobPlace {
-    fn folder() -> Self {
-        let folder = tempfile::tempdir().expect("folder");
-        let location = folder.path().to_string_lossy().into_owned();
-        Self {
-            view: composer_blobs::BlobStore::open(&location, &[]).expect("open"),
-            args: vec!["--blob-store".to_owned(), location],
-            _folder: Some(folder),
-            _moto: None,
-        }
-    }
-
-    async fn bucket() -> Self {
-        let moto = composer_testkit::moto::Moto::start("composer-e2e").await;
-        let mut args = vec!["--blob-store".to_owned(), moto.location()];
-        for (key, value) in moto.options() {
-            args.extend(["--blob-store-option".to_owned(), format!("{key}={value}")]);
-        }
-        Self {
-            view: composer_blobs::BlobStore::open(&moto.location(), &moto.options()).expect("open"),
-            args,
-            _folder: None,
-            _moto: Some(moto),
-        }
-    }
-
-    fn args(&self) -> Vec<&str> {
-        self.args.iter().map(String::as_str).collect()
-    }
-
-    /// How many blobs of the default namespace are visible.
-    async fn published(&self) -> usize {
-        self.view.list("default").await.expect("list").len()
-    }
+/// How many blobs of the default namespace are visible in `place`.
+async fn published(place: &BlobPlace) -> usize {
+    place.open().list("default").await.expect("list").len()
 }
 
 #[tokio::test]
@@ -125,16 +91,17 @@ async fn large_values_are_kept_as_blobs_passed_along_unread_and_read_by_expressi
 
 #[tokio::test]
 async fn in_a_bucket_large_values_are_kept_as_blobs_passed_along_and_read() {
-    values_kept_as_blobs(BlobPlace::bucket().await).await;
+    values_kept_as_blobs(BlobPlace::bucket("composer-e2e").await).await;
 }
 
 async fn values_kept_as_blobs(place: BlobPlace) {
     let database = fresh_database().await;
+    let args = place.server_args();
     let server = ServerProcess::start_with(
         &composer_binary(),
         &database,
         &fresh_redis_url(),
-        &place.args(),
+        &flags(&args),
     )
     .await;
     let url = format!("http://{}", server.addr);
@@ -334,7 +301,8 @@ async fn a_gibibyte_payload_streams_through_with_the_server_memory_bounded() {
     const SIZE: usize = 1 << 30;
     // a folder removed when the test ends: a gibibyte is not left behind
     let place = BlobPlace::folder();
-    let server = ServerProcess::start(&composer_binary(), &place.args()).await;
+    let args = place.server_args();
+    let server = ServerProcess::start(&composer_binary(), &flags(&args)).await;
     let channel = channel(&server).await;
     let before = peak_rss_bytes(server.pid());
     let uploaded = BlobServiceClient::new(channel.clone())
@@ -405,14 +373,15 @@ async fn a_server_killed_mid_upload_shows_nothing_and_the_retry_completes() {
 
 #[tokio::test]
 async fn in_a_bucket_a_server_killed_mid_upload_shows_nothing_and_the_retry_completes() {
-    killed_mid_upload(BlobPlace::bucket().await).await;
+    killed_mid_upload(BlobPlace::bucket("composer-e2e").await).await;
 }
 
 async fn killed_mid_upload(place: BlobPlace) {
     const SIZE: usize = 64 << 20;
     let database = fresh_database().await;
     let redis = fresh_redis_url();
-    let args = place.args();
+    let args = place.server_args();
+    let args = flags(&args);
     let mut server = ServerProcess::start_with(&composer_binary(), &database, &redis, &args).await;
     let channel = channel(&server).await;
     // half the bytes, then a stream that never ends
@@ -453,7 +422,7 @@ async fn killed_mid_upload(place: BlobPlace) {
         .await
         .expect("blobs");
     assert_eq!(rows, 0);
-    assert_eq!(place.published().await, 0, "a blob appeared");
+    assert_eq!(published(&place).await, 0, "a blob appeared");
 
     // the retry, on a new server, completes
     let server = ServerProcess::start_with(&composer_binary(), &database, &redis, &args).await;
@@ -470,7 +439,7 @@ async fn killed_mid_upload(place: BlobPlace) {
         .await
         .expect("download");
     assert_eq!(bytes.len(), SIZE);
-    assert_eq!(place.published().await, 1);
+    assert_eq!(published(&place).await, 1);
 }
 
 #[tokio::test]

@@ -614,7 +614,7 @@ impl<'a> RunTxn<'a> {
 
     /// A task's rendered input as its row holds it: offloaded when large.
     async fn task_input(&mut self, input: Json) -> Result<Json, CoordinatorError> {
-        if !self.coordinator.offloads(crate::payloads::json_len(&input)) {
+        if !self.coordinator.offloads(&input) {
             return Ok(input);
         }
         let reference = self

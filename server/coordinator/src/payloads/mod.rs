@@ -122,14 +122,16 @@ impl Coordinator {
             .ok_or(CoordinatorError::NoBlobStore)
     }
 
-    /// Whether a value of `size` bytes of JSON is offloaded.
-    pub(crate) fn offloads(&self, size: usize) -> bool {
+    /// Whether `value` goes to the blob store: counted only when offload
+    /// is on, and only up to the threshold (a task's input on the hot path).
+    pub(crate) fn offloads(&self, value: &Json) -> bool {
         let threshold = self.config.payload_offload_bytes;
-        self.payloads.is_some() && threshold > 0 && size > threshold
+        self.payloads.is_some() && threshold > 0 && json_longer_than(value, threshold)
     }
 
-    /// Streams `chunks` into a blob of `namespace` (BlobService's upload).
-    /// The bytes must be one JSON value: a blob stands for a value.
+    /// Streams `chunks` into a blob of `namespace` (BlobService's upload):
+    /// the JSON text of a value, read as JSON only when an expression looks
+    /// inside.
     pub async fn upload_blob<S, E>(
         &self,
         namespace: &str,
@@ -207,8 +209,7 @@ impl Coordinator {
         field: &str,
         value: Json,
     ) -> Result<Json, CoordinatorError> {
-        let size = json_len(&value);
-        if self.offloads(size) {
+        if self.offloads(&value) {
             return self.offload(namespace, field, &value).await;
         }
         if !blob::holds_references(&value) {
@@ -384,6 +385,29 @@ fn canonical_references(value: &mut Json, found: &[BlobRow]) {
 }
 
 /// The length of `value` as compact JSON, counted without writing it.
+/// Whether `value` as compact JSON is longer than `limit` bytes, counting
+/// no further than that.
+fn json_longer_than(value: &Json, limit: usize) -> bool {
+    struct Count {
+        bytes: usize,
+        limit: usize,
+    }
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.bytes += bytes.len();
+            if self.bytes > self.limit {
+                return Err(std::io::Error::other("longer"));
+            }
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count { bytes: 0, limit };
+    serde_json::to_writer(&mut count, value).is_err()
+}
+
 pub(crate) fn json_len(value: &Json) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
@@ -426,6 +450,14 @@ mod tests {
         assert_eq!(head.chars().count(), HEAD_BYTES / 2);
         let odd = &"aé".as_bytes()[..2];
         assert_eq!(head_text(odd), "a");
+    }
+
+    #[test]
+    fn a_value_is_longer_than_a_limit_when_its_json_is() {
+        let value = serde_json::json!({"a": "x".repeat(10)});
+        let len = json_len(&value);
+        assert!(json_longer_than(&value, len - 1));
+        assert!(!json_longer_than(&value, len));
     }
 
     #[test]

@@ -13,6 +13,7 @@ use composer_coordinator::{
     Coordinator, CoordinatorConfig, CoordinatorError, payloads::Payloads,
     time::recovery::RecoveryConfig,
 };
+use composer_testkit::blob_place::BlobPlace;
 use proptest::prelude::*;
 use serde_json::{Value as Json, json};
 use uuid::Uuid;
@@ -21,33 +22,23 @@ use uuid::Uuid;
 const WAITS: &str =
     "name: waits\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, input: '${input}' }\n";
 
-/// Where the blobs of a test go: a local folder, or a real S3 API (held
-/// only to be removed, or stopped, when the test ends).
-#[allow(dead_code)]
-enum Kept {
-    Folder(tempfile::TempDir),
-    S3(composer_testkit::moto::Moto),
-}
-
 struct Setup {
     coordinator: Coordinator,
     store: BlobStore,
-    _kept: Kept,
+    /// Kept (the folder, the moto server) while the test runs.
+    _place: BlobPlace,
 }
 
 async fn setup() -> Setup {
-    let folder = tempfile::tempdir().expect("folder");
-    let store = BlobStore::open(&folder.path().to_string_lossy(), &[]).expect("blob store");
-    setup_on(store, Kept::Folder(folder)).await
+    setup_on(BlobPlace::folder()).await
 }
 
 async fn setup_on_s3() -> Setup {
-    let moto = composer_testkit::moto::Moto::start("composer-lifetime").await;
-    let store = BlobStore::open(&moto.location(), &moto.options()).expect("s3 store");
-    setup_on(store, Kept::S3(moto)).await
+    setup_on(BlobPlace::bucket("composer-lifetime").await).await
 }
 
-async fn setup_on(store: BlobStore, kept: Kept) -> Setup {
+async fn setup_on(place: BlobPlace) -> Setup {
+    let store = place.open();
     let coordinator = Coordinator::new(
         common::fresh_store(16).await,
         CoordinatorConfig {
@@ -64,7 +55,7 @@ async fn setup_on(store: BlobStore, kept: Kept) -> Setup {
     Setup {
         coordinator,
         store,
-        _kept: kept,
+        _place: place,
     }
 }
 

@@ -32,16 +32,6 @@ pub(crate) struct BlobApi {
 
 type DownloadStream = Pin<Box<dyn Stream<Item = Result<DownloadBlobResponse, Status>> + Send>>;
 
-/// Why an upload's stream broke off (the store aborts the upload then).
-#[derive(Debug)]
-struct Broken(String);
-
-impl std::fmt::Display for Broken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 #[tonic::async_trait]
 impl BlobService for BlobApi {
     async fn upload_blob(
@@ -49,27 +39,20 @@ impl BlobService for BlobApi {
         request: Request<Streaming<UploadBlobRequest>>,
     ) -> Result<Response<UploadBlobResponse>, Status> {
         let caller = caller(&request)?;
-        let oversized = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let seen = std::sync::Arc::clone(&oversized);
-        let chunks =
-            idle_bounded(request.into_inner(), UPLOAD_IDLE).map(move |chunk| match chunk {
-                Ok(chunk) if chunk.data.len() > MAX_CHUNK_BYTES => {
-                    seen.store(true, std::sync::atomic::Ordering::Relaxed);
-                    Err(Broken(format!("a chunk of {} bytes", chunk.data.len())))
-                }
-                Ok(chunk) => Ok(chunk.data),
-                Err(status) => Err(Broken(status.message().to_owned())),
-            });
+        // a chunk over the limit or a broken stream ends the upload: the
+        // coordinator aborts it and names `data`
+        let chunks = idle_bounded(request.into_inner(), UPLOAD_IDLE).map(|chunk| match chunk {
+            Ok(chunk) if chunk.data.len() > MAX_CHUNK_BYTES => Err(format!(
+                "a chunk of {} bytes, over the limit of {MAX_CHUNK_BYTES}",
+                chunk.data.len()
+            )),
+            Ok(chunk) => Ok(chunk.data),
+            Err(status) => Err(status.message().to_owned()),
+        });
         let stored = self
             .coordinator
             .upload_blob(&caller.namespace, chunks)
             .await;
-        if oversized.load(std::sync::atomic::Ordering::Relaxed) {
-            return Err(invalid_field(
-                "data",
-                format!("a chunk is over the limit of {MAX_CHUNK_BYTES} bytes"),
-            ));
-        }
         let stored = stored.map_err(from_coordinator)?;
         Ok(Response::new(UploadBlobResponse {
             blob: Some(BlobRef {
