@@ -52,7 +52,8 @@ set -e
 # plain line of the counts.
 passed=$(sed -nE 's/^ +([0-9]+) passed.*/\1/p' "$log" | tail -1)
 failed=$(sed -nE 's/^ +([0-9]+) failed.*/\1/p' "$log" | tail -1)
+flaky=$(sed -nE 's/^ +([0-9]+) flaky.*/\1/p' "$log" | tail -1)
 if [[ -n $passed || -n $failed ]]; then
-  echo "dashboard: ${passed:-0} passed, ${failed:-0} failed"
+  echo "dashboard: ${passed:-0} passed, ${failed:-0} failed${flaky:+, $flaky flaky (passed on their retry)}"
 fi
 exit "$status"

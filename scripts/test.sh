@@ -103,4 +103,13 @@ while IFS=$'\t' read -r lane name took status; do
   fi
   printf '  %-6s %-16s %5s  %s\n' "$lane" "$name" "$took" "$result"
 done <"$logs/times"
-[[ $failed == 0 ]] || { echo "test: $failed stage(s) failed"; exit 1; }
+[[ $failed == 0 ]] && exit 0
+# what failed, again at the very end: a CI that keeps only the output's
+# tail still names the failing tests
+while IFS=$'\t' read -r lane name _ status; do
+  [[ $status == 0 ]] && continue
+  echo "--- $lane / $name failed at:"
+  grep -E '✘|^test .* FAILED|^    [a-z_:]+$|^--- FAIL|^FAILED |panicked at|Error: ' "$logs/$lane.$name.log" | head -12
+done <"$logs/times"
+echo "test: $failed stage(s) failed"
+exit 1

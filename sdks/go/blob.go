@@ -491,7 +491,8 @@ func (c *Client) resolveOutput(ctx context.Context, run *Run) (*Run, error) {
 // the value it names, before the handler runs: Task.Input never holds a
 // reference. A blob that cannot be read fails the attempt with code
 // INPUT_UNAVAILABLE (as in the other SDKs), retryable when the server could
-// not be reached (UNAVAILABLE, DEADLINE_EXCEEDED), final otherwise (the
+// not be reached (UNAVAILABLE, DEADLINE_EXCEEDED) or was busy (a quota, the
+// CPU pool), final otherwise (the
 // blob is gone, the reference malformed).
 func (w *Worker) resolveInput(a *attempt) error {
 	input := a.raw.GetInput()
@@ -504,7 +505,7 @@ func (w *Worker) resolveInput(a *attempt) error {
 			return err // the context's cause says why (cancelled, lease lost, timeout)
 		}
 		a.task.Logger.Warn("composer could not download the input's blobs", "error", err)
-		return &TaskError{Code: "INPUT_UNAVAILABLE", Message: "could not read the task's input: " + err.Error(), Retryable: IsRetryable(err), Err: err}
+		return &TaskError{Code: "INPUT_UNAVAILABLE", Message: "could not read the task's input: " + err.Error(), Retryable: IsRetryable(err) || isBusy(err), Err: err}
 	}
 	if resolved != input {
 		a.task.Input = rawJSON(resolved)
@@ -517,7 +518,7 @@ func (w *Worker) resolveInput(a *attempt) error {
 // threshold, uploads it and returns its reference. An upload refused as too
 // large fails the attempt with OUTPUT_TOO_LARGE; one that fails otherwise
 // with OUTPUT_UPLOAD_FAILED, retryable when the server could not be reached
-// (after uploadOutput's own retries).
+// or stayed busy (after uploadOutput's own retries).
 func (w *Worker) outputValue(a *attempt, out any) (*structpb.Value, error) {
 	value, err := toValue(out)
 	if err != nil {
@@ -549,24 +550,27 @@ func (w *Worker) outputValue(a *attempt, out any) (*structpb.Value, error) {
 		return ref.value(), nil
 	case a.ctx.Err() != nil:
 		return nil, err // the context's cause says why
-	case IsResourceExhausted(err):
+	case IsResourceExhausted(err) && !isBusy(err):
 		e, _ := AsError(err)
 		return nil, &TaskError{Code: "OUTPUT_TOO_LARGE", Message: "output too large: " + e.Message, Err: err}
 	}
-	return nil, &TaskError{Code: "OUTPUT_UPLOAD_FAILED", Message: "could not upload the output: " + err.Error(), Retryable: IsRetryable(err), Err: err}
+	return nil, &TaskError{Code: "OUTPUT_UPLOAD_FAILED", Message: "could not upload the output: " + err.Error(), Retryable: IsRetryable(err) || isBusy(err), Err: err}
 }
 
-// uploadOutput uploads an output, again after UNAVAILABLE or
-// DEADLINE_EXCEEDED (the same bytes are the same blob), for up to
-// ReportTimeout.
+// uploadOutput uploads an output, again after UNAVAILABLE,
+// DEADLINE_EXCEEDED or a busy server (see retryDelay; the same bytes are the
+// same blob), for up to ReportTimeout.
 func (w *Worker) uploadOutput(a *attempt, data []byte) (BlobRef, error) {
 	deadline := time.Now().Add(w.opts.ReportTimeout)
 	for failures := 1; ; failures++ {
 		ref, err := w.client.UploadBlob(a.ctx, data)
-		if err == nil || !IsRetryable(err) || a.ctx.Err() != nil || time.Now().After(deadline) {
+		if err == nil || a.ctx.Err() != nil || time.Now().After(deadline) {
 			return ref, err
 		}
-		delay := w.opts.Backoff.Delay(failures)
+		delay, again := w.retryDelay(err, failures)
+		if !again {
+			return ref, err
+		}
 		a.task.Logger.Info("composer output upload failed; uploading it again", "error", err, "delay", delay)
 		if !sleepCtx(a.ctx, delay) {
 			return ref, err

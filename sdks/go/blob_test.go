@@ -37,6 +37,12 @@ type fakeBlobs struct {
 	breakAfter int
 	// tooLarge refuses uploads longer than it (RESOURCE_EXHAUSTED).
 	tooLarge int
+	// refuse, when set, is asked (under mu) about each upload once its
+	// bytes are in: a non-nil error refuses it.
+	refuse func() error
+	// refuseDownload, when set, is asked (under mu) about each download
+	// before it starts: a non-nil error refuses it.
+	refuseDownload func() error
 }
 
 func newFakeBlobs() *fakeBlobs { return &fakeBlobs{blobs: map[string][]byte{}} }
@@ -80,7 +86,14 @@ func (f *fakeBlobs) UploadBlob(stream grpc.ClientStreamingServer[pb.UploadBlobRe
 	f.mu.Lock()
 	f.uploads = append(f.uploads, sizes)
 	tooLarge := f.tooLarge
+	var refused error
+	if f.refuse != nil {
+		refused = f.refuse()
+	}
 	f.mu.Unlock()
+	if refused != nil {
+		return refused
+	}
 	if tooLarge > 0 && len(data) > tooLarge {
 		return status.Errorf(codes.ResourceExhausted, "a payload of %d bytes exceeds the %d bytes limit", len(data), tooLarge)
 	}
@@ -97,7 +110,14 @@ func (f *fakeBlobs) DownloadBlob(req *pb.DownloadBlobRequest, stream grpc.Server
 	data, ok := f.blobs[req.GetSha256()]
 	breakAfter := f.breakAfter
 	f.breakAfter = 0
+	var refused error
+	if f.refuseDownload != nil {
+		refused = f.refuseDownload()
+	}
 	f.mu.Unlock()
+	if refused != nil {
+		return refused
+	}
 	if !ok {
 		return status.Errorf(codes.NotFound, "no blob %s", req.GetSha256())
 	}

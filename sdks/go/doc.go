@@ -25,7 +25,9 @@
 // heartbeat (so a poll answer lost on the way costs no attempt), heartbeats
 // each running attempt at a third of its lease, reports the outcome with
 // the lease's fencing token, sends a report again with the same token after
-// UNAVAILABLE or DEADLINE_EXCEEDED, and drops it for good after LEASE_LOST.
+// UNAVAILABLE, DEADLINE_EXCEEDED or a busy server (RESOURCE_EXHAUSTED with
+// reason QUOTA_EXCEEDED or CPU_POOL_BUSY), and drops it for good after
+// LEASE_LOST.
 //
 // # Cancellation
 //

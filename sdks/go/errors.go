@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -14,6 +15,18 @@ import (
 // ReasonLeaseLost is the google.rpc.ErrorInfo reason of a Heartbeat or a
 // report made with a stale lease (code FAILED_PRECONDITION).
 const ReasonLeaseLost = "LEASE_LOST"
+
+// The google.rpc.ErrorInfo reasons of a RESOURCE_EXHAUSTED that says the
+// server is busy rather than the request too large: the same call succeeds
+// later, after the Error's RetryAfter.
+const (
+	// ReasonQuotaExceeded: a quota of the namespace or the token is used up
+	// for now (google.rpc.QuotaFailure names it).
+	ReasonQuotaExceeded = "QUOTA_EXCEEDED"
+	// ReasonCPUPoolBusy: the server's threads for CPU-heavy checks of
+	// requests are all taken.
+	ReasonCPUPoolBusy = "CPU_POOL_BUSY"
+)
 
 // FieldViolation is one problem with one field of a request, from the
 // google.rpc.BadRequest detail of an INVALID_ARGUMENT status.
@@ -38,9 +51,10 @@ func (v FieldViolation) String() string {
 // it, or the IsNotFound, IsLeaseLost, ... helpers.
 //
 // Code is the gRPC status code and Message the server's message;
-// FieldViolations (google.rpc.BadRequest) and Reason, Domain and Metadata
-// (google.rpc.ErrorInfo) come from the status details when the server sent
-// them. An *Error also implements GRPCStatus, so status.Code(err) works.
+// FieldViolations (google.rpc.BadRequest), Reason, Domain and Metadata
+// (google.rpc.ErrorInfo) and RetryAfter (google.rpc.RetryInfo) come from the
+// status details when the server sent them. An *Error also implements
+// GRPCStatus, so status.Code(err) works.
 type Error struct {
 	Code            codes.Code
 	Message         string
@@ -48,6 +62,9 @@ type Error struct {
 	Reason          string
 	Domain          string
 	Metadata        map[string]string
+	// RetryAfter is how long the server asks to wait before trying again
+	// (0 when it did not say).
+	RetryAfter time.Duration
 
 	status *status.Status
 }
@@ -131,7 +148,8 @@ func codeName(c codes.Code) string {
 }
 
 // FromStatus converts a gRPC status into an *Error, decoding its
-// google.rpc.BadRequest and google.rpc.ErrorInfo details.
+// google.rpc.BadRequest, google.rpc.ErrorInfo and google.rpc.RetryInfo
+// details.
 func FromStatus(st *status.Status) *Error {
 	e := &Error{Code: st.Code(), Message: st.Message(), status: st}
 	for _, d := range st.Details() {
@@ -142,6 +160,8 @@ func FromStatus(st *status.Status) *Error {
 			}
 		case *errdetails.ErrorInfo:
 			e.Reason, e.Domain, e.Metadata = d.GetReason(), d.GetDomain(), d.GetMetadata()
+		case *errdetails.RetryInfo:
+			e.RetryAfter = d.GetRetryDelay().AsDuration()
 		}
 	}
 	return e
@@ -221,6 +241,14 @@ func IsLeaseLost(err error) bool {
 
 // IsResourceExhausted: a payload exceeds the server's limit, or a quota is used up.
 func IsResourceExhausted(err error) bool { return hasCode(err, codes.ResourceExhausted) }
+
+// isBusy: RESOURCE_EXHAUSTED because the server is busy (a quota used up
+// for now, the CPU pool full), not because the request is too large; the
+// same call may be sent again after the error's RetryAfter.
+func isBusy(err error) bool {
+	e, ok := AsError(err)
+	return ok && e.Code == codes.ResourceExhausted && (e.Reason == ReasonQuotaExceeded || e.Reason == ReasonCPUPoolBusy)
+}
 
 // IsPermissionDenied: the token's role or queues do not allow the call.
 func IsPermissionDenied(err error) bool { return hasCode(err, codes.PermissionDenied) }

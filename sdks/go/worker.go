@@ -54,8 +54,10 @@ type WorkerOptions struct {
 	// attempts in flight (default 30 s). Attempts still running then are
 	// failed with WORKER_SHUTDOWN (retryable).
 	DrainTimeout time.Duration
-	// ReportTimeout bounds the retries of one report after UNAVAILABLE or
-	// DEADLINE_EXCEEDED (default 5 min).
+	// ReportTimeout bounds the retries of one report, or of one output's
+	// upload, after UNAVAILABLE, DEADLINE_EXCEEDED or a busy server
+	// (RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED or CPU_POOL_BUSY)
+	// (default 5 min).
 	ReportTimeout time.Duration
 	// HeartbeatInterval overrides the default of a third of each task's
 	// lease. The first heartbeat comes sooner when the first, short lease
@@ -87,8 +89,8 @@ type Stats struct {
 	LeaseLost int64
 	// Cancelled is the number of attempts stopped because their run was cancelled.
 	Cancelled int64
-	// ReportRetries is the number of reports sent again after UNAVAILABLE
-	// or DEADLINE_EXCEEDED.
+	// ReportRetries is the number of reports sent again after UNAVAILABLE,
+	// DEADLINE_EXCEEDED or a busy server.
 	ReportRetries int64
 	// Polls is the number of PollTasks calls made, PollErrors those that failed.
 	Polls      int64
@@ -115,8 +117,9 @@ type handlerKey struct{ queue, task string }
 // costs no attempt), heartbeats each running attempt at a third of its
 // lease, cancels the handler's context when the run is cancelled or the
 // lease lost, reports the outcome with the lease token (again with the same
-// token after UNAVAILABLE or DEADLINE_EXCEEDED, never after LEASE_LOST), and
-// on shutdown stops polling, drains and only then stops heartbeating.
+// token after UNAVAILABLE, DEADLINE_EXCEEDED or a busy server, never after
+// LEASE_LOST), and on shutdown stops polling, drains and only then stops
+// heartbeating.
 type Worker struct {
 	client  *Client
 	opts    WorkerOptions
@@ -646,6 +649,13 @@ func (w *Worker) complete(a *attempt, value *structpb.Value) {
 		return err
 	})
 	switch {
+	case isBusy(err):
+		// The server stayed busy until the report deadline. Fail the attempt
+		// retryably, as an upload meeting the same does, rather than wait for
+		// the lease to expire: a FailTask is small, so a server refusing the
+		// output's checks (CPU_POOL_BUSY) likely takes it; if it cannot be
+		// sent either, fail logs it and the lease expires.
+		w.fail(a, &TaskError{Code: "OUTPUT_UPLOAD_FAILED", Message: "could not report the output: " + err.Error(), Retryable: true, Err: err})
 	case IsResourceExhausted(err):
 		w.fail(a, &TaskError{Code: "OUTPUT_TOO_LARGE", Message: "output too large: " + err.(*Error).Message})
 	case err != nil:
@@ -689,10 +699,10 @@ func (w *Worker) fail(a *attempt, f *TaskError) {
 	}
 }
 
-// send sends a report, again with the same lease token after UNAVAILABLE or
-// DEADLINE_EXCEEDED, for up to ReportTimeout. It returns false (and no
-// error) when the server said the lease was lost: the report is dropped and
-// never sent again.
+// send sends a report, again with the same lease token after UNAVAILABLE,
+// DEADLINE_EXCEEDED or a busy server (see retryDelay), for up to
+// ReportTimeout. It returns false (and no error) when the server said the
+// lease was lost: the report is dropped and never sent again.
 func (w *Worker) send(a *attempt, call func(context.Context) error) (bool, error) {
 	deadline := time.Now().Add(w.opts.ReportTimeout)
 	failures := 0
@@ -709,17 +719,31 @@ func (w *Worker) send(a *attempt, call func(context.Context) error) (bool, error
 			a.task.Logger.Warn("composer report refused: the lease was lost; dropping it (not retried)")
 			return false, nil
 		}
-		if w.hard.Err() != nil || !IsRetryable(err) || time.Now().After(deadline) {
+		failures++
+		delay, again := w.retryDelay(err, failures)
+		if !again || w.hard.Err() != nil || time.Now().After(deadline) {
 			return false, err
 		}
-		failures++
 		w.stats.reportRetries.Add(1)
-		delay := w.opts.Backoff.Delay(failures)
 		a.task.Logger.Info("composer report failed; sending it again with the same lease", "error", err, "delay", delay)
 		if !sleepCtx(w.hard, delay) {
 			return false, err
 		}
 	}
+}
+
+// retryDelay says whether a failed report or output upload may be sent
+// again as it is, and after how long: after UNAVAILABLE, DEADLINE_EXCEEDED
+// or a busy server (isBusy), once the delay the server asked for
+// (google.rpc.RetryInfo) or, when it named none, the back-off's has passed.
+func (w *Worker) retryDelay(err error, failures int) (time.Duration, bool) {
+	if !IsRetryable(err) && !isBusy(err) {
+		return 0, false
+	}
+	if e, _ := AsError(err); e.RetryAfter > 0 {
+		return e.RetryAfter, true
+	}
+	return w.opts.Backoff.Delay(failures), true
 }
 
 func (w *Worker) countLeaseLost(a *attempt) {

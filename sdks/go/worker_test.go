@@ -14,6 +14,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/composer-dev/composer/sdks/go/gen/composer/v1"
@@ -489,6 +490,212 @@ func TestL05DrainTimeoutFailsWithWorkerShutdown(t *testing.T) {
 	_, after, completes2, _ := f.snapshot()
 	if len(after) != len(beats) || len(completes2) != len(completes) || len(completes) != 0 {
 		t.Errorf("after Run returned: heartbeats %d -> %d, completes %d -> %d", len(beats), len(after), len(completes), len(completes2))
+	}
+}
+
+// quotaExceededStatus is the server's refusal of a call over a quota:
+// RESOURCE_EXHAUSTED with google.rpc.QuotaFailure, RetryInfo and ErrorInfo
+// QUOTA_EXCEEDED.
+func quotaExceededStatus(retryAfter time.Duration) error {
+	st, _ := status.New(codes.ResourceExhausted, "quota blob_transfers exceeded").WithDetails(
+		&errdetails.QuotaFailure{Violations: []*errdetails.QuotaFailure_Violation{{Subject: "namespace default", Description: "blob_transfers: 256 at once"}}},
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)},
+		&errdetails.ErrorInfo{Reason: ReasonQuotaExceeded, Domain: "composer.dev", Metadata: map[string]string{"quota": "blob_transfers"}},
+	)
+	return st.Err()
+}
+
+// cpuPoolBusyStatus is the CPU pool's refusal, without the RetryInfo the
+// server adds, so the worker's back-off spaces the retries.
+func cpuPoolBusyStatus() error {
+	st, _ := status.New(codes.ResourceExhausted, "the cpu pool is busy").WithDetails(
+		&errdetails.ErrorInfo{Reason: ReasonCPUPoolBusy, Domain: "composer.dev"},
+	)
+	return st.Err()
+}
+
+// payloadTooLargeStatus is the server's refusal of a payload over its
+// limit: RESOURCE_EXHAUSTED naming the field in google.rpc.BadRequest, no
+// ErrorInfo.
+func payloadTooLargeStatus() error {
+	st, _ := status.New(codes.ResourceExhausted, "data: a payload of 5002 bytes exceeds the 1000 bytes limit").WithDetails(
+		&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: "data", Description: "exceeds the 1000 bytes limit"}}},
+	)
+	return st.Err()
+}
+
+// A busy server's RESOURCE_EXHAUSTED is told apart from a payload over the
+// limit, and its RetryInfo sets the delay before the call is sent again.
+func TestBusyServerErrorsAndTheirRetryDelay(t *testing.T) {
+	quota, cpu, tooLarge := convertError(quotaExceededStatus(1500*time.Millisecond)), convertError(cpuPoolBusyStatus()), convertError(payloadTooLargeStatus())
+	if e, _ := AsError(quota); e.RetryAfter != 1500*time.Millisecond || e.Reason != ReasonQuotaExceeded || !isBusy(quota) || IsRetryable(quota) {
+		t.Errorf("quota exceeded: %+v", e)
+	}
+	if e, _ := AsError(cpu); e.RetryAfter != 0 || !isBusy(cpu) {
+		t.Errorf("cpu pool busy: %+v", e)
+	}
+	if !IsResourceExhausted(tooLarge) || isBusy(tooLarge) || isBusy(convertError(status.Error(codes.Unavailable, "down"))) || isBusy(nil) {
+		t.Error("only RESOURCE_EXHAUSTED with a busy reason is busy")
+	}
+
+	w := &Worker{opts: WorkerOptions{Backoff: fastBackoff}}
+	if delay, again := w.retryDelay(quota, 1); !again || delay != 1500*time.Millisecond {
+		t.Errorf("quota exceeded: again %v after %s, want after its RetryInfo", again, delay)
+	}
+	if delay, again := w.retryDelay(cpu, 3); !again || delay < fastBackoff.Cap(3)/2 || delay > fastBackoff.Cap(3) {
+		t.Errorf("cpu pool busy: again %v after %s, want after the back-off", again, delay)
+	}
+	if _, again := w.retryDelay(tooLarge, 1); again {
+		t.Error("a payload over the limit would be sent again")
+	}
+}
+
+// bigOutputWorker runs a worker whose handler returns a 5,002-byte output
+// to a fake server offloading values over 500 bytes.
+func bigOutputWorker(t *testing.T, reportTimeout time.Duration) (*fakeServer, *Worker, string) {
+	t.Helper()
+	f, client := startFake(t)
+	f.mu.Lock()
+	f.offload = 500
+	f.mu.Unlock()
+	output := strings.Repeat("o", 5000)
+	w := NewWorker(client, WorkerOptions{Slots: 1, PollWait: 200 * time.Millisecond, Backoff: fastBackoff, ReportTimeout: reportTimeout})
+	w.Handle("q", "big", func(ctx context.Context, task *Task) (any, error) { return output, nil })
+	runWorker(t, w)
+	return f, w, `"` + output + `"`
+}
+
+// L6: an output's upload refused by a busy server (QUOTA_EXCEEDED) is sent
+// again after the status's RetryInfo delay; once taken, the task completes
+// with the reference.
+func TestL06BusyUploadIsSentAgain(t *testing.T) {
+	f, w, output := bigOutputWorker(t, 0)
+	refusals := 2
+	f.blobs.mu.Lock()
+	f.blobs.refuse = func() error {
+		if refusals == 0 {
+			return nil
+		}
+		refusals--
+		return quotaExceededStatus(10 * time.Millisecond)
+	}
+	f.blobs.mu.Unlock()
+	f.add(fakeTask("busy", "q", "big", 3*time.Second, nil))
+	eventually(t, 10*time.Second, "busy completed", func() bool { return w.Stats().Completed == 1 })
+	_, _, completes, fails := f.snapshot()
+	ref, ok := ParseBlobRef(rawJSON(completes[0].GetOutput()))
+	if !ok || string(f.blobs.get(ref.SHA256)) != output || len(fails) != 0 {
+		t.Errorf("reported %.200s, fails %v", rawJSON(completes[0].GetOutput()), fails)
+	}
+	if uploads, _ := f.blobs.recorded(); len(uploads) != 3 {
+		t.Errorf("%d uploads, want 3 (refused twice, then taken)", len(uploads))
+	}
+}
+
+// L6: a task input's download refused by a busy server fails the attempt
+// with INPUT_UNAVAILABLE, retryable (the next attempt may be served), and
+// the handler does not run.
+func TestL06BusyInputDownloadFailsRetryably(t *testing.T) {
+	f, client := startFake(t)
+	ref := f.blobs.put([]byte(`{"doc":"` + strings.Repeat("d", 3000) + `"}`))
+	f.blobs.mu.Lock()
+	f.blobs.refuseDownload = func() error { return quotaExceededStatus(20 * time.Millisecond) }
+	f.blobs.mu.Unlock()
+	var input map[string]any
+	_ = json.Unmarshal(ref.Reference(), &input)
+	ran := make(chan struct{}, 1)
+	w := NewWorker(client, WorkerOptions{Slots: 1, PollWait: 200 * time.Millisecond, Backoff: fastBackoff})
+	w.Handle("q", "read", func(ctx context.Context, task *Task) (any, error) { ran <- struct{}{}; return nil, nil })
+	runWorker(t, w)
+	f.add(fakeTask("busy", "q", "read", 3*time.Second, input))
+	eventually(t, 10*time.Second, "busy failed", func() bool { return w.Stats().Failed == 1 })
+	_, _, _, fails := f.snapshot()
+	if r := fails[0]; r.GetErrorCode() != "INPUT_UNAVAILABLE" || !r.GetRetryable() || !strings.Contains(r.GetMessage(), ReasonQuotaExceeded) {
+		t.Errorf("fail %v", r)
+	}
+	if len(ran) != 0 {
+		t.Error("the handler ran without its input")
+	}
+}
+
+// L6: an upload the server refuses as busy until the report deadline fails
+// the attempt with OUTPUT_UPLOAD_FAILED, retryable.
+func TestL06UploadBusyUntilTheDeadlineFailsRetryably(t *testing.T) {
+	f, w, _ := bigOutputWorker(t, 100*time.Millisecond)
+	f.blobs.mu.Lock()
+	f.blobs.refuse = func() error { return quotaExceededStatus(20 * time.Millisecond) }
+	f.blobs.mu.Unlock()
+	f.add(fakeTask("busy", "q", "big", 3*time.Second, nil))
+	eventually(t, 10*time.Second, "busy failed", func() bool { return w.Stats().Failed == 1 })
+	_, _, completes, fails := f.snapshot()
+	if r := fails[0]; len(completes) != 0 || r.GetErrorCode() != "OUTPUT_UPLOAD_FAILED" || !r.GetRetryable() || !strings.Contains(r.GetMessage(), ReasonQuotaExceeded) {
+		t.Errorf("completes %v, fail %v", completes, r)
+	}
+	if uploads, _ := f.blobs.recorded(); len(uploads) < 2 {
+		t.Errorf("%d uploads, want the refused one sent again", len(uploads))
+	}
+}
+
+// L6: a RESOURCE_EXHAUSTED without a busy reason (the payload limit, naming
+// its field in google.rpc.BadRequest) fails the attempt with
+// OUTPUT_TOO_LARGE, non-retryably, and is not sent again.
+func TestL06PayloadLimitIsOutputTooLarge(t *testing.T) {
+	f, w, _ := bigOutputWorker(t, 0)
+	f.blobs.mu.Lock()
+	f.blobs.refuse = payloadTooLargeStatus
+	f.blobs.mu.Unlock()
+	f.add(fakeTask("huge", "q", "big", 3*time.Second, nil))
+	eventually(t, 10*time.Second, "huge failed", func() bool { return w.Stats().Failed == 1 })
+	_, _, completes, fails := f.snapshot()
+	if r := fails[0]; len(completes) != 0 || r.GetErrorCode() != "OUTPUT_TOO_LARGE" || r.GetRetryable() {
+		t.Errorf("completes %v, fail %v", completes, r)
+	}
+	if uploads, _ := f.blobs.recorded(); len(uploads) != 1 {
+		t.Errorf("%d uploads, want 1", len(uploads))
+	}
+}
+
+// L6: a completion report refused by a busy server is sent again with the
+// same lease (after the back-off when the status has no RetryInfo) until
+// it is applied.
+func TestL06BusyReportIsSentAgain(t *testing.T) {
+	f, client := startFake(t)
+	f.completeErrs = []error{cpuPoolBusyStatus(), quotaExceededStatus(10 * time.Millisecond)}
+	f.add(fakeTask("r", "q", "work", 3*time.Second, nil))
+	w := NewWorker(client, WorkerOptions{Slots: 1, PollWait: 200 * time.Millisecond, Backoff: fastBackoff})
+	w.Handle("q", "work", func(ctx context.Context, task *Task) (any, error) { return map[string]int{"ok": 1}, nil })
+	runWorker(t, w)
+	eventually(t, 10*time.Second, "completion", func() bool { return w.Stats().Completed == 1 })
+	_, _, completes, fails := f.snapshot()
+	if len(completes) != 3 || len(fails) != 0 || w.Stats().ReportRetries != 2 {
+		t.Fatalf("%d CompleteTask and %d FailTask calls, stats %+v; want 3 and 0", len(completes), len(fails), w.Stats())
+	}
+	for _, c := range completes {
+		if c.GetLeaseToken() != "token-r" {
+			t.Errorf("a retried report changed its lease: %v", c)
+		}
+	}
+}
+
+// L6: a completion report refused as busy until the report deadline fails
+// the attempt with OUTPUT_UPLOAD_FAILED, retryable.
+func TestL06ReportBusyUntilTheDeadlineFailsRetryably(t *testing.T) {
+	f, client := startFake(t)
+	// Each refusal asks for 20 ms: far more than the 100 ms deadline lets through.
+	for range 50 {
+		f.completeErrs = append(f.completeErrs, quotaExceededStatus(20*time.Millisecond))
+	}
+	f.add(fakeTask("r", "q", "work", 3*time.Second, nil))
+	w := NewWorker(client, WorkerOptions{Slots: 1, PollWait: 200 * time.Millisecond, Backoff: fastBackoff, ReportTimeout: 100 * time.Millisecond})
+	w.Handle("q", "work", func(ctx context.Context, task *Task) (any, error) { return map[string]int{"ok": 1}, nil })
+	runWorker(t, w)
+	eventually(t, 10*time.Second, "the failure", func() bool { return w.Stats().Failed == 1 })
+	_, _, completes, fails := f.snapshot()
+	if r := fails[0]; len(completes) < 2 || r.GetErrorCode() != "OUTPUT_UPLOAD_FAILED" || !r.GetRetryable() || r.GetLeaseToken() != "token-r" {
+		t.Errorf("%d CompleteTask calls, fail %v", len(completes), r)
+	}
+	if w.Stats().Completed != 0 {
+		t.Errorf("stats %+v", w.Stats())
 	}
 }
 

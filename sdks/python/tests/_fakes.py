@@ -22,7 +22,7 @@ from typing import Any
 import grpc
 import google.rpc.error_details_pb2 as error_details_pb2
 import google.rpc.status_pb2 as status_pb2
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 
 from composer._values import to_value
 from composer.v1 import (
@@ -43,6 +43,40 @@ def status_trailer(code: grpc.StatusCode, message: str, *details: Any) -> tuple[
         packed.Pack(detail)
         status.details.append(packed)
     return (("grpc-status-details-bin", status.SerializeToString()),)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A status with ``google.rpc`` details that a fake method answers instead of serving a call."""
+
+    code: grpc.StatusCode
+    message: str
+    details: tuple[Any, ...] = ()
+
+    async def abort(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        trailer = status_trailer(self.code, self.message, *self.details)
+        await context.abort(self.code, self.message, trailing_metadata=trailer)
+
+
+def busy(reason: str = "QUOTA_EXCEEDED", retry_after: float | None = None) -> Refusal:
+    """The server's RESOURCE_EXHAUSTED for a busy server: ErrorInfo ``reason`` (QUOTA_EXCEEDED or
+    CPU_POOL_BUSY), and RetryInfo when ``retry_after`` (seconds) is given."""
+    details: list[Any] = [error_details_pb2.ErrorInfo(reason=reason, domain="composer.dev")]
+    if retry_after is not None:
+        delay = duration_pb2.Duration()
+        delay.FromNanoseconds(int(retry_after * 1e9))
+        details.append(error_details_pb2.RetryInfo(retry_delay=delay))
+    return Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, f"injected {reason}", tuple(details))
+
+
+async def injected(state: FakeServer, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+    """Answers the call with the next failure injected for ``method``, if any."""
+    if state.inject[method]:
+        failure = state.inject[method].pop(0)
+        if isinstance(failure, Refusal):
+            await failure.abort(context)
+        else:
+            await context.abort(failure, f"injected {failure.name}")
 
 
 @dataclass
@@ -66,7 +100,8 @@ class FakeServer:
     calls: list[tuple[str, Any]] = field(default_factory=list)
     heartbeat_times: list[float] = field(default_factory=list)
     """When each Heartbeat arrived (time.monotonic())."""
-    inject: dict[str, list[grpc.StatusCode]] = field(default_factory=lambda: defaultdict(list))
+    inject: dict[str, list[grpc.StatusCode | Refusal]] = field(default_factory=lambda: defaultdict(list))
+    """Failures each method (PollTasks, Heartbeat, CompleteTask, FailTask, UploadBlob) answers, in turn."""
     polls: int = 0
     report_metadata: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     """The gRPC metadata of each CompleteTask and FailTask, by (method, task_id)."""
@@ -87,7 +122,7 @@ class FakeServer:
     download_chunk_bytes: int = 1 << 20
     """The chunk size of DownloadBlob streams."""
     max_blob_bytes: int = 0
-    """A larger upload is refused with RESOURCE_EXHAUSTED (0: no limit)."""
+    """A larger upload is refused with RESOURCE_EXHAUSTED, naming ``data`` in a BadRequest (0: no limit)."""
 
     def put_blob(self, value: Any) -> dict[str, Any]:
         """Stores ``value``'s compact JSON as a blob; returns its reference object."""
@@ -142,11 +177,6 @@ class _Worker(worker_service_pb2_grpc.WorkerServiceServicer):
     def __init__(self, state: FakeServer) -> None:
         self.state = state
 
-    async def _injected(self, method: str, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        if self.state.inject[method]:
-            code = self.state.inject[method].pop(0)
-            await context.abort(code, f"injected {code.name}")
-
     async def _check(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Lease:
         lease = self.state.leases.get(request.task_id)
         if lease is None or lease.task.attempt != request.attempt or lease.task.lease_token != request.lease_token:
@@ -162,7 +192,7 @@ class _Worker(worker_service_pb2_grpc.WorkerServiceServicer):
     async def PollTasks(self, request: Any, context: Any) -> worker_service_pb2.PollTasksResponse:
         self.state.calls.append(("PollTasks", request))
         self.state.polls += 1
-        await self._injected("PollTasks", context)
+        await injected(self.state, "PollTasks", context)
         tasks: list[worker_service_pb2.Task] = []
         try:
             first = await asyncio.wait_for(self.state.pending.get(), request.wait.ToTimedelta().total_seconds())
@@ -186,7 +216,7 @@ class _Worker(worker_service_pb2_grpc.WorkerServiceServicer):
     async def Heartbeat(self, request: Any, context: Any) -> worker_service_pb2.HeartbeatResponse:
         self.state.calls.append(("Heartbeat", request))
         self.state.heartbeat_times.append(time.monotonic())
-        await self._injected("Heartbeat", context)
+        await injected(self.state, "Heartbeat", context)
         lease = await self._check(request, context)
         return worker_service_pb2.HeartbeatResponse(
             cancel_requested=lease.cancel_requested, cancel_reason=lease.cancel_reason
@@ -200,7 +230,7 @@ class _Worker(worker_service_pb2_grpc.WorkerServiceServicer):
 
     async def CompleteTask(self, request: Any, context: Any) -> worker_service_pb2.CompleteTaskResponse:
         self._see_report("CompleteTask", request, context)
-        await self._injected("CompleteTask", context)
+        await injected(self.state, "CompleteTask", context)
         if self.state.completed.get(request.task_id) == request:
             return worker_service_pb2.CompleteTaskResponse()
         await self._check(request, context)
@@ -210,7 +240,7 @@ class _Worker(worker_service_pb2_grpc.WorkerServiceServicer):
 
     async def FailTask(self, request: Any, context: Any) -> worker_service_pb2.FailTaskResponse:
         self._see_report("FailTask", request, context)
-        await self._injected("FailTask", context)
+        await injected(self.state, "FailTask", context)
         if self.state.failed.get(request.task_id) == request:
             return worker_service_pb2.FailTaskResponse()
         await self._check(request, context)
@@ -245,8 +275,8 @@ def blob_head(data: bytes) -> str:
 
 class _Blobs(blob_service_pb2_grpc.BlobServiceServicer):
     """BlobService as blob_service.proto says: chunks of at most 1 MiB (INVALID_ARGUMENT naming
-    ``data`` otherwise), RESOURCE_EXHAUSTED past the limit, NOT_FOUND for an unknown digest, the
-    size in the first chunk of a download."""
+    ``data`` otherwise), RESOURCE_EXHAUSTED past the limit (a BadRequest naming ``data``, as the
+    server's), NOT_FOUND for an unknown digest, the size in the first chunk of a download."""
 
     def __init__(self, state: FakeServer) -> None:
         self.state = state
@@ -260,8 +290,12 @@ class _Blobs(blob_service_pb2_grpc.BlobServiceServicer):
             sizes.append(len(chunk.data))
             data += chunk.data
         self.state.upload_chunks.append(sizes)
+        await injected(self.state, "UploadBlob", context)
         if 0 < self.state.max_blob_bytes < len(data):
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"data: {len(data)} bytes pass the payload limit")
+            message = f"data: {len(data)} bytes pass the payload limit"
+            violation = error_details_pb2.BadRequest.FieldViolation(field="data", description=message)
+            limit = error_details_pb2.BadRequest(field_violations=[violation])
+            await Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, message, (limit,)).abort(context)
         sha256 = hashlib.sha256(data).hexdigest()
         self.state.blobs[sha256] = bytes(data)
         blob = blob_service_pb2.BlobRef(sha256=sha256, size=len(data), head=blob_head(bytes(data)))
@@ -269,6 +303,7 @@ class _Blobs(blob_service_pb2_grpc.BlobServiceServicer):
 
     async def DownloadBlob(self, request: Any, context: Any) -> Any:
         self.state.downloads.append((request.sha256, request.offset))
+        await injected(self.state, "DownloadBlob", context)
         data = self.state.blobs.get(request.sha256)
         if data is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"no blob {request.sha256}")

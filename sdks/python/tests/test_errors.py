@@ -9,7 +9,7 @@ from typing import Any
 import google.rpc.error_details_pb2 as error_details_pb2
 import grpc
 import pytest
-from _fakes import status_trailer
+from _fakes import Refusal, busy, status_trailer
 
 from composer import (
     Client,
@@ -20,6 +20,7 @@ from composer import (
     InvalidArgumentError,
     LeaseLostError,
     NotFoundError,
+    ResourceExhaustedError,
     SyncClient,
     UnavailableError,
 )
@@ -74,6 +75,30 @@ def test_codes_map_to_classes_and_transient_ones_are_retryable() -> None:
     assert from_status(grpc.StatusCode.DEADLINE_EXCEEDED, "", None).retryable
     unknown = from_status(grpc.StatusCode.DATA_LOSS, "?", b"\xff\x00garbage")
     assert type(unknown) is ComposerError and unknown.field_violations == ()
+
+
+def test_a_busy_server_is_told_from_a_payload_over_the_limit() -> None:
+    """L6: QUOTA_EXCEEDED and CPU_POOL_BUSY make a RESOURCE_EXHAUSTED busy, RetryInfo its retry_after;
+    the payload limit's RESOURCE_EXHAUSTED (a BadRequest, no ErrorInfo) is not busy."""
+
+    def converted(refusal: Refusal) -> ComposerError:
+        trailer = status_trailer(refusal.code, refusal.message, *refusal.details)
+        return from_status(refusal.code, refusal.message, trailer[0][1])
+
+    quota = converted(busy("QUOTA_EXCEEDED", retry_after=1.5))
+    assert isinstance(quota, ResourceExhaustedError)
+    assert (quota.busy, quota.reason, quota.domain, quota.retry_after) == (True, "QUOTA_EXCEEDED", "composer.dev", 1.5)
+    assert not quota.retryable  # not a transient failure: the caller waits retry_after first
+    cpu = converted(busy("CPU_POOL_BUSY"))
+    assert (cpu.busy, cpu.retry_after) == (True, None)
+
+    limit = bad_request(("data", "200000 bytes pass the payload limit"))
+    too_large = converted(Refusal(grpc.StatusCode.RESOURCE_EXHAUSTED, "too large", (limit,)))
+    assert isinstance(too_large, ResourceExhaustedError) and not too_large.busy
+    assert [v.field for v in too_large.field_violations] == ["data"]
+    # The reason alone does not make another code busy.
+    unavailable = converted(Refusal(grpc.StatusCode.UNAVAILABLE, "down", busy().details))
+    assert not unavailable.busy and unavailable.retryable
 
 
 class _RejectingWorkflows(workflow_service_pb2_grpc.WorkflowServiceServicer):

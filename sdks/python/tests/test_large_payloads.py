@@ -7,11 +7,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
-from _fakes import FakeServer, blob_head, start_fake
+from _fakes import FakeServer, blob_head, busy, start_fake
 
 from composer import (
     Backoff,
@@ -289,12 +291,23 @@ def test_the_sync_facade_moves_blobs_too() -> None:
 
 
 def with_worker(
-    test: Callable[[FakeServer, Worker], Coroutine[Any, Any, None]], *, offload: int = 100, check_server: bool = True
+    test: Callable[[FakeServer, Worker], Coroutine[Any, Any, None]],
+    *,
+    offload: int = 100,
+    check_server: bool = True,
+    report_timeout: float = 300.0,
 ) -> None:
     async def main() -> None:
         state = FakeServer(payload_offload_bytes=offload)
         server, address = await start_fake(state)
-        worker = Worker(address, queues=["q"], backoff=FAST, poll_wait=0.3, check_server=check_server)
+        worker = Worker(
+            address,
+            queues=["q"],
+            backoff=FAST,
+            poll_wait=0.3,
+            check_server=check_server,
+            report_timeout=report_timeout,
+        )
         serving = asyncio.create_task(worker.serve())
         try:
             await asyncio.wait_for(test(state, worker), 30)
@@ -404,7 +417,28 @@ def test_a_transient_download_failure_is_a_retryable_failure() -> None:
     with_worker(test)
 
 
+def test_an_input_download_refused_by_a_busy_server_is_a_retryable_failure() -> None:
+    async def test(state: FakeServer, worker: Worker) -> None:
+        reference = state.put_blob({"doc": "q" * 3000})
+        state.inject["DownloadBlob"] += [busy("QUOTA_EXCEEDED", retry_after=0.02)]
+        ran: list[Any] = []
+
+        @worker.task("q", "t")
+        def handler(ctx: TaskContext) -> Any:
+            ran.append(ctx.input)
+
+        failed = await reported(state, state.add_task("t", reference))
+        assert (failed.error_code, failed.retryable) == ("INPUT_UNAVAILABLE", True)
+        assert "QUOTA_EXCEEDED" in failed.message
+        assert ran == []
+
+    with_worker(test)
+
+
 def test_an_output_the_server_refuses_for_its_size_fails_as_output_too_large() -> None:
+    """L3 and L6: the payload limit's RESOURCE_EXHAUSTED (a BadRequest naming ``data``, no ErrorInfo)
+    fails the attempt for good, without a second upload."""
+
     async def test(state: FakeServer, worker: Worker) -> None:
         state.max_blob_bytes = 1000
 
@@ -415,8 +449,53 @@ def test_an_output_the_server_refuses_for_its_size_fails_as_output_too_large() -
         failed = await reported(state, state.add_task("huge"))
         assert (failed.error_code, failed.retryable) == ("OUTPUT_TOO_LARGE", False)
         assert "payload limit" in failed.message
+        assert len(state.upload_chunks) == 1
 
     with_worker(test)
+
+
+def test_an_upload_refused_by_a_busy_server_is_sent_again_after_the_retry_delay(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """L6: a quota's refusal waits its RetryInfo delay, the CPU pool's (no RetryInfo here) the worker's
+    backoff; the third upload passes and the task completes with the reference."""
+    caplog.set_level(logging.INFO, logger="composer.worker")
+
+    async def test(state: FakeServer, worker: Worker) -> None:
+        state.inject["UploadBlob"] += [busy("QUOTA_EXCEEDED", retry_after=0.03), busy("CPU_POOL_BUSY")]
+
+        @worker.task("q", "big")
+        async def big(ctx: TaskContext) -> Any:
+            return {"doc": "b" * 500}
+
+        done = await reported(state, state.add_task("big"))
+        text = json.dumps({"doc": "b" * 500}, separators=(",", ":")).encode()
+        assert from_value(done.output) == ref(hashlib.sha256(text).hexdigest(), len(text), blob_head(text))
+        assert len(state.upload_chunks) == 3 and state.failed == {}
+
+    with_worker(test)
+    delays = re.findall(r"output upload failed \(RESOURCE_EXHAUSTED\); again in ([0-9.]+) s", caplog.text)
+    assert delays[0] == "0.03"  # the server's delay: FAST's first is at most 0.01
+    assert float(delays[1]) <= FAST.cap(2)
+
+
+def test_an_upload_refused_by_a_busy_server_until_the_deadline_fails_retryably() -> None:
+    """L6: still busy at the report deadline, the attempt fails with OUTPUT_UPLOAD_FAILED, retryable
+    (another attempt may find room), not with OUTPUT_TOO_LARGE."""
+
+    async def test(state: FakeServer, worker: Worker) -> None:
+        state.inject["UploadBlob"] += [busy("QUOTA_EXCEEDED", retry_after=0.02)] * 10_000
+
+        @worker.task("q", "big")
+        async def big(ctx: TaskContext) -> Any:
+            return {"doc": "b" * 500}
+
+        failed = await reported(state, state.add_task("big"))
+        assert (failed.error_code, failed.retryable) == ("OUTPUT_UPLOAD_FAILED", True)
+        assert "QUOTA_EXCEEDED" in failed.message
+        assert len(state.upload_chunks) > 1 and state.completed == {}
+
+    with_worker(test, report_timeout=0.3)
 
 
 def test_server_info_reports_the_payload_limits() -> None:

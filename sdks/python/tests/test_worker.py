@@ -16,7 +16,7 @@ from typing import Any
 
 import grpc
 import pytest
-from _fakes import FakeServer, start_fake
+from _fakes import FakeServer, busy, start_fake
 
 from composer import Backoff, NonRetryableError, TaskContext, TaskError, TaskSecrets, Worker
 from composer._values import from_value
@@ -323,6 +323,39 @@ def test_transient_report_failures_are_retried_with_the_same_lease_token() -> No
         assert len({(r.task_id, r.attempt, r.lease_token) for r in reports}) == 1
         assert from_value(state.completed[task_id].output) == 42
         assert worker.stats.report_retries == 2 and worker.stats.completed == 1
+
+    run(test)
+
+
+def test_a_report_refused_by_a_busy_server_is_sent_again_until_the_deadline() -> None:
+    """L6 for the completion report: a busy server's CompleteTask is sent again with the same lease
+    token; still busy at the report deadline, the attempt fails with OUTPUT_UPLOAD_FAILED, retryable."""
+
+    async def test(state: FakeServer, address: str) -> None:
+        worker = make_worker(address, report_timeout=0.3)
+
+        @worker.task(name="ok")
+        async def ok(ctx: TaskContext) -> int:
+            return 42
+
+        state.inject["CompleteTask"] += [busy("CPU_POOL_BUSY", retry_after=0.01), busy("QUOTA_EXCEEDED")]
+        passes = state.add_task("ok")
+
+        async def body() -> None:
+            await until(lambda: passes in state.completed)
+            state.inject["CompleteTask"] += [busy("QUOTA_EXCEEDED", retry_after=0.02)] * 10_000
+            never = state.add_task("ok")
+            await until(lambda: never in state.failed)
+            failed = state.failed[never]
+            assert (failed.error_code, failed.retryable) == ("OUTPUT_UPLOAD_FAILED", True)
+            assert "QUOTA_EXCEEDED" in failed.message
+            assert state.count("CompleteTask", never) > 1
+
+        await serving(worker, body)
+        reports = [r for m, r in state.calls if m == "CompleteTask" and r.task_id == passes]
+        assert len(reports) == 3
+        assert len({(r.task_id, r.attempt, r.lease_token) for r in reports}) == 1
+        assert from_value(state.completed[passes].output) == 42
 
     run(test)
 

@@ -47,6 +47,8 @@ const CODE_NAMES: readonly StatusCode[] = [
 
 /** The ErrorInfo reason of a heartbeat or report made with a stale lease. */
 export const LEASE_LOST = "LEASE_LOST";
+/** The ErrorInfo reasons of a RESOURCE_EXHAUSTED that a busy server answers: try again later. */
+const BUSY_REASONS: ReadonlySet<string> = new Set(["QUOTA_EXCEEDED", "CPU_POOL_BUSY"]);
 
 /** One problem with one field of a request, from `google.rpc.BadRequest`. */
 export interface FieldViolation {
@@ -64,14 +66,16 @@ export interface ComposerErrorInit {
   reason?: string;
   domain?: string;
   metadata?: Record<string, string>;
+  retryAfterMs?: number;
   cause?: unknown;
 }
 
 /**
  * A failed call to the Composer server. `code` is the gRPC status code's name, `rawMessage` the
  * server's message; `fieldViolations` (from `google.rpc.BadRequest`) and `reason`, `domain`,
- * `metadata` (from `google.rpc.ErrorInfo`) come from the `grpc-status-details-bin` trailer. The
- * `message` shows all of it. Test the code with the guards: {@link isNotFound}, {@link isLeaseLost}...
+ * `metadata` (from `google.rpc.ErrorInfo`) and `retryAfterMs` (from `google.rpc.RetryInfo`) come
+ * from the `grpc-status-details-bin` trailer. The `message` shows all of it. Test the code with the
+ * guards: {@link isNotFound}, {@link isLeaseLost}, {@link isServerBusy}...
  */
 export class ComposerError extends Error {
   override name = "ComposerError";
@@ -81,6 +85,8 @@ export class ComposerError extends Error {
   readonly reason: string;
   readonly domain: string;
   readonly metadata: Readonly<Record<string, string>>;
+  /** How long the server asks the caller to wait before trying again, when it says. */
+  readonly retryAfterMs: number | undefined;
 
   constructor(code: StatusCode, message: string, init: ComposerErrorInit = {}) {
     const violations = init.fieldViolations ?? [];
@@ -94,6 +100,7 @@ export class ComposerError extends Error {
     this.reason = init.reason ?? "";
     this.domain = init.domain ?? "";
     this.metadata = init.metadata ?? {};
+    this.retryAfterMs = init.retryAfterMs;
   }
 
   /** True for transient failures that the same call may retry (UNAVAILABLE, DEADLINE_EXCEEDED). */
@@ -118,6 +125,11 @@ export const isFailedPrecondition = (e: unknown): e is ComposerError => hasCode(
 export const isLeaseLost = (e: unknown): e is ComposerError => hasCode(e, "FAILED_PRECONDITION") && e.reason === LEASE_LOST;
 /** RESOURCE_EXHAUSTED: a payload over the server's limit, or a quota used up. */
 export const isResourceExhausted = (e: unknown): e is ComposerError => hasCode(e, "RESOURCE_EXHAUSTED");
+/**
+ * RESOURCE_EXHAUSTED with reason QUOTA_EXCEEDED or CPU_POOL_BUSY: the server is busy, the same call
+ * may succeed after `retryAfterMs`. Any other RESOURCE_EXHAUSTED (a payload over the limit) is final.
+ */
+export const isServerBusy = (e: unknown): e is ComposerError => hasCode(e, "RESOURCE_EXHAUSTED") && BUSY_REASONS.has(e.reason);
 /** PERMISSION_DENIED: the token's roles or queues do not allow the call. */
 export const isPermissionDenied = (e: unknown): e is ComposerError => hasCode(e, "PERMISSION_DENIED");
 /** UNAUTHENTICATED: no token, or an invalid one. */
@@ -172,6 +184,27 @@ export function decodeErrorInfo(bytes: Uint8Array): { reason: string; domain: st
   return info;
 }
 
+/** Decodes a serialized `google.rpc.RetryInfo` into its `retry_delay` in ms; undefined when it has none. */
+export function decodeRetryInfo(bytes: Uint8Array): number | undefined {
+  let delayMs: number | undefined;
+  readStrings(bytes, {}, {
+    // retry_delay, a google.protobuf.Duration: seconds (1) and nanos (2), both varints.
+    1: (duration) => {
+      let seconds = 0;
+      let nanos = 0;
+      const reader = new BinaryReader(duration);
+      while (reader.pos < reader.len) {
+        const [no, type] = reader.tag();
+        if (no === 1 && type === WireType.Varint) seconds = Number(reader.int64());
+        else if (no === 2 && type === WireType.Varint) nanos = reader.int32();
+        else reader.skip(type);
+      }
+      delayMs = seconds * 1000 + nanos / 1e6;
+    },
+  });
+  return delayMs;
+}
+
 /**
  * The {@link ComposerError} for anything a call threw: a ConnectError (its code, message and
  * details), an AbortError (CANCELLED), or anything else (UNKNOWN). A ComposerError is returned as is.
@@ -189,6 +222,7 @@ export function toComposerError(error: unknown): ComposerError {
     try {
       if (detail.type === "google.rpc.BadRequest") violations.push(...decodeBadRequest(detail.value));
       else if (detail.type === "google.rpc.ErrorInfo") Object.assign(init, decodeErrorInfo(detail.value));
+      else if (detail.type === "google.rpc.RetryInfo") init.retryAfterMs = decodeRetryInfo(detail.value);
     } catch {
       // A detail that does not decode is left out.
     }

@@ -12,11 +12,12 @@
 // (so a poll answer lost on the way costs no attempt), heartbeats each running task at a third of
 // its lease, aborts the handler's `ctx.signal` when the run is cancelled, the lease lost or the
 // attempt's deadline passed, reports the outcome with the lease token, sends a report again with
-// the same token after UNAVAILABLE / DEADLINE_EXCEEDED, and treats LEASE_LOST as final. Handlers
-// never see blob references: the worker downloads the values a task's input refers to before the
-// handler runs, and uploads an output over the server's offload threshold (docs/payloads.md). On stop
-// it stops polling, drains in-flight tasks within `drainTimeoutMs`, and only then stops
-// heartbeating.
+// the same token after UNAVAILABLE / DEADLINE_EXCEEDED or a busy server (RESOURCE_EXHAUSTED with
+// QUOTA_EXCEEDED / CPU_POOL_BUSY, after its RetryInfo delay), and treats LEASE_LOST as final.
+// Handlers never see blob references: the worker downloads the values a task's input refers to
+// before the handler runs, and uploads an output over the server's offload threshold
+// (docs/payloads.md). On stop it stops polling, drains in-flight tasks within `drainTimeoutMs`, and
+// only then stops heartbeating.
 import { AsyncLocalStorage } from "node:async_hooks";
 import { randomUUID } from "node:crypto";
 import { hostname } from "node:os";
@@ -28,7 +29,7 @@ import type { Interceptor, Transport } from "@connectrpc/connect";
 import { Backoff } from "./backoff.js";
 import { ComposerClient } from "./client.js";
 import { makeCodeHandler, type CodeRunnerOptions } from "./code-runner.js";
-import { ComposerError, TaskError, isLeaseLost, isResourceExhausted, toComposerError } from "./errors.js";
+import { ComposerError, TaskError, isLeaseLost, isResourceExhausted, isServerBusy, toComposerError } from "./errors.js";
 import type { Task } from "./gen/composer/v1/worker_service_pb.js";
 import {
   CANCEL_ATTEMPT_DEADLINE,
@@ -80,7 +81,7 @@ export interface WorkerStats {
   leaseLost: number;
   /** Attempts stopped because their run was cancelled. */
   cancelled: number;
-  /** Reports sent again after UNAVAILABLE or DEADLINE_EXCEEDED. */
+  /** Reports sent again after UNAVAILABLE, DEADLINE_EXCEEDED or a busy server. */
   reportRetries: number;
   /** PollTasks calls that failed. */
   pollErrors: number;
@@ -406,6 +407,11 @@ function describe(value: unknown): string {
   } catch {
     return Object.prototype.toString.call(value);
   }
+}
+
+/** Whether the same call may succeed later: UNAVAILABLE, DEADLINE_EXCEEDED or a busy server. */
+function isTransient(error: ComposerError): boolean {
+  return error.retryable || isServerBusy(error);
 }
 
 /**
@@ -780,7 +786,8 @@ export class Worker {
         const converted = toComposerError(error);
         ctx.logger.warn(`could not read the input's blobs: ${converted.message}`);
         return {
-          failure: new TaskError(`could not read the task's input: ${converted.message}`, { code: "INPUT_UNAVAILABLE", retryable: converted.retryable }),
+          // A busy server (a quota, the CPU pool) may serve the next attempt.
+          failure: new TaskError(`could not read the task's input: ${converted.message}`, { code: "INPUT_UNAVAILABLE", retryable: isTransient(converted) }),
           error,
         };
       }
@@ -826,8 +833,9 @@ export class Worker {
   /**
    * The outcome of an output: itself, or, when its compact JSON is longer than the server's
    * offload threshold, the reference of the blob it was uploaded to. An upload that meets
-   * UNAVAILABLE or DEADLINE_EXCEEDED is made again (within `reportTimeoutMs`); one over the
-   * server's payload limit fails the attempt with OUTPUT_TOO_LARGE, as a report would.
+   * UNAVAILABLE, DEADLINE_EXCEEDED or a busy server is made again (within `reportTimeoutMs`),
+   * then fails the attempt with OUTPUT_UPLOAD_FAILED, retryable; one over the server's payload
+   * limit fails it with OUTPUT_TOO_LARGE, as a report would.
    */
   async #outputOutcome(ctx: Context, json: Json): Promise<Outcome | undefined> {
     // Numbers, booleans and null are never long enough to offload.
@@ -857,17 +865,18 @@ export class Worker {
       } catch (error) {
         if (ctx.cancelKind !== undefined) return cancelledOutcome(ctx);
         const converted = toComposerError(error);
-        if (converted.code === "RESOURCE_EXHAUSTED") {
+        // A RESOURCE_EXHAUSTED that is no busy server is the payload limit.
+        if (converted.code === "RESOURCE_EXHAUSTED" && !isTransient(converted)) {
           return { failure: new TaskError(`output too large: ${converted.rawMessage}`, { code: "OUTPUT_TOO_LARGE", retryable: false }), error };
         }
-        if (!converted.retryable || Date.now() >= deadline) {
+        failures += 1;
+        const delay = this.#retryDelay(converted, failures, deadline);
+        if (delay === undefined) {
           return {
-            failure: new TaskError(`could not upload the output: ${converted.message}`, { code: "OUTPUT_UPLOAD_FAILED", retryable: converted.retryable }),
+            failure: new TaskError(`could not upload the output: ${converted.message}`, { code: "OUTPUT_UPLOAD_FAILED", retryable: isTransient(converted) }),
             error,
           };
         }
-        failures += 1;
-        const delay = this.#backoff.delay(failures);
         ctx.logger.info(`output upload failed (${converted.code}); again in ${Math.round(delay)} ms`);
         await sleep(delay, ctx.signal);
       }
@@ -933,6 +942,18 @@ export class Worker {
     }
   }
 
+  /**
+   * How long to wait before making a failed call again: the server's RetryInfo delay when it gives
+   * one, else the back-off after `failures` failures. Undefined when the call is not to be made
+   * again: its error is not transient, or the next try would come after `deadline`.
+   */
+  #retryDelay(error: ComposerError, failures: number, deadline: number): number | undefined {
+    if (!isTransient(error)) return undefined;
+    // A zero delay counts as none: sending again at once would spin until the deadline.
+    const delay = error.retryAfterMs || this.#backoff.delay(failures);
+    return Date.now() + delay > deadline ? undefined : delay;
+  }
+
   // --- reports -----------------------------------------------------------------------------------
 
   /** Reports the outcome; every call carries the handler span's trace headers. */
@@ -949,6 +970,15 @@ export class Worker {
         ctx.logger.debug("completed");
       }
     } catch (error) {
+      // A server still busy at the report deadline fails the attempt retryable (L6) rather than
+      // leaving it to the lease's expiry: the server hears of it now and retries it sooner.
+      if (isServerBusy(error)) {
+        return this.#reportFailure(
+          task,
+          execution,
+          new TaskError(`could not report the output: ${error.message}`, { code: "OUTPUT_UPLOAD_FAILED", retryable: true }),
+        );
+      }
       if (isResourceExhausted(error)) {
         return this.#reportFailure(
           task,
@@ -1004,8 +1034,9 @@ export class Worker {
   }
 
   /**
-   * Sends a report, again with the same lease token after a transient failure. False when the
-   * lease was lost (the report is dropped, never retried); throws other errors.
+   * Sends a report, again with the same lease token after a transient failure or a busy server
+   * (until `reportTimeoutMs`). False when the lease was lost (the report is dropped, never
+   * retried); throws other errors.
    */
   async #sendWithRetries(
     ctx: Context,
@@ -1027,10 +1058,10 @@ export class Worker {
           ctx.logger.warn("report refused: the lease was lost; dropping it (not retried)");
           return false;
         }
-        if (!converted.retryable || Date.now() >= deadline) throw converted;
         failures += 1;
+        const delay = this.#retryDelay(converted, failures, deadline);
+        if (delay === undefined) throw converted;
         this.stats.reportRetries += 1;
-        const delay = this.#backoff.delay(failures);
         ctx.logger.info(`report failed (${converted.code}); sending it again in ${Math.round(delay)} ms`);
         await sleep(delay);
       }

@@ -117,7 +117,8 @@ async def upload(
     """Streams ``data`` to BlobService.UploadBlob; returns the stored blob's reference.
 
     ``timeout`` bounds the whole stream. ComposerError as the server answers
-    (RESOURCE_EXHAUSTED past its ``--max-payload-bytes``). The server keeps the
+    (RESOURCE_EXHAUSTED past its ``--max-payload-bytes``, or when it is busy:
+    see :attr:`ComposerError.busy`). The server keeps the
     bytes as they are and reads them as JSON only when an expression looks
     inside (a blob that is not JSON reads as null there).
     """

@@ -4,8 +4,9 @@ Every failed RPC surfaces as a :class:`ComposerError` subclass chosen by its
 gRPC status code. The server's ``google.rpc`` details (sent in the
 ``grpc-status-details-bin`` trailer) are decoded onto the exception:
 ``field_violations`` from ``google.rpc.BadRequest`` (one per problem of an
-invalid workflow or request, each with its path) and ``reason`` / ``domain`` /
-``metadata`` from ``google.rpc.ErrorInfo``.
+invalid workflow or request, each with its path), ``reason`` / ``domain`` /
+``metadata`` from ``google.rpc.ErrorInfo`` and ``retry_after`` from
+``google.rpc.RetryInfo``.
 
 Handlers raise :class:`TaskError` or :class:`NonRetryableError` to choose the
 code and retryability of a failed task; any other exception is a retryable
@@ -29,6 +30,15 @@ STATUS_DETAILS_KEY = "grpc-status-details-bin"
 LEASE_LOST = "LEASE_LOST"
 """The ErrorInfo reason of a report or heartbeat made with a stale lease."""
 
+QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+"""The ErrorInfo reason of a RESOURCE_EXHAUSTED for a call over one of its namespace's quotas."""
+
+CPU_POOL_BUSY = "CPU_POOL_BUSY"
+"""The ErrorInfo reason of a RESOURCE_EXHAUSTED for a request the server's CPU pool had no room for."""
+
+BUSY_REASONS = frozenset({QUOTA_EXCEEDED, CPU_POOL_BUSY})
+"""The ErrorInfo reasons that make a RESOURCE_EXHAUSTED a busy server rather than a value too large."""
+
 
 @dataclass(frozen=True)
 class FieldViolation:
@@ -49,8 +59,9 @@ class ComposerError(Exception):
     """A failed call to the Composer server.
 
     ``code`` is the gRPC status code, ``message`` the server's message;
-    ``field_violations``, ``reason``, ``domain`` and ``metadata`` come from the
-    status details when the server sent them.
+    ``field_violations``, ``reason``, ``domain``, ``metadata`` and
+    ``retry_after`` (seconds; None when the server named no delay) come from
+    the status details when the server sent them.
     """
 
     code: grpc.StatusCode
@@ -64,6 +75,7 @@ class ComposerError(Exception):
         reason: str = "",
         domain: str = "",
         metadata: Mapping[str, str] | None = None,
+        retry_after: float | None = None,
     ) -> None:
         self.code = code
         self.message = message
@@ -71,6 +83,7 @@ class ComposerError(Exception):
         self.reason = reason
         self.domain = domain
         self.metadata: dict[str, str] = dict(metadata or {})
+        self.retry_after = retry_after
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -85,6 +98,13 @@ class ComposerError(Exception):
     def retryable(self) -> bool:
         """True for transient failures that the same call may retry (UNAVAILABLE, DEADLINE_EXCEEDED)."""
         return self.code in TRANSIENT_CODES
+
+    @property
+    def busy(self) -> bool:
+        """True for a RESOURCE_EXHAUSTED that says the server is busy (a quota used up, the CPU pool
+        full): the same call may pass after ``retry_after``. Any other RESOURCE_EXHAUSTED is for good,
+        e.g. a payload over the server's limit (which names its field in ``field_violations``)."""
+        return self.code == grpc.StatusCode.RESOURCE_EXHAUSTED and self.reason in BUSY_REASONS
 
 
 class InvalidArgumentError(ComposerError):
@@ -112,7 +132,8 @@ class LeaseLostError(FailedPreconditionError):
 
 
 class ResourceExhaustedError(ComposerError):
-    """RESOURCE_EXHAUSTED: a payload exceeds the server's limit, or a quota is used up."""
+    """RESOURCE_EXHAUSTED: a payload exceeds the server's limit, or the server is busy (``busy``: a
+    quota is used up or the CPU pool is full; ``retry_after`` says when to call again)."""
 
 
 class PermissionDeniedError(ComposerError):
@@ -167,6 +188,7 @@ def from_status(code: grpc.StatusCode, message: str, status_details: bytes | Non
     violations: list[FieldViolation] = []
     reason = domain = ""
     metadata: dict[str, str] = {}
+    retry_after: float | None = None
     if status_details:
         status = status_pb2.Status()
         try:
@@ -186,10 +208,23 @@ def from_status(code: grpc.StatusCode, message: str, status_details: bytes | Non
                 info = error_details_pb2.ErrorInfo()
                 detail.Unpack(info)
                 reason, domain, metadata = info.reason, info.domain, dict(info.metadata)
+            elif detail.TypeName() == "google.rpc.RetryInfo":
+                retry_info = error_details_pb2.RetryInfo()
+                detail.Unpack(retry_info)
+                if retry_info.HasField("retry_delay"):
+                    retry_after = max(retry_info.retry_delay.ToNanoseconds() / 1e9, 0.0)
     cls = _BY_CODE.get(code, ComposerError)
     if code == grpc.StatusCode.FAILED_PRECONDITION and reason == LEASE_LOST:
         cls = LeaseLostError
-    return cls(code, message, field_violations=violations, reason=reason, domain=domain, metadata=metadata)
+    return cls(
+        code,
+        message,
+        field_violations=violations,
+        reason=reason,
+        domain=domain,
+        metadata=metadata,
+        retry_after=retry_after,
+    )
 
 
 def from_rpc_error(error: grpc.RpcError) -> ComposerError:
@@ -263,7 +298,10 @@ class NonRetryableError(TaskError):
 
 
 __all__ = [
+    "BUSY_REASONS",
+    "CPU_POOL_BUSY",
     "LEASE_LOST",
+    "QUOTA_EXCEEDED",
     "STATUS_DETAILS_KEY",
     "TRANSIENT_CODES",
     "AlreadyExistsError",

@@ -21,15 +21,19 @@ running a third of the way to its first, short expiry with an early heartbeat
 task at a third of its lease, tells the handler when the run was cancelled or
 the lease lost (``ctx.cancelled``; an async handler is also cancelled),
 reports the outcome with the lease token, retries a report that met
-UNAVAILABLE or DEADLINE_EXCEEDED with the same token, and treats a LEASE_LOST
-answer as final.
+UNAVAILABLE, DEADLINE_EXCEEDED or a busy server (a RESOURCE_EXHAUSTED for a
+quota or the CPU pool, after its RetryInfo delay) with the same token, and
+treats a LEASE_LOST answer as final.
 On shutdown it stops polling, drains in-flight tasks within ``drain_timeout``,
 and only then stops heartbeating.
 
 Handlers never see blob references (docs/payloads.md): the worker replaces
 every reference in a task's input with the value it names before the handler
 runs, and uploads an output whose compact JSON is longer than the server's
-``payload_offload_bytes``, reporting its reference.
+``payload_offload_bytes``, reporting its reference. An output the server
+refuses for its size fails the attempt with ``OUTPUT_TOO_LARGE`` (not
+retryable); one it cannot take now (unreachable, or busy until the report
+deadline) with ``OUTPUT_UPLOAD_FAILED``, retryable.
 """
 
 from __future__ import annotations
@@ -165,7 +169,7 @@ class WorkerStats:
     cancelled: int = 0
     """Attempts stopped because their run was cancelled."""
     report_retries: int = 0
-    """Reports sent again after UNAVAILABLE or DEADLINE_EXCEEDED."""
+    """Reports sent again after UNAVAILABLE, DEADLINE_EXCEEDED or a busy server."""
     poll_errors: int = 0
     """PollTasks calls that failed."""
 
@@ -642,7 +646,7 @@ class Worker:
 
         None when the input is ready (or the task was stopped meanwhile: the
         downloads are cancelled with it); else the failure to report: a
-        retryable ``INPUT_UNAVAILABLE`` when the server could not be reached,
+        retryable ``INPUT_UNAVAILABLE`` when the server could not be reached or was busy,
         a non-retryable one when a blob is missing or the input holds a bad
         reference.
         """
@@ -674,16 +678,16 @@ class Worker:
             return None
         if isinstance(error, ComposerError):
             ctx.logger.warning("could not download the input's blobs: %s", error)
-            return _input_failure(error, retryable=error.retryable)
+            # a busy server (a quota, the CPU pool) may serve the next attempt
+            return _input_failure(error, retryable=error.retryable or error.busy)
         if isinstance(error, ValueError):
             return _input_failure(error, retryable=False)
         raise error
 
     async def _output(self, ctx: TaskContext, result: Any) -> _Outcome:
         """The outcome of a handler's ``result``: the output inline, or the reference of its upload when
-        its compact JSON is longer than the server's threshold; INVALID_OUTPUT when it is not JSON,
-        OUTPUT_TOO_LARGE when the server refuses the blob for its size, OUTPUT_UPLOAD_FAILED (retryable
-        when the server could not be reached) when the upload fails otherwise."""
+        its compact JSON is longer than the server's threshold; INVALID_OUTPUT when it is not JSON, else
+        the failure of an upload the server would not take (see :func:`_output_refused`)."""
         try:
             text = _payloads.oversized_json(result, await self._offload_threshold(ctx))
             output = to_value(result) if text is None else None
@@ -695,20 +699,14 @@ class Worker:
         assert text is not None
         try:
             blob = await self._upload_with_retries(ctx, text)
-        except ResourceExhaustedError as error:
-            failure = TaskError(f"output too large: {error.message}", code="OUTPUT_TOO_LARGE", retryable=False)
-            return _Outcome(failure=failure, error=error)
         except ComposerError as error:
-            failure = TaskError(
-                f"could not upload the output: {error}", code="OUTPUT_UPLOAD_FAILED", retryable=error.retryable
-            )
-            return _Outcome(failure=failure, error=error)
+            return _Outcome(failure=_output_refused(error), error=error)
         ctx.logger.debug("output of %d bytes reported as blob %s", blob.size, blob.sha256)
         return _Outcome(output=to_value(blob.reference()))
 
     async def _upload_with_retries(self, ctx: TaskContext, data: bytes) -> BlobRef:
-        """Uploads an output, again after UNAVAILABLE or DEADLINE_EXCEEDED until the report deadline
-        (content addressing makes a repeated upload harmless)."""
+        """Uploads an output, again after a failure worth repeating (see :meth:`_retry_delay`) until the
+        report deadline (content addressing makes a repeated upload harmless)."""
         assert self._conn is not None
         failures = 0
         deadline = time.monotonic() + self._report_timeout
@@ -716,10 +714,10 @@ class Worker:
             try:
                 return await _payloads.upload(self._conn, data, timeout=self._report_timeout)
             except ComposerError as error:
-                if not error.retryable or time.monotonic() >= deadline:
-                    raise
                 failures += 1
-                delay = self._backoff.delay(failures)
+                delay = self._retry_delay(error, failures)
+                if delay is None or time.monotonic() >= deadline:
+                    raise
                 ctx.logger.info("output upload failed (%s); again in %.2f s", error.code.name, delay)
                 await asyncio.sleep(delay)
 
@@ -798,7 +796,14 @@ class Worker:
     async def _report(
         self, task: worker_service_pb2.Task, ctx: TaskContext, outcome: _Outcome, metadata: _tracing.Metadata
     ) -> None:
-        """Reports the outcome; ``metadata`` (the handler span's trace context) goes with each call."""
+        """Reports the outcome; ``metadata`` (the handler span's trace context) goes with each call.
+
+        A CompleteTask refused with RESOURCE_EXHAUSTED fails the attempt as its output's upload would
+        (:func:`_output_refused`): OUTPUT_TOO_LARGE for the payload limit, OUTPUT_UPLOAD_FAILED,
+        retryable, for a server still busy at the report deadline, so that the attempt ends now with a
+        code that says why rather than when its lease runs out. Any other report error is logged and
+        the lease left to expire (the server then retries the attempt).
+        """
         assert self._conn is not None
         if outcome.failure is None:
             request = worker_service_pb2.CompleteTaskRequest(
@@ -809,8 +814,7 @@ class Worker:
                     self.stats.completed += 1
                     ctx.logger.debug("completed")
             except ResourceExhaustedError as error:
-                too_large = TaskError(f"output too large: {error.message}", code="OUTPUT_TOO_LARGE", retryable=False)
-                await self._report_failure(task, ctx, too_large, metadata)
+                await self._report_failure(task, ctx, _output_refused(error), metadata)
             except ComposerError as error:
                 ctx.logger.error("could not report completion (%s); the lease will expire", error)
             return
@@ -853,7 +857,8 @@ class Worker:
         return await self._send_with_retries(ctx, self._conn.workers.FailTask, request, metadata)
 
     async def _send_with_retries(self, ctx: TaskContext, method: Any, request: Any, metadata: _tracing.Metadata) -> bool:
-        """Sends a report, again with the same lease token after a transient failure.
+        """Sends a report, again with the same lease token after a failure worth repeating (see
+        :meth:`_retry_delay`) until the report deadline.
 
         Returns False when the lease was lost (the report is dropped, never retried).
         """
@@ -870,13 +875,34 @@ class Worker:
                 ctx.logger.warning("report refused: the lease was lost; dropping it (not retried)")
                 return False
             except ComposerError as error:
-                if not error.retryable or time.monotonic() >= deadline:
-                    raise
                 failures += 1
+                delay = self._retry_delay(error, failures)
+                if delay is None or time.monotonic() >= deadline:
+                    raise
                 self.stats.report_retries += 1
-                delay = self._backoff.delay(failures)
                 ctx.logger.info("report failed (%s); sending it again in %.2f s", error.code.name, delay)
                 await asyncio.sleep(delay)
+
+    def _retry_delay(self, error: ComposerError, failures: int) -> float | None:
+        """How long to wait before making a call again after its ``failures``-th failure, ``error``: the
+        server's RetryInfo delay, else the worker's backoff; None when repeating it cannot help (neither
+        a transient failure nor a busy server)."""
+        if not (error.retryable or error.busy):
+            return None
+        # A zero delay counts as none: calls repeated at once would only add to a busy server's load.
+        return error.retry_after or self._backoff.delay(failures)
+
+
+def _output_refused(error: ComposerError) -> TaskError:
+    """The failure of an attempt whose output the server did not take (its upload, or the
+    CompleteTask carrying it): OUTPUT_TOO_LARGE, not retryable, for a RESOURCE_EXHAUSTED that is not
+    a busy server (the payload limit); else OUTPUT_UPLOAD_FAILED, retryable when the server was
+    unreachable or busy (another attempt may pass)."""
+    if isinstance(error, ResourceExhaustedError) and not error.busy:
+        return TaskError(f"output too large: {error.message}", code="OUTPUT_TOO_LARGE", retryable=False)
+    return TaskError(
+        f"could not upload the output: {error}", code="OUTPUT_UPLOAD_FAILED", retryable=error.retryable or error.busy
+    )
 
 
 def _input_failure(error: BaseException, *, retryable: bool) -> _Outcome:

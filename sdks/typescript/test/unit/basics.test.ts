@@ -17,13 +17,15 @@ import {
   isInvalidArgument,
   isLeaseLost,
   isNotFound,
+  isResourceExhausted,
+  isServerBusy,
   isUnauthenticated,
   toComposerError,
   toJsonValue,
   toValue,
   type Run,
 } from "../../src/index.js";
-import { badRequest, errorInfo, wireError } from "./fake.js";
+import { badRequest, cpuPoolBusy, errorInfo, payloadTooLarge, quotaExceeded, retryInfo, wireError } from "./fake.js";
 
 test("backoff grows exponentially to its maximum, with jitter in [cap*(1-jitter), cap]", () => {
   const b = new Backoff({ initialMs: 100, multiplier: 2, maximumMs: 1_000, jitter: 0.5 });
@@ -117,6 +119,33 @@ test("a ConnectError becomes a ComposerError with its field violations and Error
   assert.equal(toComposerError(new Error("boom")).code, "UNKNOWN");
   const garbage = toComposerError(wireError(Code.InvalidArgument, "x", [{ type: "google.rpc.BadRequest", value: new Uint8Array([0xff, 0xff]) }]));
   assert.deepEqual(garbage.fieldViolations, []);
+});
+
+test("a busy server's RESOURCE_EXHAUSTED carries its reason and RetryInfo's delay; the payload limit's is not busy", () => {
+  const quota = toComposerError(quotaExceeded(1_500));
+  assert.ok(isServerBusy(quota));
+  assert.equal(quota.reason, "QUOTA_EXCEEDED");
+  assert.equal(quota.domain, "composer.dev");
+  assert.equal(quota.retryAfterMs, 1_500);
+  assert.ok(!quota.retryable, "retryable stays UNAVAILABLE and DEADLINE_EXCEEDED");
+  const cpu = toComposerError(cpuPoolBusy(250));
+  assert.ok(isServerBusy(cpu));
+  assert.equal(cpu.retryAfterMs, 250);
+  assert.equal(toComposerError(cpuPoolBusy()).retryAfterMs, undefined);
+  const tooLarge = toComposerError(payloadTooLarge("output"));
+  assert.ok(isResourceExhausted(tooLarge));
+  assert.equal(isServerBusy(tooLarge), false);
+  assert.equal(tooLarge.fieldViolations[0]?.field, "output");
+  assert.equal(tooLarge.retryAfterMs, undefined);
+  // The same reason under another code is no busy server.
+  const other = toComposerError(wireError(Code.Unavailable, "x", [{ type: "google.rpc.ErrorInfo", value: errorInfo("QUOTA_EXCEEDED") }]));
+  assert.equal(isServerBusy(other), false);
+  // A RetryInfo with no delay gives none; one that does not decode is left out.
+  const empty = toComposerError(wireError(Code.ResourceExhausted, "x", [{ type: "google.rpc.RetryInfo", value: new Uint8Array() }]));
+  assert.equal(empty.retryAfterMs, undefined);
+  const garbage = toComposerError(wireError(Code.ResourceExhausted, "x", [{ type: "google.rpc.RetryInfo", value: new Uint8Array([0x0a, 0x05]) }]));
+  assert.equal(garbage.retryAfterMs, undefined);
+  assert.equal(toComposerError(wireError(Code.ResourceExhausted, "x", [{ type: "google.rpc.RetryInfo", value: retryInfo(2_000) }])).retryAfterMs, 2_000);
 });
 
 test("the protocol check accepts 1.x and refuses other majors", () => {

@@ -1,4 +1,4 @@
-// A fake WorkerService + ServerService transport for the worker's local behaviours (L1-L5): it
+// A fake WorkerService + ServerService transport for the worker's local behaviours (L1-L6): it
 // answers each call from a script of the test's own and records every request.
 import { createHash } from "node:crypto";
 
@@ -32,6 +32,18 @@ export function badRequest(violations: [string, string][]): Uint8Array {
   return w.finish();
 }
 
+/** Encodes a google.rpc.QuotaFailure with one violation. */
+export function quotaFailure(subject: string, description: string): Uint8Array {
+  const violation = new BinaryWriter().tag(1, 2).string(subject).tag(2, 2).string(description).finish();
+  return new BinaryWriter().tag(1, 2).bytes(violation).finish();
+}
+
+/** Encodes a google.rpc.RetryInfo whose retry_delay (a google.protobuf.Duration) is `ms`. */
+export function retryInfo(ms: number): Uint8Array {
+  const delay = new BinaryWriter().tag(1, 0).int64(Math.floor(ms / 1000)).tag(2, 0).int32((ms % 1000) * 1e6).finish();
+  return new BinaryWriter().tag(1, 2).bytes(delay).finish();
+}
+
 /** A ConnectError as the transport would decode it from the wire. */
 export function wireError(code: Code, message: string, details: { type: string; value: Uint8Array }[] = []): ConnectError {
   const error = new ConnectError(message, code);
@@ -43,6 +55,27 @@ export const leaseLost = (): ConnectError =>
   wireError(Code.FailedPrecondition, "the lease is no longer yours", [{ type: "google.rpc.ErrorInfo", value: errorInfo("LEASE_LOST") }]);
 
 export const unavailable = (): ConnectError => wireError(Code.Unavailable, "server restarting");
+
+/** RESOURCE_EXHAUSTED over the namespace's quota, as the server sends it: QuotaFailure, RetryInfo, ErrorInfo. */
+export const quotaExceeded = (retryMs: number): ConnectError =>
+  wireError(Code.ResourceExhausted, `namespace default is over its writes quota; retry in ${retryMs} ms`, [
+    { type: "google.rpc.QuotaFailure", value: quotaFailure("namespace:default", "writes: 100 per second") },
+    { type: "google.rpc.RetryInfo", value: retryInfo(retryMs) },
+    { type: "google.rpc.ErrorInfo", value: errorInfo("QUOTA_EXCEEDED", "composer.dev", { quota: "writes" }) },
+  ]);
+
+/** RESOURCE_EXHAUSTED of a busy CPU pool: ErrorInfo CPU_POOL_BUSY, and RetryInfo when `retryMs` is given. */
+export const cpuPoolBusy = (retryMs?: number): ConnectError =>
+  wireError(Code.ResourceExhausted, "the CPU pool is busy", [
+    ...(retryMs === undefined ? [] : [{ type: "google.rpc.RetryInfo", value: retryInfo(retryMs) }]),
+    { type: "google.rpc.ErrorInfo", value: errorInfo("CPU_POOL_BUSY") },
+  ]);
+
+/** RESOURCE_EXHAUSTED of a payload over the server's limit: a BadRequest naming the field, no ErrorInfo. */
+export const payloadTooLarge = (field: string): ConnectError =>
+  wireError(Code.ResourceExhausted, "the payload is over --max-payload-bytes", [
+    { type: "google.rpc.BadRequest", value: badRequest([[field, "5242880 bytes, over the limit of 1048576"]]) },
+  ]);
 
 export function task(overrides: Partial<Task> = {}): MessageInitShape<typeof import("../../src/gen/composer/v1/worker_service_pb.js").TaskSchema> {
   return {

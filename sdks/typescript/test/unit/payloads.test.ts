@@ -8,12 +8,12 @@ import { setTimeout as sleep } from "node:timers/promises";
 
 import { Code, createRouterTransport, type Transport } from "@connectrpc/connect";
 
-import { Backoff, ComposerClient, Worker, blobReference, isBlobReference, isNotFound, type Handler, type Json } from "../../src/index.js";
+import { Backoff, ComposerClient, Worker, blobReference, isBlobReference, isNotFound, type Handler, type Json, type Logger } from "../../src/index.js";
 import { RunStatus } from "../../src/gen/composer/v1/common_pb.js";
 import { RunService } from "../../src/gen/composer/v1/run_service_pb.js";
 import { BLOB_CHUNK_BYTES, bytesOverLimit, chunksOf, hasBlobReference, referencedBlobs, replaceBlobReferences } from "../../src/payloads.js";
 import { fromValue, toValue } from "../../src/values.js";
-import { FakeServer, headOf, task, unavailable, wireError } from "./fake.js";
+import { FakeServer, headOf, payloadTooLarge, quotaExceeded, task, unavailable, wireError } from "./fake.js";
 
 const QUIET = { debug() {}, info() {}, warn() {}, error() {} };
 const FAST = new Backoff({ initialMs: 10, maximumMs: 50 });
@@ -260,6 +260,12 @@ async function serveOn(fake: FakeServer, handler: Handler, done: () => boolean, 
   return worker;
 }
 
+/** A logger that keeps every line it is given. */
+function recording(lines: string[]): Logger {
+  const keep = (message: string): void => void lines.push(message);
+  return { debug: keep, info: keep, warn: keep, error: keep };
+}
+
 const reported = (fake: FakeServer) => (): boolean => fake.requests("CompleteTask").length + fake.requests("FailTask").length >= 1;
 
 describe("worker blobs", () => {
@@ -332,7 +338,54 @@ describe("worker blobs", () => {
     assert.equal(tooBig.requests("CompleteTask").length, 0);
   });
 
-  test("an input whose blob is missing fails INPUT_UNAVAILABLE without running the handler", async () => {
+  test("l06 an upload refused by a busy server (QUOTA_EXCEEDED) is made again after its RetryInfo delay", async () => {
+    const fake = fakeWith(10);
+    let uploads = 0;
+    fake.answers["UploadBlob"] = () => {
+      uploads += 1;
+      if (uploads <= 2) throw quotaExceeded(30);
+    };
+    fake.tasks.push(task());
+    const lines: string[] = [];
+    await serveOn(fake, () => ofLength(20), reported(fake), { logger: recording(lines) });
+    assert.equal(uploads, 3);
+    const [completed] = fake.requests("CompleteTask");
+    assert.deepEqual(fromValue(completed.output), blobReference({ sha256: sha(JSON.stringify(ofLength(20))), size: 20, head: JSON.stringify(ofLength(20)) }));
+    assert.equal(fake.requests("FailTask").length, 0);
+    // The waits are the server's 30 ms, not the back-off's (at most 50 ms, jittered).
+    assert.deepEqual(lines.flatMap((l) => /output upload failed \(RESOURCE_EXHAUSTED\); again in (\d+) ms/.exec(l)?.[1] ?? []), ["30", "30"]);
+  });
+
+  test("l06 an upload refused by a busy server until the report deadline fails OUTPUT_UPLOAD_FAILED, retryable", async () => {
+    const fake = fakeWith(10);
+    fake.answers["UploadBlob"] = () => {
+      throw quotaExceeded(20);
+    };
+    fake.tasks.push(task());
+    await serveOn(fake, () => ofLength(20), reported(fake), { reportTimeoutMs: 150 });
+    const [failed] = fake.requests("FailTask");
+    assert.equal(failed.errorCode, "OUTPUT_UPLOAD_FAILED");
+    assert.equal(failed.retryable, true);
+    assert.match(failed.message, /QUOTA_EXCEEDED/);
+    assert.ok(fake.requests("UploadBlob").length > 1, "the upload was made again before the deadline");
+    assert.equal(fake.requests("CompleteTask").length, 0);
+  });
+
+  test("l06 a RESOURCE_EXHAUSTED naming a field in BadRequest (the payload limit) stays OUTPUT_TOO_LARGE, not retried", async () => {
+    const fake = fakeWith(10);
+    fake.answers["UploadBlob"] = () => {
+      throw payloadTooLarge("data");
+    };
+    fake.tasks.push(task());
+    await serveOn(fake, () => ofLength(20), reported(fake));
+    const [failed] = fake.requests("FailTask");
+    assert.equal(failed.errorCode, "OUTPUT_TOO_LARGE");
+    assert.equal(failed.retryable, false);
+    assert.equal(fake.requests("UploadBlob").length, 1);
+    assert.equal(fake.requests("CompleteTask").length, 0);
+  });
+
+  test("an input whose blob is missing fails INPUT_UNAVAILABLE without running the handler; one a busy server refuses, retryable", async () => {
     const fake = fakeWith(100);
     fake.tasks.push(task({ input: toValue({ $blob: { sha256: "e".repeat(64), size: 5, head: "" } }) }));
     let ran = false;
@@ -345,5 +398,16 @@ describe("worker blobs", () => {
     assert.equal(failed.errorCode, "INPUT_UNAVAILABLE");
     assert.equal(failed.retryable, false);
     assert.match(failed.message, /NOT_FOUND/);
+
+    // A busy server may serve the next attempt.
+    const busy = fakeWith(100);
+    busy.answers["DownloadBlob"] = () => {
+      throw quotaExceeded(20);
+    };
+    busy.tasks.push(task({ input: toValue(stored(busy, { doc: "z" })) }));
+    await serveOn(busy, () => 1, reported(busy));
+    const [refused] = busy.requests("FailTask");
+    assert.equal(refused.errorCode, "INPUT_UNAVAILABLE");
+    assert.equal(refused.retryable, true);
   });
 });

@@ -1,4 +1,4 @@
-// The worker's local behaviours against a fake WorkerService (tests/conformance/README.md L1-L5),
+// The worker's local behaviours against a fake WorkerService (tests/conformance/README.md L1-L6),
 // and what the real server cannot be made to do on cue.
 import assert from "node:assert/strict";
 import { getEventListeners } from "node:events";
@@ -11,7 +11,7 @@ import { Backoff, NonRetryableError, Slots, TaskCancelledError, TaskError, Worke
 import { timestampFromMs } from "@bufbuild/protobuf/wkt";
 
 import { firstHeartbeatDelayMs } from "../../src/worker.js";
-import { FakeServer, leaseLost, task, unavailable, wireError } from "./fake.js";
+import { FakeServer, cpuPoolBusy, leaseLost, payloadTooLarge, quotaExceeded, task, unavailable, wireError } from "./fake.js";
 
 const QUIET = { debug() {}, info() {}, warn() {}, error() {} };
 const FAST = new Backoff({ initialMs: 10, maximumMs: 50 });
@@ -282,6 +282,57 @@ describe("worker (local, fake server)", () => {
     assert.equal(fake.requests("Heartbeat").length, heartbeats, "no heartbeat after the stop");
     const lastPoll = Math.max(...fake.calls.filter((c) => c.method === "PollTasks").map((c) => c.at));
     assert.ok(lastPoll <= stopAt + 150, "no poll started after the stop");
+  });
+
+  test("l06 a completion refused by a busy server is sent again after RetryInfo's delay, else the back-off's", async () => {
+    let completes = 0;
+    const fake = new FakeServer({
+      CompleteTask: () => {
+        completes += 1;
+        if (completes === 1) throw quotaExceeded(30);
+        if (completes === 2) throw cpuPoolBusy(); // no RetryInfo: the worker's back-off
+        return {};
+      },
+    });
+    fake.tasks.push(task());
+    const lines: string[] = [];
+    const logger = { debug() {}, info: (m: string) => void lines.push(m), warn() {}, error() {} };
+    const backoff = new Backoff({ initialMs: 10, maximumMs: 50, jitter: 0 });
+    const worker = await serveOn(fake, () => ({ ok: true }), () => completes === 3, { logger, backoff });
+    assert.equal(fake.requests("CompleteTask").length, 3);
+    assert.equal(fake.requests("FailTask").length, 0);
+    assert.equal(worker.stats.reportRetries, 2);
+    // The first wait is the server's 30 ms; the second the back-off's 20 ms after two failures.
+    assert.deepEqual(lines.flatMap((l) => /report failed \(RESOURCE_EXHAUSTED\); sending it again in (\d+) ms/.exec(l)?.[1] ?? []), ["30", "20"]);
+  });
+
+  test("l06 a completion refused by a busy server until the report deadline fails OUTPUT_UPLOAD_FAILED, retryable", async () => {
+    const fake = new FakeServer({
+      CompleteTask: () => {
+        throw quotaExceeded(20);
+      },
+    });
+    fake.tasks.push(task());
+    const worker = await serveOn(fake, () => ({ ok: true }), () => fake.requests("FailTask").length === 1, { reportTimeoutMs: 150 });
+    const [fail] = fake.requests("FailTask");
+    assert.equal(fail.errorCode, "OUTPUT_UPLOAD_FAILED");
+    assert.equal(fail.retryable, true);
+    assert.ok(fake.requests("CompleteTask").length > 1, "the completion was sent again before the deadline");
+    assert.equal(worker.stats.failed, 1);
+  });
+
+  test("l06 a completion over the payload limit (BadRequest, no ErrorInfo) fails OUTPUT_TOO_LARGE, not sent again", async () => {
+    const fake = new FakeServer({
+      CompleteTask: () => {
+        throw payloadTooLarge("output");
+      },
+    });
+    fake.tasks.push(task());
+    await serveOn(fake, () => ({ ok: true }), () => fake.requests("FailTask").length === 1);
+    const [fail] = fake.requests("FailTask");
+    assert.equal(fail.errorCode, "OUTPUT_TOO_LARGE");
+    assert.equal(fail.retryable, false);
+    assert.equal(fake.requests("CompleteTask").length, 1);
   });
 
   test("c08 (local) stop: no new poll, in-flight tasks finish and report, heartbeats until the end", async () => {
