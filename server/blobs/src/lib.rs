@@ -11,6 +11,8 @@
 //! half a blob, and an upload cut short leaves only an upload that
 //! [`BlobStore::stale_uploads`] lists for deletion.
 
+mod folder_sync;
+
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -89,6 +91,8 @@ pub struct BlobStore {
     /// The folder, when the store is the local disk (its multipart uploads
     /// write staging files that listings do not show).
     local_folder: Option<std::path::PathBuf>,
+    /// On the local disk: the folder syncs that make renames durable.
+    folder_syncs: Arc<folder_sync::FolderSyncs>,
 }
 
 impl std::fmt::Debug for BlobStore {
@@ -122,6 +126,7 @@ impl BlobStore {
             root,
             location: location.to_owned(),
             local_folder,
+            folder_syncs: Arc::default(),
         })
     }
 
@@ -214,7 +219,8 @@ impl BlobStore {
                 Err(error) => Err(error.into()),
             };
         };
-        tokio::task::spawn_blocking(move || write_synced(&file, &staging, &chunks))
+        let syncs = Arc::clone(&self.folder_syncs);
+        tokio::task::spawn_blocking(move || write_synced(&file, &staging, &chunks, &syncs))
             .await
             .map_err(|e| BlobError::Upload(e.to_string()))?
             .map_err(|e| BlobError::Upload(format!("write: {e}")))
@@ -280,7 +286,8 @@ impl BlobStore {
         else {
             return Ok(());
         };
-        tokio::task::spawn_blocking(move || std::fs::File::open(folder)?.sync_all())
+        let syncs = Arc::clone(&self.folder_syncs);
+        tokio::task::spawn_blocking(move || syncs.sync_after_rename(&folder))
             .await
             .map_err(|e| BlobError::Upload(e.to_string()))?
             .map_err(|e| BlobError::Upload(format!("sync: {e}")))
@@ -631,6 +638,7 @@ fn write_synced(
     file: &std::path::Path,
     staging: &std::path::Path,
     chunks: &[Bytes],
+    syncs: &folder_sync::FolderSyncs,
 ) -> std::io::Result<()> {
     use std::io::Write;
     if file.exists() {
@@ -649,7 +657,7 @@ fn write_synced(
             .ok_or_else(|| std::io::Error::other("a blob's path has a folder"))?;
         std::fs::create_dir_all(folder)?;
         std::fs::rename(&temporary, file)?;
-        std::fs::File::open(folder)?.sync_all()
+        syncs.sync_after_rename(folder)
     })();
     if written.is_err() {
         let _ = std::fs::remove_file(&temporary);

@@ -127,6 +127,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// Threads for blocking work (blob files) at most.
+const BLOCKING_THREADS: usize = 8;
+
 /// The commands that run the server or touch its backends.
 fn serve_or_migrate(command: Command) -> ExitCode {
     // made before the runtime and dropped after it: its HTTP client blocks
@@ -137,6 +140,11 @@ fn serve_or_migrate(command: Command) -> ExitCode {
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // the blocking threads write and read blob files (a sync each):
+        // tokio's 512 grew to 200 under B1's 100 KB payloads, each thread
+        // with an allocator heap of its own, and the server's memory with
+        // them; a few dozen keep the disk busy
+        .max_blocking_threads(BLOCKING_THREADS)
         .build()
     {
         Ok(runtime) => runtime,

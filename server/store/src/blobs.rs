@@ -33,20 +33,29 @@ pub struct CollectedBlob {
     pub sha256: String,
 }
 
-/// Records a blob about to become visible, or touches the row of one
-/// already stored: committed before the blob is published, so the
-/// collector cannot take it while it is being written.
-pub async fn touch(pool: &PgPool, namespace: &str, blob: &BlobRow) -> Result<(), StoreError> {
+/// Records blobs about to become visible, or touches the rows of those
+/// already stored, in one statement: committed before the blobs are
+/// published, so the collector cannot take one while it is being written.
+/// `blobs` are `(namespace, row)`, each pair at most once, in any order.
+pub async fn touch(pool: &PgPool, blobs: &[(String, BlobRow)]) -> Result<(), StoreError> {
+    // rows in key order: two servers' statements lock them in one order
+    let mut ordered: Vec<&(String, BlobRow)> = blobs.iter().collect();
+    ordered.sort_by(|a, b| (&a.0, &a.1.sha256).cmp(&(&b.0, &b.1.sha256)));
+    let namespaces: Vec<&str> = ordered.iter().map(|(n, _)| n.as_str()).collect();
+    let digests: Vec<&str> = ordered.iter().map(|(_, r)| r.sha256.as_str()).collect();
+    let sizes: Vec<i64> = ordered.iter().map(|(_, r)| r.size).collect();
+    let heads: Vec<&str> = ordered.iter().map(|(_, r)| r.head.as_str()).collect();
     // touch: blobs' primary key
     sqlx::query(
-        "INSERT INTO blobs (namespace, sha256, size, head) VALUES ($1, $2, $3, $4) \
+        "INSERT INTO blobs (namespace, sha256, size, head) \
+         SELECT * FROM UNNEST($1::text[], $2::text[], $3::int8[], $4::text[]) \
          ON CONFLICT (namespace, sha256) DO UPDATE SET touched_at = now() \
          WHERE blobs.touched_at < now() - make_interval(secs => $5)",
     )
-    .bind(namespace)
-    .bind(&blob.sha256)
-    .bind(blob.size)
-    .bind(&blob.head)
+    .bind(&namespaces)
+    .bind(&digests)
+    .bind(&sizes)
+    .bind(&heads)
     .bind(FRESH_SECS)
     .execute(pool)
     .await?;

@@ -65,6 +65,9 @@ impl Coordinator {
                     .map_err(|e| CoordinatorError::BlobStore(e.to_string()))?;
             }
             tx.commit().await?;
+            for blob in &taken {
+                payloads.rows.forget(&blob.namespace, &blob.sha256);
+            }
             pass.blobs_deleted += taken.len();
             if taken.len() < COLLECT_BATCH as usize {
                 break;

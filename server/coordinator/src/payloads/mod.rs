@@ -13,6 +13,7 @@
 
 mod cache;
 mod collect;
+mod touch;
 
 use std::sync::Arc;
 
@@ -38,6 +39,7 @@ pub const BLOB_GRACE: std::time::Duration = std::time::Duration::from_secs(3600)
 pub struct Payloads {
     store: BlobStore,
     cache: cache::BlobCache,
+    rows: touch::RowWriter,
 }
 
 impl std::fmt::Debug for Payloads {
@@ -55,6 +57,7 @@ impl Payloads {
         Self {
             store,
             cache: cache::BlobCache::new(cache_bytes),
+            rows: touch::RowWriter::default(),
         }
     }
 }
@@ -154,7 +157,11 @@ impl Coordinator {
             head: head_text(&staged.head),
         };
         // the row first: the collector cannot take a blob being published
-        if let Err(error) = blobs::touch(self.store.pool(), namespace, &row).await {
+        if let Err(error) = payloads
+            .rows
+            .touch(self.store.pool(), namespace, row.clone())
+            .await
+        {
             payloads.store.discard(staged).await;
             return Err(error.into());
         }
@@ -248,7 +255,7 @@ impl Coordinator {
         field: &str,
         mut value: Json,
     ) -> Result<Json, CoordinatorError> {
-        self.payloads()?;
+        let payloads = self.payloads()?;
         let mut digests: Vec<String> = Vec::new();
         for reference in blob::references(&value) {
             let digest = blob::reference_digest(reference).filter(|d| is_digest(d));
@@ -266,7 +273,19 @@ impl Coordinator {
                 digests.push(digest.to_owned());
             }
         }
-        let found = blobs::touch_existing(self.store.pool(), namespace, &digests).await?;
+        // most references come back just after their upload here: only
+        // the others are looked up (and touched)
+        let mut found = Vec::with_capacity(digests.len());
+        let mut unknown = Vec::new();
+        for digest in &digests {
+            match payloads.rows.written_lately(namespace, digest) {
+                Some(row) => found.push(row),
+                None => unknown.push(digest.clone()),
+            }
+        }
+        if !unknown.is_empty() {
+            found.extend(blobs::touch_existing(self.store.pool(), namespace, &unknown).await?);
+        }
         if let Some(missing) = digests
             .iter()
             .find(|d| !found.iter().any(|row| &row.sha256 == *d))

@@ -159,6 +159,54 @@ async fn retention_then_collector(setup: Setup) {
     assert_eq!(rows, 0);
 }
 
+/// Uploads at the same time have their rows written together: a group
+/// holding the same blob twice and blobs of two namespaces writes one row
+/// per blob, every upload gets its blob back, and a reference coming back
+/// right after its upload is accepted.
+#[tokio::test]
+async fn uploads_at_the_same_time_write_their_rows_together_one_per_blob() {
+    let setup = setup().await;
+    let coordinator = &setup.coordinator;
+    let uploads = (0..60u8).map(|i| async move {
+        let namespace = if i % 2 == 0 { "default" } else { "other" };
+        let chunks = futures::stream::iter([Ok::<_, std::convert::Infallible>(
+            bytes::Bytes::from(content(i % 6)),
+        )]);
+        let stored = coordinator
+            .upload_blob(namespace, chunks)
+            .await
+            .expect("upload");
+        (namespace, i % 6, stored.sha256)
+    });
+    let done = futures::future::join_all(uploads).await;
+    for (_, n, digest) in &done {
+        assert_eq!(*digest, sha256(&content(*n)));
+    }
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT namespace, count(*) FROM blobs GROUP BY namespace ORDER BY namespace",
+    )
+    .fetch_all(coordinator.store().pool())
+    .await
+    .expect("rows");
+    // even i: contents 0, 2, 4 in default; odd i: 1, 3, 5 in other
+    assert_eq!(
+        rows,
+        vec![("default".to_owned(), 3), ("other".to_owned(), 3)]
+    );
+    let reference = json!({"$blob": {"sha256": sha256(&content(0))}});
+    let (run, _) = coordinator
+        .start_run(common::start_request("waits", reference))
+        .await
+        .expect("a reference to a blob just uploaded is accepted");
+    // written out as stored: the size and head the upload recorded
+    assert_eq!(run.input["$blob"]["size"], json!(content(0).len()));
+    assert!(
+        run.input["$blob"]["head"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("{\"content\":0"))
+    );
+}
+
 /// One step of an actor.
 #[derive(Debug, Clone)]
 enum Step {
