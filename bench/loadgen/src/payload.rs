@@ -39,7 +39,16 @@ impl PayloadRow {
 /// 0`: every value inline, as before the blob store).
 pub async fn payload(ctx: &Ctx) -> Result<Vec<PayloadRow>> {
     let mut rows = Vec::new();
-    for &bytes in &ctx.profile.payload_sizes {
+    // BENCH_PAYLOAD_SIZES=1000000,100000: other sizes than the profile's
+    let sizes: Vec<usize> = std::env::var("BENCH_PAYLOAD_SIZES")
+        .ok()
+        .map(|list| {
+            list.split(',')
+                .filter_map(|s| s.trim().parse().ok())
+                .collect()
+        })
+        .unwrap_or_else(|| ctx.profile.payload_sizes.clone());
+    for &bytes in &sizes {
         for offload in [true, false] {
             let label = format!(
                 "B1 payload {}, offload {}",
