@@ -23,13 +23,15 @@ use tokio::sync::{mpsc, oneshot};
 const GROUP: usize = 256;
 
 /// How long a written row is taken to exist without asking: the collector
-/// spares a row for an hour after its last touch, and the store touches a
-/// row again only when it is older than this (so a reference accepted on
-/// this memory is good for the same 55 minutes as one accepted on a query).
+/// spares a row for an hour after its last touch, and a touch leaves a row
+/// touched within five minutes as it is; so a reference accepted on this
+/// memory is good for 50 minutes at least (55 on a query).
 const REMEMBERED: Duration = Duration::from_secs(300);
 
-/// Rows remembered at most; past it the old ones are forgotten.
-const REMEMBERED_ROWS: usize = 65_536;
+/// Rows remembered at most (each with its head, about 450 bytes); past it
+/// they are forgotten. A worker's report brings a reference back seconds
+/// after its upload: a few seconds of uploads are enough to remember.
+const REMEMBERED_ROWS: usize = 16_384;
 
 struct Touch {
     namespace: String,
