@@ -13,6 +13,9 @@ use std::{
 /// How long the cluster may take to agree on its slots.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Ports a node is tried on before its start is a failure.
+const START_ATTEMPTS: usize = 4;
+
 /// The cluster's nodes, by index.
 pub struct RedisCluster {
     dir: PathBuf,
@@ -36,14 +39,10 @@ impl RedisCluster {
         let mut cluster = Self {
             dir,
             ports,
-            processes: Vec::new(),
+            processes: (0..masters).map(|_| None).collect(),
         };
         for index in 0..masters {
-            let child = cluster.spawn(index);
-            cluster.processes.push(Some(child));
-        }
-        for index in 0..masters {
-            cluster.wait_answers(index).await;
+            cluster.start_node(index).await;
         }
         let nodes: Vec<String> = cluster
             .ports
@@ -150,6 +149,45 @@ impl RedisCluster {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server runs (apt-get install redis-server)")
+    }
+
+    /// Starts node `index` and waits until it answers; on another free
+    /// port when the node exits first (another test took its port, or its
+    /// bus port, between the pick and the bind).
+    async fn start_node(&mut self, index: usize) {
+        for _ in 0..START_ATTEMPTS {
+            let mut child = self.spawn(index);
+            let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+            loop {
+                if self.cli(index, &["PING"]).await.trim() == "PONG" {
+                    self.processes[index] = Some(child);
+                    return;
+                }
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                if tokio::time::Instant::now() >= deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            let taken = self.ports.clone();
+            self.ports[index] = loop {
+                let port = free_cluster_port();
+                if !taken.contains(&port) {
+                    break port;
+                }
+            };
+        }
+        let log = std::fs::read_to_string(self.dir.join(format!("redis-{index}.log")))
+            .unwrap_or_default();
+        panic!(
+            "node {index} of the Redis Cluster in {} did not start in {START_ATTEMPTS} attempts; its log ends:\n{}",
+            self.dir.display(),
+            log.lines().rev().take(10).collect::<Vec<_>>().join("\n")
+        );
     }
 
     async fn wait_answers(&self, index: usize) {
