@@ -36,11 +36,14 @@ pub struct CollectedBlob {
 /// Records blobs about to become visible, or touches the rows of those
 /// already stored, in one statement: committed before the blobs are
 /// published, so the collector cannot take one while it is being written.
-/// `blobs` are `(namespace, row)`, each pair at most once, in any order.
+/// `blobs` are `(namespace, row)`, in any order, the same blob any number
+/// of times.
 pub async fn touch(pool: &PgPool, blobs: &[(String, BlobRow)]) -> Result<(), StoreError> {
-    // rows in key order: two servers' statements lock them in one order
+    // rows in key order: two servers' statements lock them in one order;
+    // each once: a statement may not update a row twice
     let mut ordered: Vec<&(String, BlobRow)> = blobs.iter().collect();
     ordered.sort_by(|a, b| (&a.0, &a.1.sha256).cmp(&(&b.0, &b.1.sha256)));
+    ordered.dedup_by(|a, b| a.0 == b.0 && a.1.sha256 == b.1.sha256);
     let namespaces: Vec<&str> = ordered.iter().map(|(n, _)| n.as_str()).collect();
     let digests: Vec<&str> = ordered.iter().map(|(_, r)| r.sha256.as_str()).collect();
     let sizes: Vec<i64> = ordered.iter().map(|(_, r)| r.size).collect();

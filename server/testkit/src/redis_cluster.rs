@@ -31,10 +31,7 @@ impl RedisCluster {
         std::fs::create_dir_all(&dir).expect("cluster folder");
         let mut ports: Vec<u16> = Vec::with_capacity(masters);
         while ports.len() < masters {
-            let port = free_cluster_port();
-            if !ports.contains(&port) {
-                ports.push(port);
-            }
+            ports.push(free_cluster_port(&ports));
         }
         let mut cluster = Self {
             dir,
@@ -157,29 +154,13 @@ impl RedisCluster {
     async fn start_node(&mut self, index: usize) {
         for _ in 0..START_ATTEMPTS {
             let mut child = self.spawn(index);
-            let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
-            loop {
-                if self.cli(index, &["PING"]).await.trim() == "PONG" {
-                    self.processes[index] = Some(child);
-                    return;
-                }
-                if matches!(child.try_wait(), Ok(Some(_))) {
-                    break;
-                }
-                if tokio::time::Instant::now() >= deadline {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+            if self.answers_before_exit(index, &mut child).await {
+                self.processes[index] = Some(child);
+                return;
             }
-            let taken = self.ports.clone();
-            self.ports[index] = loop {
-                let port = free_cluster_port();
-                if !taken.contains(&port) {
-                    break port;
-                }
-            };
+            let _ = child.kill();
+            let _ = child.wait();
+            self.ports[index] = free_cluster_port(&self.ports);
         }
         let log = std::fs::read_to_string(self.dir.join(format!("redis-{index}.log")))
             .unwrap_or_default();
@@ -188,6 +169,22 @@ impl RedisCluster {
             self.dir.display(),
             log.lines().rev().take(10).collect::<Vec<_>>().join("\n")
         );
+    }
+
+    /// Whether node `index` answers PING before its process exits, within
+    /// [`READY_TIMEOUT`].
+    async fn answers_before_exit(&self, index: usize, child: &mut Child) -> bool {
+        let deadline = tokio::time::Instant::now() + READY_TIMEOUT;
+        while tokio::time::Instant::now() < deadline {
+            if self.cli(index, &["PING"]).await.trim() == "PONG" {
+                return true;
+            }
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
     }
 
     async fn wait_answers(&self, index: usize) {
@@ -231,13 +228,13 @@ impl Drop for RedisCluster {
     }
 }
 
-/// A free loopback port whose cluster bus port (the port + 10000) is free
-/// too.
-fn free_cluster_port() -> u16 {
+/// A free loopback port, none of `taken`, whose cluster bus port (the
+/// port + 10000) is free too.
+fn free_cluster_port(taken: &[u16]) -> u16 {
     loop {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a free port");
         let port = listener.local_addr().expect("local address").port();
-        if port >= 55_000 {
+        if port >= 55_000 || taken.contains(&port) {
             continue;
         }
         if TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {

@@ -141,17 +141,10 @@ fn start(pool: PgPool) -> mpsc::UnboundedSender<Touch> {
 }
 
 async fn write_group(pool: &PgPool, group: Vec<Touch>) {
-    // the same blob uploaded twice at once: one row (a statement may not
-    // update a row twice)
-    let mut rows: Vec<(String, BlobRow)> = Vec::with_capacity(group.len());
-    for touch in &group {
-        let duplicate = rows
-            .iter()
-            .any(|(n, r)| *n == touch.namespace && r.sha256 == touch.row.sha256);
-        if !duplicate {
-            rows.push((touch.namespace.clone(), touch.row.clone()));
-        }
-    }
+    let rows: Vec<(String, BlobRow)> = group
+        .iter()
+        .map(|touch| (touch.namespace.clone(), touch.row.clone()))
+        .collect();
     let result = blobs::touch(pool, &rows).await.map_err(|error| Failed {
         timed_out: error.is_timeout(),
         message: error.to_string(),
