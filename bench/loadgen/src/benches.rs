@@ -340,7 +340,7 @@ impl Ctx {
                 .execute(&self.db)
                 .await?;
         }
-        let _ = std::fs::remove_dir_all(procs::blob_folder());
+        procs::next_blob_folder();
         Ok(())
     }
 }
@@ -751,11 +751,12 @@ async fn throughput_on(
         in_flight,
         server_cores: _,
     } = load;
-    let input = if payload_bytes == 0 {
+    // converted once: a run's request copies the payload only to send it
+    let input = composer_grpc::convert::from_json(&if payload_bytes == 0 {
         serde_json::json!({})
     } else {
         serde_json::json!({ "blob": incompressible_text(payload_bytes) })
-    };
+    });
     let urls: Vec<String> = servers.iter().map(|s| s.url.clone()).collect();
     // each worker kind its own workflow and queue: a run left from another
     // row never reaches this row's worker
@@ -869,11 +870,20 @@ async fn throughput_on(
                 permit.forget();
                 let mut client = client.clone();
                 let mut input = input.clone();
-                if payload_bytes > 0 {
+                if payload_bytes > 0
+                    && let Some(prost_types::value::Kind::StructValue(fields)) = &mut input.kind
+                {
                     // each run's bytes its own: no blob is shared by content
-                    input["run"] = serde_json::json!(RUN_SEQUENCE.fetch_add(1, Ordering::Relaxed));
+                    let run = RUN_SEQUENCE.fetch_add(1, Ordering::Relaxed);
+                    fields.fields.insert(
+                        "run".to_owned(),
+                        composer_grpc::convert::from_json(&serde_json::json!(run)),
+                    );
                 }
-                let request = start_request(&workflow, input);
+                let request = StartRunRequest {
+                    input: Some(input),
+                    ..start_request(&workflow, serde_json::json!(null))
+                };
                 let started = Arc::clone(&started);
                 let errors = Arc::clone(&errors);
                 let permits = Arc::clone(&permits);

@@ -688,7 +688,10 @@ fn render(r: &Results, statements: bool) -> String {
 }
 
 /// Issue 39's targets with offload on: 100 KB ≥ 1,500 tasks/s, 1 MB ≥ 200;
-/// WAL ≤ 0.05 bytes per payload byte; server RSS ≤ 200 MiB.
+/// WAL ≤ 0.05 bytes per payload byte; server RSS ≤ 200 MB (190.7 MiB).
+/// 200 MB, as issue 39 writes it, in MiB.
+const RSS_TARGET_MIB: f64 = 200e6 / 1_048_576.0;
+
 fn payload_targets(t: &mut String, p: &payload::PayloadRow) {
     if !p.offload || p.bytes < 100_000 {
         return;
@@ -697,14 +700,14 @@ fn payload_targets(t: &mut String, p: &payload::PayloadRow) {
     let floor = if p.bytes >= 1_000_000 { 200.0 } else { 1_500.0 };
     let _ = writeln!(
         t,
-        "| {l} | targets: tasks/s; WAL per payload byte; peak server RSS | {:.0}; {:.3}; {:.0} MiB | ≥ {floor:.0}; ≤ 0.05; ≤ 200 MiB | {} |",
+        "| {l} | targets: tasks/s; WAL per payload byte; peak server RSS | {:.0}; {:.3}; {:.0} MiB | ≥ {floor:.0}; ≤ 0.05; ≤ 190.7 MiB (200 MB) | {} |",
         p.row.tasks_per_s,
         p.wal_per_payload_byte(),
         p.row.peak_rss_mib,
         verdict(
             p.row.tasks_per_s >= floor
                 && p.wal_per_payload_byte() <= 0.05
-                && p.row.peak_rss_mib <= 200.0
+                && p.row.peak_rss_mib <= RSS_TARGET_MIB
         )
     );
 }

@@ -123,14 +123,14 @@ pub struct WorkerConfig {
     pub offload_bytes: usize,
 }
 
-/// The output a worker reports: an empty object, or one string of `bytes`.
-fn output_of(bytes: usize) -> Value {
+/// The output a worker reports: an empty object, or `{"blob": text}`.
+fn output_of(text: &str) -> Value {
     let mut fields = std::collections::BTreeMap::new();
-    if bytes > 0 {
+    if !text.is_empty() {
         fields.insert(
             "blob".to_owned(),
             Value {
-                kind: Some(Kind::StringValue(incompressible_text(bytes))),
+                kind: Some(Kind::StringValue(text.to_owned())),
             },
         );
     }
@@ -170,7 +170,8 @@ impl FastWorker {
     ) -> Result<Self> {
         let stats = Arc::new(WorkerStats::default());
         let slots = Arc::new(Semaphore::new(config.slots));
-        let output = Arc::new(output_of(config.output_bytes));
+        let blob_text: Arc<str> = incompressible_text(config.output_bytes).into();
+        let output = Arc::new(output_of(&blob_text));
         let (stop, stop_rx) = watch::channel(false);
         let mut handles = Vec::new();
         for (s, url) in urls.iter().enumerate() {
@@ -202,6 +203,7 @@ impl FastWorker {
                         )
                         .max_decoding_message_size(64 << 20),
                         offload_bytes: config.offload_bytes,
+                        blob_text: Arc::clone(&blob_text),
                     }),
                 };
                 handles.push(tokio::spawn(poller.run(stop_rx.clone())));
@@ -243,6 +245,17 @@ struct Poller {
 struct BlobIo {
     client: BlobServiceClient<Authed>,
     offload_bytes: usize,
+    /// The output's `blob` string ("": none).
+    blob_text: Arc<str>,
+}
+
+/// A task's output as an SDK serializes its handler's result: once, from
+/// the handler's own value (no copy of the payload before it).
+#[derive(serde::Serialize)]
+struct Output<'a> {
+    #[serde(skip_serializing_if = "str::is_empty")]
+    blob: &'a str,
+    task: &'a str,
 }
 
 impl BlobIo {
@@ -266,14 +279,18 @@ impl BlobIo {
         Ok(())
     }
 
-    /// The output to report: `output` with the task's id in it (so no two
-    /// outputs are the same bytes), uploaded when large.
-    async fn output(&mut self, output: &Value, task_id: &str) -> Result<Value> {
-        let mut output = composer_grpc::convert::to_json(Some(output.clone()), "output")?;
-        output["task"] = serde_json::json!(task_id);
+    /// The output to report: the blob text with the task's id beside it
+    /// (so no two outputs are the same bytes), uploaded when large.
+    async fn output(&mut self, task_id: &str) -> Result<Value> {
+        let output = Output {
+            blob: &self.blob_text,
+            task: task_id,
+        };
         let text = tonic::codegen::Bytes::from(serde_json::to_vec(&output)?);
         if text.len() <= self.offload_bytes {
-            return Ok(composer_grpc::convert::from_json(&output));
+            return Ok(composer_grpc::convert::from_json(&serde_json::to_value(
+                &output,
+            )?));
         }
         let chunks: Vec<UploadBlobRequest> = (0..text.len())
             .step_by(1 << 20)
@@ -347,11 +364,11 @@ impl Poller {
                 let mut client = self.client.clone();
                 let stats = Arc::clone(&self.stats);
                 let hook = self.hook.clone();
-                let output = Value::clone(&self.output);
+                let output = Arc::clone(&self.output);
                 let blobs = self.blobs.clone();
                 tokio::spawn(async move {
                     let output = match blobs {
-                        Some(blobs) => match moved(blobs, &task, &output).await {
+                        Some(blobs) => match moved(blobs, &task).await {
                             Ok(output) => output,
                             Err(_) => {
                                 stats.report_errors.fetch_add(1, Ordering::Relaxed);
@@ -359,7 +376,7 @@ impl Poller {
                                 return;
                             }
                         },
-                        None => output,
+                        None => Value::clone(&output),
                     };
                     complete(&mut client, task, output, &stats, hook.as_ref()).await;
                     drop(permit);
@@ -370,11 +387,11 @@ impl Poller {
 }
 
 /// The input fetched and the output made ready, as an SDK would.
-async fn moved(mut blobs: BlobIo, task: &Task, output: &Value) -> Result<Value> {
+async fn moved(mut blobs: BlobIo, task: &Task) -> Result<Value> {
     if let Some(input) = &task.input {
         blobs.fetch_input(input).await?;
     }
-    blobs.output(output, &task.task_id).await
+    blobs.output(&task.task_id).await
 }
 
 async fn complete(
