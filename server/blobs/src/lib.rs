@@ -272,10 +272,15 @@ impl BlobStore {
         let Some(file) = self.local_file(path) else {
             return Ok(());
         };
-        tokio::task::spawn_blocking(move || std::fs::File::open(file)?.sync_all())
-            .await
-            .map_err(|e| BlobError::Upload(e.to_string()))?
-            .map_err(|e| BlobError::Upload(format!("sync: {e}")))
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            let opened = std::fs::File::open(file)?;
+            opened.sync_all()?;
+            drop_cached(&opened);
+            Ok(())
+        })
+        .await
+        .map_err(|e| BlobError::Upload(e.to_string()))?
+        .map_err(|e| BlobError::Upload(format!("sync: {e}")))
     }
 
     /// On the local disk: flushes the folder holding `path` (its entry).
@@ -652,6 +657,7 @@ fn write_synced(
             out.write_all(chunk)?;
         }
         out.sync_all()?;
+        drop_cached(&out);
         let folder = file
             .parent()
             .ok_or_else(|| std::io::Error::other("a blob's path has a folder"))?;
@@ -663,6 +669,22 @@ fn write_synced(
         let _ = std::fs::remove_file(&temporary);
     }
     written
+}
+
+/// Lets the kernel drop the cached pages of `file`, whose bytes are on the
+/// disk: kept, a stream of blobs written once would fill the page cache,
+/// pushing out what Postgres reads, and every page it takes anew costs
+/// more to fill than the read that may follow.
+fn drop_cached(file: &std::fs::File) {
+    #[cfg(target_os = "linux")]
+    let _ = nix::fcntl::posix_fadvise(
+        file,
+        0,
+        0,
+        nix::fcntl::PosixFadviseAdvice::POSIX_FADV_DONTNEED,
+    );
+    #[cfg(not(target_os = "linux"))]
+    let _ = file;
 }
 
 /// The key of the blob of `namespace` whose SHA-256 is `sha256` (hex).

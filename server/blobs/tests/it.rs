@@ -226,3 +226,43 @@ async fn an_upload_left_behind_is_listed_once_stale() {
     assert!(!uploads.join("0190-half").exists());
     assert!(store.delete_upload("bank", &stale[0].key).await.is_err());
 }
+
+/// Resident bytes of `file` in the page cache, as util-linux's `fincore`
+/// counts them.
+fn cached_bytes(file: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("fincore")
+        .args(["--bytes", "--noheadings", "--output", "RES"])
+        .arg(file)
+        .output()
+        .expect("fincore (util-linux)");
+    assert!(out.status.success(), "fincore: {out:?}");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a byte count")
+}
+
+/// A blob written to the local disk leaves the page cache once it is
+/// synced (decision 0049), whether it came in one request or as an upload
+/// of parts; read again, it is whole.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_blob_on_the_local_disk_leaves_the_page_cache_once_synced() {
+    // under target/, not /tmp: a tmpfs keeps every page it holds
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("dir");
+    let root = dir.path().join("blobs");
+    let store = BlobStore::open(root.to_str().expect("path"), &[]).expect("open");
+    for size in [1_000_000, 12 * 1024 * 1024 + 7] {
+        let data = bytes_of(size, 9);
+        let blob = store
+            .put("media", chunks(&data), u64::MAX)
+            .await
+            .expect("put");
+        let file = blob
+            .key
+            .split('/')
+            .fold(root.clone(), |path, part| path.join(part));
+        assert_eq!(cached_bytes(&file), 0, "{size} bytes: none cached");
+        assert_eq!(read(&store, "media", &blob.key).await, data);
+    }
+}

@@ -102,36 +102,50 @@ pub async fn touch_existing(
         .collect())
 }
 
-/// Makes `owner` (a run; or a stored event, kept until `keep_until`) refer
-/// to the namespace's blobs among `digests`, and returns those that exist.
-/// The rows are locked (FOR KEY SHARE) until the caller commits: the
-/// collector skips them meanwhile, and one it already took is not returned.
+/// One blob an owner (a run, or a stored event) is to refer to.
+#[derive(Debug, Clone, Copy)]
+pub struct BlobReference<'a> {
+    /// The run, or the stored event.
+    pub owner: Uuid,
+    /// The namespace of both.
+    pub namespace: &'a str,
+    /// The blob's digest.
+    pub sha256: &'a str,
+}
+
+/// Makes each owner refer to its blob (kept until `keep_until`, or for
+/// good while the owner lives), in one statement, and returns the
+/// references whose blob exists as (owner, digest). The blobs' rows are
+/// locked (FOR KEY SHARE) until the caller commits: the collector skips
+/// them meanwhile, and one it already took is not returned.
 pub async fn refer(
     conn: &mut PgConnection,
-    owner: Uuid,
-    namespace: &str,
-    digests: &[String],
+    references: &[BlobReference<'_>],
     keep_until: Option<DateTime<Utc>>,
-) -> Result<Vec<String>, StoreError> {
-    // refer: a primary-key probe of blobs per digest (decision 0032)
-    let found = sqlx::query_scalar(
+) -> Result<Vec<(Uuid, String)>, StoreError> {
+    let owners: Vec<Uuid> = references.iter().map(|r| r.owner).collect();
+    let namespaces: Vec<&str> = references.iter().map(|r| r.namespace).collect();
+    let digests: Vec<&str> = references.iter().map(|r| r.sha256).collect();
+    // refer: a primary-key probe of blobs per reference (decision 0032)
+    let rows = sqlx::query(
         "WITH found AS ( \
-           SELECT b.sha256 FROM UNNEST($3::text[]) AS d(sha256) \
+           SELECT w.owner, w.namespace, w.sha256 \
+           FROM UNNEST($1::uuid[], $2::text[], $3::text[]) AS w(owner, namespace, sha256) \
            CROSS JOIN LATERAL ( \
-             SELECT sha256 FROM blobs WHERE namespace = $2 AND sha256 = d.sha256 \
+             SELECT 1 FROM blobs WHERE namespace = w.namespace AND sha256 = w.sha256 \
              FOR KEY SHARE) b), \
          added AS ( \
            INSERT INTO blob_refs (owner, namespace, sha256, keep_until) \
-           SELECT $1, $2, sha256, $4 FROM found ON CONFLICT DO NOTHING) \
-         SELECT sha256 FROM found",
+           SELECT owner, namespace, sha256, $4 FROM found ON CONFLICT DO NOTHING) \
+         SELECT owner, sha256 FROM found",
     )
-    .bind(owner)
-    .bind(namespace)
+    .bind(owners)
+    .bind(namespaces)
     .bind(digests)
     .bind(keep_until)
     .fetch_all(conn)
     .await?;
-    Ok(found)
+    Ok(rows.iter().map(|row| (row.get(0), row.get(1))).collect())
 }
 
 /// In the caller's transaction, deletes the rows of up to `limit` blobs

@@ -359,7 +359,7 @@ async fn a_gibibyte_payload_streams_through_with_the_server_memory_bounded() {
     assert_eq!(hex, uploaded.sha256);
     let peak = peak_rss_bytes(server.pid());
     assert!(
-        peak < 200 * 1024 * 1024,
+        peak < 200_000_000,
         "the server's peak RSS was {} MiB (before: {} MiB)",
         peak >> 20,
         before >> 20

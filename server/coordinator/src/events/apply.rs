@@ -21,7 +21,7 @@ use sqlx::PgConnection;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::{Coordinator, error::CoordinatorError, workflows::LoadedWorkflow};
+use crate::{Coordinator, error::CoordinatorError, payloads::RunBlobs, workflows::LoadedWorkflow};
 
 /// Who caused an event, for the history (`system` for timers and recovery).
 pub const SYSTEM: &str = "system";
@@ -537,6 +537,9 @@ impl<'a> RunTxn<'a> {
         self,
         conn: &mut PgConnection,
     ) -> Result<Applied, CoordinatorError> {
+        self.coordinator
+            .refer_runs_to_blobs(conn, &[self.blobs()])
+            .await?;
         let arms = self.task_arms();
         let write = self.event_write(&arms)?;
         let insert = self.run_insert();
@@ -552,6 +555,10 @@ impl<'a> RunTxn<'a> {
         txns: Vec<RunTxn<'a>>,
         conn: &mut PgConnection,
     ) -> Result<Vec<Applied>, CoordinatorError> {
+        if let Some(first) = txns.first() {
+            let runs: Vec<_> = txns.iter().map(RunTxn::blobs).collect();
+            first.coordinator.refer_runs_to_blobs(conn, &runs).await?;
+        }
         let written = {
             let arms: Vec<_> = txns.iter().map(RunTxn::task_arms).collect();
             let writes = txns
@@ -585,13 +592,17 @@ impl<'a> RunTxn<'a> {
             self.applied.counted.events += 1;
             self.applied.counted.run_started |= matches!(event, Event::RunStarted);
         }
-        if !self.blob_digests.is_empty() {
-            let digests = std::mem::take(&mut self.blob_digests);
-            self.coordinator
-                .refer_run_to_blobs(conn, self.run.id, &self.run.namespace, &digests)
-                .await?;
-        }
         self.stage_write(conn).await
+    }
+
+    /// The blobs the run is to refer to once staged: made so by its write
+    /// (alone, or in one statement for a group's runs).
+    pub(crate) fn blobs(&self) -> RunBlobs<'_> {
+        RunBlobs {
+            run_id: self.run.id,
+            namespace: &self.run.namespace,
+            digests: &self.blob_digests,
+        }
     }
 
     /// Notes the blobs the value `event` brings into the run refers to.

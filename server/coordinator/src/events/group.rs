@@ -34,6 +34,7 @@ use crate::{
     error::CoordinatorError,
     events::apply::{Applied, RunTxn},
     events::reports::{QueueKey, QueuedReport, ReportAnswer, ReportPlan},
+    payloads::ReferFailed,
     workflows::LoadedWorkflow,
 };
 
@@ -566,6 +567,17 @@ impl Coordinator {
         if staged.is_empty() {
             return Ok(());
         }
+        let runs: Vec<_> = staged.iter().map(|s| s.txn.blobs()).collect();
+        self.refer_runs_to_blobs(conn, &runs)
+            .await
+            .map_err(|failed| match failed {
+                ReferFailed::Missing(place, error) => match staged.get(place) {
+                    Some(item) => GroupFailed::Item(item.index, error),
+                    None => GroupFailed::Group(error),
+                },
+                ReferFailed::Store(error) => GroupFailed::Group(error),
+            })?;
+        drop(runs);
         let written = {
             let arms: Vec<_> = staged.iter().map(|s| s.txn.task_arms()).collect();
             let writes = staged

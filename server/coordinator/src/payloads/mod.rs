@@ -358,29 +358,87 @@ impl Coordinator {
         );
         let keep_until = chrono::Utc::now() + retention;
         let owner = uuid::Uuid::now_v7();
-        blobs::refer(conn, owner, namespace, &digests, Some(keep_until)).await?;
+        let references: Vec<_> = digests
+            .iter()
+            .map(|sha256| blobs::BlobReference {
+                owner,
+                namespace,
+                sha256,
+            })
+            .collect();
+        blobs::refer(conn, &references, Some(keep_until)).await?;
         Ok(())
     }
 
-    /// Makes run `run_id` refer to `digests`, in its transaction; a blob the
-    /// collector took since the request was checked fails the transaction
-    /// (the caller uploads again), so a run never holds a dangling reference.
-    pub(crate) async fn refer_run_to_blobs(
+    /// Makes each run refer to the blobs its values brought, in one
+    /// statement of the runs' transaction. A blob the collector took since
+    /// the request was checked fails that run, named by its place in
+    /// `runs` (the caller uploads again): a run never holds a dangling
+    /// reference.
+    pub(crate) async fn refer_runs_to_blobs(
         &self,
         conn: &mut sqlx::PgConnection,
-        run_id: uuid::Uuid,
-        namespace: &str,
-        digests: &[String],
-    ) -> Result<(), CoordinatorError> {
-        let found = blobs::refer(conn, run_id, namespace, digests, None).await?;
-        match digests.iter().find(|d| !found.contains(d)) {
-            Some(missing) => Err(CoordinatorError::BlobNotFound {
-                field: "payload".to_owned(),
-                sha256: missing.clone(),
-            }),
-            None => Ok(()),
+        runs: &[RunBlobs<'_>],
+    ) -> Result<(), ReferFailed> {
+        let references: Vec<_> = runs
+            .iter()
+            .flat_map(|run| {
+                run.digests.iter().map(|sha256| blobs::BlobReference {
+                    owner: run.run_id,
+                    namespace: run.namespace,
+                    sha256,
+                })
+            })
+            .collect();
+        if references.is_empty() {
+            return Ok(());
+        }
+        let found: std::collections::HashSet<(uuid::Uuid, String)> =
+            blobs::refer(conn, &references, None)
+                .await
+                .map_err(|error| ReferFailed::Store(error.into()))?
+                .into_iter()
+                .collect();
+        for (place, run) in runs.iter().enumerate() {
+            let missing = run
+                .digests
+                .iter()
+                .find(|d| !found.contains(&(run.run_id, (*d).clone())));
+            if let Some(missing) = missing {
+                return Err(ReferFailed::Missing(
+                    place,
+                    CoordinatorError::BlobNotFound {
+                        field: "payload".to_owned(),
+                        sha256: missing.clone(),
+                    },
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why runs could not refer to their blobs.
+pub(crate) enum ReferFailed {
+    /// The run at this place refers to a blob that is gone.
+    Missing(usize, CoordinatorError),
+    /// The statement failed.
+    Store(CoordinatorError),
+}
+
+impl From<ReferFailed> for CoordinatorError {
+    fn from(failed: ReferFailed) -> Self {
+        match failed {
+            ReferFailed::Missing(_, error) | ReferFailed::Store(error) => error,
         }
     }
+}
+
+/// The blobs one run's new values refer to.
+pub(crate) struct RunBlobs<'a> {
+    pub(crate) run_id: uuid::Uuid,
+    pub(crate) namespace: &'a str,
+    pub(crate) digests: &'a [String],
 }
 
 /// Rewrites every reference in `value` with the size and head `found` has

@@ -169,14 +169,11 @@ async fn uploads_at_the_same_time_write_their_rows_together_one_per_blob() {
     let coordinator = &setup.coordinator;
     let uploads = (0..60u8).map(|i| async move {
         let namespace = if i % 2 == 0 { "default" } else { "other" };
-        let chunks = futures::stream::iter([Ok::<_, std::convert::Infallible>(
-            bytes::Bytes::from(content(i % 6)),
-        )]);
-        let stored = coordinator
-            .upload_blob(namespace, chunks)
-            .await
-            .expect("upload");
-        (namespace, i % 6, stored.sha256)
+        (
+            namespace,
+            i % 6,
+            upload(coordinator, namespace, i % 6).await,
+        )
     });
     let done = futures::future::join_all(uploads).await;
     for (_, n, digest) in &done {
@@ -207,6 +204,68 @@ async fn uploads_at_the_same_time_write_their_rows_together_one_per_blob() {
     );
 }
 
+/// The runs of one group refer to their blobs in one statement: each run
+/// started holds its references, and a run whose blob's row went after its
+/// reference was accepted (another server's collector took it) fails
+/// alone, its group's other runs written.
+#[tokio::test]
+async fn runs_started_together_refer_to_their_blobs_and_one_whose_blob_went_fails_alone() {
+    let setup = setup().await;
+    let coordinator = &setup.coordinator;
+    for n in 0..6u8 {
+        upload(coordinator, "default", n).await;
+    }
+    let gone = sha256(&content(5));
+    // this server still remembers writing the row: only the run's own
+    // statement can find that it went
+    sqlx::query("DELETE FROM blobs WHERE namespace = 'default' AND sha256 = $1")
+        .bind(&gone)
+        .execute(coordinator.store().pool())
+        .await
+        .expect("take the row");
+    let before = coordinator.group_commit_stats();
+    // one run of the blob that went: a group redoes itself without one
+    // failed item, and sends every item alone at a second
+    let starts = (0..31u8).map(|i| async move {
+        let n = if i == 30 { 5 } else { i % 5 };
+        let reference = json!({"$blob": {"sha256": sha256(&content(n))}});
+        let outcome = coordinator
+            .start_run(common::start_request("waits", reference))
+            .await;
+        (n, outcome)
+    });
+    let mut started = Vec::new();
+    for (n, outcome) in futures::future::join_all(starts).await {
+        match outcome {
+            Ok((run, _)) if n != 5 => started.push(run.id),
+            Err(CoordinatorError::BlobNotFound { sha256, .. }) if n == 5 => {
+                assert_eq!(sha256, gone);
+            }
+            other => panic!("content {n}: {other:?}"),
+        }
+    }
+    assert_eq!(started.len(), 30);
+    let referring: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT owner) FROM blob_refs WHERE owner = ANY($1) AND sha256 <> $2",
+    )
+    .bind(&started)
+    .bind(&gone)
+    .fetch_one(coordinator.store().pool())
+    .await
+    .expect("refs");
+    assert_eq!(referring, 30, "every run started refers to its blob");
+    let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
+        .fetch_one(coordinator.store().pool())
+        .await
+        .expect("runs");
+    assert_eq!(runs, 30, "no run of the blob that went");
+    let after = coordinator.group_commit_stats();
+    assert!(
+        after.shared_writes >= before.shared_writes + 2,
+        "the starts were written together: {after:?}"
+    );
+}
+
 /// One step of an actor.
 #[derive(Debug, Clone)]
 enum Step {
@@ -224,6 +283,18 @@ fn content(n: u8) -> Vec<u8> {
     serde_json::to_vec(&json!({"content": n, "pad": "p".repeat(2_000)})).expect("json")
 }
 
+/// Uploads content `n` to `namespace` in one chunk; its digest.
+async fn upload(coordinator: &Coordinator, namespace: &str, n: u8) -> String {
+    let chunks = futures::stream::iter([Ok::<_, std::convert::Infallible>(bytes::Bytes::from(
+        content(n),
+    ))]);
+    coordinator
+        .upload_blob(namespace, chunks)
+        .await
+        .expect("upload")
+        .sha256
+}
+
 fn sha256(bytes: &[u8]) -> String {
     use std::fmt::Write;
     let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
@@ -237,13 +308,7 @@ async fn perform(setup: &Setup, step: Step, started: &tokio::sync::Mutex<Vec<Uui
     let coordinator = &setup.coordinator;
     match step {
         Step::Upload(n) => {
-            let chunks = futures::stream::iter([Ok::<_, std::convert::Infallible>(
-                bytes::Bytes::from(content(n)),
-            )]);
-            coordinator
-                .upload_blob("default", chunks)
-                .await
-                .expect("upload");
+            upload(coordinator, "default", n).await;
         }
         Step::Start(n) => {
             let reference = json!({"$blob": {"sha256": sha256(&content(n))}});
