@@ -376,7 +376,7 @@ impl Poller {
                                 return;
                             }
                         },
-                        None => Value::clone(&output),
+                        None => inline_output(&output, &task.task_id),
                     };
                     complete(&mut client, task, output, &stats, hook.as_ref()).await;
                     drop(permit);
@@ -384,6 +384,24 @@ impl Poller {
             }
         }
     }
+}
+
+/// `output` as reported inline: with the task's id beside a payload, as
+/// [`BlobIo::output`] does, so that rows with offload on and off report
+/// the same values.
+fn inline_output(output: &Value, task_id: &str) -> Value {
+    let mut output = Value::clone(output);
+    if let Some(Kind::StructValue(fields)) = &mut output.kind
+        && fields.fields.contains_key("blob")
+    {
+        fields.fields.insert(
+            "task".to_owned(),
+            Value {
+                kind: Some(Kind::StringValue(task_id.to_owned())),
+            },
+        );
+    }
+    output
 }
 
 /// The input fetched and the output made ready, as an SDK would.

@@ -126,10 +126,15 @@ impl Coordinator {
     }
 
     /// Whether `value` goes to the blob store: counted only when offload
-    /// is on, and only up to the threshold (a task's input on the hot path).
+    /// is on, and only up to the threshold (a task's input on the hot path);
+    /// a value whose strings are too short to reach it, escaped at worst,
+    /// is not written out to be counted.
     pub(crate) fn offloads(&self, value: &Json) -> bool {
         let threshold = self.config.payload_offload_bytes;
-        self.payloads.is_some() && threshold > 0 && json_longer_than(value, threshold)
+        self.payloads.is_some()
+            && threshold > 0
+            && json_len_bound(value, threshold) > threshold
+            && json_longer_than(value, threshold)
     }
 
     /// Streams `chunks` into a blob of `namespace` (BlobService's upload):
@@ -485,6 +490,38 @@ fn json_longer_than(value: &Json, limit: usize) -> bool {
     serde_json::to_writer(&mut count, value).is_err()
 }
 
+/// At least the length of `value` as compact JSON, from the lengths of its
+/// strings (each byte escaped at worst, as `\u00XX`) without reading them;
+/// the count stops once past `limit`.
+fn json_len_bound(value: &Json, limit: usize) -> usize {
+    fn add(value: &Json, total: &mut usize, limit: usize) {
+        if *total > limit {
+            return;
+        }
+        let string = |s: &str| 2 + 6 * s.len();
+        match value {
+            Json::Null | Json::Bool(_) => *total += 5,
+            // an f64 is at most 24 characters, an integer 20
+            Json::Number(_) => *total += 32,
+            Json::String(s) => *total += string(s),
+            Json::Array(items) => {
+                *total += 2 + items.len();
+                items.iter().for_each(|item| add(item, total, limit));
+            }
+            Json::Object(map) => {
+                *total += 2 + map.len();
+                for (key, item) in map {
+                    *total += string(key) + 1;
+                    add(item, total, limit);
+                }
+            }
+        }
+    }
+    let mut total = 0;
+    add(value, &mut total, limit);
+    total
+}
+
 pub(crate) fn json_len(value: &Json) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
@@ -535,6 +572,42 @@ mod tests {
         let len = json_len(&value);
         assert!(json_longer_than(&value, len - 1));
         assert!(!json_longer_than(&value, len));
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Json> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(Json::Null),
+            any::<bool>().prop_map(Json::Bool),
+            any::<i64>().prop_map(|n| serde_json::json!(n)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| serde_json::json!(f)),
+            ".{0,12}".prop_map(Json::String),
+            // control characters and quotes: escaped the longest way
+            "[\\x00-\\x1f\"\\\\]{0,8}".prop_map(Json::String),
+        ];
+        leaf.prop_recursive(4, 64, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Json::Array),
+                proptest::collection::btree_map(".{0,6}", inner, 0..6)
+                    .prop_map(|m| Json::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// The bound is never under the length, so a value it puts under
+        /// the threshold is under it.
+        #[test]
+        fn the_length_bound_is_never_under_the_length(value in json_value()) {
+            let len = json_len(&value);
+            proptest::prop_assert!(json_len_bound(&value, usize::MAX) >= len);
+            // stopped early, it is still past the limit it stopped at
+            if len > 10 {
+                proptest::prop_assert!(json_len_bound(&value, len - 1) > len - 1);
+            }
+        }
     }
 
     #[test]
