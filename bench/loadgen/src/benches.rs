@@ -651,11 +651,13 @@ pub struct Throughput {
     pub top_statements: Vec<(String, f64, f64)>,
     /// perf output (comm breakdown and server symbols), if sampled.
     pub perf: Option<String>,
+    /// Where the window's WAL went, if broken down.
+    pub wal: Option<crate::wal::WalBreakdown>,
     /// StartRun or report errors.
     pub errors: u64,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Sample {
     at: Instant,
     commits: i64,
@@ -668,6 +670,8 @@ struct Sample {
     runs: u64,
     next_xid: i64,
     wal_bytes: i64,
+    /// The WAL's insert position, as Postgres prints it.
+    lsn: String,
 }
 
 /// B1 (one server) or B5 (several): a closed loop of three-step runs, on
@@ -689,8 +693,25 @@ pub async fn throughput(
         offload_bytes: 0,
         in_flight: ctx.profile.in_flight,
         server_cores: None,
+        wal_breakdown: false,
     };
     throughput_of(ctx, label, server_count, load, extra).await
+}
+
+/// B1: one server, the Rust worker, the profile's window and perf
+/// sampling, and where its WAL bytes go.
+pub async fn b1(ctx: &Ctx) -> Result<Throughput> {
+    let load = Load {
+        kind: WorkerKind::Rust,
+        measure_secs: ctx.profile.measure_secs,
+        perf_secs: ctx.profile.perf_secs,
+        payload_bytes: 0,
+        offload_bytes: 0,
+        in_flight: ctx.profile.in_flight,
+        server_cores: None,
+        wal_breakdown: true,
+    };
+    throughput_of(ctx, "B1 Rust worker", 1, load, &[]).await
 }
 
 /// What a B1 row runs: the worker, the measured window, perf sampling, and
@@ -708,6 +729,8 @@ pub struct Load {
     pub in_flight: usize,
     /// Each server's CPU budget in cores (B5); None: unbounded.
     pub server_cores: Option<f64>,
+    /// Break the window's WAL down by record type and relation.
+    pub wal_breakdown: bool,
 }
 
 /// Numbers each run's payload apart from every other's in this process.
@@ -750,6 +773,7 @@ async fn throughput_on(
         offload_bytes: load_offload_bytes,
         in_flight,
         server_cores: _,
+        wal_breakdown,
     } = load;
     // converted once: a run's request copies the payload only to send it
     let input = composer_grpc::convert::from_json(&if payload_bytes == 0 {
@@ -921,7 +945,8 @@ async fn throughput_on(
         let row = sqlx::query(
             "SELECT xact_commit, xact_rollback, \
                pg_snapshot_xmax(pg_current_snapshot())::text::bigint, \
-             pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint \
+             pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint, \
+             pg_current_wal_lsn()::text \
              FROM pg_stat_database WHERE datname = 'composer'",
         )
         .fetch_one(&ctx.admin)
@@ -932,6 +957,7 @@ async fn throughput_on(
             rollbacks: row.try_get(1)?,
             next_xid: row.try_get(2)?,
             wal_bytes: row.try_get(3)?,
+            lsn: row.try_get(4)?,
             server: servers.iter().map(|s| procs::cpu_ticks(s.pid)).sum(),
             pg: procs::tree_ticks(pg_pid),
             redis: procs::cpu_ticks(redis_pid),
@@ -946,6 +972,10 @@ async fn throughput_on(
         tokio::time::sleep(Duration::from_secs(10)).await;
     }
     analyze_run_tables(ctx).await?;
+    if wal_breakdown {
+        // the window's segments stay for pg_waldump, checkpoints or not
+        keep_wal(&ctx.admin, "16GB").await?;
+    }
     if ctx.backends.statements {
         let _ = sqlx::query("SELECT pg_stat_statements_reset()")
             .execute(&ctx.admin)
@@ -1006,6 +1036,19 @@ async fn throughput_on(
     if tasks == 0.0 {
         bail!("{label}: no task completed in the measured window");
     }
+    let wal = if wal_breakdown {
+        let broken = wal_of_window(ctx, (&s0.lsn, &s1.lsn), tasks).await;
+        keep_wal(&ctx.admin, "0").await?;
+        match broken {
+            Ok(wal) => Some(wal),
+            Err(error) => {
+                eprintln!("bench: {label}: WAL not broken down: {error:#}");
+                None
+            }
+        }
+    } else {
+        None
+    };
     let per_1k = |ticks: u64| ticks as f64 / TICKS_PER_SECOND / tasks * 1000.0;
     let mut row = Throughput {
         label: label.to_owned(),
@@ -1022,6 +1065,7 @@ async fn throughput_on(
         client_cpu: per_1k(s1.client - s0.client),
         errors: errors.load(Ordering::Relaxed) + report_errors,
         perf,
+        wal,
         ..Throughput::default()
     };
     if let Some(statements) = statements {
@@ -1033,6 +1077,43 @@ async fn throughput_on(
             .collect();
     }
     Ok(row)
+}
+
+/// Sets `wal_keep_size` (superuser `admin`) and reloads the configuration.
+async fn keep_wal(admin: &PgPool, size: &str) -> Result<()> {
+    sqlx::query(&format!("ALTER SYSTEM SET wal_keep_size = '{size}'"))
+        .execute(admin)
+        .await
+        .context("set wal_keep_size")?;
+    sqlx::query("SELECT pg_reload_conf()")
+        .execute(admin)
+        .await
+        .context("reload the configuration")?;
+    Ok(())
+}
+
+/// The window's WAL by record type and relation, read with the server's
+/// own `pg_waldump` (beside its `postgres`).
+async fn wal_of_window(
+    ctx: &Ctx,
+    lsns: (&str, &str),
+    tasks: f64,
+) -> Result<crate::wal::WalBreakdown> {
+    let pid = ctx.backends.postmaster_pid().context("no postmaster pid")?;
+    let postgres =
+        std::fs::read_link(format!("/proc/{pid}/exe")).context("the postmaster's binary")?;
+    let waldump = postgres.with_file_name("pg_waldump");
+    let data_dir: String = sqlx::query_scalar("SHOW data_directory")
+        .fetch_one(&ctx.admin)
+        .await?;
+    crate::wal::breakdown(
+        &ctx.db,
+        &waldump,
+        std::path::Path::new(&data_dir),
+        lsns,
+        tasks,
+    )
+    .await
 }
 
 /// Statistics that match the tables before the measured window, as

@@ -12,6 +12,7 @@ mod noisy;
 mod observability;
 mod payload;
 mod procs;
+mod wal;
 mod worker;
 
 use std::{fmt::Write as _, path::PathBuf, time::Instant};
@@ -320,18 +321,7 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
         results.floor = section!("floor (pgbench)", benches::floor(ctx));
     }
     if want("b1") {
-        results.b1 = section!(
-            "B1 Rust worker",
-            benches::throughput(
-                ctx,
-                "B1 Rust worker",
-                1,
-                WorkerKind::Rust,
-                profile.measure_secs,
-                profile.perf_secs,
-                &[]
-            )
-        );
+        results.b1 = section!("B1 Rust worker", benches::b1(ctx));
     }
     if want("sdk") || want("py") {
         for sdk in ctx.sdk_workers.clone() {
@@ -431,6 +421,7 @@ async fn scale_out(ctx: &Ctx, results: &mut Results, cores: Option<f64>) {
                 offload_bytes: 0,
                 in_flight: ctx.profile.scale_in_flight,
                 server_cores: cores,
+                wal_breakdown: false,
             };
             let row = benches::throughput_of(ctx, &label, n, load, &[]).await;
             eprintln!("bench: {label} done in {:.0} s", t.elapsed().as_secs_f64());
@@ -491,6 +482,49 @@ fn statements_table(t: &mut String, row: &benches::Throughput) {
             t,
             "| {calls:.2} | {ms:.3} | `{}` |",
             short.replace('|', "/")
+        );
+    }
+    t.push('\n');
+}
+
+/// Where a row's WAL went, per task: by record type, then by relation.
+fn wal_tables(t: &mut String, row: &benches::Throughput) {
+    let Some(wal) = &row.wal else {
+        return;
+    };
+    let _ = writeln!(
+        t,
+        "WAL per task in {} by record type, largest first (pg_waldump --stats=record over the window; {:.0} bytes per task in all):\n\n| record type | records / task | record bytes / task | full-page-image bytes / task |\n| --- | --- | --- | --- |",
+        row.label, row.wal_bytes_per_task
+    );
+    for share in wal.by_record.iter().take(20) {
+        let _ = writeln!(
+            t,
+            "| {} | {:.2} | {:.0} | {:.0} |",
+            share.record_type,
+            share.records_per_task,
+            share.record_bytes_per_task,
+            share.fpi_bytes_per_task
+        );
+    }
+    let _ = writeln!(
+        t,
+        "\nWAL per task in {} by relation (each record's first block; records without one by resource manager), largest first:\n\n| relation | bytes / task | of which: record type (records / task) bytes / task |\n| --- | --- | --- |",
+        row.label
+    );
+    for share in wal.by_relation.iter().take(20) {
+        let parts: Vec<String> = share
+            .records
+            .iter()
+            .take(5)
+            .map(|(kind, count, bytes)| format!("{kind} ({count:.2}) {bytes:.0}"))
+            .collect();
+        let _ = writeln!(
+            t,
+            "| {} | {:.0} | {} |",
+            share.relation,
+            share.bytes_per_task,
+            parts.join("; ")
         );
     }
     t.push('\n');
@@ -1125,6 +1159,9 @@ fn render_details(r: &Results) -> String {
         .collect();
     for row in r.b1.iter().chain(b5_ends.iter().copied()) {
         statements_table(&mut t, row);
+    }
+    if let Some(row) = &r.b1 {
+        wal_tables(&mut t, row);
     }
     // where the offloaded rows' Postgres time goes
     for p in r

@@ -66,6 +66,7 @@ pub async fn payload(ctx: &Ctx) -> Result<Vec<PayloadRow>> {
                 offload_bytes: if offload { OFFLOAD_BYTES } else { 0 },
                 in_flight: ctx.profile.in_flight,
                 server_cores: None,
+                wal_breakdown: false,
             };
             let extra = if offload {
                 Vec::new()
