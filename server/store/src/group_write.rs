@@ -54,16 +54,24 @@ const INSERT_RUNS: &str = "fresh AS ( \
 
 /// Node rows (`$8`–`$12`) and history (`$13`–`$20`). Every part joins
 /// `run_row`, so a run whose row is gone (or was not inserted) writes
-/// nothing, as alone.
-const NODES_HISTORY: &str = "node_rows AS ( \
-       INSERT INTO run_nodes (run_id, node_key, status, state, started_at, ended_at) \
-       SELECT n.run_id, n.k, n.s, n.st, now(), CASE WHEN n.e THEN now() END \
-         FROM UNNEST($8::uuid[], $9::text[], $10::text[], $11::jsonb[], $12::bool[]) \
+/// nothing, as alone. A node's row is updated where it exists and inserted
+/// where not, by plain statements: the run's lock keeps every other writer
+/// of its nodes out, and `ON CONFLICT DO UPDATE` wrote a row lock and an
+/// insert's confirmation to the WAL besides (decision 0050).
+const NODES_HISTORY: &str = "nodes AS ( \
+       SELECT n.* FROM UNNEST($8::uuid[], $9::text[], $10::text[], $11::jsonb[], $12::bool[]) \
            AS n(run_id, k, s, st, e) \
-         WHERE n.run_id IN (SELECT id FROM run_row) \
-       ON CONFLICT (run_id, node_key) DO UPDATE SET status = EXCLUDED.status, \
-         state = EXCLUDED.state, updated_at = now(), \
-         ended_at = CASE WHEN EXCLUDED.ended_at IS NOT NULL THEN now() END), \
+         WHERE n.run_id IN (SELECT id FROM run_row)), \
+     node_updated AS ( \
+       UPDATE run_nodes SET status = n.s, state = n.st, updated_at = now(), \
+         ended_at = CASE WHEN n.e THEN now() END \
+         FROM nodes n WHERE run_nodes.run_id = n.run_id AND run_nodes.node_key = n.k \
+       RETURNING run_nodes.run_id, run_nodes.node_key), \
+     node_rows AS ( \
+       INSERT INTO run_nodes (run_id, node_key, status, state, started_at, ended_at) \
+       SELECT n.run_id, n.k, n.s, n.st, now(), CASE WHEN n.e THEN now() END FROM nodes n \
+         WHERE NOT EXISTS (SELECT 1 FROM node_updated u \
+           WHERE u.run_id = n.run_id AND u.node_key = n.k)), \
      history AS ( \
        INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, \
          details, created_at) \

@@ -699,6 +699,16 @@ impl Conditions {
     }
 }
 
+/// The predicate of runs_by_labels, which holds only runs with labels
+/// (decision 0050): a search by labels states it, as a literal, so that
+/// the planner can use the index.
+pub const LABELLED: &str = "labels <> '{}'::jsonb";
+
+/// Whether `value` is `{}`.
+fn is_empty_object(value: &Json) -> bool {
+    value.as_object().is_some_and(serde_json::Map::is_empty)
+}
+
 /// The conditions of `filter` in `namespace`, for list_runs, count_runs
 /// and the walk of a bulk operation alike. Only the filters given are in the text, so each combination has a
 /// generic plan of its own (the server runs on generic plans, see
@@ -723,9 +733,10 @@ pub(crate) fn filter_conditions(
         let p = c.bind(filter.statuses.clone())?;
         c.and(format!("status = ANY({p}::text[])"));
     }
-    if let Some(labels) = &filter.labels {
+    // no label asked for: every run matches, with labels or without
+    if let Some(labels) = filter.labels.as_ref().filter(|l| !is_empty_object(l)) {
         let p = c.bind(labels.clone())?;
-        c.and(format!("labels @> {p}::jsonb"));
+        c.and(format!("labels @> {p}::jsonb AND {LABELLED}"));
     }
     if let Some(after) = filter.created_after {
         let p = c.bind(after)?;
@@ -1021,15 +1032,21 @@ const INSERT_RUN: &str = "run_row AS ( \
 /// its statement ran (`clock_timestamp()`), not when its transaction began
 /// (`now()`): a group transaction may begin well before an item's event,
 /// and a run that waited on another's lock would otherwise be dated
-/// before what it waited for.
-const WRITE_ROWS: &str = "node_rows AS ( \
+/// before what it waited for. Node rows are updated or inserted by plain
+/// statements, as in a group's write (decision 0050).
+const WRITE_ROWS: &str = "nodes AS ( \
+       SELECT n.* FROM UNNEST($9::text[], $10::text[], $11::jsonb[], $12::bool[]) \
+           AS n(k, s, st, e) \
+         WHERE EXISTS (SELECT 1 FROM run_row)), \
+     node_updated AS ( \
+       UPDATE run_nodes SET status = n.s, state = n.st, updated_at = now(), \
+         ended_at = CASE WHEN n.e THEN now() END \
+         FROM nodes n WHERE run_nodes.run_id = $1 AND run_nodes.node_key = n.k \
+       RETURNING run_nodes.node_key), \
+     node_rows AS ( \
        INSERT INTO run_nodes (run_id, node_key, status, state, started_at, ended_at) \
-       SELECT $1, k, s, st, now(), CASE WHEN e THEN now() END \
-         FROM UNNEST($9::text[], $10::text[], $11::jsonb[], $12::bool[]) AS n(k, s, st, e) \
-         WHERE EXISTS (SELECT 1 FROM run_row) \
-       ON CONFLICT (run_id, node_key) DO UPDATE SET status = EXCLUDED.status, \
-         state = EXCLUDED.state, updated_at = now(), \
-         ended_at = CASE WHEN EXCLUDED.ended_at IS NOT NULL THEN now() END), \
+       SELECT $1, n.k, n.s, n.st, now(), CASE WHEN n.e THEN now() END FROM nodes n \
+         WHERE NOT EXISTS (SELECT 1 FROM node_updated u WHERE u.node_key = n.k)), \
      history AS ( \
        INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, \
          details, created_at) \

@@ -9,6 +9,7 @@ mod blobs;
 mod group_commit;
 mod hand_off;
 mod http_executor;
+mod labels;
 mod lease_scans;
 mod lease_tasks;
 mod records;
