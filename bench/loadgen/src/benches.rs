@@ -685,16 +685,7 @@ pub async fn throughput(
     perf_secs: u64,
     extra: &[String],
 ) -> Result<Throughput> {
-    let load = Load {
-        kind,
-        measure_secs,
-        perf_secs,
-        payload_bytes: 0,
-        offload_bytes: 0,
-        in_flight: ctx.profile.in_flight,
-        server_cores: None,
-        wal_breakdown: false,
-    };
+    let load = Load::plain(ctx, kind, measure_secs, perf_secs);
     throughput_of(ctx, label, server_count, load, extra).await
 }
 
@@ -702,14 +693,13 @@ pub async fn throughput(
 /// sampling, and where its WAL bytes go.
 pub async fn b1(ctx: &Ctx) -> Result<Throughput> {
     let load = Load {
-        kind: WorkerKind::Rust,
-        measure_secs: ctx.profile.measure_secs,
-        perf_secs: ctx.profile.perf_secs,
-        payload_bytes: 0,
-        offload_bytes: 0,
-        in_flight: ctx.profile.in_flight,
-        server_cores: None,
         wal_breakdown: true,
+        ..Load::plain(
+            ctx,
+            WorkerKind::Rust,
+            ctx.profile.measure_secs,
+            ctx.profile.perf_secs,
+        )
     };
     throughput_of(ctx, "B1 Rust worker", 1, load, &[]).await
 }
@@ -731,6 +721,23 @@ pub struct Load {
     pub server_cores: Option<f64>,
     /// Break the window's WAL down by record type and relation.
     pub wal_breakdown: bool,
+}
+
+impl Load {
+    /// `kind` over `measure_secs` (perf over `perf_secs`): empty payloads,
+    /// the profile's runs in flight, no CPU budget, no WAL breakdown.
+    pub fn plain(ctx: &Ctx, kind: WorkerKind, measure_secs: u64, perf_secs: u64) -> Self {
+        Self {
+            kind,
+            measure_secs,
+            perf_secs,
+            payload_bytes: 0,
+            offload_bytes: 0,
+            in_flight: ctx.profile.in_flight,
+            server_cores: None,
+            wal_breakdown: false,
+        }
+    }
 }
 
 /// Numbers each run's payload apart from every other's in this process.

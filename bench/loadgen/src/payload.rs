@@ -56,17 +56,17 @@ pub async fn payload(ctx: &Ctx) -> Result<Vec<PayloadRow>> {
                 if offload { "on" } else { "off" }
             );
             let load = Load {
-                kind: WorkerKind::Rust,
-                measure_secs: ctx.profile.payload_secs,
-                perf_secs: std::env::var("BENCH_PAYLOAD_PERF_SECS")
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0),
                 payload_bytes: bytes,
                 offload_bytes: if offload { OFFLOAD_BYTES } else { 0 },
-                in_flight: ctx.profile.in_flight,
-                server_cores: None,
-                wal_breakdown: false,
+                ..Load::plain(
+                    ctx,
+                    WorkerKind::Rust,
+                    ctx.profile.payload_secs,
+                    std::env::var("BENCH_PAYLOAD_PERF_SECS")
+                        .ok()
+                        .and_then(|s| s.parse().ok())
+                        .unwrap_or(0),
+                )
             };
             let extra = if offload {
                 Vec::new()

@@ -1,6 +1,6 @@
-//! Where a row's WAL bytes go: `pg_waldump` over the measured window, by
-//! record type (its `--stats=record` table) and by relation (each record's
-//! first block reference, named through `pg_filenode_relation`).
+//! Where a row's WAL bytes go: `pg_waldump`'s listing of the measured
+//! window, by record type and by relation (each record's first block
+//! reference, named through `pg_filenode_relation`).
 
 use std::{collections::HashMap, path::Path};
 
@@ -39,7 +39,9 @@ pub struct RecordShare {
 
 /// The WAL between `start` and `end` (LSNs as Postgres prints them) of the
 /// cluster in `data_dir`, divided by `tasks`; relations are named in
-/// `db`'s database.
+/// `db`'s database. One pass of pg_waldump: its listing gives each record's
+/// type, place and lengths (the full-page images are its total less its
+/// record length, as `--stats` counts them).
 pub async fn breakdown(
     db: &PgPool,
     waldump: &Path,
@@ -47,61 +49,61 @@ pub async fn breakdown(
     (start, end): (&str, &str),
     tasks: f64,
 ) -> Result<WalBreakdown> {
-    let wal_dir = data_dir.join("pg_wal");
-    let stats = waldump_output(waldump, &wal_dir, start, end, &["--stats=record"]).await?;
-    let mut by_record: Vec<RecordShare> = stats
-        .lines()
-        .filter_map(record_line)
-        .map(|(record_type, n, record, fpi)| RecordShare {
-            record_type,
-            records_per_task: n / tasks,
+    let listing = waldump_listing(waldump, &data_dir.join("pg_wal"), start, end).await?;
+    let records: Vec<Record> = listing.lines().filter_map(parse_record).collect();
+    // filenode -> relation; several filenodes of one name (a table
+    // rewritten) make one relation
+    let mut names: HashMap<&str, String> = HashMap::new();
+    for record in &records {
+        if !names.contains_key(record.place.as_str()) {
+            let name = match record.place.parse::<i64>() {
+                Ok(filenode) => relation_name(db, filenode).await,
+                Err(_) => record.place.clone(),
+            };
+            names.insert(&record.place, name);
+        }
+    }
+    // record type -> (records, record bytes, image bytes)
+    let mut by_kind: HashMap<&str, (f64, f64, f64)> = HashMap::new();
+    // relation -> record type -> (records, bytes)
+    let mut by_name: HashMap<&str, HashMap<&str, (f64, f64)>> = HashMap::new();
+    for record in &records {
+        let kind = by_kind.entry(&record.kind).or_default();
+        kind.0 += 1.0;
+        kind.1 += record.record_bytes;
+        kind.2 += record.total_bytes - record.record_bytes;
+        let name = names[record.place.as_str()].as_str();
+        let share = by_name
+            .entry(name)
+            .or_default()
+            .entry(&record.kind)
+            .or_default();
+        share.0 += 1.0;
+        share.1 += record.total_bytes;
+    }
+    let mut by_record: Vec<RecordShare> = by_kind
+        .into_iter()
+        .map(|(kind, (count, record, image))| RecordShare {
+            record_type: kind.to_owned(),
+            records_per_task: count / tasks,
             record_bytes_per_task: record / tasks,
-            fpi_bytes_per_task: fpi / tasks,
+            fpi_bytes_per_task: image / tasks,
         })
         .collect();
     by_record.sort_by(|a, b| {
         (b.record_bytes_per_task + b.fpi_bytes_per_task)
             .total_cmp(&(a.record_bytes_per_task + a.fpi_bytes_per_task))
     });
-    let records = waldump_output(waldump, &wal_dir, start, end, &[]).await?;
-    // (place, record type) -> (records, bytes)
-    let mut by_place: HashMap<(String, String), (f64, f64)> = HashMap::new();
-    for line in records.lines() {
-        if let Some(record) = record_place(line) {
-            let entry = by_place.entry((record.place, record.kind)).or_default();
-            entry.0 += 1.0;
-            entry.1 += record.bytes;
-        }
-    }
-    let mut names: HashMap<String, String> = HashMap::new();
-    // several filenodes of one name (a table rewritten) make one relation
-    let mut merged: HashMap<String, HashMap<String, (f64, f64)>> = HashMap::new();
-    for ((place, kind), (count, bytes)) in by_place {
-        let name = match names.get(&place) {
-            Some(name) => name.clone(),
-            None => {
-                let name = match place.parse::<i64>() {
-                    Ok(filenode) => relation_name(db, filenode).await,
-                    Err(_) => place.clone(),
-                };
-                names.insert(place, name.clone());
-                name
-            }
-        };
-        let entry = merged.entry(name).or_default().entry(kind).or_default();
-        entry.0 += count;
-        entry.1 += bytes;
-    }
-    let mut by_relation: Vec<RelationShare> = merged
+    let mut by_relation: Vec<RelationShare> = by_name
         .into_iter()
         .map(|(relation, kinds)| {
             let mut records: Vec<(String, f64, f64)> = kinds
                 .into_iter()
-                .map(|(kind, (count, bytes))| (kind, count / tasks, bytes / tasks))
+                .map(|(kind, (count, bytes))| (kind.to_owned(), count / tasks, bytes / tasks))
                 .collect();
             records.sort_by(|a, b| b.2.total_cmp(&a.2));
             RelationShare {
-                relation,
+                relation: relation.to_owned(),
                 bytes_per_task: records.iter().map(|r| r.2).sum(),
                 records,
             }
@@ -114,18 +116,11 @@ pub async fn breakdown(
     })
 }
 
-async fn waldump_output(
-    waldump: &Path,
-    wal_dir: &Path,
-    start: &str,
-    end: &str,
-    extra: &[&str],
-) -> Result<String> {
+async fn waldump_listing(waldump: &Path, wal_dir: &Path, start: &str, end: &str) -> Result<String> {
     let out = tokio::process::Command::new(waldump)
         .arg("-p")
         .arg(wal_dir)
         .args(["-s", start, "-e", end])
-        .args(extra)
         .output()
         .await
         .with_context(|| format!("run {}", waldump.display()))?;
@@ -140,35 +135,6 @@ async fn waldump_output(
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-/// A row of `--stats=record`: its type, records, record bytes, FPI bytes.
-fn record_line(line: &str) -> Option<(String, f64, f64, f64)> {
-    // `Heap/INSERT   12 ( 1.00)   540 ( 2.00)   0 ( 0.00)   540 ( 2.00)`:
-    // the parenthesised percentages dropped, five fields are left
-    let mut plain = String::with_capacity(line.len());
-    let mut depth = 0;
-    for c in line.chars() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            _ if depth == 0 => plain.push(c),
-            _ => {}
-        }
-    }
-    let fields: Vec<&str> = plain.split_whitespace().collect();
-    let [name, n, record, fpi, _combined] = fields.as_slice() else {
-        return None;
-    };
-    if !name.contains('/') {
-        return None;
-    }
-    Some((
-        (*name).to_owned(),
-        n.parse().ok()?,
-        record.parse().ok()?,
-        fpi.parse().ok()?,
-    ))
-}
-
 /// One record of pg_waldump's listing.
 #[derive(Debug, PartialEq)]
 struct Record {
@@ -176,26 +142,22 @@ struct Record {
     place: String,
     /// `Heap/INSERT`, as `--stats=record` names it.
     kind: String,
-    /// Its total length, full-page images included.
-    bytes: f64,
+    /// Its length without full-page images.
+    record_bytes: f64,
+    /// Its length, full-page images included.
+    total_bytes: f64,
 }
 
 /// A record line of pg_waldump's listing.
-fn record_place(line: &str) -> Option<Record> {
+fn parse_record(line: &str) -> Option<Record> {
     let rmgr = line.strip_prefix("rmgr: ")?.split_whitespace().next()?;
     let kind = line
         .split_once("desc: ")
         .and_then(|(_, desc)| desc.split_whitespace().next())
         .map_or_else(String::new, |word| word.trim_end_matches(':').to_owned());
+    // `len (rec/tot):     79/  1211,`
     let (_, after) = line.split_once("len (rec/tot):")?;
-    let total: f64 = after
-        .split(',')
-        .next()?
-        .split('/')
-        .nth(1)?
-        .trim()
-        .parse()
-        .ok()?;
+    let (record, total) = after.split(',').next()?.split_once('/')?;
     let place = match line.split_once("blkref #0: rel ") {
         Some((_, rel)) => rel
             .split_whitespace()
@@ -208,7 +170,8 @@ fn record_place(line: &str) -> Option<Record> {
     Some(Record {
         place,
         kind: format!("{rmgr}/{kind}"),
-        bytes: total,
+        record_bytes: record.trim().parse().ok()?,
+        total_bytes: total.trim().parse().ok()?,
     })
 }
 
@@ -230,35 +193,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_stats_row_gives_its_counts_and_a_header_none() {
-        let row = "Heap/INSERT                                 1234 ( 12.34)               56789 ( 45.67)                 4096 (  1.00)                60885 ( 40.00)";
-        assert_eq!(
-            record_line(row),
-            Some(("Heap/INSERT".to_owned(), 1234.0, 56789.0, 4096.0))
-        );
-        assert_eq!(record_line("Type    N    (%)   Record size   (%)"), None);
-        assert_eq!(record_line("----    -    ---   -----------   ---"), None);
-    }
-
-    #[test]
     fn a_record_is_placed_by_its_first_block_or_its_manager() {
         let heap = "rmgr: Heap        len (rec/tot):     79/  1211, tx:      1234, lsn: 0/016D2A48, prev 0/016D2A10, desc: INSERT off 3 flags 0x00, blkref #0: rel 1663/16384/16401 blk 5 FPW";
         assert_eq!(
-            record_place(heap),
+            parse_record(heap),
             Some(Record {
                 place: "16401".to_owned(),
                 kind: "Heap/INSERT".to_owned(),
-                bytes: 1211.0
+                record_bytes: 79.0,
+                total_bytes: 1211.0
             })
         );
         let commit = "rmgr: Transaction len (rec/tot):     34/    34, tx:      1234, lsn: 0/016D2B00, prev 0/016D2A48, desc: COMMIT 2026-12-06 23:00:00.000000 UTC";
         assert_eq!(
-            record_place(commit),
+            parse_record(commit),
             Some(Record {
                 place: "(Transaction)".to_owned(),
                 kind: "Transaction/COMMIT".to_owned(),
-                bytes: 34.0
+                record_bytes: 34.0,
+                total_bytes: 34.0
             })
         );
+        assert_eq!(parse_record("pg_waldump: error: error in WAL record"), None);
     }
 }

@@ -123,16 +123,16 @@ pub struct WorkerConfig {
     pub offload_bytes: usize,
 }
 
-/// The output a worker reports: an empty object, or `{"blob": text}`.
-fn output_of(text: &str) -> Value {
+/// The output a worker reports for task `task_id`: an empty object, or
+/// `{"blob": text, "task": task_id}` (so no two outputs are the same bytes).
+fn output_of(text: &str, task_id: &str) -> Value {
+    let string = |s: &str| Value {
+        kind: Some(Kind::StringValue(s.to_owned())),
+    };
     let mut fields = std::collections::BTreeMap::new();
     if !text.is_empty() {
-        fields.insert(
-            "blob".to_owned(),
-            Value {
-                kind: Some(Kind::StringValue(text.to_owned())),
-            },
-        );
+        fields.insert("blob".to_owned(), string(text));
+        fields.insert("task".to_owned(), string(task_id));
     }
     Value {
         kind: Some(Kind::StructValue(Struct { fields })),
@@ -171,7 +171,6 @@ impl FastWorker {
         let stats = Arc::new(WorkerStats::default());
         let slots = Arc::new(Semaphore::new(config.slots));
         let blob_text: Arc<str> = incompressible_text(config.output_bytes).into();
-        let output = Arc::new(output_of(&blob_text));
         let (stop, stop_rx) = watch::channel(false);
         let mut handles = Vec::new();
         for (s, url) in urls.iter().enumerate() {
@@ -195,7 +194,7 @@ impl FastWorker {
                     slots: Arc::clone(&slots),
                     stats: Arc::clone(&stats),
                     hook: hook.clone(),
-                    output: Arc::clone(&output),
+                    blob_text: Arc::clone(&blob_text),
                     blobs: (config.offload_bytes > 0).then(|| BlobIo {
                         client: BlobServiceClient::with_interceptor(
                             channels[p % channels.len()].clone(),
@@ -203,7 +202,6 @@ impl FastWorker {
                         )
                         .max_decoding_message_size(64 << 20),
                         offload_bytes: config.offload_bytes,
-                        blob_text: Arc::clone(&blob_text),
                     }),
                 };
                 handles.push(tokio::spawn(poller.run(stop_rx.clone())));
@@ -234,7 +232,8 @@ struct Poller {
     slots: Arc<Semaphore>,
     stats: Arc<WorkerStats>,
     hook: Option<Hook>,
-    output: Arc<Value>,
+    /// The output's `blob` string ("": none).
+    blob_text: Arc<str>,
     /// Set: the worker moves payloads through BlobService.
     blobs: Option<BlobIo>,
 }
@@ -245,15 +244,13 @@ struct Poller {
 struct BlobIo {
     client: BlobServiceClient<Authed>,
     offload_bytes: usize,
-    /// The output's `blob` string ("": none).
-    blob_text: Arc<str>,
 }
 
 /// A task's output as an SDK serializes its handler's result: once, from
-/// the handler's own value (no copy of the payload before it).
+/// the handler's own value (no copy of the payload before it); the same
+/// value as [`output_of`].
 #[derive(serde::Serialize)]
 struct Output<'a> {
-    #[serde(skip_serializing_if = "str::is_empty")]
     blob: &'a str,
     task: &'a str,
 }
@@ -279,18 +276,16 @@ impl BlobIo {
         Ok(())
     }
 
-    /// The output to report: the blob text with the task's id beside it
-    /// (so no two outputs are the same bytes), uploaded when large.
-    async fn output(&mut self, task_id: &str) -> Result<Value> {
+    /// The output to report ([`output_of`] of `blob_text`), uploaded when
+    /// large.
+    async fn output(&mut self, blob_text: &str, task_id: &str) -> Result<Value> {
         let output = Output {
-            blob: &self.blob_text,
+            blob: blob_text,
             task: task_id,
         };
         let text = tonic::codegen::Bytes::from(serde_json::to_vec(&output)?);
-        if text.len() <= self.offload_bytes {
-            return Ok(composer_grpc::convert::from_json(&serde_json::to_value(
-                &output,
-            )?));
+        if blob_text.is_empty() || text.len() <= self.offload_bytes {
+            return Ok(output_of(blob_text, task_id));
         }
         let chunks: Vec<UploadBlobRequest> = (0..text.len())
             .step_by(1 << 20)
@@ -364,11 +359,11 @@ impl Poller {
                 let mut client = self.client.clone();
                 let stats = Arc::clone(&self.stats);
                 let hook = self.hook.clone();
-                let output = Arc::clone(&self.output);
+                let blob_text = Arc::clone(&self.blob_text);
                 let blobs = self.blobs.clone();
                 tokio::spawn(async move {
                     let output = match blobs {
-                        Some(blobs) => match moved(blobs, &task).await {
+                        Some(blobs) => match moved(blobs, &task, &blob_text).await {
                             Ok(output) => output,
                             Err(_) => {
                                 stats.report_errors.fetch_add(1, Ordering::Relaxed);
@@ -376,7 +371,7 @@ impl Poller {
                                 return;
                             }
                         },
-                        None => inline_output(&output, &task.task_id),
+                        None => output_of(&blob_text, &task.task_id),
                     };
                     complete(&mut client, task, output, &stats, hook.as_ref()).await;
                     drop(permit);
@@ -386,30 +381,12 @@ impl Poller {
     }
 }
 
-/// `output` as reported inline: with the task's id beside a payload, as
-/// [`BlobIo::output`] does, so that rows with offload on and off report
-/// the same values.
-fn inline_output(output: &Value, task_id: &str) -> Value {
-    let mut output = Value::clone(output);
-    if let Some(Kind::StructValue(fields)) = &mut output.kind
-        && fields.fields.contains_key("blob")
-    {
-        fields.fields.insert(
-            "task".to_owned(),
-            Value {
-                kind: Some(Kind::StringValue(task_id.to_owned())),
-            },
-        );
-    }
-    output
-}
-
 /// The input fetched and the output made ready, as an SDK would.
-async fn moved(mut blobs: BlobIo, task: &Task) -> Result<Value> {
+async fn moved(mut blobs: BlobIo, task: &Task, blob_text: &str) -> Result<Value> {
     if let Some(input) = &task.input {
         blobs.fetch_input(input).await?;
     }
-    blobs.output(&task.task_id).await
+    blobs.output(blob_text, &task.task_id).await
 }
 
 async fn complete(

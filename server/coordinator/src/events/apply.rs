@@ -21,7 +21,9 @@ use sqlx::PgConnection;
 use tracing::Instrument;
 use uuid::Uuid;
 
-use crate::{Coordinator, error::CoordinatorError, payloads::RunBlobs, workflows::LoadedWorkflow};
+use crate::{
+    Coordinator, error::CoordinatorError, payloads::OwnedBlobs, workflows::LoadedWorkflow,
+};
 
 /// Who caused an event, for the history (`system` for timers and recovery).
 pub const SYSTEM: &str = "system";
@@ -597,9 +599,9 @@ impl<'a> RunTxn<'a> {
 
     /// The blobs the run is to refer to once staged: made so by its write
     /// (alone, or in one statement for a group's runs).
-    pub(crate) fn blobs(&self) -> RunBlobs<'_> {
-        RunBlobs {
-            run_id: self.run.id,
+    pub(crate) fn blobs(&self) -> OwnedBlobs<'_> {
+        OwnedBlobs {
+            owner: self.run.id,
             namespace: &self.run.namespace,
             digests: &self.blob_digests,
         }

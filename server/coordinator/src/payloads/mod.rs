@@ -362,15 +362,12 @@ impl Coordinator {
             (self.config.correlation_retention_secs * 1000.0) as i64,
         );
         let keep_until = chrono::Utc::now() + retention;
-        let owner = uuid::Uuid::now_v7();
-        let references: Vec<_> = digests
-            .iter()
-            .map(|sha256| blobs::BlobReference {
-                owner,
-                namespace,
-                sha256,
-            })
-            .collect();
+        let event = OwnedBlobs {
+            owner: uuid::Uuid::now_v7(),
+            namespace,
+            digests: &digests,
+        };
+        let references: Vec<_> = event.references().collect();
         blobs::refer(conn, &references, Some(keep_until)).await?;
         Ok(())
     }
@@ -383,32 +380,24 @@ impl Coordinator {
     pub(crate) async fn refer_runs_to_blobs(
         &self,
         conn: &mut sqlx::PgConnection,
-        runs: &[RunBlobs<'_>],
+        runs: &[OwnedBlobs<'_>],
     ) -> Result<(), ReferFailed> {
-        let references: Vec<_> = runs
-            .iter()
-            .flat_map(|run| {
-                run.digests.iter().map(|sha256| blobs::BlobReference {
-                    owner: run.run_id,
-                    namespace: run.namespace,
-                    sha256,
-                })
-            })
-            .collect();
+        let references: Vec<_> = runs.iter().flat_map(OwnedBlobs::references).collect();
         if references.is_empty() {
             return Ok(());
         }
-        let found: std::collections::HashSet<(uuid::Uuid, String)> =
-            blobs::refer(conn, &references, None)
-                .await
-                .map_err(|error| ReferFailed::Store(error.into()))?
-                .into_iter()
-                .collect();
+        let found = blobs::refer(conn, &references, None)
+            .await
+            .map_err(|error| ReferFailed::Store(error.into()))?;
+        let found: std::collections::HashSet<(uuid::Uuid, &str)> = found
+            .iter()
+            .map(|(owner, sha256)| (*owner, sha256.as_str()))
+            .collect();
         for (place, run) in runs.iter().enumerate() {
             let missing = run
                 .digests
                 .iter()
-                .find(|d| !found.contains(&(run.run_id, (*d).clone())));
+                .find(|d| !found.contains(&(run.owner, d.as_str())));
             if let Some(missing) = missing {
                 return Err(ReferFailed::Missing(
                     place,
@@ -439,11 +428,22 @@ impl From<ReferFailed> for CoordinatorError {
     }
 }
 
-/// The blobs one run's new values refer to.
-pub(crate) struct RunBlobs<'a> {
-    pub(crate) run_id: uuid::Uuid,
+/// The blobs an owner's new values refer to: a run's, or a stored event's.
+pub(crate) struct OwnedBlobs<'a> {
+    pub(crate) owner: uuid::Uuid,
     pub(crate) namespace: &'a str,
     pub(crate) digests: &'a [String],
+}
+
+impl OwnedBlobs<'_> {
+    /// One reference per digest.
+    fn references(&self) -> impl Iterator<Item = blobs::BlobReference<'_>> {
+        self.digests.iter().map(|sha256| blobs::BlobReference {
+            owner: self.owner,
+            namespace: self.namespace,
+            sha256,
+        })
+    }
 }
 
 /// Rewrites every reference in `value` with the size and head `found` has
