@@ -369,7 +369,7 @@ pub struct Floor {
 
 const FLOOR_RUNS: u32 = 10_000;
 
-fn pgbench_path() -> Option<PathBuf> {
+pub(crate) fn pgbench_path() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             if dir.join("pgbench").is_file() {
@@ -396,23 +396,7 @@ pub async fn floor(ctx: &Ctx) -> Result<Floor> {
     let pgbench = pgbench_path().context(
         "pgbench not found (apt-get install -y postgresql-contrib; scripts/setup.sh does it)",
     )?;
-    sqlx::query("DROP DATABASE IF EXISTS floor WITH (FORCE)")
-        .execute(&ctx.admin)
-        .await?;
-    sqlx::query("CREATE DATABASE floor")
-        .execute(&ctx.admin)
-        .await?;
-    let url = ctx.backends.url_of("floor");
-    let status = Command::new(&ctx.composer)
-        .args(["migrate", "--database-url", &url, "--redis-url"])
-        .arg(&ctx.backends.redis_url)
-        .args(["--log", "warn"])
-        .stdout(Stdio::null())
-        .status()
-        .await?;
-    if !status.success() {
-        bail!("composer migrate on the floor database failed");
-    }
+    let url = fresh_database(ctx, "floor").await?;
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .connect(&url)
@@ -455,6 +439,29 @@ pub async fn floor(ctx: &Ctx) -> Result<Floor> {
     })
 }
 
+/// A database `name` made anew, with the engine's migrations applied; its
+/// URL.
+pub(crate) async fn fresh_database(ctx: &Ctx, name: &str) -> Result<String> {
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(&ctx.admin)
+        .await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(&ctx.admin)
+        .await?;
+    let url = ctx.backends.url_of(name);
+    let status = Command::new(&ctx.composer)
+        .args(["migrate", "--database-url", &url, "--redis-url"])
+        .arg(&ctx.backends.redis_url)
+        .args(["--log", "warn"])
+        .stdout(Stdio::null())
+        .status()
+        .await?;
+    if !status.success() {
+        bail!("composer migrate on the {name} database failed");
+    }
+    Ok(url)
+}
+
 /// A run record of the size the engine writes for a three-step run.
 const RECORD: &str = r#"{"run_id": "0192b8a4-6b0e-7c1a-9d7e-3f4a5b6c7d8e", "workflow": "bench_linear", "version": 1, "input": {}, "status": "RUNNING", "started_at": 1764440000000, "active": 1, "compensable": [], "failed": [], "compensated": false}"#;
 
@@ -484,7 +491,7 @@ UPDATE runs SET status = 'RUNNING', record = '{RECORD}', history_seq = history_s
     )
 }
 
-async fn run_pgbench(
+pub(crate) async fn run_pgbench(
     pgbench: &Path,
     script: &Path,
     url: &str,
@@ -1044,7 +1051,7 @@ async fn throughput_on(
         bail!("{label}: no task completed in the measured window");
     }
     let wal = if wal_breakdown {
-        let broken = wal_of_window(ctx, (&s0.lsn, &s1.lsn), tasks).await;
+        let broken = wal_of_window(ctx, &ctx.db, (&s0.lsn, &s1.lsn), tasks).await;
         keep_wal(&ctx.admin, "0").await?;
         match broken {
             Ok(wal) => Some(wal),
@@ -1087,7 +1094,7 @@ async fn throughput_on(
 }
 
 /// Sets `wal_keep_size` (superuser `admin`) and reloads the configuration.
-async fn keep_wal(admin: &PgPool, size: &str) -> Result<()> {
+pub(crate) async fn keep_wal(admin: &PgPool, size: &str) -> Result<()> {
     sqlx::query(&format!("ALTER SYSTEM SET wal_keep_size = '{size}'"))
         .execute(admin)
         .await
@@ -1101,8 +1108,9 @@ async fn keep_wal(admin: &PgPool, size: &str) -> Result<()> {
 
 /// The window's WAL by record type and relation, read with the server's
 /// own `pg_waldump` (beside its `postgres`).
-async fn wal_of_window(
+pub(crate) async fn wal_of_window(
     ctx: &Ctx,
+    db: &PgPool,
     lsns: (&str, &str),
     tasks: f64,
 ) -> Result<crate::wal::WalBreakdown> {
@@ -1113,14 +1121,7 @@ async fn wal_of_window(
     let data_dir: String = sqlx::query_scalar("SHOW data_directory")
         .fetch_one(&ctx.admin)
         .await?;
-    crate::wal::breakdown(
-        &ctx.db,
-        &waldump,
-        std::path::Path::new(&data_dir),
-        lsns,
-        tasks,
-    )
-    .await
+    crate::wal::breakdown(db, &waldump, std::path::Path::new(&data_dir), lsns, tasks).await
 }
 
 /// Statistics that match the tables before the measured window, as

@@ -14,6 +14,7 @@ mod payload;
 mod procs;
 mod wal;
 mod worker;
+mod write_floor;
 
 use std::{fmt::Write as _, path::PathBuf, time::Instant};
 
@@ -91,6 +92,8 @@ struct ScaleSeries {
 struct Results {
     floor: Option<Floor>,
     b1: Option<Throughput>,
+    /// The floor of B1's own row writes (after B1, from its rows).
+    write_floor: Option<write_floor::WriteFloor>,
     sdk: Vec<Throughput>,
     sdk_notes: Vec<String>,
     latency: Option<Latency>,
@@ -322,6 +325,12 @@ async fn sections(ctx: &Ctx, args: &Args, results: &mut Results) {
     }
     if want("b1") {
         results.b1 = section!("B1 Rust worker", benches::b1(ctx));
+        if let Some(b1) = results.b1.clone() {
+            results.write_floor = section!(
+                "floor of B1's own writes (pgbench)",
+                write_floor::write_floor(ctx, &b1)
+            );
+        }
     }
     if want("sdk") || want("py") {
         for sdk in ctx.sdk_workers.clone() {
@@ -464,6 +473,96 @@ async fn scale_out(ctx: &Ctx, results: &mut Results, cores: Option<f64>) {
     if !series.rows.is_empty() {
         results.scale.push(series);
     }
+}
+
+/// The floor of B1's own writes: its throughput, its groups, and what it
+/// cost Postgres.
+fn write_floor_rows(t: &mut String, f: &write_floor::WriteFloor) {
+    let g = &f.groups;
+    let _ = writeln!(
+        t,
+        "| floor | pgbench, B1's own row writes (a B1 run's rows as the template) in B1's median groups: {}, {} tasks finished per event transaction; tasks leased {} ({} clients) | **{:.0} tasks/s** | | |",
+        if g.start_in_event {
+            format!(
+                "{} runs started in each event transaction",
+                g.runs_per_block
+            )
+        } else {
+            format!("{} runs per start group", g.starts)
+        },
+        f.tasks_per_round,
+        match g.lease {
+            write_floor::LeaseAt::Arm => "as they are armed (written LEASED)".to_owned(),
+            write_floor::LeaseAt::AfterArm => "in the transaction that armed them".to_owned(),
+            write_floor::LeaseAt::Apart(batch) => format!("in batches of {batch}"),
+        },
+        f.clients,
+        f.tasks_per_s
+    );
+    let _ = writeln!(
+        t,
+        "| floor | B1's own row writes: WAL bytes per task; Postgres CPU s per 1,000 tasks | {:.0}; {:.2} | | |",
+        f.wal_bytes_per_task, f.pg_cpu
+    );
+}
+
+/// B1's WAL beside the floor's, by relation: the check that the floor
+/// writes what B1 writes.
+fn write_floor_table(t: &mut String, b1: &Throughput, f: &write_floor::WriteFloor) {
+    let (Some(ours), Some(theirs)) = (&b1.wal, &f.wal) else {
+        return;
+    };
+    let s = &f.shapes;
+    let _ = writeln!(
+        t,
+        "B1's transactions (pg_waldump, by the rows each transaction id wrote): median {:.0} runs per start group ({} groups), {:.0} runs per event group ({} groups), {:.0} tasks per lease batch ({} batches); tasks leased as armed {:.0} %, by an update where armed {:.0} %, in batches of their own {:.0} %; {:.0} % of the runs started in event groups.\n\nWAL per task by relation, B1 and the floor of its own writes (records per task by type):\n\n| relation | B1 bytes / task | floor bytes / task | B1 records | floor records |\n| --- | --- | --- | --- | --- |",
+        s.starts.median,
+        s.starts.transactions,
+        s.events.median,
+        s.events.transactions,
+        s.leases.median,
+        s.leases.transactions,
+        100.0 * s.leases_at.at_arm,
+        100.0 * s.leases_at.after_arm,
+        100.0 * s.leases_at.apart,
+        100.0 * s.starts_in_events,
+    );
+    let records = |share: Option<&wal::RelationShare>| {
+        share.map_or(String::new(), |share| {
+            share
+                .records
+                .iter()
+                .take(5)
+                .map(|(kind, count, _)| format!("{kind} {count:.2}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    };
+    for share in ours.by_relation.iter().take(20) {
+        // a day's history partition has the day in its name
+        let key = |name: &str| {
+            name.trim_end_matches(|c: char| c.is_ascii_digit())
+                .to_owned()
+        };
+        let floor_share = theirs
+            .by_relation
+            .iter()
+            .find(|other| key(&other.relation) == key(&share.relation));
+        let _ = writeln!(
+            t,
+            "| {} | {:.0} | {} | {} | {} |",
+            share.relation,
+            share.bytes_per_task,
+            floor_share.map_or("–".to_owned(), |f| format!("{:.0}", f.bytes_per_task)),
+            records(Some(share)),
+            records(floor_share),
+        );
+    }
+    let _ = writeln!(
+        t,
+        "| all | {:.0} | {:.0} | | |\n",
+        b1.wal_bytes_per_task, f.wal_bytes_per_task
+    );
 }
 
 /// The costliest statements of a throughput row (by execution time), per task.
@@ -612,8 +711,24 @@ fn render(r: &Results, statements: bool) -> String {
             f.cte_tps
         );
     }
+    if let Some(f) = &r.write_floor {
+        write_floor_rows(&mut t, f);
+    }
     if let Some(row) = &r.b1 {
         throughput_rows(&mut t, row, floor, true, statements);
+        if let Some(f) = &r.write_floor {
+            let ratio = row.tasks_per_s / f.tasks_per_s;
+            let _ = writeln!(
+                t,
+                "| {} | tasks/s as a ratio of the floor of its own writes (what the rest of the system costs of the machine's write capacity) | {ratio:.2} × | ≤ 1 (a floor) | {} |",
+                row.label,
+                if ratio <= 1.0 {
+                    "a floor"
+                } else {
+                    "**not a floor**"
+                }
+            );
+        }
     }
     for row in &r.sdk {
         throughput_rows(&mut t, row, floor, true, statements);
@@ -1162,6 +1277,9 @@ fn render_details(r: &Results) -> String {
     }
     if let Some(row) = &r.b1 {
         wal_tables(&mut t, row);
+        if let Some(f) = &r.write_floor {
+            write_floor_table(&mut t, row, f);
+        }
     }
     // where the offloaded rows' Postgres time goes
     for p in r
