@@ -14,7 +14,7 @@ use uuid::Uuid;
 use crate::{
     StoreError,
     runs::{EventWrite, EventWritten, RunInsert, write_event},
-    tasks::{OutboxMessage, outbox_from_row},
+    tasks::{leased_from_row, outbox_from_row},
 };
 
 /// The runs' new values (`$1`–`$7`), one row per run.
@@ -82,10 +82,12 @@ const NODES_HISTORY: &str = "nodes AS ( \
            AS h(run_id, ord, ns, ty, node, attempt, actor, details) \
          JOIN run_row ON run_row.id = h.run_id)";
 
-/// Armed tasks (14 parameters from `$n`), DISPATCHED; only writes without a
-/// concurrency slot or a pause come here, so no trigger changes their
-/// status. Their messages are `queued`: [`QUEUE_IN_TASKS`] or
-/// [`QUEUE_IN_OUTBOX`].
+/// Armed tasks (16 parameters from `$n`), DISPATCHED, or LEASED where a
+/// lease owner is given (decision 0051: one row write where the hand-off
+/// wrote two, with the lease [`crate::tasks::lease_tasks`] would give);
+/// only writes without a concurrency slot or a pause come here, so no
+/// trigger changes their status. Their messages are `queued`:
+/// [`queue_in_tasks`] or [`QUEUE_IN_OUTBOX`].
 fn arm_tasks(n: usize) -> String {
     let [
         ids,
@@ -102,47 +104,76 @@ fn arm_tasks(n: usize) -> String {
         versions,
         traces,
         rate_keys,
+        owners,
+        receipts,
     ] = std::array::from_fn(|i| format!("${}", n + i));
     format!(
         "armed AS ( \
        INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
          queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-         dispatched_at, traceparent, priority, rate_limit_key) \
-       SELECT a.id, a.ns, a.run_id, a.node, a.wf, a.ver, a.queue, a.task_name, 'DISPATCHED', \
+         dispatched_at, traceparent, priority, rate_limit_key, lease_token, lease_owner, \
+         lease_expires_at, lease_confirmed, attempt_deadline) \
+       SELECT a.id, a.ns, a.run_id, a.node, a.wf, a.ver, a.queue, a.task_name, \
+         CASE WHEN a.owner IS NULL THEN 'DISPATCHED' ELSE 'LEASED' END, \
          a.attempt, a.input, a.heartbeat, a.timeout, now(), a.trace, run_row.priority, \
-         a.rate_key \
+         a.rate_key, CASE WHEN a.owner IS NOT NULL THEN gen_random_uuid() END, a.owner, \
+         CASE WHEN a.owner IS NOT NULL THEN now() + make_interval(secs => \
+           LEAST(a.heartbeat, COALESCE(a.receipt, a.heartbeat)) / 1000.0) END, \
+         CASE WHEN a.owner IS NOT NULL AND a.receipt IS NOT NULL THEN false END, \
+         CASE WHEN a.owner IS NOT NULL AND a.timeout IS NOT NULL \
+           THEN now() + make_interval(secs => a.timeout / 1000.0) END \
          FROM UNNEST({ids}::uuid[], {runs}::uuid[], {namespaces}::text[], {nodes}::text[], \
            {queues}::text[], {names}::text[], {attempts}::int[], {inputs}::jsonb[], \
            {beats}::bigint[], {timeouts}::bigint[], {workflows}::text[], {versions}::int[], \
-           {traces}::text[], {rate_keys}::text[]) \
+           {traces}::text[], {rate_keys}::text[], {owners}::text[], {receipts}::bigint[]) \
            AS a(id, run_id, ns, node, queue, task_name, attempt, input, heartbeat, timeout, wf, \
-             ver, trace, rate_key) \
+             ver, trace, rate_key, owner, receipt) \
          JOIN run_row ON run_row.id = a.run_id \
        ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
-         task_name = EXCLUDED.task_name, status = 'DISPATCHED', attempt = EXCLUDED.attempt, \
+         task_name = EXCLUDED.task_name, status = EXCLUDED.status, attempt = EXCLUDED.attempt, \
          input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
-         attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
-         lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \
+         attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = EXCLUDED.lease_token, \
+         lease_owner = EXCLUDED.lease_owner, lease_expires_at = EXCLUDED.lease_expires_at, \
+         lease_confirmed = EXCLUDED.lease_confirmed, \
+         attempt_deadline = EXCLUDED.attempt_deadline, \
          outcome = NULL, handbacks = 0, dispatched_at = now(), updated_at = now(), \
          traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority, \
          rate_limit_key = EXCLUDED.rate_limit_key, concurrency_node = NULL, \
          concurrency_key = NULL, concurrency_max = NULL, concurrency_seq = NULL \
-       RETURNING id, namespace, queue, attempt, run_id, priority)"
+       RETURNING id, namespace, queue, attempt, run_id, priority, status = 'LEASED' AS leased, \
+         node_key, workflow_name, workflow_version, task_name, \
+         CASE WHEN status = 'LEASED' THEN input END AS input, heartbeat_timeout_ms, \
+         lease_token, lease_expires_at, attempt_deadline, dispatched_at, traceparent)"
     )
 }
 
+/// What a task leased as it was armed is sent with (NULL for the others).
+const LEASED_COLUMNS: &str = "leased, node_key, workflow_name, workflow_version, task_name, \
+     input, heartbeat_timeout_ms, lease_token, lease_expires_at, attempt_deadline, \
+     dispatched_at, traceparent";
+
 /// The armed tasks' messages read from their rows, which are their own
-/// outbox (decision 0024): the caller publishes them.
-const QUEUE_IN_TASKS: &str = "queued AS ( \
+/// outbox (decision 0024): the caller publishes them, and sends the leased
+/// ones to their poll.
+fn queue_in_tasks() -> String {
+    format!(
+        "queued AS ( \
        SELECT NULL::bigint AS id, namespace, queue, id AS task_id, attempt, \
-         run_id AS shard_key, priority FROM armed)";
+         run_id AS shard_key, priority, {LEASED_COLUMNS} FROM armed)"
+    )
+}
 
 /// The armed tasks' messages as outbox rows, for the enqueuer (no
-/// publisher here).
+/// publisher here, so none is leased as it is armed).
 const QUEUE_IN_OUTBOX: &str = "queued AS ( \
        INSERT INTO outbox (namespace, queue, task_id, attempt, shard_key, priority) \
        SELECT namespace, queue, id, attempt, run_id, priority FROM armed \
-       RETURNING id, namespace, queue, task_id, attempt, shard_key, priority)";
+       RETURNING id, namespace, queue, task_id, attempt, shard_key, priority, false AS leased, \
+         NULL::text AS node_key, NULL::text AS workflow_name, NULL::int AS workflow_version, \
+         NULL::text AS task_name, NULL::jsonb AS input, NULL::bigint AS heartbeat_timeout_ms, \
+         NULL::uuid AS lease_token, NULL::timestamptz AS lease_expires_at, \
+         NULL::timestamptz AS attempt_deadline, NULL::timestamptz AS dispatched_at, \
+         NULL::text AS traceparent)";
 
 /// Timers to schedule or move, of runs that did not end; from `$n`.
 fn schedule_timers(n: usize) -> String {
@@ -316,6 +347,8 @@ struct Columns<'a> {
     task_versions: Vec<i32>,
     task_traces: Vec<Option<&'a str>>,
     task_rate_keys: Vec<Option<&'a str>>,
+    task_lease_owners: Vec<Option<&'a str>>,
+    task_lease_receipts: Vec<Option<i64>>,
     timer_runs: Vec<Uuid>,
     timer_keys: Vec<&'a str>,
     timer_namespaces: Vec<&'a str>,
@@ -370,6 +403,14 @@ impl<'a> Columns<'a> {
             self.task_versions.push(task.workflow_version);
             self.task_traces.push(task.traceparent);
             self.task_rate_keys.push(task.rate_limit_key);
+            // leased as armed only where its message would be the caller's
+            // to send, and no slot or pause decides its status
+            let lease = task
+                .lease_to
+                .filter(|_| write.published_by_caller && !write.held && task.concurrency.is_none());
+            self.task_lease_owners.push(lease.map(|l| l.owner));
+            self.task_lease_receipts
+                .push(lease.and_then(|l| l.receipt_ms));
         }
         if ended {
             // a run that ends schedules nothing, and loses every timer
@@ -415,15 +456,12 @@ async fn write_shared(
     let has_tasks = !columns.task_ids.is_empty();
     if has_tasks {
         parts.push(arm_tasks(next));
-        parts.push(
-            if published_by_caller {
-                QUEUE_IN_TASKS
-            } else {
-                QUEUE_IN_OUTBOX
-            }
-            .to_owned(),
-        );
-        next += 14;
+        parts.push(if published_by_caller {
+            queue_in_tasks()
+        } else {
+            QUEUE_IN_OUTBOX.to_owned()
+        });
+        next += 16;
     }
     if !columns.timer_runs.is_empty() {
         parts.push(schedule_timers(next));
@@ -440,7 +478,11 @@ async fn write_shared(
     // one row per run and message, or one per run without any
     let result = if has_tasks {
         "SELECT run_row.id AS run_id, run_row.created_at, q.id AS outbox_id, q.namespace, \
-           q.queue, q.task_id, q.attempt, q.shard_key, q.priority \
+           q.queue, q.task_id, q.task_id AS id, q.attempt, q.shard_key, q.priority, q.leased, \
+           q.node_key, \
+           q.workflow_name, q.workflow_version, q.task_name, q.input, q.heartbeat_timeout_ms, \
+           q.lease_token, q.lease_expires_at, q.attempt_deadline, q.dispatched_at, \
+           q.traceparent \
          FROM run_row LEFT JOIN queued q ON q.shard_key = run_row.id"
     } else {
         "SELECT run_row.id AS run_id, run_row.created_at, NULL::bigint AS outbox_id, \
@@ -508,7 +550,9 @@ async fn write_shared(
             .bind(&columns.task_workflows)
             .bind(&columns.task_versions)
             .bind(&columns.task_traces)
-            .bind(&columns.task_rate_keys);
+            .bind(&columns.task_rate_keys)
+            .bind(&columns.task_lease_owners)
+            .bind(&columns.task_lease_receipts);
     }
     if !columns.timer_runs.is_empty() {
         query = query
@@ -534,10 +578,15 @@ async fn write_shared(
         let entry = written.entry(run_id).or_insert_with(|| EventWritten {
             created_at,
             outbox: Vec::new(),
+            leased: Vec::new(),
         });
-        if row.try_get::<Option<Uuid>, _>("task_id")?.is_some() {
-            let message: OutboxMessage = outbox_from_row(row)?;
-            entry.outbox.push(message);
+        if row.try_get::<Option<Uuid>, _>("task_id")?.is_none() {
+            continue;
+        }
+        if row.try_get::<Option<bool>, _>("leased")? == Some(true) {
+            entry.leased.push(leased_from_row(row)?);
+        } else {
+            entry.outbox.push(outbox_from_row(row)?);
         }
     }
     Ok(written)

@@ -1004,6 +1004,9 @@ pub struct EventWritten {
     pub created_at: DateTime<Utc>,
     /// The outbox messages of the armed tasks.
     pub outbox: Vec<crate::tasks::OutboxMessage>,
+    /// The armed tasks leased as they were armed (`TaskArm::lease_to`):
+    /// no message, they go to their poll.
+    pub leased: Vec<crate::tasks::LeasedTask>,
 }
 
 /// The parts of the write statement; each is a data-modifying CTE, so it
@@ -1330,7 +1333,11 @@ pub async fn write_event(
             outbox.push(crate::tasks::outbox_from_row(row)?);
         }
     }
-    Ok(Some(EventWritten { created_at, outbox }))
+    Ok(Some(EventWritten {
+        created_at,
+        outbox,
+        leased: Vec::new(),
+    }))
 }
 
 /// A report's lease and the outcome it records.

@@ -113,6 +113,22 @@ pub struct TaskArm<'a> {
     pub rate_limit_key: Option<&'a str>,
     /// The node's concurrency slot, if it has a `concurrency` key.
     pub concurrency: Option<TaskSlotArm<'a>>,
+    /// Leased as it is armed, to a poll waiting in the committing server
+    /// (the direct hand-off, decision 0051): one row write instead of an
+    /// insert and a lease. Only a shared group write honours it, and only
+    /// for a task without a slot whose run is not paused; elsewhere the
+    /// task is armed DISPATCHED.
+    pub lease_to: Option<ArmLease<'a>>,
+}
+
+/// The lease an armed task is written with: as [`lease_tasks`] would
+/// lease it to `owner`.
+#[derive(Debug, Clone, Copy)]
+pub struct ArmLease<'a> {
+    /// The poll's worker, recorded as the lease owner.
+    pub owner: &'a str,
+    /// The lease's first length when the worker confirms receipt.
+    pub receipt_ms: Option<i64>,
 }
 
 /// Arms a task for an attempt and writes its outbox row, in one statement.
@@ -265,7 +281,7 @@ pub struct LeasedTask {
     pub traceparent: Option<String>,
 }
 
-fn leased_from_row(row: &PgRow) -> Result<LeasedTask, sqlx::Error> {
+pub(crate) fn leased_from_row(row: &PgRow) -> Result<LeasedTask, sqlx::Error> {
     Ok(LeasedTask {
         id: row.try_get("id")?,
         namespace: row.try_get("namespace")?,

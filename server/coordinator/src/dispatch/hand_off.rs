@@ -10,10 +10,16 @@
 //! transaction. A poll gone by the commit has its leases released, as the
 //! poll hub does; a transaction that fails drops the poll, which answers
 //! with no task, and its tasks were never leased.
+//!
+//! A group's shared writes go one better (decision 0051): the poll is taken
+//! before the write, and the tasks it will take are written LEASED as they
+//! are armed ([`ArmHandOff`]), one row write each instead of an insert and
+//! an update. Whatever the shared write could not lease (a run written
+//! alone) is leased after it as before.
 
-use std::collections::HashSet;
+use std::{collections::HashSet, sync::Arc};
 
-use composer_store::tasks::{self, LeasedTask, OutboxMessage};
+use composer_store::tasks::{self, ArmLease, LeasedTask, OutboxMessage, TaskArm};
 use uuid::Uuid;
 
 use crate::{
@@ -45,20 +51,8 @@ impl Coordinator {
         let Some((poll, namespace, queue)) = first_waiting_poll(polls, outboxes) else {
             return Ok(None);
         };
-        let candidates = candidates_for(outboxes, &namespace, &queue, poll.want);
-        let leased = tasks::lease_armed_tasks(
-            conn,
-            &candidates,
-            &poll.worker_id,
-            &namespace,
-            &queue,
-            poll.receipt,
-        )
-        .await?;
-        let leased_ids: HashSet<(Uuid, i32)> = leased.iter().map(|t| (t.id, t.attempt)).collect();
-        for outbox in outboxes.iter_mut() {
-            outbox.retain(|m| !leased_ids.contains(&(m.task_id, m.attempt)));
-        }
+        let room = poll.want;
+        let leased = lease_from_outboxes(conn, &poll, &namespace, &queue, room, outboxes).await?;
         Ok(Some(Handed {
             poll,
             tasks: leased,
@@ -92,6 +86,176 @@ impl Coordinator {
             poll.deliver(&store, tasks).await;
         });
     }
+}
+
+/// A poll taken in a group's transaction for the tasks its shared writes
+/// arm: they are written leased to it (decision 0051).
+pub(crate) struct ArmHandOff {
+    poll: WaitingPoll,
+    namespace: String,
+    queue: String,
+    /// The poll's worker, which the arms borrow for their write.
+    owner: Arc<str>,
+    /// What it leased so far, in the order written.
+    leased: Vec<LeasedTask>,
+    /// Tasks marked for it so far (a marked task whose run was gone by
+    /// the write was not leased).
+    marked: usize,
+}
+
+/// One write's arms with what decides whether they may be handed: its run
+/// may hand off (not paused, sent by this server) and its priority.
+pub(crate) struct ArmsOf<'w, 'a> {
+    pub(crate) arms: &'w mut [TaskArm<'a>],
+    pub(crate) may_hand_off: bool,
+    pub(crate) priority: i16,
+}
+
+impl ArmHandOff {
+    /// The worker the arms of a write lease to; the caller keeps it while
+    /// they are written.
+    pub(crate) fn owner(&self) -> Arc<str> {
+        Arc::clone(&self.owner)
+    }
+
+    /// The tasks a shared write leased to this poll.
+    pub(crate) fn took(&mut self, leased: Vec<LeasedTask>) {
+        self.leased.extend(leased);
+    }
+}
+
+impl Coordinator {
+    /// Before a shared write: takes a poll waiting in this server for the
+    /// first queue the write arms a task of (unless one is taken already),
+    /// then marks up to what the poll still wants of that queue's tasks,
+    /// highest priority first and in the order armed within one, to be
+    /// written leased to `owner` (the poll's [`ArmHandOff::owner`]).
+    pub(crate) fn mark_hand_off<'a>(
+        &self,
+        taken: &mut Option<ArmHandOff>,
+        writes: &mut [ArmsOf<'_, 'a>],
+        owner: &'a Option<Arc<str>>,
+    ) {
+        let (Some(handing), Some(owner)) = (taken.as_mut(), owner.as_deref()) else {
+            return;
+        };
+        let mut places: Vec<(i16, usize, usize)> = Vec::new();
+        for (w, write) in writes.iter().enumerate() {
+            if !write.may_hand_off {
+                continue;
+            }
+            for (a, arm) in write.arms.iter().enumerate() {
+                if arm.concurrency.is_none()
+                    && arm.namespace == handing.namespace
+                    && arm.queue == handing.queue
+                {
+                    places.push((write.priority, w, a));
+                }
+            }
+        }
+        places.sort_by_key(|&(priority, w, a)| (std::cmp::Reverse(priority), w, a));
+        let room = handing.poll.want.saturating_sub(handing.marked);
+        let receipt_ms = handing
+            .poll
+            .receipt
+            .map(|r| i64::try_from(r.as_millis()).unwrap_or(i64::MAX));
+        for &(_, w, a) in places.iter().take(room) {
+            writes[w].arms[a].lease_to = Some(ArmLease { owner, receipt_ms });
+            handing.marked += 1;
+        }
+    }
+
+    /// Takes a poll waiting in this server for the first queue, in the
+    /// order armed, of the tasks `writes` may hand off, unless one is
+    /// taken already.
+    pub(crate) fn take_poll_for_arms(
+        &self,
+        taken: &mut Option<ArmHandOff>,
+        writes: &[ArmsOf<'_, '_>],
+    ) {
+        if taken.is_some() {
+            return;
+        }
+        let Some(polls) = &self.polls else {
+            return;
+        };
+        let mut tried = HashSet::new();
+        let arms = writes
+            .iter()
+            .filter(|w| w.may_hand_off)
+            .flat_map(|w| w.arms.iter())
+            .filter(|arm| arm.concurrency.is_none());
+        for arm in arms {
+            if !tried.insert((arm.namespace, arm.queue)) {
+                continue;
+            }
+            if let Some(poll) = polls.take_waiting_poll(arm.namespace, arm.queue) {
+                *taken = Some(ArmHandOff {
+                    owner: Arc::from(poll.worker_id.as_str()),
+                    poll,
+                    namespace: arm.namespace.to_owned(),
+                    queue: arm.queue.to_owned(),
+                    leased: Vec::new(),
+                    marked: 0,
+                });
+                return;
+            }
+        }
+    }
+
+    /// Before the commit of a group whose writes took a poll: leases it
+    /// what it still wants of its queue's tasks the writes armed
+    /// DISPATCHED (a run written alone), taking them out of `outboxes`.
+    pub(crate) async fn finish_hand_off(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        taken: ArmHandOff,
+        outboxes: &mut [&mut Vec<OutboxMessage>],
+    ) -> Result<Handed, CoordinatorError> {
+        let ArmHandOff {
+            poll,
+            namespace,
+            queue,
+            mut leased,
+            ..
+        } = taken;
+        let room = poll.want.saturating_sub(leased.len());
+        leased.extend(lease_from_outboxes(conn, &poll, &namespace, &queue, room, outboxes).await?);
+        Ok(Handed {
+            poll,
+            tasks: leased,
+        })
+    }
+}
+
+/// Leases `poll` up to `room` of the queue's tasks armed DISPATCHED in
+/// `outboxes` (the event's transaction's lease statement), taking them out.
+async fn lease_from_outboxes(
+    conn: &mut sqlx::PgConnection,
+    poll: &WaitingPoll,
+    namespace: &str,
+    queue: &str,
+    room: usize,
+    outboxes: &mut [&mut Vec<OutboxMessage>],
+) -> Result<Vec<LeasedTask>, CoordinatorError> {
+    let candidates = candidates_for(outboxes, namespace, queue, room);
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let leased = tasks::lease_armed_tasks(
+        conn,
+        &candidates,
+        &poll.worker_id,
+        namespace,
+        queue,
+        poll.receipt,
+    )
+    .await?;
+    let ids: HashSet<(Uuid, i32)> = leased.iter().map(|t| (t.id, t.attempt)).collect();
+    for outbox in outboxes.iter_mut() {
+        outbox.retain(|m| !ids.contains(&(m.task_id, m.attempt)));
+    }
+    Ok(leased)
 }
 
 /// The first queue, in the order the tasks were armed, with a poll

@@ -59,6 +59,9 @@ pub struct Applied {
     pub concurrency_key: Option<String>,
     /// Tasks the events armed (those handed to a waiting poll included).
     pub(crate) armed: usize,
+    /// Tasks leased as they were armed, to the poll the group took for
+    /// them (decision 0051); not in `outbox`.
+    pub(crate) leased: Vec<composer_store::tasks::LeasedTask>,
     /// Timers written due at once to continue the work in a transaction of
     /// its own (a wide MAP's next slice): fired by the committing server
     /// right after the commit, by the timer loop if it dies first.
@@ -1114,6 +1117,7 @@ impl<'a> RunTxn<'a> {
                 key: &slot.key,
                 max: i32::try_from(slot.max).unwrap_or(i32::MAX),
             }),
+            lease_to: None,
         }
     }
 
@@ -1213,6 +1217,18 @@ impl<'a> RunTxn<'a> {
         arms
     }
 
+    /// Whether the tasks it arms may be leased as they are armed (decision
+    /// 0051): this server sends their messages itself, and the run is not
+    /// paused. Only once [`stage`](RunTxn::stage)d.
+    pub(crate) fn hands_off_at_arm(&self) -> bool {
+        self.coordinator.publisher.is_some() && self.staged.as_ref().is_some_and(|s| !s.held)
+    }
+
+    /// The run's dispatch priority, which its tasks take.
+    pub(crate) fn priority(&self) -> i16 {
+        self.run.priority
+    }
+
     /// The final write, once [`stage`](RunTxn::stage)d; `arms` are
     /// [`task_arms`](RunTxn::task_arms).
     pub(crate) fn event_write<'s>(
@@ -1276,8 +1292,9 @@ impl<'a> RunTxn<'a> {
             return Err(CoordinatorError::RunNotFound(run_id.to_string()));
         };
         self.applied.created_at = Some(written.created_at);
-        self.applied.armed += written.outbox.len();
+        self.applied.armed += written.outbox.len() + written.leased.len();
         self.applied.outbox.extend(written.outbox);
+        self.applied.leased.extend(written.leased);
         // tasks armed (outbox rows written) and no fast path to send them
         if !self.applied.outbox.is_empty() && self.coordinator.publisher.is_none() {
             tasks::notify_outbox(conn).await?;

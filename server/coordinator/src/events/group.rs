@@ -30,7 +30,7 @@ use uuid::Uuid;
 
 use crate::{
     Coordinator,
-    dispatch::hand_off::Handed,
+    dispatch::hand_off::{ArmHandOff, ArmsOf, Handed},
     error::CoordinatorError,
     events::apply::{Applied, RunTxn},
     events::reports::{QueueKey, QueuedReport, ReportAnswer, ReportPlan},
@@ -109,8 +109,12 @@ enum Outcome {
 impl Outcome {
     /// The tasks its events armed, to publish after the commit.
     fn outbox(&mut self) -> &mut Vec<composer_store::tasks::OutboxMessage> {
+        &mut self.applied().outbox
+    }
+
+    fn applied(&mut self) -> &mut Applied {
         match self {
-            Outcome::Reports(_, applied) | Outcome::Start(applied) => &mut applied.outbox,
+            Outcome::Reports(_, applied) | Outcome::Start(applied) => applied,
         }
     }
 }
@@ -467,6 +471,8 @@ impl Coordinator {
         let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(items.len());
         let mut plans = Vec::new();
         let mut staged = Vec::new();
+        // a poll the shared writes lease their tasks to as they arm them
+        let mut taken: Option<ArmHandOff> = None;
         for (index, item) in items.iter().enumerate() {
             let item_failed = |error| GroupFailed::Item(index, error);
             match item {
@@ -497,7 +503,7 @@ impl Coordinator {
             }
         }
         // the StartRuns' keys before the reports' runs: the group's lock order
-        self.write_staged(&mut tx, &mut staged, &mut outcomes)
+        self.write_staged(&mut tx, &mut staged, &mut outcomes, &mut taken)
             .await?;
         let found = lock_planned_runs(&mut tx, &plans)
             .await
@@ -508,7 +514,7 @@ impl Coordinator {
                 Locked::Now(found) => found.map(|found| *found),
                 Locked::Later => {
                     // its run's earlier batch is written before this one loads it
-                    self.write_staged(&mut tx, &mut staged, &mut outcomes)
+                    self.write_staged(&mut tx, &mut staged, &mut outcomes, &mut taken)
                         .await?;
                     plan.lock_alone(&mut tx)
                         .await
@@ -534,7 +540,7 @@ impl Coordinator {
             };
             outcomes[*index] = Some(Outcome::Reports(answers, applied));
         }
-        self.write_staged(&mut tx, &mut staged, &mut outcomes)
+        self.write_staged(&mut tx, &mut staged, &mut outcomes, &mut taken)
             .await?;
         let mut outcomes = outcomes
             .into_iter()
@@ -544,11 +550,25 @@ impl Coordinator {
                     "a group item was left without an outcome".to_owned(),
                 ))
             })?;
-        let mut outboxes: Vec<_> = outcomes.iter_mut().map(Outcome::outbox).collect();
-        let handed = self
-            .hand_off(&mut tx, &mut outboxes)
-            .await
-            .map_err(GroupFailed::Group)?;
+        let handed = match taken {
+            Some(mut taken) => {
+                for outcome in &mut outcomes {
+                    taken.took(std::mem::take(&mut outcome.applied().leased));
+                }
+                let mut outboxes: Vec<_> = outcomes.iter_mut().map(Outcome::outbox).collect();
+                let handed = self
+                    .finish_hand_off(&mut tx, taken, &mut outboxes)
+                    .await
+                    .map_err(GroupFailed::Group)?;
+                Some(handed)
+            }
+            None => {
+                let mut outboxes: Vec<_> = outcomes.iter_mut().map(Outcome::outbox).collect();
+                self.hand_off(&mut tx, &mut outboxes)
+                    .await
+                    .map_err(GroupFailed::Group)?
+            }
+        };
         tx.commit()
             .await
             .map_err(|e| GroupFailed::Group(e.into()))?;
@@ -563,6 +583,7 @@ impl Coordinator {
         conn: &mut sqlx::PgConnection,
         staged: &mut Vec<StagedItem<'_>>,
         outcomes: &mut [Option<Outcome>],
+        taken: &mut Option<ArmHandOff>,
     ) -> Result<(), GroupFailed> {
         if staged.is_empty() {
             return Ok(());
@@ -579,7 +600,23 @@ impl Coordinator {
             })?;
         drop(runs);
         let written = {
-            let arms: Vec<_> = staged.iter().map(|s| s.txn.task_arms()).collect();
+            // the poll's worker outlives the arms that lease to it
+            let owner: Option<Arc<str>>;
+            let mut arms: Vec<_> = staged.iter().map(|s| s.txn.task_arms()).collect();
+            {
+                let mut handing: Vec<ArmsOf<'_, '_>> = staged
+                    .iter()
+                    .zip(arms.iter_mut())
+                    .map(|(s, arms)| ArmsOf {
+                        arms,
+                        may_hand_off: s.txn.hands_off_at_arm(),
+                        priority: s.txn.priority(),
+                    })
+                    .collect();
+                self.take_poll_for_arms(taken, &handing);
+                owner = taken.as_ref().map(ArmHandOff::owner);
+                self.mark_hand_off(taken, &mut handing, &owner);
+            }
             let writes = staged
                 .iter()
                 .zip(&arms)

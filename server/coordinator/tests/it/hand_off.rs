@@ -171,6 +171,32 @@ impl Server {
         complete(&self.coordinator, task).await;
     }
 
+    /// `runs` new runs' first tasks, through Redis.
+    async fn first_tasks(&self, runs: usize) -> Vec<LeasedTask> {
+        for _ in 0..runs {
+            self.start().await;
+        }
+        let mut first = Vec::new();
+        while first.len() < runs {
+            first.extend(self.poll("first").await.expect("poll"));
+        }
+        first
+    }
+
+    /// Reports every task completed at once, as many workers would.
+    async fn complete_at_once(&self, tasks: Vec<LeasedTask>) {
+        let reports: Vec<_> = tasks
+            .into_iter()
+            .map(|task| {
+                let coordinator = self.coordinator.clone();
+                tokio::spawn(async move { complete(&coordinator, &task).await })
+            })
+            .collect();
+        for report in reports {
+            report.await.expect("report");
+        }
+    }
+
     /// How many messages were ever XADDed to the queue's stream.
     async fn messages_sent_to_redis(&self) -> i64 {
         let client = redis::Client::open(self.redis_url.as_str()).expect("redis url");
@@ -377,13 +403,7 @@ async fn a_rate_limited_queues_tasks_go_through_its_tokens_not_by_hand_off() {
 async fn reports_applied_together_hand_off_some_tasks_and_send_the_rest() {
     const RUNS: usize = 12;
     let server = server(Duration::from_millis(50)).await;
-    let mut first = Vec::new();
-    for _ in 0..RUNS {
-        server.start().await;
-    }
-    while first.len() < RUNS {
-        first.extend(server.poll("first").await.expect("poll"));
-    }
+    let first = server.first_tasks(RUNS).await;
     let sent_before = server.messages_sent_to_redis().await;
     assert_eq!(sent_before, i64::try_from(RUNS).expect("count"));
 
@@ -391,16 +411,7 @@ async fn reports_applied_together_hand_off_some_tasks_and_send_the_rest() {
     for _ in 0..4 {
         waiting.push(server.waiting_poll("w2").await);
     }
-    let reports: Vec<_> = first
-        .into_iter()
-        .map(|task| {
-            let coordinator = server.coordinator.clone();
-            tokio::spawn(async move { complete(&coordinator, &task).await })
-        })
-        .collect();
-    for report in reports {
-        report.await.expect("report");
-    }
+    server.complete_at_once(first).await;
     let mut received = Vec::new();
     for poll in waiting {
         received.extend(poll.await.expect("poll"));
@@ -441,4 +452,69 @@ async fn reports_applied_together_hand_off_some_tasks_and_send_the_rest() {
         .await
         .expect("count");
     assert_eq!(done, i64::try_from(RUNS).expect("count"));
+}
+
+/// Decision 0051: reports applied together write the tasks they hand off
+/// LEASED as they arm them, one row write each instead of an insert and a
+/// lease. A row written once by a statement keeps that statement's command
+/// id (`cmin`), the same as the history rows the statement wrote beside
+/// it; a lease after the write would be a later command.
+#[tokio::test]
+async fn tasks_handed_off_by_a_shared_write_are_leased_as_they_are_armed() {
+    const RUNS: usize = 6;
+    let server = server(Duration::from_millis(50)).await;
+    let first = server.first_tasks(RUNS).await;
+    let sent_before = server.messages_sent_to_redis().await;
+    let poll = server.waiting_poll("w2").await;
+    server.complete_at_once(first).await;
+    let handed = poll.await.expect("poll");
+    assert!(!handed.is_empty(), "the waiting poll was handed tasks");
+    let mut written_once = 0;
+    for task in &handed {
+        let (status, owner, token) = server.row(task.id).await;
+        assert_eq!(
+            (status.as_str(), owner.as_deref(), token),
+            ("LEASED", Some("w2"), Some(task.lease_token)),
+            "leased to the poll's worker with the token it was sent"
+        );
+        let (expires, dispatched): (
+            Option<chrono::DateTime<chrono::Utc>>,
+            Option<chrono::DateTime<chrono::Utc>>,
+        ) = sqlx::query_as("SELECT lease_expires_at, dispatched_at FROM tasks WHERE id = $1")
+            .bind(task.id)
+            .fetch_one(server.coordinator.store().pool())
+            .await
+            .expect("task row");
+        assert_eq!(
+            expires,
+            Some(task.lease_expires_at),
+            "the lease it was sent"
+        );
+        assert!(dispatched.is_some());
+        let once: bool = sqlx::query_scalar(
+            "SELECT t.xmin::text = e.xmin::text AND t.cmin::text = e.cmin::text \
+             FROM tasks t JOIN run_events e ON e.run_id = t.run_id AND e.node_key = t.node_key \
+             WHERE t.id = $1 AND e.event_type = 'node_started'",
+        )
+        .bind(task.id)
+        .fetch_one(server.coordinator.store().pool())
+        .await
+        .expect("versions");
+        written_once += usize::from(once);
+    }
+    assert!(
+        written_once > 0,
+        "a shared write's handed tasks are written leased, by the statement that armed them"
+    );
+    // handed tasks never went through Redis, and they fence as any other
+    let through_redis = server.messages_sent_to_redis().await - sent_before;
+    assert_eq!(
+        usize::try_from(through_redis).expect("count") + handed.len(),
+        RUNS,
+        "each next task sent once: handed or through Redis"
+    );
+    for task in &handed {
+        server.complete(task).await;
+        assert_eq!(server.run_status(task.run_id).await, "COMPLETED");
+    }
 }
