@@ -122,6 +122,7 @@ impl Coordinator {
         };
         let target = Arc::new(self.target(namespace, old.name(), new).await?);
         let mapping = mapping.clone();
+        let recorded = self.with_blob_values(namespace, recorded).await;
         let report = self
             .workflows()
             .cpu_pool()
@@ -258,6 +259,7 @@ impl Coordinator {
         recorded: RecordedRun,
         mapping: NodeMapping,
     ) -> Result<Result<ReplayReport, String>, CoordinatorError> {
+        let recorded = self.with_blob_values(namespace, recorded).await;
         Ok(self
             .workflows()
             .cpu_pool()
@@ -340,5 +342,6 @@ pub fn recorded_from_store(
         input: run.input.clone(),
         outputs,
         history,
+        blobs: Default::default(),
     })
 }

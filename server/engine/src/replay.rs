@@ -32,6 +32,7 @@ use serde_json::Value as Json;
 
 pub use crate::mapping::NodeMapping;
 
+use crate::blob::BlobValues;
 use crate::compile::{CompiledWorkflow, Kind, MapElement};
 use crate::decide::{decide_from, render_node_input};
 use crate::definition::NodeType;
@@ -106,6 +107,10 @@ pub struct RecordedRun {
     pub input: Json,
     pub outputs: BTreeMap<NodeKey, Json>,
     pub history: Vec<RecordedEntry>,
+    /// The values of the blobs its input and outputs refer to, by digest,
+    /// for expressions that look inside them (the caller reads them; the
+    /// engine never does).
+    pub blobs: BlobValues,
 }
 
 /// What the new definition would do with the run.
@@ -233,6 +238,11 @@ pub enum ReplayError {
     },
     #[error("the run's own definition cannot decide history entry {sequence}: {error}")]
     RecordedDefinitionFails { sequence: u64, error: String },
+    #[error(
+        "history entry {sequence}: an expression reads inside blobs the replay was not given: {}",
+        digests.join(", ")
+    )]
+    BlobsNotGiven { sequence: u64, digests: Vec<String> },
 }
 
 /// `recorded` with every entry naming its nodes as they are called now: a
@@ -299,8 +309,8 @@ pub fn replay(
         return Err(ReplayError::NoStart);
     }
     let mut replay = Replay {
-        old: Track::new(old, &recorded.input),
-        new: Track::new(new, &recorded.input),
+        old: Track::new(old, &recorded.input, &recorded.blobs),
+        new: Track::new(new, &recorded.input, &recorded.blobs),
         mapping,
         recorded,
         differences: Vec::new(),
@@ -334,15 +344,17 @@ struct Track<'w> {
     run: RunRecord,
     store: BTreeMap<NodeKey, NodeState>,
     timers: BTreeMap<TimerId, Timestamp>,
+    blobs: &'w BlobValues,
 }
 
 impl<'w> Track<'w> {
-    fn new(wf: &'w CompiledWorkflow, input: &Json) -> Track<'w> {
+    fn new(wf: &'w CompiledWorkflow, input: &Json, blobs: &'w BlobValues) -> Track<'w> {
         Track {
             wf,
             run: RunState::new("replay", wf.name(), 0, input.clone()).run,
             store: BTreeMap::new(),
             timers: BTreeMap::new(),
+            blobs,
         }
     }
 
@@ -350,7 +362,7 @@ impl<'w> Track<'w> {
         let mut state = RunState {
             run: self.run.clone(),
             nodes: BTreeMap::new(),
-            blobs: Default::default(),
+            blobs: self.blobs.clone(),
         };
         decide_from(self.wf, &mut state, &self.store, event, now).map(|(d, _)| d)
     }
@@ -673,6 +685,7 @@ impl Replay<'_, '_> {
         let entry = &history[cursor];
         let mut last_error = None;
         let mut decided = None;
+        let mut missing: Vec<String> = Vec::new();
         for event in self.candidates(entry) {
             match self.old.decide(&event, entry.at) {
                 Ok(decision) => {
@@ -685,8 +698,19 @@ impl Replay<'_, '_> {
                         format!("{event:?} decides {}", said.join(", "))
                     });
                 }
+                Err(DecideError::NeedBlobs(digests)) => missing.extend(digests),
                 Err(error) => last_error = Some(error.to_string()),
             }
+        }
+        // a candidate could not be tried without a blob: that, not the
+        // history, is what is missing
+        if !missing.is_empty() {
+            missing.sort();
+            missing.dedup();
+            return Err(ReplayError::BlobsNotGiven {
+                sequence: entry.sequence,
+                digests: missing,
+            });
         }
         if let Some(error) = last_error
             && entry.kind == H::RunStarted

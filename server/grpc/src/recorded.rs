@@ -82,6 +82,7 @@ pub fn recorded_run(run: &Run, history: &[HistoryEvent]) -> Result<RecordedRun, 
         input,
         outputs,
         history,
+        blobs: Default::default(),
     })
 }
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use composer_blobs::{BlobError, BlobStore, HEAD_BYTES};
-use composer_engine::blob;
+use composer_engine::{blob, replay::RecordedRun};
 use composer_store::blobs::{self, BlobRow};
 use futures::Stream;
 use serde_json::Value as Json;
@@ -309,30 +309,85 @@ impl Coordinator {
     /// (at most `max_expression_blob_bytes`) and cached. A blob that cannot
     /// be read is null to the expression, and the reason is logged.
     pub(crate) async fn blob_value(&self, namespace: &str, sha256: &str) -> Arc<Json> {
-        let Ok(payloads) = self.payloads() else {
-            return Arc::new(Json::Null);
-        };
+        match self.read_blob_value(namespace, sha256).await {
+            Ok(value) => value,
+            Err(reason) => {
+                tracing::warn!(%namespace, %sha256, %reason, "an expression read a blob it cannot have");
+                Arc::new(Json::Null)
+            }
+        }
+    }
+
+    /// [`blob_value`](Self::blob_value), or why the blob cannot be read.
+    async fn read_blob_value(&self, namespace: &str, sha256: &str) -> Result<Arc<Json>, String> {
+        let payloads = self.payloads().map_err(|e| e.to_string())?;
         if let Some(cached) = payloads.cache.get(namespace, sha256) {
-            return cached;
+            return Ok(cached);
         }
         let key = composer_blobs::blob_key(namespace, sha256);
         let limit = self.config.max_expression_blob_bytes;
-        let read = payloads.store.read(namespace, &key, limit).await;
-        let value = match read.map(|bytes| (bytes.len(), serde_json::from_slice::<Json>(&bytes))) {
-            Ok((size, Ok(value))) => {
-                let value = Arc::new(value);
-                payloads
-                    .cache
-                    .put(namespace, sha256, Arc::clone(&value), size);
-                return value;
+        let bytes = payloads
+            .store
+            .read(namespace, &key, limit)
+            .await
+            .map_err(|e| e.to_string())?;
+        let value: Json = serde_json::from_slice(&bytes).map_err(|e| format!("not JSON: {e}"))?;
+        let value = Arc::new(value);
+        payloads
+            .cache
+            .put(namespace, sha256, Arc::clone(&value), bytes.len());
+        Ok(value)
+    }
+
+    /// `recorded` with the values of the blobs its input, outputs and
+    /// history refer to, read as for an expression, in the order they
+    /// appear, up to [`REPLAY_BLOB_BYTES`] in all: a replay looks inside
+    /// them as the run did. One that cannot be read, or past the budget,
+    /// is left out, and a replay that needs it says which.
+    pub(crate) async fn with_blob_values(
+        &self,
+        namespace: &str,
+        mut recorded: RecordedRun,
+    ) -> RecordedRun {
+        let mut wanted: Vec<(String, u64)> = Vec::new();
+        let values = std::iter::once(&recorded.input)
+            .chain(recorded.outputs.values())
+            .chain(recorded.history.iter().map(|entry| &entry.details));
+        for value in values {
+            for reference in blob::references(value) {
+                let Some(digest) = blob::reference_digest(reference) else {
+                    continue;
+                };
+                if wanted.iter().all(|(known, _)| known != digest) {
+                    let size = reference[blob::BLOB_KEY]["size"]
+                        .as_u64()
+                        .unwrap_or(u64::MAX);
+                    wanted.push((digest.to_owned(), size));
+                }
             }
-            Ok((_, Err(error))) => format!("not JSON: {error}"),
-            Err(error) => error.to_string(),
-        };
-        tracing::warn!(%namespace, %sha256, reason = %value, "an expression read a blob it cannot have");
-        Arc::new(Json::Null)
+        }
+        let mut spent = 0u64;
+        for (digest, size) in wanted {
+            if spent.saturating_add(size) > REPLAY_BLOB_BYTES {
+                continue;
+            }
+            spent += size;
+            match self.read_blob_value(namespace, &digest).await {
+                Ok(value) => {
+                    recorded.blobs.insert(digest, value);
+                }
+                Err(reason) => {
+                    tracing::warn!(%namespace, sha256 = %digest, %reason, "a replay left out a blob it cannot read");
+                }
+            }
+        }
+        recorded
     }
 }
+
+/// The blobs one replay reads at most, in all (as much as the server's
+/// blob cache holds).
+const REPLAY_BLOB_BYTES: u64 = 64 << 20;
 
 impl Coordinator {
     /// `value` with its references replaced by the blobs' values (read as

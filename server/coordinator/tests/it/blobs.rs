@@ -159,6 +159,49 @@ async fn retention_then_collector(setup: Setup) {
     assert_eq!(rows, 0);
 }
 
+/// Replay reads inside a run's blobs as the run did (decision 0047): a
+/// run whose task input is rendered from inside its offloaded input is
+/// replayed against its own definition with the blob's value, as
+/// identical; without it the replay could not decide the run's start.
+#[tokio::test]
+async fn a_run_whose_expression_read_inside_its_blob_replays_as_identical() {
+    let Setup { coordinator, .. } = setup().await;
+    let reads = "name: reads\nnodes:\n  - { id: a, type: TASK, queue: q, task: t, \
+                 input: { n: '${size(input.doc)}' } }\n";
+    coordinator
+        .workflows()
+        .register(coordinator.store(), "default", reads)
+        .await
+        .expect("register");
+    let (run, _) = coordinator
+        .start_run(common::start_request(
+            "reads",
+            json!({"doc": "d".repeat(5_000)}),
+        ))
+        .await
+        .expect("start");
+    assert!(
+        run.input.get("$blob").is_some(),
+        "the input is offloaded: {}",
+        run.input
+    );
+    let verdict = coordinator
+        .replay_run(
+            "default",
+            run.id,
+            &composer_coordinator::versions::NewDefinition::Version(1),
+            &composer_engine::replay::NodeMapping::default(),
+        )
+        .await
+        .expect("replay");
+    let report = verdict.outcome.expect("replayed with the blob's value");
+    assert_eq!(
+        report.verdict,
+        composer_engine::replay::Verdict::Identical,
+        "{report:#?}"
+    );
+}
+
 /// Uploads at the same time have their rows written together: a group
 /// holding the same blob twice and blobs of two namespaces writes one row
 /// per blob, every upload gets its blob back, and a reference coming back

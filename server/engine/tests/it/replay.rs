@@ -401,3 +401,50 @@ output: "${nodes.m.output}"
     .expect("replays");
     assert_eq!(report.verdict, Verdict::Identical, "{report:#?}");
 }
+
+/// A node's output offloaded to the blob store is recorded as a reference
+/// (docs/payloads.md); an expression that looks inside it reads the blob.
+/// Replay is given the values of the blobs a run refers to, and reads them
+/// as the run did; one it was not given is named, not taken for a history
+/// the engine cannot reproduce.
+#[test]
+fn a_run_whose_expressions_read_inside_a_blob_replays_with_its_value_and_names_it_without() {
+    const READS_A_BLOB: &str = r#"
+name: order
+nodes:
+  - { id: A, type: TASK, queue: q, task: a }
+  - { id: B, type: TASK, queue: q, task: b, input: { size: "${size(nodes.A.output.doc)}" } }
+edges:
+  - { from: A, to: B }
+"#;
+    let document = json!({ "doc": "a long document" });
+    let report = simulate(
+        READS_A_BLOB,
+        r#"
+input: {}
+tasks:
+  A: [ { complete: { doc: "a long document" } } ]
+"#,
+    );
+    let mut recorded = recorded_of(&report, json!({}), Some("B"));
+    let digest = "cd".repeat(32);
+    let key = composer_engine::NodeKey::node("A");
+    assert_eq!(recorded.outputs.get(&key), Some(&document));
+    recorded.outputs.insert(
+        key,
+        composer_engine::blob::reference(&digest, 200_000, "{\"doc\""),
+    );
+    let old = compile(READS_A_BLOB);
+    let mapping = NodeMapping::default();
+
+    match replay(&old, &old, &recorded, &mapping) {
+        Err(ReplayError::BlobsNotGiven { digests, .. }) => {
+            assert_eq!(digests, vec![digest.clone()])
+        }
+        other => panic!("expected the blob to be named, got {other:?}"),
+    }
+
+    recorded.blobs.insert(digest, std::sync::Arc::new(document));
+    let report = replay(&old, &old, &recorded, &mapping).expect("replays with the blob");
+    assert_eq!(report.verdict, Verdict::Identical, "{report:#?}");
+}

@@ -234,5 +234,6 @@ pub fn recorded_of(
         input,
         outputs,
         history,
+        blobs: Default::default(),
     }
 }
