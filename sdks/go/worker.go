@@ -29,6 +29,10 @@ const DefaultLease = 30 * time.Second
 // MaxPollTasks is the most tasks one PollTasks may ask for.
 const MaxPollTasks = 100
 
+// DefaultPollers is the number of polls a worker keeps waiting at once
+// unless WorkerOptions.Pollers says otherwise.
+const DefaultPollers = 4
+
 // skewedFirstHeartbeat is the first heartbeat's delay when a task's first
 // expiry is already past by this process's clock (the clocks are apart).
 const skewedFirstHeartbeat = 500 * time.Millisecond
@@ -50,6 +54,18 @@ type WorkerOptions struct {
 	WorkerID string
 	// PollWait is the long-poll wait of each PollTasks (default 20 s, at most 60 s).
 	PollWait time.Duration
+	// Pollers is how many PollTasks calls the worker may keep waiting at
+	// once (default DefaultPollers, at most Slots). Each poll asks only for
+	// free slots no other poll asked for (at most MaxPollTasks), so polls
+	// waiting together never ask for more tasks than free slots. The first
+	// polls as soon as a slot is free; each other one only once its share
+	// (Slots / Pollers, rounded up) is free, so a worker whose slots are
+	// nearly all taken polls with one large poll rather than many small
+	// ones. More than one keeps a poll waiting in the server while
+	// another's answer is on its way: the server hands a task a step just
+	// armed to a poll waiting then, in the step's own transaction, and
+	// otherwise queues the task and leases it apart, later.
+	Pollers int
 	// DrainTimeout is how long Run waits, once its ctx ended, for the
 	// attempts in flight (default 30 s). Attempts still running then are
 	// failed with WORKER_SHUTDOWN (retryable).
@@ -146,6 +162,10 @@ func NewWorker(client *Client, opts WorkerOptions) *Worker {
 		opts.PollWait = 20 * time.Second
 	}
 	opts.PollWait = min(opts.PollWait, 60*time.Second)
+	if opts.Pollers <= 0 {
+		opts.Pollers = DefaultPollers
+	}
+	opts.Pollers = min(opts.Pollers, opts.Slots)
 	if opts.DrainTimeout <= 0 {
 		opts.DrainTimeout = 30 * time.Second
 	}
@@ -289,9 +309,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	// start); closing idle, once no poll can start another attempt, lets
 	// them end.
 	idle := make(chan *attempt)
+	var pollers sync.WaitGroup
+	for i := range w.opts.Pollers {
+		pollers.Go(func() { w.pollLoop(i, ctx, pollCtx, queues, idle) })
+	}
 	go func() {
-		defer close(pollDone)
-		w.pollLoop(ctx, pollCtx, queues, idle)
+		pollers.Wait()
+		close(pollDone)
 	}()
 	<-ctx.Done()
 	drainDeadline := time.Now().Add(w.opts.DrainTimeout)
@@ -344,16 +368,27 @@ func (w *Worker) waitForServer(ctx context.Context) error {
 	}
 }
 
-// pollLoop polls until stop ends; calls run under callCtx, which outlives stop.
-func (w *Worker) pollLoop(stop, callCtx context.Context, queues []string, idle chan *attempt) {
+// pollLoop polls until stop ends; calls run under callCtx, which outlives
+// stop. Opts.Pollers of them run at once (index numbers them from 0): each
+// sets aside the free slots it asks for before its poll, and gives back
+// those the answer did not fill.
+func (w *Worker) pollLoop(index int, stop, callCtx context.Context, queues []string, idle chan *attempt) {
 	failures := 0
 	wait := durationpb.New(w.opts.PollWait)
+	// The first poll loop polls as soon as a slot is free; each other one
+	// only once its share of the slots is free and no poll asked for them,
+	// so that a worker whose slots are all taken (a backlog waiting in the
+	// server) polls as one loop, with few large polls, rather than splitting
+	// its free slots into many small polls that the server answers apart.
+	least := 1
+	if index > 0 {
+		least = max(min((w.opts.Slots+w.opts.Pollers-1)/w.opts.Pollers, MaxPollTasks), 1)
+	}
 	for stop.Err() == nil {
-		free, ok := w.slots.waitFree(stop)
+		n, ok := w.slots.reserve(stop, least, MaxPollTasks)
 		if !ok {
 			return
 		}
-		n := min(free, MaxPollTasks)
 		// ConfirmReceipt: a poll answer lost on the way costs no attempt
 		// (decision 0012); the first heartbeat confirms (firstHeartbeatDelay).
 		req := &pb.PollTasksRequest{WorkerId: w.opts.WorkerID, Queues: queues, MaxTasks: int32(n), Wait: wait, ConfirmReceipt: true}
@@ -368,6 +403,7 @@ func (w *Worker) pollLoop(stop, callCtx context.Context, queues []string, idle c
 		resp, err := w.client.workers.PollTasks(ctx, req)
 		cancel()
 		if err != nil {
+			w.slots.unreserve(n)
 			if callCtx.Err() != nil {
 				return
 			}
@@ -384,13 +420,14 @@ func (w *Worker) pollLoop(stop, callCtx context.Context, queues []string, idle c
 			continue
 		}
 		failures = 0
-		for _, t := range resp.GetTasks() {
-			w.stats.polled.Add(1)
-			if err := w.slots.acquire(1); err != nil {
-				// The server leased more than asked: run it anyway, the lease is ours.
-				w.log.Error("composer server leased more tasks than free slots", "slots", w.opts.Slots)
-				w.slots.force()
-			}
+		tasks := resp.GetTasks()
+		if len(tasks) > n {
+			// The server leased more than asked: run them anyway, the leases are ours.
+			w.log.Error("composer server leased more tasks than free slots", "slots", w.opts.Slots, "asked", n, "leased", len(tasks))
+		}
+		w.slots.settle(n, len(tasks))
+		w.stats.polled.Add(int64(len(tasks)))
+		for _, t := range tasks {
 			w.start(t, idle)
 		}
 	}

@@ -113,6 +113,50 @@ func TestSlotsAccountingUnderConcurrency(t *testing.T) {
 	s.release()
 }
 
+// Polls set aside the slots they ask for: what one reserved no other may
+// take, a poll beyond the first waits for its share, and an answer turns
+// the filled ones into used slots and frees the rest.
+func TestSlotsReservedForPolls(t *testing.T) {
+	s := newSlots(10)
+	n, ok := s.reserve(context.Background(), 1, MaxPollTasks)
+	if !ok || n != 10 || s.free() != 0 {
+		t.Fatalf("first reserve = %d (free %d), want 10", n, s.free())
+	}
+	s.settle(n, 4) // 4 tasks came: 4 used, 6 free
+	if used, _ := s.inUse(); used != 4 || s.free() != 6 {
+		t.Fatalf("after settle: used %d free %d", used, s.free())
+	}
+	if n, _ := s.reserve(context.Background(), 1, 5); n != 5 {
+		t.Fatalf("capped reserve = %d, want 5", n)
+	}
+	// 1 free: a poll that needs 3 waits until a task ends.
+	got := make(chan int)
+	go func() {
+		n, _ := s.reserve(context.Background(), 3, MaxPollTasks)
+		got <- n
+	}()
+	s.release()
+	select {
+	case n := <-got:
+		t.Fatalf("reserved %d with 2 free, wanted 3", n)
+	case <-time.After(30 * time.Millisecond):
+	}
+	s.unreserve(5) // the capped poll failed: 7 free
+	if n := <-got; n != 7 {
+		t.Fatalf("waiting reserve = %d, want 7", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, ok := s.reserve(ctx, 1, 1); ok {
+		t.Fatal("reserved with no free slot")
+	}
+	// A server that leased more than asked: the leases are ours, the slots used.
+	s.settle(7, 8)
+	if used, high := s.inUse(); used != 11 || high != 11 {
+		t.Fatalf("over-leased: used %d high %d", used, high)
+	}
+}
+
 // The poll loop never asks for more tasks than free slots, and no more
 // handlers run than slots.
 func TestWorkerPollsForFreeSlotsOnly(t *testing.T) {

@@ -856,7 +856,9 @@ async fn throughput_on(
             let (program, first_args) = sdk.command.split_first().context("empty command")?;
             let mut child = Command::new(program)
                 .args(first_args)
-                .args([&address, queue, "100"])
+                // the Rust worker's slots: an SDK worker with fewer would
+                // be measured against its own slot count, not its speed
+                .args([address.as_str(), queue, &slots.to_string()])
                 .current_dir(&ctx.repo)
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
