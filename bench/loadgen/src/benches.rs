@@ -369,7 +369,14 @@ pub struct Floor {
 
 const FLOOR_RUNS: u32 = 10_000;
 
-pub(crate) fn pgbench_path() -> Option<PathBuf> {
+/// pgbench, or what to install.
+pub(crate) fn pgbench() -> Result<PathBuf> {
+    pgbench_path().context(
+        "pgbench not found (apt-get install -y postgresql-contrib; scripts/setup.sh does it)",
+    )
+}
+
+fn pgbench_path() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             if dir.join("pgbench").is_file() {
@@ -393,9 +400,7 @@ pub(crate) fn pgbench_path() -> Option<PathBuf> {
 /// What one event transaction of a three-step run writes, with the engine's
 /// own tables and indexes (the migrations applied to a database `floor`).
 pub async fn floor(ctx: &Ctx) -> Result<Floor> {
-    let pgbench = pgbench_path().context(
-        "pgbench not found (apt-get install -y postgresql-contrib; scripts/setup.sh does it)",
-    )?;
+    let pgbench = pgbench()?;
     let url = fresh_database(ctx, "floor").await?;
     let pool = PgPoolOptions::new()
         .max_connections(1)

@@ -24,9 +24,7 @@ use serde_json::Value as Json;
 use sqlx::{PgPool, Row, postgres::PgPoolOptions};
 
 use crate::{
-    benches::{
-        Ctx, Throughput, fresh_database, keep_wal, pgbench_path, run_pgbench, wal_of_window,
-    },
+    benches::{Ctx, Throughput, fresh_database, keep_wal, pgbench, run_pgbench, wal_of_window},
     procs::{self, TICKS_PER_SECOND},
     wal::{TransactionShapes, WalBreakdown},
 };
@@ -131,9 +129,7 @@ pub async fn write_floor(ctx: &Ctx, b1: &Throughput) -> Result<WriteFloor> {
     let template = Template::read(&ctx.db).await?;
     let tasks_per_run = template.tasks_per_run;
     let groups = Groups::from_shapes(&shapes, tasks_per_run);
-    let pgbench = pgbench_path().context(
-        "pgbench not found (apt-get install -y postgresql-contrib; scripts/setup.sh does it)",
-    )?;
+    let pgbench = pgbench()?;
     let url = fresh_database(ctx, "floor_writes").await?;
     let db = PgPoolOptions::new()
         .max_connections(1)

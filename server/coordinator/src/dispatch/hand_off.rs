@@ -239,9 +239,6 @@ async fn lease_from_outboxes(
     outboxes: &mut [&mut Vec<OutboxMessage>],
 ) -> Result<Vec<LeasedTask>, CoordinatorError> {
     let candidates = candidates_for(outboxes, namespace, queue, room);
-    if candidates.is_empty() {
-        return Ok(Vec::new());
-    }
     let leased = tasks::lease_armed_tasks(
         conn,
         &candidates,
