@@ -178,15 +178,21 @@ export async function listRunsPage(client: Client, filters: RunFilters, pageSize
   return { runs: response.runs.map(runOf), nextPageToken: response.nextPageToken };
 }
 
+/** How many runs match the filters (statuses aside), by status; with `more` set the server stopped counting at its limit and each count is a floor. */
+export interface RunCounts {
+  counts: Partial<Record<RunStatus, number>>;
+  more: boolean;
+}
+
 /** How many runs match the filters (statuses aside), by status. */
-export async function countRuns(client: Client, filters: RunFilters, signal?: AbortSignal): Promise<Partial<Record<RunStatus, number>>> {
+export async function countRuns(client: Client, filters: RunFilters, signal?: AbortSignal): Promise<RunCounts> {
   const response = await client.raw.runs.countRuns(filterRequest(filters), client.callOptions(signal ? { signal } : {}));
   const counts: Partial<Record<RunStatus, number>> = {};
   for (const c of response.counts) {
     const status = RUN_STATUSES[c.status - 1];
     if (status) counts[status] = Number(c.count);
   }
-  return counts;
+  return { counts, more: response.more };
 }
 
 /** Every child run of a run (SUB_WORKFLOW and MAP children), newest first, up to `limit`. */

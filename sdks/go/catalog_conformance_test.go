@@ -70,7 +70,7 @@ func TestClientListsCountsAndRunsWorkflows(t *testing.T) {
 	}
 
 	counts, err := client.CountRuns(ctx, composer.RunFilter{Workflow: name})
-	if err != nil || counts[composer.RunCompleted] != 1 || counts[composer.RunFailed] != 1 || counts.Total() != 2 {
+	if err != nil || counts.ByStatus[composer.RunCompleted] != 1 || counts.ByStatus[composer.RunFailed] != 1 || counts.Total() != 2 || counts.More {
 		t.Errorf("CountRuns: %v %v", counts, err)
 	}
 }

@@ -495,7 +495,8 @@ func (c *Client) ListRuns(ctx context.Context, filter RunFilter) iter.Seq2[*Run,
 // CountRuns counts the runs matching filter by status, in one call. The
 // filter's fields are ListRuns' (its PageSize is ignored); with Statuses
 // set, only those statuses are counted. A status without runs is absent
-// from the counts (reads as 0).
+// from the counts (reads as 0). The server counts up to its limit
+// (100,000 matching runs): past it each count is a floor, and More is set.
 func (c *Client) CountRuns(ctx context.Context, filter RunFilter) (RunCounts, error) {
 	f := filter.proto()
 	ctx, cancel := c.callContext(ctx)
@@ -506,15 +507,15 @@ func (c *Client) CountRuns(ctx context.Context, filter RunFilter) (RunCounts, er
 		ParentRunId: f.ParentRunId, Search: f.Search,
 	}, waitForReady)
 	if err != nil {
-		return nil, convertError(err)
+		return RunCounts{}, convertError(err)
 	}
-	counts := RunCounts{}
+	counts := RunCounts{ByStatus: map[RunStatus]int64{}, More: r.GetMore()}
 	for _, sc := range r.GetCounts() {
 		status := RunStatus(sc.GetStatus())
 		if len(filter.Statuses) > 0 && !slices.Contains(filter.Statuses, status) {
 			continue
 		}
-		counts[status] += sc.GetCount()
+		counts.ByStatus[status] += sc.GetCount()
 	}
 	return counts, nil
 }

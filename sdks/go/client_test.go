@@ -83,7 +83,7 @@ func (f *fakeCatalog) CountRuns(_ context.Context, req *pb.CountRunsRequest) (*p
 		{Status: pb.RunStatus_RUN_STATUS_RUNNING, Count: 4},
 		{Status: pb.RunStatus_RUN_STATUS_COMPLETED, Count: 10},
 		{Status: pb.RunStatus_RUN_STATUS_FAILED, Count: 2},
-	}}, nil
+	}, More: true}, nil
 }
 
 func (f *fakeCatalog) recorded() []proto.Message {
@@ -140,7 +140,7 @@ func TestCountRunsByStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if counts[RunRunning] != 4 || counts[RunCompleted] != 10 || counts[RunFailed] != 2 || counts[RunCancelled] != 0 || counts.Total() != 16 {
+	if counts.ByStatus[RunRunning] != 4 || counts.ByStatus[RunCompleted] != 10 || counts.ByStatus[RunFailed] != 2 || counts.ByStatus[RunCancelled] != 0 || counts.Total() != 16 || !counts.More {
 		t.Errorf("counts %v", counts)
 	}
 	req := f.recorded()[0].(*pb.CountRunsRequest)
@@ -148,7 +148,7 @@ func TestCountRunsByStatus(t *testing.T) {
 		t.Errorf("request %v", req)
 	}
 	failed, err := client.CountRuns(context.Background(), RunFilter{Statuses: []RunStatus{RunFailed, RunCancelled}})
-	if err != nil || len(failed) != 1 || failed[RunFailed] != 2 || failed.Total() != 2 {
+	if err != nil || len(failed.ByStatus) != 1 || failed.ByStatus[RunFailed] != 2 || failed.Total() != 2 {
 		t.Errorf("counts of FAILED and CANCELLED: %v, %v", failed, err)
 	}
 }

@@ -167,14 +167,21 @@ type WorkflowSummary struct {
 	UpdateTime time.Time
 }
 
-// RunCounts is how many runs are in each status (CountRuns); a status
-// without runs is absent and reads as 0.
-type RunCounts map[RunStatus]int64
+// RunCounts is how many runs are in each status (CountRuns).
+type RunCounts struct {
+	// ByStatus holds the count of each status; a status without runs is
+	// absent and reads as 0.
+	ByStatus map[RunStatus]int64
+	// More is set when the server stopped counting at its limit (100,000
+	// matching runs): each count is then a floor, and a status absent may
+	// still have runs.
+	More bool
+}
 
 // Total is the number of runs counted, whatever their status.
 func (c RunCounts) Total() int64 {
 	var total int64
-	for _, n := range c {
+	for _, n := range c.ByStatus {
 		total += n
 	}
 	return total

@@ -75,6 +75,10 @@ pub struct Profile {
     pub in_flight: usize,
     /// B6: runs in the database.
     pub list_runs: usize,
+    /// B6: of these, the oldest written with a B1 run's tasks, node states
+    /// and history (as many as the disk holds: about 5 KB each, against
+    /// 0.8 KB for a run's row alone).
+    pub list_history_runs: usize,
     /// B6: calls measured per case.
     pub list_calls: usize,
     /// Observability cost: B1 window per variant, and rounds of the three.
@@ -123,6 +127,7 @@ impl Profile {
             scale_server_cores: 0.25,
             in_flight: 200,
             list_runs: 100_000,
+            list_history_runs: 100_000,
             list_calls: 30,
             observe_secs: 8,
             observe_rounds: 2,
@@ -159,6 +164,7 @@ impl Profile {
             scale_server_cores: 0.25,
             in_flight: 100,
             list_runs: 5_000,
+            list_history_runs: 5_000,
             list_calls: 10,
             observe_secs: 3,
             observe_rounds: 1,
@@ -192,7 +198,8 @@ impl Profile {
             scale_perf_secs: 0,
             scale_server_cores: 0.25,
             in_flight: 200,
-            list_runs: 100_000,
+            list_runs: 10_000_000,
+            list_history_runs: 2_000_000,
             list_calls: 200,
             observe_secs: 30,
             observe_rounds: 3,
@@ -778,7 +785,7 @@ pub async fn throughput_of(
     Ok(row)
 }
 
-async fn throughput_on(
+pub(crate) async fn throughput_on(
     ctx: &Ctx,
     label: &str,
     servers: &[Server],

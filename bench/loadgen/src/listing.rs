@@ -1,12 +1,18 @@
-//! B6: the dashboard's reads on a large history. 100,000 runs are written
-//! straight into `runs` with one `INSERT ... SELECT generate_series` (rows
-//! shaped like a real run's: the record copied from one, input, output or
-//! error, labels, an idempotency key, creation times over 30 days), then
-//! ListRuns' first page and CountRuns are called one at a time from a
-//! client on loopback; the call latency is the server's time plus one
-//! loopback round trip.
+//! B6: the dashboard's reads, B1 and retention on a large history.
+//!
+//! B1 runs first on the empty tables (its runs are the template below).
+//! Then the profile's runs (10,000,000 in the full profile) are written
+//! straight into the tables by `INSERT ... SELECT generate_series`, in
+//! chunks: rows shaped like a real run's (the record copied from one,
+//! input, output or error, labels, an idempotency key, creation times over
+//! 30 days), and the oldest of them (as many as the disk holds) with the
+//! tasks, node states and history of a completed B1 run. ListRuns' first
+//! page, its searches and CountRuns are called one at a time from a client
+//! on loopback (the call latency is the server's time plus one loopback
+//! round trip); B1 runs again on the full tables; and the server's own
+//! retention pass deletes the oldest day.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use composer_proto::v1::{
@@ -15,7 +21,10 @@ use composer_proto::v1::{
 use tonic::transport::Channel;
 
 use crate::{
-    benches::{Ctx, Dist, dist, ms, register, start_request, stop_all},
+    benches::{
+        Ctx, Dist, Load, Throughput, WorkerKind, dist, ms, register, start_request, stop_all,
+        throughput_on,
+    },
     worker::channel,
 };
 
@@ -28,8 +37,8 @@ pub struct ReadCase {
     pub latency: Dist,
     /// Runs returned (ListRuns) or counted (CountRuns) by one call.
     pub rows: i64,
-    /// Whether it is a first page of ListRuns (the 300 ms target).
-    pub first_page: bool,
+    /// CountRuns stopped counting at its limit: `rows` is a floor.
+    pub more: bool,
 }
 
 /// B6's results.
@@ -37,18 +46,31 @@ pub struct ReadCase {
 pub struct Listing {
     /// Runs in the database.
     pub runs: i64,
-    /// Seconds the insert (and VACUUM ANALYZE) took.
+    /// Of these, runs written with a B1 run's tasks, node states and history.
+    pub history_runs: i64,
+    /// Seconds the inserts (and VACUUM ANALYZE) took.
     pub load_secs: f64,
     /// Each call shape.
     pub cases: Vec<ReadCase>,
+    /// B1 on the empty tables, and on the full ones, with the same server.
+    pub b1_empty: Throughput,
+    pub b1_full: Throughput,
+    /// Disk bytes per run: its `runs` row with the table's indexes, and a
+    /// run's tasks, node states and history with theirs.
+    pub run_bytes: f64,
+    pub history_bytes: f64,
+    /// The retention pass over the oldest day: runs deleted, and seconds.
+    pub retention_runs: u64,
+    pub retention_secs: f64,
 }
 
 const WORKFLOW: &str =
     "name: bench_list\nnodes:\n  - { id: wait, type: WAIT_FOR_EVENT, event: never }\n";
 
-/// Fills `runs` with `count` rows shaped like the real run `template`'s.
-/// Status by `n % 10`: 7 COMPLETED, 1 FAILED, 1 RUNNING, 1 CANCELLED.
-const FILL: &str = "\
+/// Writes runs `$3..=$4` shaped like the real run `$1`'s, created `$6`
+/// seconds apart back from `$5`. Status by `n % 10`: 7 COMPLETED, 1
+/// FAILED, 1 RUNNING, 1 CANCELLED.
+const FILL_RUNS: &str = "\
 INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, output, \
                   error, labels, idempotency_key, record, created_at, updated_at, ended_at)
 SELECT gen_random_uuid(), t.namespace, t.workflow_name, 1 + n % 2,
@@ -61,21 +83,125 @@ SELECT gen_random_uuid(), t.namespace, t.workflow_name, 1 + n % 2,
             'message', 'card declined', 'node', 'charge') END,
        jsonb_build_object('team', (ARRAY['red','green','blue'])[1 + n % 3]),
        'order-' || n, t.record,
-       now() - make_interval(secs => n * 26), now() - make_interval(secs => n * 26 - 5),
-       CASE WHEN n % 10 <> 8 THEN now() - make_interval(secs => n * 26 - 5) END
-FROM generate_series(1, $2) AS n, runs t
+       $5::timestamptz - make_interval(secs => n * $6),
+       $5::timestamptz - make_interval(secs => n * $6 - 5),
+       CASE WHEN n % 10 <> 8 THEN $5::timestamptz - make_interval(secs => n * $6 - 5) END
+FROM generate_series($3::bigint, $4::bigint) AS n, runs t
 WHERE t.id = $1";
+
+/// [`FILL_RUNS`], and for each run written the tasks, node states and
+/// history of the completed run `$2`: every column copied but those
+/// [`copy_of`] gives the new run's keys and times.
+fn fill_with_history(columns: &Columns) -> String {
+    format!(
+        "WITH r AS ({FILL_RUNS} RETURNING id, created_at, coalesce(ended_at, created_at) AS ended_at), \
+         tasks_written AS ({}), nodes_written AS ({}) {}",
+        copy_of(
+            "tasks",
+            &columns.tasks,
+            &[
+                ("id", "gen_random_uuid()"),
+                ("run_id", "r.id"),
+                ("created_at", "r.created_at"),
+                ("dispatched_at", "r.created_at"),
+                ("updated_at", "r.ended_at"),
+            ],
+        ),
+        copy_of(
+            "run_nodes",
+            &columns.nodes,
+            &[
+                ("run_id", "r.id"),
+                ("started_at", "r.created_at"),
+                ("ended_at", "r.ended_at"),
+                ("updated_at", "r.ended_at"),
+            ],
+        ),
+        copy_of(
+            "run_events",
+            &columns.events,
+            &[
+                ("run_id", "r.id"),
+                ("created_at", "r.created_at + (t.created_at - s.created_at)"),
+            ],
+        )
+        .replace(
+            "WHERE t.run_id = $2",
+            "CROSS JOIN (SELECT created_at FROM runs WHERE id = $2) s WHERE t.run_id = $2",
+        ),
+    )
+}
+
+/// `INSERT INTO table (columns) SELECT ...` copying the rows of run `$2`
+/// (as `t`) once for each new run `r`, with `overrides` for some columns.
+fn copy_of(table: &str, columns: &[String], overrides: &[(&str, &str)]) -> String {
+    let values: Vec<String> = columns
+        .iter()
+        .map(|column| {
+            overrides
+                .iter()
+                .find(|(name, _)| name == column)
+                .map_or_else(|| format!("t.{column}"), |(_, value)| (*value).to_owned())
+        })
+        .collect();
+    format!(
+        "INSERT INTO {table} ({}) SELECT {} FROM r CROSS JOIN {table} t WHERE t.run_id = $2",
+        columns.join(", "),
+        values.join(", ")
+    )
+}
+
+/// The columns of the tables a run's history is copied into, as the
+/// migrations made them.
+struct Columns {
+    tasks: Vec<String>,
+    nodes: Vec<String>,
+    events: Vec<String>,
+}
+
+impl Columns {
+    async fn read(ctx: &Ctx) -> Result<Self> {
+        let of = |table: &'static str| async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT column_name::text FROM information_schema.columns \
+                 WHERE table_schema = current_schema() AND table_name = $1 \
+                 ORDER BY ordinal_position",
+            )
+            .bind(table)
+            .fetch_all(&ctx.db)
+            .await
+            .with_context(|| format!("the columns of {table}"))
+        };
+        Ok(Self {
+            tasks: of("tasks").await?,
+            nodes: of("run_nodes").await?,
+            events: of("run_events").await?,
+        })
+    }
+}
+
+/// Runs written per statement: a chunk is one transaction.
+const CHUNK: usize = 500_000;
+
+/// The span of creation times, as the dashboard's "last 30 days".
+const SPAN_SECS: f64 = 30.0 * 86_400.0;
 
 /// B6 on a fresh database.
 pub async fn listing(ctx: &Ctx) -> Result<Listing> {
     ctx.reset().await?;
     let servers = ctx.start_servers(1).await?;
-    let result = listing_on(ctx, &servers[0].url).await;
+    let result = listing_on(ctx, &servers).await;
     stop_all(servers).await;
     result
 }
 
-async fn listing_on(ctx: &Ctx, url: &str) -> Result<Listing> {
+async fn listing_on(ctx: &Ctx, servers: &[crate::procs::Server]) -> Result<Listing> {
+    let url = &servers[0].url;
+    let b1 = || Load {
+        wal_breakdown: true,
+        ..Load::plain(ctx, WorkerKind::Rust, ctx.profile.measure_secs, 0)
+    };
+    let b1_empty = throughput_on(ctx, "B6: B1 on the empty tables", servers, b1()).await?;
     register(url, WORKFLOW).await?;
     let mut client = RunServiceClient::new(channel(url).await?);
     let template = client
@@ -87,22 +213,25 @@ async fn listing_on(ctx: &Ctx, url: &str) -> Result<Listing> {
         .context("run")?
         .run_id;
     let template = sqlx::types::Uuid::parse_str(&template)?;
-    let count = ctx.profile.list_runs;
+    let completed: sqlx::types::Uuid = sqlx::query_scalar(
+        "SELECT id FROM runs WHERE status = 'COMPLETED' AND workflow_name = 'bench_linear' \
+         ORDER BY ended_at DESC LIMIT 1",
+    )
+    .fetch_one(&ctx.db)
+    .await
+    .context("a completed B1 run")?;
     let began = Instant::now();
-    sqlx::query(FILL)
-        .bind(template)
-        .bind(i64::try_from(count)?)
-        .execute(&ctx.db)
-        .await
-        .context("fill runs")?;
-    // the steady state autovacuum reaches on a table this size
-    sqlx::raw_sql("VACUUM ANALYZE runs")
+    let (count, history_runs) = (ctx.profile.list_runs, ctx.profile.list_history_runs);
+    fill(ctx, template, completed, count, history_runs).await?;
+    // the steady state autovacuum reaches on tables this size
+    sqlx::raw_sql("VACUUM ANALYZE runs, tasks, run_nodes, run_events")
         .execute(&ctx.db)
         .await?;
     let load_secs = began.elapsed().as_secs_f64();
     let runs: i64 = sqlx::query_scalar("SELECT count(*) FROM runs")
         .fetch_one(&ctx.db)
         .await?;
+    let (run_bytes, history_bytes) = disk_per_run(ctx, runs, history_runs).await?;
     let calls = ctx.profile.list_calls;
     let mut cases = Vec::new();
     for (label, request) in list_cases(&template.to_string()) {
@@ -111,11 +240,126 @@ async fn listing_on(ctx: &Ctx, url: &str) -> Result<Listing> {
     for (label, request) in count_cases() {
         cases.push(measure_count(&mut client, label, request, calls).await?);
     }
+    let b1_full = throughput_on(ctx, "B6: B1 on the full tables", servers, b1()).await?;
+    let (retention_runs, retention_secs) = retention_of_a_day(ctx).await?;
     Ok(Listing {
         runs,
+        history_runs: i64::try_from(history_runs)?,
         load_secs,
         cases,
+        b1_empty,
+        b1_full,
+        run_bytes,
+        history_bytes,
+        retention_runs,
+        retention_secs,
     })
+}
+
+/// Writes `count` runs in chunks, the oldest `history_runs` of them with
+/// the tasks, node states and history of `completed`.
+async fn fill(
+    ctx: &Ctx,
+    template: sqlx::types::Uuid,
+    completed: sqlx::types::Uuid,
+    count: usize,
+    history_runs: usize,
+) -> Result<()> {
+    let base = chrono::Utc::now();
+    let step = SPAN_SECS / count.max(1) as f64;
+    let with_history = fill_with_history(&Columns::read(ctx).await?);
+    let mut first = 1;
+    while first <= count {
+        let last = (first + CHUNK - 1).min(count);
+        // n counts back in time: the oldest runs are the last numbers
+        let (sql, oldest_part) = if last > count - history_runs.min(count) {
+            (with_history.as_str(), true)
+        } else {
+            (FILL_RUNS, false)
+        };
+        let from = if oldest_part {
+            first.max(count - history_runs.min(count) + 1)
+        } else {
+            first
+        };
+        if from > first {
+            write_chunk(
+                ctx,
+                FILL_RUNS,
+                template,
+                completed,
+                first,
+                from - 1,
+                base,
+                step,
+            )
+            .await?;
+        }
+        write_chunk(ctx, sql, template, completed, from, last, base, step).await?;
+        eprintln!("bench: B6 wrote runs {first}..={last} of {count}");
+        first = last + 1;
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn write_chunk(
+    ctx: &Ctx,
+    sql: &str,
+    template: sqlx::types::Uuid,
+    completed: sqlx::types::Uuid,
+    first: usize,
+    last: usize,
+    base: chrono::DateTime<chrono::Utc>,
+    step: f64,
+) -> Result<()> {
+    sqlx::query(sql)
+        .bind(template)
+        .bind(completed)
+        .bind(i64::try_from(first)?)
+        .bind(i64::try_from(last)?)
+        .bind(base)
+        .bind(step)
+        .execute(&ctx.db)
+        .await
+        .with_context(|| format!("fill runs {first}..={last}"))?;
+    Ok(())
+}
+
+/// Disk bytes (heap, TOAST and indexes) per run: of `runs`, and of the
+/// tasks, node states and history of the runs written with them.
+async fn disk_per_run(ctx: &Ctx, runs: i64, history_runs: usize) -> Result<(f64, f64)> {
+    // B1's own runs have tasks and history too
+    let (run_bytes, history_bytes, b1_runs): (i64, i64, i64) = sqlx::query_as(
+        "SELECT pg_total_relation_size('runs'), \
+                pg_total_relation_size('tasks') + pg_total_relation_size('run_nodes') + \
+                (SELECT coalesce(sum(pg_total_relation_size(inhrelid)), 0)::bigint \
+                   FROM pg_inherits WHERE inhparent = 'run_events'::regclass), \
+                (SELECT count(*) FROM runs WHERE workflow_name = 'bench_linear')",
+    )
+    .fetch_one(&ctx.db)
+    .await?;
+    let with_history = i64::try_from(history_runs)? + b1_runs;
+    Ok((
+        run_bytes as f64 / runs.max(1) as f64,
+        history_bytes as f64 / with_history.max(1) as f64,
+    ))
+}
+
+/// The server's retention pass (its batch size, its statements) with a
+/// retention of 29 days: the oldest of the 30 days written goes.
+async fn retention_of_a_day(ctx: &Ctx) -> Result<(u64, f64)> {
+    let coordinator = composer_coordinator::Coordinator::new(
+        composer_store::Store::from_pool(ctx.db.clone()),
+        composer_coordinator::CoordinatorConfig::default(),
+    );
+    let batch = composer_coordinator::time::recovery::RecoveryConfig::default().batch;
+    let began = Instant::now();
+    let (runs, _) = coordinator
+        .apply_retention(Duration::from_secs(29 * 86_400), batch)
+        .await
+        .context("retention")?;
+    Ok((runs, began.elapsed().as_secs_f64()))
 }
 
 fn list_cases(run_id: &str) -> Vec<(&'static str, ListRunsRequest)> {
@@ -225,7 +469,7 @@ async fn measure_list(
         label: label.to_owned(),
         latency: dist(times),
         rows,
-        first_page: true,
+        more: false,
     })
 }
 
@@ -236,24 +480,24 @@ async fn measure_count(
     calls: usize,
 ) -> Result<ReadCase> {
     let mut times = Vec::with_capacity(calls);
-    let mut rows = 0;
+    let (mut rows, mut more) = (0, false);
     for i in 0..WARM_UP + calls {
         let sent = Instant::now();
-        let counts = client
+        let counted = client
             .count_runs(request.clone())
             .await
             .with_context(|| label.to_owned())?
-            .into_inner()
-            .counts;
+            .into_inner();
         if i >= WARM_UP {
             times.push(ms(sent.elapsed()));
         }
-        rows = counts.iter().map(|c| c.count).sum();
+        rows = counted.counts.iter().map(|c| c.count).sum();
+        more = counted.more;
     }
     Ok(ReadCase {
         label: label.to_owned(),
         latency: dist(times),
         rows,
-        first_page: false,
+        more,
     })
 }

@@ -1,4 +1,5 @@
 // How many runs match the filters, per status (CountRuns); a count filters the list by its status.
+// When the server stopped counting at its limit, each count is a floor and shows a "+".
 import { countRuns, RUN_STATUSES, type RunFilters } from "../api";
 import { useApp } from "../context";
 import { usePolled } from "../hooks";
@@ -8,14 +9,17 @@ export function StatusCounts({ filters, onPick }: { filters: RunFilters; onPick:
   const { client } = useApp();
   const counts = usePolled((signal) => countRuns(client, filters, signal), filtersToQuery({ ...filters, statuses: [] }), { live: true });
   if (counts.error) return <p className="sub">Counts unavailable: {counts.error}</p>;
-  const data = counts.data ?? {};
+  const data = counts.data?.counts ?? {};
+  const more = counts.data?.more ?? false;
   const total = RUN_STATUSES.reduce((sum, s) => sum + (data[s] ?? 0), 0);
+  // counted only up to the server's limit: each count is a floor
+  const shown = (n: number) => `${n}${more ? "+" : ""}`;
   const active = filters.statuses[0] ?? null;
   return (
     <ul className="counts" aria-label="Runs by status">
       <li>
         <button type="button" className={`count${active === null ? " active" : ""}`} aria-pressed={active === null} onClick={() => onPick({ ...filters, statuses: [] })}>
-          <span className="count-label">all</span> <span className="count-value">{counts.data ? total : "…"}</span>
+          <span className="count-label">all</span> <span className="count-value">{counts.data ? shown(total) : "…"}</span>
         </button>
       </li>
       {RUN_STATUSES.map((status) => (
@@ -27,7 +31,7 @@ export function StatusCounts({ filters, onPick }: { filters: RunFilters; onPick:
             data-count={status}
             onClick={() => onPick({ ...filters, statuses: [status] })}
           >
-            <span className="count-label">{status.toLowerCase()}</span> <span className="count-value">{counts.data ? (data[status] ?? 0) : "…"}</span>
+            <span className="count-label">{status.toLowerCase()}</span> <span className="count-value">{counts.data ? shown(data[status] ?? 0) : "…"}</span>
           </button>
         </li>
       ))}

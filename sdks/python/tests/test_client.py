@@ -78,7 +78,8 @@ class FakeRuns(run_service_pb2_grpc.RunServiceServicer):
             counts=[
                 run_service_pb2.RunStatusCount(status=common_pb2.RUN_STATUS_RUNNING, count=4),
                 run_service_pb2.RunStatusCount(status=common_pb2.RUN_STATUS_FAILED, count=2),
-            ]
+            ],
+            more=True,
         )
 
 
@@ -209,6 +210,7 @@ def test_workflow_listings_run_counts_and_the_protocol_check() -> None:
                 assert counts[RunStatus.RUNNING] == 4 and counts[RunStatus.FAILED] == 2
                 assert counts[RunStatus.COMPLETED] == 0 and sum(counts.values()) == 6
                 assert RunStatus.UNSPECIFIED not in counts
+                assert counts.more, "the server stopped counting at its limit"
 
                 assert (await client.check_protocol()).protocol_version == "1.0"
                 info.protocol_version = "2.0"

@@ -721,7 +721,8 @@ export class ComposerClient {
 
   /**
    * How many runs match the filters (those of listRuns but statuses), in all and per status,
-   * counted by the server in one call. INVALID_ARGUMENT names a bad filter field.
+   * counted by the server in one call. INVALID_ARGUMENT names a bad filter field. The server counts
+   * up to its limit (100,000 matching runs): past it each count is a floor, and `more` is set.
    */
   async countRuns(filter: CountRunsOptions = {}): Promise<RunCounts> {
     const wire = runFilterToWire(filter);
@@ -735,7 +736,7 @@ export class ComposerClient {
       ...(wire.createTimeBefore ? { createTimeBefore: wire.createTimeBefore } : {}),
     };
     const r = await this.#call((o) => this.raw.runs.countRuns(request, o), filter.signal);
-    return runCountsFromWire(r.counts);
+    return runCountsFromWire(r.counts, r.more);
   }
 
   /**

@@ -167,6 +167,11 @@ export interface RunCounts {
   total: number;
   /** How many matching runs are in each status; a status with none is absent. */
   byStatus: Partial<Record<RunStatus, number>>;
+  /**
+   * The server stopped counting at its limit (100,000 matching runs): each count is a floor, and a
+   * status absent may still have runs.
+   */
+  more: boolean;
 }
 
 /** One problem ValidateWorkflow found. */
@@ -308,8 +313,8 @@ export function workflowSummaryFromWire(w: WireWorkflowSummary): WorkflowSummary
   return { namespace: w.namespace, name: w.name, latestVersion: w.latestVersion, description: w.description, updateTime: date(w.updateTime) };
 }
 
-export function runCountsFromWire(counts: readonly WireRunStatusCount[]): RunCounts {
-  const out: RunCounts = { total: 0, byStatus: {} };
+export function runCountsFromWire(counts: readonly WireRunStatusCount[], more = false): RunCounts {
+  const out: RunCounts = { total: 0, byStatus: {}, more };
   for (const each of counts) {
     // int64 on the wire; a count of runs stays far below 2^53.
     const count = Number(each.count);

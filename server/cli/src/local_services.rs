@@ -336,6 +336,11 @@ async fn start_postgres(bin: &Path, root: &Path, port: u16) -> Result<Child, Loc
         .args(["-c", "max_connections=300"])
         .args(["-c", "shared_buffers=256MB"])
         .args(["-c", "synchronous_commit=on"])
+        // the settings docs/operations.md gives for production: a page's
+        // first change after a checkpoint writes the whole page to the WAL,
+        // and on a large history inserts land on old pages (decision 0053)
+        .args(["-c", "wal_compression=lz4"])
+        .args(["-c", "max_wal_size=4GB"])
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(log_err)

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::{
     StoreError,
-    runs::{RunFilter, filter_conditions},
+    runs::{self, RunFilter, filter_conditions},
 };
 
 /// Failures an operation keeps.
@@ -226,6 +226,7 @@ async fn count_matching(conn: &mut PgConnection, op: &BulkOperationRow) -> Resul
     // count_matching: the ListRuns conditions, bounded by the create time
     let c = filter_conditions(&op.namespace, &op.bounded_filter())?;
     let sql = format!("SELECT count(*) FROM runs WHERE {}", c.sql());
+    runs::plan_by_values(conn).await?;
     Ok(sqlx::query_scalar_with(&sql, c.arguments)
         .fetch_one(conn)
         .await?)
@@ -415,7 +416,7 @@ pub async fn next_runs(
         "SELECT created_at, id FROM runs WHERE {} ORDER BY created_at DESC, id DESC LIMIT {limit}",
         c.sql()
     );
-    let rows = sqlx::query_with(&sql, c.arguments).fetch_all(pool).await?;
+    let rows = runs::fetch_filtered(pool, &sql, c).await?;
     rows.iter()
         .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
         .collect::<Result<_, sqlx::Error>>()

@@ -52,6 +52,7 @@ from .models import (
     Run,
     RunFilter,
     RunReplay,
+    RunCounts,
     RunStatus,
     Schedule,
     ScheduleFire,
@@ -549,11 +550,13 @@ class Client:
         created_before: datetime | None = None,
         parent_run_id: str | None = None,
         search: str | None = None,
-    ) -> dict[RunStatus, int]:
+    ) -> RunCounts:
         """How many matching runs are in each status (every status present, 0 where none).
 
         The filters are list_runs' (``version`` needs ``workflow``);
-        ``sum(counts.values())`` is the number of matching runs.
+        ``sum(counts.values())`` is the number of matching runs. The server
+        counts up to its limit (100,000 matching runs): past it each count is
+        a floor, and ``counts.more`` is True.
         """
         request = run_service_pb2.CountRunsRequest(
             workflow_name=workflow or "",
@@ -1410,7 +1413,7 @@ class SyncClient:
         created_before: datetime | None = None,
         parent_run_id: str | None = None,
         search: str | None = None,
-    ) -> dict[RunStatus, int]:
+    ) -> RunCounts:
         """See :meth:`Client.count_runs`."""
         return self._run(
             self._client.count_runs(

@@ -309,12 +309,23 @@ class WorkflowSummary:
         )
 
 
-def run_counts_from_proto(message: run_service_pb2.CountRunsResponse) -> dict[RunStatus, int]:
+class RunCounts(dict[RunStatus, int]):
+    """How many matching runs are in each status (a dict), and ``more``.
+
+    ``more`` is True when the server stopped counting at its limit (100,000
+    matching runs): each count is then a floor.
+    """
+
+    more: bool = False
+
+
+def run_counts_from_proto(message: run_service_pb2.CountRunsResponse) -> RunCounts:
     """Every status a run can have (UNSPECIFIED aside) with how many runs are in it, 0 where none."""
-    counts: dict[RunStatus, int] = {status: 0 for status in RunStatus if status is not RunStatus.UNSPECIFIED}
+    counts = RunCounts({status: 0 for status in RunStatus if status is not RunStatus.UNSPECIFIED})
     for entry in message.counts:
         status = RunStatus.from_proto(entry.status)
         counts[status] = counts.get(status, 0) + entry.count
+    counts.more = message.more
     return counts
 
 
@@ -1080,6 +1091,7 @@ __all__ = [
     "ReplayDivergence",
     "ReplayVerdict",
     "Run",
+    "RunCounts",
     "RunFilter",
     "RunReplay",
     "RunStatus",

@@ -72,6 +72,7 @@ test("countRuns sends the filters and answers the total and the count per status
         { status: RunStatus.FAILED, count: 2n },
         { status: RunStatus.COMPLETED, count: 10n },
       ],
+      more: true,
     }),
   });
   const after = new Date("2030-01-01T00:00:00.000Z");
@@ -84,7 +85,7 @@ test("countRuns sends the filters and answers the total and the count per status
     search: "A-17",
   });
 
-  assert.deepEqual(counts, { total: 16, byStatus: { RUNNING: 4, FAILED: 2, COMPLETED: 10 } });
+  assert.deepEqual(counts, { total: 16, byStatus: { RUNNING: 4, FAILED: 2, COMPLETED: 10 }, more: true });
   const [sent] = fake.requests("CountRuns");
   assert.equal(sent.workflowName, "order");
   assert.equal(sent.workflowVersion, 2);
@@ -95,7 +96,7 @@ test("countRuns sends the filters and answers the total and the count per status
   assert.equal(sent.search, "A-17");
 
   const none = await clientOf(new FakeServer({ CountRuns: () => ({ counts: [] }) })).countRuns();
-  assert.deepEqual(none, { total: 0, byStatus: {} });
+  assert.deepEqual(none, { total: 0, byStatus: {}, more: false });
 });
 
 test("countRuns decodes INVALID_ARGUMENT naming the field", async () => {

@@ -782,7 +782,10 @@ impl<'a> RunTxn<'a> {
             } => {
                 let input = self.task_input(input).await?;
                 self.arms.push(PendingArm {
-                    new_id: Uuid::new_v4(),
+                    // time-ordered, as run ids are: a new task's key
+                    // entry lands beside the last one, not on a random
+                    // page of a large index (decision 0052)
+                    new_id: Uuid::now_v7(),
                     node_key: node.to_string(),
                     queue,
                     task_name,
@@ -974,7 +977,7 @@ impl<'a> RunTxn<'a> {
             }
             Err(other) => return Err(other),
         };
-        let child_id = Uuid::new_v4();
+        let child_id = Uuid::now_v7();
         let record = RunState::new(
             child_id.to_string(),
             &child_workflow.row.name,

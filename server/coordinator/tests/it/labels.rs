@@ -4,11 +4,8 @@
 
 use crate::common;
 
-use composer_coordinator::{Coordinator, CoordinatorConfig};
 use composer_store::runs::{LABELLED, RunFilter};
 use serde_json::{Value as Json, json};
-
-const WAITS: &str = "name: waits\nnodes:\n  - { id: a, type: WAIT_FOR_EVENT, event: never }\n";
 
 fn by_labels(labels: Option<Json>) -> RunFilter {
     RunFilter {
@@ -19,12 +16,7 @@ fn by_labels(labels: Option<Json>) -> RunFilter {
 
 #[tokio::test]
 async fn a_label_search_finds_labelled_runs_and_no_label_lists_every_run() {
-    let coordinator = Coordinator::new(common::fresh_store(4).await, CoordinatorConfig::default());
-    coordinator
-        .workflows()
-        .register(coordinator.store(), "default", WAITS)
-        .await
-        .expect("register");
+    let coordinator = common::coordinator_with(common::WAITS).await;
     let labels = [
         json!({"team": "a"}),
         json!({"team": "a", "tier": "gold"}),
@@ -39,16 +31,7 @@ async fn a_label_search_finds_labelled_runs_and_no_label_lists_every_run() {
         };
         coordinator.start_run(request).await.expect("start");
     }
-    let count = |filter: RunFilter| {
-        let coordinator = coordinator.clone();
-        async move {
-            coordinator
-                .list_runs("default", &filter, None, 100)
-                .await
-                .expect("list")
-                .len()
-        }
-    };
+    let count = |filter: RunFilter| common::listed(&coordinator, filter);
     assert_eq!(count(by_labels(Some(json!({"team": "a"})))).await, 2);
     assert_eq!(count(by_labels(Some(json!({"tier": "gold"})))).await, 1);
     assert_eq!(count(by_labels(Some(json!({"team": "c"})))).await, 0);
@@ -62,7 +45,8 @@ async fn a_label_search_finds_labelled_runs_and_no_label_lists_every_run() {
         .count_runs("default", &by_labels(Some(json!({"team": "b"}))))
         .await
         .expect("count");
-    assert_eq!(counted, vec![("RUNNING".to_owned(), 1)]);
+    assert_eq!(counted.by_status, vec![("RUNNING".to_owned(), 1)]);
+    assert!(!counted.more);
 
     // the index's predicate is the one the search states, so the planner
     // can read it (here made to: five rows would be read whole otherwise)

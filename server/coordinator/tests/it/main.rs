@@ -10,6 +10,7 @@ mod group_commit;
 mod hand_off;
 mod http_executor;
 mod labels;
+mod large_history;
 mod lease_scans;
 mod lease_tasks;
 mod records;

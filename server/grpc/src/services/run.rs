@@ -313,13 +313,14 @@ impl RunService for RunApi {
         let caller = caller(&request)?;
         let request = request.into_inner();
         let filter = run_filter(FilterFields::from(&request))?;
-        let rows = self
+        let counted = self
             .coordinator
             .count_runs(&caller.namespace, &filter)
             .await
             .map_err(from_coordinator)?;
         Ok(Response::new(CountRunsResponse {
-            counts: status_counts(rows),
+            counts: status_counts(counted.by_status),
+            more: counted.more,
         }))
     }
 

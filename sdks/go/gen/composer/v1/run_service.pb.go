@@ -699,7 +699,12 @@ func (x *CountRunsRequest) GetSearch() string {
 type CountRunsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One entry per status that has runs, in the order of RunStatus.
-	Counts        []*RunStatusCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
+	Counts []*RunStatusCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
+	// True when counting stopped at the server's limit: CountRuns counts up
+	// to 100,000 matching runs, so that a count costs about the same on ten
+	// million runs as on a hundred thousand. Each count is then a floor (show
+	// it as "12,345+"), and a status absent may still have matching runs.
+	More          bool `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -741,12 +746,20 @@ func (x *CountRunsResponse) GetCounts() []*RunStatusCount {
 	return nil
 }
 
+func (x *CountRunsResponse) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
+}
+
 // RunStatusCount is how many runs are in one status.
 type RunStatusCount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The status.
 	Status RunStatus `protobuf:"varint,1,opt,name=status,proto3,enum=composer.v1.RunStatus" json:"status,omitempty"`
-	// How many matching runs are in it.
+	// How many matching runs are in it (a floor when the response's `more`
+	// is set).
 	Count         int64 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2912,9 +2925,10 @@ const file_composer_v1_run_service_proto_rawDesc = "" +
 	"\x06search\x18\a \x01(\tR\x06search\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"H\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\\\n" +
 	"\x11CountRunsResponse\x123\n" +
-	"\x06counts\x18\x01 \x03(\v2\x1b.composer.v1.RunStatusCountR\x06counts\"V\n" +
+	"\x06counts\x18\x01 \x03(\v2\x1b.composer.v1.RunStatusCountR\x06counts\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\"V\n" +
 	"\x0eRunStatusCount\x12.\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x16.composer.v1.RunStatusR\x06status\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x03R\x05count\"A\n" +

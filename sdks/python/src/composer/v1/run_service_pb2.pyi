@@ -152,10 +152,12 @@ class CountRunsRequest(_message.Message):
     def __init__(self, workflow_name: _Optional[str] = ..., workflow_version: _Optional[int] = ..., labels: _Optional[_Mapping[str, str]] = ..., create_time_after: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., create_time_before: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., parent_run_id: _Optional[str] = ..., search: _Optional[str] = ...) -> None: ...
 
 class CountRunsResponse(_message.Message):
-    __slots__ = ("counts",)
+    __slots__ = ("counts", "more")
     COUNTS_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     counts: _containers.RepeatedCompositeFieldContainer[RunStatusCount]
-    def __init__(self, counts: _Optional[_Iterable[_Union[RunStatusCount, _Mapping]]] = ...) -> None: ...
+    more: bool
+    def __init__(self, counts: _Optional[_Iterable[_Union[RunStatusCount, _Mapping]]] = ..., more: _Optional[bool] = ...) -> None: ...
 
 class RunStatusCount(_message.Message):
     __slots__ = ("status", "count")

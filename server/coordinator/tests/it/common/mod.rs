@@ -4,10 +4,35 @@
 
 use std::time::Duration;
 
-use composer_coordinator::StartRun;
+use composer_coordinator::{Coordinator, CoordinatorConfig, StartRun};
 use composer_store::{Store, StoreConfig};
 use serde_json::{Value as Json, json};
 use uuid::Uuid;
+
+/// A workflow whose runs wait for an event that never comes.
+pub const WAITS: &str = "name: waits\nnodes:\n  - { id: a, type: WAIT_FOR_EVENT, event: never }\n";
+
+/// A coordinator on a fresh store (four connections) with `source`
+/// registered in the default namespace.
+pub async fn coordinator_with(source: &str) -> Coordinator {
+    let coordinator = Coordinator::new(fresh_store(4).await, CoordinatorConfig::default());
+    coordinator
+        .workflows()
+        .register(coordinator.store(), "default", source)
+        .await
+        .expect("register");
+    coordinator
+}
+
+/// How many runs of the default namespace ListRuns finds with `filter`
+/// (up to 100).
+pub async fn listed(coordinator: &Coordinator, filter: composer_store::runs::RunFilter) -> usize {
+    coordinator
+        .list_runs("default", &filter, None, 100)
+        .await
+        .expect("list")
+        .len()
+}
 
 /// A store on a database of its own, migrated.
 pub async fn fresh_store(max_connections: u32) -> Store {
