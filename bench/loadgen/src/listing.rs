@@ -265,65 +265,51 @@ async fn fill(
     count: usize,
     history_runs: usize,
 ) -> Result<()> {
-    let base = chrono::Utc::now();
-    let step = SPAN_SECS / count.max(1) as f64;
+    let fill = Fill {
+        template,
+        completed,
+        base: chrono::Utc::now(),
+        step: SPAN_SECS / count.max(1) as f64,
+        count,
+    };
+    // n counts back in time: the oldest runs are the last numbers
+    let first_with_history = count - history_runs.min(count) + 1;
+    fill.write(ctx, FILL_RUNS, 1, first_with_history - 1)
+        .await?;
     let with_history = fill_with_history(&Columns::read(ctx).await?);
-    let mut first = 1;
-    while first <= count {
-        let last = (first + CHUNK - 1).min(count);
-        // n counts back in time: the oldest runs are the last numbers
-        let (sql, oldest_part) = if last > count - history_runs.min(count) {
-            (with_history.as_str(), true)
-        } else {
-            (FILL_RUNS, false)
-        };
-        let from = if oldest_part {
-            first.max(count - history_runs.min(count) + 1)
-        } else {
-            first
-        };
-        if from > first {
-            write_chunk(
-                ctx,
-                FILL_RUNS,
-                template,
-                completed,
-                first,
-                from - 1,
-                base,
-                step,
-            )
-            .await?;
-        }
-        write_chunk(ctx, sql, template, completed, from, last, base, step).await?;
-        eprintln!("bench: B6 wrote runs {first}..={last} of {count}");
-        first = last + 1;
-    }
-    Ok(())
+    fill.write(ctx, &with_history, first_with_history, count)
+        .await
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn write_chunk(
-    ctx: &Ctx,
-    sql: &str,
+/// What every chunk of [`fill`] binds: the runs copied, where time starts
+/// and how far apart runs are created.
+struct Fill {
     template: sqlx::types::Uuid,
     completed: sqlx::types::Uuid,
-    first: usize,
-    last: usize,
     base: chrono::DateTime<chrono::Utc>,
     step: f64,
-) -> Result<()> {
-    sqlx::query(sql)
-        .bind(template)
-        .bind(completed)
-        .bind(i64::try_from(first)?)
-        .bind(i64::try_from(last)?)
-        .bind(base)
-        .bind(step)
-        .execute(&ctx.db)
-        .await
-        .with_context(|| format!("fill runs {first}..={last}"))?;
-    Ok(())
+    count: usize,
+}
+
+impl Fill {
+    /// Runs `first..=last` by `sql`, one transaction per [`CHUNK`].
+    async fn write(&self, ctx: &Ctx, sql: &str, first: usize, last: usize) -> Result<()> {
+        for from in (first..=last).step_by(CHUNK) {
+            let to = (from + CHUNK - 1).min(last);
+            sqlx::query(sql)
+                .bind(self.template)
+                .bind(self.completed)
+                .bind(i64::try_from(from)?)
+                .bind(i64::try_from(to)?)
+                .bind(self.base)
+                .bind(self.step)
+                .execute(&ctx.db)
+                .await
+                .with_context(|| format!("fill runs {from}..={to}"))?;
+            eprintln!("bench: B6 wrote runs {from}..={to} of {}", self.count);
+        }
+        Ok(())
+    }
 }
 
 /// Disk bytes (heap, TOAST and indexes) per run: of `runs`, and of the
