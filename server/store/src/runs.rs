@@ -1021,12 +1021,16 @@ pub async fn delete_finished_runs(
     cutoff: DateTime<Utc>,
     limit: i64,
 ) -> Result<u64, StoreError> {
-    // delete_finished_runs: served by runs_ended; children first would not
-    // matter, nothing references a run from another run's rows
+    // delete_finished_runs: served by runs_ended. History, task and node
+    // rows have no foreign key to their run (decision 0054): they go by
+    // name; the rest go by their key's cascade. A run's rows are never
+    // written without its lock, which SKIP LOCKED leaves to their writer.
     let deleted = sqlx::query(
         "WITH old AS ( \
            SELECT id FROM runs WHERE ended_at < $1 ORDER BY ended_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
          history AS (DELETE FROM run_events e USING old WHERE e.run_id = old.id), \
+         nodes AS (DELETE FROM run_nodes n USING old WHERE n.run_id = old.id), \
+         tasks AS (DELETE FROM tasks t USING old WHERE t.run_id = old.id), \
          blobs AS (DELETE FROM blob_refs WHERE owner = ANY(ARRAY(SELECT id FROM old))) \
          DELETE FROM runs r USING old WHERE r.id = old.id",
     )
@@ -1162,8 +1166,9 @@ const WRITE_ROWS: &str = "nodes AS ( \
 
 /// Arms tasks and queues them; parameters from `$n`. `held` (the run is
 /// paused): the tasks are HELD and get no outbox row. A task whose
-/// concurrency key is full is WAITING_SLOT (the `tasks_take_slot` trigger)
-/// and gets none either. `outbox`: DISPATCHED tasks get an outbox row;
+/// concurrency key is full is WAITING_SLOT (the `tasks_take_slot` trigger
+/// on INSERT, whose decision a re-armed row takes through EXCLUDED) and
+/// gets none either. `outbox`: DISPATCHED tasks get an outbox row;
 /// without it the task rows are their own outbox (decision 0024) and
 /// `queued` reads them from `armed`.
 fn write_tasks(n: usize, held: bool, outbox: bool) -> String {
@@ -1185,7 +1190,7 @@ fn write_tasks(n: usize, held: bool, outbox: bool) -> String {
                  slot_node, slot_key, slot_max) \
              WHERE EXISTS (SELECT 1 FROM run_row) \
            ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
-             task_name = EXCLUDED.task_name, status = {status}, attempt = EXCLUDED.attempt, \
+             task_name = EXCLUDED.task_name, status = EXCLUDED.status, attempt = EXCLUDED.attempt, \
              input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
              attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = NULL, \
              lease_owner = NULL, lease_expires_at = NULL, attempt_deadline = NULL, \

@@ -381,11 +381,17 @@ async fn perform(setup: &Setup, step: Step, started: &tokio::sync::Mutex<Vec<Uui
                 .execute(pool)
                 .await
                 .expect("refs");
-            sqlx::query("DELETE FROM runs WHERE id = $1")
-                .bind(run_id)
-                .execute(pool)
-                .await
-                .expect("run");
+            for statement in [
+                "DELETE FROM run_nodes WHERE run_id = $1",
+                "DELETE FROM tasks WHERE run_id = $1",
+                "DELETE FROM runs WHERE id = $1",
+            ] {
+                sqlx::query(statement)
+                    .bind(run_id)
+                    .execute(pool)
+                    .await
+                    .expect(statement);
+            }
         }
         Step::Collect => {
             let far = chrono::Utc::now() + chrono::Duration::days(1);

@@ -35,11 +35,26 @@ async fn retention_deletes_finished_runs_and_drops_old_history_partitions_only()
         )
         .await
         .expect("register");
-    let (finished, _) = coordinator.start_run(start("idle")).await.expect("start");
+    // a task's row, whose run has no foreign key to take it along
+    coordinator
+        .workflows()
+        .register(
+            coordinator.store(),
+            "default",
+            "name: work\nnodes:\n  - { id: step, type: TASK, queue: q, task: t }\n",
+        )
+        .await
+        .expect("register");
+    let (finished, _) = coordinator.start_run(start("work")).await.expect("start");
     coordinator
         .cancel_run(None, &finished.id.to_string(), "done", "test")
         .await
         .expect("cancel");
+    let task_rows = format!(
+        "SELECT count(*) FROM tasks WHERE run_id = '{}'",
+        finished.id
+    );
+    assert_eq!(count(&coordinator, &task_rows).await, 1, "the task's row");
     let (running, _) = coordinator.start_run(start("idle")).await.expect("start");
     sqlx::query(
         "CREATE TABLE run_events_20200101 PARTITION OF run_events \
@@ -76,6 +91,14 @@ async fn retention_deletes_finished_runs_and_drops_old_history_partitions_only()
         count(
             &coordinator,
             &format!("SELECT count(*) FROM run_nodes WHERE run_id = {ids}")
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &coordinator,
+            &format!("SELECT count(*) FROM tasks WHERE run_id = {ids}")
         )
         .await,
         0
