@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs a command with a private Postgres and Redis (started by
 # `composer dev --no-server` in a temporary folder, on free loopback ports),
-# exported as COMPOSER_TEST_DATABASE_URL and COMPOSER_TEST_REDIS_URL.
-# Both stop, and the folder goes, when the command ends.
+# exported as COMPOSER_TEST_DATABASE_URL and COMPOSER_TEST_REDIS_URL, and a
+# folder for the test servers' blobs (COMPOSER_TEST_BLOB_ROOT). Both stop,
+# and the folders go, when the command ends.
 #
 #   scripts/with-services.sh cargo test --workspace
 #
@@ -18,12 +19,15 @@ else
   composer=target/debug/composer
 fi
 env_file=$(mktemp)
+# the test servers' blobs: a folder of this run's, gone when it ends
+blob_root=$(mktemp -d -t composer-test-blobs.XXXXXX)
 "$composer" dev --no-server --env-file "$env_file" >/dev/null &
 dev_pid=$!
 stop() {
   kill -TERM "$dev_pid" 2>/dev/null || true
   wait "$dev_pid" 2>/dev/null || true
   rm -f "$env_file"
+  rm -rf "$blob_root"
 }
 trap stop EXIT
 
@@ -38,5 +42,6 @@ done
 source "$env_file"
 export COMPOSER_TEST_DATABASE_URL="${COMPOSER_DATABASE_URL%/*}/postgres"
 export COMPOSER_TEST_REDIS_URL="$COMPOSER_REDIS_URL"
+export COMPOSER_TEST_BLOB_ROOT="$blob_root"
 unset COMPOSER_DATABASE_URL COMPOSER_REDIS_URL
 "$@"

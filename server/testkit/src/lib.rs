@@ -76,16 +76,23 @@ fn replace_path(url: &str, path: &str) -> String {
     format!("{}/{path}", &without_query[..authority_end])
 }
 
+/// Where the harness wants test blobs kept: a folder of its own that it
+/// removes when the tests end (`scripts/with-services.sh`).
+pub const BLOB_ROOT_VAR: &str = "COMPOSER_TEST_BLOB_ROOT";
+
 /// A temporary folder for the blobs of the database `database_url` names:
-/// servers restarted on one database find their blobs again.
+/// servers restarted on one database find their blobs again. Under the
+/// harness's [`BLOB_ROOT_VAR`] when it names one, so that no run of the
+/// tests leaves its blobs behind.
 pub fn blob_folder(database_url: &str) -> String {
     let database = database_url
         .split('?')
         .next()
         .and_then(|url| url.rsplit('/').next())
         .unwrap_or("default");
-    std::env::temp_dir()
-        .join("composer-test-blobs")
+    std::env::var_os(BLOB_ROOT_VAR)
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("composer-test-blobs"))
         .join(database)
         .to_string_lossy()
         .into_owned()
