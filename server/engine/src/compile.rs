@@ -19,9 +19,10 @@ pub const MAX_EDGES: usize = 50_000;
 pub const DEFAULT_HEARTBEAT_TIMEOUT_MS: u64 = 30_000;
 /// Default MAP concurrency.
 pub const DEFAULT_MAP_CONCURRENCY: u32 = 100;
-/// The most elements a MAP runs: each is a node row and a task, so the
-/// width of one node is bounded like the number of nodes of a workflow.
-pub const MAX_MAP_ITEMS: usize = 10_000;
+/// The most elements a MAP runs: each becomes a node row and a task when it
+/// starts, and until then its input waits in a row shared by
+/// [`crate::MAP_ARM_SLICE`] elements.
+pub const MAX_MAP_ITEMS: usize = 100_000;
 /// Queue of the engine's own HTTP worker.
 pub const HTTP_QUEUE: &str = "_http";
 

@@ -911,6 +911,39 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
+    /// Keeps the rendered inputs of the MAP `id`'s elements from `from` on,
+    /// which start later, in rows of [`MAP_ARM_SLICE`] (the element `i`'s
+    /// in row `i / MAP_ARM_SLICE`): a MAP of 100,000 writes 400 rows at its
+    /// start, not 100,000, and each slice writes the elements it starts.
+    fn write_pending_inputs(&mut self, id: &str, from: u32, rest: Vec<Json>) {
+        let total = from + rest.len() as u32;
+        let mut rest = rest.into_iter();
+        for chunk in from / MAP_ARM_SLICE..total.div_ceil(MAP_ARM_SLICE) {
+            let start = chunk * MAP_ARM_SLICE;
+            let end = (start + MAP_ARM_SLICE).min(total);
+            // the places of elements started at once stay null
+            let started = from.max(start) - start;
+            let mut inputs = vec![Json::Null; started as usize];
+            inputs.extend(rest.by_ref().take((end - start - started) as usize));
+            let mut row = NodeState::pending();
+            row.input = Some(Json::Array(inputs));
+            self.put(NodeKey::map_inputs(id, chunk), row);
+        }
+    }
+
+    /// The rendered input of the MAP `id`'s element `i`, from its row of
+    /// inputs (loaded by the caller).
+    fn pending_input(&self, id: &str, i: u32) -> R<Json> {
+        let chunk = NodeKey::map_inputs(id, i / MAP_ARM_SLICE);
+        self.peek(&chunk)
+            .and_then(|row| row.input.as_ref())
+            .and_then(|inputs| inputs.get((i % MAP_ARM_SLICE) as usize))
+            .cloned()
+            .ok_or_else(|| {
+                DecideError::Inconsistent(format!("element {id}[{i}] has no input in {chunk}"))
+            })
+    }
+
     /// Starts the MAP `key`'s next elements in order: as many as its
     /// `concurrency` leaves room for, at most [`MAP_ARM_SLICE`].
     fn arm_elements(
@@ -923,21 +956,33 @@ impl<'a> Ctx<'a> {
         let due = (progress.total - progress.next)
             .min(concurrency.saturating_sub(progress.in_flight))
             .min(MAP_ARM_SLICE);
-        let elements: Vec<NodeKey> = (progress.next..progress.next + due)
+        let range = progress.next..progress.next + due;
+        let elements: Vec<NodeKey> = range
+            .clone()
             .map(|i| NodeKey::element(key.node.clone(), i))
             .collect();
-        let missing: Vec<NodeKey> = elements
-            .iter()
-            .filter(|k| !self.is_loaded(k))
-            .cloned()
-            .collect();
+        let mut wanted = elements.clone();
+        if progress.chunked && due > 0 {
+            let chunks = range.start / MAP_ARM_SLICE..=(range.end - 1) / MAP_ARM_SLICE;
+            wanted.extend(chunks.map(|c| NodeKey::map_inputs(&key.node, c)));
+        }
+        let missing: Vec<NodeKey> = wanted.into_iter().filter(|k| !self.is_loaded(k)).collect();
         if !missing.is_empty() {
             return Err(DecideError::NeedNodes(missing));
         }
-        for ek in &elements {
-            let mut el = self.load(ek)?.unwrap_or_else(NodeState::pending);
-            el.first_attempt = el.attempt + 1;
+        for (i, ek) in range.zip(&elements) {
+            let mut el = if progress.chunked {
+                // a row left by an earlier try keeps its attempts counting,
+                // so that try's late reports stay stale
+                let mut el = NodeState::pending();
+                el.attempt = self.peek(ek).map_or(0, |old| old.attempt);
+                el.input = Some(self.pending_input(&key.node, i)?);
+                el
+            } else {
+                self.load(ek)?.unwrap_or_else(NodeState::pending)
+            };
             let attempt = el.attempt + 1;
+            el.first_attempt = attempt;
             self.dispatch(ek, idx, el, attempt)?;
         }
         progress.next += due;
@@ -1143,15 +1188,30 @@ impl<'a> Ctx<'a> {
                     );
                 };
                 // Every element's input is rendered now, once: later starts
-                // read one element row, never the whole list.
+                // read the row of inputs it waits in, never the whole list.
                 let mut inputs = Vec::with_capacity(items.len());
+                let mut budget = self.wf.max_rendered_bytes;
                 for (i, item) in items.iter().enumerate() {
-                    match self.render_input(idx, Some((&item.to_json(), i as u32))) {
-                        Ok(input) => inputs.push(input),
+                    let input = match self.render_input(idx, Some((&item.to_json(), i as u32))) {
+                        Ok(input) => input,
                         Err(message) => {
                             return self.fail_at_start(idx, st, format!("element {i}: {message}"));
                         }
+                    };
+                    let size = json_size(&input, budget);
+                    if size > budget {
+                        let limit = self.wf.max_rendered_bytes;
+                        return self.fail_at_start(
+                            idx,
+                            st,
+                            format!(
+                                "the inputs of its elements render to more than {limit} bytes \
+                                 together (the payload limit)"
+                            ),
+                        );
                     }
+                    budget -= size;
+                    inputs.push(input);
                 }
                 self.activate(&st);
                 st.status = NodeStatus::Running;
@@ -1166,21 +1226,19 @@ impl<'a> Ctx<'a> {
                     in_flight: first,
                     done: 0,
                     slices: 0,
+                    chunked: true,
                 });
                 if total.min(*concurrency) > first {
                     self.arm_next_slice_soon(&key, 1);
                 }
+                let later = inputs.split_off(first as usize);
                 for (i, input) in inputs.into_iter().enumerate() {
                     let mut el = NodeState::pending();
                     el.input = Some(input);
-                    let ek = NodeKey::element(node.id.clone(), i as u32);
-                    if (i as u32) < first {
-                        el.first_attempt = 1;
-                        self.dispatch(&ek, idx, el, 1)?;
-                    } else {
-                        self.put(ek, el);
-                    }
+                    el.first_attempt = 1;
+                    self.dispatch(&NodeKey::element(node.id.clone(), i as u32), idx, el, 1)?;
                 }
+                self.write_pending_inputs(&node.id, first, later);
                 if total == 0 {
                     return self.complete_node(idx, st, None);
                 }

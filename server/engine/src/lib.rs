@@ -54,8 +54,8 @@ pub mod template;
 
 pub use compile::{
     CEdge, CNode, CompiledWorkflow, ConcurrencyKeyError, DEFAULT_HEARTBEAT_TIMEOUT_MS,
-    DEFAULT_MAP_CONCURRENCY, HTTP_QUEUE, Kind, MAX_CONCURRENCY_KEY_BYTES, MAX_EDGES, MapElement,
-    RetryPolicy, RunConcurrency, TaskSlot, parse_definition, splitmix64,
+    DEFAULT_MAP_CONCURRENCY, HTTP_QUEUE, Kind, MAX_CONCURRENCY_KEY_BYTES, MAX_EDGES, MAX_MAP_ITEMS,
+    MapElement, RetryPolicy, RunConcurrency, TaskSlot, parse_definition, splitmix64,
 };
 pub use decide::{MAP_ARM_SLICE, codes, decide, decide_from, prefetch, render_node_input};
 pub use definition::{

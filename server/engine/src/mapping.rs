@@ -51,6 +51,9 @@ impl NodeMapping {
 
     /// `key` under its new id (itself when not renamed).
     pub fn key(&self, key: &NodeKey) -> NodeKey {
+        if key.is_map_inputs() {
+            return NodeKey::map_inputs(self.id(key.node_id()), key.index.unwrap_or(0));
+        }
         NodeKey {
             node: self.id(&key.node).to_owned(),
             index: key.index,

@@ -51,7 +51,31 @@ impl NodeKey {
     pub fn parent(&self) -> NodeKey {
         NodeKey::node(self.node.clone())
     }
+
+    /// The row holding the rendered inputs of the MAP `id`'s elements
+    /// `chunk * MAP_ARM_SLICE ..` until they start (`id#inputs[chunk]`): no
+    /// node id has a `#`, so the key is never a node's or an element's.
+    ///
+    /// [`MAP_ARM_SLICE`]: crate::MAP_ARM_SLICE
+    pub fn map_inputs(id: &str, chunk: u32) -> NodeKey {
+        NodeKey::element(format!("{id}{MAP_INPUTS_SUFFIX}"), chunk)
+    }
+
+    /// Whether this key names a MAP's row of pending inputs, not a node.
+    pub fn is_map_inputs(&self) -> bool {
+        self.node.ends_with(MAP_INPUTS_SUFFIX)
+    }
+
+    /// The node id this key belongs to: a MAP's for its rows of inputs.
+    pub fn node_id(&self) -> &str {
+        self.node
+            .strip_suffix(MAP_INPUTS_SUFFIX)
+            .unwrap_or(&self.node)
+    }
 }
+
+/// What a MAP's id becomes in the keys of its rows of pending inputs.
+const MAP_INPUTS_SUFFIX: &str = "#inputs";
 
 impl fmt::Display for NodeKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -198,6 +222,12 @@ pub struct MapProgress {
     /// slice's timer names its number, so firing one twice arms it once.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub slices: u32,
+    /// The elements not started at once wait in rows of inputs
+    /// ([`NodeKey::map_inputs`]), and an element's row is written when it
+    /// starts. False for a MAP started before those rows existed: all its
+    /// element rows were written at its start, with their inputs.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub chunked: bool,
 }
 
 fn is_zero(n: &u32) -> bool {

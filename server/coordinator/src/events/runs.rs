@@ -588,6 +588,12 @@ impl Coordinator {
             });
         }
         let mut nodes = runs::list_nodes(self.store.pool(), run.id).await?;
+        // a MAP's rows of inputs waiting to start are the engine's, not nodes
+        nodes.retain(|row| {
+            row.key
+                .parse::<NodeKey>()
+                .is_ok_and(|key| !key.is_map_inputs())
+        });
         let workflow = self
             .workflows
             .get(

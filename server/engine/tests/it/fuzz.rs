@@ -246,7 +246,7 @@ mod decide_fuzz {
                 };
                 state.apply(&decision.change);
                 for (k, s) in decision.change.nodes {
-                    prop_assert!(wf.contains(&k.node), "wrote unknown node {k}");
+                    prop_assert!(wf.contains(k.node_id()), "wrote unknown node {k}");
                     store.insert(k, s);
                 }
                 if state.run.status.is_terminal() && state.run.status != RunStatus::Failed {

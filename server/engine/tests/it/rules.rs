@@ -4,10 +4,10 @@ use crate::common;
 
 use common::*;
 use composer_engine::{
-    Action, ChildStatus, ErrorInfo, Event, MAP_ARM_SLICE, NodeStatus, RetryPolicy, RunStatus,
-    TimerId, TimerKind, Timestamp, codes,
+    Action, ChildStatus, ErrorInfo, Event, MAP_ARM_SLICE, MAX_MAP_ITEMS, NodeStatus, RetryPolicy,
+    RunStatus, TimerId, TimerKind, Timestamp, codes,
 };
-use serde_json::json;
+use serde_json::{Value as Json, json};
 
 const TASK: &str = "type: TASK\n    queue: q\n    task: t";
 
@@ -602,18 +602,18 @@ nodes:
     queue: q
     task: t
 ";
-    let too_wide: Vec<u32> = (0..=10_000).collect();
+    let too_wide: Vec<usize> = (0..=MAX_MAP_ITEMS).collect();
     let mut d = Driver::new(yaml, json!({ "xs": too_wide }));
     let acts = d.send(Event::RunStarted);
     assert!(created(&acts).is_empty(), "no element was created");
     assert_eq!(d.state.run.status, RunStatus::Failed);
     let error = d.state.run.error.clone().expect("error");
-    assert!(error.message.contains("at most 10000"), "{error:?}");
+    assert!(error.message.contains("at most 100000"), "{error:?}");
     assert_eq!(error.node.as_deref(), Some("m"));
-    let widest: Vec<u32> = (0..10_000).collect();
+    let widest: Vec<usize> = (0..MAX_MAP_ITEMS).collect();
     let mut d = Driver::new(yaml, json!({ "xs": widest }));
     d.send(Event::RunStarted);
-    assert_eq!(d.state.run.status, RunStatus::Running, "10,000 is allowed");
+    assert_eq!(d.state.run.status, RunStatus::Running, "100,000 is allowed");
 }
 
 #[test]
@@ -734,8 +734,15 @@ fn a_wide_map_arms_its_elements_a_slice_per_event_up_to_its_concurrency() {
     assert_eq!(first[0], "m[0]");
     assert_eq!(
         d.status("m[999]"),
-        Some(NodeStatus::Pending),
-        "every element row is written"
+        None,
+        "an element's row waits for its start"
+    );
+    assert_eq!(
+        d.node("m#inputs[3]").and_then(|row| row.input.clone()),
+        Some(json!(
+            (750..1_000).map(|x| json!({ "x": x })).collect::<Vec<_>>()
+        )),
+        "the later elements' inputs wait in rows of a slice"
     );
     let (timer, at) = next_slice(&acts).expect("the next slice is scheduled");
     assert_eq!(at, d.now, "due at once");
@@ -792,6 +799,123 @@ fn a_map_that_failed_before_its_next_slice_arms_no_more() {
     assert_eq!(d.state.run.status, RunStatus::Failed);
     let acts = d.send(fired(timer));
     assert!(created(&acts).is_empty(), "{acts:?}");
+}
+
+/// Every CreateTask among `actions`: its node key and rendered input.
+fn task_inputs(actions: &[Action]) -> Vec<(String, Json)> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::CreateTask { node, input, .. } => Some((node.to_string(), input.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_map_element_started_later_gets_the_input_rendered_at_the_maps_start() {
+    let xs: Vec<u32> = (0..700).collect();
+    let mut d = Driver::new(WIDE_MAP.replace("600", "300").as_str(), json!({ "xs": xs }));
+    let acts = d.send(Event::RunStarted);
+    let rows: Vec<String> = d.store.keys().map(ToString::to_string).collect();
+    assert!(
+        rows.contains(&"m#inputs[1]".to_owned()) && rows.contains(&"m#inputs[2]".to_owned()),
+        "{rows:?}"
+    );
+    assert!(
+        !rows.contains(&"m#inputs[0]".to_owned()),
+        "a row whose elements all started at once is not written"
+    );
+    assert_eq!(
+        task_inputs(&acts)[7],
+        ("m[7]".to_owned(), json!({ "x": 7 }))
+    );
+    let (timer, _) = next_slice(&acts).expect("the next slice is scheduled");
+    let acts = d.send(fired(timer));
+    let armed = task_inputs(&acts);
+    assert_eq!(armed.len(), 50, "up to the concurrency of 300");
+    assert_eq!(armed[0], ("m[250]".to_owned(), json!({ "x": 250 })));
+    // a completion starts the next element, from the row of inputs
+    let acts = d.send(completed("m[4]", 1, json!(4)));
+    assert_eq!(
+        task_inputs(&acts),
+        vec![("m[300]".to_owned(), json!({ "x": 300 }))]
+    );
+    assert_eq!(
+        d.node("m[300]").and_then(|row| row.input.clone()),
+        Some(json!({ "x": 300 })),
+        "a started element's row keeps its input, for its retries"
+    );
+    // the rows of inputs are not nodes: the run completes on its elements
+    for i in (0..700).filter(|&i| i != 4) {
+        let element = format!("m[{i}]");
+        assert_eq!(d.status(&element), Some(NodeStatus::Running), "{element}");
+        d.send(completed(&element, 1, json!(i)));
+    }
+    assert_eq!(d.state.run.status, RunStatus::Completed);
+}
+
+#[test]
+fn a_map_whose_element_inputs_together_pass_the_payload_limit_fails_before_any_starts() {
+    let xs: Vec<String> = (0..1_000).map(|i| format!("{i:0>90}")).collect();
+    let mut d = Driver::new(WIDE_MAP, json!({ "xs": xs }));
+    // each element renders to about a hundred bytes, all of them to 100,000
+    d.wf = compile(WIDE_MAP).with_max_rendered_bytes(50_000);
+    let acts = d.send(Event::RunStarted);
+    assert!(created(&acts).is_empty(), "{acts:?}");
+    assert_eq!(d.state.run.status, RunStatus::Failed);
+    let error = d.state.run.error.clone().expect("an error");
+    assert!(
+        error
+            .message
+            .contains("render to more than 50000 bytes together"),
+        "{error:?}"
+    );
+}
+
+#[test]
+fn a_map_started_before_rows_of_inputs_starts_its_next_elements_from_their_own_rows() {
+    let xs: Vec<u32> = (0..400).collect();
+    let mut d = Driver::new(WIDE_MAP, json!({ "xs": xs }));
+    let acts = d.send(Event::RunStarted);
+    let (timer, _) = next_slice(&acts).expect("the next slice is scheduled");
+    // as such a MAP was stored: every element row written at its start
+    // with its input, no rows of inputs, and no `chunked` in its progress
+    let inputs = d
+        .store
+        .remove(&key("m#inputs[1]"))
+        .expect("a row of inputs");
+    let Some(Json::Array(inputs)) = inputs.input else {
+        panic!("a row of inputs holds a list")
+    };
+    for (i, input) in (250..).zip(inputs) {
+        let mut row = composer_engine::NodeState::pending();
+        row.input = Some(input);
+        d.store.insert(key(&format!("m[{i}]")), row);
+    }
+    let map = d.store.get_mut(&key("m")).expect("the MAP's row");
+    let progress = map.map.as_mut().expect("its progress");
+    progress.chunked = false;
+    let stored = serde_json::to_value(&*progress).expect("progress as JSON");
+    assert!(stored.get("chunked").is_none(), "{stored}");
+
+    let armed = task_inputs(&d.send(fired(timer)));
+    assert_eq!(armed.len(), 150);
+    assert_eq!(armed[0], ("m[250]".to_owned(), json!({ "x": 250 })));
+    assert_eq!(armed[149], ("m[399]".to_owned(), json!({ "x": 399 })));
+}
+
+#[test]
+fn a_map_of_the_most_elements_starts_with_a_slice_and_rows_of_inputs() {
+    let xs: Vec<usize> = (0..MAX_MAP_ITEMS).collect();
+    let mut d = Driver::new(WIDE_MAP, json!({ "xs": xs }));
+    let decision = d.decide(&Event::RunStarted);
+    let written = decision.change.nodes.len();
+    let slice = MAP_ARM_SLICE as usize;
+    // the MAP's row, a slice of elements, and a row per later slice
+    assert_eq!(written, 1 + slice + MAX_MAP_ITEMS / slice - 1);
+    d.send(Event::RunStarted);
+    assert_eq!(d.state.run.status, RunStatus::Running);
 }
 
 #[test]
@@ -1367,8 +1491,9 @@ fn cost_of_an_event_is_bounded_by_the_nodes_it_touches_not_by_the_run_size() {
         .map(|s| s.loaded)
         .max();
     assert!(
-        max_loaded.is_some_and(|n| n <= 3),
-        "an element completion loads the element, the next one and the MAP: {max_loaded:?}"
+        max_loaded.is_some_and(|n| n <= 4),
+        "an element completion loads the element, the next one, the row of inputs it \
+         waits in and the MAP: {max_loaded:?}"
     );
 }
 
