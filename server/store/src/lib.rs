@@ -144,9 +144,18 @@ impl Store {
         // array parameters the default `auto` mode judges each custom plan
         // cheaper and plans again at every execution: under load that was a
         // fifth of Postgres' time (BENCHMARKS.md, decision 0009).
+        //
+        // A generic plan is made at a statement's first execution on each
+        // connection and kept until the table's statistics change, at most
+        // about once a minute: made while `tasks` held a few hundred rows,
+        // it scanned the table, and kept scanning it for every lease and
+        // event as a MAP of 100,000 filled it (23 million rows read in a
+        // 30-second B3, decision 0055). No statement of ours wants a scan
+        // where an index serves it, so none is planned while one does.
         let statement_timeout = format!("{}ms", config.query_timeout.as_millis().max(1));
         Ok(options.application_name("composer").options([
             ("plan_cache_mode", "force_generic_plan"),
+            ("enable_seqscan", "off"),
             ("statement_timeout", statement_timeout.as_str()),
         ]))
     }

@@ -2,5 +2,6 @@
 //! binary of its own, and linking the whole server once instead of once per
 //! file is most of what a test build costs.
 
+mod lease_plan;
 mod migrations;
 mod pool;
