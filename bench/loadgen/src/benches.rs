@@ -52,6 +52,9 @@ pub struct Profile {
     /// B3 sizes (the larger is capped at the 10,000-node definition limit
     /// for FORK/JOIN).
     pub fan_sizes: [usize; 2],
+    /// B3: elements of the wide MAP, run once on a server of its own so
+    /// that its peak RSS is the MAP's (0: none).
+    pub wide_map: usize,
     /// B4 runs.
     pub timer_runs: usize,
     /// Servers for B5 (measured back to back, so machine noise hits all alike).
@@ -118,6 +121,7 @@ impl Profile {
             // BENCHMARKS.md); the full profile runs them
             fan_sizes: [300, 3_000],
             fan_tries: 3,
+            wide_map: 20_000,
             timer_runs: 2_000,
             scale_servers: vec![1, 2, 3],
             scale_rounds: 1,
@@ -155,6 +159,7 @@ impl Profile {
             latency_secs: 3,
             fan_sizes: [100, 300],
             fan_tries: 1,
+            wide_map: 1_000,
             timer_runs: 300,
             scale_servers: vec![1, 2],
             scale_rounds: 1,
@@ -190,6 +195,7 @@ impl Profile {
             latency_secs: 60,
             fan_sizes: [1_000, 10_000],
             fan_tries: 3,
+            wide_map: 100_000,
             timer_runs: 10_000,
             scale_servers: vec![1, 2, 3],
             scale_rounds: 3,
@@ -1515,7 +1521,12 @@ pub struct FanOut {
     pub secs: f64,
     /// Every try's seconds, in the order they ran.
     pub tries: Vec<f64>,
+    /// The server's peak RSS, MiB, where it ran this case alone.
+    pub peak_rss_mib: Option<f64>,
 }
+
+/// The shape of B3's wide MAP, apart from the MAPs whose time ratio counts.
+pub const WIDE_MAP: &str = "wide MAP";
 
 /// The middle value (the mean of the two middle ones for an even count).
 pub(crate) fn median(values: &[f64]) -> f64 {
@@ -1551,17 +1562,27 @@ fn map_workflow(name: &str) -> String {
     )
 }
 
-/// B3: FORK/JOIN and MAP of the profile's two sizes.
+/// B3: FORK/JOIN and MAP of the profile's two sizes, then the wide MAP.
 pub async fn fan_out(ctx: &Ctx) -> Result<Vec<FanOut>> {
     ctx.reset().await?;
     let servers = ctx.start_servers(1).await?;
     let result = fan_out_on(ctx, &servers[0]).await;
     stop_all(servers).await;
-    result
+    let mut results = result?;
+    if ctx.profile.wide_map > 0 {
+        // a server older than 100,000-wide MAPs fails this one run; the
+        // other cases still count
+        match wide_map(ctx).await {
+            Ok(wide) => results.push(wide),
+            Err(error) => eprintln!("B3 wide MAP: {error:#}"),
+        }
+    }
+    Ok(results)
 }
 
-async fn fan_out_on(ctx: &Ctx, server: &Server) -> Result<Vec<FanOut>> {
-    let worker = FastWorker::start(
+/// The no-op worker of B3's runs, on `server`.
+async fn fan_worker(server: &Server) -> Result<FastWorker> {
+    FastWorker::start(
         std::slice::from_ref(&server.url),
         &WorkerConfig {
             queue: "bench_fan".to_owned(),
@@ -1574,11 +1595,53 @@ async fn fan_out_on(ctx: &Ctx, server: &Server) -> Result<Vec<FanOut>> {
         },
         None,
     )
-    .await?;
-    register(&server.url, &map_workflow("bench_map")).await?;
-    let mut client = RunServiceClient::new(channel(&server.url).await?)
+    .await
+}
+
+async fn fan_client(server: &Server) -> Result<RunServiceClient<Channel>> {
+    Ok(RunServiceClient::new(channel(&server.url).await?)
         .max_decoding_message_size(64 << 20)
-        .max_encoding_message_size(64 << 20);
+        .max_encoding_message_size(64 << 20))
+}
+
+/// One MAP of the profile's wide size on a fresh server: its time, and the
+/// server's peak RSS.
+async fn wide_map(ctx: &Ctx) -> Result<FanOut> {
+    ctx.reset().await?;
+    let servers = ctx.start_servers(1).await?;
+    let server = &servers[0];
+    let result = async {
+        let worker = fan_worker(server).await?;
+        register(&server.url, &map_workflow("bench_map")).await?;
+        let size = ctx.profile.wide_map;
+        let items: Vec<Json> = (0..size).map(|i| Json::from(i as u64)).collect();
+        let secs = run_to_end(
+            &mut fan_client(server).await?,
+            "bench_map",
+            serde_json::json!({ "items": items }),
+            size,
+        )
+        .await;
+        worker.stop().await;
+        secs
+    }
+    .await;
+    let peak = procs::peak_rss_mib(server.pid);
+    stop_all(servers).await;
+    let secs = result?;
+    Ok(FanOut {
+        shape: WIDE_MAP,
+        branches: ctx.profile.wide_map,
+        secs,
+        tries: vec![secs],
+        peak_rss_mib: Some(peak),
+    })
+}
+
+async fn fan_out_on(ctx: &Ctx, server: &Server) -> Result<Vec<FanOut>> {
+    let worker = fan_worker(server).await?;
+    register(&server.url, &map_workflow("bench_map")).await?;
+    let mut client = fan_client(server).await?;
     let mut results = Vec::new();
     for &size in &ctx.profile.fan_sizes {
         // a definition holds at most 10,000 nodes: FORK + branches + JOIN
@@ -1600,12 +1663,14 @@ async fn fan_out_on(ctx: &Ctx, server: &Server) -> Result<Vec<FanOut>> {
             branches,
             secs: median(&fork_tries),
             tries: fork_tries,
+            peak_rss_mib: None,
         });
         results.push(FanOut {
             shape: "MAP",
             branches: size,
             secs: median(&map_tries),
             tries: map_tries,
+            peak_rss_mib: None,
         });
     }
     worker.stop().await;

@@ -794,6 +794,21 @@ fn render(r: &Results, statements: bool) -> String {
             }
         }
     }
+    for wide in r
+        .fan
+        .iter()
+        .flatten()
+        .filter(|f| f.shape == benches::WIDE_MAP)
+    {
+        let _ = writeln!(
+            t,
+            "| B3 fan-out | MAP of {} elements (concurrency 10,000) on a server of its own, start → run completed; the server's peak RSS | {:.2} s ({:.0} tasks/s); {:.0} MiB | | |",
+            wide.branches,
+            wide.secs,
+            wide.branches as f64 / wide.secs,
+            wide.peak_rss_mib.unwrap_or_default()
+        );
+    }
     if let Some(tm) = &r.timers {
         let _ = writeln!(
             t,
