@@ -4,7 +4,7 @@
 // COMPOSER_TEST_REDIS_URL (scripts/with-services.sh) and COMPOSER_BIN (default target/debug/composer).
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
-import { appendFileSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { appendFileSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -61,7 +61,8 @@ export class Stack {
   address = "";
   private server: ChildProcess | undefined;
   private database = "";
-  private readonly logPath = join(mkdtempSync(join(tmpdir(), "composer-dashboard-")), "server.log");
+  /** Made by start(): Playwright also loads each spec (and so builds its Stack) only to list its tests. */
+  private logPath = "";
   private readonly clients: Client[] = [];
   private readonly workers: { worker: Worker; served: Promise<void> }[] = [];
 
@@ -75,6 +76,7 @@ export class Stack {
     const redis = process.env["COMPOSER_TEST_REDIS_URL"];
     if (!admin || !redis) throw new Error("COMPOSER_TEST_DATABASE_URL and COMPOSER_TEST_REDIS_URL are not set: run scripts/test-dashboard.sh");
     if (!existsSync(BINARY)) throw new Error(`${BINARY} is missing: set COMPOSER_BIN`);
+    this.logPath = join(mkdtempSync(join(tmpdir(), "composer-dashboard-")), "server.log");
     this.database = `composer_dashboard_${hex(12)}`;
     psql(admin, `CREATE DATABASE "${this.database}"`);
     const databaseUrl = new URL(admin);
@@ -196,6 +198,8 @@ export class Stack {
         // best effort: the with-services folder goes away anyway
       }
     }
+    // the server's log and secrets key: every test file starts a Stack
+    if (this.logPath) rmSync(dirname(this.logPath), { recursive: true, force: true });
   }
 }
 

@@ -125,6 +125,20 @@ export function blobStoreDir(): string {
   return blobStore;
 }
 
+/** The servers' log folders, removed when the test process exits (a server restarts on its log). */
+const logFolders: string[] = [];
+
+function logFolder(): string {
+  const dir = mkdtempSync(join(tmpdir(), "composer-ts-server-"));
+  if (logFolders.length === 0) {
+    process.once("exit", () => {
+      for (const folder of logFolders) rmSync(folder, { recursive: true, force: true });
+    });
+  }
+  logFolders.push(dir);
+  return dir;
+}
+
 /** One `composer serve` process; restartable on the same port. */
 export class ServerProcess {
   address = "";
@@ -138,7 +152,7 @@ export class ServerProcess {
     readonly extraArgs: string[] = [],
     readonly options: { secretsKey?: boolean } = {},
   ) {
-    this.logPath = join(mkdtempSync(join(tmpdir(), "composer-ts-server-")), "server.log");
+    this.logPath = join(logFolder(), "server.log");
   }
 
   get port(): number {
