@@ -440,7 +440,12 @@ pub fn simulate_with(
         output: sim.run.run.output.clone(),
         error: sim.run.run.error.clone(),
         history: sim.history,
-        nodes: sim.store,
+        // a MAP's rows of inputs waiting to start are the engine's, not nodes
+        nodes: sim
+            .store
+            .into_iter()
+            .filter(|(key, _)| !key.is_map_inputs())
+            .collect(),
         violations: sim.violations,
     })
 }

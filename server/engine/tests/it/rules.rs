@@ -906,6 +906,18 @@ fn a_map_started_before_rows_of_inputs_starts_its_next_elements_from_their_own_r
 }
 
 #[test]
+fn a_simulated_map_reports_its_elements_and_not_its_rows_of_inputs() {
+    let xs: Vec<u32> = (0..700).collect();
+    let r = simulate(
+        &WIDE_MAP.replace("600", "300"),
+        &format!("input: {{ xs: {xs:?} }}"),
+    );
+    assert_eq!(r.status, RunStatus::Completed);
+    assert_eq!(r.nodes.len(), 1 + 700, "the MAP and its elements");
+    assert!(r.nodes.keys().all(|k| !k.is_map_inputs()));
+}
+
+#[test]
 fn a_map_of_the_most_elements_starts_with_a_slice_and_rows_of_inputs() {
     let xs: Vec<usize> = (0..MAX_MAP_ITEMS).collect();
     let mut d = Driver::new(WIDE_MAP, json!({ "xs": xs }));
