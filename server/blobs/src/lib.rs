@@ -17,7 +17,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt, stream::BoxStream};
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart, path::Path};
+use object_store::{
+    ObjectStore, ObjectStoreExt, ObjectStoreScheme, PutPayload, WriteMultipart,
+    aws::AmazonS3Builder,
+    azure::MicrosoftAzureBuilder,
+    gcp::GoogleCloudStorageBuilder,
+    path::Path,
+    signer::{Method, Signer},
+};
 
 /// Parts a multipart upload sends at once: memory per upload is bounded by
 /// this many parts (5 MiB each) plus the chunk being written.
@@ -41,6 +48,8 @@ pub enum BlobError {
     OtherNamespace { key: String, namespace: String },
     #[error("the upload failed: {0}")]
     Upload(String),
+    #[error("the blob store does not presign URLs (a local folder)")]
+    NoSignedUrls,
 }
 
 /// A stored blob: its key, size and SHA-256 digest (hex).
@@ -93,6 +102,15 @@ pub struct BlobStore {
     local_folder: Option<std::path::PathBuf>,
     /// On the local disk: the folder syncs that make renames durable.
     folder_syncs: Arc<folder_sync::FolderSyncs>,
+    /// What presigns URLs, when the store can (S3, GCS, Azure).
+    signer: Option<Arc<dyn Signer>>,
+}
+
+/// A presigned URL and when it stops working.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SignedUrl {
+    pub url: String,
+    pub expires_at: std::time::SystemTime,
 }
 
 impl std::fmt::Debug for BlobStore {
@@ -113,20 +131,128 @@ impl BlobStore {
         let url = location_url(location)?;
         let mut settings: Vec<(String, String)> = provider_environment();
         settings.extend(options.iter().cloned());
-        let (store, root) =
-            object_store::parse_url_opts(&url, settings).map_err(|e| BlobError::Location {
-                location: location.to_owned(),
-                reason: e.to_string(),
-            })?;
+        let (store, signer, root) = open_url(&url, &settings).map_err(|e| BlobError::Location {
+            location: location.to_owned(),
+            reason: e.to_string(),
+        })?;
         let local_folder = (url.scheme() == "file")
             .then(|| url.to_file_path().ok())
             .flatten();
         Ok(BlobStore {
-            store: Arc::from(store),
+            store,
             root,
             location: location.to_owned(),
             local_folder,
             folder_syncs: Arc::default(),
+            signer,
+        })
+    }
+
+    /// Whether the store presigns URLs (not a local folder).
+    pub fn signs_urls(&self) -> bool {
+        self.signer.is_some()
+    }
+
+    /// A URL from which a GET reads `key`, a blob of `namespace`, for
+    /// `ttl`, and the blob's size; NotFound when it is not stored.
+    pub async fn read_url(
+        &self,
+        namespace: &str,
+        key: &str,
+        ttl: std::time::Duration,
+    ) -> Result<(SignedUrl, u64), BlobError> {
+        let Some(size) = self.size(namespace, key).await? else {
+            return Err(BlobError::NotFound(key.to_owned()));
+        };
+        let url = self.signed(Method::GET, &self.path(key), ttl).await?;
+        Ok((url, size))
+    }
+
+    /// A new upload of `namespace`: its id (a random UUID, not guessable)
+    /// and a URL to which one PUT writes its bytes for `ttl`. Nothing is a
+    /// blob until [`BlobStore::stage_upload`] has read them.
+    pub async fn upload_url(
+        &self,
+        namespace: &str,
+        ttl: std::time::Duration,
+    ) -> Result<(String, SignedUrl), BlobError> {
+        check_namespace(namespace)?;
+        let id = uuid::Uuid::new_v4().to_string();
+        let path = self.path(&upload_key(namespace, &id));
+        let url = self.signed(Method::PUT, &path, ttl).await?;
+        Ok((id, url))
+    }
+
+    /// Reads the bytes PUT to upload `id` of `namespace` once, learning
+    /// their digest, size and first bytes: staged like a streamed upload,
+    /// the caller records and publishes it. NotFound when the id is not an
+    /// upload of the namespace or nothing was PUT; TooLarge past `limit`
+    /// (the upload is deleted).
+    pub async fn stage_upload(
+        &self,
+        namespace: &str,
+        id: &str,
+        limit: u64,
+    ) -> Result<Staged, BlobError> {
+        check_namespace(namespace)?;
+        let id = uuid::Uuid::parse_str(id)
+            .map_err(|_| BlobError::NotFound(format!("upload {id}")))?
+            .to_string();
+        let path = self.path(&upload_key(namespace, &id));
+        let got = match self.store.get(&path).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(BlobError::NotFound(format!("upload {id}")));
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if got.meta.size > limit {
+            let _ = self.store.delete(&path).await;
+            return Err(BlobError::TooLarge { limit });
+        }
+        let mut chunks = got.into_stream();
+        let mut digest = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut size: u64 = 0;
+        let mut head: Vec<Bytes> = Vec::new();
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk?;
+            size += chunk.len() as u64;
+            if size > limit {
+                // written again since: still refused
+                let _ = self.store.delete(&path).await;
+                return Err(BlobError::TooLarge { limit });
+            }
+            digest.update(&chunk);
+            if head.iter().map(Bytes::len).sum::<usize>() < HEAD_BYTES {
+                head.push(chunk);
+            }
+        }
+        let digest = hex(digest.finish().as_ref());
+        Ok(Staged {
+            pending: Pending::Uploaded(path),
+            blob: BlobRef {
+                key: blob_key(namespace, &digest),
+                size,
+                digest,
+            },
+            head: first_bytes(&head),
+        })
+    }
+
+    async fn signed(
+        &self,
+        method: Method,
+        path: &Path,
+        ttl: std::time::Duration,
+    ) -> Result<SignedUrl, BlobError> {
+        let Some(signer) = &self.signer else {
+            return Err(BlobError::NoSignedUrls);
+        };
+        let expires_at = std::time::SystemTime::now() + ttl;
+        let url = signer.signed_url(method, path, ttl).await?;
+        Ok(SignedUrl {
+            url: url.to_string(),
+            expires_at,
         })
     }
 
@@ -168,7 +294,7 @@ impl BlobStore {
         E: std::fmt::Display,
     {
         check_namespace(namespace)?;
-        let upload = self.path(&format!("{namespace}/uploads/{}", uuid::Uuid::now_v7()));
+        let upload = self.path(&upload_key(namespace, &uuid::Uuid::now_v7().to_string()));
         match self.write(&upload, chunks, limit).await {
             Ok((size, digest, head, held)) => Ok(Staged {
                 pending: match held {
@@ -685,6 +811,48 @@ fn drop_cached(file: &std::fs::File) {
     );
     #[cfg(not(target_os = "linux"))]
     let _ = file;
+}
+
+/// The key of upload `id` of `namespace`.
+fn upload_key(namespace: &str, id: &str) -> String {
+    format!("{namespace}/uploads/{id}")
+}
+
+type Opened = (Arc<dyn ObjectStore>, Option<Arc<dyn Signer>>, Path);
+
+/// The store `url` names, configured by `settings` (the keys a store does
+/// not know are left out, as `object_store::parse_url_opts` does), with its
+/// signer when it presigns URLs.
+fn open_url(url: &url::Url, settings: &[(String, String)]) -> Result<Opened, object_store::Error> {
+    macro_rules! signing {
+        ($builder:expr) => {{
+            let store = Arc::new(
+                settings
+                    .iter()
+                    .fold(
+                        $builder.with_url(url.to_string()),
+                        |builder, (key, value)| match key.to_ascii_lowercase().parse() {
+                            Ok(key) => builder.with_config(key, value.clone()),
+                            Err(_) => builder,
+                        },
+                    )
+                    .build()?,
+            );
+            let signer: Arc<dyn Signer> = store.clone();
+            (store as Arc<dyn ObjectStore>, Some(signer))
+        }};
+    }
+    let (scheme, path) = ObjectStoreScheme::parse(url)?;
+    let (store, signer) = match scheme {
+        ObjectStoreScheme::AmazonS3 => signing!(AmazonS3Builder::new()),
+        ObjectStoreScheme::GoogleCloudStorage => signing!(GoogleCloudStorageBuilder::new()),
+        ObjectStoreScheme::MicrosoftAzure => signing!(MicrosoftAzureBuilder::new()),
+        _ => {
+            let (store, _) = object_store::parse_url_opts(url, settings.iter().cloned())?;
+            (Arc::from(store), None)
+        }
+    };
+    Ok((store, signer, path))
 }
 
 /// The key of the blob of `namespace` whose SHA-256 is `sha256` (hex).

@@ -18,7 +18,8 @@ pub fn open(server: &ServerArgs, database_url: &str) -> Result<Payloads, String>
     let store =
         BlobStore::open(&location, &server.blob_store_options).map_err(|e| e.to_string())?;
     tracing::info!(%location, "blob store");
-    Ok(Payloads::new(store, BLOB_CACHE_BYTES))
+    Ok(Payloads::new(store, BLOB_CACHE_BYTES)
+        .with_url_ttl(std::time::Duration::from_secs(server.blob_url_secs)))
 }
 
 /// A folder of the database's own under the user's data folder: servers of

@@ -94,6 +94,14 @@ pub struct ServerArgs {
           value_parser = parse_key_value)]
     pub blob_store_options: Vec<(String, String)>,
 
+    /// How long the presigned URLs BlobService gives work, in seconds, when
+    /// the blob store signs them (S3, GCS, Azure; a folder does not): SDKs
+    /// then move large payloads straight to and from the store. 0: none is
+    /// given, every byte goes through the server.
+    #[arg(long, env = "COMPOSER_BLOB_URL_SECS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(0..=7 * 24 * 3600))]
+    pub blob_url_secs: u64,
+
     /// A value whose JSON is longer than this many bytes goes to the blob
     /// store and runs carry a reference to it; 0: every value stays inline.
     #[arg(long, env = "COMPOSER_PAYLOAD_OFFLOAD_BYTES", default_value_t = 64 * 1024)]

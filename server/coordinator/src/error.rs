@@ -139,6 +139,15 @@ pub enum CoordinatorError {
     /// The server keeps no blob store.
     #[error("this server keeps no blob store (--blob-store)")]
     NoBlobStore,
+    /// The blob store signs no URLs (a local folder), or the server gives
+    /// none (`--blob-url-secs 0`).
+    #[error(
+        "this server gives no presigned blob URLs (a local folder, or --blob-url-secs 0): use UploadBlob and DownloadBlob"
+    )]
+    NoBlobUrls,
+    /// FinishBlobUpload named no upload of the namespace with bytes.
+    #[error("the namespace has no upload {0} with bytes PUT to it")]
+    NoSuchUpload(String),
     /// The blob store failed.
     #[error("blob store: {0}")]
     BlobStore(String),

@@ -102,6 +102,15 @@ pub const RPC_ROLES: &[(&str, &[Role])] = &[
         &[Admin, Operator, Client, Worker],
     ),
     ("/composer.v1.BlobService/DownloadBlob", ANY),
+    ("/composer.v1.BlobService/GetBlobUrl", ANY),
+    (
+        "/composer.v1.BlobService/StartBlobUpload",
+        &[Admin, Operator, Client, Worker],
+    ),
+    (
+        "/composer.v1.BlobService/FinishBlobUpload",
+        &[Admin, Operator, Client, Worker],
+    ),
     ("/composer.v1.SecretService/SetSecret", &[Admin, Operator]),
     ("/composer.v1.SecretService/ListSecrets", &[Admin, Operator]),
     (

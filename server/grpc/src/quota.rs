@@ -119,6 +119,9 @@ pub const RPC_CLASSES: &[(&str, CallClass)] = &[
     ("/composer.v1.QueueService/DeleteQueueRateLimit", Write),
     ("/composer.v1.BlobService/UploadBlob", Write),
     ("/composer.v1.BlobService/DownloadBlob", Read),
+    ("/composer.v1.BlobService/GetBlobUrl", Read),
+    ("/composer.v1.BlobService/StartBlobUpload", Write),
+    ("/composer.v1.BlobService/FinishBlobUpload", Write),
     ("/composer.v1.WorkerService/PollTasks", Worker),
     ("/composer.v1.WorkerService/Heartbeat", Worker),
     ("/composer.v1.WorkerService/CompleteTask", Worker),
@@ -147,9 +150,10 @@ impl Held {
         match path {
             "/composer.v1.RunService/WatchRun" => Some(Held::WatchStream),
             "/composer.v1.WorkerService/PollTasks" => Some(Held::LongPoll),
-            "/composer.v1.BlobService/UploadBlob" | "/composer.v1.BlobService/DownloadBlob" => {
-                Some(Held::BlobTransfer)
-            }
+            // a finished upload is read whole by the server
+            "/composer.v1.BlobService/UploadBlob"
+            | "/composer.v1.BlobService/DownloadBlob"
+            | "/composer.v1.BlobService/FinishBlobUpload" => Some(Held::BlobTransfer),
             _ => None,
         }
     }

@@ -132,10 +132,14 @@ pub async fn serve(
             },
             max_payload_bytes: coordinator.max_payload_bytes,
             max_message_bytes: max_message,
+            blob_urls: services.coordinator.gives_blob_urls(),
         }
     };
     if services.coordinator.keeps_blobs() {
         features.push("blobs".to_owned());
+    }
+    if services.coordinator.gives_blob_urls() {
+        features.push("blob-urls".to_owned());
     }
     // no Nagle: a small reply must not wait for the peer's delayed ACK (40 ms)
     let incoming = TcpIncoming::from(listener)

@@ -199,6 +199,17 @@ pub fn from_coordinator(error: CoordinatorError) -> Status {
         CoordinatorError::SecretNotFound(_) | CoordinatorError::NoSuchBlob(_) => {
             Status::not_found(error.to_string())
         }
+        CoordinatorError::NoSuchUpload(_) => {
+            let message = error.to_string();
+            Status::with_error_details(
+                Code::NotFound,
+                message.clone(),
+                ErrorDetails::with_bad_request_violation("upload_id", message),
+            )
+        }
+        CoordinatorError::NoBlobUrls => {
+            with_reason(Code::FailedPrecondition, error.to_string(), "NO_BLOB_URLS")
+        }
         CoordinatorError::BlobNotFound { ref field, .. } => {
             let message = error.to_string();
             Status::with_error_details(

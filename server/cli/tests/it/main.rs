@@ -7,6 +7,7 @@ mod common;
 mod admin_cli;
 mod alone;
 mod auth;
+mod blob_urls;
 mod cleanup;
 mod concurrency;
 mod dashboard;

@@ -6,7 +6,8 @@
 //!   and the references it holds are checked against the namespace's
 //!   blobs, touched (so the collector leaves them for an hour) and written
 //!   out canonically (size and head as stored, never as sent).
-//! - [`Coordinator::upload_blob`]: BlobService's upload, streamed.
+//! - [`Coordinator::upload_blob`]: BlobService's upload, streamed; or
+//!   presigned URLs when the store signs them (`urls`).
 //! - [`Coordinator::blob_value`]: a blob's value for an expression,
 //!   bounded and cached.
 //! - The collector: [`Coordinator::collect_blobs`].
@@ -14,6 +15,7 @@
 mod cache;
 mod collect;
 mod touch;
+mod urls;
 
 use std::sync::Arc;
 
@@ -30,6 +32,7 @@ use crate::{
 };
 
 pub use collect::CollectorPass;
+pub use urls::BlobUpload;
 
 /// How long an untouched blob that nothing refers to is kept, and how old
 /// an upload must be before it is taken for abandoned.
@@ -40,6 +43,8 @@ pub struct Payloads {
     store: BlobStore,
     cache: cache::BlobCache,
     rows: touch::RowWriter,
+    /// How long a presigned URL works; zero: none is given.
+    url_ttl: std::time::Duration,
 }
 
 impl std::fmt::Debug for Payloads {
@@ -58,7 +63,15 @@ impl Payloads {
             store,
             cache: cache::BlobCache::new(cache_bytes),
             rows: touch::RowWriter::default(),
+            url_ttl: std::time::Duration::ZERO,
         }
+    }
+
+    /// Gives presigned URLs that work for `ttl` when the store signs them
+    /// (zero: never).
+    pub fn with_url_ttl(mut self, ttl: std::time::Duration) -> Self {
+        self.url_ttl = ttl;
+        self
     }
 }
 
@@ -156,12 +169,23 @@ impl Coordinator {
             .stage(namespace, chunks, limit)
             .await
             .map_err(|e| blob_error(e, "data"))?;
+        self.record_and_publish(namespace, staged, "data").await
+    }
+
+    /// Makes a staged upload a blob of `namespace`: its row first (the
+    /// collector cannot take a blob being published), then its bytes.
+    async fn record_and_publish(
+        &self,
+        namespace: &str,
+        staged: composer_blobs::Staged,
+        field: &str,
+    ) -> Result<StoredBlob, CoordinatorError> {
+        let payloads = self.payloads()?;
         let row = BlobRow {
             sha256: staged.blob.digest.clone(),
             size: i64::try_from(staged.blob.size).unwrap_or(i64::MAX),
             head: head_text(&staged.head),
         };
-        // the row first: the collector cannot take a blob being published
         if let Err(error) = payloads
             .rows
             .touch(self.store.pool(), namespace, row.clone())
@@ -174,7 +198,7 @@ impl Coordinator {
             .store
             .publish(staged)
             .await
-            .map_err(|e| blob_error(e, "data"))?;
+            .map_err(|e| blob_error(e, field))?;
         Ok(StoredBlob {
             sha256: stored.digest,
             size: stored.size,

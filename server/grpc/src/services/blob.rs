@@ -6,7 +6,9 @@ use std::pin::Pin;
 use bytes::{Bytes, BytesMut};
 use composer_coordinator::Coordinator;
 use composer_proto::v1::{
-    BlobRef, DownloadBlobRequest, DownloadBlobResponse, UploadBlobRequest, UploadBlobResponse,
+    BlobRef, DownloadBlobRequest, DownloadBlobResponse, FinishBlobUploadRequest,
+    FinishBlobUploadResponse, GetBlobUrlRequest, GetBlobUrlResponse, StartBlobUploadRequest,
+    StartBlobUploadResponse, UploadBlobRequest, UploadBlobResponse,
     blob_service_server::BlobService,
 };
 use futures::{Stream, StreamExt};
@@ -55,11 +57,63 @@ impl BlobService for BlobApi {
             .await;
         let stored = stored.map_err(from_coordinator)?;
         Ok(Response::new(UploadBlobResponse {
-            blob: Some(BlobRef {
-                sha256: stored.sha256,
-                size: i64::try_from(stored.size).unwrap_or(i64::MAX),
-                head: stored.head,
-            }),
+            blob: Some(blob_ref(stored)),
+        }))
+    }
+
+    async fn get_blob_url(
+        &self,
+        request: Request<GetBlobUrlRequest>,
+    ) -> Result<Response<GetBlobUrlResponse>, Status> {
+        let caller = caller(&request)?;
+        let (url, size) = self
+            .coordinator
+            .blob_url(&caller.namespace, &request.get_ref().sha256)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(GetBlobUrlResponse {
+            url: url.url,
+            expires_at: Some(prost_types::Timestamp::from(url.expires_at)),
+            size: i64::try_from(size).unwrap_or(i64::MAX),
+        }))
+    }
+
+    async fn start_blob_upload(
+        &self,
+        request: Request<StartBlobUploadRequest>,
+    ) -> Result<Response<StartBlobUploadResponse>, Status> {
+        let caller = caller(&request)?;
+        let upload = self
+            .coordinator
+            .start_blob_upload(&caller.namespace)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(StartBlobUploadResponse {
+            upload_id: upload.upload_id,
+            url: upload.url.url,
+            expires_at: Some(prost_types::Timestamp::from(upload.url.expires_at)),
+        }))
+    }
+
+    async fn finish_blob_upload(
+        &self,
+        request: Request<FinishBlobUploadRequest>,
+    ) -> Result<Response<FinishBlobUploadResponse>, Status> {
+        let caller = caller(&request)?;
+        let upload_id = &request.get_ref().upload_id;
+        if uuid::Uuid::parse_str(upload_id).is_err() {
+            return Err(invalid_field(
+                "upload_id",
+                "must be the id StartBlobUpload gave (a UUID)",
+            ));
+        }
+        let stored = self
+            .coordinator
+            .finish_blob_upload(&caller.namespace, upload_id)
+            .await
+            .map_err(from_coordinator)?;
+        Ok(Response::new(FinishBlobUploadResponse {
+            blob: Some(blob_ref(stored)),
         }))
     }
 
@@ -102,6 +156,14 @@ impl BlobService for BlobApi {
             Box::pin(messages)
         };
         Ok(Response::new(messages))
+    }
+}
+
+fn blob_ref(stored: composer_coordinator::payloads::StoredBlob) -> BlobRef {
+    BlobRef {
+        sha256: stored.sha256,
+        size: i64::try_from(stored.size).unwrap_or(i64::MAX),
+        head: stored.head,
     }
 }
 

@@ -21,6 +21,8 @@ pub(crate) struct PayloadLimits {
     pub(crate) max_payload_bytes: usize,
     /// `--max-message-bytes`.
     pub(crate) max_message_bytes: usize,
+    /// Whether BlobService gives presigned URLs.
+    pub(crate) blob_urls: bool,
 }
 
 fn as_i64(bytes: usize) -> i64 {
@@ -40,6 +42,7 @@ impl ServerService for ServerInfoService {
             payload_offload_bytes: as_i64(self.payload_limits.offload_bytes),
             max_payload_bytes: as_i64(self.payload_limits.max_payload_bytes),
             max_message_bytes: as_i64(self.payload_limits.max_message_bytes),
+            blob_urls: self.payload_limits.blob_urls,
         }))
     }
 }

@@ -9,6 +9,7 @@ package composerv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -288,11 +289,315 @@ func (x *DownloadBlobResponse) GetSize() int64 {
 	return 0
 }
 
+// GetBlobUrlRequest names the blob to read through a URL.
+type GetBlobUrlRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The blob's SHA-256, 64 lowercase hex digits.
+	Sha256        string `protobuf:"bytes,1,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBlobUrlRequest) Reset() {
+	*x = GetBlobUrlRequest{}
+	mi := &file_composer_v1_blob_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBlobUrlRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBlobUrlRequest) ProtoMessage() {}
+
+func (x *GetBlobUrlRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_blob_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBlobUrlRequest.ProtoReflect.Descriptor instead.
+func (*GetBlobUrlRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_blob_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *GetBlobUrlRequest) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+// GetBlobUrlResponse is a presigned URL for an HTTP GET of the blob.
+type GetBlobUrlResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The URL; whoever holds it can read the blob until it expires.
+	Url string `protobuf:"bytes,1,opt,name=url,proto3" json:"url,omitempty"`
+	// When the URL stops working.
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// The blob's size in bytes.
+	Size          int64 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetBlobUrlResponse) Reset() {
+	*x = GetBlobUrlResponse{}
+	mi := &file_composer_v1_blob_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetBlobUrlResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetBlobUrlResponse) ProtoMessage() {}
+
+func (x *GetBlobUrlResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_blob_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetBlobUrlResponse.ProtoReflect.Descriptor instead.
+func (*GetBlobUrlResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_blob_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *GetBlobUrlResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *GetBlobUrlResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+func (x *GetBlobUrlResponse) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+// StartBlobUploadRequest asks for a URL to upload a blob to.
+type StartBlobUploadRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartBlobUploadRequest) Reset() {
+	*x = StartBlobUploadRequest{}
+	mi := &file_composer_v1_blob_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartBlobUploadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartBlobUploadRequest) ProtoMessage() {}
+
+func (x *StartBlobUploadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_blob_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartBlobUploadRequest.ProtoReflect.Descriptor instead.
+func (*StartBlobUploadRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_blob_service_proto_rawDescGZIP(), []int{7}
+}
+
+// StartBlobUploadResponse is where to PUT the bytes, and the upload's id.
+type StartBlobUploadResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The upload's id, for FinishBlobUpload.
+	UploadId string `protobuf:"bytes,1,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	// The presigned URL for one HTTP PUT of the bytes (the compact JSON text
+	// of one value, as UploadBlob takes them).
+	Url string `protobuf:"bytes,2,opt,name=url,proto3" json:"url,omitempty"`
+	// When the URL stops working.
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartBlobUploadResponse) Reset() {
+	*x = StartBlobUploadResponse{}
+	mi := &file_composer_v1_blob_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartBlobUploadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartBlobUploadResponse) ProtoMessage() {}
+
+func (x *StartBlobUploadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_blob_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartBlobUploadResponse.ProtoReflect.Descriptor instead.
+func (*StartBlobUploadResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_blob_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *StartBlobUploadResponse) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
+func (x *StartBlobUploadResponse) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *StartBlobUploadResponse) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
+// FinishBlobUploadRequest names the upload whose bytes were PUT.
+type FinishBlobUploadRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The id StartBlobUpload gave.
+	UploadId      string `protobuf:"bytes,1,opt,name=upload_id,json=uploadId,proto3" json:"upload_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishBlobUploadRequest) Reset() {
+	*x = FinishBlobUploadRequest{}
+	mi := &file_composer_v1_blob_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishBlobUploadRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishBlobUploadRequest) ProtoMessage() {}
+
+func (x *FinishBlobUploadRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_blob_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishBlobUploadRequest.ProtoReflect.Descriptor instead.
+func (*FinishBlobUploadRequest) Descriptor() ([]byte, []int) {
+	return file_composer_v1_blob_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *FinishBlobUploadRequest) GetUploadId() string {
+	if x != nil {
+		return x.UploadId
+	}
+	return ""
+}
+
+// FinishBlobUploadResponse names the stored blob.
+type FinishBlobUploadResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The reference to put in a value in the blob's stead.
+	Blob          *BlobRef `protobuf:"bytes,1,opt,name=blob,proto3" json:"blob,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FinishBlobUploadResponse) Reset() {
+	*x = FinishBlobUploadResponse{}
+	mi := &file_composer_v1_blob_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FinishBlobUploadResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FinishBlobUploadResponse) ProtoMessage() {}
+
+func (x *FinishBlobUploadResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_composer_v1_blob_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FinishBlobUploadResponse.ProtoReflect.Descriptor instead.
+func (*FinishBlobUploadResponse) Descriptor() ([]byte, []int) {
+	return file_composer_v1_blob_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *FinishBlobUploadResponse) GetBlob() *BlobRef {
+	if x != nil {
+		return x.Blob
+	}
+	return nil
+}
+
 var File_composer_v1_blob_service_proto protoreflect.FileDescriptor
 
 const file_composer_v1_blob_service_proto_rawDesc = "" +
 	"\n" +
-	"\x1ecomposer/v1/blob_service.proto\x12\vcomposer.v1\"I\n" +
+	"\x1ecomposer/v1/blob_service.proto\x12\vcomposer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"I\n" +
 	"\aBlobRef\x12\x16\n" +
 	"\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x12\n" +
 	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x12\n" +
@@ -306,11 +611,32 @@ const file_composer_v1_blob_service_proto_rawDesc = "" +
 	"\x06offset\x18\x02 \x01(\x03R\x06offset\">\n" +
 	"\x14DownloadBlobResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
-	"\x04size\x18\x02 \x01(\x03R\x04size2\xb5\x01\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\"+\n" +
+	"\x11GetBlobUrlRequest\x12\x16\n" +
+	"\x06sha256\x18\x01 \x01(\tR\x06sha256\"u\n" +
+	"\x12GetBlobUrlResponse\x12\x10\n" +
+	"\x03url\x18\x01 \x01(\tR\x03url\x129\n" +
+	"\n" +
+	"expires_at\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\x03R\x04size\"\x18\n" +
+	"\x16StartBlobUploadRequest\"\x83\x01\n" +
+	"\x17StartBlobUploadResponse\x12\x1b\n" +
+	"\tupload_id\x18\x01 \x01(\tR\buploadId\x12\x10\n" +
+	"\x03url\x18\x02 \x01(\tR\x03url\x129\n" +
+	"\n" +
+	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"6\n" +
+	"\x17FinishBlobUploadRequest\x12\x1b\n" +
+	"\tupload_id\x18\x01 \x01(\tR\buploadId\"D\n" +
+	"\x18FinishBlobUploadResponse\x12(\n" +
+	"\x04blob\x18\x01 \x01(\v2\x14.composer.v1.BlobRefR\x04blob2\xc3\x03\n" +
 	"\vBlobService\x12O\n" +
 	"\n" +
 	"UploadBlob\x12\x1e.composer.v1.UploadBlobRequest\x1a\x1f.composer.v1.UploadBlobResponse(\x01\x12U\n" +
-	"\fDownloadBlob\x12 .composer.v1.DownloadBlobRequest\x1a!.composer.v1.DownloadBlobResponse0\x01BEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3"
+	"\fDownloadBlob\x12 .composer.v1.DownloadBlobRequest\x1a!.composer.v1.DownloadBlobResponse0\x01\x12M\n" +
+	"\n" +
+	"GetBlobUrl\x12\x1e.composer.v1.GetBlobUrlRequest\x1a\x1f.composer.v1.GetBlobUrlResponse\x12\\\n" +
+	"\x0fStartBlobUpload\x12#.composer.v1.StartBlobUploadRequest\x1a$.composer.v1.StartBlobUploadResponse\x12_\n" +
+	"\x10FinishBlobUpload\x12$.composer.v1.FinishBlobUploadRequest\x1a%.composer.v1.FinishBlobUploadResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3"
 
 var (
 	file_composer_v1_blob_service_proto_rawDescOnce sync.Once
@@ -324,25 +650,41 @@ func file_composer_v1_blob_service_proto_rawDescGZIP() []byte {
 	return file_composer_v1_blob_service_proto_rawDescData
 }
 
-var file_composer_v1_blob_service_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_composer_v1_blob_service_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_composer_v1_blob_service_proto_goTypes = []any{
-	(*BlobRef)(nil),              // 0: composer.v1.BlobRef
-	(*UploadBlobRequest)(nil),    // 1: composer.v1.UploadBlobRequest
-	(*UploadBlobResponse)(nil),   // 2: composer.v1.UploadBlobResponse
-	(*DownloadBlobRequest)(nil),  // 3: composer.v1.DownloadBlobRequest
-	(*DownloadBlobResponse)(nil), // 4: composer.v1.DownloadBlobResponse
+	(*BlobRef)(nil),                  // 0: composer.v1.BlobRef
+	(*UploadBlobRequest)(nil),        // 1: composer.v1.UploadBlobRequest
+	(*UploadBlobResponse)(nil),       // 2: composer.v1.UploadBlobResponse
+	(*DownloadBlobRequest)(nil),      // 3: composer.v1.DownloadBlobRequest
+	(*DownloadBlobResponse)(nil),     // 4: composer.v1.DownloadBlobResponse
+	(*GetBlobUrlRequest)(nil),        // 5: composer.v1.GetBlobUrlRequest
+	(*GetBlobUrlResponse)(nil),       // 6: composer.v1.GetBlobUrlResponse
+	(*StartBlobUploadRequest)(nil),   // 7: composer.v1.StartBlobUploadRequest
+	(*StartBlobUploadResponse)(nil),  // 8: composer.v1.StartBlobUploadResponse
+	(*FinishBlobUploadRequest)(nil),  // 9: composer.v1.FinishBlobUploadRequest
+	(*FinishBlobUploadResponse)(nil), // 10: composer.v1.FinishBlobUploadResponse
+	(*timestamppb.Timestamp)(nil),    // 11: google.protobuf.Timestamp
 }
 var file_composer_v1_blob_service_proto_depIdxs = []int32{
-	0, // 0: composer.v1.UploadBlobResponse.blob:type_name -> composer.v1.BlobRef
-	1, // 1: composer.v1.BlobService.UploadBlob:input_type -> composer.v1.UploadBlobRequest
-	3, // 2: composer.v1.BlobService.DownloadBlob:input_type -> composer.v1.DownloadBlobRequest
-	2, // 3: composer.v1.BlobService.UploadBlob:output_type -> composer.v1.UploadBlobResponse
-	4, // 4: composer.v1.BlobService.DownloadBlob:output_type -> composer.v1.DownloadBlobResponse
-	3, // [3:5] is the sub-list for method output_type
-	1, // [1:3] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	0,  // 0: composer.v1.UploadBlobResponse.blob:type_name -> composer.v1.BlobRef
+	11, // 1: composer.v1.GetBlobUrlResponse.expires_at:type_name -> google.protobuf.Timestamp
+	11, // 2: composer.v1.StartBlobUploadResponse.expires_at:type_name -> google.protobuf.Timestamp
+	0,  // 3: composer.v1.FinishBlobUploadResponse.blob:type_name -> composer.v1.BlobRef
+	1,  // 4: composer.v1.BlobService.UploadBlob:input_type -> composer.v1.UploadBlobRequest
+	3,  // 5: composer.v1.BlobService.DownloadBlob:input_type -> composer.v1.DownloadBlobRequest
+	5,  // 6: composer.v1.BlobService.GetBlobUrl:input_type -> composer.v1.GetBlobUrlRequest
+	7,  // 7: composer.v1.BlobService.StartBlobUpload:input_type -> composer.v1.StartBlobUploadRequest
+	9,  // 8: composer.v1.BlobService.FinishBlobUpload:input_type -> composer.v1.FinishBlobUploadRequest
+	2,  // 9: composer.v1.BlobService.UploadBlob:output_type -> composer.v1.UploadBlobResponse
+	4,  // 10: composer.v1.BlobService.DownloadBlob:output_type -> composer.v1.DownloadBlobResponse
+	6,  // 11: composer.v1.BlobService.GetBlobUrl:output_type -> composer.v1.GetBlobUrlResponse
+	8,  // 12: composer.v1.BlobService.StartBlobUpload:output_type -> composer.v1.StartBlobUploadResponse
+	10, // 13: composer.v1.BlobService.FinishBlobUpload:output_type -> composer.v1.FinishBlobUploadResponse
+	9,  // [9:14] is the sub-list for method output_type
+	4,  // [4:9] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_composer_v1_blob_service_proto_init() }
@@ -356,7 +698,7 @@ func file_composer_v1_blob_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_composer_v1_blob_service_proto_rawDesc), len(file_composer_v1_blob_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

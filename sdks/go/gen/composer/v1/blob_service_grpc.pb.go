@@ -19,8 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	BlobService_UploadBlob_FullMethodName   = "/composer.v1.BlobService/UploadBlob"
-	BlobService_DownloadBlob_FullMethodName = "/composer.v1.BlobService/DownloadBlob"
+	BlobService_UploadBlob_FullMethodName       = "/composer.v1.BlobService/UploadBlob"
+	BlobService_DownloadBlob_FullMethodName     = "/composer.v1.BlobService/DownloadBlob"
+	BlobService_GetBlobUrl_FullMethodName       = "/composer.v1.BlobService/GetBlobUrl"
+	BlobService_StartBlobUpload_FullMethodName  = "/composer.v1.BlobService/StartBlobUpload"
+	BlobService_FinishBlobUpload_FullMethodName = "/composer.v1.BlobService/FinishBlobUpload"
 )
 
 // BlobServiceClient is the client API for BlobService service.
@@ -53,6 +56,28 @@ type BlobServiceClient interface {
 	// most 1 MiB, from `offset`. NOT_FOUND when the namespace has no blob
 	// with that digest.
 	DownloadBlob(ctx context.Context, in *DownloadBlobRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DownloadBlobResponse], error)
+	// GetBlobUrl returns a short-lived URL from which an HTTP GET reads a
+	// blob of the caller's namespace straight from the blob store, so the
+	// bytes do not pass through the server. Offered when the store signs URLs
+	// (S3-compatible, GCS, Azure) and the server gives them
+	// (`GetServerInfoResponse.blob_urls`); FAILED_PRECONDITION otherwise, and
+	// the caller uses DownloadBlob. NOT_FOUND when the namespace has no blob
+	// with that digest.
+	GetBlobUrl(ctx context.Context, in *GetBlobUrlRequest, opts ...grpc.CallOption) (*GetBlobUrlResponse, error)
+	// StartBlobUpload returns a short-lived URL to which the caller sends a
+	// blob's bytes with one HTTP PUT, and the upload's id for
+	// FinishBlobUpload. The URL writes only an upload object of the caller's
+	// namespace, never a blob: nothing is visible until FinishBlobUpload.
+	// FAILED_PRECONDITION as for GetBlobUrl.
+	StartBlobUpload(ctx context.Context, in *StartBlobUploadRequest, opts ...grpc.CallOption) (*StartBlobUploadResponse, error)
+	// FinishBlobUpload makes the bytes PUT to an upload's URL a blob and
+	// returns its reference: the server reads them once from the store to
+	// learn their digest (it never trusts the caller's), so a blob's key
+	// always names its content. NOT_FOUND when the upload is not one of the
+	// caller's namespace or nothing was PUT; RESOURCE_EXHAUSTED when the bytes
+	// pass `--max-payload-bytes` (the upload is deleted). An upload never
+	// finished is deleted by the collector.
+	FinishBlobUpload(ctx context.Context, in *FinishBlobUploadRequest, opts ...grpc.CallOption) (*FinishBlobUploadResponse, error)
 }
 
 type blobServiceClient struct {
@@ -95,6 +120,36 @@ func (c *blobServiceClient) DownloadBlob(ctx context.Context, in *DownloadBlobRe
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BlobService_DownloadBlobClient = grpc.ServerStreamingClient[DownloadBlobResponse]
 
+func (c *blobServiceClient) GetBlobUrl(ctx context.Context, in *GetBlobUrlRequest, opts ...grpc.CallOption) (*GetBlobUrlResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetBlobUrlResponse)
+	err := c.cc.Invoke(ctx, BlobService_GetBlobUrl_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *blobServiceClient) StartBlobUpload(ctx context.Context, in *StartBlobUploadRequest, opts ...grpc.CallOption) (*StartBlobUploadResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(StartBlobUploadResponse)
+	err := c.cc.Invoke(ctx, BlobService_StartBlobUpload_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *blobServiceClient) FinishBlobUpload(ctx context.Context, in *FinishBlobUploadRequest, opts ...grpc.CallOption) (*FinishBlobUploadResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FinishBlobUploadResponse)
+	err := c.cc.Invoke(ctx, BlobService_FinishBlobUpload_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // BlobServiceServer is the server API for BlobService service.
 // All implementations must embed UnimplementedBlobServiceServer
 // for forward compatibility.
@@ -125,6 +180,28 @@ type BlobServiceServer interface {
 	// most 1 MiB, from `offset`. NOT_FOUND when the namespace has no blob
 	// with that digest.
 	DownloadBlob(*DownloadBlobRequest, grpc.ServerStreamingServer[DownloadBlobResponse]) error
+	// GetBlobUrl returns a short-lived URL from which an HTTP GET reads a
+	// blob of the caller's namespace straight from the blob store, so the
+	// bytes do not pass through the server. Offered when the store signs URLs
+	// (S3-compatible, GCS, Azure) and the server gives them
+	// (`GetServerInfoResponse.blob_urls`); FAILED_PRECONDITION otherwise, and
+	// the caller uses DownloadBlob. NOT_FOUND when the namespace has no blob
+	// with that digest.
+	GetBlobUrl(context.Context, *GetBlobUrlRequest) (*GetBlobUrlResponse, error)
+	// StartBlobUpload returns a short-lived URL to which the caller sends a
+	// blob's bytes with one HTTP PUT, and the upload's id for
+	// FinishBlobUpload. The URL writes only an upload object of the caller's
+	// namespace, never a blob: nothing is visible until FinishBlobUpload.
+	// FAILED_PRECONDITION as for GetBlobUrl.
+	StartBlobUpload(context.Context, *StartBlobUploadRequest) (*StartBlobUploadResponse, error)
+	// FinishBlobUpload makes the bytes PUT to an upload's URL a blob and
+	// returns its reference: the server reads them once from the store to
+	// learn their digest (it never trusts the caller's), so a blob's key
+	// always names its content. NOT_FOUND when the upload is not one of the
+	// caller's namespace or nothing was PUT; RESOURCE_EXHAUSTED when the bytes
+	// pass `--max-payload-bytes` (the upload is deleted). An upload never
+	// finished is deleted by the collector.
+	FinishBlobUpload(context.Context, *FinishBlobUploadRequest) (*FinishBlobUploadResponse, error)
 	mustEmbedUnimplementedBlobServiceServer()
 }
 
@@ -140,6 +217,15 @@ func (UnimplementedBlobServiceServer) UploadBlob(grpc.ClientStreamingServer[Uplo
 }
 func (UnimplementedBlobServiceServer) DownloadBlob(*DownloadBlobRequest, grpc.ServerStreamingServer[DownloadBlobResponse]) error {
 	return status.Error(codes.Unimplemented, "method DownloadBlob not implemented")
+}
+func (UnimplementedBlobServiceServer) GetBlobUrl(context.Context, *GetBlobUrlRequest) (*GetBlobUrlResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetBlobUrl not implemented")
+}
+func (UnimplementedBlobServiceServer) StartBlobUpload(context.Context, *StartBlobUploadRequest) (*StartBlobUploadResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartBlobUpload not implemented")
+}
+func (UnimplementedBlobServiceServer) FinishBlobUpload(context.Context, *FinishBlobUploadRequest) (*FinishBlobUploadResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FinishBlobUpload not implemented")
 }
 func (UnimplementedBlobServiceServer) mustEmbedUnimplementedBlobServiceServer() {}
 func (UnimplementedBlobServiceServer) testEmbeddedByValue()                     {}
@@ -180,13 +266,80 @@ func _BlobService_DownloadBlob_Handler(srv interface{}, stream grpc.ServerStream
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type BlobService_DownloadBlobServer = grpc.ServerStreamingServer[DownloadBlobResponse]
 
+func _BlobService_GetBlobUrl_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetBlobUrlRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BlobServiceServer).GetBlobUrl(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BlobService_GetBlobUrl_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BlobServiceServer).GetBlobUrl(ctx, req.(*GetBlobUrlRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BlobService_StartBlobUpload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartBlobUploadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BlobServiceServer).StartBlobUpload(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BlobService_StartBlobUpload_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BlobServiceServer).StartBlobUpload(ctx, req.(*StartBlobUploadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _BlobService_FinishBlobUpload_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FinishBlobUploadRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BlobServiceServer).FinishBlobUpload(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: BlobService_FinishBlobUpload_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BlobServiceServer).FinishBlobUpload(ctx, req.(*FinishBlobUploadRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // BlobService_ServiceDesc is the grpc.ServiceDesc for BlobService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var BlobService_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "composer.v1.BlobService",
 	HandlerType: (*BlobServiceServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "GetBlobUrl",
+			Handler:    _BlobService_GetBlobUrl_Handler,
+		},
+		{
+			MethodName: "StartBlobUpload",
+			Handler:    _BlobService_StartBlobUpload_Handler,
+		},
+		{
+			MethodName: "FinishBlobUpload",
+			Handler:    _BlobService_FinishBlobUpload_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "UploadBlob",

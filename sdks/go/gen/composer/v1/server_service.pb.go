@@ -78,8 +78,11 @@ type GetServerInfoResponse struct {
 	// The largest request message the server decodes: a larger payload must
 	// go through BlobService.
 	MaxMessageBytes int64 `protobuf:"varint,6,opt,name=max_message_bytes,json=maxMessageBytes,proto3" json:"max_message_bytes,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Whether BlobService gives presigned URLs (GetBlobUrl, StartBlobUpload):
+	// an SDK then moves large payloads straight to and from the blob store.
+	BlobUrls      bool `protobuf:"varint,7,opt,name=blob_urls,json=blobUrls,proto3" json:"blob_urls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GetServerInfoResponse) Reset() {
@@ -154,19 +157,27 @@ func (x *GetServerInfoResponse) GetMaxMessageBytes() int64 {
 	return 0
 }
 
+func (x *GetServerInfoResponse) GetBlobUrls() bool {
+	if x != nil {
+		return x.BlobUrls
+	}
+	return false
+}
+
 var File_composer_v1_server_service_proto protoreflect.FileDescriptor
 
 const file_composer_v1_server_service_proto_rawDesc = "" +
 	"\n" +
 	" composer/v1/server_service.proto\x12\vcomposer.v1\"\x16\n" +
-	"\x14GetServerInfoRequest\"\x91\x02\n" +
+	"\x14GetServerInfoRequest\"\xae\x02\n" +
 	"\x15GetServerInfoResponse\x12%\n" +
 	"\x0eserver_version\x18\x01 \x01(\tR\rserverVersion\x12)\n" +
 	"\x10protocol_version\x18\x02 \x01(\tR\x0fprotocolVersion\x12\x1a\n" +
 	"\bfeatures\x18\x03 \x03(\tR\bfeatures\x122\n" +
 	"\x15payload_offload_bytes\x18\x04 \x01(\x03R\x13payloadOffloadBytes\x12*\n" +
 	"\x11max_payload_bytes\x18\x05 \x01(\x03R\x0fmaxPayloadBytes\x12*\n" +
-	"\x11max_message_bytes\x18\x06 \x01(\x03R\x0fmaxMessageBytes2g\n" +
+	"\x11max_message_bytes\x18\x06 \x01(\x03R\x0fmaxMessageBytes\x12\x1b\n" +
+	"\tblob_urls\x18\a \x01(\bR\bblobUrls2g\n" +
 	"\rServerService\x12V\n" +
 	"\rGetServerInfo\x12!.composer.v1.GetServerInfoRequest\x1a\".composer.v1.GetServerInfoResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3"
 

@@ -22,9 +22,10 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63omposer/v1/blob_service.proto\x12\x0b\x63omposer.v1\"I\n\x07\x42lobRef\x12\x16\n\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x12\n\x04size\x18\x02 \x01(\x03R\x04size\x12\x12\n\x04head\x18\x03 \x01(\tR\x04head\"\'\n\x11UploadBlobRequest\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0cR\x04\x64\x61ta\">\n\x12UploadBlobResponse\x12(\n\x04\x62lob\x18\x01 \x01(\x0b\x32\x14.composer.v1.BlobRefR\x04\x62lob\"E\n\x13\x44ownloadBlobRequest\x12\x16\n\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x16\n\x06offset\x18\x02 \x01(\x03R\x06offset\">\n\x14\x44ownloadBlobResponse\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0cR\x04\x64\x61ta\x12\x12\n\x04size\x18\x02 \x01(\x03R\x04size2\xb5\x01\n\x0b\x42lobService\x12O\n\nUploadBlob\x12\x1e.composer.v1.UploadBlobRequest\x1a\x1f.composer.v1.UploadBlobResponse(\x01\x12U\n\x0c\x44ownloadBlob\x12 .composer.v1.DownloadBlobRequest\x1a!.composer.v1.DownloadBlobResponse0\x01\x42\x45ZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x63omposer/v1/blob_service.proto\x12\x0b\x63omposer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"I\n\x07\x42lobRef\x12\x16\n\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x12\n\x04size\x18\x02 \x01(\x03R\x04size\x12\x12\n\x04head\x18\x03 \x01(\tR\x04head\"\'\n\x11UploadBlobRequest\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0cR\x04\x64\x61ta\">\n\x12UploadBlobResponse\x12(\n\x04\x62lob\x18\x01 \x01(\x0b\x32\x14.composer.v1.BlobRefR\x04\x62lob\"E\n\x13\x44ownloadBlobRequest\x12\x16\n\x06sha256\x18\x01 \x01(\tR\x06sha256\x12\x16\n\x06offset\x18\x02 \x01(\x03R\x06offset\">\n\x14\x44ownloadBlobResponse\x12\x12\n\x04\x64\x61ta\x18\x01 \x01(\x0cR\x04\x64\x61ta\x12\x12\n\x04size\x18\x02 \x01(\x03R\x04size\"+\n\x11GetBlobUrlRequest\x12\x16\n\x06sha256\x18\x01 \x01(\tR\x06sha256\"u\n\x12GetBlobUrlResponse\x12\x10\n\x03url\x18\x01 \x01(\tR\x03url\x12\x39\n\nexpires_at\x18\x02 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\texpiresAt\x12\x12\n\x04size\x18\x03 \x01(\x03R\x04size\"\x18\n\x16StartBlobUploadRequest\"\x83\x01\n\x17StartBlobUploadResponse\x12\x1b\n\tupload_id\x18\x01 \x01(\tR\x08uploadId\x12\x10\n\x03url\x18\x02 \x01(\tR\x03url\x12\x39\n\nexpires_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.TimestampR\texpiresAt\"6\n\x17\x46inishBlobUploadRequest\x12\x1b\n\tupload_id\x18\x01 \x01(\tR\x08uploadId\"D\n\x18\x46inishBlobUploadResponse\x12(\n\x04\x62lob\x18\x01 \x01(\x0b\x32\x14.composer.v1.BlobRefR\x04\x62lob2\xc3\x03\n\x0b\x42lobService\x12O\n\nUploadBlob\x12\x1e.composer.v1.UploadBlobRequest\x1a\x1f.composer.v1.UploadBlobResponse(\x01\x12U\n\x0c\x44ownloadBlob\x12 .composer.v1.DownloadBlobRequest\x1a!.composer.v1.DownloadBlobResponse0\x01\x12M\n\nGetBlobUrl\x12\x1e.composer.v1.GetBlobUrlRequest\x1a\x1f.composer.v1.GetBlobUrlResponse\x12\\\n\x0fStartBlobUpload\x12#.composer.v1.StartBlobUploadRequest\x1a$.composer.v1.StartBlobUploadResponse\x12_\n\x10\x46inishBlobUpload\x12$.composer.v1.FinishBlobUploadRequest\x1a%.composer.v1.FinishBlobUploadResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,16 +33,28 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'composer.v1.blob_service_pb
 if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._loaded_options = None
   _globals['DESCRIPTOR']._serialized_options = b'ZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1'
-  _globals['_BLOBREF']._serialized_start=47
-  _globals['_BLOBREF']._serialized_end=120
-  _globals['_UPLOADBLOBREQUEST']._serialized_start=122
-  _globals['_UPLOADBLOBREQUEST']._serialized_end=161
-  _globals['_UPLOADBLOBRESPONSE']._serialized_start=163
-  _globals['_UPLOADBLOBRESPONSE']._serialized_end=225
-  _globals['_DOWNLOADBLOBREQUEST']._serialized_start=227
-  _globals['_DOWNLOADBLOBREQUEST']._serialized_end=296
-  _globals['_DOWNLOADBLOBRESPONSE']._serialized_start=298
-  _globals['_DOWNLOADBLOBRESPONSE']._serialized_end=360
-  _globals['_BLOBSERVICE']._serialized_start=363
-  _globals['_BLOBSERVICE']._serialized_end=544
+  _globals['_BLOBREF']._serialized_start=80
+  _globals['_BLOBREF']._serialized_end=153
+  _globals['_UPLOADBLOBREQUEST']._serialized_start=155
+  _globals['_UPLOADBLOBREQUEST']._serialized_end=194
+  _globals['_UPLOADBLOBRESPONSE']._serialized_start=196
+  _globals['_UPLOADBLOBRESPONSE']._serialized_end=258
+  _globals['_DOWNLOADBLOBREQUEST']._serialized_start=260
+  _globals['_DOWNLOADBLOBREQUEST']._serialized_end=329
+  _globals['_DOWNLOADBLOBRESPONSE']._serialized_start=331
+  _globals['_DOWNLOADBLOBRESPONSE']._serialized_end=393
+  _globals['_GETBLOBURLREQUEST']._serialized_start=395
+  _globals['_GETBLOBURLREQUEST']._serialized_end=438
+  _globals['_GETBLOBURLRESPONSE']._serialized_start=440
+  _globals['_GETBLOBURLRESPONSE']._serialized_end=557
+  _globals['_STARTBLOBUPLOADREQUEST']._serialized_start=559
+  _globals['_STARTBLOBUPLOADREQUEST']._serialized_end=583
+  _globals['_STARTBLOBUPLOADRESPONSE']._serialized_start=586
+  _globals['_STARTBLOBUPLOADRESPONSE']._serialized_end=717
+  _globals['_FINISHBLOBUPLOADREQUEST']._serialized_start=719
+  _globals['_FINISHBLOBUPLOADREQUEST']._serialized_end=773
+  _globals['_FINISHBLOBUPLOADRESPONSE']._serialized_start=775
+  _globals['_FINISHBLOBUPLOADRESPONSE']._serialized_end=843
+  _globals['_BLOBSERVICE']._serialized_start=846
+  _globals['_BLOBSERVICE']._serialized_end=1297
 # @@protoc_insertion_point(module_scope)

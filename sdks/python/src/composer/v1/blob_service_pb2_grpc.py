@@ -56,6 +56,21 @@ class BlobServiceStub:
                 request_serializer=composer_dot_v1_dot_blob__service__pb2.DownloadBlobRequest.SerializeToString,
                 response_deserializer=composer_dot_v1_dot_blob__service__pb2.DownloadBlobResponse.FromString,
                 _registered_method=True)
+        self.GetBlobUrl = channel.unary_unary(
+                '/composer.v1.BlobService/GetBlobUrl',
+                request_serializer=composer_dot_v1_dot_blob__service__pb2.GetBlobUrlRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_blob__service__pb2.GetBlobUrlResponse.FromString,
+                _registered_method=True)
+        self.StartBlobUpload = channel.unary_unary(
+                '/composer.v1.BlobService/StartBlobUpload',
+                request_serializer=composer_dot_v1_dot_blob__service__pb2.StartBlobUploadRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_blob__service__pb2.StartBlobUploadResponse.FromString,
+                _registered_method=True)
+        self.FinishBlobUpload = channel.unary_unary(
+                '/composer.v1.BlobService/FinishBlobUpload',
+                request_serializer=composer_dot_v1_dot_blob__service__pb2.FinishBlobUploadRequest.SerializeToString,
+                response_deserializer=composer_dot_v1_dot_blob__service__pb2.FinishBlobUploadResponse.FromString,
+                _registered_method=True)
 
 
 class BlobServiceServicer:
@@ -96,6 +111,43 @@ class BlobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetBlobUrl(self, request, context):
+        """GetBlobUrl returns a short-lived URL from which an HTTP GET reads a
+        blob of the caller's namespace straight from the blob store, so the
+        bytes do not pass through the server. Offered when the store signs URLs
+        (S3-compatible, GCS, Azure) and the server gives them
+        (`GetServerInfoResponse.blob_urls`); FAILED_PRECONDITION otherwise, and
+        the caller uses DownloadBlob. NOT_FOUND when the namespace has no blob
+        with that digest.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def StartBlobUpload(self, request, context):
+        """StartBlobUpload returns a short-lived URL to which the caller sends a
+        blob's bytes with one HTTP PUT, and the upload's id for
+        FinishBlobUpload. The URL writes only an upload object of the caller's
+        namespace, never a blob: nothing is visible until FinishBlobUpload.
+        FAILED_PRECONDITION as for GetBlobUrl.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishBlobUpload(self, request, context):
+        """FinishBlobUpload makes the bytes PUT to an upload's URL a blob and
+        returns its reference: the server reads them once from the store to
+        learn their digest (it never trusts the caller's), so a blob's key
+        always names its content. NOT_FOUND when the upload is not one of the
+        caller's namespace or nothing was PUT; RESOURCE_EXHAUSTED when the bytes
+        pass `--max-payload-bytes` (the upload is deleted). An upload never
+        finished is deleted by the collector.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BlobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -108,6 +160,21 @@ def add_BlobServiceServicer_to_server(servicer, server):
                     servicer.DownloadBlob,
                     request_deserializer=composer_dot_v1_dot_blob__service__pb2.DownloadBlobRequest.FromString,
                     response_serializer=composer_dot_v1_dot_blob__service__pb2.DownloadBlobResponse.SerializeToString,
+            ),
+            'GetBlobUrl': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetBlobUrl,
+                    request_deserializer=composer_dot_v1_dot_blob__service__pb2.GetBlobUrlRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_blob__service__pb2.GetBlobUrlResponse.SerializeToString,
+            ),
+            'StartBlobUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartBlobUpload,
+                    request_deserializer=composer_dot_v1_dot_blob__service__pb2.StartBlobUploadRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_blob__service__pb2.StartBlobUploadResponse.SerializeToString,
+            ),
+            'FinishBlobUpload': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishBlobUpload,
+                    request_deserializer=composer_dot_v1_dot_blob__service__pb2.FinishBlobUploadRequest.FromString,
+                    response_serializer=composer_dot_v1_dot_blob__service__pb2.FinishBlobUploadResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +243,87 @@ class BlobService:
             '/composer.v1.BlobService/DownloadBlob',
             composer_dot_v1_dot_blob__service__pb2.DownloadBlobRequest.SerializeToString,
             composer_dot_v1_dot_blob__service__pb2.DownloadBlobResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetBlobUrl(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.BlobService/GetBlobUrl',
+            composer_dot_v1_dot_blob__service__pb2.GetBlobUrlRequest.SerializeToString,
+            composer_dot_v1_dot_blob__service__pb2.GetBlobUrlResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartBlobUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.BlobService/StartBlobUpload',
+            composer_dot_v1_dot_blob__service__pb2.StartBlobUploadRequest.SerializeToString,
+            composer_dot_v1_dot_blob__service__pb2.StartBlobUploadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishBlobUpload(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/composer.v1.BlobService/FinishBlobUpload',
+            composer_dot_v1_dot_blob__service__pb2.FinishBlobUploadRequest.SerializeToString,
+            composer_dot_v1_dot_blob__service__pb2.FinishBlobUploadResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n composer/v1/server_service.proto\x12\x0b\x63omposer.v1\"\x16\n\x14GetServerInfoRequest\"\x91\x02\n\x15GetServerInfoResponse\x12%\n\x0eserver_version\x18\x01 \x01(\tR\rserverVersion\x12)\n\x10protocol_version\x18\x02 \x01(\tR\x0fprotocolVersion\x12\x1a\n\x08\x66\x65\x61tures\x18\x03 \x03(\tR\x08\x66\x65\x61tures\x12\x32\n\x15payload_offload_bytes\x18\x04 \x01(\x03R\x13payloadOffloadBytes\x12*\n\x11max_payload_bytes\x18\x05 \x01(\x03R\x0fmaxPayloadBytes\x12*\n\x11max_message_bytes\x18\x06 \x01(\x03R\x0fmaxMessageBytes2g\n\rServerService\x12V\n\rGetServerInfo\x12!.composer.v1.GetServerInfoRequest\x1a\".composer.v1.GetServerInfoResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n composer/v1/server_service.proto\x12\x0b\x63omposer.v1\"\x16\n\x14GetServerInfoRequest\"\xae\x02\n\x15GetServerInfoResponse\x12%\n\x0eserver_version\x18\x01 \x01(\tR\rserverVersion\x12)\n\x10protocol_version\x18\x02 \x01(\tR\x0fprotocolVersion\x12\x1a\n\x08\x66\x65\x61tures\x18\x03 \x03(\tR\x08\x66\x65\x61tures\x12\x32\n\x15payload_offload_bytes\x18\x04 \x01(\x03R\x13payloadOffloadBytes\x12*\n\x11max_payload_bytes\x18\x05 \x01(\x03R\x0fmaxPayloadBytes\x12*\n\x11max_message_bytes\x18\x06 \x01(\x03R\x0fmaxMessageBytes\x12\x1b\n\tblob_urls\x18\x07 \x01(\x08R\x08\x62lobUrls2g\n\rServerService\x12V\n\rGetServerInfo\x12!.composer.v1.GetServerInfoRequest\x1a\".composer.v1.GetServerInfoResponseBEZCgithub.com/composer-dev/composer/sdks/go/gen/composer/v1;composerv1b\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,7 +35,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSERVERINFOREQUEST']._serialized_start=49
   _globals['_GETSERVERINFOREQUEST']._serialized_end=71
   _globals['_GETSERVERINFORESPONSE']._serialized_start=74
-  _globals['_GETSERVERINFORESPONSE']._serialized_end=347
-  _globals['_SERVERSERVICE']._serialized_start=349
-  _globals['_SERVERSERVICE']._serialized_end=452
+  _globals['_GETSERVERINFORESPONSE']._serialized_end=376
+  _globals['_SERVERSERVICE']._serialized_start=378
+  _globals['_SERVERSERVICE']._serialized_end=481
 # @@protoc_insertion_point(module_scope)

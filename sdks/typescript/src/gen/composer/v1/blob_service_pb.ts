@@ -4,13 +4,15 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
+import type { Timestamp } from "@bufbuild/protobuf/wkt";
+import { file_google_protobuf_timestamp } from "@bufbuild/protobuf/wkt";
 import type { Message } from "@bufbuild/protobuf";
 
 /**
  * Describes the file composer/v1/blob_service.proto.
  */
 export const file_composer_v1_blob_service: GenFile = /*@__PURE__*/
-  fileDesc("Ch5jb21wb3Nlci92MS9ibG9iX3NlcnZpY2UucHJvdG8SC2NvbXBvc2VyLnYxIjUKB0Jsb2JSZWYSDgoGc2hhMjU2GAEgASgJEgwKBHNpemUYAiABKAMSDAoEaGVhZBgDIAEoCSIhChFVcGxvYWRCbG9iUmVxdWVzdBIMCgRkYXRhGAEgASgMIjgKElVwbG9hZEJsb2JSZXNwb25zZRIiCgRibG9iGAEgASgLMhQuY29tcG9zZXIudjEuQmxvYlJlZiI1ChNEb3dubG9hZEJsb2JSZXF1ZXN0Eg4KBnNoYTI1NhgBIAEoCRIOCgZvZmZzZXQYAiABKAMiMgoURG93bmxvYWRCbG9iUmVzcG9uc2USDAoEZGF0YRgBIAEoDBIMCgRzaXplGAIgASgDMrUBCgtCbG9iU2VydmljZRJPCgpVcGxvYWRCbG9iEh4uY29tcG9zZXIudjEuVXBsb2FkQmxvYlJlcXVlc3QaHy5jb21wb3Nlci52MS5VcGxvYWRCbG9iUmVzcG9uc2UoARJVCgxEb3dubG9hZEJsb2ISIC5jb21wb3Nlci52MS5Eb3dubG9hZEJsb2JSZXF1ZXN0GiEuY29tcG9zZXIudjEuRG93bmxvYWRCbG9iUmVzcG9uc2UwAUJFWkNnaXRodWIuY29tL2NvbXBvc2VyLWRldi9jb21wb3Nlci9zZGtzL2dvL2dlbi9jb21wb3Nlci92MTtjb21wb3NlcnYxYgZwcm90bzM");
+  fileDesc("Ch5jb21wb3Nlci92MS9ibG9iX3NlcnZpY2UucHJvdG8SC2NvbXBvc2VyLnYxIjUKB0Jsb2JSZWYSDgoGc2hhMjU2GAEgASgJEgwKBHNpemUYAiABKAMSDAoEaGVhZBgDIAEoCSIhChFVcGxvYWRCbG9iUmVxdWVzdBIMCgRkYXRhGAEgASgMIjgKElVwbG9hZEJsb2JSZXNwb25zZRIiCgRibG9iGAEgASgLMhQuY29tcG9zZXIudjEuQmxvYlJlZiI1ChNEb3dubG9hZEJsb2JSZXF1ZXN0Eg4KBnNoYTI1NhgBIAEoCRIOCgZvZmZzZXQYAiABKAMiMgoURG93bmxvYWRCbG9iUmVzcG9uc2USDAoEZGF0YRgBIAEoDBIMCgRzaXplGAIgASgDIiMKEUdldEJsb2JVcmxSZXF1ZXN0Eg4KBnNoYTI1NhgBIAEoCSJfChJHZXRCbG9iVXJsUmVzcG9uc2USCwoDdXJsGAEgASgJEi4KCmV4cGlyZXNfYXQYAiABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wEgwKBHNpemUYAyABKAMiGAoWU3RhcnRCbG9iVXBsb2FkUmVxdWVzdCJpChdTdGFydEJsb2JVcGxvYWRSZXNwb25zZRIRCgl1cGxvYWRfaWQYASABKAkSCwoDdXJsGAIgASgJEi4KCmV4cGlyZXNfYXQYAyABKAsyGi5nb29nbGUucHJvdG9idWYuVGltZXN0YW1wIiwKF0ZpbmlzaEJsb2JVcGxvYWRSZXF1ZXN0EhEKCXVwbG9hZF9pZBgBIAEoCSI+ChhGaW5pc2hCbG9iVXBsb2FkUmVzcG9uc2USIgoEYmxvYhgBIAEoCzIULmNvbXBvc2VyLnYxLkJsb2JSZWYywwMKC0Jsb2JTZXJ2aWNlEk8KClVwbG9hZEJsb2ISHi5jb21wb3Nlci52MS5VcGxvYWRCbG9iUmVxdWVzdBofLmNvbXBvc2VyLnYxLlVwbG9hZEJsb2JSZXNwb25zZSgBElUKDERvd25sb2FkQmxvYhIgLmNvbXBvc2VyLnYxLkRvd25sb2FkQmxvYlJlcXVlc3QaIS5jb21wb3Nlci52MS5Eb3dubG9hZEJsb2JSZXNwb25zZTABEk0KCkdldEJsb2JVcmwSHi5jb21wb3Nlci52MS5HZXRCbG9iVXJsUmVxdWVzdBofLmNvbXBvc2VyLnYxLkdldEJsb2JVcmxSZXNwb25zZRJcCg9TdGFydEJsb2JVcGxvYWQSIy5jb21wb3Nlci52MS5TdGFydEJsb2JVcGxvYWRSZXF1ZXN0GiQuY29tcG9zZXIudjEuU3RhcnRCbG9iVXBsb2FkUmVzcG9uc2USXwoQRmluaXNoQmxvYlVwbG9hZBIkLmNvbXBvc2VyLnYxLkZpbmlzaEJsb2JVcGxvYWRSZXF1ZXN0GiUuY29tcG9zZXIudjEuRmluaXNoQmxvYlVwbG9hZFJlc3BvbnNlQkVaQ2dpdGh1Yi5jb20vY29tcG9zZXItZGV2L2NvbXBvc2VyL3Nka3MvZ28vZ2VuL2NvbXBvc2VyL3YxO2NvbXBvc2VydjFiBnByb3RvMw", [file_google_protobuf_timestamp]);
 
 /**
  * BlobRef names a stored blob, as the `$blob` object of a reference holds it.
@@ -147,6 +149,155 @@ export const DownloadBlobResponseSchema: GenMessage<DownloadBlobResponse> = /*@_
   messageDesc(file_composer_v1_blob_service, 4);
 
 /**
+ * GetBlobUrlRequest names the blob to read through a URL.
+ *
+ * @generated from message composer.v1.GetBlobUrlRequest
+ */
+export type GetBlobUrlRequest = Message<"composer.v1.GetBlobUrlRequest"> & {
+  /**
+   * The blob's SHA-256, 64 lowercase hex digits.
+   *
+   * @generated from field: string sha256 = 1;
+   */
+  sha256: string;
+};
+
+/**
+ * Describes the message composer.v1.GetBlobUrlRequest.
+ * Use `create(GetBlobUrlRequestSchema)` to create a new message.
+ */
+export const GetBlobUrlRequestSchema: GenMessage<GetBlobUrlRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_blob_service, 5);
+
+/**
+ * GetBlobUrlResponse is a presigned URL for an HTTP GET of the blob.
+ *
+ * @generated from message composer.v1.GetBlobUrlResponse
+ */
+export type GetBlobUrlResponse = Message<"composer.v1.GetBlobUrlResponse"> & {
+  /**
+   * The URL; whoever holds it can read the blob until it expires.
+   *
+   * @generated from field: string url = 1;
+   */
+  url: string;
+
+  /**
+   * When the URL stops working.
+   *
+   * @generated from field: google.protobuf.Timestamp expires_at = 2;
+   */
+  expiresAt?: Timestamp | undefined;
+
+  /**
+   * The blob's size in bytes.
+   *
+   * @generated from field: int64 size = 3;
+   */
+  size: bigint;
+};
+
+/**
+ * Describes the message composer.v1.GetBlobUrlResponse.
+ * Use `create(GetBlobUrlResponseSchema)` to create a new message.
+ */
+export const GetBlobUrlResponseSchema: GenMessage<GetBlobUrlResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_blob_service, 6);
+
+/**
+ * StartBlobUploadRequest asks for a URL to upload a blob to.
+ *
+ * @generated from message composer.v1.StartBlobUploadRequest
+ */
+export type StartBlobUploadRequest = Message<"composer.v1.StartBlobUploadRequest"> & {
+};
+
+/**
+ * Describes the message composer.v1.StartBlobUploadRequest.
+ * Use `create(StartBlobUploadRequestSchema)` to create a new message.
+ */
+export const StartBlobUploadRequestSchema: GenMessage<StartBlobUploadRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_blob_service, 7);
+
+/**
+ * StartBlobUploadResponse is where to PUT the bytes, and the upload's id.
+ *
+ * @generated from message composer.v1.StartBlobUploadResponse
+ */
+export type StartBlobUploadResponse = Message<"composer.v1.StartBlobUploadResponse"> & {
+  /**
+   * The upload's id, for FinishBlobUpload.
+   *
+   * @generated from field: string upload_id = 1;
+   */
+  uploadId: string;
+
+  /**
+   * The presigned URL for one HTTP PUT of the bytes (the compact JSON text
+   * of one value, as UploadBlob takes them).
+   *
+   * @generated from field: string url = 2;
+   */
+  url: string;
+
+  /**
+   * When the URL stops working.
+   *
+   * @generated from field: google.protobuf.Timestamp expires_at = 3;
+   */
+  expiresAt?: Timestamp | undefined;
+};
+
+/**
+ * Describes the message composer.v1.StartBlobUploadResponse.
+ * Use `create(StartBlobUploadResponseSchema)` to create a new message.
+ */
+export const StartBlobUploadResponseSchema: GenMessage<StartBlobUploadResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_blob_service, 8);
+
+/**
+ * FinishBlobUploadRequest names the upload whose bytes were PUT.
+ *
+ * @generated from message composer.v1.FinishBlobUploadRequest
+ */
+export type FinishBlobUploadRequest = Message<"composer.v1.FinishBlobUploadRequest"> & {
+  /**
+   * The id StartBlobUpload gave.
+   *
+   * @generated from field: string upload_id = 1;
+   */
+  uploadId: string;
+};
+
+/**
+ * Describes the message composer.v1.FinishBlobUploadRequest.
+ * Use `create(FinishBlobUploadRequestSchema)` to create a new message.
+ */
+export const FinishBlobUploadRequestSchema: GenMessage<FinishBlobUploadRequest> = /*@__PURE__*/
+  messageDesc(file_composer_v1_blob_service, 9);
+
+/**
+ * FinishBlobUploadResponse names the stored blob.
+ *
+ * @generated from message composer.v1.FinishBlobUploadResponse
+ */
+export type FinishBlobUploadResponse = Message<"composer.v1.FinishBlobUploadResponse"> & {
+  /**
+   * The reference to put in a value in the blob's stead.
+   *
+   * @generated from field: composer.v1.BlobRef blob = 1;
+   */
+  blob?: BlobRef | undefined;
+};
+
+/**
+ * Describes the message composer.v1.FinishBlobUploadResponse.
+ * Use `create(FinishBlobUploadResponseSchema)` to create a new message.
+ */
+export const FinishBlobUploadResponseSchema: GenMessage<FinishBlobUploadResponse> = /*@__PURE__*/
+  messageDesc(file_composer_v1_blob_service, 10);
+
+/**
  * BlobService moves large payloads between callers and the server's blob
  * store (docs/payloads.md). A value larger than the server's offload
  * threshold (`GetServerInfoResponse.payload_offload_bytes`) is kept in the
@@ -191,6 +342,52 @@ export const BlobService: GenService<{
     methodKind: "server_streaming";
     input: typeof DownloadBlobRequestSchema;
     output: typeof DownloadBlobResponseSchema;
+  },
+  /**
+   * GetBlobUrl returns a short-lived URL from which an HTTP GET reads a
+   * blob of the caller's namespace straight from the blob store, so the
+   * bytes do not pass through the server. Offered when the store signs URLs
+   * (S3-compatible, GCS, Azure) and the server gives them
+   * (`GetServerInfoResponse.blob_urls`); FAILED_PRECONDITION otherwise, and
+   * the caller uses DownloadBlob. NOT_FOUND when the namespace has no blob
+   * with that digest.
+   *
+   * @generated from rpc composer.v1.BlobService.GetBlobUrl
+   */
+  getBlobUrl: {
+    methodKind: "unary";
+    input: typeof GetBlobUrlRequestSchema;
+    output: typeof GetBlobUrlResponseSchema;
+  },
+  /**
+   * StartBlobUpload returns a short-lived URL to which the caller sends a
+   * blob's bytes with one HTTP PUT, and the upload's id for
+   * FinishBlobUpload. The URL writes only an upload object of the caller's
+   * namespace, never a blob: nothing is visible until FinishBlobUpload.
+   * FAILED_PRECONDITION as for GetBlobUrl.
+   *
+   * @generated from rpc composer.v1.BlobService.StartBlobUpload
+   */
+  startBlobUpload: {
+    methodKind: "unary";
+    input: typeof StartBlobUploadRequestSchema;
+    output: typeof StartBlobUploadResponseSchema;
+  },
+  /**
+   * FinishBlobUpload makes the bytes PUT to an upload's URL a blob and
+   * returns its reference: the server reads them once from the store to
+   * learn their digest (it never trusts the caller's), so a blob's key
+   * always names its content. NOT_FOUND when the upload is not one of the
+   * caller's namespace or nothing was PUT; RESOURCE_EXHAUSTED when the bytes
+   * pass `--max-payload-bytes` (the upload is deleted). An upload never
+   * finished is deleted by the collector.
+   *
+   * @generated from rpc composer.v1.BlobService.FinishBlobUpload
+   */
+  finishBlobUpload: {
+    methodKind: "unary";
+    input: typeof FinishBlobUploadRequestSchema;
+    output: typeof FinishBlobUploadResponseSchema;
   },
 }> = /*@__PURE__*/
   serviceDesc(file_composer_v1_blob_service, 0);

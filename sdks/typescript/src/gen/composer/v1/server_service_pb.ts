@@ -10,7 +10,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file composer/v1/server_service.proto.
  */
 export const file_composer_v1_server_service: GenFile = /*@__PURE__*/
-  fileDesc("CiBjb21wb3Nlci92MS9zZXJ2ZXJfc2VydmljZS5wcm90bxILY29tcG9zZXIudjEiFgoUR2V0U2VydmVySW5mb1JlcXVlc3QisAEKFUdldFNlcnZlckluZm9SZXNwb25zZRIWCg5zZXJ2ZXJfdmVyc2lvbhgBIAEoCRIYChBwcm90b2NvbF92ZXJzaW9uGAIgASgJEhAKCGZlYXR1cmVzGAMgAygJEh0KFXBheWxvYWRfb2ZmbG9hZF9ieXRlcxgEIAEoAxIZChFtYXhfcGF5bG9hZF9ieXRlcxgFIAEoAxIZChFtYXhfbWVzc2FnZV9ieXRlcxgGIAEoAzJnCg1TZXJ2ZXJTZXJ2aWNlElYKDUdldFNlcnZlckluZm8SIS5jb21wb3Nlci52MS5HZXRTZXJ2ZXJJbmZvUmVxdWVzdBoiLmNvbXBvc2VyLnYxLkdldFNlcnZlckluZm9SZXNwb25zZUJFWkNnaXRodWIuY29tL2NvbXBvc2VyLWRldi9jb21wb3Nlci9zZGtzL2dvL2dlbi9jb21wb3Nlci92MTtjb21wb3NlcnYxYgZwcm90bzM");
+  fileDesc("CiBjb21wb3Nlci92MS9zZXJ2ZXJfc2VydmljZS5wcm90bxILY29tcG9zZXIudjEiFgoUR2V0U2VydmVySW5mb1JlcXVlc3QiwwEKFUdldFNlcnZlckluZm9SZXNwb25zZRIWCg5zZXJ2ZXJfdmVyc2lvbhgBIAEoCRIYChBwcm90b2NvbF92ZXJzaW9uGAIgASgJEhAKCGZlYXR1cmVzGAMgAygJEh0KFXBheWxvYWRfb2ZmbG9hZF9ieXRlcxgEIAEoAxIZChFtYXhfcGF5bG9hZF9ieXRlcxgFIAEoAxIZChFtYXhfbWVzc2FnZV9ieXRlcxgGIAEoAxIRCglibG9iX3VybHMYByABKAgyZwoNU2VydmVyU2VydmljZRJWCg1HZXRTZXJ2ZXJJbmZvEiEuY29tcG9zZXIudjEuR2V0U2VydmVySW5mb1JlcXVlc3QaIi5jb21wb3Nlci52MS5HZXRTZXJ2ZXJJbmZvUmVzcG9uc2VCRVpDZ2l0aHViLmNvbS9jb21wb3Nlci1kZXYvY29tcG9zZXIvc2Rrcy9nby9nZW4vY29tcG9zZXIvdjE7Y29tcG9zZXJ2MWIGcHJvdG8z");
 
 /**
  * GetServerInfoRequest is empty.
@@ -79,6 +79,14 @@ export type GetServerInfoResponse = Message<"composer.v1.GetServerInfoResponse">
    * @generated from field: int64 max_message_bytes = 6;
    */
   maxMessageBytes: bigint;
+
+  /**
+   * Whether BlobService gives presigned URLs (GetBlobUrl, StartBlobUpload):
+   * an SDK then moves large payloads straight to and from the blob store.
+   *
+   * @generated from field: bool blob_urls = 7;
+   */
+  blobUrls: boolean;
 };
 
 /**
