@@ -2,6 +2,7 @@
 //! binary of its own, and linking the whole server once instead of once per
 //! file is most of what a test build costs.
 
+mod count_plan;
 mod lease_plan;
 mod migrations;
 mod pool;
