@@ -3,15 +3,19 @@
 It keeps the lease protocol of worker_service.proto in memory (fencing by
 (task_id, attempt, lease_token), LEASE_LOST in a google.rpc.ErrorInfo,
 cancel_requested on Heartbeat, an applied report answered OK again) and lets
-a test inject failures. It is not the server: the integration tests run the
-same behaviours against the real one.
+a test inject failures. Its BlobService gives presigned URLs when
+``FakeServer.blob_urls`` is set and a :class:`FakeStore` (a loopback HTTP
+server standing for the blob store) serves them. It is not the server: the
+integration tests run the same behaviours against the real one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.server
 import json
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -123,6 +127,19 @@ class FakeServer:
     """The chunk size of DownloadBlob streams."""
     max_blob_bytes: int = 0
     """A larger upload is refused with RESOURCE_EXHAUSTED, naming ``data`` in a BadRequest (0: no limit)."""
+    blob_urls: bool = False
+    """What GetServerInfo answers as ``blob_urls``; without it (or without ``url_base``) the URL calls
+    answer FAILED_PRECONDITION, as the server's do."""
+    url_base: str | None = None
+    """Where the presigned URLs point, ``http://127.0.0.1:<port>`` (a :class:`FakeStore` sets it)."""
+    url_calls: list[str] = field(default_factory=list)
+    """Each GetBlobUrl, StartBlobUpload and FinishBlobUpload call, by method name."""
+    url_uploads: dict[str, bytes | None] = field(default_factory=dict)
+    """The uploads StartBlobUpload began, by upload id: the bytes PUT to its URL (None: nothing yet)."""
+    http_requests: list[tuple[str, str, dict[str, str]]] = field(default_factory=list)
+    """Each HTTP request the FakeStore got: (method, path without the query, headers)."""
+    http_failures: int = 0
+    """How many of the next HTTP requests the FakeStore answers 403."""
 
     def put_blob(self, value: Any) -> dict[str, Any]:
         """Stores ``value``'s compact JSON as a blob; returns its reference object."""
@@ -261,6 +278,7 @@ class _ServerInfo(server_service_pb2_grpc.ServerServiceServicer):
             payload_offload_bytes=self.state.payload_offload_bytes,
             max_payload_bytes=1 << 30,
             max_message_bytes=4 << 20,
+            blob_urls=self.state.blob_urls,
         )
 
 
@@ -316,6 +334,119 @@ class _Blobs(blob_service_pb2_grpc.BlobServiceServicer):
             if breaking and index == 1:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "injected break")
             yield blob_service_pb2.DownloadBlobResponse(data=data[start : start + step], size=len(data) if index == 0 else 0)
+
+    async def _url_call(self, method: str, context: Any) -> str:
+        """Records a URL call and answers its injected failure, or FAILED_PRECONDITION when no URLs are
+        given; the base of the URLs otherwise."""
+        self.state.url_calls.append(method)
+        await injected(self.state, method, context)
+        if not self.state.blob_urls or self.state.url_base is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, "this server gives no blob URLs")
+        assert self.state.url_base is not None
+        return self.state.url_base
+
+    async def GetBlobUrl(self, request: Any, context: Any) -> blob_service_pb2.GetBlobUrlResponse:
+        base = await self._url_call("GetBlobUrl", context)
+        data = self.state.blobs.get(request.sha256)
+        if data is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no blob {request.sha256}")
+        assert data is not None
+        url = f"{base}/blobs/{request.sha256}?{URL_SIGNATURE}"
+        answer = blob_service_pb2.GetBlobUrlResponse(url=url, size=len(data))
+        answer.expires_at.FromSeconds(int(time.time()) + 300)
+        return answer
+
+    async def StartBlobUpload(self, request: Any, context: Any) -> blob_service_pb2.StartBlobUploadResponse:
+        base = await self._url_call("StartBlobUpload", context)
+        upload_id = uuid.uuid4().hex
+        self.state.url_uploads[upload_id] = None
+        url = f"{base}/uploads/{upload_id}?{URL_SIGNATURE}"
+        answer = blob_service_pb2.StartBlobUploadResponse(upload_id=upload_id, url=url)
+        answer.expires_at.FromSeconds(int(time.time()) + 300)
+        return answer
+
+    async def FinishBlobUpload(self, request: Any, context: Any) -> blob_service_pb2.FinishBlobUploadResponse:
+        await self._url_call("FinishBlobUpload", context)
+        data = self.state.url_uploads.pop(request.upload_id, None)
+        if data is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"no upload {request.upload_id} with bytes")
+        assert data is not None
+        sha256 = hashlib.sha256(data).hexdigest()
+        self.state.blobs[sha256] = data
+        blob = blob_service_pb2.BlobRef(sha256=sha256, size=len(data), head=blob_head(data))
+        return blob_service_pb2.FinishBlobUploadResponse(blob=blob)
+
+
+URL_SIGNATURE = "X-Amz-Signature=fake-secret-signature"
+"""The query of every URL the fake gives: what a log must never show."""
+
+
+class FakeStore:
+    """The blob store behind the fake's presigned URLs: an HTTP server on a free loopback port (in a
+    thread) that answers ``GET /blobs/<sha256>`` from ``state.blobs`` and keeps the body of
+    ``PUT /uploads/<upload id>`` for FinishBlobUpload. Sets ``state.url_base``; use it as a context
+    manager (it stops at the end)."""
+
+    def __init__(self, state: FakeServer) -> None:
+        self.state = state
+        store = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _refused(self) -> bool:
+                path = self.path.split("?", 1)[0]
+                store.state.http_requests.append((self.command, path, dict(self.headers.items())))
+                if store.state.http_failures > 0:
+                    store.state.http_failures -= 1
+                    self.send_error(403, "injected")
+                    return True
+                if not self.path.endswith("?" + URL_SIGNATURE):
+                    self.send_error(403, "no signature")
+                    return True
+                return False
+
+            def do_GET(self) -> None:
+                if self._refused():
+                    return
+                sha256 = self.path.split("?", 1)[0].removeprefix("/blobs/")
+                data = store.state.blobs.get(sha256)
+                if data is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = self.rfile.read(length)
+                if self._refused():
+                    return
+                upload_id = self.path.split("?", 1)[0].removeprefix("/uploads/")
+                if upload_id not in store.state.url_uploads:
+                    self.send_error(404)
+                    return
+                store.state.url_uploads[upload_id] = body
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> FakeStore:
+        self._thread.start()
+        self.state.url_base = self.url
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
 
 
 async def start_fake(

@@ -1,6 +1,8 @@
 """Large payloads (C23 locally): the reference walk, the offload threshold, upload chunking and
 resuming downloads, the Client's start_run / send_event / wait_for_result, and the Worker's input
-resolution and output offloading, against the in-process fakes of tests/_fakes.py."""
+resolution and output offloading, against the in-process fakes of tests/_fakes.py; and (C24
+locally) the same through presigned URLs served by a loopback HTTP server, with their two
+fallbacks to the streams."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ import hashlib
 import json
 import logging
 import re
+import socket
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import grpc
 import pytest
-from _fakes import FakeServer, blob_head, busy, start_fake
+from _fakes import URL_SIGNATURE, FakeServer, FakeStore, blob_head, busy, start_fake
 
 from composer import (
     Backoff,
@@ -170,10 +174,15 @@ class FakeRuns(run_service_pb2_grpc.RunServiceServicer):
 
 
 def with_client(
-    test: Callable[[Client, FakeServer, FakeRuns], Coroutine[Any, Any, None]], *, offload: int = 100
+    test: Callable[[Client, FakeServer, FakeRuns], Coroutine[Any, Any, None]],
+    *,
+    offload: int = 100,
+    state: FakeServer | None = None,
 ) -> None:
     async def main() -> None:
-        state = FakeServer(payload_offload_bytes=offload)
+        nonlocal state
+        if state is None:
+            state = FakeServer(payload_offload_bytes=offload)
         runs = FakeRuns()
         server, address = await start_fake(
             state, also=lambda s: run_service_pb2_grpc.add_RunServiceServicer_to_server(runs, s)
@@ -296,9 +305,12 @@ def with_worker(
     offload: int = 100,
     check_server: bool = True,
     report_timeout: float = 300.0,
+    state: FakeServer | None = None,
 ) -> None:
     async def main() -> None:
-        state = FakeServer(payload_offload_bytes=offload)
+        nonlocal state
+        if state is None:
+            state = FakeServer(payload_offload_bytes=offload)
         server, address = await start_fake(state)
         worker = Worker(
             address,
@@ -504,3 +516,213 @@ def test_server_info_reports_the_payload_limits() -> None:
         assert (info.payload_offload_bytes, info.max_payload_bytes, info.max_message_bytes) == (100, 1 << 30, 4 << 20)
 
     with_client(test)
+
+
+# --- presigned URLs (C24) -------------------------------------------------------
+
+
+def url_server(offload: int = 100) -> FakeServer:
+    """A fake server whose GetServerInfo says ``blob_urls``."""
+    return FakeServer(payload_offload_bytes=offload, blob_urls=True)
+
+
+def closed_port_url() -> str:
+    """``http://127.0.0.1:<port>`` of a loopback port nothing listens on (bound, then closed)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def no_url_in(text: str) -> None:
+    """A URL is a credential: no log line shows one (its signature, its path)."""
+    assert URL_SIGNATURE.split("=")[1] not in text
+    assert "/uploads/" not in text and "/blobs/" not in text
+
+
+def test_with_blob_urls_the_client_moves_blobs_through_presigned_urls(caplog: pytest.LogCaptureFixture) -> None:
+    """C24: upload = StartBlobUpload, one PUT (Content-Length set), FinishBlobUpload; download =
+    GetBlobUrl, one GET; start_run and wait_for_result go the same way; NOT_FOUND stays NOT_FOUND;
+    the streams are never used and no URL is logged."""
+    caplog.set_level(logging.DEBUG, logger="composer")
+    state = url_server()
+
+    async def test(client: Client, state: FakeServer, runs: FakeRuns) -> None:
+        assert (await client.server_info()).blob_urls is True
+        data = json.dumps({"doc": "u" * (2 * MIB)}).encode()
+        blob = await client.upload_blob(data)
+        assert (blob.sha256, blob.size) == (hashlib.sha256(data).hexdigest(), len(data))
+        assert blob.head.startswith('{"doc"')
+        assert state.url_calls == ["StartBlobUpload", "FinishBlobUpload"]
+        [(method, path, headers)] = state.http_requests
+        assert (method, path.rsplit("/", 1)[0]) == ("PUT", "/uploads")
+        assert headers["Content-Length"] == str(len(data))
+        assert state.blobs[blob.sha256] == data
+
+        assert await client.download_blob(blob.sha256) == data
+        assert state.url_calls[-1] == "GetBlobUrl"
+        assert state.http_requests[-1][:2] == ("GET", f"/blobs/{blob.sha256}")
+
+        # Everything C23 moves goes the same way.
+        big = {"doc": "b" * 200, "n": 7}
+        await client.start_run("wf", big)
+        sent = from_value(runs.requests[-1].input)
+        assert state.blobs[sent["$blob"]["sha256"]] == json.dumps(big, separators=(",", ":")).encode()
+        runs.output = {"a": sent, "b": [sent]}
+        assert await client.wait_for_result("r-1", timeout=10) == {"a": big, "b": [big]}
+        assert [m for m, _, _ in state.http_requests] == ["PUT", "GET", "PUT", "GET"]
+
+        with pytest.raises(NotFoundError):
+            await client.download_blob(digest("nothing stored"))
+        assert state.url_calls[-1] == "GetBlobUrl"
+
+        # The streams were never used.
+        assert state.upload_chunks == [] and state.downloads == []
+
+    with FakeStore(state):
+        with_client(test, state=state)
+    assert "uploaded through a URL" in caplog.text
+    no_url_in(caplog.text)
+
+
+def test_with_blob_urls_a_worker_moves_inputs_and_outputs_through_urls() -> None:
+    """C24 in the worker: the input's references are read with GETs, the large output written with a
+    PUT and FinishBlobUpload; no stream is used."""
+    seen: list[Any] = []
+    state = url_server()
+
+    async def test(state: FakeServer, worker: Worker) -> None:
+        doc = {"doc": "d" * 500, "n": 7}
+        reference = state.put_blob(doc)
+
+        @worker.task("q", "echo")
+        def echo(ctx: TaskContext) -> Any:
+            seen.append(ctx.input)
+            return ctx.input
+
+        done = await reported(state, state.add_task("echo", {"whole": reference, "list": [reference]}))
+        assert seen == [{"whole": doc, "list": [doc]}]
+        output = from_value(done.output)
+        text = json.dumps(seen[0], separators=(",", ":")).encode()
+        assert output == ref(hashlib.sha256(text).hexdigest(), len(text), blob_head(text))
+        assert state.blobs[output["$blob"]["sha256"]] == text
+        assert state.url_calls == ["GetBlobUrl", "StartBlobUpload", "FinishBlobUpload"]
+        assert [m for m, _, _ in state.http_requests] == ["GET", "PUT"]
+        assert state.upload_chunks == [] and state.downloads == []
+
+    with FakeStore(state):
+        with_worker(test, state=state)
+
+
+def test_a_url_call_refused_with_failed_precondition_sends_every_blob_through_the_streams_from_then_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C24: the server stops giving URLs (FAILED_PRECONDITION): that transfer goes through the stream,
+    and so does every later one of that client, even after GetServerInfo says blob_urls again."""
+    caplog.set_level(logging.DEBUG, logger="composer")
+    state = url_server()
+    state.inject["StartBlobUpload"].append(grpc.StatusCode.FAILED_PRECONDITION)
+
+    async def test(client: Client, state: FakeServer, runs: FakeRuns) -> None:
+        data = b'{"doc":"refused"}'
+        blob = await client.upload_blob(data)
+        assert state.url_calls == ["StartBlobUpload"]
+        assert state.upload_chunks == [[len(data)]]
+        assert blob.sha256 == hashlib.sha256(data).hexdigest()
+
+        assert await client.download_blob(blob.sha256) == data
+        await client.upload_blob(b'{"doc":"again"}')
+        assert (await client.server_info()).blob_urls is True
+        await client.start_run("wf", {"doc": "b" * 200})
+        runs.output = state.put_blob({"doc": "o" * 200})
+        assert await client.wait_for_result("r-1", timeout=10) == {"doc": "o" * 200}
+
+        assert state.url_calls == ["StartBlobUpload"]  # no URL call after the refusal
+        assert len(state.upload_chunks) == 3 and len(state.downloads) == 2
+        assert state.http_requests == []
+
+    with FakeStore(state):
+        with_client(test, state=state)
+    assert "blobs go through its streams from now on" in caplog.text
+
+
+def test_a_server_that_stops_giving_urls_is_seen_on_a_download_too() -> None:
+    """C24: GetBlobUrl answered FAILED_PRECONDITION (the server's blob_urls went off): the download
+    goes through the stream, and the next upload goes straight to the stream."""
+    state = url_server()
+
+    async def test(client: Client, state: FakeServer, runs: FakeRuns) -> None:
+        blob = await client.upload_blob(b'{"doc":"first"}')  # through the URL
+        assert state.url_calls == ["StartBlobUpload", "FinishBlobUpload"]
+        state.blob_urls = False
+        assert await client.download_blob(blob.sha256) == b'{"doc":"first"}'
+        await client.upload_blob(b'{"doc":"second"}')
+        assert state.url_calls == ["StartBlobUpload", "FinishBlobUpload", "GetBlobUrl"]
+        assert len(state.downloads) == 1 and len(state.upload_chunks) == 1
+
+    with FakeStore(state):
+        with_client(test, state=state)
+
+
+def test_a_worker_refused_a_url_uses_the_streams_from_then_on() -> None:
+    """C24 in the worker: GetBlobUrl answered FAILED_PRECONDITION for the first input; that input and
+    everything after (the next task's input, the outputs) go through the streams."""
+    seen: list[Any] = []
+    state = url_server()
+    state.inject["GetBlobUrl"].append(grpc.StatusCode.FAILED_PRECONDITION)
+
+    async def test(state: FakeServer, worker: Worker) -> None:
+        doc = {"doc": "d" * 500}
+        reference = state.put_blob(doc)
+
+        @worker.task("q", "echo")
+        def echo(ctx: TaskContext) -> Any:
+            seen.append(ctx.input)
+            return ctx.input
+
+        first = await reported(state, state.add_task("echo", reference))
+        second = await reported(state, state.add_task("echo", [reference]))
+        assert seen == [doc, [doc]]
+        assert "$blob" in from_value(first.output) and "$blob" in from_value(second.output)
+        assert state.url_calls == ["GetBlobUrl"]
+        assert len(state.downloads) == 2 and len(state.upload_chunks) == 2
+        assert state.http_requests == []
+
+    with FakeStore(state):
+        with_worker(test, state=state)
+
+
+def test_a_url_whose_http_request_fails_sends_that_transfer_through_the_stream(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C24: a PUT or GET that fails (nothing listens at the URL's port; the store answers 403) sends
+    that one transfer through the stream; the next one tries its URL again. No log shows a URL."""
+    caplog.set_level(logging.DEBUG, logger="composer")
+    state = url_server()
+
+    async def test(client: Client, state: FakeServer, runs: FakeRuns) -> None:
+        store_url = state.url_base
+        state.url_base = closed_port_url()  # the store unreachable from here
+        data = b'{"doc":"unreachable"}'
+        blob = await client.upload_blob(data)
+        assert blob.sha256 == hashlib.sha256(data).hexdigest() and state.blobs[blob.sha256] == data
+        assert state.url_calls == ["StartBlobUpload"]
+        assert state.upload_chunks == [[len(data)]]
+        assert await client.download_blob(blob.sha256) == data
+        assert state.url_calls == ["StartBlobUpload", "GetBlobUrl"]
+        assert len(state.downloads) == 1
+
+        # The store answers, but refuses one request: only that transfer takes the stream.
+        state.url_base = store_url
+        state.http_failures = 1
+        other = await client.upload_blob(b'{"doc":"refused once"}')
+        assert len(state.upload_chunks) == 2
+        assert await client.download_blob(other.sha256) == b'{"doc":"refused once"}'
+        assert len(state.downloads) == 1  # through the URL this time
+        assert state.url_calls[2:] == ["StartBlobUpload", "GetBlobUrl"]
+        assert [(m, p.split("/")[1]) for m, p, _ in state.http_requests] == [("PUT", "uploads"), ("GET", "blobs")]
+
+    with FakeStore(state):
+        with_client(test, state=state)
+    assert "failed (ConnectionRefusedError" in caplog.text and "failed (HTTP 403)" in caplog.text
+    no_url_in(caplog.text)

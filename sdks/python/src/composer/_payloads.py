@@ -7,15 +7,23 @@ the JSON object ``{"$blob": {"sha256": ..., "size": ..., "head": ...}}``. An
 object whose only key is ``$blob`` is a reference, at any depth of a value.
 
 This module is what the Client and the Worker share: the reference walk, the
-threshold test, and the two BlobService streams over a :class:`Connection`.
+threshold test, and moving a blob's bytes over a :class:`Connection`: through
+presigned URLs when the server gives them (``GetServerInfoResponse.blob_urls``,
+see :class:`BlobUrls`), else through BlobService's two streams.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import http.client
 import json
+import logging
 import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
@@ -25,8 +33,10 @@ from composer.v1 import blob_service_pb2
 
 from ._connection import Connection
 from .backoff import Backoff
-from .errors import ComposerError, from_rpc_error
+from .errors import ComposerError, FailedPreconditionError, UnimplementedError, from_rpc_error
 from .models import BlobRef
+
+log = logging.getLogger("composer.payloads")
 
 BLOB_KEY = "$blob"
 """The one key of a reference object."""
@@ -111,12 +121,172 @@ def upload_requests(data: bytes, chunk_bytes: int = CHUNK_BYTES) -> Iterator[blo
         yield blob_service_pb2.UploadBlobRequest(data=bytes(view[start : start + chunk_bytes]))
 
 
-async def upload(
-    conn: Connection, data: bytes, *, timeout: float | None, wait_for_ready: bool = False
-) -> BlobRef:
-    """Streams ``data`` to BlobService.UploadBlob; returns the stored blob's reference.
+class BlobUrls:
+    """Whether one client (a Client, or a Worker's connection) moves blob bytes through presigned URLs.
 
-    ``timeout`` bounds the whole stream. ComposerError as the server answers
+    On once GetServerInfo says ``blob_urls`` (:meth:`offered`); off for good
+    once a URL call is answered FAILED_PRECONDITION (the server stopped giving
+    URLs) or UNIMPLEMENTED (:meth:`refuse`): the streams from then on.
+    """
+
+    def __init__(self) -> None:
+        self._offered = False
+        self._refused = False
+
+    @property
+    def on(self) -> bool:
+        """True when an upload or a download goes through a URL first."""
+        return self._offered and not self._refused
+
+    def offered(self, blob_urls: bool) -> None:
+        """Records what GetServerInfo says (``blob_urls``); a refusal seen before stands."""
+        self._offered = bool(blob_urls)
+
+    def refuse(self) -> None:
+        """The server gives no URLs any more: the streams from now on."""
+        self._refused = True
+
+
+class _Clock:
+    """What is left of a timeout that bounds a whole upload or download (None: no bound)."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self._deadline = None if timeout is None else time.monotonic() + timeout
+
+    def left(self) -> float | None:
+        if self._deadline is None:
+            return None
+        return max(self._deadline - time.monotonic(), 0.001)
+
+
+class _HttpFailed(Exception):
+    """An HTTP request to a presigned URL that failed. Its message never holds the URL (a credential)."""
+
+
+def _http(method: str, url: str, data: bytes | None, timeout: float | None) -> bytes:
+    """One HTTP request to a presigned ``url``; the response's body. _HttpFailed (without the URL in
+    it) for anything but a 2xx answer: no redirect is followed, only http and https are spoken."""
+    try:
+        scheme = urllib.parse.urlsplit(url).scheme.lower()
+    except ValueError:
+        raise _HttpFailed("a malformed URL") from None
+    if scheme not in ("http", "https"):
+        raise _HttpFailed("a URL that is not http or https")
+    opener = urllib.request.OpenerDirector()
+    for handler in (
+        urllib.request.ProxyHandler(),
+        urllib.request.HTTPHandler(),
+        urllib.request.HTTPSHandler(),
+        urllib.request.HTTPDefaultErrorHandler(),
+        urllib.request.HTTPErrorProcessor(),
+    ):
+        opener.add_handler(handler)
+    try:
+        request = urllib.request.Request(url, data=data, method=method)
+        if data is not None:
+            request.add_header("Content-Length", str(len(data)))
+            # urllib would otherwise send a form's content type.
+            request.add_header("Content-Type", "application/octet-stream")
+        with opener.open(request, timeout=timeout) as response:
+            status = response.status
+            body: bytes = response.read()
+    except urllib.error.HTTPError as error:
+        error.close()
+        raise _HttpFailed(f"HTTP {error.code}") from None
+    except urllib.error.URLError as error:
+        reason = error.reason
+        raise _HttpFailed(_os_error(reason) if isinstance(reason, OSError) else "URLError") from None
+    except OSError as error:
+        raise _HttpFailed(_os_error(error)) from None
+    except (ValueError, http.client.HTTPException) as error:
+        raise _HttpFailed(type(error).__name__) from None
+    if not 200 <= status < 300:
+        raise _HttpFailed(f"HTTP {status}")
+    return body
+
+
+def _os_error(error: OSError) -> str:
+    """An OSError's class and errno text, which name no URL."""
+    return f"{type(error).__name__}: {error.strerror}" if error.strerror else type(error).__name__
+
+
+async def _http_off_loop(method: str, url: str, data: bytes | None, clock: _Clock) -> bytes:
+    """:func:`_http` in a thread (the event loop goes on), within what is left of ``clock``."""
+    try:
+        return await asyncio.wait_for(asyncio.to_thread(_http, method, url, data, clock.left()), clock.left())
+    except asyncio.TimeoutError:
+        raise _HttpFailed("timed out") from None
+
+
+async def _url_call(
+    conn: Connection, method: Any, request: Any, urls: BlobUrls, clock: _Clock, wait_for_ready: bool
+) -> Any:
+    """A BlobService URL call; None when the caller should use the stream instead: the server gives no
+    URLs (FAILED_PRECONDITION or UNIMPLEMENTED: ``urls`` is refused for good), or the call met a
+    transient failure (the stream resumes and retries on its own). Other failures are raised."""
+    try:
+        return await conn.unary(method, request, timeout=clock.left(), wait_for_ready=wait_for_ready)
+    except (FailedPreconditionError, UnimplementedError) as error:
+        urls.refuse()
+        log.info("the server gives no blob URLs (%s); blobs go through its streams from now on", error.code.name)
+        return None
+    except ComposerError as error:
+        if not error.retryable:
+            raise
+        log.info("a blob URL call failed (%s); this transfer goes through the server's stream", error.code.name)
+        return None
+
+
+async def _upload_through_url(
+    conn: Connection, data: bytes, urls: BlobUrls, clock: _Clock, wait_for_ready: bool
+) -> BlobRef | None:
+    """StartBlobUpload, one PUT of ``data`` to its URL, FinishBlobUpload: the stored blob's reference,
+    or None when the upload is to go through the stream (see :func:`_url_call`; a failed PUT)."""
+    started: blob_service_pb2.StartBlobUploadResponse | None = await _url_call(
+        conn, conn.blobs.StartBlobUpload, blob_service_pb2.StartBlobUploadRequest(), urls, clock, wait_for_ready
+    )
+    if started is None:
+        return None
+    try:
+        await _http_off_loop("PUT", started.url, data, clock)
+    except _HttpFailed as failure:
+        log.warning(
+            "the PUT of %d bytes to a blob URL failed (%s); this upload goes through the server's stream",
+            len(data),
+            failure,
+        )
+        return None
+    finished: blob_service_pb2.FinishBlobUploadResponse | None = await _url_call(
+        conn,
+        conn.blobs.FinishBlobUpload,
+        blob_service_pb2.FinishBlobUploadRequest(upload_id=started.upload_id),
+        urls,
+        clock,
+        wait_for_ready,
+    )
+    if finished is None:
+        return None
+    log.debug("blob %s of %d bytes uploaded through a URL", finished.blob.sha256, finished.blob.size)
+    return BlobRef.from_proto(finished.blob)
+
+
+async def upload(
+    conn: Connection,
+    data: bytes,
+    *,
+    timeout: float | None,
+    wait_for_ready: bool = False,
+    urls: BlobUrls | None = None,
+) -> BlobRef:
+    """Stores ``data`` as a blob; returns the stored blob's reference.
+
+    With ``urls`` on, the bytes go straight to the blob store: StartBlobUpload,
+    one HTTP PUT to its URL, FinishBlobUpload. A PUT that fails (the store
+    unreachable from here, a non-2xx answer) sends this upload through the
+    stream instead; a URL call answered FAILED_PRECONDITION turns ``urls`` off
+    for good. Otherwise (or then) the bytes are streamed to BlobService.UploadBlob.
+
+    ``timeout`` bounds the whole upload. ComposerError as the server answers
     (RESOURCE_EXHAUSTED past its ``--max-payload-bytes``, or when it is busy:
     see :attr:`ComposerError.busy`). The server keeps the
     bytes as they are and reads them as JSON only when an expression looks
@@ -124,38 +294,100 @@ async def upload(
     """
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"upload_blob takes bytes (the JSON text of a value), not {type(data).__name__}")
+    data = bytes(data)
+    clock = _Clock(timeout)
+    if urls is not None and urls.on:
+        blob = await _upload_through_url(conn, data, urls, clock, wait_for_ready)
+        if blob is not None:
+            return blob
 
     async def stream() -> AsyncIterator[blob_service_pb2.UploadBlobRequest]:
-        for request in upload_requests(bytes(data)):
+        for request in upload_requests(data):
             yield request
 
     try:
         response: blob_service_pb2.UploadBlobResponse = await conn.blobs.UploadBlob(
-            stream(), metadata=conn.metadata, timeout=timeout, wait_for_ready=wait_for_ready
+            stream(), metadata=conn.metadata, timeout=clock.left(), wait_for_ready=wait_for_ready
         )
     except grpc.RpcError as error:
         raise from_rpc_error(error) from None
     return BlobRef.from_proto(response.blob)
 
 
-async def download(
-    conn: Connection, sha256: str, *, timeout: float | None, wait_for_ready: bool = False
-) -> bytes:
-    """The bytes of the blob ``sha256`` of the caller's namespace, from BlobService.DownloadBlob.
+def _checked(sha256: str, data: bytes, size: int | None) -> ComposerError | None:
+    """DATA_LOSS when ``data`` is not ``size`` bytes long (None: not said) or has another digest."""
+    if size is not None and len(data) != size:
+        return ComposerError(
+            grpc.StatusCode.DATA_LOSS, f"blob {sha256} is {size} bytes but the download gave {len(data)}"
+        )
+    if hashlib.sha256(data).hexdigest() != sha256:
+        return ComposerError(grpc.StatusCode.DATA_LOSS, f"the bytes downloaded for blob {sha256} have another digest")
+    return None
 
-    A stream broken by UNAVAILABLE or DEADLINE_EXCEEDED goes on from the
-    offset reached (up to :data:`DOWNLOAD_RETRIES` times). The bytes are
-    checked against their size and digest. ValueError for a malformed
-    ``sha256``; NotFoundError when the namespace has no such blob.
+
+async def _download_through_url(
+    conn: Connection, sha256: str, urls: BlobUrls, clock: _Clock, wait_for_ready: bool
+) -> bytes | None:
+    """GetBlobUrl, one GET of its URL: the blob's bytes, checked; None when the download is to go
+    through the stream (see :func:`_url_call`; a failed GET, or bytes that are not the blob's).
+    NotFoundError when the namespace has no such blob."""
+    answer: blob_service_pb2.GetBlobUrlResponse | None = await _url_call(
+        conn, conn.blobs.GetBlobUrl, blob_service_pb2.GetBlobUrlRequest(sha256=sha256), urls, clock, wait_for_ready
+    )
+    if answer is None:
+        return None
+    try:
+        data = await _http_off_loop("GET", answer.url, None, clock)
+    except _HttpFailed as failure:
+        log.warning(
+            "the GET of blob %s from its URL failed (%s); this download goes through the server's stream",
+            sha256,
+            failure,
+        )
+        return None
+    wrong = _checked(sha256, data, answer.size or None)
+    if wrong is not None:
+        log.warning("%s (from its URL); this download goes through the server's stream", wrong.message)
+        return None
+    log.debug("blob %s of %d bytes downloaded through a URL", sha256, len(data))
+    return data
+
+
+async def download(
+    conn: Connection,
+    sha256: str,
+    *,
+    timeout: float | None,
+    wait_for_ready: bool = False,
+    urls: BlobUrls | None = None,
+) -> bytes:
+    """The bytes of the blob ``sha256`` of the caller's namespace.
+
+    With ``urls`` on, they come straight from the blob store: GetBlobUrl, then
+    one HTTP GET of its URL. A GET that fails (or gives other bytes) takes this
+    download through the stream instead; a URL call answered
+    FAILED_PRECONDITION turns ``urls`` off for good. Otherwise (or then) they
+    come from BlobService.DownloadBlob: a stream broken by UNAVAILABLE or
+    DEADLINE_EXCEEDED goes on from the offset reached (up to
+    :data:`DOWNLOAD_RETRIES` times). ``timeout`` bounds the whole download.
+    The bytes are checked against their size and digest. ValueError for a
+    malformed ``sha256``; NotFoundError when the namespace has no such blob.
     """
     if not isinstance(sha256, str) or not _SHA256.match(sha256):
         raise ValueError(f"a blob's sha256 is 64 lowercase hex digits, not {sha256!r:.80}")
+    clock = _Clock(timeout)
+    if urls is not None and urls.on:
+        through_url = await _download_through_url(conn, sha256, urls, clock, wait_for_ready)
+        if through_url is not None:
+            return through_url
     received = bytearray()
     size: int | None = None
     failures = 0
     while True:
         request = blob_service_pb2.DownloadBlobRequest(sha256=sha256, offset=len(received))
-        call = conn.blobs.DownloadBlob(request, metadata=conn.metadata, timeout=timeout, wait_for_ready=wait_for_ready)
+        call = conn.blobs.DownloadBlob(
+            request, metadata=conn.metadata, timeout=clock.left(), wait_for_ready=wait_for_ready
+        )
         try:
             async for chunk in call:
                 if size is None and chunk.size:
@@ -171,12 +403,9 @@ async def download(
         finally:
             call.cancel()
     data = bytes(received)
-    if size is not None and len(data) != size:
-        raise ComposerError(
-            grpc.StatusCode.DATA_LOSS, f"blob {sha256} is {size} bytes but the download gave {len(data)}"
-        )
-    if hashlib.sha256(data).hexdigest() != sha256:
-        raise ComposerError(grpc.StatusCode.DATA_LOSS, f"the bytes downloaded for blob {sha256} have another digest")
+    wrong = _checked(sha256, data, size)
+    if wrong is not None:
+        raise wrong
     return data
 
 
@@ -240,6 +469,7 @@ async def _resolve(value: Any, fetch: Fetch, cache: dict[str, bytes], inside: tu
 
 __all__ = [
     "BLOB_KEY",
+    "BlobUrls",
     "CHUNK_BYTES",
     "compact_json",
     "download",

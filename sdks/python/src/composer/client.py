@@ -264,6 +264,8 @@ class Client:
         self._wait_for_ready = wait_for_ready
         self._offload_bytes: int | None = None
         """The server's payload_offload_bytes, once asked (see :meth:`_offload_threshold`)."""
+        self._blob_urls = _payloads.BlobUrls()
+        """Whether blobs move through presigned URLs (the server's blob_urls, until it refuses one)."""
 
     async def __aenter__(self) -> Client:
         return self
@@ -288,6 +290,7 @@ class Client:
             self._conn.server.GetServerInfo, server_service_pb2.GetServerInfoRequest()
         )
         self._offload_bytes = max(info.payload_offload_bytes, 0)
+        self._blob_urls.offered(info.blob_urls)
         return ServerInfo(
             info.server_version,
             info.protocol_version,
@@ -295,6 +298,7 @@ class Client:
             payload_offload_bytes=info.payload_offload_bytes,
             max_payload_bytes=info.max_payload_bytes,
             max_message_bytes=info.max_message_bytes,
+            blob_urls=info.blob_urls,
         )
 
     async def check_protocol(self) -> ServerInfo:
@@ -734,23 +738,35 @@ class Client:
         returns its :class:`~composer.BlobRef`; ``ref.reference()`` is the object to put in a
         value in its stead (docs/payloads.md).
 
-        The bytes go in chunks of at most 1 MiB; uploading bytes already stored
-        returns the same reference. The client's ``timeout`` bounds the whole
-        upload. The server keeps the bytes as they are (an expression that
-        looks into a blob that is not JSON reads null); ResourceExhaustedError
-        past its ``max_payload_bytes``.
+        When the server gives presigned URLs (``server_info().blob_urls``) the
+        bytes go straight to its blob store: StartBlobUpload, one HTTP PUT to the
+        URL, FinishBlobUpload; a PUT that fails sends them through the server's
+        stream instead, and a server that stops giving URLs (FAILED_PRECONDITION)
+        gets the stream from then on. The stream carries chunks of at most
+        1 MiB. Uploading bytes already stored returns the same reference. The
+        client's ``timeout`` bounds the whole upload. The server keeps the bytes
+        as they are (an expression that looks into a blob that is not JSON reads
+        null); ResourceExhaustedError past its ``max_payload_bytes``.
         """
-        return await _payloads.upload(self._conn, data, timeout=self._timeout, wait_for_ready=self._wait_for_ready)
+        await self._learn_blob_urls()
+        return await _payloads.upload(
+            self._conn, data, timeout=self._timeout, wait_for_ready=self._wait_for_ready, urls=self._blob_urls
+        )
 
     async def download_blob(self, sha256: str) -> bytes:
         """The bytes of the namespace's blob ``sha256`` (a reference's ``sha256``).
 
-        A download broken by UNAVAILABLE goes on from where it stopped; the bytes
-        are checked against the digest. ValueError for a malformed ``sha256``;
-        NotFoundError when the namespace has no such blob (another namespace's
-        blobs are never readable).
+        When the server gives presigned URLs they come straight from its blob
+        store (GetBlobUrl, one HTTP GET), else (or when that GET fails) from its
+        stream; a stream download broken by UNAVAILABLE goes on from where it
+        stopped. The bytes are checked against the digest. ValueError for a
+        malformed ``sha256``; NotFoundError when the namespace has no such blob
+        (another namespace's blobs are never readable).
         """
-        return await _payloads.download(self._conn, sha256, timeout=self._timeout, wait_for_ready=self._wait_for_ready)
+        await self._learn_blob_urls()
+        return await _payloads.download(
+            self._conn, sha256, timeout=self._timeout, wait_for_ready=self._wait_for_ready, urls=self._blob_urls
+        )
 
     async def resolve_payload(self, value: Any) -> Any:
         """A copy of ``value`` with every blob reference at any depth (an object whose only key is
@@ -783,6 +799,15 @@ class Client:
                 self._offload_bytes = 0
         assert self._offload_bytes is not None
         return self._offload_bytes
+
+    async def _learn_blob_urls(self) -> None:
+        """Asks the server once (with the threshold) whether it gives blob URLs; a server that cannot
+        be asked now gets this transfer through its streams (and is asked again next time)."""
+        if self._offload_bytes is None:
+            try:
+                await self._offload_threshold()
+            except ComposerError as error:
+                log.debug("could not ask the server whether it gives blob URLs (%s)", error.code.name)
 
     # --- bulk operations --------------------------------------------------
 

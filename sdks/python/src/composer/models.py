@@ -1027,6 +1027,9 @@ class ServerInfo:
     """The largest payload the server accepts, inline or as a blob (0: not said)."""
     max_message_bytes: int = 0
     """The largest request message the server decodes (0: not said)."""
+    blob_urls: bool = False
+    """Whether the server gives presigned URLs for blobs: the SDK then moves large payloads straight
+    to and from its blob store (docs/payloads.md)."""
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,9 @@ and only then stops heartbeating.
 Handlers never see blob references (docs/payloads.md): the worker replaces
 every reference in a task's input with the value it names before the handler
 runs, and uploads an output whose compact JSON is longer than the server's
-``payload_offload_bytes``, reporting its reference. An output the server
+``payload_offload_bytes``, reporting its reference; when the server gives
+presigned URLs (``blob_urls``) those bytes move straight to and from its blob
+store. An output the server
 refuses for its size fails the attempt with ``OUTPUT_TOO_LARGE`` (not
 retryable); one it cannot take now (unreachable, or busy until the report
 deadline) with ``OUTPUT_UPLOAD_FAILED``, retryable.
@@ -255,6 +257,8 @@ class Worker:
         self._pending_stop = False
         self._offload_bytes: int | None = None
         """The server's payload_offload_bytes, from the protocol check (or asked when an output is ready)."""
+        self._blob_urls = _payloads.BlobUrls()
+        """Whether blobs move through presigned URLs (the server's blob_urls, until it refuses one)."""
 
     # --- registration -----------------------------------------------------
 
@@ -452,7 +456,7 @@ class Worker:
         while not self._stop_requested.is_set():
             try:
                 info = await self._conn.check_protocol()
-                self._offload_bytes = max(info.payload_offload_bytes, 0)
+                self._learn_server(info)
                 return
             except ComposerError as error:
                 if not error.retryable:
@@ -659,7 +663,9 @@ class Worker:
         conn = self._conn
 
         async def fetch(sha256: str) -> bytes:
-            return await _payloads.download(conn, sha256, timeout=self._report_timeout)
+            # (inside the downloads, which a lost lease or a cancelled run stops)
+            await self._ask_server(ctx, "its streams carry the input's blobs")
+            return await _payloads.download(conn, sha256, timeout=self._report_timeout, urls=self._blob_urls)
 
         resolving = asyncio.ensure_future(_payloads.resolve(ctx.input, fetch))
         handler_box.append(resolving)  # a lost lease or a cancelled run stops the downloads too
@@ -712,7 +718,7 @@ class Worker:
         deadline = time.monotonic() + self._report_timeout
         while True:
             try:
-                return await _payloads.upload(self._conn, data, timeout=self._report_timeout)
+                return await _payloads.upload(self._conn, data, timeout=self._report_timeout, urls=self._blob_urls)
             except ComposerError as error:
                 failures += 1
                 delay = self._retry_delay(error, failures)
@@ -724,19 +730,32 @@ class Worker:
     async def _offload_threshold(self, ctx: TaskContext) -> int:
         """The server's ``payload_offload_bytes``: from the protocol check, else asked once now. A
         server that cannot be asked gets the output inline (it offloads one itself if it must)."""
+        await self._ask_server(ctx, "output sent inline")
+        return self._offload_bytes or 0
+
+    def _learn_server(self, info: server_service_pb2.GetServerInfoResponse) -> None:
+        """Keeps what GetServerInfo says of payloads: the offload threshold, whether blob URLs are given."""
+        self._offload_bytes = max(info.payload_offload_bytes, 0)
+        self._blob_urls.offered(info.blob_urls)
+
+    async def _ask_server(self, ctx: TaskContext, otherwise: str) -> None:
+        """Asks GetServerInfo once when the protocol check did not (see :meth:`_learn_server`); a server
+        without it offloads nothing and gives no URL. One that cannot be asked now is logged with
+        ``otherwise`` (what is done instead) and asked again next time."""
         assert self._conn is not None
-        if self._offload_bytes is None:
-            try:
-                info: server_service_pb2.GetServerInfoResponse = await self._conn.unary(
-                    self._conn.server.GetServerInfo, server_service_pb2.GetServerInfoRequest(), timeout=10.0
-                )
-                self._offload_bytes = max(info.payload_offload_bytes, 0)
-            except UnimplementedError:
-                self._offload_bytes = 0
-            except ComposerError as error:
-                ctx.logger.warning("could not ask the server for its offload threshold (%s); output sent inline", error)
-                return 0
-        return self._offload_bytes
+        if self._offload_bytes is not None:
+            return
+        try:
+            info: server_service_pb2.GetServerInfoResponse = await self._conn.unary(
+                self._conn.server.GetServerInfo, server_service_pb2.GetServerInfoRequest(), timeout=10.0
+            )
+        except UnimplementedError:
+            self._offload_bytes = 0
+            return
+        except ComposerError as error:
+            ctx.logger.warning("could not ask the server for its payload settings (%s); %s", error, otherwise)
+            return
+        self._learn_server(info)
 
     async def _heartbeat_loop(
         self,

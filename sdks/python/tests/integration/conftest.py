@@ -94,7 +94,8 @@ def write_secrets_key(path: Path) -> Path:
 class ServerProcess:
     """One `composer serve` process; restartable on the same port. ``extra_args`` are added to `serve`;
     ``secrets_key_file`` is its `--secrets-key-file` (None: a server with no secrets key);
-    ``blob_store`` its `--blob-store`, a folder (the session's: the tests write nowhere else)."""
+    ``blob_store`` its `--blob-store`, a folder (the session's: the tests write nowhere else), or a
+    bucket's URL (``s3://...``, with its `--blob-store-option`s in ``extra_args``)."""
 
     def __init__(
         self,
@@ -103,7 +104,7 @@ class ServerProcess:
         log_path: Path,
         extra_args: Sequence[str] = (),
         *,
-        blob_store: Path,
+        blob_store: Path | str,
         secrets_key_file: Path | None = None,
     ) -> None:
         self.database_url = database_url
