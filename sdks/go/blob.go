@@ -131,7 +131,20 @@ func validSHA256(s string) bool {
 // blob. INVALID_ARGUMENT naming `data` when data is not JSON;
 // RESOURCE_EXHAUSTED beyond the server's max_payload_bytes. The Client's
 // default timeout bounds each wait for the server, not the whole upload.
+// When the server gives presigned URLs (ServerInfo.BlobURLs), the bytes go
+// straight to the blob store instead, with one HTTP PUT to a URL the
+// server signs (the stream when the store cannot be reached from here).
 func (c *Client) UploadBlob(ctx context.Context, data []byte) (BlobRef, error) {
+	if c.blobURLs(ctx) {
+		if ref, done, err := c.uploadThroughURL(ctx, data); done {
+			return ref, err
+		}
+	}
+	return c.uploadStream(ctx, data)
+}
+
+// uploadStream is UploadBlob through the server's UploadBlob stream.
+func (c *Client) uploadStream(ctx context.Context, data []byte) (BlobRef, error) {
 	ctx, progress, cancel := c.streamContext(ctx)
 	defer cancel()
 	stream, err := c.blobs.UploadBlob(ctx, waitForReady)
@@ -173,10 +186,18 @@ func chunks(data []byte, size int) [][]byte {
 // the namespace has no such blob (another namespace's blob is never
 // found); INVALID_ARGUMENT naming `sha256` when it is not 64 lowercase hex
 // digits. The Client's default timeout bounds each wait for the server,
-// not the whole download.
+// not the whole download. When the server gives presigned URLs
+// (ServerInfo.BlobURLs), the bytes come straight from the blob store
+// instead, with one HTTP GET of a URL the server signs (the stream when the
+// store cannot be reached from here).
 func (c *Client) DownloadBlob(ctx context.Context, sha string) ([]byte, error) {
 	if !validSHA256(sha) {
 		return nil, invalidArgument("sha256", "must be 64 lowercase hex digits")
+	}
+	if c.blobURLs(ctx) {
+		if data, done, err := c.downloadThroughURL(ctx, sha); done {
+			return data, err
+		}
 	}
 	var data []byte
 	size := int64(-1)
@@ -240,7 +261,12 @@ func (c *Client) downloadFrom(ctx context.Context, sha string, data *[]byte, siz
 // that ends the stream once the server has been silent (no chunk sent or
 // received) for the Client's timeout. progress rearms the watchdog.
 func (c *Client) streamContext(ctx context.Context) (_ context.Context, progress func(), cancel func()) {
-	ctx = c.OutgoingContext(ctx)
+	return c.watchdog(c.OutgoingContext(ctx))
+}
+
+// watchdog is streamContext without the token (for the HTTP requests to
+// presigned URLs).
+func (c *Client) watchdog(ctx context.Context) (_ context.Context, progress func(), cancel func()) {
 	if _, ok := ctx.Deadline(); ok || c.timeout <= 0 {
 		ctx, cancel := context.WithCancel(ctx)
 		return ctx, func() {}, cancel
@@ -411,23 +437,15 @@ func surelyWithin(v *structpb.Value, limit int64) bool {
 // asked once per Client (ServerInfo refreshes it). A server without
 // ServerService (UNIMPLEMENTED) offloads nothing.
 func (c *Client) offloadThreshold(ctx context.Context) (int64, error) {
-	c.infoMu.Lock()
-	info := c.info
-	c.infoMu.Unlock()
-	if info == nil {
-		var err error
-		info, err = c.ServerInfo(ctx)
-		if IsUnimplemented(err) {
-			info = &ServerInfo{}
-			c.remember(info)
-		} else if err != nil {
-			return 0, err
-		}
+	info, err := c.cachedServerInfo(ctx)
+	if err != nil {
+		return 0, err
 	}
 	return info.PayloadOffloadBytes, nil
 }
 
-// serverInfoCache is the Client's last ServerInfo, for the offload threshold.
+// serverInfoCache is the Client's last ServerInfo, for the offload
+// threshold and BlobURLs.
 type serverInfoCache struct {
 	infoMu sync.Mutex
 	info   *ServerInfo

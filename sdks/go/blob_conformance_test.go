@@ -20,7 +20,9 @@ import (
 	composer "github.com/composer-dev/composer/sdks/go"
 )
 
-// countUploads is a dial option counting the UploadBlob streams a client opens.
+// countUploads is a dial option counting the uploads a client makes:
+// UploadBlob streams, and FinishBlobUpload calls where the server gives
+// presigned URLs (C24).
 func countUploads(n *atomic.Int32) composer.Option {
 	return composer.WithDialOptions(grpc.WithChainStreamInterceptor(
 		func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
@@ -28,6 +30,12 @@ func countUploads(n *atomic.Int32) composer.Option {
 				n.Add(1)
 			}
 			return streamer(ctx, desc, cc, method, opts...)
+		}), grpc.WithChainUnaryInterceptor(
+		func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if strings.HasSuffix(method, "/FinishBlobUpload") {
+				n.Add(1)
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
 		}))
 }
 
@@ -70,7 +78,11 @@ func reference(t *testing.T, what string, value json.RawMessage, minSize int64) 
 // gives the input back in its namespace only, and a small input stays
 // inline.
 func TestC23LargePayloadsMoveThroughTheBlobStoreUnseenByHandlers(t *testing.T) {
-	addr := sharedServer(t)
+	largePayloadRun(t, sharedServer(t))
+}
+
+// largePayloadRun is C23's run of a → b against the server at addr.
+func largePayloadRun(t *testing.T, addr string) {
 	n := names()
 	ctx := testContext(t, 180*time.Second)
 	var clientUploads, workerUploads atomic.Int32
@@ -126,7 +138,7 @@ output: { a: "${size(nodes.a.output.doc)}", b: "${nodes.b.output}" }
 		t.Fatal(err)
 	}
 	if got := clientUploads.Load(); got != 1 {
-		t.Errorf("StartRun opened %d UploadBlob streams, want 1", got)
+		t.Errorf("StartRun made %d uploads, want 1", got)
 	}
 	var result map[string]int
 	if err := client.WaitForResult(ctx, started.ID, &result); err != nil {
@@ -149,7 +161,7 @@ output: { a: "${size(nodes.a.output.doc)}", b: "${nodes.b.output}" }
 	}
 	// a's output went up from the worker; b's (a number) went inline.
 	if got := workerUploads.Load(); got != 1 {
-		t.Errorf("the worker opened %d UploadBlob streams, want 1 (a's output)", got)
+		t.Errorf("the worker made %d uploads, want 1 (a's output)", got)
 	}
 
 	// GetRun shows the references as stored.
@@ -199,7 +211,7 @@ output: { a: "${size(nodes.a.output.doc)}", b: "${nodes.b.output}" }
 		t.Fatal(err)
 	}
 	if got := clientUploads.Load(); got != 1 {
-		t.Errorf("a small input opened an UploadBlob stream (%d in all)", got)
+		t.Errorf("a small input was uploaded (%d uploads in all)", got)
 	}
 	smallRun, err := client.GetRun(ctx, small.ID)
 	if err != nil {
@@ -217,7 +229,12 @@ output: { a: "${size(nodes.a.output.doc)}", b: "${nodes.b.output}" }
 // the waiting node as a reference, which a worker resolves for its handler
 // and an expression reads.
 func TestC23AnEventPayloadOverTheThresholdTravelsAsAReference(t *testing.T) {
-	addr := sharedServer(t)
+	largeEventPayload(t, sharedServer(t))
+}
+
+// largeEventPayload is C23's event payload over the threshold, against the
+// server at addr.
+func largeEventPayload(t *testing.T, addr string) {
 	n := names()
 	ctx := testContext(t, 120*time.Second)
 	var clientUploads atomic.Int32
@@ -250,7 +267,7 @@ output: { size: "${size(nodes.go.output.doc)}", measured: "${nodes.measure.outpu
 		t.Fatal(err)
 	}
 	if got := clientUploads.Load(); got != 1 {
-		t.Errorf("StartRun and SendEvent opened %d UploadBlob streams, want 1 (the payload)", got)
+		t.Errorf("StartRun and SendEvent made %d uploads, want 1 (the payload)", got)
 	}
 	var result map[string]int
 	if err := client.WaitForResult(ctx, run.ID, &result); err != nil {

@@ -7,7 +7,12 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -43,9 +48,150 @@ type fakeBlobs struct {
 	// refuseDownload, when set, is asked (under mu) about each download
 	// before it starts: a non-nil error refuses it.
 	refuseDownload func() error
+
+	// The presigned URLs (C24): urlBase is where the URLs point
+	// (serveURLs' HTTP server, or a closed port); refuseURLs makes every
+	// URL call answer FAILED_PRECONDITION; urlCalls records the URL calls
+	// by method; staged holds the bytes PUT to each upload; puts and gets
+	// record the HTTP requests; failHTTP makes them answer 403.
+	urlBase    string
+	refuseURLs bool
+	urlCalls   []string
+	staged     map[string][]byte
+	nextUpload int
+	puts       []httpRecord
+	gets       []httpRecord
+	failHTTP   bool
 }
 
-func newFakeBlobs() *fakeBlobs { return &fakeBlobs{blobs: map[string][]byte{}} }
+// httpRecord is one HTTP request to a fake presigned URL.
+type httpRecord struct {
+	path          string
+	contentLength int64
+}
+
+// urlSecret is in the query of every fake URL, as a signature is: it must
+// never be logged.
+const urlSecret = "X-Amz-Signature=s3cr3t0123456789"
+
+func newFakeBlobs() *fakeBlobs {
+	return &fakeBlobs{blobs: map[string][]byte{}, staged: map[string][]byte{}}
+}
+
+// urlCall records a URL call and answers FAILED_PRECONDITION when URLs
+// are refused; it returns the URLs' base otherwise. Under mu.
+func (f *fakeBlobs) urlCall(method string) (string, error) {
+	f.urlCalls = append(f.urlCalls, method)
+	if f.refuseURLs {
+		return "", status.Error(codes.FailedPrecondition, "the blob store does not presign URLs (a local folder)")
+	}
+	return f.urlBase, nil
+}
+
+func (f *fakeBlobs) GetBlobUrl(_ context.Context, req *pb.GetBlobUrlRequest) (*pb.GetBlobUrlResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	base, err := f.urlCall("GetBlobUrl")
+	if err != nil {
+		return nil, err
+	}
+	data, ok := f.blobs[req.GetSha256()]
+	if !ok {
+		return nil, status.Errorf(codes.NotFound, "no blob %s", req.GetSha256())
+	}
+	return &pb.GetBlobUrlResponse{Url: base + "/blobs/" + req.GetSha256() + "?" + urlSecret, Size: int64(len(data))}, nil
+}
+
+func (f *fakeBlobs) StartBlobUpload(context.Context, *pb.StartBlobUploadRequest) (*pb.StartBlobUploadResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	base, err := f.urlCall("StartBlobUpload")
+	if err != nil {
+		return nil, err
+	}
+	f.nextUpload++
+	id := "upload-" + strconv.Itoa(f.nextUpload)
+	return &pb.StartBlobUploadResponse{UploadId: id, Url: base + "/uploads/" + id + "?" + urlSecret}, nil
+}
+
+func (f *fakeBlobs) FinishBlobUpload(_ context.Context, req *pb.FinishBlobUploadRequest) (*pb.FinishBlobUploadResponse, error) {
+	f.mu.Lock()
+	if _, err := f.urlCall("FinishBlobUpload"); err != nil {
+		f.mu.Unlock()
+		return nil, err
+	}
+	data, ok := f.staged[req.GetUploadId()]
+	delete(f.staged, req.GetUploadId())
+	tooLarge := f.tooLarge
+	f.mu.Unlock()
+	switch {
+	case !ok:
+		return nil, status.Errorf(codes.NotFound, "no upload %s", req.GetUploadId())
+	case tooLarge > 0 && len(data) > tooLarge:
+		return nil, status.Errorf(codes.ResourceExhausted, "a payload of %d bytes exceeds the %d bytes limit", len(data), tooLarge)
+	case !json.Valid(data):
+		return nil, status.Error(codes.InvalidArgument, "data: not JSON")
+	}
+	ref := f.put(data)
+	return &pb.FinishBlobUploadResponse{Blob: &pb.BlobRef{Sha256: ref.SHA256, Size: ref.Size, Head: ref.Head}}, nil
+}
+
+// ServeHTTP is the blob store behind the fake URLs: a PUT to
+// /uploads/<id> stages an upload's bytes, a GET of /blobs/<sha256> reads a
+// blob. A request without the signature is refused.
+func (f *fakeBlobs) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	record := httpRecord{path: r.URL.Path, contentLength: r.ContentLength}
+	if r.Method == http.MethodPut {
+		f.puts = append(f.puts, record)
+	} else {
+		f.gets = append(f.gets, record)
+	}
+	if f.failHTTP || r.URL.RawQuery != urlSecret {
+		http.Error(w, "SignatureDoesNotMatch", http.StatusForbidden)
+		return
+	}
+	switch {
+	case r.Method == http.MethodPut && strings.HasPrefix(r.URL.Path, "/uploads/"):
+		f.staged[strings.TrimPrefix(r.URL.Path, "/uploads/")] = body
+	case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, "/blobs/"):
+		data, ok := f.blobs[strings.TrimPrefix(r.URL.Path, "/blobs/")]
+		if !ok {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = w.Write(data)
+	default:
+		http.Error(w, "no such route", http.StatusMethodNotAllowed)
+	}
+}
+
+// serveURLs makes the fake server give presigned URLs served by an HTTP
+// server of the test's.
+func serveURLs(t *testing.T, f *fakeServer) {
+	t.Helper()
+	store := httptest.NewServer(f.blobs)
+	t.Cleanup(store.Close)
+	f.mu.Lock()
+	f.blobURLs = true
+	f.mu.Unlock()
+	f.blobs.mu.Lock()
+	f.blobs.urlBase = store.URL
+	f.blobs.mu.Unlock()
+}
+
+// urlRecords copies the URL calls and HTTP requests under the lock.
+func (f *fakeBlobs) urlRecords() (calls []string, puts, gets []httpRecord) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.urlCalls...), append([]httpRecord(nil), f.puts...), append([]httpRecord(nil), f.gets...)
+}
 
 func digest(data []byte) string {
 	sum := sha256.Sum256(data)
@@ -552,4 +698,244 @@ func TestWorkerFailsAnOutputTheBlobStoreRefuses(t *testing.T) {
 	if len(completes) != 0 || fails[0].GetErrorCode() != "OUTPUT_TOO_LARGE" || fails[0].GetRetryable() {
 		t.Errorf("completes %v, fail %v", completes, fails[0])
 	}
+}
+
+// logBuffer collects a Client's logs, safely for concurrent writers.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// loggedClient is a Client of the fake server whose logs (all levels) go
+// to the returned buffer.
+func loggedClient(t *testing.T, client *Client) (*Client, *logBuffer) {
+	t.Helper()
+	logs := &logBuffer{}
+	c, err := Dial(context.Background(), client.Address(), WithToken(""),
+		WithLogger(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c, logs
+}
+
+// noURLInLogs fails the test if a URL's signature reached the logs.
+func noURLInLogs(t *testing.T, logs *logBuffer) {
+	t.Helper()
+	if text := logs.String(); strings.Contains(text, "s3cr3t") || strings.Contains(text, "/uploads/") || strings.Contains(text, "/blobs/") {
+		t.Errorf("a URL was logged:\n%s", text)
+	}
+}
+
+// C24: when the server says blob_urls, an upload is StartBlobUpload, one
+// PUT of the bytes (Content-Length set) and FinishBlobUpload, a download
+// GetBlobUrl and one GET; no stream is opened, NOT_FOUND stays NOT_FOUND,
+// and what C23 moves (here StartRun's input) goes the same way.
+func TestBlobsMoveThroughPresignedURLsWhenTheServerGivesThem(t *testing.T) {
+	f, base := startFake(t)
+	serveURLs(t, f)
+	f.mu.Lock()
+	f.offload = 1000
+	f.mu.Unlock()
+	client, logs := loggedClient(t, base)
+	ctx := context.Background()
+	data := []byte(`"` + strings.Repeat("u", 2*BlobChunkSize+BlobChunkSize/2) + `"`)
+	ref, err := client.UploadBlob(ctx, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref.SHA256 != digest(data) || ref.Size != int64(len(data)) || !strings.HasPrefix(ref.Head, `"uuu`) {
+		t.Errorf("ref %+v", ref)
+	}
+	if !bytes.Equal(f.blobs.get(ref.SHA256), data) {
+		t.Error("the stored blob differs from the bytes uploaded")
+	}
+	calls, puts, gets := f.blobs.urlRecords()
+	if want := []string{"StartBlobUpload", "FinishBlobUpload"}; !reflect.DeepEqual(calls, want) {
+		t.Errorf("URL calls %v, want %v", calls, want)
+	}
+	if len(puts) != 1 || puts[0].path != "/uploads/upload-1" || puts[0].contentLength != int64(len(data)) || len(gets) != 0 {
+		t.Errorf("PUTs %+v and GETs %+v, want one PUT of %d bytes (Content-Length) to /uploads/upload-1", puts, gets, len(data))
+	}
+
+	got, err := client.DownloadBlob(ctx, ref.SHA256)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, data) {
+		t.Errorf("downloaded %d bytes, want %d", len(got), len(data))
+	}
+	if _, err := client.DownloadBlob(ctx, strings.Repeat("0", 64)); !IsNotFound(err) {
+		t.Errorf("unknown blob: %v, want NOT_FOUND", err)
+	}
+	calls, _, gets = f.blobs.urlRecords()
+	if want := []string{"StartBlobUpload", "FinishBlobUpload", "GetBlobUrl", "GetBlobUrl"}; !reflect.DeepEqual(calls, want) {
+		t.Errorf("URL calls %v, want %v", calls, want)
+	}
+	if len(gets) != 1 || gets[0].path != "/blobs/"+ref.SHA256 {
+		t.Errorf("GETs %+v, want one of /blobs/%s", gets, ref.SHA256)
+	}
+
+	// StartRun's large input goes up the same way.
+	if _, err := client.StartRun(ctx, "wf", map[string]string{"doc": strings.Repeat("i", 2000)}); err != nil {
+		t.Fatal(err)
+	}
+	f.runs.mu.Lock()
+	input := rawJSON(f.runs.starts[0].GetInput())
+	f.runs.mu.Unlock()
+	if inRef, ok := ParseBlobRef(input); !ok || f.blobs.get(inRef.SHA256) == nil {
+		t.Errorf("StartRun sent %.200s, want a reference to a stored blob", input)
+	}
+	if _, puts, _ = f.blobs.urlRecords(); len(puts) != 2 {
+		t.Errorf("%d PUTs, want 2", len(puts))
+	}
+	if uploads, downloads := f.blobs.recorded(); len(uploads) != 0 || len(downloads) != 0 {
+		t.Errorf("streams were opened: %d uploads, %d downloads", len(uploads), len(downloads))
+	}
+	noURLInLogs(t, logs)
+}
+
+// C24: a URL call answered FAILED_PRECONDITION (the server stopped giving
+// URLs) sends that call and every later one of the Client through the
+// streams, without asking for a URL again; another Client still asks.
+func TestAURLCallRefusedSendsTheClientToTheStreams(t *testing.T) {
+	f, base := startFake(t)
+	serveURLs(t, f)
+	f.blobs.mu.Lock()
+	f.blobs.refuseURLs = true
+	f.blobs.mu.Unlock()
+	client, logs := loggedClient(t, base)
+	ctx := context.Background()
+	data := []byte(`{"doc":"` + strings.Repeat("r", 5000) + `"}`)
+	ref, err := client.UploadBlob(ctx, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref.SHA256 != digest(data) || !bytes.Equal(f.blobs.get(ref.SHA256), data) {
+		t.Errorf("ref %+v", ref)
+	}
+	// The server would give URLs again: this Client no longer asks.
+	f.blobs.mu.Lock()
+	f.blobs.refuseURLs = false
+	f.blobs.mu.Unlock()
+	if got, err := client.DownloadBlob(ctx, ref.SHA256); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("download: %d bytes, %v", len(got), err)
+	}
+	if _, err := client.UploadBlob(ctx, data); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.DownloadBlob(ctx, strings.Repeat("0", 64)); !IsNotFound(err) {
+		t.Errorf("unknown blob: %v, want NOT_FOUND", err)
+	}
+	calls, puts, gets := f.blobs.urlRecords()
+	if want := []string{"StartBlobUpload"}; !reflect.DeepEqual(calls, want) {
+		t.Errorf("URL calls %v, want only the refused %v", calls, want)
+	}
+	if len(puts) != 0 || len(gets) != 0 {
+		t.Errorf("HTTP requests were made: %d PUTs, %d GETs", len(puts), len(gets))
+	}
+	uploads, downloads := f.blobs.recorded()
+	if len(uploads) != 2 || len(downloads) != 2 {
+		t.Errorf("streams: %d uploads, %d downloads, want 2 and 2", len(uploads), len(downloads))
+	}
+
+	// A refused GetBlobUrl does the same; a Client of its own still asks.
+	f.blobs.mu.Lock()
+	f.blobs.refuseURLs = true
+	f.blobs.mu.Unlock()
+	other, _ := loggedClient(t, base)
+	if got, err := other.DownloadBlob(ctx, ref.SHA256); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("the other client's download: %d bytes, %v", len(got), err)
+	}
+	f.blobs.mu.Lock()
+	f.blobs.refuseURLs = false
+	f.blobs.mu.Unlock()
+	if _, err := other.UploadBlob(ctx, data); err != nil {
+		t.Fatal(err)
+	}
+	calls, _, _ = f.blobs.urlRecords()
+	if want := []string{"StartBlobUpload", "GetBlobUrl"}; !reflect.DeepEqual(calls, want) {
+		t.Errorf("URL calls %v, want %v", calls, want)
+	}
+	if uploads, downloads := f.blobs.recorded(); len(uploads) != 3 || len(downloads) != 3 {
+		t.Errorf("streams: %d uploads, %d downloads, want 3 and 3", len(uploads), len(downloads))
+	}
+	noURLInLogs(t, logs)
+}
+
+// C24: an HTTP request to a URL that fails (nothing listens there; the
+// store answers 403) sends that one call through the stream; the next call
+// asks for a URL again. No URL reaches the logs.
+func TestAFailedURLRequestFallsBackToTheStreamForThatCall(t *testing.T) {
+	f, base := startFake(t)
+	serveURLs(t, f)
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedURL := "http://" + closed.Addr().String()
+	_ = closed.Close()
+	f.blobs.mu.Lock()
+	f.blobs.urlBase = closedURL
+	f.blobs.mu.Unlock()
+	client, logs := loggedClient(t, base)
+	ctx := context.Background()
+	data := []byte(`{"doc":"` + strings.Repeat("c", 5000) + `"}`)
+	ref, err := client.UploadBlob(ctx, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref.SHA256 != digest(data) || !bytes.Equal(f.blobs.get(ref.SHA256), data) {
+		t.Errorf("ref %+v", ref)
+	}
+	if got, err := client.DownloadBlob(ctx, ref.SHA256); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("download: %d bytes, %v", len(got), err)
+	}
+	calls, _, _ := f.blobs.urlRecords()
+	if want := []string{"StartBlobUpload", "GetBlobUrl"}; !reflect.DeepEqual(calls, want) {
+		t.Errorf("URL calls %v, want %v (no FinishBlobUpload after a failed PUT)", calls, want)
+	}
+	if uploads, downloads := f.blobs.recorded(); len(uploads) != 1 || len(downloads) != 1 {
+		t.Errorf("streams: %d uploads, %d downloads, want 1 and 1", len(uploads), len(downloads))
+	}
+
+	// The store answers, with 403: the next calls ask for URLs again and
+	// fall back once more.
+	serveURLs(t, f)
+	f.blobs.mu.Lock()
+	f.blobs.failHTTP = true
+	f.blobs.mu.Unlock()
+	if _, err := client.UploadBlob(ctx, data); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := client.DownloadBlob(ctx, ref.SHA256); err != nil || !bytes.Equal(got, data) {
+		t.Errorf("download: %d bytes, %v", len(got), err)
+	}
+	calls, puts, gets := f.blobs.urlRecords()
+	if want := []string{"StartBlobUpload", "GetBlobUrl", "StartBlobUpload", "GetBlobUrl"}; !reflect.DeepEqual(calls, want) {
+		t.Errorf("URL calls %v, want %v", calls, want)
+	}
+	if len(puts) != 1 || len(gets) != 1 {
+		t.Errorf("%d PUTs and %d GETs reached the store, want 1 and 1", len(puts), len(gets))
+	}
+	if uploads, downloads := f.blobs.recorded(); len(uploads) != 2 || len(downloads) != 2 {
+		t.Errorf("streams: %d uploads, %d downloads, want 2 and 2", len(uploads), len(downloads))
+	}
+	if text := logs.String(); strings.Count(text, "the server's stream") != 4 {
+		t.Errorf("want 4 warnings of a fallback to the stream, logged:\n%s", text)
+	}
+	noURLInLogs(t, logs)
 }

@@ -53,8 +53,11 @@ type Client struct {
 	workers   pb.WorkerServiceClient
 	server    pb.ServerServiceClient
 	blobs     pb.BlobServiceClient
-	// serverInfoCache holds the last ServerInfo (the offload threshold).
+	// serverInfoCache holds the last ServerInfo (the offload threshold,
+	// BlobURLs).
 	serverInfoCache
+	// blobURLState says whether the server stopped giving blob URLs.
+	blobURLState
 }
 
 type options struct {

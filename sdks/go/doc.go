@@ -102,7 +102,11 @@
 // runs and uploads a large output; WaitForResult and RunWorkflow resolve
 // the output they return. GetRun and the history show references as
 // stored: ResolvePayload, DownloadBlob and UploadBlob work with them
-// directly (BlobRef, ParseBlobRef).
+// directly (BlobRef, ParseBlobRef). When the server's blob store is a
+// bucket that signs URLs (ServerInfo.BlobURLs), the bytes move straight
+// between the SDK and the store, with one HTTP PUT or GET of a short-lived
+// URL the server gives (never logged), and through the server's streams
+// otherwise.
 //
 // # Errors of calls
 //

@@ -50,8 +50,10 @@ type fakeServer struct {
 	// counts the GetServerInfo calls.
 	offload int64
 	infos   int
-	blobs   *fakeBlobs
-	runs    *fakeBlobRuns
+	// blobURLs is the blob_urls GetServerInfo answers.
+	blobURLs bool
+	blobs    *fakeBlobs
+	runs     *fakeBlobRuns
 }
 
 type pollRecord struct {
@@ -106,7 +108,7 @@ func (f *fakeServer) GetServerInfo(context.Context, *pb.GetServerInfoRequest) (*
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.infos++
-	return &pb.GetServerInfoResponse{ServerVersion: "fake", ProtocolVersion: f.protocol, PayloadOffloadBytes: f.offload}, nil
+	return &pb.GetServerInfoResponse{ServerVersion: "fake", ProtocolVersion: f.protocol, PayloadOffloadBytes: f.offload, BlobUrls: f.blobURLs}, nil
 }
 
 func (f *fakeServer) PollTasks(ctx context.Context, req *pb.PollTasksRequest) (*pb.PollTasksResponse, error) {

@@ -165,11 +165,13 @@ func mustToken(t *testing.T, subject string, roles ...string) string {
 }
 
 // serverProcess is one `composer serve`, restartable on its port;
-// extraArgs are added to `serve`. It is given the session's blob store, and
-// the session's secrets key unless noSecretsKey.
+// extraArgs are added to `serve`. It is given blobStore as --blob-store
+// (default: the session's folder), and the session's secrets key unless
+// noSecretsKey.
 type serverProcess struct {
 	logPath      string
 	extraArgs    []string
+	blobStore    string
 	noSecretsKey bool
 	mu           sync.Mutex
 	cmd          *exec.Cmd
@@ -184,9 +186,13 @@ func (s *serverProcess) address() string {
 }
 
 func (s *serverProcess) start(port int) error {
+	blobStore := s.blobStore
+	if blobStore == "" {
+		blobStore = session.blobStore
+	}
 	args := []string{"serve", "--listen", fmt.Sprintf("127.0.0.1:%d", port), "--log-format", "json",
 		"--database-url", session.dbURL, "--redis-url", session.redisURL, "--auth-secret", authSecret,
-		"--blob-store", session.blobStore}
+		"--blob-store", blobStore}
 	if !s.noSecretsKey {
 		args = append(args, "--secrets-key-file", session.secretsKey)
 	}

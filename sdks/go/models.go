@@ -220,13 +220,17 @@ type ServerInfo struct {
 	// MaxMessageBytes is the largest request message the server decodes: a
 	// larger payload must go through the blob store.
 	MaxMessageBytes int64
+	// BlobURLs: the server gives presigned URLs (its blob store is a
+	// bucket), and UploadBlob and DownloadBlob move the bytes straight to
+	// and from the store.
+	BlobURLs bool
 }
 
 func serverInfoFrom(r *pb.GetServerInfoResponse) *ServerInfo {
 	return &ServerInfo{
 		ServerVersion: r.GetServerVersion(), ProtocolVersion: r.GetProtocolVersion(), Features: r.GetFeatures(),
 		PayloadOffloadBytes: r.GetPayloadOffloadBytes(), MaxPayloadBytes: r.GetMaxPayloadBytes(),
-		MaxMessageBytes: r.GetMaxMessageBytes(),
+		MaxMessageBytes: r.GetMaxMessageBytes(), BlobURLs: r.GetBlobUrls(),
 	}
 }
 
