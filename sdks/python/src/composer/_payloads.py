@@ -187,6 +187,8 @@ def _http(method: str, url: str, data: bytes | None, timeout: float | None) -> b
             request.add_header("Content-Length", str(len(data)))
             # urllib would otherwise send a form's content type.
             request.add_header("Content-Type", "application/octet-stream")
+            # Azure's Put Blob needs it; S3 and GCS ignore it.
+            request.add_header("x-ms-blob-type", "BlockBlob")
         with opener.open(request, timeout=timeout) as response:
             status = response.status
             body: bytes = response.read()
