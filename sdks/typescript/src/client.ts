@@ -61,7 +61,15 @@ import {
   type WorkflowVersion,
   type WorkflowVersionCheck,
 } from "./models.js";
-import { blobReference, bytesOverLimit, downloadBytes, resolveBlobReferences, uploadBytes } from "./payloads.js";
+import {
+  blobReference,
+  bytesOverLimit,
+  downloadBytes,
+  downloadThroughUrl,
+  resolveBlobReferences,
+  uploadBytes,
+  uploadThroughUrl,
+} from "./payloads.js";
 import { toJsonValue, toValue, valueOfJson, type Json } from "./values.js";
 
 /** The protocol major version this SDK speaks (GetServerInfo's `protocol_version`). */
@@ -92,6 +100,13 @@ export interface ClientOptions extends BaseClientOptions {
    * sendEvent send a large input or payload inline, for the server to offload.
    */
   clientStreaming?: boolean;
+  /**
+   * Whether blobs may move through the presigned URLs of a server whose GetServerInfo says
+   * `blobUrls` (default true; the browser Client: false, see web.ts). Then uploadBlob is
+   * StartBlobUpload, one HTTP PUT and FinishBlobUpload, and downloadBlob GetBlobUrl and one HTTP
+   * GET, both with the global `fetch`.
+   */
+  blobUrls?: boolean;
 }
 
 /** A workflow definition: YAML or JSON text, or an object sent as JSON. */
@@ -429,8 +444,13 @@ export class ComposerClient {
   readonly #timeoutMs: number;
   readonly #traceHeaders: () => Promise<Record<string, string>>;
   readonly #clientStreaming: boolean;
-  /** The server's info, fetched once (GetServerInfo) for its offload threshold. */
+  /** The server's info, fetched once (GetServerInfo) for its offload threshold and `blobUrls`. */
   #serverInfo: Promise<ServerInfo> | undefined;
+  /**
+   * Whether blobs may go through presigned URLs: the `blobUrls` option, turned off for good when a
+   * URL call is answered FAILED_PRECONDITION (the server stopped giving them) or UNIMPLEMENTED.
+   */
+  #blobUrls: boolean;
 
   constructor(options: ClientOptions) {
     this.transport = options.transport;
@@ -438,6 +458,7 @@ export class ComposerClient {
     this.#headers = options.token ? { authorization: `Bearer ${options.token}` } : {};
     this.#timeoutMs = options.timeoutMs ?? 30_000;
     this.#clientStreaming = options.clientStreaming ?? true;
+    this.#blobUrls = options.blobUrls ?? true;
     this.raw = {
       workflows: createClient(WorkflowService, this.transport),
       runs: createClient(RunService, this.transport),
@@ -478,8 +499,8 @@ export class ComposerClient {
     return info;
   }
 
-  /** The server's `payloadOffloadBytes`, asked once per client (a failed ask is asked again next time). */
-  async #offloadBytes(signal?: AbortSignal): Promise<number> {
+  /** The server's info, asked once per client (a failed ask is asked again next time). */
+  #info(signal?: AbortSignal): Promise<ServerInfo> {
     if (!this.#serverInfo) {
       const asked = this.serverInfo(signal ? { signal } : {});
       this.#serverInfo = asked;
@@ -487,7 +508,26 @@ export class ComposerClient {
         if (this.#serverInfo === asked) this.#serverInfo = undefined;
       });
     }
-    return (await this.#serverInfo).payloadOffloadBytes;
+    return this.#serverInfo;
+  }
+
+  /** The server's `payloadOffloadBytes`, asked once per client. */
+  async #offloadBytes(signal?: AbortSignal): Promise<number> {
+    return (await this.#info(signal)).payloadOffloadBytes;
+  }
+
+  /**
+   * Whether a blob moves through a presigned URL: this client may, no URL call was refused, and
+   * the server says `blobUrls`. A GetServerInfo that fails leaves the call on the stream (whose
+   * own error, if the server is down, is the one to report).
+   */
+  async #viaUrls(signal: AbortSignal | undefined): Promise<boolean> {
+    if (!this.#blobUrls) return false;
+    try {
+      return (await this.#info(signal)).blobUrls && this.#blobUrls;
+    } catch {
+      return false;
+    }
   }
 
   /**
@@ -512,9 +552,12 @@ export class ComposerClient {
    * Stores `data`, the UTF-8 bytes of one JSON value, in the blob store of the caller's namespace
    * (BlobService, streamed in chunks of 1 MiB) and returns the blob's reference; the same bytes
    * again return the same reference. Put `{"$blob": ref}` in a value in their stead
-   * (`blobReference(ref)`). INVALID_ARGUMENT naming `data` when the bytes are not JSON;
-   * RESOURCE_EXHAUSTED above the server's `maxPayloadBytes`. Over grpc-web (the browser Client),
-   * which cannot stream a request, it throws UNIMPLEMENTED. The call has no deadline: pass a signal.
+   * (`blobReference(ref)`). When the server gives presigned URLs (GetServerInfo's `blobUrls`) the
+   * bytes go straight to its store: StartBlobUpload, one HTTP PUT, FinishBlobUpload (C24; a PUT
+   * that fails falls back to the stream for this call, a FAILED_PRECONDITION to the streams for
+   * good). INVALID_ARGUMENT naming `data` when the bytes are not JSON; RESOURCE_EXHAUSTED above
+   * the server's `maxPayloadBytes`. Over grpc-web (the browser Client), which cannot stream a
+   * request, it throws UNIMPLEMENTED. The call has no deadline: pass a signal.
    */
   async uploadBlob(data: Uint8Array, options: { signal?: AbortSignal } = {}): Promise<BlobRef> {
     if (!this.#clientStreaming) {
@@ -523,15 +566,31 @@ export class ComposerClient {
         "uploadBlob streams its request, which grpc-web in a browser cannot do: send the value inline (the server offloads it) or upload from Node",
       );
     }
-    return uploadBytes(this.raw.blobs, data, this.#streamOptions(options.signal));
+    const stream = this.#streamOptions(options.signal);
+    if (await this.#viaUrls(options.signal)) {
+      const signal = options.signal ? { signal: options.signal } : {};
+      const uploaded = await uploadThroughUrl(this.raw.blobs, data, this.callOptions(signal), stream);
+      if (typeof uploaded !== "string") return uploaded;
+      if (uploaded === "refused") this.#blobUrls = false;
+    }
+    return uploadBytes(this.raw.blobs, data, stream);
   }
 
   /**
    * The bytes of the blob `sha256` of the caller's namespace (BlobService, streamed; a stream
    * broken by a transient error is taken up again where it stopped), checked against its size and
-   * digest. NOT_FOUND when the namespace has no such blob. No deadline: pass a signal.
+   * digest. When the server gives presigned URLs (GetServerInfo's `blobUrls`) they come straight
+   * from its store: GetBlobUrl, one HTTP GET (C24; a GET that fails falls back to the stream for
+   * this call, a FAILED_PRECONDITION to the streams for good). NOT_FOUND when the namespace has no
+   * such blob. No deadline: pass a signal.
    */
   async downloadBlob(sha256: string, options: { signal?: AbortSignal } = {}): Promise<Uint8Array> {
+    if (await this.#viaUrls(options.signal)) {
+      const signal = options.signal ? { signal: options.signal } : {};
+      const downloaded = await downloadThroughUrl(this.raw.blobs, sha256, this.callOptions(signal));
+      if (typeof downloaded !== "string") return downloaded;
+      if (downloaded === "refused") this.#blobUrls = false;
+    }
     return downloadBytes(this.raw.blobs, sha256, this.#streamOptions(options.signal));
   }
 

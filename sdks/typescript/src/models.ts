@@ -212,6 +212,11 @@ export interface ServerInfo {
   maxPayloadBytes: number;
   /** The largest request the server decodes: a larger payload must go through the blob store (0: not said). */
   maxMessageBytes: number;
+  /**
+   * Whether BlobService gives presigned URLs (its blob store signs them: a bucket, not a folder):
+   * the Node client then moves blobs straight to and from the store.
+   */
+  blobUrls: boolean;
 }
 
 export function serverInfoFromWire(info: WireServerInfo): ServerInfo {
@@ -222,6 +227,7 @@ export function serverInfoFromWire(info: WireServerInfo): ServerInfo {
     payloadOffloadBytes: Number(info.payloadOffloadBytes),
     maxPayloadBytes: Number(info.maxPayloadBytes),
     maxMessageBytes: Number(info.maxMessageBytes),
+    blobUrls: info.blobUrls,
   };
 }
 

@@ -1,9 +1,11 @@
 // Large payloads (docs/payloads.md): references to blobs, the walk that finds and replaces them,
-// and the byte streams of BlobService. Nothing here touches Node APIs (the browser Client uses it).
+// the byte streams of BlobService, and the transfers through its presigned URLs (conformance C24:
+// one HTTP request with the global `fetch`). Nothing here touches Node APIs (the browser Client
+// uses it).
 import type { CallOptions, Client as ConnectClient } from "@connectrpc/connect";
 
 import { ComposerError, toComposerError } from "./errors.js";
-import type { BlobService } from "./gen/composer/v1/blob_service_pb.js";
+import type { BlobService, GetBlobUrlResponse, StartBlobUploadResponse, BlobRef as WireBlobRef } from "./gen/composer/v1/blob_service_pb.js";
 import { blobRefFromWire, type BlobRef } from "./models.js";
 import type { Json } from "./values.js";
 
@@ -117,9 +119,19 @@ export function* chunksOf(data: Uint8Array, size = BLOB_CHUNK_BYTES): Generator<
 
 type Blobs = ConnectClient<typeof BlobService>;
 
+function checkData(data: Uint8Array): void {
+  if (!(data instanceof Uint8Array)) throw new TypeError("uploadBlob takes the bytes of a JSON text, as a Uint8Array");
+}
+
+function checkSha256(sha256: string): void {
+  if (typeof sha256 !== "string" || !SHA256.test(sha256)) {
+    throw new TypeError(`downloadBlob takes a sha256 of 64 lowercase hex digits, not ${JSON.stringify(sha256)}`);
+  }
+}
+
 /** UploadBlob: `data` streamed in chunks of 1 MiB; the reference the server made of it. */
 export async function uploadBytes(blobs: Blobs, data: Uint8Array, options: CallOptions): Promise<BlobRef> {
-  if (!(data instanceof Uint8Array)) throw new TypeError("uploadBlob takes the bytes of a JSON text, as a Uint8Array");
+  checkData(data);
   async function* requests(): AsyncGenerator<{ data: Uint8Array }, void, undefined> {
     for (const chunk of chunksOf(data)) yield { data: chunk };
   }
@@ -138,9 +150,7 @@ export async function uploadBytes(blobs: Blobs, data: Uint8Array, options: CallO
  * checked against the size the first chunk announced and, where WebCrypto is at hand, the digest.
  */
 export async function downloadBytes(blobs: Blobs, sha256: string, options: CallOptions): Promise<Uint8Array> {
-  if (typeof sha256 !== "string" || !SHA256.test(sha256)) {
-    throw new TypeError(`downloadBlob takes a sha256 of 64 lowercase hex digits, not ${JSON.stringify(sha256)}`);
-  }
+  checkSha256(sha256);
   let buffer: Uint8Array | undefined;
   let received = 0;
   let size = -1;
@@ -167,12 +177,124 @@ export async function downloadBytes(blobs: Blobs, sha256: string, options: CallO
   if (size < 0) size = 0; // an empty stream: an empty blob
   if (received !== size) throw new ComposerError("DATA_LOSS", `blob ${sha256} ended after ${received} of its ${size} bytes`);
   const bytes = buffer ?? new Uint8Array(0);
+  const hex = await digestOf256(bytes);
+  if (hex !== undefined && hex !== sha256) throw new ComposerError("DATA_LOSS", `the bytes of blob ${sha256} have the digest ${hex}`);
+  return bytes;
+}
+
+/** The SHA-256 of `bytes` in lowercase hex, where WebCrypto is at hand; undefined where it is not. */
+async function digestOf256(bytes: Uint8Array): Promise<string | undefined> {
   const subtle = (globalThis as { crypto?: { subtle?: { digest(algorithm: string, data: Uint8Array): Promise<ArrayBuffer> } } }).crypto?.subtle;
-  if (subtle) {
-    const digest = new Uint8Array(await subtle.digest("SHA-256", bytes));
-    const hex = Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
-    if (hex !== sha256) throw new ComposerError("DATA_LOSS", `the bytes of blob ${sha256} have the digest ${hex}`);
+  if (!subtle) return undefined;
+  const digest = new Uint8Array(await subtle.digest("SHA-256", bytes));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+// --- presigned URLs (C24) ----------------------------------------------------------------------
+//
+// A presigned URL is a credential for as long as it lives: nothing here puts one in a log line or
+// an error message. The errors `fetch` throws may quote it, so none of them leaves this module:
+// a failed request is only "failed".
+
+/**
+ * Why a transfer did not go through a presigned URL: `"refused"`, the server answered
+ * FAILED_PRECONDITION (it gives no URLs; or UNIMPLEMENTED, it has no such call: the caller uses
+ * the streams from then on); `"failed"`, the HTTP request failed (the store unreachable from here,
+ * a status other than 2xx, bytes that are not the blob: the caller uses the stream for this one
+ * call).
+ */
+export type UrlFallback = "refused" | "failed";
+
+/** FAILED_PRECONDITION or UNIMPLEMENTED: `"refused"`; any other error of a URL call is thrown. */
+function refusedOrThrow(error: unknown): "refused" {
+  const converted = toComposerError(error);
+  if (converted.code === "FAILED_PRECONDITION" || converted.code === "UNIMPLEMENTED") return "refused";
+  throw converted;
+}
+
+/**
+ * One HTTP request to a presigned URL: the response when its status is 2xx, undefined when the
+ * request failed. An abort of `signal` is thrown (as the streams throw it), never swallowed.
+ */
+async function request(
+  url: string,
+  init: { method: "GET" | "PUT"; body?: Uint8Array<ArrayBuffer>; headers?: Record<string, string> },
+  signal: AbortSignal | undefined,
+): Promise<Response | undefined> {
+  let response: Response;
+  try {
+    response = await fetch(url, { ...init, ...(signal ? { signal } : {}) });
+  } catch (error) {
+    if (signal?.aborted) throw toComposerError(signal.reason ?? error);
+    return undefined;
   }
+  if (response.ok) return response;
+  // Let the connection be reused; the body (the store's error document) is not read.
+  await response.body?.cancel().catch(() => undefined);
+  return undefined;
+}
+
+/**
+ * An upload through a presigned URL: StartBlobUpload, one HTTP PUT of `data` to its URL, then
+ * FinishBlobUpload, whose reference it returns, once checked to name `data` (where WebCrypto is at
+ * hand; a reference to other bytes counts as a failed request). `unary` are the options of
+ * StartBlobUpload; `finish` those of FinishBlobUpload (the server reads the whole upload: no
+ * deadline, like the streams). Any other error of the calls is thrown as the stream's would be.
+ */
+export async function uploadThroughUrl(blobs: Blobs, data: Uint8Array, unary: CallOptions, finish: CallOptions): Promise<BlobRef | UrlFallback> {
+  checkData(data);
+  let started: StartBlobUploadResponse;
+  try {
+    started = await blobs.startBlobUpload({}, unary);
+  } catch (error) {
+    return refusedOrThrow(error);
+  }
+  if (!started.url || !started.uploadId) return "failed";
+  // Azure's Put Blob needs the header; S3 and GCS ignore it.
+  const put = await request(started.url, { method: "PUT", body: data as Uint8Array<ArrayBuffer>, headers: { "x-ms-blob-type": "BlockBlob" } }, unary.signal);
+  if (!put) return "failed";
+  await put.body?.cancel().catch(() => undefined);
+  let blob: WireBlobRef | undefined;
+  try {
+    blob = (await blobs.finishBlobUpload({ uploadId: started.uploadId }, finish)).blob;
+  } catch (error) {
+    return refusedOrThrow(error);
+  }
+  if (!blob) throw new ComposerError("INTERNAL", "FinishBlobUpload answered without a reference");
+  const ref = blobRefFromWire(blob);
+  const hex = await digestOf256(data);
+  // What reached the store is not what was sent: the stream carries it.
+  if (ref.size !== data.length || (hex !== undefined && ref.sha256 !== hex)) return "failed";
+  return ref;
+}
+
+/**
+ * A download through a presigned URL: GetBlobUrl, then one HTTP GET of its URL. The bytes are
+ * checked against the size GetBlobUrl gave and, where WebCrypto is at hand, the digest; bytes that
+ * fail the checks count as a failed request (the stream, which checks them again, then decides).
+ * NOT_FOUND, and any other error of GetBlobUrl but a refusal, is thrown as the stream's would be.
+ */
+export async function downloadThroughUrl(blobs: Blobs, sha256: string, unary: CallOptions): Promise<Uint8Array | UrlFallback> {
+  checkSha256(sha256);
+  let answer: GetBlobUrlResponse;
+  try {
+    answer = await blobs.getBlobUrl({ sha256 }, unary);
+  } catch (error) {
+    return refusedOrThrow(error);
+  }
+  if (!answer.url) return "failed";
+  const got = await request(answer.url, { method: "GET" }, unary.signal);
+  if (!got) return "failed";
+  let bytes: Uint8Array;
+  try {
+    bytes = new Uint8Array(await got.arrayBuffer());
+  } catch (error) {
+    if (unary.signal?.aborted) throw toComposerError(unary.signal.reason ?? error);
+    return "failed";
+  }
+  if (bytes.length !== Number(answer.size)) return "failed";
+  const hex = await digestOf256(bytes);
+  if (hex !== undefined && hex !== sha256) return "failed";
   return bytes;
 }
 

@@ -19,7 +19,8 @@ export interface WebClientOptions extends BaseClientOptions {
  * A client of a Composer server from a browser, over grpc-web. Pass the token explicitly.
  * grpc-web cannot stream a request: `uploadBlob` throws UNIMPLEMENTED, and `startRun` /
  * `sendEvent` send a large input or payload inline for the server to offload (it must fit the
- * server's `maxMessageBytes`). `downloadBlob`, `resolvePayload` and `waitForResult` work.
+ * server's `maxMessageBytes`). `downloadBlob`, `resolvePayload` and `waitForResult` work, over
+ * the server's stream even where it gives presigned URLs (see below).
  */
 export class Client extends ComposerClient {
   constructor(options: WebClientOptions) {
@@ -31,7 +32,18 @@ export class Client extends ComposerClient {
       });
     // grpc-web over fetch cannot stream a request: no uploadBlob; large values go inline and the
     // server offloads them (downloadBlob, a response stream, works).
-    super({ transport, token: options.token, clientStreaming: false, ...(options.timeoutMs ? { timeoutMs: options.timeoutMs } : {}) });
+    // No presigned URLs (C24) here: a page's fetch to the bucket is cross-origin, so it works only
+    // where the bucket's CORS rules allow this page's origin (and PUT). Where they do not, every
+    // transfer would first fail and then fall back to the stream, and the browser itself prints
+    // the refused request's URL, a credential while it lives, to the console, which the page
+    // cannot prevent. The browser stays on the server's streams.
+    super({
+      transport,
+      token: options.token,
+      clientStreaming: false,
+      blobUrls: false,
+      ...(options.timeoutMs ? { timeoutMs: options.timeoutMs } : {}),
+    });
   }
 }
 

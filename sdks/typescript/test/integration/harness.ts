@@ -7,6 +7,7 @@ import assert from "node:assert/strict";
 import { execFileSync, spawn, type ChildProcess } from "node:child_process";
 import { randomBytes } from "node:crypto";
 import { existsSync, mkdtempSync, appendFileSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { createServer as createNetServer, type AddressInfo } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
@@ -145,12 +146,16 @@ export class ServerProcess {
   process: ChildProcess | undefined;
   readonly logPath: string;
 
-  /** `options.secretsKey` false: a server given no secrets key (by default it gets {@link secretsKeyFile}). */
+  /**
+   * `options.secretsKey` false: a server given no secrets key (by default it gets
+   * {@link secretsKeyFile}). `options.blobStore`: the server's `--blob-store` (by default
+   * {@link blobStoreDir}); its `--blob-store-option`s go in `extraArgs`.
+   */
   constructor(
     readonly databaseUrl: string,
     readonly redisUrl: string,
     readonly extraArgs: string[] = [],
-    readonly options: { secretsKey?: boolean } = {},
+    readonly options: { secretsKey?: boolean; blobStore?: string } = {},
   ) {
     this.logPath = join(logFolder(), "server.log");
   }
@@ -176,7 +181,7 @@ export class ServerProcess {
         AUTH_SECRET,
         ...(this.options.secretsKey === false ? [] : ["--secrets-key-file", secretsKeyFile()]),
         "--blob-store",
-        blobStoreDir(),
+        this.options.blobStore ?? blobStoreDir(),
         ...this.extraArgs,
       ],
       { stdio: ["ignore", "ignore", "pipe"] },
@@ -455,4 +460,100 @@ export async function runsWaitingInB(address: string, client: Client, name: stri
     }
     return ids;
   });
+}
+
+// --- blob stores in a bucket: moto, a real S3 API (decision 0046) ---
+
+/** A loopback port that was free a moment ago. */
+export async function freePort(): Promise<number> {
+  const server = createNetServer();
+  await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((r) => server.close(() => r()));
+  return port;
+}
+
+/** `COMPOSER_TEST_MOTO_SERVER`, or the repository's `.tools/moto` (installed by scripts/setup.sh). */
+export const MOTO = process.env["COMPOSER_TEST_MOTO_SERVER"] ?? join(REPO, ".tools", "moto", "bin", "moto_server");
+
+/** A moto S3 server on a free loopback port with one bucket; `stop()` ends it. */
+export class Moto {
+  private constructor(
+    readonly process: ChildProcess,
+    readonly endpoint: string,
+    readonly bucket: string,
+  ) {}
+
+  /** Starts moto and makes `bucket` (a PUT of `/<bucket>` that succeeds also says moto is up). */
+  static async start(bucket: string, timeoutMs = 30_000): Promise<Moto> {
+    if (!existsSync(MOTO)) throw new Error(`${MOTO} is missing: run scripts/setup.sh (it installs moto, the S3 API these tests use)`);
+    const port = await freePort();
+    const child = spawn(MOTO, ["-H", "127.0.0.1", "-p", String(port)], { stdio: ["ignore", "ignore", "ignore"] });
+    const stop = (): void => {
+      if (child.exitCode === null && child.signalCode === null) child.kill("SIGKILL");
+    };
+    process.once("exit", stop);
+    const moto = new Moto(child, `http://127.0.0.1:${port}`, bucket);
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      if (child.exitCode !== null) throw new Error(`moto_server exited (${child.exitCode}) before answering`);
+      try {
+        const made = await fetch(`${moto.endpoint}/${bucket}`, { method: "PUT" });
+        await made.body?.cancel();
+        if (made.ok) return moto;
+      } catch {
+        // not listening yet
+      }
+      if (Date.now() > deadline) {
+        await moto.stop();
+        throw new Error(`moto did not answer within ${timeoutMs} ms`);
+      }
+      await sleep(100);
+    }
+  }
+
+  /** The server's `--blob-store` in this bucket. */
+  get location(): string {
+    return `s3://${this.bucket}/composer`;
+  }
+
+  /** The server's `--blob-store-option` flags for this moto. */
+  serverArgs(): string[] {
+    const options = {
+      aws_endpoint: this.endpoint,
+      aws_allow_http: "true",
+      aws_access_key_id: "test",
+      aws_secret_access_key: "test",
+      aws_region: "us-east-1",
+      aws_virtual_hosted_style_request: "false",
+    };
+    return Object.entries(options).flatMap(([key, value]) => ["--blob-store-option", `${key}=${value}`]);
+  }
+
+  async stop(): Promise<void> {
+    const child = this.process;
+    if (child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise<void>((r) => child.once("exit", () => r()));
+    child.kill("SIGTERM");
+    const timer = setTimeout(() => child.kill("SIGKILL"), 10_000);
+    await exited;
+    clearTimeout(timer);
+  }
+}
+
+/**
+ * The samples of counter `name` in a Prometheus text exposition, as [labels, value] (labels
+ * parsed from `name{k="v",...} value`).
+ */
+export function metricSamples(text: string, name: string): { labels: Record<string, string>; value: number }[] {
+  const samples: { labels: Record<string, string>; value: number }[] = [];
+  for (const line of text.split("\n")) {
+    if (!line.startsWith(name + "{") && !line.startsWith(name + " ")) continue;
+    const match = /^[^{\s]+(?:\{(.*)\})?\s+(\S+)/.exec(line);
+    if (!match) continue;
+    const labels: Record<string, string> = {};
+    for (const [, key, value] of (match[1] ?? "").matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) labels[key as string] = value as string;
+    samples.push({ labels, value: Number(match[2]) });
+  }
+  return samples;
 }

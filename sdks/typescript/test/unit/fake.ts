@@ -1,6 +1,8 @@
 // A fake WorkerService + ServerService transport for the worker's local behaviours (L1-L6): it
 // answers each call from a script of the test's own and records every request.
-import { createHash } from "node:crypto";
+import { createHash, randomUUID } from "node:crypto";
+import { createServer, type IncomingHttpHeaders, type Server } from "node:http";
+import type { AddressInfo } from "node:net";
 
 import { create, type DescMessage, type DescMethodStreaming, type DescMethodUnary, type MessageInitShape } from "@bufbuild/protobuf";
 import { BinaryWriter } from "@bufbuild/protobuf/wire";
@@ -126,8 +128,9 @@ export class FakeServer implements Transport {
     let output: unknown;
     const answer = this.answers[method.name];
     if (answer) output = await answer(message, signal);
-    else if (method.name === "GetServerInfo") output = { serverVersion: "fake", protocolVersion: this.protocolVersion };
+    else if (method.name === "GetServerInfo") output = { serverVersion: "fake", protocolVersion: this.protocolVersion, blobUrls: this.urlBase !== undefined };
     else if (method.name === "PollTasks") output = await this.poll(message as unknown as { maxTasks: number }, signal);
+    else if (method.parent.typeName === BlobService.typeName) output = this.blobUrlCall(method.name, message as unknown as Record<string, string>);
     else output = {};
     return {
       stream: false,
@@ -159,6 +162,83 @@ export class FakeServer implements Transport {
   /** When set, the next DownloadBlob breaks (UNAVAILABLE) after this many chunks, once. */
   breakDownloadAfterChunks: number | undefined;
   #blobService: Transport | undefined;
+
+  /**
+   * The presigned URLs (C24): the base URL of a node:http server on 127.0.0.1 that plays the blob
+   * store (`serveUrls()`), undefined when none runs. While it runs GetServerInfo says `blobUrls`
+   * (unless `answers` say otherwise) and GetBlobUrl, StartBlobUpload and FinishBlobUpload answer
+   * with its URLs; without it they answer FAILED_PRECONDITION, as a server whose store is a folder.
+   */
+  urlBase: string | undefined;
+  /** What the store was sent by PUT, by upload id. */
+  readonly uploads = new Map<string, Uint8Array>();
+  /** Every HTTP request the store received. */
+  readonly httpRequests: HttpRequestSeen[] = [];
+  /** When set, the store answers every request with this status (and no bytes). */
+  httpStatus: number | undefined;
+  #http: Server | undefined;
+
+  /** Starts the blob store's HTTP server; its base URL. Stop it with `closeUrls()`. */
+  async serveUrls(): Promise<string> {
+    const server = createServer((request, response) => {
+      const chunks: Buffer[] = [];
+      request.on("data", (chunk: Buffer) => chunks.push(chunk));
+      request.on("end", () => {
+        const body = Buffer.concat(chunks);
+        const path = (request.url ?? "").split("?")[0] as string;
+        this.httpRequests.push({ method: request.method ?? "", path, headers: request.headers, bytes: body.length });
+        if (this.httpStatus !== undefined) return void response.writeHead(this.httpStatus).end();
+        const [, kind, name] = path.split("/");
+        if (request.method === "PUT" && kind === "upload" && name) {
+          this.uploads.set(name, body);
+          return void response.writeHead(200).end();
+        }
+        const blob = request.method === "GET" && kind === "blob" && name ? this.blobs.get(name) : undefined;
+        if (!blob) return void response.writeHead(404).end("<Error><Code>NoSuchKey</Code></Error>");
+        response.writeHead(200, { "content-length": String(blob.length) }).end(Buffer.from(blob));
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    this.#http = server;
+    this.urlBase = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    return this.urlBase;
+  }
+
+  /** Stops the blob store's HTTP server (URL calls then answer FAILED_PRECONDITION). */
+  async closeUrls(): Promise<void> {
+    const server = this.#http;
+    this.#http = undefined;
+    this.urlBase = undefined;
+    if (!server) return;
+    server.closeAllConnections();
+    await new Promise<void>((resolve) => server.close(() => resolve()));
+  }
+
+  /** GetBlobUrl, StartBlobUpload and FinishBlobUpload, answered from the fake's store. */
+  blobUrlCall(method: string, request: Record<string, string>): unknown {
+    const signature = "X-Amz-Signature=fake-credential";
+    if (this.urlBase === undefined) {
+      throw new ConnectError("the blob store does not presign URLs (a local folder): use UploadBlob and DownloadBlob", Code.FailedPrecondition);
+    }
+    if (method === "GetBlobUrl") {
+      const data = this.blobs.get(request["sha256"] as string);
+      if (!data) throw new ConnectError(`no blob ${request["sha256"]}`, Code.NotFound);
+      return { url: `${this.urlBase}/blob/${request["sha256"]}?${signature}`, size: BigInt(data.length) };
+    }
+    if (method === "StartBlobUpload") {
+      const uploadId = randomUUID();
+      return { uploadId, url: `${this.urlBase}/upload/${uploadId}?${signature}` };
+    }
+    if (method === "FinishBlobUpload") {
+      const data = this.uploads.get(request["uploadId"] as string);
+      if (!data) throw new ConnectError(`no upload ${request["uploadId"]}`, Code.NotFound);
+      this.uploads.delete(request["uploadId"] as string);
+      const sha256 = createHash("sha256").update(data).digest("hex");
+      this.blobs.set(sha256, data);
+      return { blob: { sha256, size: BigInt(data.length), head: headOf(data) } };
+    }
+    throw new ConnectError(`${method} is not faked`, Code.Unimplemented);
+  }
 
   /**
    * BlobService over an in-memory router. UploadBlob is recorded with `message` the list of chunk
@@ -207,6 +287,24 @@ export class FakeServer implements Transport {
     });
     return this.#blobService.stream(method, signal, timeoutMs, header, input);
   }
+}
+
+/** A request the fake's blob store (FakeServer.serveUrls) received over HTTP. */
+export interface HttpRequestSeen {
+  method: string;
+  /** The path, without the query (the signature). */
+  path: string;
+  headers: IncomingHttpHeaders;
+  bytes: number;
+}
+
+/** A URL to 127.0.0.1 on a port that was free a moment ago and is closed now: a request to it fails. */
+export async function closedPortUrl(path = "/nothing"): Promise<string> {
+  const server = createServer();
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  return `http://127.0.0.1:${port}${path}?X-Amz-Signature=closed`;
 }
 
 /** A blob's head as the server makes it: its first bytes, at most 256, cut at a character boundary. */

@@ -1,6 +1,9 @@
 // Large payloads (docs/payloads.md, conformance C23) against a fake server: the walk over
 // references, the offload threshold of startRun, sendEvent and the worker's outputs, the 1 MiB
 // chunks of uploadBlob, downloadBlob's checks and resumption, and the wait that resolves a result.
+// Presigned URLs (C24): with a node:http server on 127.0.0.1 playing the blob store, the URL path
+// when the server says blobUrls, and its two fallbacks (FAILED_PRECONDITION: the streams from then
+// on; a request that fails: the stream for that call).
 import assert from "node:assert/strict";
 import { createHash } from "node:crypto";
 import { describe, test } from "node:test";
@@ -13,7 +16,7 @@ import { RunStatus } from "../../src/gen/composer/v1/common_pb.js";
 import { RunService } from "../../src/gen/composer/v1/run_service_pb.js";
 import { BLOB_CHUNK_BYTES, bytesOverLimit, chunksOf, hasBlobReference, referencedBlobs, replaceBlobReferences } from "../../src/payloads.js";
 import { fromValue, toValue } from "../../src/values.js";
-import { FakeServer, headOf, payloadTooLarge, quotaExceeded, task, unavailable, wireError } from "./fake.js";
+import { FakeServer, closedPortUrl, headOf, payloadTooLarge, quotaExceeded, task, unavailable, wireError } from "./fake.js";
 
 const QUIET = { debug() {}, info() {}, warn() {}, error() {} };
 const FAST = new Backoff({ initialMs: 10, maximumMs: 50 });
@@ -409,5 +412,250 @@ describe("worker blobs", () => {
     const [refused] = busy.requests("FailTask");
     assert.equal(refused.errorCode, "INPUT_UNAVAILABLE");
     assert.equal(refused.retryable, true);
+  });
+});
+
+/** A fake whose GetServerInfo gives `offload` and `blobUrls`, its blob store serving URLs on 127.0.0.1. */
+async function urlFake(offload: number): Promise<FakeServer> {
+  const fake = new FakeServer({
+    GetServerInfo: () => ({ serverVersion: "fake", protocolVersion: "1.0", payloadOffloadBytes: BigInt(offload), blobUrls: true }),
+  });
+  await fake.serveUrls();
+  return fake;
+}
+
+/** The calls of the fake's BlobService, by name, in order. */
+function blobCalls(fake: FakeServer): string[] {
+  const names = ["UploadBlob", "DownloadBlob", "GetBlobUrl", "StartBlobUpload", "FinishBlobUpload"];
+  return fake.calls.map((c) => c.method).filter((m) => names.includes(m));
+}
+
+const failedPrecondition = (): Error => wireError(Code.FailedPrecondition, "the blob store does not presign URLs (a local folder): use UploadBlob and DownloadBlob");
+
+describe("presigned URLs (C24)", () => {
+  test("c24 with blobUrls, uploads are StartBlobUpload + PUT + FinishBlobUpload and downloads GetBlobUrl + GET; no stream, no token sent to the store", async () => {
+    const fake = await urlFake(100);
+    fake.answers["StartRun"] = () => ({ run: { runId: "r-1", workflowName: "wf" }, created: true });
+    const client = new ComposerClient({ transport: fake, token: "tok" });
+    try {
+      // startRun's large input goes up through a URL.
+      await client.startRun("wf", ofLength(5_000));
+      const input = fromValue(fake.requests("StartRun")[0].input) as { $blob: { sha256: string; size: number; head: string } };
+      const text = JSON.stringify(ofLength(5_000));
+      assert.deepEqual(input, blobReference({ sha256: sha(text), size: 5_000, head: headOf(new TextEncoder().encode(text)) }));
+      assert.deepEqual(blobCalls(fake), ["StartBlobUpload", "FinishBlobUpload"]);
+      assert.deepEqual(fake.httpRequests.map((r) => [r.method, r.path.split("/")[1], r.bytes]), [["PUT", "upload", 5_000]]);
+      assert.equal(fake.requests("FinishBlobUpload")[0].uploadId, fake.httpRequests[0]?.path.split("/")[2], "Finish names the upload PUT to");
+      assert.equal(fake.headers("StartBlobUpload")[0]?.get("authorization"), "Bearer tok");
+      assert.equal(fake.headers("FinishBlobUpload")[0]?.get("authorization"), "Bearer tok");
+
+      // uploadBlob and downloadBlob, and resolvePayload over them.
+      const data = new TextEncoder().encode(JSON.stringify({ doc: "é".repeat(3_000) }));
+      const ref = await client.uploadBlob(data);
+      assert.deepEqual(ref, { sha256: sha(data), size: data.length, head: headOf(data) });
+      assert.deepEqual(Buffer.from(await client.downloadBlob(ref.sha256)), Buffer.from(data));
+      assert.deepEqual(await client.resolvePayload({ a: input }), { a: ofLength(5_000) });
+      assert.deepEqual(blobCalls(fake), ["StartBlobUpload", "FinishBlobUpload", "StartBlobUpload", "FinishBlobUpload", "GetBlobUrl", "GetBlobUrl"]);
+      assert.deepEqual(fake.httpRequests.map((r) => r.method), ["PUT", "PUT", "GET", "GET"]);
+      // The store gets the signed URL, never the server's token.
+      assert.ok(fake.httpRequests.every((r) => r.headers.authorization === undefined), JSON.stringify(fake.httpRequests.map((r) => r.headers)));
+
+      // NOT_FOUND stays NOT_FOUND, from GetBlobUrl, with no stream tried.
+      const missing = await client.downloadBlob("c".repeat(64)).catch((e: unknown) => e);
+      assert.ok(isNotFound(missing), String(missing));
+      assert.equal(fake.requests("DownloadBlob").length + fake.requests("UploadBlob").length, 0, "no stream was used");
+      assert.equal(fake.requests("GetServerInfo").length, 1);
+    } finally {
+      await fake.closeUrls();
+    }
+  });
+
+  test("c24 a worker downloads its input's blobs and uploads its output through URLs, and logs no URL", async () => {
+    const fake = await urlFake(100);
+    try {
+      const doc = { doc: "z".repeat(10_000), n: 7 };
+      fake.tasks.push(task({ input: toValue({ whole: stored(fake, doc) }) }));
+      let seen: unknown;
+      const lines: string[] = [];
+      await serveOn(fake, (ctx) => {
+        seen = ctx.input;
+        return { doc: ctx.input.whole.doc, n: 8 };
+      }, reported(fake), { logger: recording(lines) });
+      assert.deepEqual(seen, { whole: doc });
+      const output = fromValue(fake.requests("CompleteTask")[0].output);
+      const text = JSON.stringify({ doc: doc.doc, n: 8 });
+      assert.deepEqual(output, blobReference({ sha256: sha(text), size: text.length, head: headOf(new TextEncoder().encode(text)) }));
+      assert.deepEqual(blobCalls(fake), ["GetBlobUrl", "StartBlobUpload", "FinishBlobUpload"]);
+      assert.deepEqual(fake.httpRequests.map((r) => r.method), ["GET", "PUT"]);
+      assert.ok(lines.length > 0);
+      assert.ok(!lines.some((l) => l.includes("127.0.0.1:" + new URL(fake.urlBase as string).port) || l.includes("Signature")), lines.join("\n"));
+    } finally {
+      await fake.closeUrls();
+    }
+  });
+
+  test("c24 a URL call answered FAILED_PRECONDITION sends that call and every later one through the streams", async () => {
+    // StartBlobUpload refused: the upload streams, and so does every later download.
+    const fake = await urlFake(100);
+    try {
+      fake.answers["StartBlobUpload"] = () => {
+        throw failedPrecondition();
+      };
+      const client = new ComposerClient({ transport: fake });
+      const data = new TextEncoder().encode(JSON.stringify(ofLength(500)));
+      const ref = await client.uploadBlob(data);
+      assert.deepEqual(ref, { sha256: sha(data), size: 500, head: headOf(data) });
+      assert.deepEqual(Buffer.from(await client.downloadBlob(ref.sha256)), Buffer.from(data));
+      await client.uploadBlob(data);
+      assert.deepEqual(blobCalls(fake), ["StartBlobUpload", "UploadBlob", "DownloadBlob", "UploadBlob"]);
+      assert.equal(fake.httpRequests.length, 0);
+    } finally {
+      await fake.closeUrls();
+    }
+
+    // GetBlobUrl refused: the download streams, and so does every later upload.
+    const other = await urlFake(100);
+    try {
+      other.answers["GetBlobUrl"] = () => {
+        throw failedPrecondition();
+      };
+      const client = new ComposerClient({ transport: other });
+      const ref = stored(other, { k: "v" }) as unknown as { $blob: { sha256: string } };
+      assert.deepEqual(await client.resolvePayload([ref]), [{ k: "v" }]);
+      await client.uploadBlob(new TextEncoder().encode('{"x":1}'));
+      await client.downloadBlob(ref.$blob.sha256);
+      assert.deepEqual(blobCalls(other), ["GetBlobUrl", "DownloadBlob", "UploadBlob", "DownloadBlob"]);
+      assert.equal(other.httpRequests.length, 0);
+    } finally {
+      await other.closeUrls();
+    }
+
+    // FinishBlobUpload refused after the PUT: the same bytes stream up, and URLs are done with.
+    const third = await urlFake(100);
+    try {
+      third.answers["FinishBlobUpload"] = () => {
+        throw failedPrecondition();
+      };
+      const client = new ComposerClient({ transport: third });
+      const data = new TextEncoder().encode('{"y":2}');
+      assert.equal((await client.uploadBlob(data)).sha256, sha(data));
+      await client.uploadBlob(data);
+      assert.deepEqual(blobCalls(third), ["StartBlobUpload", "FinishBlobUpload", "UploadBlob", "UploadBlob"]);
+      assert.deepEqual(third.httpRequests.map((r) => r.method), ["PUT"]);
+    } finally {
+      await third.closeUrls();
+    }
+
+    // A server without the URL calls (UNIMPLEMENTED) is refused the same way.
+    const older = await urlFake(100);
+    try {
+      older.answers["GetBlobUrl"] = () => {
+        throw wireError(Code.Unimplemented, "unknown method GetBlobUrl");
+      };
+      const client = new ComposerClient({ transport: older });
+      const ref = stored(older, { k: 1 }) as unknown as { $blob: { sha256: string } };
+      await client.downloadBlob(ref.$blob.sha256);
+      await client.uploadBlob(new TextEncoder().encode('{"k":1}'));
+      assert.deepEqual(blobCalls(older), ["GetBlobUrl", "DownloadBlob", "UploadBlob"]);
+    } finally {
+      await older.closeUrls();
+    }
+
+    // A worker: its first output's upload refused, its next task's input streams down and its
+    // output streams up.
+    const served = await urlFake(10);
+    try {
+      served.answers["StartBlobUpload"] = () => {
+        throw failedPrecondition();
+      };
+      served.tasks.push(task({ taskId: "first" }));
+      const worker = new Worker({ transport: served, slots: 1, backoff: FAST, logger: QUIET, pollWaitMs: 100 });
+      worker.task("q", "t", (ctx) => (ctx.taskId === "first" ? ofLength(50) : ctx.input));
+      const serving = worker.serve();
+      const completed = async (n: number): Promise<void> => {
+        const deadline = Date.now() + 10_000;
+        while (served.requests("CompleteTask").length < n && Date.now() < deadline) await sleep(10);
+        assert.equal(served.requests("CompleteTask").length, n);
+      };
+      try {
+        await completed(1);
+        served.tasks.push(task({ taskId: "second", input: toValue(stored(served, ofLength(60))) }));
+        await completed(2);
+      } finally {
+        worker.stop();
+        await serving;
+      }
+      assert.deepEqual(blobCalls(served), ["StartBlobUpload", "UploadBlob", "DownloadBlob", "UploadBlob"]);
+      const outputs = served.requests("CompleteTask").map((r) => fromValue(r.output));
+      assert.ok(outputs.every(isBlobReference), JSON.stringify(outputs));
+      assert.equal(served.httpRequests.length, 0);
+    } finally {
+      await served.closeUrls();
+    }
+  });
+
+  test("c24 a URL whose request fails (a closed port, a status other than 2xx) falls back to the stream for that call only", async () => {
+    const fake = await urlFake(100);
+    try {
+      const client = new ComposerClient({ transport: fake });
+      const data = new TextEncoder().encode(JSON.stringify(ofLength(700)));
+      const closed = await closedPortUrl();
+
+      // An upload URL on a closed port: this upload streams; the next goes through its URL.
+      fake.answers["StartBlobUpload"] = () => ({ uploadId: "u-closed", url: closed });
+      const ref = await client.uploadBlob(data);
+      assert.deepEqual(ref, { sha256: sha(data), size: 700, head: headOf(data) });
+      delete fake.answers["StartBlobUpload"];
+      assert.deepEqual(await client.uploadBlob(data), ref);
+      assert.deepEqual(blobCalls(fake), ["StartBlobUpload", "UploadBlob", "StartBlobUpload", "FinishBlobUpload"]);
+
+      // A download URL on a closed port: this download streams; the next goes through its URL.
+      fake.answers["GetBlobUrl"] = () => ({ url: closed, size: 700n });
+      assert.deepEqual(Buffer.from(await client.downloadBlob(ref.sha256)), Buffer.from(data));
+      delete fake.answers["GetBlobUrl"];
+      assert.deepEqual(Buffer.from(await client.downloadBlob(ref.sha256)), Buffer.from(data));
+      assert.deepEqual(blobCalls(fake).slice(4), ["GetBlobUrl", "DownloadBlob", "GetBlobUrl"]);
+
+      // The store answering 403 (an expired signature): the same.
+      fake.httpStatus = 403;
+      assert.deepEqual(await client.uploadBlob(data), ref);
+      assert.deepEqual(Buffer.from(await client.downloadBlob(ref.sha256)), Buffer.from(data));
+      fake.httpStatus = undefined;
+      assert.deepEqual(Buffer.from(await client.downloadBlob(ref.sha256)), Buffer.from(data));
+      assert.deepEqual(blobCalls(fake).slice(7), ["StartBlobUpload", "UploadBlob", "GetBlobUrl", "DownloadBlob", "GetBlobUrl"]);
+      assert.deepEqual(fake.httpRequests.map((r) => r.method), ["PUT", "GET", "PUT", "GET", "GET"]);
+      assert.equal(fake.requests("FinishBlobUpload").length, 1, "nothing PUT is never finished");
+
+      // Bytes that are not the blob count as a failed request: a GET that gives another blob of the
+      // same size, a FinishBlobUpload whose reference names other bytes.
+      const other = new TextEncoder().encode(JSON.stringify({ d: "y".repeat(700 - '{"d":""}'.length) }));
+      fake.blobs.set(sha(other), other);
+      fake.answers["GetBlobUrl"] = () => ({ url: `${fake.urlBase}/blob/${sha(other)}?X-Amz-Signature=x`, size: 700n });
+      assert.deepEqual(Buffer.from(await client.downloadBlob(ref.sha256)), Buffer.from(data));
+      delete fake.answers["GetBlobUrl"];
+      fake.answers["FinishBlobUpload"] = () => ({ blob: { sha256: sha(other), size: 700n, head: "" } });
+      assert.deepEqual(await client.uploadBlob(data), ref);
+      delete fake.answers["FinishBlobUpload"];
+      assert.deepEqual(await client.uploadBlob(data), ref);
+      assert.deepEqual(blobCalls(fake).slice(12), ["GetBlobUrl", "DownloadBlob", "StartBlobUpload", "FinishBlobUpload", "UploadBlob", "StartBlobUpload", "FinishBlobUpload"]);
+      // Azure's Put Blob needs x-ms-blob-type; every PUT sends it.
+      const puts = fake.httpRequests.filter((r) => r.method === "PUT");
+      assert.ok(puts.length > 0 && puts.every((r) => r.headers["x-ms-blob-type"] === "BlockBlob"));
+    } finally {
+      await fake.closeUrls();
+    }
+  });
+
+  test("c24 a client told not to use URLs (the browser's) never asks for one", async () => {
+    const fake = await urlFake(10);
+    try {
+      const client = new ComposerClient({ transport: fake, blobUrls: false });
+      const ref = await client.uploadBlob(new TextEncoder().encode('{"z":3}'));
+      await client.downloadBlob(ref.sha256);
+      assert.deepEqual(blobCalls(fake), ["UploadBlob", "DownloadBlob"]);
+      assert.equal(fake.httpRequests.length, 0);
+    } finally {
+      await fake.closeUrls();
+    }
   });
 });
