@@ -2,25 +2,9 @@
 //! (migration 0028): each match used to be a visit to its run's row for
 //! the version and the status. Real Postgres.
 
-use sqlx::PgPool;
-
-async fn database() -> PgPool {
-    let url = composer_testkit::fresh_database().await;
-    let store = composer_store::Store::connect(&composer_store::StoreConfig {
-        database_url: url,
-        max_connections: 2,
-        connect_timeout: std::time::Duration::from_secs(10),
-        query_timeout: std::time::Duration::from_secs(60),
-    })
-    .await
-    .expect("connect");
-    store.migrate().await.expect("migrate");
-    store.pool().clone()
-}
-
 #[tokio::test]
 async fn counting_runs_by_workflow_and_version_reads_only_the_workflow_index() {
-    let pool = database().await;
+    let pool = crate::fresh::migrated_database().await;
     // 40,000 runs of 20 workflows, two versions each, all visible (vacuumed)
     sqlx::query(
         "INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, \

@@ -6,20 +6,6 @@
 use composer_store::tasks::lease_sql;
 use sqlx::PgPool;
 
-async fn database() -> PgPool {
-    let url = composer_testkit::fresh_database().await;
-    let store = composer_store::Store::connect(&composer_store::StoreConfig {
-        database_url: url,
-        max_connections: 2,
-        connect_timeout: std::time::Duration::from_secs(10),
-        query_timeout: std::time::Duration::from_secs(30),
-    })
-    .await
-    .expect("connect");
-    store.migrate().await.expect("migrate");
-    store.pool().clone()
-}
-
 /// The plan Postgres caches for the lease of `candidates` tasks.
 async fn generic_plan(pool: &PgPool, candidates: usize) -> String {
     let mut tx = pool.begin().await.expect("begin");
@@ -52,7 +38,7 @@ async fn generic_plan(pool: &PgPool, candidates: usize) -> String {
 
 #[tokio::test]
 async fn a_lease_reads_its_candidates_by_primary_key_while_the_statistics_count_few_tasks() {
-    let pool = database().await;
+    let pool = crate::fresh::migrated_database().await;
     // statistics of a table with a few dispatched tasks, then thousands
     // dispatched to the same queue before the next analyze
     let insert = "INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, \

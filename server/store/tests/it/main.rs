@@ -3,6 +3,7 @@
 //! file is most of what a test build costs.
 
 mod count_plan;
+mod fresh;
 mod lease_plan;
 mod migrations;
 mod pool;
