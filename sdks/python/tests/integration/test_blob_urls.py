@@ -12,7 +12,6 @@ DownloadBlob).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
@@ -23,16 +22,11 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from _support import FAST, POLL_WAIT, Recorder, serving
-from conftest import REPO, ServerProcess, _psql, _with_database, mint_token
-from test_payloads import INPUT_DOC, OUTPUT_DOC, a_then_b, assert_reference, run
+from conftest import REPO, ServerProcess, _psql, _with_database
+from test_payloads import c23_scenario, run
 
-from composer import Client, NotFoundError, RunStatus, TaskContext, Worker
-from composer._values import from_value
-from composer.v1 import run_service_pb2
 
 MOTO = Path(os.environ.get("COMPOSER_TEST_MOTO_SERVER", REPO / ".tools" / "moto" / "bin" / "moto_server"))
 BUCKET = "composer-python-urls"
@@ -159,83 +153,7 @@ def test_c24_presigned_urls_move_blobs_straight_to_and_from_the_store(
     bucket_server: tuple[ServerProcess, str], names: str
 ) -> None:
     server, metrics_url = bucket_server
-    document = "p" * INPUT_DOC
-    big_input = {"doc": document, "n": 7}
-    seen_by_a: list[Any] = []
-    seen_by_b: list[Any] = []
-
-    async def main() -> None:
-        recorder = Recorder()
-        worker = Worker(server.address, slots=2, backoff=FAST, poll_wait=POLL_WAIT, interceptors=[recorder])
-
-        @worker.task(f"payloads_{names}", "grow")
-        def grow(ctx: TaskContext) -> dict[str, Any]:
-            seen_by_a.append(ctx.input)
-            return {"doc": "q" * OUTPUT_DOC, "n": ctx.input["n"]}
-
-        @worker.task(f"payloads_{names}", "measure")
-        async def measure(ctx: TaskContext) -> int:
-            seen_by_b.append(ctx.input)
-            return len(ctx.input["doc"])
-
-        async with Client(server.address) as client, serving(worker):
-            info = await client.server_info()
-            assert info.blob_urls, info
-            assert 0 < info.payload_offload_bytes < INPUT_DOC, info
-
-            sent: list[run_service_pb2.StartRunRequest] = []
-            start_run = client._conn.runs.StartRun
-
-            def recording(request: run_service_pb2.StartRunRequest, **kwargs: Any) -> Any:
-                sent.append(request)
-                return start_run(request, **kwargs)
-
-            client._conn.runs.StartRun = recording
-
-            registered = await client.register_workflow(a_then_b(names))
-            started = await client.start_run(registered.name, big_input)
-            assert_reference(from_value(sent[-1].input), over=INPUT_DOC, what="the StartRun request's input")
-
-            result = await client.wait_for_result(started.run_id, timeout=120)
-            assert result == {"a": OUTPUT_DOC, "b": OUTPUT_DOC}, str(result)[:300]
-
-            assert seen_by_a == [big_input], "a did not see the whole input"
-            assert len(seen_by_b) == 1, "b ran more than once"
-            assert seen_by_b[0] == {"doc": "q" * OUTPUT_DOC, "n": 7}, "b did not see a's whole output"
-            reported = [from_value(r.output) for r in recorder.requests("CompleteTask")]
-            assert len(reported) == 2, [str(output)[:200] for output in reported]
-            assert_reference(reported[0], over=OUTPUT_DOC, what="a's CompleteTask output")
-            assert reported[1] == OUTPUT_DOC
-            # The worker read a's input and b's through URLs and wrote a's output through one.
-            assert len(recorder.requests("GetBlobUrl")) == 2, [name for name, _ in recorder.calls]
-            assert len(recorder.requests("StartBlobUpload")) == 1
-            assert len(recorder.requests("FinishBlobUpload")) == 1
-
-            done = await client.get_run(started.run_id)
-            assert done.status is RunStatus.COMPLETED
-            input_ref = assert_reference(done.input, over=INPUT_DOC, what="the run's input")
-            node_a = done.node("a")
-            assert node_a is not None
-            assert_reference(node_a.output, over=OUTPUT_DOC, what="a's output")
-
-            data = await client.download_blob(input_ref.sha256)
-            assert len(data) == input_ref.size
-            assert json.loads(data) == big_input
-            assert await client.resolve_payload(done.input) == big_input
-
-            small = await client.start_run(registered.name, {"doc": "small", "n": 1})
-            assert small.input == {"doc": "small", "n": 1}
-            assert from_value(sent[-1].input) == {"doc": "small", "n": 1}
-            assert (await client.get_run(small.run_id)).input == {"doc": "small", "n": 1}
-            assert await client.wait_for_result(small.run_id, timeout=120) == {"a": OUTPUT_DOC, "b": OUTPUT_DOC}
-
-            # Another namespace cannot read the blob: GetBlobUrl's NOT_FOUND stays NOT_FOUND.
-            other = mint_token("admin", namespace=f"elsewhere-{names}")
-            async with Client(server.address, token=other) as elsewhere:
-                with pytest.raises(NotFoundError):
-                    await elsewhere.download_blob(input_ref.sha256)
-
-    run(main())
+    run(c23_scenario(server, names, through_urls=True))
 
     counts = grpc_requests(metrics_url)
     shown = {name: value for name, value in counts.items() if "Blob" in name}

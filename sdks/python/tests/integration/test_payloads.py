@@ -62,7 +62,10 @@ def assert_reference(value: Any, *, over: int, what: str) -> BlobRef:
     return blob
 
 
-def test_c23_large_payloads_move_through_the_blob_store_unseen_by_handlers(server: ServerProcess, names: str) -> None:
+async def c23_scenario(server: ServerProcess, names: str, *, through_urls: bool = False) -> None:
+    """C23's run against ``server``, with every check of C23. ``through_urls`` (C24): the server
+    gives presigned URLs, and the worker read ``a``'s and ``b``'s inputs through two and wrote
+    ``a``'s output through one."""
     document = "p" * INPUT_DOC
     big_input = {"doc": document, "n": 7}
     seen_by_a: list[Any] = []
@@ -84,6 +87,7 @@ def test_c23_large_payloads_move_through_the_blob_store_unseen_by_handlers(serve
 
         async with Client(server.address) as client, serving(worker):
             info = await client.server_info()
+            assert info.blob_urls == through_urls, info
             assert 0 < info.payload_offload_bytes < INPUT_DOC, info
 
             # What start_run sends: record the StartRun requests of this client.
@@ -112,6 +116,10 @@ def test_c23_large_payloads_move_through_the_blob_store_unseen_by_handlers(serve
             assert len(reported) == 2, [str(output)[:200] for output in reported]
             assert_reference(reported[0], over=OUTPUT_DOC, what="a's CompleteTask output")
             assert reported[1] == OUTPUT_DOC
+            if through_urls:
+                assert len(recorder.requests("GetBlobUrl")) == 2, [name for name, _ in recorder.calls]
+                assert len(recorder.requests("StartBlobUpload")) == 1
+                assert len(recorder.requests("FinishBlobUpload")) == 1
 
             # get_run shows references as they are stored.
             done = await client.get_run(started.run_id)
@@ -140,4 +148,8 @@ def test_c23_large_payloads_move_through_the_blob_store_unseen_by_handlers(serve
                 with pytest.raises(NotFoundError):
                     await elsewhere.download_blob(input_ref.sha256)
 
-    run(main())
+    await main()
+
+
+def test_c23_large_payloads_move_through_the_blob_store_unseen_by_handlers(server: ServerProcess, names: str) -> None:
+    run(c23_scenario(server, names))
