@@ -1333,6 +1333,7 @@ fn render_details(r: &Results) -> String {
         .filter(|p| p.offload && p.bytes >= 100_000)
     {
         statements_table(&mut t, &p.row);
+        wal_tables(&mut t, &p.row);
         if let Some(perf) = &p.row.perf {
             let _ = writeln!(t, "perf during {}:\n\n```\n{}```\n", p.row.label, perf);
         }

@@ -58,6 +58,9 @@ pub async fn payload(ctx: &Ctx) -> Result<Vec<PayloadRow>> {
             let load = Load {
                 payload_bytes: bytes,
                 offload_bytes: if offload { OFFLOAD_BYTES } else { 0 },
+                // where an offloaded task's WAL goes: the references it
+                // leaves in rows, and the blobs' own rows
+                wal_breakdown: offload && bytes >= OFFLOAD_BYTES,
                 ..Load::plain(
                     ctx,
                     WorkerKind::Rust,

@@ -278,9 +278,7 @@ impl Coordinator {
         field: &str,
         value: &serde_json::Value,
     ) -> Result<(), CoordinatorError> {
-        let size = serde_json::to_vec(value)
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX);
+        let size = payloads::json_len(value);
         if size > self.config.max_payload_bytes {
             return Err(CoordinatorError::PayloadTooLarge {
                 field: field.to_owned(),

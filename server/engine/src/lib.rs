@@ -44,6 +44,7 @@ mod decide;
 mod definition;
 pub mod duration;
 pub mod history;
+pub mod json_text;
 mod mapping;
 pub mod names;
 pub mod replay;

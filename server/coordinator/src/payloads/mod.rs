@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use composer_blobs::{BlobError, BlobStore, HEAD_BYTES};
-use composer_engine::{blob, replay::RecordedRun};
+use composer_engine::{blob, json_text, replay::RecordedRun};
 use composer_store::blobs::{self, BlobRow};
 use futures::Stream;
 use serde_json::Value as Json;
@@ -139,15 +139,10 @@ impl Coordinator {
     }
 
     /// Whether `value` goes to the blob store: counted only when offload
-    /// is on, and only up to the threshold (a task's input on the hot path);
-    /// a value whose strings are too short to reach it, escaped at worst,
-    /// is not written out to be counted.
+    /// is on, and only up to the threshold (a task's input on the hot path).
     pub(crate) fn offloads(&self, value: &Json) -> bool {
         let threshold = self.config.payload_offload_bytes;
-        self.payloads.is_some()
-            && threshold > 0
-            && json_len_bound(value, threshold) > threshold
-            && json_longer_than(value, threshold)
+        self.payloads.is_some() && threshold > 0 && json_text::longer_than(value, threshold)
     }
 
     /// Streams `chunks` into a blob of `namespace` (BlobService's upload):
@@ -262,7 +257,7 @@ impl Coordinator {
         field: &str,
         value: &Json,
     ) -> Result<Json, CoordinatorError> {
-        let bytes = Bytes::from(serde_json::to_vec(value)?);
+        let bytes = Bytes::from(json_text::to_vec(value));
         if bytes.len() > self.config.max_payload_bytes {
             return Err(CoordinatorError::PayloadTooLarge {
                 field: field.to_owned(),
@@ -545,78 +540,10 @@ fn canonical_references(value: &mut Json, found: &[BlobRow]) {
     }
 }
 
-/// The length of `value` as compact JSON, counted without writing it.
-/// Whether `value` as compact JSON is longer than `limit` bytes, counting
-/// no further than that.
-fn json_longer_than(value: &Json, limit: usize) -> bool {
-    struct Count {
-        bytes: usize,
-        limit: usize,
-    }
-    impl std::io::Write for Count {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.bytes += bytes.len();
-            if self.bytes > self.limit {
-                return Err(std::io::Error::other("longer"));
-            }
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count { bytes: 0, limit };
-    serde_json::to_writer(&mut count, value).is_err()
-}
-
-/// At least the length of `value` as compact JSON, from the lengths of its
-/// strings (each byte escaped at worst, as `\u00XX`) without reading them;
-/// the count stops once past `limit`.
-fn json_len_bound(value: &Json, limit: usize) -> usize {
-    fn add(value: &Json, total: &mut usize, limit: usize) {
-        if *total > limit {
-            return;
-        }
-        let string = |s: &str| 2 + 6 * s.len();
-        match value {
-            Json::Null | Json::Bool(_) => *total += 5,
-            // an f64 is at most 24 characters, an integer 20
-            Json::Number(_) => *total += 32,
-            Json::String(s) => *total += string(s),
-            Json::Array(items) => {
-                *total += 2 + items.len();
-                items.iter().for_each(|item| add(item, total, limit));
-            }
-            Json::Object(map) => {
-                *total += 2 + map.len();
-                for (key, item) in map {
-                    *total += string(key) + 1;
-                    add(item, total, limit);
-                }
-            }
-        }
-    }
-    let mut total = 0;
-    add(value, &mut total, limit);
-    total
-}
-
+/// The length of `value` as compact JSON (as `serde_json` writes it),
+/// counted without writing it.
 pub(crate) fn json_len(value: &Json) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 += bytes.len();
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    match serde_json::to_writer(&mut count, value) {
-        Ok(()) => count.0,
-        Err(_) => usize::MAX,
-    }
+    json_text::len(value)
 }
 
 /// The distinct digests of the references `value` holds.
@@ -643,50 +570,6 @@ mod tests {
         assert_eq!(head.chars().count(), HEAD_BYTES / 2);
         let odd = &"aé".as_bytes()[..2];
         assert_eq!(head_text(odd), "a");
-    }
-
-    #[test]
-    fn a_value_is_longer_than_a_limit_when_its_json_is() {
-        let value = serde_json::json!({"a": "x".repeat(10)});
-        let len = json_len(&value);
-        assert!(json_longer_than(&value, len - 1));
-        assert!(!json_longer_than(&value, len));
-    }
-
-    fn json_value() -> impl proptest::strategy::Strategy<Value = Json> {
-        use proptest::prelude::*;
-        let leaf = prop_oneof![
-            Just(Json::Null),
-            any::<bool>().prop_map(Json::Bool),
-            any::<i64>().prop_map(|n| serde_json::json!(n)),
-            any::<f64>()
-                .prop_filter("finite", |f| f.is_finite())
-                .prop_map(|f| serde_json::json!(f)),
-            ".{0,12}".prop_map(Json::String),
-            // control characters and quotes: escaped the longest way
-            "[\\x00-\\x1f\"\\\\]{0,8}".prop_map(Json::String),
-        ];
-        leaf.prop_recursive(4, 64, 6, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 0..6).prop_map(Json::Array),
-                proptest::collection::btree_map(".{0,6}", inner, 0..6)
-                    .prop_map(|m| Json::Object(m.into_iter().collect())),
-            ]
-        })
-    }
-
-    proptest::proptest! {
-        /// The bound is never under the length, so a value it puts under
-        /// the threshold is under it.
-        #[test]
-        fn the_length_bound_is_never_under_the_length(value in json_value()) {
-            let len = json_len(&value);
-            proptest::prop_assert!(json_len_bound(&value, usize::MAX) >= len);
-            // stopped early, it is still past the limit it stopped at
-            if len > 10 {
-                proptest::prop_assert!(json_len_bound(&value, len - 1) > len - 1);
-            }
-        }
     }
 
     #[test]
