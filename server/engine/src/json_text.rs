@@ -192,8 +192,8 @@ fn needs_escape(byte: u8) -> bool {
     byte < 0x20 || byte == b'"' || byte == b'\\'
 }
 
-/// For each byte, the letter of its escape (`\\n`, `\\"`, ...; `u` for
-/// `\\u00XX`), or 0 for none: serde_json's table.
+/// For each byte, the letter of its escape (`\n`, `\"`, ...; `u` for
+/// `\u00XX`), or 0 for none: serde_json's table.
 const ESCAPES: [u8; 256] = {
     let mut table = [0u8; 256];
     let mut byte = 0;
