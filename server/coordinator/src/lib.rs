@@ -278,7 +278,7 @@ impl Coordinator {
         field: &str,
         value: &serde_json::Value,
     ) -> Result<(), CoordinatorError> {
-        let size = payloads::json_len(value);
+        let size = composer_engine::json_text::len(value);
         if size > self.config.max_payload_bytes {
             return Err(CoordinatorError::PayloadTooLarge {
                 field: field.to_owned(),

@@ -14,7 +14,6 @@ use crate::{
     error::{CoordinatorError, FieldProblem},
     events::apply::{RunTxn, run_status_text, seed},
     events::bulk_step::BulkStep,
-    payloads::json_len,
 };
 
 /// CountRuns counts up to this many matching runs and then says "more": a
@@ -245,7 +244,7 @@ impl Coordinator {
         let input = resolved.as_ref().unwrap_or(&request.input);
         let costly = workflow.input_check_is_costly
             || resolved.is_some()
-            || json_len(input) > crate::workflows::INLINE_INPUT_CHECK_BYTES;
+            || composer_engine::json_text::len(input) > crate::workflows::INLINE_INPUT_CHECK_BYTES;
         let problems = if costly {
             let (workflow, input) = (std::sync::Arc::clone(workflow), input.clone());
             self.workflows

@@ -540,12 +540,6 @@ fn canonical_references(value: &mut Json, found: &[BlobRow]) {
     }
 }
 
-/// The length of `value` as compact JSON (as `serde_json` writes it),
-/// counted without writing it.
-pub(crate) fn json_len(value: &Json) -> usize {
-    json_text::len(value)
-}
-
 /// The distinct digests of the references `value` holds.
 pub(crate) fn referenced_digests(value: &Json) -> Vec<String> {
     let mut digests: Vec<String> = Vec::new();
