@@ -1797,7 +1797,7 @@ async fn timers_on(ctx: &Ctx, server: &Server) -> Result<Timers> {
     // due = the WAIT's start + 2 s; fired = the transaction that applied it
     let lags: Vec<f64> = sqlx::query_scalar(
         "SELECT (extract(epoch FROM (e.created_at - n.started_at)) * 1000 - 2000)::float8 \
-         FROM run_events e JOIN run_nodes n ON n.run_id = e.run_id AND n.node_key = e.node_key \
+         FROM run_events_each e JOIN run_nodes n ON n.run_id = e.run_id AND n.node_key = e.node_key \
          WHERE e.event_type = 'wait_elapsed'",
     )
     .fetch_all(&ctx.db)

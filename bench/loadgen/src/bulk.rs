@@ -183,7 +183,7 @@ async fn bulk_cost_on(ctx: &Ctx, server: &Server, bench: BulkBench) -> Result<Bu
 /// that have one, the runs on version 2.
 async fn moved(ctx: &Ctx) -> Result<Moved> {
     let (entries, runs): (i64, i64) = sqlx::query_as(
-        "SELECT count(*), count(DISTINCT run_id) FROM run_events WHERE event_type = 'run_migrated'",
+        "SELECT count(*), count(DISTINCT run_id) FROM run_events_each WHERE event_type = 'run_migrated'",
     )
     .fetch_one(&ctx.db)
     .await

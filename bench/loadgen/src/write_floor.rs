@@ -275,7 +275,7 @@ impl Template {
 
     /// The template tables (`t_run`, `t_tasks` with their step from 1,
     /// `t_nodes` with their task's step, `t_events` with their stage and
-    /// place in it) and the round counter.
+    /// their first event's offset in it) and the round counter.
     async fn copy_into(&self, db: &PgPool) -> Result<()> {
         // a utility statement takes no parameters: the tables are made
         // empty, then filled
@@ -309,7 +309,8 @@ impl Template {
         .await?;
         sqlx::query(
             "INSERT INTO t_events SELECT (j->>'stage')::int, \
-               row_number() OVER (PARTITION BY j->>'stage' ORDER BY (j->>'seq')::bigint), \
+               (j->>'seq')::bigint + 1 \
+                 - min((j->>'seq')::bigint) OVER (PARTITION BY j->>'stage'), \
                (jsonb_populate_record(NULL::run_events, j)).* \
              FROM jsonb_array_elements($1) j",
         )
@@ -317,7 +318,8 @@ impl Template {
         .execute(db)
         .await?;
         for sql in [
-            "CREATE TABLE t_stages AS SELECT stage, count(*)::bigint AS events \
+            "CREATE TABLE t_stages AS \
+             SELECT stage, sum(1 + coalesce(jsonb_array_length(more), 0))::bigint AS events \
              FROM t_events GROUP BY stage",
             "CREATE SEQUENCE floor_round",
             "SELECT composer_ensure_history_partitions(1)",
@@ -435,9 +437,9 @@ fn history_rows(stage: &str) -> String {
     format!(
         "history AS ( \
            INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, \
-             details, created_at) \
+             details, more, created_at) \
            SELECT run_row.id, run_row.base + e.ord, e.namespace, e.event_type, e.node_key, \
-             e.attempt, e.actor, e.details, clock_timestamp() \
+             e.attempt, e.actor, e.details, e.more, clock_timestamp() \
            FROM run_row JOIN t_events e ON e.stage = {stage}),"
     )
 }

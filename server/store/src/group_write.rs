@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::{
     StoreError,
+    history_rows::{HistoryColumns, rows_of},
     runs::{EventWrite, EventWritten, RunInsert, write_event},
     tasks::{leased_from_row, outbox_from_row},
 };
@@ -33,12 +34,12 @@ const UPDATE_RUNS: &str = "run_row AS ( \
        FROM r WHERE runs.id = ANY($1::uuid[]) AND runs.id = r.id \
        RETURNING runs.id, runs.history_seq - r.count AS base, runs.created_at, runs.priority)";
 
-/// New runs' rows (`$21`–`$29`, in the order of `$1`), as StartRun writes
+/// New runs' rows (`$22`–`$30`, in the order of `$1`), as StartRun writes
 /// them: none where the idempotency key is taken (by a committed run or an
 /// earlier row of this statement) or, when asked, a newer version exists.
 const INSERT_RUNS: &str = "fresh AS ( \
-       SELECT * FROM UNNEST($21::text[], $22::text[], $23::int[], $24::jsonb[], $25::jsonb[], \
-         $26::text[], $27::bool[], $28::text[], $29::smallint[]) WITH ORDINALITY \
+       SELECT * FROM UNNEST($22::text[], $23::text[], $24::int[], $25::jsonb[], $26::jsonb[], \
+         $27::text[], $28::bool[], $29::text[], $30::smallint[]) WITH ORDINALITY \
          AS f(ns, wf, ver, input, labels, key, only_if_latest, trace, priority, ord)), \
      run_row AS ( \
        INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
@@ -52,8 +53,9 @@ const INSERT_RUNS: &str = "fresh AS ( \
        ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
        RETURNING id, 0::bigint AS base, created_at, priority)";
 
-/// Node rows (`$8`–`$12`) and history (`$13`–`$20`). Every part joins
-/// `run_row`, so a run whose row is gone (or was not inserted) writes
+/// Node rows (`$8`–`$12`) and history rows (`$13`–`$21`: a row's run, its
+/// namespace, its first event's offset in its run's write, its columns and
+/// `more`). Every part joins `run_row`, so a run whose row is gone (or was not inserted) writes
 /// nothing, as alone. A node's row is updated where it exists and inserted
 /// where not, by plain statements: the run's lock keeps every other writer
 /// of its nodes out, and `ON CONFLICT DO UPDATE` wrote a row lock and an
@@ -74,12 +76,12 @@ const NODES_HISTORY: &str = "nodes AS ( \
            WHERE u.run_id = n.run_id AND u.node_key = n.k)), \
      history AS ( \
        INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, \
-         details, created_at) \
+         details, more, created_at) \
        SELECT h.run_id, run_row.base + h.ord, h.ns, h.ty, h.node, h.attempt, h.actor, \
-         h.details, clock_timestamp() \
-         FROM UNNEST($13::uuid[], $14::bigint[], $15::text[], $16::text[], $17::text[], \
-           $18::int[], $19::text[], $20::jsonb[]) \
-           AS h(run_id, ord, ns, ty, node, attempt, actor, details) \
+         h.details, h.more, clock_timestamp() \
+         FROM UNNEST($13::uuid[], $14::text[], $15::bigint[], $16::text[], $17::text[], \
+           $18::int[], $19::text[], $20::jsonb[], $21::jsonb[]) \
+           AS h(run_id, ns, ord, ty, node, attempt, actor, details, more) \
          JOIN run_row ON run_row.id = h.run_id)";
 
 /// Armed tasks (16 parameters from `$n`), DISPATCHED, or LEASED where a
@@ -326,13 +328,8 @@ struct Columns<'a> {
     node_states: Vec<&'a Json>,
     node_ended: Vec<bool>,
     history_runs: Vec<Uuid>,
-    history_ords: Vec<i64>,
     history_namespaces: Vec<&'a str>,
-    history_types: Vec<&'a str>,
-    history_nodes: Vec<Option<&'a str>>,
-    history_attempts: Vec<Option<i32>>,
-    history_actors: Vec<&'a str>,
-    history_details: Vec<&'a Json>,
+    history: HistoryColumns<'a>,
     task_ids: Vec<Uuid>,
     task_runs: Vec<Uuid>,
     task_namespaces: Vec<&'a str>,
@@ -378,15 +375,10 @@ impl<'a> Columns<'a> {
             self.node_states.push(&node.state);
             self.node_ended.push(node.ended);
         }
-        for (ord, entry) in (1_i64..).zip(write.history) {
+        for row in rows_of(write.history) {
             self.history_runs.push(run_id);
-            self.history_ords.push(ord);
             self.history_namespaces.push(write.namespace);
-            self.history_types.push(&entry.event_type);
-            self.history_nodes.push(entry.node_key.as_deref());
-            self.history_attempts.push(entry.attempt);
-            self.history_actors.push(&entry.actor);
-            self.history_details.push(&entry.details);
+            self.history.push(row);
         }
         for task in write.tasks {
             self.task_ids.push(task.new_id);
@@ -444,7 +436,7 @@ async fn write_shared(
         columns.add(write);
     }
     let mut parts = vec![RUN_VALUES.to_owned()];
-    let mut next = 21;
+    let mut next = 22;
     match inserts {
         Some(_) => {
             parts.push(INSERT_RUNS.to_owned());
@@ -506,13 +498,8 @@ async fn write_shared(
         .bind(&columns.node_states)
         .bind(&columns.node_ended)
         .bind(&columns.history_runs)
-        .bind(&columns.history_ords)
-        .bind(&columns.history_namespaces)
-        .bind(&columns.history_types)
-        .bind(&columns.history_nodes)
-        .bind(&columns.history_attempts)
-        .bind(&columns.history_actors)
-        .bind(&columns.history_details);
+        .bind(&columns.history_namespaces);
+    query = columns.history.bind(query);
     if let Some(inserts) = inserts {
         query = query
             .bind(writes.iter().map(|w| w.namespace).collect::<Vec<_>>())

@@ -6,6 +6,7 @@ pub mod bulk;
 pub mod concurrency;
 pub mod events;
 pub mod group_write;
+pub mod history_rows;
 pub mod migrate;
 pub mod pause;
 pub mod rate_limits;
@@ -45,6 +46,9 @@ pub enum StoreError {
     /// Any other database failure.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),
+    /// A history row could not be read back into events.
+    #[error(transparent)]
+    History(#[from] history_rows::RowError),
 }
 
 impl StoreError {

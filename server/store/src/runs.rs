@@ -8,7 +8,11 @@ use sqlx::{
 };
 use uuid::Uuid;
 
-use crate::StoreError;
+pub use crate::history_rows::{HistoryRow, HistoryWrite};
+use crate::{
+    StoreError,
+    history_rows::{self, HistoryColumns},
+};
 
 /// A run as stored.
 #[derive(Debug, Clone, PartialEq)]
@@ -530,21 +534,6 @@ pub struct TaskView {
     pub lease_expires_at: Option<DateTime<Utc>>,
 }
 
-/// A history entry to append.
-#[derive(Debug, Clone)]
-pub struct HistoryWrite {
-    /// What happened.
-    pub event_type: String,
-    /// The node, if any.
-    pub node_key: Option<String>,
-    /// The attempt, if any.
-    pub attempt: Option<i32>,
-    /// Who caused it.
-    pub actor: String,
-    /// Details.
-    pub details: Json,
-}
-
 /// Appends history entries with the run's next sequence numbers. Runs under
 /// the run lock, so sequence numbers are gap-free and ordered.
 pub async fn append_history(
@@ -557,87 +546,71 @@ pub async fn append_history(
         return Ok(());
     }
     let count = i64::try_from(entries.len()).unwrap_or(i64::MAX);
-    let types: Vec<&str> = entries.iter().map(|e| e.event_type.as_str()).collect();
-    let nodes: Vec<Option<&str>> = entries.iter().map(|e| e.node_key.as_deref()).collect();
-    let attempts: Vec<Option<i32>> = entries.iter().map(|e| e.attempt).collect();
-    let actors: Vec<&str> = entries.iter().map(|e| e.actor.as_str()).collect();
-    let details: Vec<&Json> = entries.iter().map(|e| &e.details).collect();
+    let h = HistoryColumns::of(entries);
     // append_history: reserve `count` sequence numbers on the run row and
     // insert the entries with them, in one statement
-    sqlx::query(
+    let query = sqlx::query(
         "WITH reserved AS ( \
            UPDATE runs SET history_seq = history_seq + $3 WHERE id = $1 \
            RETURNING history_seq - $3 AS base) \
          INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, details, \
-           created_at) \
-         SELECT $1, reserved.base + t.ord, $2, t.ty, t.node, t.attempt, t.actor, t.details, \
+           more, created_at) \
+         SELECT $1, reserved.base + t.ord, $2, t.ty, t.node, t.attempt, t.actor, t.details, t.more, \
            clock_timestamp() \
-           FROM reserved, UNNEST($4::text[], $5::text[], $6::int[], $7::text[], $8::jsonb[]) \
-             WITH ORDINALITY AS t(ty, node, attempt, actor, details, ord)",
+           FROM reserved, UNNEST($4::bigint[], $5::text[], $6::text[], $7::int[], $8::text[], \
+             $9::jsonb[], $10::jsonb[]) AS t(ord, ty, node, attempt, actor, details, more)",
     )
     .bind(run_id)
     .bind(namespace)
-    .bind(count)
-    .bind(&types)
-    .bind(&nodes)
-    .bind(&attempts)
-    .bind(&actors)
-    .bind(&details)
-    .execute(conn)
-    .await?;
+    .bind(count);
+    h.bind(query).execute(conn).await?;
     Ok(())
 }
 
-/// A history entry as stored.
-#[derive(Debug, Clone, PartialEq)]
-pub struct HistoryRow {
-    /// Position in the run's history, from 1.
-    pub seq: i64,
-    /// When.
-    pub created_at: DateTime<Utc>,
-    /// What happened.
-    pub event_type: String,
-    /// The node, if any.
-    pub node_key: Option<String>,
-    /// The attempt, if any.
-    pub attempt: Option<i32>,
-    /// Who caused it.
-    pub actor: String,
-    /// Details.
-    pub details: Json,
-}
-
-/// History entries of a run after `after_seq`, oldest first.
+/// History entries of a run after `after_seq`, oldest first, at most `limit`.
 pub async fn history_page(
     executor: impl sqlx::PgExecutor<'_>,
     run_id: Uuid,
     after_seq: i64,
     limit: i64,
 ) -> Result<Vec<HistoryRow>, StoreError> {
+    // a row holds up to EVENTS_PER_ROW events numbered on from its seq: the
+    // one holding `after_seq + 1` starts at most that many back, and every
+    // row read holds at least one event
+    let back = i64::try_from(history_rows::EVENTS_PER_ROW - 1).unwrap_or(0);
     // history_page: keyset page by (run_id, seq), every partition's primary key
     let rows = sqlx::query(
-        "SELECT seq, created_at, event_type, node_key, attempt, actor, details FROM run_events \
-         WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
+        "SELECT seq, created_at, event_type, node_key, attempt, actor, details, more \
+         FROM run_events WHERE run_id = $1 AND seq > $2 ORDER BY seq LIMIT $3",
     )
     .bind(run_id)
-    .bind(after_seq)
-    .bind(limit)
+    .bind(after_seq.saturating_sub(back))
+    .bind(limit.saturating_add(back))
     .fetch_all(executor)
     .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(HistoryRow {
-                seq: row.try_get("seq")?,
-                created_at: row.try_get("created_at")?,
-                event_type: row.try_get("event_type")?,
-                node_key: row.try_get("node_key")?,
-                attempt: row.try_get("attempt")?,
-                actor: row.try_get("actor")?,
-                details: row.try_get("details")?,
-            })
-        })
-        .collect::<Result<_, sqlx::Error>>()
-        .map_err(StoreError::from)
+    let limit = usize::try_from(limit).unwrap_or(0);
+    let mut events = Vec::with_capacity(limit.min(rows.len()));
+    for row in &rows {
+        let first = HistoryRow {
+            seq: row.try_get("seq")?,
+            created_at: row.try_get("created_at")?,
+            event_type: row.try_get("event_type")?,
+            node_key: row.try_get("node_key")?,
+            attempt: row.try_get("attempt")?,
+            actor: row.try_get("actor")?,
+            details: row.try_get("details")?,
+        };
+        let more: Option<Json> = row.try_get("more")?;
+        for event in history_rows::events_of(first, more)? {
+            if events.len() == limit {
+                return Ok(events);
+            }
+            if event.seq > after_seq {
+                events.push(event);
+            }
+        }
+    }
+    Ok(events)
 }
 
 /// Filters of ListRuns, CountRuns and bulk operations (stored with the
@@ -1131,20 +1104,21 @@ const UPDATE_RUN: &str = "run_row AS ( \
          history_seq = history_seq + $7 \
        WHERE id = $1 RETURNING history_seq - $7 AS base, created_at, priority)";
 
-/// A new run's row, written with its first event ($18-$25); nothing when
-/// the idempotency key is taken or (`$23`) a newer version exists, and then
+/// A new run's row, written with its first event ($20-$27); nothing when
+/// the idempotency key is taken or (`$25`) a newer version exists, and then
 /// every other part writes nothing either (they read `run_row`).
 const INSERT_RUN: &str = "run_row AS ( \
        INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
          idempotency_key, record, output, error, ended_at, history_seq, traceparent, priority) \
-       SELECT $1, $8, $18, $19, $2, $20, $21, $22, $3, $4, $5, CASE WHEN $6 THEN now() END, $7, \
-         $24, $25 \
-       WHERE NOT ($23 AND EXISTS (SELECT 1 FROM workflow_definitions \
-         WHERE namespace = $8 AND name = $18 AND version > $19)) \
+       SELECT $1, $8, $20, $21, $2, $22, $23, $24, $3, $4, $5, CASE WHEN $6 THEN now() END, $7, \
+         $26, $27 \
+       WHERE NOT ($25 AND EXISTS (SELECT 1 FROM workflow_definitions \
+         WHERE namespace = $8 AND name = $20 AND version > $21)) \
        ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
        RETURNING 0::bigint AS base, created_at, priority)";
 
-/// Node rows and history, after `run_row`. A history entry's time is when
+/// Node rows and history ($13-$19: a history row's first event's offset,
+/// its columns and `more`), after `run_row`. A history entry's time is when
 /// its statement ran (`clock_timestamp()`), not when its transaction began
 /// (`now()`): a group transaction may begin well before an item's event,
 /// and a run that waited on another's lock would otherwise be dated
@@ -1165,11 +1139,11 @@ const WRITE_ROWS: &str = "nodes AS ( \
          WHERE NOT EXISTS (SELECT 1 FROM node_updated u WHERE u.node_key = n.k)), \
      history AS ( \
        INSERT INTO run_events (run_id, seq, namespace, event_type, node_key, attempt, actor, \
-         details, created_at) \
-       SELECT $1, run_row.base + h.ord, $8, h.ty, h.node, h.attempt, h.actor, h.details, \
+         details, more, created_at) \
+       SELECT $1, run_row.base + h.ord, $8, h.ty, h.node, h.attempt, h.actor, h.details, h.more, \
          clock_timestamp() \
-         FROM run_row, UNNEST($13::text[], $14::text[], $15::int[], $16::text[], $17::jsonb[]) \
-           WITH ORDINALITY AS h(ty, node, attempt, actor, details, ord))";
+         FROM run_row, UNNEST($13::bigint[], $14::text[], $15::text[], $16::int[], $17::text[], \
+           $18::jsonb[], $19::jsonb[]) AS h(ord, ty, node, attempt, actor, details, more))";
 
 /// Arms tasks and queues them; parameters from `$n`. `held` (the run is
 /// paused): the tasks are HELD and get no outbox row. A task whose
@@ -1301,6 +1275,7 @@ pub async fn write_event(
 ) -> Result<Option<EventWritten>, StoreError> {
     let history = write.history;
     let count = i64::try_from(history.len()).unwrap_or(i64::MAX);
+    let h = HistoryColumns::of(history);
     let nodes = write.nodes;
     let tasks = write.tasks;
     let ended = write.run.ended;
@@ -1319,7 +1294,7 @@ pub async fn write_event(
         .to_owned(),
         WRITE_ROWS.to_owned(),
     ];
-    let mut next = if insert.is_some() { 26 } else { 18 };
+    let mut next = if insert.is_some() { 28 } else { 20 };
     if !tasks.is_empty() {
         parts.push(write_tasks(next, write.held, !write.published_by_caller));
         next += 15;
@@ -1357,22 +1332,8 @@ pub async fn write_event(
         .bind(nodes.iter().map(|n| n.key.as_str()).collect::<Vec<_>>())
         .bind(nodes.iter().map(|n| n.status.as_str()).collect::<Vec<_>>())
         .bind(nodes.iter().map(|n| &n.state).collect::<Vec<_>>())
-        .bind(nodes.iter().map(|n| n.ended).collect::<Vec<_>>())
-        .bind(
-            history
-                .iter()
-                .map(|e| e.event_type.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(
-            history
-                .iter()
-                .map(|e| e.node_key.as_deref())
-                .collect::<Vec<_>>(),
-        )
-        .bind(history.iter().map(|e| e.attempt).collect::<Vec<_>>())
-        .bind(history.iter().map(|e| e.actor.as_str()).collect::<Vec<_>>())
-        .bind(history.iter().map(|e| &e.details).collect::<Vec<_>>());
+        .bind(nodes.iter().map(|n| n.ended).collect::<Vec<_>>());
+    query = h.bind(query);
     if let Some(run) = insert {
         query = query
             .bind(run.workflow_name)

@@ -493,8 +493,10 @@ async fn tasks_handed_off_by_a_shared_write_are_leased_as_they_are_armed() {
         assert!(dispatched.is_some());
         let once: bool = sqlx::query_scalar(
             "SELECT t.xmin::text = e.xmin::text AND t.cmin::text = e.cmin::text \
-             FROM tasks t JOIN run_events e ON e.run_id = t.run_id AND e.node_key = t.node_key \
-             WHERE t.id = $1 AND e.event_type = 'node_started'",
+             FROM tasks t JOIN run_events e ON e.run_id = t.run_id \
+               AND ((e.event_type = 'node_started' AND e.node_key = t.node_key) \
+                 OR e.more @> jsonb_build_array(jsonb_build_array('node_started', t.node_key))) \
+             WHERE t.id = $1",
         )
         .bind(task.id)
         .fetch_one(server.coordinator.store().pool())

@@ -4,6 +4,7 @@
 
 mod count_plan;
 mod fresh;
+mod history;
 mod lease_plan;
 mod migrations;
 mod pool;

@@ -2,7 +2,7 @@
 //! siblings over a ListRuns filter, as long-running operations that count
 //! exactly, survive the death of the server working on them, stop when
 //! cancelled, and stay inside their namespace. The real binary on real
-//! Postgres and Redis; the exactness checks read run_events directly.
+//! Postgres and Redis; the exactness checks read history with SQL (run_events_each).
 
 use std::{collections::HashMap, path::PathBuf, time::Duration};
 
@@ -169,7 +169,7 @@ async fn retry_by_label(runs: &mut RunServiceClient<Channel>, value: &str) -> Bu
 /// How many retry events each run has.
 async fn retries_per_run(pool: &PgPool) -> HashMap<String, i64> {
     let rows: Vec<(uuid::Uuid, i64)> = sqlx::query_as(
-        "SELECT run_id, count(*) FROM run_events WHERE event_type = 'retry_requested_by' \
+        "SELECT run_id, count(*) FROM run_events_each WHERE event_type = 'retry_requested_by' \
          GROUP BY run_id",
     )
     .fetch_all(pool)

@@ -96,7 +96,7 @@ pub async fn run_snapshot(pool: &sqlx::PgPool, run_id: Uuid) -> String {
     .await
     .expect("nodes");
     let history: Vec<(i64, String, Option<String>, Option<i32>)> = sqlx::query_as(
-        "SELECT seq, event_type, node_key, attempt FROM run_events WHERE run_id = $1 ORDER BY seq",
+        "SELECT seq, event_type, node_key, attempt FROM run_events_each WHERE run_id = $1 ORDER BY seq",
     )
     .bind(run_id)
     .fetch_all(pool)
