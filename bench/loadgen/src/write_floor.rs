@@ -403,7 +403,8 @@ pub fn round_script(groups: Groups, tasks_per_run: u64) -> String {
 }
 
 /// Runs `first..=last` of block `:b` started, as StartRun's group writes
-/// them (group_write.rs, `insert_runs`).
+/// them (group_write.rs, `insert_runs`): B1's runs have no idempotency key,
+/// so a plain insert.
 fn start_statement(n: u64, first: u64, last: u64, leased: bool) -> String {
     let id = run_id("g.i");
     let task = task_id("run_row.id", "1");
@@ -416,7 +417,6 @@ fn start_statement(n: u64, first: u64, last: u64, leased: bool) -> String {
            SELECT {id}, t.namespace, t.workflow_name, t.workflow_version, 'RUNNING', t.input, \
              t.labels, NULL, t.record, NULL, NULL, NULL, s.events, t.traceparent, t.priority \
            FROM g CROSS JOIN t_run t JOIN t_stages s ON s.stage = 0 \
-           ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
            RETURNING id, 0::bigint AS base, priority), \
          {nodes} \
          {history} \
@@ -462,10 +462,10 @@ fn node_writes(nodes: &str) -> String {
     )
 }
 
-/// Tasks armed, with the server's conflict arm: `id` for each row of
-/// `from`, which joins `run_row` and a template task `t`; DISPATCHED, or
-/// `leased` as group_write.rs leases a task to a waiting poll as it arms
-/// it.
+/// Tasks armed as the server arms them, an update of the rows that exist
+/// (none here) and an insert of the others: `id` for each row of `from`,
+/// which joins `run_row` and a template task `t`; DISPATCHED, or `leased`
+/// as group_write.rs leases a task to a waiting poll as it arms it.
 fn arm_tasks(id: &str, from: &str, leased: bool) -> String {
     let (status, lease) = if leased {
         (
@@ -485,6 +485,11 @@ fn arm_tasks(id: &str, from: &str, leased: bool) -> String {
            t.node_key, t.workflow_name, t.workflow_version, t.queue, t.task_name, t.input, \
            t.heartbeat_timeout_ms, t.attempt_timeout_ms, t.traceparent, t.rate_limit_key \
            {from}), \
+         rearmed AS ( \
+           UPDATE tasks SET status = {status}, attempt = 1, dispatched_at = now(), \
+             updated_at = now() \
+           FROM a WHERE tasks.run_id = a.run_id AND tasks.node_key = a.node_key \
+           RETURNING tasks.run_id, tasks.node_key), \
          armed AS ( \
            INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
              queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
@@ -494,19 +499,8 @@ fn arm_tasks(id: &str, from: &str, leased: bool) -> String {
              a.queue, a.task_name, {status}, 1, a.input, a.heartbeat_timeout_ms, \
              a.attempt_timeout_ms, now(), a.traceparent, a.priority, a.rate_limit_key, {lease} \
            FROM a CROSS JOIN (SELECT lease_owner, lease_confirmed FROM t_tasks LIMIT 1) w \
-           ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
-             task_name = EXCLUDED.task_name, status = EXCLUDED.status, \
-             attempt = EXCLUDED.attempt, input = EXCLUDED.input, \
-             heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
-             attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, \
-             lease_token = EXCLUDED.lease_token, lease_owner = EXCLUDED.lease_owner, \
-             lease_expires_at = EXCLUDED.lease_expires_at, \
-             lease_confirmed = EXCLUDED.lease_confirmed, \
-             attempt_deadline = EXCLUDED.attempt_deadline, \
-             outcome = NULL, handbacks = 0, dispatched_at = now(), updated_at = now(), \
-             traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority, \
-             rate_limit_key = EXCLUDED.rate_limit_key, concurrency_node = NULL, \
-             concurrency_key = NULL, concurrency_max = NULL, concurrency_seq = NULL \
+           WHERE NOT EXISTS (SELECT 1 FROM rearmed r \
+             WHERE r.run_id = a.run_id AND r.node_key = a.node_key) \
            RETURNING id, namespace, queue, attempt, run_id, priority, status, lease_token, \
              lease_expires_at)"
     )

@@ -37,21 +37,47 @@ const UPDATE_RUNS: &str = "run_row AS ( \
 /// New runs' rows (`$22`–`$30`, in the order of `$1`), as StartRun writes
 /// them: none where the idempotency key is taken (by a committed run or an
 /// earlier row of this statement) or, when asked, a newer version exists.
-const INSERT_RUNS: &str = "fresh AS ( \
-       SELECT * FROM UNNEST($22::text[], $23::text[], $24::int[], $25::jsonb[], $26::jsonb[], \
-         $27::text[], $28::bool[], $29::text[], $30::smallint[]) WITH ORDINALITY \
-         AS f(ns, wf, ver, input, labels, key, only_if_latest, trace, priority, ord)), \
-     run_row AS ( \
-       INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, labels, \
-         idempotency_key, record, output, error, ended_at, history_seq, traceparent, priority) \
-       SELECT r.id, f.ns, f.wf, f.ver, r.status, f.input, f.labels, f.key, r.record, r.output, \
-         r.error, CASE WHEN r.ended THEN now() END, r.count, f.trace, f.priority \
-         FROM r JOIN fresh f ON f.ord = r.ord \
-         WHERE NOT (f.only_if_latest AND EXISTS (SELECT 1 FROM workflow_definitions d \
-           WHERE d.namespace = f.ns AND d.name = f.wf AND d.version > f.ver)) \
-         ORDER BY r.ord \
-       ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
-       RETURNING id, 0::bigint AS base, created_at, priority)";
+/// Runs without a key are inserted by a plain statement: `ON CONFLICT`
+/// made each insert a speculative one, with a confirmation record, though
+/// a run without a key conflicts with none (decision 0060).
+fn insert_run_rows() -> String {
+    let insert = |keyed: bool| {
+        let (which, conflict) = if keyed {
+            (
+                "IS NOT NULL",
+                "ON CONFLICT (namespace, idempotency_key) WHERE idempotency_key IS NOT NULL \
+                 DO NOTHING",
+            )
+        } else {
+            ("IS NULL", "")
+        };
+        format!(
+            "INSERT INTO runs (id, namespace, workflow_name, workflow_version, status, input, \
+               labels, idempotency_key, record, output, error, ended_at, history_seq, \
+               traceparent, priority) \
+             SELECT r.id, f.ns, f.wf, f.ver, r.status, f.input, f.labels, f.key, r.record, \
+               r.output, r.error, CASE WHEN r.ended THEN now() END, r.count, f.trace, f.priority \
+               FROM r JOIN fresh f ON f.ord = r.ord \
+               WHERE f.key {which} AND NOT (f.only_if_latest AND EXISTS (SELECT 1 \
+                 FROM workflow_definitions d \
+                 WHERE d.namespace = f.ns AND d.name = f.wf AND d.version > f.ver)) \
+               ORDER BY r.ord \
+             {conflict} RETURNING id, 0::bigint AS base, created_at, priority"
+        )
+    };
+    format!(
+        "fresh AS ( \
+           SELECT * FROM UNNEST($22::text[], $23::text[], $24::int[], $25::jsonb[], \
+             $26::jsonb[], $27::text[], $28::bool[], $29::text[], $30::smallint[]) \
+             WITH ORDINALITY AS f(ns, wf, ver, input, labels, key, only_if_latest, trace, \
+               priority, ord)), \
+         keyed_runs AS ({}), \
+         plain_runs AS ({}), \
+         run_row AS (SELECT * FROM keyed_runs UNION ALL SELECT * FROM plain_runs)",
+        insert(true),
+        insert(false)
+    )
+}
 
 /// Node rows (`$8`–`$12`) and history rows (`$13`–`$21`: a row's run, its
 /// namespace, its first event's offset in its run's write, its columns and
@@ -89,7 +115,11 @@ const NODES_HISTORY: &str = "nodes AS ( \
 /// wrote two, with the lease [`crate::tasks::lease_tasks`] would give);
 /// only writes without a concurrency slot or a pause come here, so no
 /// trigger changes their status. Their messages are `queued`:
-/// [`queue_in_tasks`] or [`QUEUE_IN_OUTBOX`].
+/// [`queue_in_tasks`] or [`QUEUE_IN_OUTBOX`]. A node's task row is
+/// updated where it exists (a retry, a loop) and inserted where not, by
+/// plain statements as node rows are: the run's lock keeps every other
+/// armer of its tasks out, and `ON CONFLICT DO UPDATE` made each insert a
+/// speculative one, with a confirmation record besides (decision 0060).
 fn arm_tasks(n: usize) -> String {
     let [
         ids,
@@ -110,44 +140,56 @@ fn arm_tasks(n: usize) -> String {
         receipts,
     ] = std::array::from_fn(|i| format!("${}", n + i));
     format!(
-        "armed AS ( \
-       INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
-         queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
-         dispatched_at, traceparent, priority, rate_limit_key, lease_token, lease_owner, \
-         lease_expires_at, lease_confirmed, attempt_deadline) \
-       SELECT a.id, a.ns, a.run_id, a.node, a.wf, a.ver, a.queue, a.task_name, \
-         CASE WHEN a.owner IS NULL THEN 'DISPATCHED' ELSE 'LEASED' END, \
-         a.attempt, a.input, a.heartbeat, a.timeout, now(), a.trace, run_row.priority, \
-         a.rate_key, CASE WHEN a.owner IS NOT NULL THEN gen_random_uuid() END, a.owner, \
+        "arms AS ( \
+       SELECT a.*, run_row.priority, \
+         CASE WHEN a.owner IS NULL THEN 'DISPATCHED' ELSE 'LEASED' END AS status, \
+         CASE WHEN a.owner IS NOT NULL THEN gen_random_uuid() END AS lease_token, \
          CASE WHEN a.owner IS NOT NULL THEN now() + make_interval(secs => \
-           LEAST(a.heartbeat, COALESCE(a.receipt, a.heartbeat)) / 1000.0) END, \
-         CASE WHEN a.owner IS NOT NULL AND a.receipt IS NOT NULL THEN false END, \
+           LEAST(a.heartbeat, COALESCE(a.receipt, a.heartbeat)) / 1000.0) END AS expires, \
+         CASE WHEN a.owner IS NOT NULL AND a.receipt IS NOT NULL THEN false END AS confirmed, \
          CASE WHEN a.owner IS NOT NULL AND a.timeout IS NOT NULL \
-           THEN now() + make_interval(secs => a.timeout / 1000.0) END \
+           THEN now() + make_interval(secs => a.timeout / 1000.0) END AS deadline \
          FROM UNNEST({ids}::uuid[], {runs}::uuid[], {namespaces}::text[], {nodes}::text[], \
            {queues}::text[], {names}::text[], {attempts}::int[], {inputs}::jsonb[], \
            {beats}::bigint[], {timeouts}::bigint[], {workflows}::text[], {versions}::int[], \
            {traces}::text[], {rate_keys}::text[], {owners}::text[], {receipts}::bigint[]) \
            AS a(id, run_id, ns, node, queue, task_name, attempt, input, heartbeat, timeout, wf, \
              ver, trace, rate_key, owner, receipt) \
-         JOIN run_row ON run_row.id = a.run_id \
-       ON CONFLICT (run_id, node_key) DO UPDATE SET queue = EXCLUDED.queue, \
-         task_name = EXCLUDED.task_name, status = EXCLUDED.status, attempt = EXCLUDED.attempt, \
-         input = EXCLUDED.input, heartbeat_timeout_ms = EXCLUDED.heartbeat_timeout_ms, \
-         attempt_timeout_ms = EXCLUDED.attempt_timeout_ms, lease_token = EXCLUDED.lease_token, \
-         lease_owner = EXCLUDED.lease_owner, lease_expires_at = EXCLUDED.lease_expires_at, \
-         lease_confirmed = EXCLUDED.lease_confirmed, \
-         attempt_deadline = EXCLUDED.attempt_deadline, \
-         outcome = NULL, handbacks = 0, dispatched_at = now(), updated_at = now(), \
-         traceparent = EXCLUDED.traceparent, priority = EXCLUDED.priority, \
-         rate_limit_key = EXCLUDED.rate_limit_key, concurrency_node = NULL, \
-         concurrency_key = NULL, concurrency_max = NULL, concurrency_seq = NULL \
-       RETURNING id, namespace, queue, attempt, run_id, priority, status = 'LEASED' AS leased, \
-         node_key, workflow_name, workflow_version, task_name, \
-         CASE WHEN status = 'LEASED' THEN input END AS input, heartbeat_timeout_ms, \
-         lease_token, lease_expires_at, attempt_deadline, dispatched_at, traceparent)"
+         JOIN run_row ON run_row.id = a.run_id), \
+     rearmed AS ( \
+       UPDATE tasks SET queue = a.queue, task_name = a.task_name, status = a.status, \
+         attempt = a.attempt, input = a.input, heartbeat_timeout_ms = a.heartbeat, \
+         attempt_timeout_ms = a.timeout, lease_token = a.lease_token, lease_owner = a.owner, \
+         lease_expires_at = a.expires, lease_confirmed = a.confirmed, \
+         attempt_deadline = a.deadline, outcome = NULL, handbacks = 0, dispatched_at = now(), \
+         updated_at = now(), traceparent = a.trace, priority = a.priority, \
+         rate_limit_key = a.rate_key, concurrency_node = NULL, concurrency_key = NULL, \
+         concurrency_max = NULL, concurrency_seq = NULL \
+         FROM arms a WHERE tasks.run_id = a.run_id AND tasks.node_key = a.node \
+       RETURNING {ARMED_COLUMNS}), \
+     first_armed AS ( \
+       INSERT INTO tasks (id, namespace, run_id, node_key, workflow_name, workflow_version, \
+         queue, task_name, status, attempt, input, heartbeat_timeout_ms, attempt_timeout_ms, \
+         dispatched_at, traceparent, priority, rate_limit_key, lease_token, lease_owner, \
+         lease_expires_at, lease_confirmed, attempt_deadline) \
+       SELECT a.id, a.ns, a.run_id, a.node, a.wf, a.ver, a.queue, a.task_name, a.status, \
+         a.attempt, a.input, a.heartbeat, a.timeout, now(), a.trace, a.priority, a.rate_key, \
+         a.lease_token, a.owner, a.expires, a.confirmed, a.deadline \
+         FROM arms a \
+         WHERE NOT EXISTS (SELECT 1 FROM rearmed r \
+           WHERE r.run_id = a.run_id AND r.node_key = a.node) \
+       RETURNING {ARMED_COLUMNS}), \
+     armed AS (SELECT * FROM rearmed UNION ALL SELECT * FROM first_armed)"
     )
 }
+
+/// What the armed tasks' messages are made of, from their rows.
+const ARMED_COLUMNS: &str = "tasks.id, tasks.namespace, tasks.queue, tasks.attempt, \
+     tasks.run_id, tasks.priority, tasks.status = 'LEASED' AS leased, tasks.node_key, \
+     tasks.workflow_name, tasks.workflow_version, tasks.task_name, \
+     CASE WHEN tasks.status = 'LEASED' THEN tasks.input END AS input, \
+     tasks.heartbeat_timeout_ms, tasks.lease_token, tasks.lease_expires_at, \
+     tasks.attempt_deadline, tasks.dispatched_at, tasks.traceparent";
 
 /// What a task leased as it was armed is sent with (NULL for the others).
 const LEASED_COLUMNS: &str = "leased, node_key, workflow_name, workflow_version, task_name, \
@@ -439,7 +481,7 @@ async fn write_shared(
     let mut next = 22;
     match inserts {
         Some(_) => {
-            parts.push(INSERT_RUNS.to_owned());
+            parts.push(insert_run_rows());
             next += 9;
         }
         None => parts.push(UPDATE_RUNS.to_owned()),

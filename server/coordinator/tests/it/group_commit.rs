@@ -585,3 +585,81 @@ async fn a_run_whose_shared_write_fails_fails_alone() {
         }
     }
 }
+
+const AGAIN: &str = r#"
+name: again
+nodes:
+  - { id: work, type: TASK, queue: again, task: work, retry: { max_attempts: 3, initial_interval: 1s } }
+"#;
+
+/// Retry timers fired together re-arm each task in its own row (the
+/// shared write updates the rows that exist, decision 0060): the same
+/// task id at its next attempt, dispatched again, one row per node.
+#[tokio::test]
+async fn retries_fired_together_re_arm_each_task_in_its_row() {
+    let coordinator = coordinator().await;
+    register_and_start(&coordinator, AGAIN, "again", 8).await;
+    let first = lease_all_of(&coordinator, "again", 8).await;
+    let failed = first
+        .iter()
+        .map(|task| {
+            let report = TaskReport::Failed {
+                code: "boom".to_owned(),
+                message: "try again".to_owned(),
+                retryable: true,
+                details: None,
+            };
+            (task.clone(), report)
+        })
+        .collect();
+    let answers = report_all(&coordinator, failed).await;
+    assert!(answers.values().all(Result::is_ok), "{answers:?}");
+
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let due = composer_store::timers::due_timers(coordinator.store().pool(), 100)
+        .await
+        .expect("due");
+    assert_eq!(due.len(), 8, "{due:?}");
+    assert_eq!(coordinator.fire_timers(&due).await.expect("fire"), 8);
+
+    let rows: Vec<(Uuid, Uuid, String, i32, String)> = sqlx::query_as(
+        "SELECT run_id, id, node_key, attempt, status FROM tasks \
+         WHERE workflow_name = 'again' ORDER BY run_id",
+    )
+    .fetch_all(coordinator.store().pool())
+    .await
+    .expect("tasks");
+    assert_eq!(rows.len(), 8, "one row per run's node: {rows:?}");
+    for task in &first {
+        let row = rows
+            .iter()
+            .find(|row| row.0 == task.run_id)
+            .expect("the run's task row");
+        assert_eq!(
+            (row.1, row.2.as_str(), row.3, row.4.as_str()),
+            (task.id, "work", 2, "DISPATCHED"),
+            "{row:?}"
+        );
+    }
+    // and the second attempt leases and completes as any other
+    let second = lease_all_of(&coordinator, "again", 8).await;
+    assert!(second.iter().all(|t| t.attempt == 2), "{second:?}");
+    let done = second
+        .into_iter()
+        .map(|task| {
+            let report = TaskReport::Completed {
+                output: json!({ "ok": true }),
+            };
+            (task, report)
+        })
+        .collect();
+    let answers = report_all(&coordinator, done).await;
+    assert!(answers.values().all(Result::is_ok), "{answers:?}");
+    let completed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM runs WHERE workflow_name = 'again' AND status = 'COMPLETED'",
+    )
+    .fetch_one(coordinator.store().pool())
+    .await
+    .expect("runs");
+    assert_eq!(completed, 8);
+}
