@@ -244,8 +244,11 @@ pub struct NodeState {
     /// The attempt that began the current try (retry limits count from it).
     pub first_attempt: u32,
     /// Incoming edges that arrived (JOIN counters; first arrival elsewhere).
+    /// Zero counters are left out of the stored row (decision 0061).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub arrived: u32,
     /// Incoming edges skipped (dead-path elimination).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub skipped: u32,
     /// Rendered input of the current try (tasks, child runs, MAP elements).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -308,9 +311,12 @@ pub struct RunRecord {
     pub started_at: Option<Timestamp>,
     /// Node keys running, waiting or between attempts (a MAP counts once).
     pub active: u32,
-    /// Completed nodes that carry `compensate`, in completion order.
+    /// Completed nodes that carry `compensate`, in completion order. Empty
+    /// lists are left out of the stored record (decision 0061).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub compensable: Vec<String>,
     /// Node keys whose failure failed the run (RetryRequested resumes them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed: Vec<NodeKey>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<ErrorInfo>,
@@ -320,7 +326,7 @@ pub struct RunRecord {
     pub compensation: Option<Compensation>,
     /// Compensations ran: the run's completed work was undone, so it cannot
     /// be resumed with RetryRequested.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub compensated: bool,
 }
 

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use composer_engine::{
-    NodeKey, NodeState, RunRecord,
+    NodeKey, NodeState,
     history::HistoryEventType,
     replay::{NodeMapping, ReplayReport, Verdict},
 };
@@ -258,8 +258,8 @@ fn renamed_nodes(
 
 /// The run's record under the target: its version, its nodes renamed.
 fn moved_record(run: &RunRow, migration: &Migration) -> Result<Json, CoordinatorError> {
-    let mut record: RunRecord = serde_json::from_value(run.record.clone())?;
+    let mut record = crate::events::apply::record_of_row(run.record.clone(), run)?;
     record.version = u32::try_from(migration.target_version).unwrap_or_default();
     migration.mapping.rename_record(&mut record);
-    Ok(serde_json::to_value(&record)?)
+    Ok(crate::events::apply::stored_record(&record)?)
 }

@@ -110,6 +110,41 @@ fn what_the_coordinator_persists_round_trips_through_json() {
     assert_eq!(back, events);
 }
 
+/// Zero counters and empty lists are left out of what is stored (decision
+/// 0061), and a state stored with them, as before, reads the same.
+#[test]
+fn defaults_are_left_out_of_stored_states_and_read_back_either_way() {
+    let mut node = composer_engine::NodeState::pending();
+    node.attempt = 1;
+    node.first_attempt = 1;
+    let stored = serde_json::to_value(&node).expect("node serialises");
+    assert_eq!(
+        stored,
+        json!({"status": "PENDING", "attempt": 1, "first_attempt": 1})
+    );
+    let mut whole = stored.clone();
+    whole["arrived"] = json!(0);
+    whole["skipped"] = json!(0);
+    for form in [stored, whole] {
+        let back: composer_engine::NodeState = serde_json::from_value(form).expect("parses");
+        assert_eq!(back, node);
+    }
+
+    let run = RunState::new("r", "w", 1, json!(null)).run;
+    let stored = serde_json::to_value(&run).expect("record serialises");
+    for absent in ["compensable", "failed", "compensated"] {
+        assert!(stored.get(absent).is_none(), "{absent} in {stored}");
+    }
+    let mut whole = stored.clone();
+    whole["compensable"] = json!([]);
+    whole["failed"] = json!([]);
+    whole["compensated"] = json!(false);
+    for form in [stored, whole] {
+        let back: composer_engine::RunRecord = serde_json::from_value(form).expect("parses");
+        assert_eq!(back, run);
+    }
+}
+
 #[test]
 fn http_retryability_follows_the_language() {
     assert!(http_status_is_retryable(None), "network error");
