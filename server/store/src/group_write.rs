@@ -39,7 +39,10 @@ const UPDATE_RUNS: &str = "run_row AS ( \
 /// earlier row of this statement) or, when asked, a newer version exists.
 /// Runs without a key are inserted by a plain statement: `ON CONFLICT`
 /// made each insert a speculative one, with a confirmation record, though
-/// a run without a key conflicts with none (decision 0060).
+/// a run without a key conflicts with none (decision 0060). Made once.
+static INSERT_RUN_ROWS: std::sync::LazyLock<String> = std::sync::LazyLock::new(insert_run_rows);
+
+/// The text of [`INSERT_RUN_ROWS`].
 fn insert_run_rows() -> String {
     let insert = |keyed: bool| {
         let (which, conflict) = if keyed {
@@ -481,7 +484,7 @@ async fn write_shared(
     let mut next = 22;
     match inserts {
         Some(_) => {
-            parts.push(insert_run_rows());
+            parts.push(INSERT_RUN_ROWS.clone());
             next += 9;
         }
         None => parts.push(UPDATE_RUNS.to_owned()),

@@ -166,7 +166,10 @@ fn event_bytes(event: &HistoryWrite, budget: usize) -> usize {
 }
 
 /// About how many bytes `value` takes as JSON text (strings by their raw
-/// length, every other scalar as 8), stopping once past `budget`.
+/// length, every other scalar as 8), stopping once past `budget`. An
+/// estimate is enough for a row's size; the exact count
+/// (`composer_engine::json_text`) is in the engine, which the store does
+/// not depend on.
 fn value_bytes(value: &Json, budget: usize) -> usize {
     match value {
         Json::String(s) => s.len() + 2,
@@ -247,12 +250,24 @@ pub struct RowError {
     pub seq: i64,
 }
 
-/// A row's `more` as the value Postgres stores.
+/// A written row's events as a read gives them back, the row dated
+/// `created_at`.
 #[cfg(test)]
-fn stored_more(row: &RowWrite<'_>) -> Option<Json> {
-    row.more
+fn read_back(row: &RowWrite<'_>, created_at: DateTime<Utc>) -> Result<Vec<HistoryRow>, RowError> {
+    let first = HistoryRow {
+        seq: row.ord,
+        created_at,
+        event_type: row.first.event_type.clone(),
+        node_key: row.first.node_key.clone(),
+        attempt: row.first.attempt,
+        actor: row.first.actor.clone(),
+        details: row.first.details.clone(),
+    };
+    let more = row
+        .more
         .as_ref()
-        .map(|more| serde_json::to_value(&more.0).expect("history serializes"))
+        .map(|more| serde_json::to_value(&more.0).expect("history serializes"));
+    events_of(first, more)
 }
 
 #[cfg(test)]
@@ -272,18 +287,7 @@ mod tests {
 
     fn stored(rows: &[RowWrite<'_>], created_at: DateTime<Utc>) -> Vec<HistoryRow> {
         rows.iter()
-            .flat_map(|row| {
-                let first = HistoryRow {
-                    seq: row.ord,
-                    created_at,
-                    event_type: row.first.event_type.clone(),
-                    node_key: row.first.node_key.clone(),
-                    attempt: row.first.attempt,
-                    actor: row.first.actor.clone(),
-                    details: row.first.details.clone(),
-                };
-                events_of(first, stored_more(row)).expect("rows_of writes a known shape")
-            })
+            .flat_map(|row| read_back(row, created_at).expect("rows_of writes a known shape"))
             .collect()
     }
 
@@ -416,16 +420,7 @@ mod properties {
             let mut read = Vec::new();
             for row in &rows {
                 prop_assert_eq!(row.ord, next);
-                let first = HistoryRow {
-                    seq: row.ord,
-                    created_at: DateTime::<Utc>::UNIX_EPOCH,
-                    event_type: row.first.event_type.clone(),
-                    node_key: row.first.node_key.clone(),
-                    attempt: row.first.attempt,
-                    actor: row.first.actor.clone(),
-                    details: row.first.details.clone(),
-                };
-                let events = events_of(first, stored_more(row)).unwrap();
+                let events = read_back(row, DateTime::<Utc>::UNIX_EPOCH).unwrap();
                 prop_assert!(!events.is_empty() && events.len() <= EVENTS_PER_ROW);
                 next += i64::try_from(events.len()).unwrap();
                 read.extend(events);

@@ -137,14 +137,9 @@ pub fn stored_record(record: &RunRecord) -> Result<Json, serde_json::Error> {
 }
 
 /// The engine's run record of a stored record: the fields
-/// [`stored_record`] leaves to the row's columns taken from them (a record
-/// stored before it did keeps its own).
-pub(crate) fn record_of_row(record: Json, run: &RunRow) -> Result<RunRecord, serde_json::Error> {
-    record_with(record, run.id, &run.workflow_name, run.workflow_version)
-}
-
-/// [`record_of_row`] of a row's id, workflow and version.
-fn record_with(
+/// [`stored_record`] leaves to the row's columns (its id, workflow and
+/// version) taken from them; a record stored before it did keeps its own.
+pub(crate) fn record_of_row(
     mut record: Json,
     run_id: Uuid,
     workflow: &str,
@@ -167,7 +162,8 @@ fn record_with(
 /// The engine's run record of a stored run, its record and input moved
 /// out of the row (not copied: the row's are not read again).
 fn record_from_row(run: &mut RunRow) -> Result<RunRecord, serde_json::Error> {
-    let mut record = record_of_row(std::mem::take(&mut run.record), run)?;
+    let stored = std::mem::take(&mut run.record);
+    let mut record = record_of_row(stored, run.id, &run.workflow_name, run.workflow_version)?;
     record.input = std::sync::Arc::new(std::mem::take(&mut run.input));
     Ok(record)
 }
@@ -1475,11 +1471,18 @@ mod stored_record_tests {
         run.active = 2;
         let stored = stored_record(&run).expect("stored");
         let keys: Vec<&String> = stored.as_object().expect("object").keys().collect();
-        let absent = ["input", "run_id", "workflow", "version", "compensable"];
-        for key in absent.into_iter().chain(["failed"]) {
+        let absent = [
+            "input",
+            "run_id",
+            "workflow",
+            "version",
+            "compensable",
+            "failed",
+        ];
+        for key in absent {
             assert!(!keys.iter().any(|k| *k == key), "{key} in {stored}");
         }
-        let read = record_with(stored, id, "orders", 7).expect("read");
+        let read = record_of_row(stored, id, "orders", 7).expect("read");
         assert_eq!(read, run);
     }
 
@@ -1490,7 +1493,7 @@ mod stored_record_tests {
         run.compensated = true;
         let mut whole = serde_json::to_value(&run).expect("whole");
         whole.as_object_mut().expect("object").remove("input");
-        let read = record_with(whole, Uuid::new_v4(), "other", 9).expect("read");
+        let read = record_of_row(whole, Uuid::new_v4(), "other", 9).expect("read");
         assert_eq!(read, run);
     }
 }

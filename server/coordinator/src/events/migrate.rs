@@ -258,7 +258,13 @@ fn renamed_nodes(
 
 /// The run's record under the target: its version, its nodes renamed.
 fn moved_record(run: &RunRow, migration: &Migration) -> Result<Json, CoordinatorError> {
-    let mut record = crate::events::apply::record_of_row(run.record.clone(), run)?;
+    let stored = run.record.clone();
+    let mut record = crate::events::apply::record_of_row(
+        stored,
+        run.id,
+        &run.workflow_name,
+        run.workflow_version,
+    )?;
     record.version = u32::try_from(migration.target_version).unwrap_or_default();
     migration.mapping.rename_record(&mut record);
     Ok(crate::events::apply::stored_record(&record)?)
