@@ -1504,7 +1504,10 @@ pub async fn lock_runs_fence_and_load(
     // a generic plan made while `run_nodes` looked small (emptied, or not
     // analyzed yet) was a hash join over a sequential scan, and it stayed
     // as the table grew: each event of a 10,000-step run read every node
-    // row (BENCHMARKS.md, B7, 2026-12-03).
+    // row (BENCHMARKS.md, B7, 2026-12-03). Each run's answers are
+    // aggregated once, by joins, not read by a scan of every lease for
+    // each run: a group of 48 runs with one report each made that 48 × 48
+    // rows visited four times over (decision 0062).
     let rows = sqlx::query(&format!(
         "WITH wanted AS (SELECT * FROM UNNEST($1::uuid[], $2::text[]) AS w(id, namespace)), \
          locked AS ( \
@@ -1523,25 +1526,30 @@ pub async fn lock_runs_fence_and_load(
              AND t.run_id IS NOT DISTINCT FROM l.run_id \
              AND EXISTS (SELECT 1 FROM locked WHERE locked.id = l.run_id) \
            RETURNING t.id, t.lease_owner), \
+         answers AS MATERIALIZED ( \
+           SELECT l.run_id, \
+             array_agg(f.id IS NOT NULL ORDER BY l.ord) AS applied, \
+             array_agg(f.lease_owner ORDER BY l.ord) AS holders, \
+             array_agg(CASE WHEN f.id IS NULL THEN COALESCE((SELECT t.outcome = l.outcome \
+                 FROM tasks t WHERE t.id = l.id AND t.attempt = l.attempt \
+                   AND t.lease_token = l.token), false) ELSE false END \
+               ORDER BY l.ord) AS repeat \
+           FROM lease l LEFT JOIN finished f ON f.id = l.id \
+           GROUP BY l.run_id), \
          nodes AS MATERIALIZED ( \
-           SELECT k.run_id, n.node_key, n.state \
+           SELECT k.run_id, array_agg(n.node_key ORDER BY n.node_key) AS node_keys, \
+             array_agg(n.state ORDER BY n.node_key) AS node_states \
            FROM UNNEST($8::uuid[], $9::text[]) AS k(run_id, key) \
            CROSS JOIN LATERAL (SELECT n.node_key, n.state FROM run_nodes n \
-             WHERE n.run_id = k.run_id AND n.node_key = k.key LIMIT 1) n) \
+             WHERE n.run_id = k.run_id AND n.node_key = k.key LIMIT 1) n \
+           GROUP BY k.run_id) \
          SELECT locked.*, \
            (SELECT xmin::text FROM runs r WHERE r.id = locked.id) AS seen_version, \
-           ARRAY(SELECT EXISTS (SELECT 1 FROM finished f WHERE f.id = l.id) \
-             FROM lease l WHERE l.run_id = locked.id ORDER BY l.ord) AS applied, \
-           ARRAY(SELECT (SELECT f.lease_owner FROM finished f WHERE f.id = l.id) \
-             FROM lease l WHERE l.run_id = locked.id ORDER BY l.ord) AS holders, \
-           ARRAY(SELECT COALESCE((SELECT t.outcome = l.outcome FROM tasks t \
-               WHERE t.id = l.id AND t.attempt = l.attempt AND t.lease_token = l.token), false) \
-             FROM lease l WHERE l.run_id = locked.id ORDER BY l.ord) AS repeat, \
-           ARRAY(SELECT node_key FROM nodes WHERE nodes.run_id = locked.id \
-             ORDER BY node_key) AS node_keys, \
-           ARRAY(SELECT state FROM nodes WHERE nodes.run_id = locked.id \
-             ORDER BY node_key) AS node_states \
-         FROM locked"
+           COALESCE(a.applied, '{{}}') AS applied, COALESCE(a.holders, '{{}}') AS holders, \
+           COALESCE(a.repeat, '{{}}') AS repeat, COALESCE(nodes.node_keys, '{{}}') AS node_keys, \
+           COALESCE(nodes.node_states, '{{}}') AS node_states \
+         FROM locked LEFT JOIN answers a ON a.run_id = locked.id \
+           LEFT JOIN nodes ON nodes.run_id = locked.id"
     ))
     .bind(requests.iter().map(|r| r.run_id).collect::<Vec<_>>())
     .bind(requests.iter().map(|r| r.namespace).collect::<Vec<_>>())
