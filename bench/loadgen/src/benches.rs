@@ -794,6 +794,17 @@ pub async fn throughput_of(
     Ok(row)
 }
 
+/// Writes out what the phases before wrote (pgbench's floor, B6's fill),
+/// so that a checkpoint of their pages does not fall in the next window:
+/// each window measures its own writes only.
+pub(crate) async fn checkpoint(ctx: &Ctx) -> Result<()> {
+    sqlx::raw_sql("CHECKPOINT")
+        .execute(&ctx.admin)
+        .await
+        .context("CHECKPOINT")?;
+    Ok(())
+}
+
 pub(crate) async fn throughput_on(
     ctx: &Ctx,
     label: &str,
@@ -810,6 +821,7 @@ pub(crate) async fn throughput_on(
         server_cores: _,
         wal_breakdown,
     } = load;
+    checkpoint(ctx).await?;
     // converted once: a run's request copies the payload only to send it
     let input = composer_grpc::convert::from_json(&if payload_bytes == 0 {
         serde_json::json!({})
