@@ -59,7 +59,7 @@ purity: ## the engine crate imports no I/O crate
 module-cycles: ## no two modules of a Rust crate import each other in a circle
 	scripts/check-module-cycles.sh
 
-bench: setup ## server benchmarks, about 30 min: table written to bench/results/
+bench: setup ## server benchmarks, about 55 min: table written to bench/results/
 	bench/run.sh full
 
 bench-quick: setup ## server benchmarks, about 6 min (CI; reports, never fails on a time)
