@@ -4,7 +4,10 @@
 //! per-statement cost (a round trip, executor start-up and shut-down) of
 //! every run after the first.
 
-use std::collections::{HashMap, HashSet};
+use std::{
+    borrow::Cow,
+    collections::{HashMap, HashSet},
+};
 
 use chrono::{DateTime, Utc};
 use serde_json::Value as Json;
@@ -480,37 +483,38 @@ async fn write_shared(
     for write in writes {
         columns.add(write);
     }
-    let mut parts = vec![RUN_VALUES.to_owned()];
+    // the constant parts borrowed, not copied, into the statement's text
+    let mut parts: Vec<Cow<'static, str>> = vec![RUN_VALUES.into()];
     let mut next = 22;
     match inserts {
         Some(_) => {
-            parts.push(INSERT_RUN_ROWS.clone());
+            parts.push(INSERT_RUN_ROWS.as_str().into());
             next += 9;
         }
-        None => parts.push(UPDATE_RUNS.to_owned()),
+        None => parts.push(UPDATE_RUNS.into()),
     }
-    parts.push(NODES_HISTORY.to_owned());
+    parts.push(NODES_HISTORY.into());
     let has_tasks = !columns.task_ids.is_empty();
     if has_tasks {
-        parts.push(arm_tasks(next));
+        parts.push(arm_tasks(next).into());
         parts.push(if published_by_caller {
-            queue_in_tasks()
+            queue_in_tasks().into()
         } else {
-            QUEUE_IN_OUTBOX.to_owned()
+            QUEUE_IN_OUTBOX.into()
         });
         next += 16;
     }
     if !columns.timer_runs.is_empty() {
-        parts.push(schedule_timers(next));
+        parts.push(schedule_timers(next).into());
         next += 5;
     }
     if !columns.unscheduled_runs.is_empty() {
-        parts.push(unschedule_timers(next));
+        parts.push(unschedule_timers(next).into());
         next += 2;
     }
     // a new run has nothing live to end
     if inserts.is_none() && !columns.ended_runs.is_empty() {
-        parts.push(end_runs(next));
+        parts.push(end_runs(next).into());
     }
     // one row per run and message, or one per run without any
     let result = if has_tasks {
